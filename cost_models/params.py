@@ -1,0 +1,100 @@
+"""Parameter counts of a decoder transformer, whole and per tensor-parallel rank.
+
+For a GPT block (LayerNorm, biases, 4h GELU MLP, learned positions, tied embeddings) the total
+reproduces Narayanan et al. (SC21) eq. 2, P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)), plus the
+final LayerNorm (2h) that the equation leaves out. Units: parameters (elements).
+"""
+
+from dataclasses import dataclass
+
+from planner.schemas import ModelSpec, NormKind, PositionEmbedding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerParams:
+    """Parameters of one transformer layer on one tensor-parallel rank."""
+
+    attention: float
+    """q, k, v, output projections (and biases), split over the tensor-parallel group."""
+    mlp: float
+    """Dense MLP, or all experts this rank holds, split over tensor and expert parallelism."""
+    router: float
+    """MoE gate, replicated."""
+    norms: float
+    """The two norms, replicated over the tensor-parallel group."""
+
+    @property
+    def total(self) -> float:
+        """All parameters of the layer on this rank."""
+        return self.attention + self.mlp + self.router + self.norms
+
+
+def norm_params(model: ModelSpec) -> int:
+    """One norm: LayerNorm has weight and bias (2h), RMSNorm a weight (h)."""
+    return 2 * model.hidden_size if model.norm_type is NormKind.LAYERNORM else model.hidden_size
+
+
+def attention_params(model: ModelSpec) -> int:
+    """q and o are h x (a*hd); k and v are h x (kv*hd) each (grouped-query attention)."""
+    h, q_dim, kv_dim = model.hidden_size, model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
+    weights = 2 * h * q_dim + 2 * h * kv_dim
+    biases = (q_dim + 2 * kv_dim + h) if model.attention_bias else 0
+    return weights + biases
+
+
+def expert_mlp_params(model: ModelSpec) -> int:
+    """One MLP (one expert): gated SwiGLU has 3 h x f matrices, GELU 2."""
+    h, f = model.hidden_size, model.ffn_size
+    matrices = 3 if model.hidden_act.gated else 2
+    biases = ((matrices - 1) * f + h) if model.mlp_bias else 0
+    return matrices * h * f + biases
+
+
+def router_params(model: ModelSpec) -> int:
+    """MoE gate: h x E; none for a dense model."""
+    return model.hidden_size * model.num_local_experts if model.is_moe else 0
+
+
+def layer_params(model: ModelSpec, *, tensor_parallel_degree: int = 1, expert_parallel_degree: int = 1) -> LayerParams:
+    """One layer's parameters on one rank: matrices split by t, experts split by ep, norms replicated."""
+    t = tensor_parallel_degree
+    experts_here = model.num_local_experts / expert_parallel_degree
+    return LayerParams(
+        attention=attention_params(model) / t,
+        mlp=experts_here * expert_mlp_params(model) / t,
+        router=router_params(model),
+        norms=2 * norm_params(model),
+    )
+
+
+def embedding_params(model: ModelSpec) -> int:
+    """Token embedding V x h, plus learned positions when the model has them."""
+    positions = (
+        model.max_position_embeddings * model.hidden_size
+        if model.position_embedding_type is PositionEmbedding.ABSOLUTE
+        else 0
+    )
+    return model.vocab_size * model.hidden_size + positions
+
+
+def output_params(model: ModelSpec) -> int:
+    """Final norm plus the output projection h x V when it is not tied to the embedding."""
+    head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
+    return norm_params(model) + head
+
+
+def total_params(model: ModelSpec) -> int:
+    """Every parameter of the model."""
+    per_layer = (
+        attention_params(model)
+        + model.num_local_experts * expert_mlp_params(model)
+        + router_params(model)
+        + 2 * norm_params(model)
+    )
+    return model.num_hidden_layers * per_layer + embedding_params(model) + output_params(model)
+
+
+def active_params(model: ModelSpec) -> int:
+    """Parameters one token passes through: only top-k experts of each MoE layer."""
+    inactive = (model.num_local_experts - model.num_experts_per_tok) * expert_mlp_params(model)
+    return total_params(model) - model.num_hidden_layers * inactive

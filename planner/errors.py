@@ -1,0 +1,25 @@
+"""One exception hierarchy for everything the planner reports to a user.
+
+A ``PlannerError`` is the user's to fix: the CLI prints its message on one line
+and exits with code 2. Any other exception is a bug and keeps its traceback.
+"""
+
+
+class PlannerError(Exception):
+    """Base of every error caused by the user's input or situation."""
+
+
+class SchemaError(PlannerError):
+    """A model, training, cluster, layout or plan value is missing, unknown or invalid."""
+
+
+class ProfileError(PlannerError):
+    """Profiling the cluster failed or produced an unusable profile."""
+
+
+class InfeasibleConfigError(PlannerError):
+    """A layout cannot run: it does not divide the model or the batch, or it does not fit in memory."""
+
+
+class SearchError(PlannerError):
+    """The search could not produce a plan."""

@@ -1,0 +1,56 @@
+"""The product's data types. A leaf: imports nothing of ours but ``planner.errors``."""
+
+from planner.schemas.cluster import (
+    ClusterProfile,
+    CollectiveRecord,
+    DeviceProfile,
+    LinkMatrix,
+    LinkProfile,
+    MatmulModel,
+    MatmulRecord,
+    Provenance,
+)
+from planner.schemas.enums import (
+    Activation,
+    CollectiveOp,
+    DType,
+    NormKind,
+    Optimizer,
+    Placement,
+    PositionEmbedding,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
+from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, TimeBreakdown
+from planner.schemas.layout import Layout
+from planner.schemas.model import ModelSpec
+from planner.schemas.training import TrainingSpec
+
+__all__ = [
+    "Activation",
+    "ClusterProfile",
+    "CollectiveOp",
+    "CollectiveRecord",
+    "DType",
+    "DeviceProfile",
+    "Estimate",
+    "Layout",
+    "LinkMatrix",
+    "LinkProfile",
+    "MatmulModel",
+    "MatmulRecord",
+    "MemoryBreakdown",
+    "ModelSpec",
+    "NormKind",
+    "Optimizer",
+    "Placement",
+    "PositionEmbedding",
+    "Provenance",
+    "Recompute",
+    "Schedule",
+    "StageEstimate",
+    "TimeBreakdown",
+    "TrainingSpec",
+    "ZeroStage",
+]

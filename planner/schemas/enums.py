@@ -1,0 +1,93 @@
+"""Closed choices, as string enums so that files and the CLI spell them the same way."""
+
+from enum import IntEnum, StrEnum
+
+
+class DType(StrEnum):
+    """Training precision of weights and activations."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of one element."""
+        return 4 if self is DType.FP32 else 2
+
+
+class Activation(StrEnum):
+    """MLP activation, spelled as Hugging Face's ``hidden_act``."""
+
+    GELU = "gelu"
+    GELU_NEW = "gelu_new"
+    GELU_TANH = "gelu_pytorch_tanh"
+    RELU = "relu"
+    SILU = "silu"
+    SWIGLU = "swiglu"
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (SwiGLU: three matrices) rather than two matrices."""
+        return self in (Activation.SILU, Activation.SWIGLU)
+
+
+class NormKind(StrEnum):
+    """Normalization layer: LayerNorm has a weight and a bias, RMSNorm only a weight."""
+
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class PositionEmbedding(StrEnum):
+    """Learned absolute position embeddings (GPT) or rotary (no parameters)."""
+
+    ABSOLUTE = "absolute"
+    ROPE = "rope"
+
+
+class Optimizer(StrEnum):
+    """Optimizer; Adam keeps two moments per parameter."""
+
+    ADAM = "adam"
+
+
+class Recompute(StrEnum):
+    """Activation recomputation (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class ZeroStage(IntEnum):
+    """ZeRO stage (Rajbhandari et al. 2020): what data parallel ranks shard."""
+
+    NONE = 0
+    OPTIMIZER = 1
+    GRADIENTS = 2
+    PARAMETERS = 3
+
+
+class CollectiveOp(StrEnum):
+    """Collective operations the cost models price."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+
+
+class Placement(StrEnum):
+    """Where a process group's members sit."""
+
+    INTRA_NODE = "intra_node"
+    INTER_NODE = "inter_node"

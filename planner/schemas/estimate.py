@@ -1,0 +1,148 @@
+"""Estimate: what the cost models predict for one layout, broken down, with units in every name."""
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes one rank holds at its peak, by what they are."""
+
+    weights_bytes: float
+    """Parameters in training precision (plus gathered ZeRO-3 buffers)."""
+    gradients_bytes: float
+    """Gradients, sharded under ZeRO 2-3."""
+    optimizer_states_bytes: float
+    """fp32 master weights and Adam moments, sharded under ZeRO 1-3."""
+    activations_bytes: float
+    """Activations held for the backward pass, all in-flight micro-batches."""
+    logits_bytes: float
+    """fp32 logits and loss of one micro-batch on the stage with the output layer."""
+    communication_buffers_bytes: float
+    """Gradient-reduction buckets and collective staging buffers."""
+    workspace_bytes: float
+    """Framework and library workspace (context, GEMM workspace, allocator slack)."""
+
+    @property
+    def other_bytes(self) -> float:
+        """Everything but model states and activations, as the design contract's ``other``."""
+        return self.logits_bytes + self.communication_buffers_bytes + self.workspace_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of all terms."""
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def contract_dict(self) -> dict[str, float]:
+        """The five keys of the design contract, in bytes."""
+        return {
+            "weights": self.weights_bytes,
+            "gradients": self.gradients_bytes,
+            "optimizer_states": self.optimizer_states_bytes,
+            "activations": self.activations_bytes,
+            "other": self.other_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageEstimate:
+    """One pipeline rank (all its model chunks): its layers and the memory of its busiest rank."""
+
+    stage: int
+    layers: int
+    holds_embedding: bool
+    holds_output_layer: bool
+    memory: MemoryBreakdown
+    compute_per_micro_batch_s: float
+    """Forward + backward (+ recompute) of one micro-batch, communication excluded."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeBreakdown:
+    """Seconds of one optimizer step on the critical path; the terms add up to the step time."""
+
+    compute_s: float
+    """Forward and backward of every micro-batch on the slowest stage."""
+    recompute_s: float
+    """Extra forward work for activation recomputation."""
+    tensor_parallel_comm_s: float
+    """Tensor/sequence-parallel collectives (not overlapped)."""
+    expert_parallel_comm_s: float
+    """MoE token all-to-all."""
+    pipeline_comm_s: float
+    """Point-to-point activation and gradient transfers between stages."""
+    pipeline_bubble_s: float
+    """Idle time of the schedule's fill and drain."""
+    data_parallel_comm_s: float
+    """Exposed part of gradient reduction and ZeRO gathers."""
+    optimizer_s: float
+    """Optimizer step over the rank's shard of parameters."""
+    data_parallel_comm_overlapped_s: float = 0.0
+    """Part of the data-parallel communication hidden behind compute (not in the step time)."""
+
+    @property
+    def step_time_s(self) -> float:
+        """Sum of the critical-path terms."""
+        return (
+            self.compute_s
+            + self.recompute_s
+            + self.tensor_parallel_comm_s
+            + self.expert_parallel_comm_s
+            + self.pipeline_comm_s
+            + self.pipeline_bubble_s
+            + self.data_parallel_comm_s
+            + self.optimizer_s
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """Predicted memory and time of one layout."""
+
+    step_time_s: float
+    tokens_per_s: float
+    model_flops_per_step: float
+    """Model FLOPs of one step (no recomputation), over all ranks."""
+    hardware_flops_per_step: float
+    """FLOPs the hardware executes, recomputation included."""
+    mfu: float
+    """Model FLOPs utilization: model FLOPs / (step time * ranks * peak)."""
+    hfu: float
+    """Hardware FLOPs utilization."""
+    peak_memory_bytes: float
+    """Largest per-rank memory over all stages."""
+    memory_capacity_bytes: float
+    """What one rank may use."""
+    stages: tuple[StageEstimate, ...]
+    time: TimeBreakdown
+
+    @property
+    def peak_stage(self) -> StageEstimate:
+        """The stage whose rank needs the most memory."""
+        return max(self.stages, key=lambda s: s.memory.total_bytes)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the largest rank fits in the device's memory."""
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+    def to_json_dict(self) -> dict[str, object]:
+        """The design contract's JSON object, plus per-stage detail."""
+        return {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops_per_step": self.model_flops_per_step,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "fits": self.fits,
+            "memory_breakdown_bytes": self.peak_stage.memory.contract_dict(),
+            "time_breakdown_s": {
+                f.name.removesuffix("_s"): getattr(self.time, f.name) for f in fields(self.time)
+            },
+            "stages": [
+                {**asdict(s), "memory": {**asdict(s.memory), "total_bytes": s.memory.total_bytes}}
+                for s in self.stages
+            ],
+        }

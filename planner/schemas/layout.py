@@ -1,0 +1,116 @@
+"""Layout: one candidate way of splitting a model over a cluster.
+
+Ranks are ordered as a (pipeline, data, tensor) mesh with the tensor axis fastest, so a
+tensor-parallel group is ``tensor_parallel_degree`` consecutive ranks (one node, when it fits)
+and a data-parallel group is strided by it.
+"""
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+from planner.errors import SchemaError
+from planner.schemas.enums import Recompute, Schedule, ZeroStage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Parallel degrees, memory savers and the pipeline schedule of a candidate."""
+
+    data_parallel_degree: int
+    """Model replicas (d)."""
+    tensor_parallel_degree: int
+    """Ranks that split every layer's matrices (t)."""
+    pipeline_parallel_degree: int
+    """Pipeline stages (p)."""
+    micro_batch_size: int
+    """Sequences per micro-batch (b)."""
+    expert_parallel_degree: int = 1
+    """Ranks of a data-parallel group that split the experts of an MoE layer (divides d)."""
+    zero_stage: ZeroStage = ZeroStage.NONE
+    """What data-parallel ranks shard: 1 optimizer states, 2 also gradients, 3 also weights."""
+    recompute: Recompute = Recompute.NONE
+    """Activation recomputation."""
+    sequence_parallel: bool = False
+    """Shard LayerNorm/dropout activations along the sequence over the tensor-parallel group."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    """Pipeline schedule."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (v); above 1 only with the interleaved schedule."""
+    layer_split: tuple[int, ...] | None = None
+    """Transformer layers per model chunk in pipeline order (p * v entries); None splits evenly."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "data_parallel_degree",
+            "tensor_parallel_degree",
+            "pipeline_parallel_degree",
+            "micro_batch_size",
+            "expert_parallel_degree",
+            "virtual_stages",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise SchemaError(f"{name}={value!r} must be a whole number >= 1")
+        object.__setattr__(self, "zero_stage", _coerce(ZeroStage, self.zero_stage, "zero_stage"))
+        object.__setattr__(self, "recompute", _coerce(Recompute, self.recompute, "recompute"))
+        object.__setattr__(self, "schedule", _coerce(Schedule, self.schedule, "schedule"))
+        if self.virtual_stages > 1 and self.schedule is not Schedule.INTERLEAVED:
+            raise SchemaError(
+                f"virtual_stages={self.virtual_stages} needs schedule='interleaved', not {self.schedule!s}"
+            )
+        if self.schedule is Schedule.INTERLEAVED and self.pipeline_parallel_degree < 2:
+            raise SchemaError("schedule='interleaved' needs pipeline_parallel_degree >= 2")
+        if self.sequence_parallel and self.tensor_parallel_degree == 1:
+            raise SchemaError("sequence_parallel needs tensor_parallel_degree > 1; turn it off or raise tp")
+        if self.data_parallel_degree % self.expert_parallel_degree:
+            raise SchemaError(
+                f"expert_parallel_degree={self.expert_parallel_degree} must divide "
+                f"data_parallel_degree={self.data_parallel_degree}"
+            )
+        if self.layer_split is not None:
+            object.__setattr__(self, "layer_split", tuple(self.layer_split))
+            if len(self.layer_split) != self.num_chunks:
+                raise SchemaError(
+                    f"layer_split has {len(self.layer_split)} entries; it needs "
+                    f"pipeline_parallel_degree x virtual_stages = {self.num_chunks}"
+                )
+            if any(not isinstance(n, int) or n < 0 for n in self.layer_split):
+                raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the layout occupies: d * t * p."""
+        return self.data_parallel_degree * self.tensor_parallel_degree * self.pipeline_parallel_degree
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks over the whole pipeline: p * v."""
+        return self.pipeline_parallel_degree * self.virtual_stages
+
+    def describe(self) -> str:
+        """A compact one-line summary for tables and logs."""
+        parts = [
+            f"dp{self.data_parallel_degree}",
+            f"tp{self.tensor_parallel_degree}",
+            f"pp{self.pipeline_parallel_degree}",
+        ]
+        if self.expert_parallel_degree > 1:
+            parts.append(f"ep{self.expert_parallel_degree}")
+        parts += [f"mb{self.micro_batch_size}", f"zero{int(self.zero_stage)}", f"rc-{self.recompute}"]
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.pipeline_parallel_degree > 1:
+            sched = str(self.schedule)
+            parts.append(f"{sched}x{self.virtual_stages}" if self.virtual_stages > 1 else sched)
+        return " ".join(parts)
+
+
+_E = TypeVar("_E", ZeroStage, Recompute, Schedule)
+
+
+def _coerce(enum: type[_E], value: object, name: str) -> _E:
+    try:
+        return enum(value)
+    except ValueError as e:
+        allowed = ", ".join(repr(m.value) for m in enum)
+        raise SchemaError(f"{name}={value!r} is not one of {allowed}") from e
