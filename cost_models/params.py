@@ -36,7 +36,11 @@ def norm_params(model: ModelSpec) -> int:
 
 def attention_params(model: ModelSpec) -> int:
     """q and o are h x (a*hd); k and v are h x (kv*hd) each (grouped-query attention)."""
-    h, q_dim, kv_dim = model.hidden_size, model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
+    h, q_dim, kv_dim = (
+        model.hidden_size,
+        model.num_attention_heads * model.head_size,
+        model.kv_heads * model.head_size,
+    )
     weights = 2 * h * q_dim + 2 * h * kv_dim
     biases = (q_dim + 2 * kv_dim + h) if model.attention_bias else 0
     return weights + biases
@@ -58,7 +62,7 @@ def router_params(model: ModelSpec) -> int:
 def layer_params(model: ModelSpec, *, tensor_parallel_degree: int = 1, expert_parallel_degree: int = 1) -> LayerParams:
     """One layer's parameters on one rank: matrices split by t, experts split by ep, norms replicated."""
     t = tensor_parallel_degree
-    experts_here = model.num_local_experts / expert_parallel_degree
+    experts_here = model.num_local_experts / expert_parallel_degree if model.is_moe else 1
     return LayerParams(
         attention=attention_params(model) / t,
         mlp=experts_here * expert_mlp_params(model) / t,

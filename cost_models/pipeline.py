@@ -32,9 +32,7 @@ def stage_chunks(layout: Layout, stage: int) -> tuple[int, ...]:
 def stage_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """Transformer layers held by each pipeline rank (all its chunks)."""
     per_chunk = chunk_layers(model, layout)
-    return tuple(
-        sum(per_chunk[c] for c in stage_chunks(layout, s)) for s in range(layout.pipeline_parallel_degree)
-    )
+    return tuple(sum(per_chunk[c] for c in stage_chunks(layout, s)) for s in range(layout.pipeline_parallel_degree))
 
 
 def num_micro_batches(global_batch_size: int, layout: Layout) -> int:

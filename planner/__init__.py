@@ -6,12 +6,18 @@ importing ``planner.schemas`` (as ``cost_models`` does) stays light.
 
 from typing import Any
 
-__all__ = ["estimate", "load_cluster", "load_model"]
+_API = ("estimate", "load_cluster", "load_model")
+_SCHEMAS = ("ClusterProfile", "Estimate", "Layout", "ModelSpec", "TrainingSpec")
+__all__ = [*_API, *_SCHEMAS]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in _API:
         from planner import api
 
         return getattr(api, name)
+    if name in _SCHEMAS:
+        from planner import schemas
+
+        return getattr(schemas, name)
     raise AttributeError(f"module 'planner' has no attribute {name!r}")

@@ -12,6 +12,7 @@ from planner.schemas.cluster import (
 )
 from planner.schemas.enums import (
     Activation,
+    AttentionKernel,
     CollectiveOp,
     DType,
     NormKind,
@@ -29,6 +30,7 @@ from planner.schemas.training import TrainingSpec
 
 __all__ = [
     "Activation",
+    "AttentionKernel",
     "ClusterProfile",
     "CollectiveOp",
     "CollectiveRecord",

@@ -58,9 +58,7 @@ class DeviceProfile(FrozenModel):
             return self.peak_flop_per_s[dtype]
         except KeyError as e:
             have = ", ".join(sorted(str(d) for d in self.peak_flop_per_s))
-            raise SchemaError(
-                f"device {self.name!r} has no peak FLOP/s for dtype {dtype}; it has: {have}"
-            ) from e
+            raise SchemaError(f"device {self.name!r} has no peak FLOP/s for dtype {dtype}; it has: {have}") from e
 
 
 class LinkProfile(FrozenModel):
@@ -82,12 +80,13 @@ class LinkMatrix(FrozenModel):
     def _check(self) -> Self:
         explicit = self.bandwidth_bytes_per_s is not None and self.latency_s is not None
         if (self.uniform is None) == (not explicit):
-            raise SchemaError(
-                "a link matrix needs either 'uniform' or both 'bandwidth_bytes_per_s' and 'latency_s'"
-            )
+            raise SchemaError("a link matrix needs either 'uniform' or both 'bandwidth_bytes_per_s' and 'latency_s'")
         if explicit:
             assert self.bandwidth_bytes_per_s is not None and self.latency_s is not None
-            for label, rows in (("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s), ("latency_s", self.latency_s)):
+            for label, rows in (
+                ("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s),
+                ("latency_s", self.latency_s),
+            ):
                 if len(rows) != self.size or any(len(r) != self.size for r in rows):
                     raise SchemaError(f"link matrix {label} must be {self.size} x {self.size}")
             for i, row in enumerate(self.bandwidth_bytes_per_s):

@@ -46,6 +46,13 @@ class PositionEmbedding(StrEnum):
     ROPE = "rope"
 
 
+class AttentionKernel(StrEnum):
+    """How attention is computed: fused (FlashAttention) or eager (scores materialized)."""
+
+    FLASH = "flash"
+    EAGER = "eager"
+
+
 class Optimizer(StrEnum):
     """Optimizer; Adam keeps two moments per parameter."""
 

@@ -30,7 +30,7 @@ class MemoryBreakdown:
     @property
     def total_bytes(self) -> float:
         """Sum of all terms."""
-        return sum(getattr(self, f.name) for f in fields(self))
+        return float(sum(getattr(self, f.name) for f in fields(self)))
 
     def contract_dict(self) -> dict[str, float]:
         """The five keys of the design contract, in bytes."""
@@ -138,11 +138,8 @@ class Estimate:
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "fits": self.fits,
             "memory_breakdown_bytes": self.peak_stage.memory.contract_dict(),
-            "time_breakdown_s": {
-                f.name.removesuffix("_s"): getattr(self.time, f.name) for f in fields(self.time)
-            },
+            "time_breakdown_s": {f.name.removesuffix("_s"): getattr(self.time, f.name) for f in fields(self.time)},
             "stages": [
-                {**asdict(s), "memory": {**asdict(s.memory), "total_bytes": s.memory.total_bytes}}
-                for s in self.stages
+                {**asdict(s), "memory": {**asdict(s.memory), "total_bytes": s.memory.total_bytes}} for s in self.stages
             ],
         }

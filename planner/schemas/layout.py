@@ -6,7 +6,7 @@ and a data-parallel group is strided by it.
 """
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from planner.errors import SchemaError
 from planner.schemas.enums import Recompute, Schedule, ZeroStage
@@ -108,7 +108,7 @@ class Layout:
 _E = TypeVar("_E", ZeroStage, Recompute, Schedule)
 
 
-def _coerce(enum: type[_E], value: object, name: str) -> _E:
+def _coerce(enum: type[_E], value: Any, name: str) -> _E:
     try:
         return enum(value)
     except ValueError as e:

@@ -28,9 +28,7 @@ class ModelSpec(FrozenModel):
         default=None, ge=1, description="MLP width f (per expert for MoE); defaults to 4h."
     )
     vocab_size: int = Field(ge=1, description="Vocabulary size V.")
-    hidden_act: Activation = Field(
-        default=Activation.GELU, description="'silu'/'swiglu' mean a gated (SwiGLU) MLP."
-    )
+    hidden_act: Activation = Field(default=Activation.GELU, description="'silu'/'swiglu' mean a gated (SwiGLU) MLP.")
     tie_word_embeddings: bool = Field(
         default=True, description="Output layer shares the input embedding (HF's default)."
     )
@@ -41,7 +39,10 @@ class ModelSpec(FrozenModel):
     mlp_bias: bool = Field(default=False, description="Biases on the MLP projections.")
     attention_dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on attention probabilities.")
     hidden_dropout: float = Field(
-        default=0.0, ge=0, lt=1, description="Dropout after attention and MLP (HF: resid_pdrop, hidden_dropout)."
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Dropout after attention and MLP (HF: resid_pdrop, hidden_dropout).",
     )
     num_local_experts: int = Field(default=1, ge=1, description="Experts per MoE layer; 1 is dense.")
     num_experts_per_tok: int = Field(default=1, ge=1, description="Experts each token is routed to (top-k).")
@@ -60,8 +61,7 @@ class ModelSpec(FrozenModel):
             )
         if self.num_experts_per_tok > self.num_local_experts:
             raise SchemaError(
-                f"num_experts_per_tok={self.num_experts_per_tok} exceeds "
-                f"num_local_experts={self.num_local_experts}"
+                f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_local_experts={self.num_local_experts}"
             )
         return self
 

@@ -1,0 +1,266 @@
+"""Activation memory of a decoder transformer, term by term, in bytes.
+
+Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", sec. 4.1 (per-layer accounting), Table 2 (parallel and recompute variants) and
+sec. 4.3 (embedding and output layer); Megatron-LM ``megatron/training/theoretical_memory_usage.py``
+for the embedding input ids and the output layer. For a GPT block (LayerNorm, 4h GELU MLP,
+multi-head attention, dropout > 0, 2-byte dtype) the per-layer total is exactly
+s b h (34 + 5 a s / h), s b h (10 + 24/t + 5 a s / (h t)) with tensor parallelism and
+s b h (34/t + 5 a s / (h t)) with tensor + sequence parallelism.
+
+Notation: s sequence length, b micro-batch size, h hidden size, a query heads, q = a * head_dim,
+k_v = kv_heads * head_dim, f MLP width, E experts, k experts per token, t tensor-parallel degree,
+``act`` bytes of one activation element (2 for bf16/fp16, 4 for fp32). Dropout masks are 1 byte
+per element in every dtype. Everything is per rank, per micro-batch, in bytes.
+"""
+
+from dataclasses import dataclass
+
+from planner.schemas import AttentionKernel, DType, ModelSpec, Recompute
+
+MASK_BYTES = 1
+"""One dropout-mask element (PyTorch keeps a bool/uint8 mask)."""
+TOKEN_ID_BYTES = 8
+"""One input token id (int64), kept by the embedding for its backward."""
+ROUTER_ELEMENT_BYTES = 4
+"""Router logits/probabilities are computed in fp32 (Megatron-Core router, HF Mixtral)."""
+LOGIT_ELEMENT_BYTES = 4
+"""Logits are cast to fp32 for the softmax cross-entropy (Megatron-LM vocab-parallel loss)."""
+SOFTMAX_STAT_BYTES = 4
+"""FlashAttention keeps one fp32 log-sum-exp per query head and token for its backward."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerActivations:
+    """Bytes one transformer layer keeps for its backward, one micro-batch, one rank, no recompute."""
+
+    norm_inputs_bytes: float
+    """Inputs of the two norms (LayerNorm and RMSNorm both keep their input); the first is the layer input."""
+    attention_bytes: float
+    """QKV input, Q, K, V, output-projection input, dropout mask after attention."""
+    attention_scores_bytes: float
+    """Eager: softmax output, its dropout mask and the dropout output (the a s^2 b terms);
+    FlashAttention: its fp32 log-sum-exp. Selective recompute drops this group."""
+    mlp_bytes: float
+    """MLP (or MoE) input(s), intermediates, router and dropout mask after the MLP."""
+
+    @property
+    def layer_input_bytes(self) -> float:
+        """The first norm's input, the only tensor full recomputation keeps."""
+        return self.norm_inputs_bytes / 2
+
+    @property
+    def total_bytes(self) -> float:
+        """All terms: what the layer keeps without recomputation."""
+        return self.norm_inputs_bytes + self.attention_bytes + self.attention_scores_bytes + self.mlp_bytes
+
+
+def layer_activations(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    dtype: DType,
+    tensor_parallel_degree: int = 1,
+    sequence_parallel: bool = False,
+    attention_kernel: AttentionKernel = AttentionKernel.EAGER,
+) -> LayerActivations:
+    """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized).
+
+    Attention block (``/t`` = split over tensor parallelism; ``/sp`` = split by t only with
+    sequence parallelism, replicated otherwise):
+      - QKV-projection input ................ act s b h /sp
+      - Q and K (inputs of Q K^T) ........... act s b (q + k_v) /t    (GQA: K is k_v wide)
+      - softmax output ...................... act a s^2 b /t
+      - softmax dropout mask ................ 1 a s^2 b /t            (attention_dropout > 0)
+      - dropout output (input of scores @ V)  act a s^2 b /t          (attention_dropout > 0; without
+        dropout the softmax output itself feeds scores @ V and is not stored twice)
+      - with FlashAttention (``AttentionKernel.FLASH``) the three s^2 terms above are replaced
+        by the fp32 log-sum-exp, 4 a s b /t: the kernel recomputes the scores in its backward
+        and regenerates the dropout mask from the saved RNG state (Dao 2023, FlashAttention-2)
+      - V ................................... act s b k_v /t
+      - output-projection input ............. act s b q /t
+      - dropout mask after attention ........ 1 s b h /sp             (hidden_dropout > 0)
+    MLP block, dense:
+      - MLP input ........................... act s b h /sp
+      - GELU-type: activation input and output, 2 x act s b f /t
+      - gated (SwiGLU): gate and up projection outputs (the inputs of a fused SwiGLU, whose
+        backward recomputes SiLU, as Megatron-Core's ``SwiGLUFunction``) and their product
+        (the down-projection input), 3 x act s b f /t. An unfused eager implementation also
+        keeps SiLU(gate): one more act s b f /t, not counted.
+      - dropout mask after the MLP .......... 1 s b h /sp             (hidden_dropout > 0)
+    MLP block, MoE (balanced routing, capacity factor 1, so a rank's experts see s b k tokens):
+      - router input ........................ act s b h /sp
+      - router logits ....................... 4 s b E /sp            (fp32)
+      - per routed copy (x k): expert input act s b h /sp, intermediates as dense, expert output
+        (kept by the probability-weighted combine) act s b h /sp
+      - dropout mask after the MLP .......... 1 s b h /sp
+    Norms: each of the two keeps its input, act s b h /sp (LayerNorm and RMSNorm alike).
+
+    Args:
+        model: the transformer's shape and dropout rates.
+        seq_len: tokens per sequence (s).
+        micro_batch_size: sequences per micro-batch (b).
+        dtype: activation precision; fp32 doubles the 2-byte terms, masks stay 1 byte.
+        tensor_parallel_degree: t.
+        sequence_parallel: whether norm/dropout regions are split along the sequence over t.
+        attention_kernel: eager (Korthikanti's accounting, the default) or FlashAttention.
+
+    Returns:
+        The layer's activations by group, in bytes, before any recomputation.
+    """
+    act, t = dtype.bytes, tensor_parallel_degree
+    sp = t if sequence_parallel else 1
+    tokens = seq_len * micro_batch_size
+    h, a = model.hidden_size, model.num_attention_heads
+    q, kv = a * model.head_size, model.kv_heads * model.head_size
+    hidden_mask = MASK_BYTES * tokens * h / sp if model.hidden_dropout > 0 else 0.0
+
+    attention = (
+        act * tokens * h / sp  # QKV-projection input
+        + act * tokens * (q + kv) / t  # Q and K
+        + act * tokens * kv / t  # V
+        + act * tokens * q / t  # output-projection input
+        + hidden_mask
+    )
+    if attention_kernel is AttentionKernel.FLASH:
+        scores = SOFTMAX_STAT_BYTES * a * tokens / t  # log-sum-exp; the dropout mask is regenerated
+    else:
+        scores_elements = a * seq_len * seq_len * micro_batch_size / t
+        scores = act * scores_elements  # softmax output
+        if model.attention_dropout > 0:
+            scores += MASK_BYTES * scores_elements + act * scores_elements  # mask, dropout output
+
+    intermediates = (3 if model.hidden_act.gated else 2) * act * tokens * model.ffn_size / t
+    if model.is_moe:
+        k = model.num_experts_per_tok
+        router = act * tokens * h / sp + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
+        mlp = router + k * (2 * act * tokens * h / sp + intermediates) + hidden_mask
+    else:
+        mlp = act * tokens * h / sp + intermediates + hidden_mask
+
+    return LayerActivations(
+        norm_inputs_bytes=2 * act * tokens * h / sp,
+        attention_bytes=attention,
+        attention_scores_bytes=scores,
+        mlp_bytes=mlp,
+    )
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    dtype: DType,
+    tensor_parallel_degree: int = 1,
+    sequence_parallel: bool = False,
+    recompute: Recompute = Recompute.NONE,
+    attention_kernel: AttentionKernel = AttentionKernel.EAGER,
+) -> float:
+    """Bytes one layer keeps between its forward and backward, one micro-batch (Korthikanti Table 2).
+
+    No recompute keeps every term of ``layer_activations``; selective recompute drops the
+    attention-score terms (5 a s^2 b for an eager GPT block); full recompute keeps only the layer input,
+    act s b h, split over t with sequence parallelism. Arguments as ``layer_activations``.
+    """
+    terms = layer_activations(
+        model,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        dtype=dtype,
+        tensor_parallel_degree=tensor_parallel_degree,
+        sequence_parallel=sequence_parallel,
+        attention_kernel=attention_kernel,
+    )
+    if recompute is Recompute.FULL:
+        return terms.layer_input_bytes
+    if recompute is Recompute.SELECTIVE:
+        return terms.total_bytes - terms.attention_scores_bytes
+    return terms.total_bytes
+
+
+def recompute_working_set_bytes(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    dtype: DType,
+    tensor_parallel_degree: int = 1,
+    sequence_parallel: bool = False,
+    recompute: Recompute = Recompute.NONE,
+    attention_kernel: AttentionKernel = AttentionKernel.EAGER,
+) -> float:
+    """Transient bytes rebuilt while one layer runs its backward under recomputation.
+
+    Recomputation re-runs one layer's forward (full) or its attention core (selective) just
+    before that layer's backward, so one layer's dropped terms of one micro-batch live at once
+    on top of what ``layer_activation_bytes`` keeps (checkpointing rematerializes one segment
+    at a time: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"; here a
+    segment is one layer, as Megatron-LM's uniform recompute with one layer per checkpoint).
+    Zero without recompute. Arguments as ``layer_activations``.
+    """
+    if recompute is Recompute.NONE:
+        return 0.0
+    terms = layer_activations(
+        model,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        dtype=dtype,
+        tensor_parallel_degree=tensor_parallel_degree,
+        sequence_parallel=sequence_parallel,
+        attention_kernel=attention_kernel,
+    )
+    if recompute is Recompute.SELECTIVE:
+        return terms.attention_scores_bytes
+    return terms.total_bytes - terms.layer_input_bytes
+
+
+def embedding_activation_bytes(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    tensor_parallel_degree: int = 1,
+    sequence_parallel: bool = False,
+) -> float:
+    """Bytes the input embedding keeps for its backward, one micro-batch (Korthikanti sec. 4.3).
+
+    Terms (as Megatron-LM's ``theoretical_memory_usage.py``): the int64 token ids, 8 s b (every
+    tensor-parallel rank looks up the full sequence in its vocabulary shard), and the embedding
+    dropout mask, 1 s b h, split over t with sequence parallelism (hidden_dropout > 0 only). The
+    embedding output itself is not kept: its backward needs only the ids, the dropout's only the
+    mask, and the tensor entering the first layer is that layer's first norm input.
+    """
+    tokens = seq_len * micro_batch_size
+    sp = tensor_parallel_degree if sequence_parallel else 1
+    mask = MASK_BYTES * tokens * model.hidden_size / sp if model.hidden_dropout > 0 else 0.0
+    return TOKEN_ID_BYTES * tokens + mask
+
+
+def output_layer_activation_bytes(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    dtype: DType,
+    tensor_parallel_degree: int = 1,
+    sequence_parallel: bool = False,
+) -> float:
+    """Bytes the final norm and the output projection keep, one micro-batch (Korthikanti sec. 4.3).
+
+    The final norm's input and the output projection's input, act s b h each, split over t
+    with sequence parallelism (Megatron's column-parallel linear keeps the sequence-sharded
+    input and gathers it again in the backward). The logits are ``logits_bytes``.
+    """
+    sp = tensor_parallel_degree if sequence_parallel else 1
+    return 2 * dtype.bytes * seq_len * micro_batch_size * model.hidden_size / sp
+
+
+def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch_size: int, tensor_parallel_degree: int = 1) -> float:
+    """One fp32 copy of one micro-batch's logits on one rank: 4 s b V / t bytes.
+
+    The output projection is vocabulary-parallel, so each rank holds V / t columns; the
+    cross-entropy runs in fp32 (Megatron-LM ``vocab_parallel_cross_entropy``).
+    """
+    return LOGIT_ELEMENT_BYTES * seq_len * micro_batch_size * model.vocab_size / tensor_parallel_degree

@@ -1,0 +1,139 @@
+"""Time of collectives and point-to-point transfers over the links a group actually uses.
+
+Conventions (nccl-tests, "PERFORMANCE.md"): ``message_bytes`` is the full buffer; a ring
+all-reduce moves 2(n-1)/n of it per rank, all-gather, reduce-scatter and all-to-all (n-1)/n;
+bus bandwidth = that volume / time, which is nearly independent of n. Pricing, in order:
+1. the profile's collective records for the op and placement: bus bandwidth interpolated
+   log-log in message size (records of all-reduce stand in for the other ops, whose bus
+   bandwidth nccl-tests reports alike at large sizes);
+2. otherwise a ring over the group's slowest link: (n-1) steps of latency plus volume / bandwidth.
+A group spanning nodes is priced hierarchically (as NCCL's tree/ring over rails): a phase inside
+each node over its k members, and a phase across the N nodes in which each of the k members
+moves 1/k of the data over its own network rail. Units: bytes, seconds, bytes/s.
+"""
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkMatrix, LinkProfile, Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Ranks of one process group, ordered as the ring runs."""
+
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """Members."""
+        return len(self.ranks)
+
+
+def volume_factor(op: CollectiveOp, n: int) -> float:
+    """Share of the message each rank sends: 2(n-1)/n for all-reduce, (n-1)/n otherwise."""
+    if n <= 1:
+        return 0.0
+    return (2.0 if op is CollectiveOp.ALL_REDUCE else 1.0) * (n - 1) / n
+
+
+def _ring_slowest(matrix: LinkMatrix, endpoints: tuple[int, ...]) -> LinkProfile:
+    """The slowest bandwidth and latency among the ring's links (>= 2 endpoints)."""
+    if matrix.uniform is not None:
+        return matrix.uniform
+    links = [matrix.link(a, b) for a, b in zip(endpoints, endpoints[1:] + endpoints[:1], strict=True)]
+    return LinkProfile(
+        bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in links),
+        latency_s=max(lk.latency_s for lk in links),
+    )
+
+
+def _curve_time_s(records: list[CollectiveRecord], op: CollectiveOp, message_bytes: float, n: int) -> float:
+    """Interpolate bus bandwidth log-log over ``records`` (one group size), clamped at the ends."""
+    pts = sorted((r.message_bytes, volume_factor(r.op, r.group_size) * r.message_bytes / r.time_s) for r in records)
+    sizes = [math.log(p[0]) for p in pts]
+    x = math.log(max(message_bytes, 1.0))
+    i = bisect.bisect_left(sizes, x)
+    if i == 0:
+        busbw = pts[0][1]
+    elif i == len(pts):
+        busbw = pts[-1][1]
+    else:
+        (x0, y0), (x1, y1) = (sizes[i - 1], math.log(pts[i - 1][1])), (sizes[i], math.log(pts[i][1]))
+        busbw = math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    return volume_factor(op, n) * message_bytes / busbw
+
+
+def _matching_records(
+    cluster: ClusterProfile, op: CollectiveOp, placement: Placement, n: int, per_node: int
+) -> list[CollectiveRecord]:
+    """Records of ``op`` (else all-reduce) at ``placement`` for the nearest group shape."""
+    for candidate_op in (op, CollectiveOp.ALL_REDUCE):
+        recs = [r for r in cluster.collectives if r.op is candidate_op and r.placement is placement]
+        if recs:
+            best = min(
+                {(r.group_size, r.members_per_node) for r in recs},
+                key=lambda g: (abs(g[0] - n), abs(g[1] - per_node)),
+            )
+            return [r for r in recs if (r.group_size, r.members_per_node) == best]
+    return []
+
+
+def _flat_time_s(
+    cluster: ClusterProfile,
+    op: CollectiveOp,
+    message_bytes: float,
+    n: int,
+    placement: Placement,
+    link: LinkProfile,
+) -> float:
+    records = _matching_records(cluster, op, placement, n, n if placement is Placement.INTRA_NODE else 1)
+    if records:
+        return _curve_time_s(records, op, message_bytes, n)
+    steps = 2 * (n - 1) if op is CollectiveOp.ALL_REDUCE else n - 1
+    return steps * link.latency_s + volume_factor(op, n) * message_bytes / link.bandwidth_bytes_per_s
+
+
+def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, cluster: ClusterProfile) -> float:
+    """Seconds for ``op`` over ``group`` on ``cluster`` (see module docstring)."""
+    n = group.size
+    if n <= 1 or message_bytes <= 0:
+        return 0.0
+    per_node = cluster.devices_per_node
+    by_node: dict[int, list[int]] = {}
+    for r in group.ranks:
+        by_node.setdefault(r // per_node, []).append(r % per_node)
+    nodes = tuple(by_node)
+    k = max(len(v) for v in by_node.values())
+    if len(nodes) == 1:
+        link = _ring_slowest(cluster.intra_node_links, tuple(by_node[nodes[0]]))
+        return _flat_time_s(cluster, op, message_bytes, n, Placement.INTRA_NODE, link)
+    inter_link = _ring_slowest(cluster.inter_node_links, nodes)
+    if op is CollectiveOp.ALL_TO_ALL:
+        # Each rank sends (n - k)/n of its buffer off-node over its own rail, the rest over
+        # intra-node links; both proceed at once.
+        intra_link = _ring_slowest(cluster.intra_node_links, tuple(by_node[nodes[0]])) if k > 1 else inter_link
+        off_node_s = (n - k) / n * message_bytes / inter_link.bandwidth_bytes_per_s
+        on_node_s = (k - 1) / n * message_bytes / intra_link.bandwidth_bytes_per_s
+        return (len(nodes) - 1) * inter_link.latency_s + max(off_node_s, on_node_s)
+    inter_s = _flat_time_s(cluster, op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link)
+    if k == 1:
+        return inter_s
+    intra_link = _ring_slowest(cluster.intra_node_links, tuple(by_node[nodes[0]]))
+    # All-reduce = reduce-scatter + all-gather inside the node around the inter-node phase;
+    # all-gather and reduce-scatter need one intra-node phase; all-to-all one as well.
+    intra_op = CollectiveOp.REDUCE_SCATTER if op is CollectiveOp.ALL_REDUCE else op
+    intra_phases = 2 if op is CollectiveOp.ALL_REDUCE else 1
+    intra_s = _flat_time_s(cluster, intra_op, message_bytes, k, Placement.INTRA_NODE, intra_link)
+    return intra_phases * intra_s + inter_s
+
+
+def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:
+    """One send of ``message_bytes`` from rank ``src`` to rank ``dst`` over their link."""
+    per_node = cluster.devices_per_node
+    if src // per_node == dst // per_node:
+        link = cluster.intra_node_links.link(src % per_node, dst % per_node)
+    else:
+        link = cluster.inter_node_links.link(src // per_node, dst // per_node)
+    return link.latency_s + message_bytes / link.bandwidth_bytes_per_s

@@ -1,0 +1,77 @@
+"""Time of the kernels a layer runs on one device: GEMMs by shape, memory-bound elementwise work.
+
+GEMMs are priced from the cluster profile: a measured record of the exact shape when the profile
+has one, else the profile's MatmulModel, a roofline whose compute side is reduced by tile and
+wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide": a GEMM's output is
+cut into tiles that run in waves over the compute units; a partly filled last wave and partly
+filled edge tiles waste their share). Elementwise kernels are bound by memory bandwidth.
+Units: FLOP, bytes, seconds.
+"""
+
+import math
+from dataclasses import dataclass
+
+from planner.schemas import DeviceProfile, DType
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """``batch`` independent (m x k) @ (k x n) products."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flop(self) -> float:
+        """2 m n k per product (one multiply and one add)."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    def io_bytes(self, element_bytes: int) -> float:
+        """Bytes of both inputs and the output, read or written once."""
+        return float(element_bytes * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n))
+
+    def backward(self) -> tuple["Gemm", "Gemm"]:
+        """The input-gradient (m x n)(n x k) and weight-gradient (k x m)(m x n) GEMMs."""
+        return Gemm(self.m, self.k, self.n, self.batch), Gemm(self.k, self.n, self.m, self.batch)
+
+
+def quantization_efficiency(gemm: Gemm, device: DeviceProfile) -> float:
+    """Useful share of the tiles and waves a GEMM launches, in (0, 1]."""
+    mm = device.matmul
+    tiles_m, tiles_n = math.ceil(gemm.m / mm.tile_m), math.ceil(gemm.n / mm.tile_n)
+    tile_eff = (gemm.m * gemm.n) / (tiles_m * mm.tile_m * tiles_n * mm.tile_n)
+    tiles = tiles_m * tiles_n * gemm.batch
+    wave_eff = tiles / (math.ceil(tiles / mm.compute_units) * mm.compute_units)
+    return tile_eff * wave_eff
+
+
+def gemm_time_s(gemm: Gemm, device: DeviceProfile, dtype: DType) -> float:
+    """Seconds for ``gemm`` in ``dtype``: a measured record of its shape, else the roofline model.
+
+    Model: launch overhead + max(flop / (peak * peak_fraction * quantization efficiency),
+    io_bytes / memory bandwidth).
+    """
+    for rec in device.matmul_records:
+        if rec.dtype is dtype and (rec.m, rec.n, rec.k) == (gemm.m, gemm.n, gemm.k):
+            return rec.time_s * gemm.batch
+    achievable = device.get_peak_flop_per_s(dtype) * device.matmul.peak_fraction
+    compute_s = gemm.flop / (achievable * quantization_efficiency(gemm, device))
+    memory_s = gemm.io_bytes(dtype.bytes) / device.memory_bandwidth_bytes_per_s
+    return device.matmul.launch_overhead_s + max(compute_s, memory_s)
+
+
+def gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype: DType) -> float:
+    """Sum of :func:`gemm_time_s` over ``gemms``."""
+    return sum(gemm_time_s(g, device, dtype) for g in gemms)
+
+
+def backward_gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype: DType) -> float:
+    """Input- and weight-gradient GEMMs of every forward GEMM in ``gemms``."""
+    return sum(gemm_time_s(b, device, dtype) for g in gemms for b in g.backward())
+
+
+def elementwise_time_s(bytes_moved: float, device: DeviceProfile) -> float:
+    """Memory-bound kernels: bytes read plus written over the achievable memory bandwidth."""
+    return bytes_moved / device.memory_bandwidth_bytes_per_s

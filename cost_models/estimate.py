@@ -1,0 +1,174 @@
+"""Compose memory and time into an Estimate of one layout: the cost models' entry point.
+
+Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3):
+- m micro-batches through the slowest stage: compute, recompute, tensor/expert-parallel comm;
+- pipeline bubble: (p - 1) / v of one micro-batch on the slowest stage;
+- pipeline point-to-point: an activation forward and a gradient backward per micro-batch and
+  model chunk, and 2 (p - 1) more while the pipeline fills and drains, over the boundary links;
+  under tensor parallelism each rank sends its 1/t slice (Megatron-LM's scatter/gather);
+- data parallel: gradients are reduced in training precision (2 bytes per parameter in mixed
+  precision, ZeRO paper's 2 psi), bucket by bucket during the last micro-batch's backward, so
+  only what exceeds that backward is exposed. ZeRO 1-2 reduce-scatter gradients and all-gather
+  updated parameters (the same volume); ZeRO-3 also gathers parameters for every forward and
+  backward of every micro-batch (3 psi per micro-batch), prefetched behind compute;
+- optimizer: Adam reads and writes 28 bytes per parameter of the rank's optimizer shard
+  (fp32 weight, two moments, gradient, and the training-precision copy), memory-bound.
+Units: seconds, bytes, FLOP.
+"""
+
+from collections.abc import Iterator
+
+from cost_models import groups as grp
+from cost_models.comm import Group, p2p_time_s
+from cost_models.compute import elementwise_time_s
+from cost_models.layer_work import model_flops_per_sequence
+from cost_models.memory import all_stage_memory, stage_params
+from cost_models.pipeline import bubble_fraction, num_micro_batches, stage_layers
+from cost_models.timing import StageTime, slowest_collective_s, stage_times
+from cost_models.validate import check_layout
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveOp,
+    Estimate,
+    Layout,
+    ModelSpec,
+    Recompute,
+    StageEstimate,
+    TimeBreakdown,
+    TrainingSpec,
+    ZeroStage,
+)
+
+ADAM_BYTES_PER_PARAM = 28
+"""Bytes Adam reads and writes per parameter in one step (see module docstring)."""
+
+
+def _data_parallel_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    stage: int,
+    micro_batches: int,
+) -> float:
+    """Total data-parallel communication of one stage's rank in one step (not yet overlapped)."""
+    e = training.dtype.bytes
+    held = stage_params(model, layout, stage)
+    d, ep = layout.data_parallel_degree, layout.expert_parallel_degree
+    shares: list[tuple[float, Iterator[Group], int]] = [(held.dense, grp.data_groups(layout), d)]
+    if held.expert:
+        shares.append((held.expert, grp.expert_data_groups(layout), d // ep))
+    total = 0.0
+    for params, groups, size in shares:
+        if size <= 1:
+            continue
+        group_list = [
+            g for g in groups if g.ranks[0] // (layout.data_parallel_degree * layout.tensor_parallel_degree) == stage
+        ]
+        nbytes = params * e
+        if layout.zero_stage is ZeroStage.NONE:
+            total += slowest_collective_s(CollectiveOp.ALL_REDUCE, nbytes, group_list, cluster)
+            continue
+        rs = slowest_collective_s(CollectiveOp.REDUCE_SCATTER, nbytes, group_list, cluster)
+        ag = slowest_collective_s(CollectiveOp.ALL_GATHER, nbytes, group_list, cluster)
+        total += micro_batches * (rs + 2 * ag) if layout.zero_stage is ZeroStage.PARAMETERS else rs + ag
+    return total
+
+
+def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> Estimate:
+    """Predict per-rank memory and step time of ``layout``.
+
+    Raises:
+        InfeasibleConfigError: the layout does not divide the model, the batch or the cluster.
+    """
+    check_layout(model, training, cluster, layout)
+    m = num_micro_batches(training.global_batch_size, layout)
+    p, v, t = layout.pipeline_parallel_degree, layout.virtual_stages, layout.tensor_parallel_degree
+    times = stage_times(
+        model,
+        training,
+        cluster,
+        layout,
+        tensor_groups=grp.tensor_groups(layout),
+        expert_groups=grp.expert_groups(layout),
+    )
+    memories = all_stage_memory(model, training, cluster, layout)
+    layers = stage_layers(model, layout)
+    slowest: StageTime = max(times, key=lambda st: st.total_s)
+
+    p2p_s = 0.0
+    if p > 1:
+        act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * training.dtype.bytes / t
+        hop = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in grp.stage_boundaries(layout))
+        p2p_s = (2 * m * v + 2 * (p - 1)) * hop
+
+    dp_exposed, dp_total = 0.0, 0.0
+    for stage, st in enumerate(times):
+        comm = _data_parallel_s(model, training, cluster, layout, stage, m)
+        window = m * (st.compute_s + st.recompute_s) if layout.zero_stage is ZeroStage.PARAMETERS else st.backward_s
+        exposed = max(0.0, comm - window)
+        if exposed >= dp_exposed:
+            dp_exposed, dp_total = exposed, comm
+
+    optimizer_s = 0.0
+    for stage in range(p):
+        held = stage_params(model, layout, stage)
+        shard = layout.data_parallel_degree if layout.zero_stage >= ZeroStage.OPTIMIZER else 1
+        expert_shard = max(1, shard // layout.expert_parallel_degree)
+        params = held.dense / shard + held.expert / expert_shard
+        optimizer_s = max(optimizer_s, elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.device))
+
+    time = TimeBreakdown(
+        compute_s=m * slowest.compute_s,
+        recompute_s=m * slowest.recompute_s,
+        tensor_parallel_comm_s=m * slowest.tensor_parallel_comm_s,
+        expert_parallel_comm_s=m * slowest.expert_parallel_comm_s,
+        pipeline_comm_s=p2p_s,
+        pipeline_bubble_s=bubble_fraction(layout, m) * m * slowest.total_s,
+        data_parallel_comm_s=dp_exposed,
+        optimizer_s=optimizer_s,
+        data_parallel_comm_overlapped_s=dp_total - dp_exposed,
+    )
+    step_s = time.step_time_s
+    world = layout.world_size
+    peak = cluster.device.get_peak_flop_per_s(training.dtype)
+    model_flop = training.global_batch_size * model_flops_per_sequence(model, training.seq_len)
+    hardware_flop = model_flop * _recompute_flop_ratio(model, training, layout)
+    stages = tuple(
+        StageEstimate(
+            stage=i,
+            layers=layers[i],
+            holds_embedding=i == 0,
+            holds_output_layer=i == p - 1,
+            memory=memories[i],
+            compute_per_micro_batch_s=times[i].compute_s + times[i].recompute_s,
+        )
+        for i in range(p)
+    )
+    return Estimate(
+        step_time_s=step_s,
+        tokens_per_s=training.tokens_per_step / step_s,
+        model_flops_per_step=model_flop,
+        hardware_flops_per_step=hardware_flop,
+        mfu=model_flop / (step_s * world * peak),
+        hfu=hardware_flop / (step_s * world * peak),
+        peak_memory_bytes=max(mem.total_bytes for mem in memories),
+        memory_capacity_bytes=float(cluster.device.memory_bytes),
+        stages=stages,
+        time=time,
+    )
+
+
+def _recompute_flop_ratio(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """Hardware FLOPs / model FLOPs: full recompute adds one forward of every transformer layer
+    (Narayanan et al. eq. 3: 96 vs 72 B s l h^2); selective adds the attention core forward."""
+    if layout.recompute is Recompute.NONE:
+        return 1.0
+    h, s, l = model.hidden_size, training.seq_len, model.num_hidden_layers
+    per_seq = model_flops_per_sequence(model, s)
+    logits = 3 * 2 * s * h * model.vocab_size
+    layer_fwd = (per_seq - logits) / 3
+    if layout.recompute is Recompute.FULL:
+        return (per_seq + layer_fwd) / per_seq
+    attention_fwd = l * 2 * 2 * s * s * model.num_attention_heads * model.head_size
+    return (per_seq + attention_fwd) / per_seq

@@ -1,0 +1,58 @@
+"""Process groups of a layout: which ranks talk to which, so communication is priced over
+the links those ranks actually use.
+
+Ranks form a (pipeline, data, tensor) mesh with the tensor axis fastest:
+rank = stage * (d * t) + replica * t + shard. Expert-parallel groups are runs of ep consecutive
+data-parallel replicas; expert gradients are reduced over the replicas holding the same experts.
+"""
+
+from collections.abc import Iterator
+
+from cost_models.comm import Group
+from planner.schemas import Layout
+
+
+def rank_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
+    """Global rank of mesh coordinate (stage, replica, shard)."""
+    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    return stage * d * t + replica * t + shard
+
+
+def tensor_groups(layout: Layout) -> Iterator[Group]:
+    """Every tensor-parallel group."""
+    for s in range(layout.pipeline_parallel_degree):
+        for r in range(layout.data_parallel_degree):
+            yield Group(tuple(rank_of(layout, s, r, j) for j in range(layout.tensor_parallel_degree)))
+
+
+def data_groups(layout: Layout) -> Iterator[Group]:
+    """Every data-parallel group (dense parameters' gradient reduction)."""
+    for s in range(layout.pipeline_parallel_degree):
+        for j in range(layout.tensor_parallel_degree):
+            yield Group(tuple(rank_of(layout, s, r, j) for r in range(layout.data_parallel_degree)))
+
+
+def expert_groups(layout: Layout) -> Iterator[Group]:
+    """Every expert-parallel group: ep consecutive replicas exchanging tokens."""
+    ep = layout.expert_parallel_degree
+    for s in range(layout.pipeline_parallel_degree):
+        for j in range(layout.tensor_parallel_degree):
+            for g in range(layout.data_parallel_degree // ep):
+                yield Group(tuple(rank_of(layout, s, g * ep + i, j) for i in range(ep)))
+
+
+def expert_data_groups(layout: Layout) -> Iterator[Group]:
+    """Replicas that hold the same experts (d / ep of them), for expert gradient reduction."""
+    ep = layout.expert_parallel_degree
+    for s in range(layout.pipeline_parallel_degree):
+        for j in range(layout.tensor_parallel_degree):
+            for i in range(ep):
+                yield Group(tuple(rank_of(layout, s, g * ep + i, j) for g in range(layout.data_parallel_degree // ep)))
+
+
+def stage_boundaries(layout: Layout) -> Iterator[tuple[int, int]]:
+    """(sender, receiver) rank pairs between consecutive pipeline stages."""
+    for s in range(layout.pipeline_parallel_degree - 1):
+        for r in range(layout.data_parallel_degree):
+            for j in range(layout.tensor_parallel_degree):
+                yield rank_of(layout, s, r, j), rank_of(layout, s + 1, r, j)

@@ -1,0 +1,138 @@
+"""Per-micro-batch time of each pipeline stage, split into compute, recompute and communication.
+
+Forward and backward of every layer come from its GEMM shapes and elementwise traffic
+(cost_models.layer_work, cost_models.compute). The backward of a GEMM is its input- and
+weight-gradient GEMMs; elementwise backward moves twice the forward's bytes. FlashAttention
+skips the masked half of a causal s x s product and its backward runs 5 GEMMs to the
+forward's 2 (Dao 2023, FlashAttention-2, sec. 3), so it costs 2.5 forwards. Recomputation
+(Korthikanti et al. 2022): full repeats the layer's forward and its tensor-parallel
+collectives; selective repeats the attention core (nothing extra under FlashAttention, which
+already recomputes it). Tensor parallel runs 2 all-reduces of b s h forward and 2 backward per
+layer, or with sequence parallel 2 all-gathers and 2 reduce-scatters each way (Korthikanti et
+al. sec. 4.2.2). MoE moves tokens with an all-to-all to the experts and one back, each way. Every micro-batch's
+weight gradients are accumulated into fp32 buffers (Megatron-LM's main_grad, PyTorch AMP's
+fp32 .grad): read the new gradient and the sum, write the sum, memory-bound.
+Units: seconds.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cost_models import layer_work as lw
+from cost_models.comm import Group, collective_time_s
+from cost_models.compute import backward_gemms_time_s, elementwise_time_s, gemm_time_s, gemms_time_s
+from cost_models.memory import stage_params
+from cost_models.pipeline import stage_layers
+from planner.schemas import ClusterProfile, CollectiveOp, DType, Layout, ModelSpec, Recompute, TrainingSpec
+
+
+def grad_accumulation_bytes_per_param(dtype: DType) -> int:
+    """Bytes moved to add one parameter's gradient into its fp32 accumulator: read e + 4, write 4."""
+    return dtype.bytes + 4 + 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTime:
+    """One micro-batch's forward + backward on one pipeline rank (all its chunks)."""
+
+    compute_s: float
+    recompute_s: float
+    tensor_parallel_comm_s: float
+    expert_parallel_comm_s: float
+    backward_s: float
+    """Backward compute alone: the window in which gradient reduction can overlap."""
+
+    @property
+    def total_s(self) -> float:
+        """Everything the stage spends on one micro-batch."""
+        return self.compute_s + self.recompute_s + self.tensor_parallel_comm_s + self.expert_parallel_comm_s
+
+
+def slowest_collective_s(
+    op: CollectiveOp, message_bytes: float, groups: Iterable[Group], cluster: ClusterProfile
+) -> float:
+    """The slowest group's time: groups of one axis run at once and the step waits for all.
+
+    On a cluster with uniform links every group of an axis costs the same, so one is priced.
+    """
+    uniform = cluster.intra_node_links.uniform is not None and cluster.inter_node_links.uniform is not None
+    worst = 0.0
+    for group in groups:
+        worst = max(worst, collective_time_s(op, message_bytes, group, cluster))
+        if uniform:
+            break
+    return worst
+
+
+def stage_times(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    *,
+    tensor_groups: Iterable[Group],
+    expert_groups: Iterable[Group],
+) -> tuple[StageTime, ...]:
+    """Per-micro-batch time of every pipeline stage."""
+    dev, dt = cluster.device, training.dtype
+    work = lw.layer_work(model, training, layout)
+    elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
+    dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
+    dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
+    if work.flash_attention:
+        attn_fwd = 0.5 * gemms_time_s(work.attention_gemms, dev, dt)
+        attn_bwd = 2.5 * attn_fwd
+    else:
+        attn_elem = elementwise_time_s(work.attention_elementwise_bytes, dev)
+        attn_fwd = gemms_time_s(work.attention_gemms, dev, dt) + attn_elem
+        attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, dt) + 2 * attn_elem
+    layer_fwd = dense_fwd + attn_fwd + elem_fwd
+    layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
+    recompute = {
+        Recompute.NONE: 0.0,
+        Recompute.SELECTIVE: 0.0 if work.flash_attention else attn_fwd,
+        Recompute.FULL: layer_fwd,
+    }[layout.recompute]
+
+    tp_fwd = 0.0
+    if layout.tensor_parallel_degree > 1:
+        act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * dt.bytes
+        groups = list(tensor_groups)
+        if layout.sequence_parallel:
+            tp_fwd = 2 * (
+                slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)
+                + slowest_collective_s(CollectiveOp.REDUCE_SCATTER, act_bytes, groups, cluster)
+            )
+        else:
+            tp_fwd = 2 * slowest_collective_s(CollectiveOp.ALL_REDUCE, act_bytes, groups, cluster)
+    tp_layer = 2 * tp_fwd + (tp_fwd if layout.recompute is Recompute.FULL else 0.0)
+
+    ep_layer = 0.0
+    if model.is_moe and layout.expert_parallel_degree > 1:
+        routed = layout.micro_batch_size * training.seq_len * model.num_experts_per_tok
+        a2a_bytes = routed * model.hidden_size * dt.bytes
+        a2a = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, expert_groups, cluster)
+        ep_layer = (4 + (2 if layout.recompute is Recompute.FULL else 0)) * a2a
+
+    out_gemm = lw.output_layer_gemm(model, training, layout)
+    out_elem = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, layout), dev)
+    output_s = gemm_time_s(out_gemm, dev, dt) + backward_gemms_time_s((out_gemm,), dev, dt) + out_elem
+    embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
+
+    layers = stage_layers(model, layout)
+    last = len(layers) - 1
+    out = []
+    for stage, n in enumerate(layers):
+        extra = (embed_s if stage == 0 else 0.0) + (output_s if stage == last else 0.0)
+        params = stage_params(model, layout, stage).total
+        extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * params, dev)
+        out.append(
+            StageTime(
+                compute_s=n * (layer_fwd + layer_bwd) + extra,
+                recompute_s=n * recompute,
+                tensor_parallel_comm_s=n * tp_layer,
+                expert_parallel_comm_s=n * ep_layer,
+                backward_s=n * layer_bwd,
+            )
+        )
+    return tuple(out)

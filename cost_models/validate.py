@@ -1,0 +1,58 @@
+"""Whether a layout can run a model at all: divisibility and world-size checks.
+
+Each failure raises InfeasibleConfigError naming the values and what would fix them. Memory
+fit is not checked here: the Estimate says whether the layout fits.
+"""
+
+from cost_models.pipeline import chunk_layers
+from planner.errors import InfeasibleConfigError
+from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
+
+
+def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> None:
+    """Raise InfeasibleConfigError if ``layout`` cannot run ``model`` on ``cluster``."""
+    d, t, p = layout.data_parallel_degree, layout.tensor_parallel_degree, layout.pipeline_parallel_degree
+    if model.num_attention_heads % t:
+        raise InfeasibleConfigError(
+            f"tp={t} does not divide num_attention_heads={model.num_attention_heads}; use a tp that divides it"
+        )
+    if model.kv_heads % t:
+        raise InfeasibleConfigError(
+            f"tp={t} does not divide num_key_value_heads={model.kv_heads}; "
+            "use a tp that divides it (replicating key/value heads is not modeled)"
+        )
+    if layout.world_size != cluster.world_size:
+        raise InfeasibleConfigError(
+            f"dp x tp x pp = {d} x {t} x {p} = {layout.world_size} ranks, but cluster {cluster.name!r} has "
+            f"{cluster.world_size} ({cluster.num_nodes} nodes x {cluster.devices_per_node}); "
+            "choose degrees whose product is the cluster's size"
+        )
+    if model.ffn_size % t:
+        raise InfeasibleConfigError(f"tp={t} does not divide intermediate_size={model.ffn_size}")
+    if layout.sequence_parallel and training.seq_len % t:
+        raise InfeasibleConfigError(f"sequence parallel needs tp={t} to divide seq_len={training.seq_len}")
+    replica_batch = d * layout.micro_batch_size
+    if training.global_batch_size % replica_batch:
+        raise InfeasibleConfigError(
+            f"global batch {training.global_batch_size} is not divisible by dp x micro-batch = "
+            f"{d} x {layout.micro_batch_size}; pick a micro-batch size or dp that divides it"
+        )
+    micro_batches = training.global_batch_size // replica_batch
+    if layout.schedule is Schedule.INTERLEAVED and micro_batches % p:
+        raise InfeasibleConfigError(
+            f"the interleaved schedule needs micro-batches per step ({micro_batches}) divisible by pp={p}"
+        )
+    if layout.layer_split is not None and sum(layout.layer_split) != model.num_hidden_layers:
+        raise InfeasibleConfigError(
+            f"layer_split {list(layout.layer_split)} sums to {sum(layout.layer_split)}, "
+            f"but the model has {model.num_hidden_layers} layers"
+        )
+    if min(chunk_layers(model, layout)) < 1 and layout.layer_split is None:
+        raise InfeasibleConfigError(
+            f"{model.num_hidden_layers} layers cannot fill pp x v = {layout.num_chunks} model chunks"
+        )
+    ep = layout.expert_parallel_degree
+    if ep > 1 and not model.is_moe:
+        raise InfeasibleConfigError(f"ep={ep} needs a mixture-of-experts model; {model.name!r} is dense")
+    if model.num_local_experts % ep:
+        raise InfeasibleConfigError(f"ep={ep} does not divide num_local_experts={model.num_local_experts}")

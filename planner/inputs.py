@@ -1,0 +1,492 @@
+"""Loading the planner's inputs: models and clusters, by preset name or from files.
+
+Library API, pure apart from reading files:
+
+- ``load_model(spec)``: a model preset name, or a Hugging Face ``config.json`` / our YAML file.
+- ``model_from_dict(raw, name=...)``: the same from an already parsed mapping.
+- ``load_cluster(spec)``: a cluster preset ``NAME:NODES`` (e.g. ``dgx-a100-80g:16``) or a profile JSON.
+- ``cluster_preset(name, num_nodes)``: a ClusterProfile built from a preset's published figures.
+- ``save_cluster(profile, path)``: write a profile as JSON, as the profiler does.
+- ``list_model_presets()``, ``list_cluster_presets()``.
+
+Presets ship as package data under ``planner/presets/{models,clusters}/<name>.yaml`` and are read
+with importlib.resources. Every error a user can cause is a SchemaError naming the value and the fix.
+"""
+
+import difflib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from types import MappingProxyType
+from typing import TypeVar, get_args
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import SchemaError
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveOp,
+    CollectiveRecord,
+    DeviceProfile,
+    DType,
+    LinkMatrix,
+    LinkProfile,
+    MatmulModel,
+    ModelSpec,
+    NormKind,
+    PositionEmbedding,
+    Provenance,
+)
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+
+# ModelSpec keys, read under their Hugging Face names.
+_SPEC_KEYS = tuple(key for key in ModelSpec.model_fields if key != "name")
+# Other Hugging Face spellings of the same quantity; the ModelSpec spelling wins when both are set.
+_ALIASES = MappingProxyType(
+    {
+        "resid_pdrop": "hidden_dropout",
+        "hidden_dropout_prob": "hidden_dropout",
+        "attn_pdrop": "attention_dropout",
+        "attention_probs_dropout_prob": "attention_dropout",
+        "num_experts": "num_local_experts",  # Qwen-MoE
+    }
+)
+# Keys whose presence tells the norm; an explicit norm_type wins.
+_NORM_HINTS = MappingProxyType(
+    {
+        "rms_norm_eps": NormKind.RMSNORM,
+        "layer_norm_eps": NormKind.LAYERNORM,
+        "layer_norm_epsilon": NormKind.LAYERNORM,
+    }
+)
+_MOE_FFN_KEY = "moe_intermediate_size"  # Qwen-MoE: the per-expert width, which ModelSpec calls f
+_SHARED_EXPERT_KEYS = ("shared_expert_intermediate_size", "n_shared_experts")
+_READ_KEYS = tuple(sorted({*_SPEC_KEYS, *_ALIASES, *_NORM_HINTS, "rope_theta", _MOE_FFN_KEY, *_SHARED_EXPERT_KEYS}))
+_MISSPELLING_CUTOFF = 0.85
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def list_model_presets() -> tuple[str, ...]:
+    """Names of the packaged model presets, sorted."""
+    return _list_presets("models")
+
+
+def list_cluster_presets() -> tuple[str, ...]:
+    """Names of the packaged cluster presets, sorted."""
+    return _list_presets("clusters")
+
+
+def model_from_dict(raw: Mapping[str, object], *, name: str) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face ``config.json`` mapping or our YAML.
+
+    Reads the ModelSpec keys and maps Hugging Face's other spellings: ``rms_norm_eps`` means RMSNorm,
+    ``layer_norm_eps``/``layer_norm_epsilon`` LayerNorm (an explicit ``norm_type`` wins);
+    ``rope_theta`` means rotary positions unless ``position_embedding_type`` says otherwise;
+    ``resid_pdrop``/``hidden_dropout_prob`` and ``attn_pdrop``/``attention_probs_dropout_prob`` are the
+    dropouts; ``num_experts`` and ``moe_intermediate_size`` (Qwen-MoE) are the experts and their width.
+    Other keys are logged at DEBUG and ignored, unless one looks like a misspelling of a key we read.
+
+    Args:
+        raw: the parsed file.
+        name: the model's display name (preset name or file stem), used in messages.
+
+    Returns:
+        The validated ModelSpec.
+
+    Raises:
+        SchemaError: a misspelled, missing or invalid key, naming it, its value and what is expected.
+    """
+    if not isinstance(raw, Mapping):
+        raise SchemaError(f"model {name!r} must be a mapping of keys to values, not {type(raw).__name__}")
+    _reject_misspellings(raw, name)
+    values: dict[str, object] = {key: raw[key] for key in _SPEC_KEYS if key in raw}
+    for alias, key in _ALIASES.items():
+        if alias in raw and key not in values:
+            values[key] = raw[alias]
+    _resolve_moe_width(raw, values, name)
+    _reject_coercions(values, name)
+    if "norm_type" not in values:
+        hinted = {_NORM_HINTS[key] for key in _NORM_HINTS if key in raw}
+        if len(hinted) > 1:
+            raise SchemaError(
+                f"model {name!r} sets both an RMSNorm and a LayerNorm epsilon; add norm_type: rmsnorm or layernorm"
+            )
+        if hinted:
+            values["norm_type"] = hinted.pop()
+    if "position_embedding_type" not in values and "rope_theta" in raw:
+        values["position_embedding_type"] = PositionEmbedding.ROPE
+    return _validate(ModelSpec, {"name": name, **values}, f"model {name!r}")
+
+
+def load_model(spec: str) -> ModelSpec:
+    """Load a model: a preset name, or a path to a ``.json``/``.yaml``/``.yml`` file.
+
+    Raises:
+        SchemaError: unknown preset, missing or malformed file, or an invalid model.
+    """
+    presets = list_model_presets()
+    if spec in presets:
+        return model_from_dict(_read_preset("models", spec), name=spec)
+    path = Path(spec)
+    hint = (
+        f"give a model preset ({', '.join(presets)}) or a path to a model file ending in "
+        f"{', '.join(MODEL_FILE_SUFFIXES)}"
+    )
+    if path.suffix.lower() not in MODEL_FILE_SUFFIXES:
+        raise SchemaError(f"unknown model {spec!r}: {hint}")
+    if not path.is_file():
+        raise SchemaError(f"model file {spec!r} does not exist: {hint}")
+    # A Hugging Face checkout names its file config.json; its folder names the model.
+    stem = path.resolve().parent.name if path.stem == "config" and path.resolve().parent.name else path.stem
+    return model_from_dict(_read_mapping_file(path), name=stem)
+
+
+def cluster_preset(name: str, num_nodes: int) -> ClusterProfile:
+    """Build the ClusterProfile of ``num_nodes`` nodes of a preset machine from its published figures.
+
+    Links are uniform (NVSwitch inside a node, one network rail per device across nodes), the
+    collectives are the preset's published curve, and the provenance date is fixed in the preset file,
+    so the same arguments always give the same profile.
+
+    Raises:
+        SchemaError: unknown preset or ``num_nodes`` not a whole number >= 1.
+    """
+    presets = list_cluster_presets()
+    if name not in presets:
+        raise SchemaError(f"unknown cluster preset {name!r}; presets: {', '.join(presets)}")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise SchemaError(f"num_nodes={num_nodes!r} must be a whole number >= 1")
+    return _build_cluster(_read_preset("clusters", name), name=name, num_nodes=num_nodes)
+
+
+def load_cluster(spec: str) -> ClusterProfile:
+    """Load a cluster: a preset ``NAME:NODES`` (e.g. ``dgx-a100-80g:16``) or a path to a profile JSON.
+
+    Raises:
+        SchemaError: a malformed spec, unknown preset, missing or malformed file, or an invalid profile.
+    """
+    presets = list_cluster_presets()
+    example = f"{presets[0]}:16" if presets else "NAME:16"
+    form = (
+        f"expected NAME:NODES with NAME one of {', '.join(presets)} (e.g. {example}) "
+        "or a path to a cluster profile .json"
+    )
+    path = Path(spec)
+    if path.suffix.lower() == ".json" or path.is_file():
+        if not path.is_file():
+            raise SchemaError(f"cluster profile file {spec!r} does not exist; {form}")
+        return _load_cluster_file(path)
+    name, colon, nodes = spec.partition(":")
+    if not colon:
+        if name in presets:
+            raise SchemaError(f"cluster {spec!r} needs a node count: write {name}:NODES, e.g. {name}:16")
+        raise SchemaError(f"cluster {spec!r} is neither a preset nor an existing file; {form}")
+    if name not in presets:
+        raise SchemaError(f"unknown cluster preset {name!r} in {spec!r}; {form}")
+    if not (nodes.isascii() and nodes.isdigit()) or int(nodes) < 1:
+        raise SchemaError(f"cluster {spec!r}: NODES={nodes!r} must be a whole number >= 1, as in {name}:16")
+    return cluster_preset(name, int(nodes))
+
+
+def save_cluster(profile: ClusterProfile, path: str | Path) -> None:
+    """Write ``profile`` to ``path`` as JSON (indent 2), readable by ``load_cluster``.
+
+    Raises:
+        SchemaError: the file cannot be written.
+    """
+    try:
+        Path(path).write_text(profile.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise SchemaError(f"cannot write cluster profile to {str(path)!r}: {e.strerror}") from e
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+
+def _reject_misspellings(raw: Mapping[str, object], name: str) -> None:
+    """Ignore keys the planner does not read, but refuse those that look like a misspelled one."""
+    for key in raw:
+        if not isinstance(key, str):
+            raise SchemaError(f"model {name!r} has a non-text key {key!r}")
+        if key in _READ_KEYS:
+            continue
+        close = difflib.get_close_matches(key, _READ_KEYS, n=1, cutoff=_MISSPELLING_CUTOFF)
+        if close:
+            raise SchemaError(f"unknown key {key!r} in {name}; did you mean {close[0]!r}?")
+        logger.debug("model %r: key %r is not used by the planner; ignored", name, key)
+
+
+def _reject_coercions(values: Mapping[str, object], name: str) -> None:
+    """pydantic would read true as 1 and "yes" as true; a model file must say what it means."""
+    for key, value in values.items():
+        annotation = ModelSpec.model_fields[key].annotation
+        kinds = set(get_args(annotation)) or {annotation}
+        if value is None and type(None) in kinds:
+            continue
+        if int in kinds and (isinstance(value, bool) or not isinstance(value, int)):
+            expected = "a whole number"
+        elif bool in kinds and not isinstance(value, bool):
+            expected = "true or false"
+        elif float in kinds and (isinstance(value, bool) or not isinstance(value, int | float)):
+            expected = "a number"
+        else:
+            continue
+        raise SchemaError(f"model {name!r}: {key}={value!r} must be {expected}")
+
+
+def _resolve_moe_width(raw: Mapping[str, object], values: dict[str, object], name: str) -> None:
+    """Qwen-MoE keeps the dense width in intermediate_size and the expert width elsewhere."""
+    experts = values.get("num_local_experts", 1)
+    if _MOE_FFN_KEY in raw and isinstance(experts, int) and experts > 1:
+        values["intermediate_size"] = raw[_MOE_FFN_KEY]
+    for key in _SHARED_EXPERT_KEYS:
+        if raw.get(key):
+            logger.warning(
+                "model %r: %s=%r ignored; shared experts are not modeled, so parameter and FLOP counts will be low",
+                name,
+                key,
+                raw[key],
+            )
+
+
+# --- clusters -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _PresetReader:
+    """Reads a cluster preset's figures, each of which must name a source or an assumption."""
+
+    where: str
+    source_ids: frozenset[str]
+
+    def section(self, node: Mapping[str, object], key: str) -> Mapping[str, object]:
+        value = node.get(key)
+        if not isinstance(value, Mapping):
+            raise SchemaError(f"{self.where}: {key!r} must be a mapping, got {value!r}")
+        return value
+
+    def traced(self, node: Mapping[str, object], label: str) -> None:
+        source, assumption = node.get("source"), node.get("assumption")
+        if source is not None and source not in self.source_ids:
+            raise SchemaError(f"{self.where}: {label} names source {source!r}, which is not in 'sources'")
+        if source is None and not (isinstance(assumption, str) and assumption.strip()):
+            raise SchemaError(f"{self.where}: {label} names no source and is not marked as an assumption")
+
+    def figure(self, node: Mapping[str, object], key: str) -> float:
+        entry = self.section(node, key)
+        self.traced(entry, repr(key))
+        value = entry.get("value")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SchemaError(f"{self.where}: {key!r} value must be a number, got {value!r}")
+        return float(value)
+
+    def count(self, node: Mapping[str, object], key: str) -> int:
+        value = self.figure(node, key)
+        if not value.is_integer():
+            raise SchemaError(f"{self.where}: {key!r} must be a whole number, got {value!r}")
+        return int(value)
+
+
+def _build_cluster(raw: Mapping[str, object], *, name: str, num_nodes: int) -> ClusterProfile:
+    where = f"cluster preset {name!r}"
+    sources = raw.get("sources")
+    if not isinstance(sources, list) or not all(isinstance(s, Mapping) for s in sources):
+        raise SchemaError(f"{where}: 'sources' must be a list of {{id, ref}} mappings")
+    reader = _PresetReader(where, frozenset(str(s.get("id")) for s in sources))
+    try:
+        fields = _cluster_fields(raw, reader, sources, name=name, num_nodes=num_nodes)
+    except ValidationError as e:
+        raise SchemaError(_describe(e, where, None)) from e
+    return _validate(ClusterProfile, fields, where)
+
+
+def _cluster_fields(
+    raw: Mapping[str, object],
+    reader: _PresetReader,
+    sources: list[Mapping[str, object]],
+    *,
+    name: str,
+    num_nodes: int,
+) -> dict[str, object]:
+    """The ClusterProfile's fields from a preset's figures, converted to base units."""
+    where = reader.where
+    device, intra, inter = (reader.section(raw, k) for k in ("device", "intra_node_link", "inter_node_link"))
+    peaks = reader.section(device, "peak_flop_per_s")
+    bandwidth, matmul = reader.section(device, "memory_bandwidth"), reader.section(device, "matmul")
+    devices_per_node = reader.count(raw, "devices_per_node")
+    try:
+        peak_flop_per_s = {DType(str(dtype)): reader.figure(peaks, str(dtype)) for dtype in peaks}
+        bf16_peak = peak_flop_per_s[DType.BF16]
+    except (ValueError, KeyError) as e:
+        raise SchemaError(f"{where}: peak_flop_per_s needs bf16 and only bf16/fp16/fp32 keys ({e})") from e
+    return {
+        "name": name,
+        "num_nodes": num_nodes,
+        "devices_per_node": devices_per_node,
+        "device": DeviceProfile(
+            name=str(device.get("name")),
+            memory_bytes=reader.count(device, "memory_bytes"),
+            peak_flop_per_s=peak_flop_per_s,
+            memory_bandwidth_bytes_per_s=reader.figure(bandwidth, "nominal_bytes_per_s")
+            * reader.figure(bandwidth, "achievable_fraction"),
+            matmul=MatmulModel(
+                peak_fraction=reader.figure(matmul, "best_measured_bf16_flop_per_s") / bf16_peak,
+                compute_units=reader.count(matmul, "compute_units"),
+                tile_m=reader.count(matmul, "tile_m"),
+                tile_n=reader.count(matmul, "tile_n"),
+                launch_overhead_s=reader.figure(matmul, "launch_overhead_s"),
+            ),
+        ),
+        "intra_node_links": LinkMatrix(
+            size=devices_per_node,
+            uniform=LinkProfile(
+                bandwidth_bytes_per_s=reader.figure(intra, "bandwidth_bytes_per_s"),
+                latency_s=reader.figure(intra, "latency_s"),
+            ),
+        ),
+        "inter_node_links": LinkMatrix(
+            size=num_nodes,
+            uniform=LinkProfile(
+                bandwidth_bytes_per_s=reader.figure(inter, "nic_line_rate_bytes_per_s")
+                * reader.figure(inter, "efficiency"),
+                latency_s=reader.figure(inter, "latency_s"),
+            ),
+        ),
+        "collectives": _collectives(raw.get("collectives", []), reader),
+        "provenance": Provenance(
+            kind="preset",
+            created=raw.get("created"),
+            sources=tuple(f"{s.get('id')}: {' '.join(str(s.get('ref')).split())}" for s in sources),
+        ),
+    }
+
+
+def _collectives(blocks: object, reader: _PresetReader) -> tuple[CollectiveRecord, ...]:
+    """Published bus-bandwidth curves as records; time from busbw by the nccl-tests convention."""
+    if not isinstance(blocks, list):
+        raise SchemaError(f"{reader.where}: 'collectives' must be a list")
+    records: list[CollectiveRecord] = []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, Mapping):
+            raise SchemaError(f"{reader.where}: collectives[{i}] must be a mapping")
+        reader.traced(block, f"collectives[{i}]")
+        points = block.get("busbw_points")
+        if not isinstance(points, list) or not points:
+            raise SchemaError(f"{reader.where}: collectives[{i}].busbw_points must list [bytes, busbw] pairs")
+        shape = {k: block.get(k) for k in ("op", "placement", "group_size", "members_per_node")}
+        template = _validate(CollectiveRecord, {**shape, "message_bytes": 1, "time_s": 1.0}, reader.where)
+        factor = _bus_factor(template.op, template.group_size)
+        for point in points:
+            if not (
+                isinstance(point, list)
+                and len(point) == 2
+                and isinstance(point[0], int)
+                and point[0] >= 1
+                and isinstance(point[1], int | float)
+                and point[1] > 0
+            ):
+                raise SchemaError(f"{reader.where}: collectives[{i}]: {point!r} is not [bytes >= 1, busbw > 0]")
+            message_bytes, busbw = point
+            update = {"message_bytes": message_bytes, "time_s": message_bytes * factor / float(busbw)}
+            records.append(template.model_copy(update=update))
+    return tuple(records)
+
+
+def _bus_factor(op: CollectiveOp, n: int) -> float:
+    """nccl-tests busbw = algbw * factor (doc/PERFORMANCE.md): 2(n-1)/n for all-reduce, else (n-1)/n."""
+    return 2 * (n - 1) / n if op is CollectiveOp.ALL_REDUCE else (n - 1) / n
+
+
+def _load_cluster_file(path: Path) -> ClusterProfile:
+    text = _read_text(path)
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    try:
+        return ClusterProfile.model_validate_json(text)
+    except ValidationError as e:
+        raise SchemaError(_describe(e, f"cluster profile {str(path)!r}", ClusterProfile)) from e
+    except SchemaError as e:
+        raise SchemaError(f"cluster profile {str(path)!r}: {e}") from e
+
+
+# --- files and validation -------------------------------------------------------------------------
+
+
+def _preset_dir(kind: str) -> Traversable:
+    return resources.files("planner") / "presets" / kind
+
+
+def _list_presets(kind: str) -> tuple[str, ...]:
+    folder = _preset_dir(kind)
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")))
+
+
+def _read_preset(kind: str, name: str) -> Mapping[str, object]:
+    resource = _preset_dir(kind) / f"{name}.yaml"
+    return _parse(resource.read_text(encoding="utf-8"), f"preset {kind}/{name}.yaml", as_json=False)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SchemaError(f"cannot read {str(path)!r}: {e}") from e
+
+
+def _read_mapping_file(path: Path) -> Mapping[str, object]:
+    return _parse(_read_text(path), str(path), as_json=path.suffix.lower() == ".json")
+
+
+def _parse(text: str, where: str, *, as_json: bool) -> Mapping[str, object]:
+    """Parse JSON or YAML text into a mapping, naming the file and line of a syntax error."""
+    try:
+        data = json.loads(text) if as_json else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"{where}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise SchemaError(f"{where}: malformed YAML{at}: {problem}") from e
+    if not isinstance(data, Mapping):
+        raise SchemaError(f"{where}: the top level must be a mapping, not {type(data).__name__}")
+    return data
+
+
+def _validate(model: type[_M], values: Mapping[str, object], what: str) -> _M:
+    """``model.model_validate(values)`` with pydantic's errors turned into one SchemaError."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as e:
+        raise SchemaError(_describe(e, what, model)) from e
+    except SchemaError as e:
+        raise SchemaError(f"{what}: {e}") from e
+
+
+def _describe(error: ValidationError, what: str, model: type[BaseModel] | None) -> str:
+    """One line per problem: the key, the bad value, what is expected."""
+    lines = []
+    for problem in error.errors():
+        loc = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        field = model.model_fields.get(str(problem["loc"][0])) if model and problem["loc"] else None
+        about = f" ({field.description})" if field is not None and field.description else ""
+        if problem["type"] == "missing":
+            lines.append(f"missing required key {loc!r}{about}")
+        else:
+            lines.append(f"{loc}={problem['input']!r}: {problem['msg']}{about}")
+    if len(lines) == 1:
+        return f"{what}: {lines[0]}"
+    return f"{what} has {len(lines)} problems:\n" + "\n".join(f"  {line}" for line in lines)

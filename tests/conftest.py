@@ -1,0 +1,52 @@
+"""Shared fixtures: small hand-built clusters so cost-model tests do not depend on presets."""
+
+from datetime import datetime
+
+import pytest
+
+from planner.schemas import (
+    ClusterProfile,
+    DeviceProfile,
+    DType,
+    LinkMatrix,
+    LinkProfile,
+    MatmulModel,
+    Provenance,
+)
+
+
+def make_cluster(
+    *,
+    nodes: int = 1,
+    per_node: int = 8,
+    intra_bw: float = 100e9,
+    inter_bw: float = 10e9,
+    latency_s: float = 1e-6,
+    memory_bytes: int = 80 * 2**30,
+) -> ClusterProfile:
+    """A uniform cluster with round numbers, for hand-worked expectations."""
+    return ClusterProfile(
+        name="test",
+        num_nodes=nodes,
+        devices_per_node=per_node,
+        device=DeviceProfile(
+            name="test-gpu",
+            memory_bytes=memory_bytes,
+            peak_flop_per_s={DType.BF16: 100e12, DType.FP16: 100e12, DType.FP32: 10e12},
+            memory_bandwidth_bytes_per_s=1e12,
+            matmul=MatmulModel(peak_fraction=0.5, compute_units=4, tile_m=128, tile_n=128, launch_overhead_s=0.0),
+        ),
+        intra_node_links=LinkMatrix(
+            size=per_node, uniform=LinkProfile(bandwidth_bytes_per_s=intra_bw, latency_s=latency_s)
+        ),
+        inter_node_links=LinkMatrix(
+            size=nodes, uniform=LinkProfile(bandwidth_bytes_per_s=inter_bw, latency_s=latency_s)
+        ),
+        provenance=Provenance(kind="preset", created=datetime(2026, 1, 1)),
+    )
+
+
+@pytest.fixture
+def cluster8() -> ClusterProfile:
+    """One node of 8 devices."""
+    return make_cluster()

@@ -1,0 +1,71 @@
+"""Collective and point-to-point pricing over a group's links, against hand-worked values."""
+
+from datetime import datetime
+
+import pytest
+from conftest import make_cluster
+
+from cost_models.comm import Group, collective_time_s, p2p_time_s, volume_factor
+from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkMatrix, Placement
+
+
+def test_volume_factors_follow_nccl_tests() -> None:
+    assert volume_factor(CollectiveOp.ALL_REDUCE, 4) == pytest.approx(1.5)
+    assert volume_factor(CollectiveOp.ALL_GATHER, 4) == pytest.approx(0.75)
+    assert volume_factor(CollectiveOp.ALL_REDUCE, 1) == 0.0
+
+
+def test_intra_node_ring_is_latency_plus_volume_over_bandwidth() -> None:
+    cluster = make_cluster(intra_bw=100e9, latency_s=1e-6)
+    t = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 1, 2, 3)), cluster)
+    assert t == pytest.approx(6 * 1e-6 + 1.5 * 1e9 / 100e9)
+
+
+def test_single_rank_group_is_free() -> None:
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((3,)), make_cluster()) == 0.0
+
+
+def test_hierarchical_all_reduce_splits_inter_node_traffic_over_rails() -> None:
+    cluster = make_cluster(nodes=2, per_node=4, intra_bw=100e9, inter_bw=10e9, latency_s=0.0)
+    full_nodes = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group(tuple(range(8))), cluster)
+    # Inside each node: reduce-scatter and all-gather of 3/4 of 1 GB at 100 GB/s;
+    # across the 2 nodes: all-reduce of 1/4 GB per rail, 2 (2-1)/2 of it at 10 GB/s.
+    assert full_nodes == pytest.approx(2 * 0.75 * 1e9 / 100e9 + 1.0 * 0.25e9 / 10e9)
+    one_per_node = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 4)), cluster)
+    assert one_per_node == pytest.approx(1e9 / 10e9)
+    assert one_per_node > full_nodes
+
+
+def test_slowest_link_of_an_explicit_ring_bounds_it() -> None:
+    bw = [[1e12 if i == j else 100e9 for j in range(4)] for i in range(4)]
+    bw[2][3] = bw[3][2] = 10e9
+    lat = [[0.0] * 4 for _ in range(4)]
+    base = make_cluster(per_node=4)
+    cluster = base.model_copy(update={"intra_node_links": LinkMatrix(size=4, bandwidth_bytes_per_s=bw, latency_s=lat)})
+    fast = collective_time_s(CollectiveOp.ALL_GATHER, 1e9, Group((0, 1)), cluster)
+    slow = collective_time_s(CollectiveOp.ALL_GATHER, 1e9, Group((2, 3)), cluster)
+    assert fast == pytest.approx(0.5 * 1e9 / 100e9)
+    assert slow == pytest.approx(0.5 * 1e9 / 10e9)
+    assert p2p_time_s(1e9, 3, 2, cluster) == pytest.approx(0.1)
+
+
+def test_measured_curve_is_interpolated_log_log_in_bus_bandwidth() -> None:
+    def rec(size: int, busbw: float) -> CollectiveRecord:
+        return CollectiveRecord(
+            op=CollectiveOp.ALL_REDUCE,
+            placement=Placement.INTRA_NODE,
+            group_size=8,
+            members_per_node=8,
+            message_bytes=size,
+            time_s=size * 1.75 / busbw,
+        )
+
+    cluster: ClusterProfile = make_cluster().model_copy(update={"collectives": (rec(2**20, 10e9), rec(2**30, 1000e9))})
+    group = Group(tuple(range(8)))
+    # Halfway in log size between the records is halfway in log bandwidth: 100 GB/s.
+    mid = 2**25
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, mid, group, cluster) == pytest.approx(mid * 1.75 / 100e9)
+    # Beyond the records the nearest bandwidth holds; other ops reuse the all-reduce curve.
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 2**32, group, cluster) == pytest.approx(2**32 * 1.75 / 1000e9)
+    assert collective_time_s(CollectiveOp.ALL_GATHER, 2**30, group, cluster) == pytest.approx(2**30 * 0.875 / 1000e9)
+    assert isinstance(cluster.provenance.created, datetime)

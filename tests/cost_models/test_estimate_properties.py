@@ -1,0 +1,116 @@
+"""Invariants of whole estimates over random valid layouts (hypothesis)."""
+
+from dataclasses import fields, replace
+
+import pytest
+from conftest import make_cluster
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from cost_models.estimate import estimate
+from planner.errors import InfeasibleConfigError
+from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
+
+MODEL = ModelSpec(
+    name="prop",
+    hidden_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    intermediate_size=1536,
+    vocab_size=32000,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+)
+MOE = MODEL.model_copy(update={"name": "prop-moe", "num_local_experts": 4, "num_experts_per_tok": 2})
+TRAINING = TrainingSpec(global_batch_size=64, seq_len=1024)
+CLUSTER = make_cluster(nodes=2, per_node=4)
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> Layout:
+    t = draw(st.sampled_from([1, 2, 4]))
+    p = draw(st.sampled_from([1, 2, 4]))
+    assume(8 % (t * p) == 0)
+    d = 8 // (t * p)
+    b = draw(st.sampled_from([1, 2, 4, 8]))
+    assume(TRAINING.global_batch_size % (d * b) == 0)
+    interleaved = p > 1 and draw(st.booleans())
+    return Layout(
+        data_parallel_degree=d,
+        tensor_parallel_degree=t,
+        pipeline_parallel_degree=p,
+        micro_batch_size=b,
+        zero_stage=draw(st.sampled_from(list(ZeroStage))),
+        recompute=draw(st.sampled_from(list(Recompute))),
+        sequence_parallel=t > 1 and draw(st.booleans()),
+        schedule=Schedule.INTERLEAVED if interleaved else draw(st.sampled_from([Schedule.ONE_F_ONE_B, Schedule.GPIPE])),
+        virtual_stages=2 if interleaved else 1,
+        expert_parallel_degree=draw(st.sampled_from([e for e in (1, 2, 4) if d % e == 0])),
+    )
+
+
+def _estimate(model: ModelSpec, layout: Layout):  # type: ignore[no-untyped-def]
+    try:
+        return estimate(model, TRAINING, CLUSTER, layout)
+    except InfeasibleConfigError:
+        assume(False)
+        raise
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(layout=layouts(), moe=st.booleans())
+def test_every_term_is_non_negative_and_adds_up(layout: Layout, moe: bool) -> None:
+    model = MOE if moe else MODEL
+    if not moe:
+        layout = replace(layout, expert_parallel_degree=1)
+    est = _estimate(model, layout)
+    assert all(getattr(est.time, f.name) >= 0 for f in fields(est.time))
+    for stage in est.stages:
+        assert all(getattr(stage.memory, f.name) >= 0 for f in fields(stage.memory))
+    assert est.step_time_s == pytest.approx(est.time.step_time_s)
+    assert est.tokens_per_s * est.step_time_s == pytest.approx(TRAINING.tokens_per_step)
+    assert 0 < est.mfu <= est.hfu < 1
+    if layout.tensor_parallel_degree == 1:
+        assert est.time.tensor_parallel_comm_s == 0
+    if layout.pipeline_parallel_degree == 1:
+        assert est.time.pipeline_bubble_s == 0 and est.time.pipeline_comm_s == 0
+    if layout.expert_parallel_degree == 1:
+        assert est.time.expert_parallel_comm_s == 0
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(layout=layouts())
+def test_memory_never_grows_with_a_higher_zero_stage(layout: Layout) -> None:
+    # ZeRO-3 adds a buffer of gathered layers, which can outweigh its saving for a tiny model
+    # on few ranks; test_memory.py checks that balance exactly, so stage 3 is left out here.
+    layout = replace(layout, expert_parallel_degree=1)
+    peaks = [_estimate(MODEL, replace(layout, zero_stage=z)).peak_memory_bytes for z in list(ZeroStage)[:3]]
+    assert peaks[0] >= peaks[1] >= peaks[2], peaks
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(layout=layouts())
+def test_memory_never_grows_with_more_recompute(layout: Layout) -> None:
+    layout = replace(layout, expert_parallel_degree=1)
+    peaks = [_estimate(MODEL, replace(layout, recompute=r)).peak_memory_bytes for r in Recompute]
+    assert peaks[0] >= peaks[1] >= peaks[2], peaks
+
+
+def test_recompute_costs_time_and_hardware_flops() -> None:
+    base = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    none = estimate(MODEL, TRAINING, CLUSTER, base)
+    full = estimate(MODEL, TRAINING, CLUSTER, replace(base, recompute=Recompute.FULL))
+    assert full.step_time_s > none.step_time_s
+    assert full.model_flops_per_step == none.model_flops_per_step
+    assert full.hardware_flops_per_step > none.hardware_flops_per_step
+
+
+def test_tensor_parallel_across_nodes_is_slower_than_inside_one() -> None:
+    # tp 8 on 2 nodes of 4 must cross the slow inter-node links; tp 4 stays inside a node.
+    inside = Layout(data_parallel_degree=2, tensor_parallel_degree=4, pipeline_parallel_degree=1, micro_batch_size=1)
+    wide = ModelSpec(**{**MODEL.model_dump(), "num_attention_heads": 8, "num_key_value_heads": 8})
+    across = replace(inside, data_parallel_degree=1, tensor_parallel_degree=8)
+    t_inside = estimate(wide, TRAINING, CLUSTER, inside).time.tensor_parallel_comm_s
+    t_across = estimate(wide, TRAINING, CLUSTER, across).time.tensor_parallel_comm_s
+    assert t_across > t_inside

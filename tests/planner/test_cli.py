@@ -1,0 +1,105 @@
+"""The CLI contract: estimate's JSON keys, exit code 2 with one line for bad input, help texts."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+
+BASE = ["estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--global-batch-size", "64", "--seq-len", "4096"]
+
+
+def run(args: list[str]) -> tuple[int, str, str]:
+    """Run the console script as a user would, so exit codes and stderr are the real ones."""
+    proc = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, check=False)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_estimate_json_has_the_contract_keys() -> None:
+    result = CliRunner().invoke(app, [*BASE, "--dp", "8", "--zero-stage", "1", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "model_flops_per_step",
+        "mfu",
+        "peak_memory_bytes",
+        "time_breakdown_s",
+    ):
+        assert key in out
+    assert set(out["memory_breakdown_bytes"]) == {
+        "weights",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "other",
+    }
+    assert out["peak_memory_bytes"] == pytest.approx(sum(out["memory_breakdown_bytes"].values()))
+    assert out["step_time_s"] == pytest.approx(
+        sum(v for k, v in out["time_breakdown_s"].items() if "overlapped" not in k)
+    )
+    assert 0 < out["mfu"] < 1
+
+
+def test_estimate_table_names_units() -> None:
+    result = CliRunner().invoke(app, [*BASE, "--dp", "4", "--tp", "2"])
+    assert result.exit_code == 0, result.output
+    assert "GiB = 2^30 bytes" in result.output and "step time" in result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--dp", "3", "--tp", "3"], "tp=3 does not divide num_attention_heads=32"),
+        (["--dp", "4"], "4 ranks, but cluster 'dgx-h100' has 8"),
+        (["--dp", "8", "--micro-batch-size", "3"], "not divisible by dp x micro-batch"),
+        (["--dp", "8", "--sequence-parallel"], "sequence_parallel needs tensor_parallel_degree > 1"),
+        (["--dp", "8", "--layer-split", "a,b"], "--layer-split"),
+    ],
+)
+def test_bad_layouts_exit_2_with_one_line(extra: list[str], needle: str) -> None:
+    code, out, err = run([*BASE, *extra])
+    assert code == 2, (out, err)
+    assert needle in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "needle"),
+    [
+        ("nope", "dgx-h100:1", "llama3-8b"),
+        ("llama3-8b", "dgx-h100", "dgx-h100:NODES"),
+        ("llama3-8b", "dgx-h100:0", "dgx-h100:0"),
+        ("llama3-8b", "nowhere.json", "nowhere.json"),
+    ],
+)
+def test_bad_inputs_exit_2_and_say_what_to_do(model: str, cluster: str, needle: str) -> None:
+    code, _, err = run(["estimate", "-m", model, "-c", cluster, "--global-batch-size", "8", "--seq-len", "128"])
+    assert code == 2
+    assert needle in err and "Traceback" not in err
+
+
+def test_malformed_model_file_exits_2(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "model.json"
+    path.write_text('{"hidden_size": 64, "num_hidden_layers": 2,')
+    code, _, err = run(["estimate", "-m", str(path), "-c", "dgx-h100:1", "--global-batch-size", "8", "--seq-len", "8"])
+    assert code == 2 and "model.json" in err
+
+
+def test_usage_errors_exit_2() -> None:
+    code, _, err = run([*BASE, "--recompute", "sometimes"])
+    assert code == 2 and "sometimes" in err
+
+
+def test_help_teaches_with_an_example() -> None:
+    result = CliRunner().invoke(app, ["estimate", "--help"])
+    assert result.exit_code == 0
+    assert "Example:" in result.output and "--global-batch-size" in result.output
+    presets = CliRunner().invoke(app, ["presets"])
+    assert "tiny-gpt" in presets.output and "dgx-a100-80g:NODES" in presets.output
