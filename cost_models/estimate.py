@@ -17,6 +17,7 @@ Units: seconds, bytes, FLOP.
 """
 
 from collections.abc import Iterator
+from itertools import islice
 
 from cost_models import groups as grp
 from cost_models.comm import Group, p2p_time_s
@@ -24,7 +25,7 @@ from cost_models.compute import elementwise_time_s
 from cost_models.layer_work import model_flops_per_sequence
 from cost_models.memory import all_stage_memory, stage_params
 from cost_models.pipeline import bubble_fraction, num_micro_batches, stage_layers
-from cost_models.timing import StageTime, slowest_collective_s, stage_times
+from cost_models.timing import StageTime, has_uniform_links, slowest_collective_s, stage_times
 from cost_models.validate import check_layout
 from planner.schemas import (
     ClusterProfile,
@@ -55,16 +56,15 @@ def _data_parallel_s(
     e = training.dtype.bytes
     held = stage_params(model, layout, stage)
     d, ep = layout.data_parallel_degree, layout.expert_parallel_degree
-    shares: list[tuple[float, Iterator[Group], int]] = [(held.dense, grp.data_groups(layout), d)]
+    shares: list[tuple[float, Iterator[Group], int]] = [(held.dense, grp.data_groups(layout, stage), d)]
     if held.expert:
-        shares.append((held.expert, grp.expert_data_groups(layout), d // ep))
+        shares.append((held.expert, grp.expert_data_groups(layout, stage), d // ep))
     total = 0.0
     for params, groups, size in shares:
         if size <= 1:
             continue
-        group_list = [
-            g for g in groups if g.ranks[0] // (layout.data_parallel_degree * layout.tensor_parallel_degree) == stage
-        ]
+        # With uniform links every group of the axis costs the same: price one.
+        group_list = list(islice(groups, 1) if has_uniform_links(cluster) else groups)
         nbytes = params * e
         if layout.zero_stage is ZeroStage.NONE:
             total += slowest_collective_s(CollectiveOp.ALL_REDUCE, nbytes, group_list, cluster)
@@ -99,7 +99,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, 
     p2p_s = 0.0
     if p > 1:
         act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * training.dtype.bytes / t
-        hop = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in grp.stage_boundaries(layout))
+        pairs = islice(grp.stage_boundaries(layout), 1) if has_uniform_links(cluster) else grp.stage_boundaries(layout)
+        hop = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
         p2p_s = (2 * m * v + 2 * (p - 1)) * hop
 
     dp_exposed, dp_total = 0.0, 0.0

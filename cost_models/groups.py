@@ -25,9 +25,13 @@ def tensor_groups(layout: Layout) -> Iterator[Group]:
             yield Group(tuple(rank_of(layout, s, r, j) for j in range(layout.tensor_parallel_degree)))
 
 
-def data_groups(layout: Layout) -> Iterator[Group]:
-    """Every data-parallel group (dense parameters' gradient reduction)."""
-    for s in range(layout.pipeline_parallel_degree):
+def _stages(layout: Layout, stage: int | None) -> range:
+    return range(layout.pipeline_parallel_degree) if stage is None else range(stage, stage + 1)
+
+
+def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
+    """Every data-parallel group (dense parameters' gradient reduction), or those of one stage."""
+    for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
             yield Group(tuple(rank_of(layout, s, r, j) for r in range(layout.data_parallel_degree)))
 
@@ -41,10 +45,10 @@ def expert_groups(layout: Layout) -> Iterator[Group]:
                 yield Group(tuple(rank_of(layout, s, g * ep + i, j) for i in range(ep)))
 
 
-def expert_data_groups(layout: Layout) -> Iterator[Group]:
+def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
     """Replicas that hold the same experts (d / ep of them), for expert gradient reduction."""
     ep = layout.expert_parallel_degree
-    for s in range(layout.pipeline_parallel_degree):
+    for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
             for i in range(ep):
                 yield Group(tuple(rank_of(layout, s, g * ep + i, j) for g in range(layout.data_parallel_degree // ep)))

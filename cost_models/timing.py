@@ -48,6 +48,11 @@ class StageTime:
         return self.compute_s + self.recompute_s + self.tensor_parallel_comm_s + self.expert_parallel_comm_s
 
 
+def has_uniform_links(cluster: ClusterProfile) -> bool:
+    """Whether every link of a class is the same, so one group stands for all of its axis."""
+    return cluster.intra_node_links.uniform is not None and cluster.inter_node_links.uniform is not None
+
+
 def slowest_collective_s(
     op: CollectiveOp, message_bytes: float, groups: Iterable[Group], cluster: ClusterProfile
 ) -> float:
@@ -55,7 +60,7 @@ def slowest_collective_s(
 
     On a cluster with uniform links every group of an axis costs the same, so one is priced.
     """
-    uniform = cluster.intra_node_links.uniform is not None and cluster.inter_node_links.uniform is not None
+    uniform = has_uniform_links(cluster)
     worst = 0.0
     for group in groups:
         worst = max(worst, collective_time_s(op, message_bytes, group, cluster))

@@ -27,10 +27,10 @@ from typing import TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from cost_models.comm import volume_factor
 from planner.errors import SchemaError
 from planner.schemas import (
     ClusterProfile,
-    CollectiveOp,
     CollectiveRecord,
     DeviceProfile,
     DType,
@@ -384,7 +384,7 @@ def _collectives(blocks: object, reader: _PresetReader) -> tuple[CollectiveRecor
             raise SchemaError(f"{reader.where}: collectives[{i}].busbw_points must list [bytes, busbw] pairs")
         shape = {k: block.get(k) for k in ("op", "placement", "group_size", "members_per_node")}
         template = _validate(CollectiveRecord, {**shape, "message_bytes": 1, "time_s": 1.0}, reader.where)
-        factor = _bus_factor(template.op, template.group_size)
+        factor = volume_factor(template.op, template.group_size)
         for point in points:
             if not (
                 isinstance(point, list)
@@ -399,11 +399,6 @@ def _collectives(blocks: object, reader: _PresetReader) -> tuple[CollectiveRecor
             update = {"message_bytes": message_bytes, "time_s": message_bytes * factor / float(busbw)}
             records.append(template.model_copy(update=update))
     return tuple(records)
-
-
-def _bus_factor(op: CollectiveOp, n: int) -> float:
-    """nccl-tests busbw = algbw * factor (doc/PERFORMANCE.md): 2(n-1)/n for all-reduce, else (n-1)/n."""
-    return 2 * (n - 1) / n if op is CollectiveOp.ALL_REDUCE else (n - 1) / n
 
 
 def _load_cluster_file(path: Path) -> ClusterProfile:
