@@ -173,6 +173,11 @@ def layer_activation_bytes(
         sequence_parallel=sequence_parallel,
         attention_kernel=attention_kernel,
     )
+    return kept_bytes(terms, recompute)
+
+
+def kept_bytes(terms: LayerActivations, recompute: Recompute) -> float:
+    """The part of one layer's activations ``recompute`` keeps (see ``layer_activation_bytes``)."""
     if recompute is Recompute.FULL:
         return terms.layer_input_bytes
     if recompute is Recompute.SELECTIVE:
@@ -180,17 +185,7 @@ def layer_activation_bytes(
     return terms.total_bytes
 
 
-def recompute_working_set_bytes(
-    model: ModelSpec,
-    *,
-    seq_len: int,
-    micro_batch_size: int,
-    dtype: DType,
-    tensor_parallel_degree: int = 1,
-    sequence_parallel: bool = False,
-    recompute: Recompute = Recompute.NONE,
-    attention_kernel: AttentionKernel = AttentionKernel.EAGER,
-) -> float:
+def rematerialized_bytes(terms: LayerActivations, recompute: Recompute) -> float:
     """Transient bytes rebuilt while one layer runs its backward under recomputation.
 
     Recomputation re-runs one layer's forward (full) or its attention core (selective) just
@@ -198,19 +193,10 @@ def recompute_working_set_bytes(
     on top of what ``layer_activation_bytes`` keeps (checkpointing rematerializes one segment
     at a time: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"; here a
     segment is one layer, as Megatron-LM's uniform recompute with one layer per checkpoint).
-    Zero without recompute. Arguments as ``layer_activations``.
+    Zero without recompute.
     """
     if recompute is Recompute.NONE:
         return 0.0
-    terms = layer_activations(
-        model,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        dtype=dtype,
-        tensor_parallel_degree=tensor_parallel_degree,
-        sequence_parallel=sequence_parallel,
-        attention_kernel=attention_kernel,
-    )
     if recompute is Recompute.SELECTIVE:
         return terms.attention_scores_bytes
     return terms.total_bytes - terms.layer_input_bytes

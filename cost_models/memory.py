@@ -30,10 +30,11 @@ from typing import Final
 
 from cost_models.activations import (
     embedding_activation_bytes,
-    layer_activation_bytes,
+    kept_bytes,
+    layer_activations,
     logits_bytes,
     output_layer_activation_bytes,
-    recompute_working_set_bytes,
+    rematerialized_bytes,
 )
 from cost_models.params import embedding_params, layer_params, norm_params
 from cost_models.pipeline import in_flight_micro_batches, num_micro_batches, stage_layers
@@ -164,7 +165,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
 def stage_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int) -> float:
     """Activation bytes one rank of stage ``stage`` holds at its peak.
 
-    Per-layer bytes (``layer_activation_bytes``, with ``training.attention_kernel``) x the
+    Per-layer bytes (``kept_bytes`` of ``layer_activations``, with ``training.attention_kernel``) x the
     stage's layers x micro-batches in flight
     (``in_flight_micro_batches``, whole-stage units, so interleaving needs no further factor),
     plus one layer's recompute working set; stage 0 adds the embedding's ids and dropout mask
@@ -180,26 +181,16 @@ def stage_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
     layers_here = stage_layers(model, layout)[stage]
     total = 0.0
     if layers_here:
-        per_layer = layer_activation_bytes(
+        terms = layer_activations(
             model,
             seq_len=s,
             micro_batch_size=b,
             dtype=dtype,
             tensor_parallel_degree=t,
             sequence_parallel=sp,
-            recompute=recompute,
             attention_kernel=training.attention_kernel,
         )
-        working = recompute_working_set_bytes(
-            model,
-            seq_len=s,
-            micro_batch_size=b,
-            dtype=dtype,
-            tensor_parallel_degree=t,
-            sequence_parallel=sp,
-            recompute=recompute,
-            attention_kernel=training.attention_kernel,
-        )
+        per_layer, working = kept_bytes(terms, recompute), rematerialized_bytes(terms, recompute)
         total += per_layer * layers_here * in_flight + working
     if stage == 0:
         embedding = embedding_activation_bytes(
