@@ -1,7 +1,7 @@
 """ModelSpec: a dense or mixture-of-experts decoder transformer.
 
 Field names are those of a Hugging Face ``config.json`` so that a real one is a valid
-model file; ``planner.presets.model_from_dict`` decides which of a file's keys are read.
+model file; ``planner.inputs.model_from_dict`` decides which of a file's keys are read.
 """
 
 from typing import Self
