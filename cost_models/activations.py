@@ -147,37 +147,13 @@ def layer_activations(
     )
 
 
-def layer_activation_bytes(
-    model: ModelSpec,
-    *,
-    seq_len: int,
-    micro_batch_size: int,
-    dtype: DType,
-    tensor_parallel_degree: int = 1,
-    sequence_parallel: bool = False,
-    recompute: Recompute = Recompute.NONE,
-    attention_kernel: AttentionKernel = AttentionKernel.EAGER,
-) -> float:
+def kept_bytes(terms: LayerActivations, recompute: Recompute) -> float:
     """Bytes one layer keeps between its forward and backward, one micro-batch (Korthikanti Table 2).
 
     No recompute keeps every term of ``layer_activations``; selective recompute drops the
     attention-score terms (5 a s^2 b for an eager GPT block); full recompute keeps only the layer input,
-    act s b h, split over t with sequence parallelism. Arguments as ``layer_activations``.
+    act s b h, split over t with sequence parallelism.
     """
-    terms = layer_activations(
-        model,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        dtype=dtype,
-        tensor_parallel_degree=tensor_parallel_degree,
-        sequence_parallel=sequence_parallel,
-        attention_kernel=attention_kernel,
-    )
-    return kept_bytes(terms, recompute)
-
-
-def kept_bytes(terms: LayerActivations, recompute: Recompute) -> float:
-    """The part of one layer's activations ``recompute`` keeps (see ``layer_activation_bytes``)."""
     if recompute is Recompute.FULL:
         return terms.layer_input_bytes
     if recompute is Recompute.SELECTIVE:
@@ -190,7 +166,7 @@ def rematerialized_bytes(terms: LayerActivations, recompute: Recompute) -> float
 
     Recomputation re-runs one layer's forward (full) or its attention core (selective) just
     before that layer's backward, so one layer's dropped terms of one micro-batch live at once
-    on top of what ``layer_activation_bytes`` keeps (checkpointing rematerializes one segment
+    on top of what ``kept_bytes`` keeps (checkpointing rematerializes one segment
     at a time: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"; here a
     segment is one layer, as Megatron-LM's uniform recompute with one layer per checkpoint).
     Zero without recompute.

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cost_models.activations import (
     embedding_activation_bytes,
-    layer_activation_bytes,
+    kept_bytes,
     layer_activations,
     output_layer_activation_bytes,
 )
@@ -139,15 +139,10 @@ def _layer(
     rc: Recompute = Recompute.NONE,
     dtype: DType = DType.BF16,
 ) -> float:
-    return layer_activation_bytes(
-        model,
-        seq_len=S,
-        micro_batch_size=B,
-        dtype=dtype,
-        tensor_parallel_degree=t,
-        sequence_parallel=sp,
-        recompute=rc,
+    terms = layer_activations(
+        model, seq_len=S, micro_batch_size=B, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
     )
+    return kept_bytes(terms, rc)
 
 
 def test_table2_no_parallelism() -> None:
@@ -189,7 +184,7 @@ def _small(**kw: object) -> float:
         "vocab_size": 100,
     }
     model = ModelSpec.model_validate(base | kw)
-    return layer_activation_bytes(model, seq_len=16, micro_batch_size=2, dtype=DType.BF16)
+    return layer_activations(model, seq_len=16, micro_batch_size=2, dtype=DType.BF16).total_bytes
 
 
 def test_no_dropout_variant() -> None:
@@ -233,11 +228,11 @@ def test_flash_attention_keeps_only_the_log_sum_exp() -> None:
     # FlashAttention-2 recomputes the s x s scores and regenerates the dropout mask in its
     # backward; it keeps one fp32 log-sum-exp per head and token: 4 a s b / t bytes.
     a = GPT.num_attention_heads
-    flash = layer_activation_bytes(
+    flash = layer_activations(
         GPT, seq_len=S, micro_batch_size=B, dtype=DType.BF16, attention_kernel=AttentionKernel.FLASH
-    )
+    ).total_bytes
     assert flash == pytest.approx(34 * SBH + 4 * a * S * B, rel=1e-12)
-    flash_tp = layer_activation_bytes(
+    flash_tp = layer_activations(
         GPT,
         seq_len=S,
         micro_batch_size=B,
@@ -245,7 +240,7 @@ def test_flash_attention_keeps_only_the_log_sum_exp() -> None:
         tensor_parallel_degree=T,
         sequence_parallel=True,
         attention_kernel=AttentionKernel.FLASH,
-    )
+    ).total_bytes
     assert flash_tp == pytest.approx(34 * SBH / T + 4 * a * S * B / T, rel=1e-12)
 
 
@@ -280,9 +275,9 @@ def _training(layout: Layout, micro_batches: int, seq_len: int = 256) -> Trainin
 
 def _acts(model: ModelSpec, layout: Layout, training: TrainingSpec) -> tuple[float, float, float]:
     s, b = training.seq_len, layout.micro_batch_size
-    per_layer = layer_activation_bytes(
+    per_layer = layer_activations(
         model, seq_len=s, micro_batch_size=b, dtype=training.dtype, attention_kernel=training.attention_kernel
-    )
+    ).total_bytes
     emb = embedding_activation_bytes(model, seq_len=s, micro_batch_size=b)
     out = output_layer_activation_bytes(model, seq_len=s, micro_batch_size=b, dtype=training.dtype)
     return per_layer, emb, out
