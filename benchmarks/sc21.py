@@ -7,10 +7,13 @@ others 1F1B. Published FLOPs count recomputation (eq. 3).
 
 from dataclasses import dataclass
 
+from cost_models.estimate import estimate
+from planner.inputs import load_cluster
 from planner.schemas import (
     Activation,
     AttentionKernel,
     DType,
+    Estimate,
     Layout,
     ModelSpec,
     NormKind,
@@ -100,3 +103,9 @@ SC21_TABLE1: tuple[Sc21Run, ...] = (
     Sc21Run("1T", 160, 25600, 128, 8, 64, 3072, 3072, 1, 163),
 )
 """SC21 Table 1 (Megatron-LM README): model, heads, h, l, t, p, GPUs, B, b, TFLOP/s per GPU."""
+
+
+def predict(run: Sc21Run) -> tuple[Estimate, float]:
+    """Our estimate of ``run`` on the dgx-a100-80g preset, and its TFLOP/s per GPU as the paper counts them."""
+    est = estimate(run.model(), run.training(), load_cluster(f"dgx-a100-80g:{run.gpus // 8}"), run.layout())
+    return est, run.eq3_flops() / est.step_time_s / run.gpus / 1e12

@@ -6,14 +6,8 @@ published hardware figures (its YAML names each source).
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sc21 import SC21_TABLE1
-
-from cost_models.estimate import estimate
-from planner.inputs import load_cluster
+from sc21 import SC21_TABLE1, predict  # the script's own folder is on sys.path
 
 
 def main() -> int:
@@ -24,10 +18,8 @@ def main() -> int:
     )
     worst = 0.0
     for run in SC21_TABLE1:
-        cluster = load_cluster(f"dgx-a100-80g:{run.gpus // 8}")
         layout = run.layout()
-        est = estimate(run.model(), run.training(), cluster, layout)
-        predicted = run.eq3_flops() / est.step_time_s / run.gpus / 1e12
+        est, predicted = predict(run)
         error = predicted / run.published_tflops_per_gpu - 1
         worst = max(worst, abs(error))
         t = est.time

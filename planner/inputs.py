@@ -339,7 +339,10 @@ def _cluster_fields(
             memory_bandwidth_bytes_per_s=reader.figure(bandwidth, "nominal_bytes_per_s")
             * reader.figure(bandwidth, "achievable_fraction"),
             matmul=MatmulModel(
-                peak_fraction=reader.figure(matmul, "best_measured_bf16_flop_per_s") / bf16_peak,
+                # Training runs every GPU at its power limit: the sustained rate, not the burst.
+                peak_fraction=reader.figure(matmul, "best_measured_bf16_flop_per_s")
+                * reader.figure(matmul, "sustained_fraction")
+                / bf16_peak,
                 compute_units=reader.count(matmul, "compute_units"),
                 tile_m=reader.count(matmul, "tile_m"),
                 tile_n=reader.count(matmul, "tile_n"),

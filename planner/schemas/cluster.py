@@ -23,7 +23,9 @@ class MatmulModel(FrozenModel):
     (NVIDIA, "Matrix Multiplication Background User's Guide", tile and wave quantization).
     """
 
-    peak_fraction: float = Field(gt=0, le=1, description="Best measured GEMM FLOP/s / peak FLOP/s.")
+    peak_fraction: float = Field(
+        gt=0, le=1, description="Best GEMM FLOP/s sustained under training load (power-limited) / peak FLOP/s."
+    )
     compute_units: int = Field(ge=1, description="Streaming multiprocessors, or cores on a CPU.")
     tile_m: int = Field(ge=1, description="Output tile rows of the GEMM kernel.")
     tile_n: int = Field(ge=1, description="Output tile columns of the GEMM kernel.")
