@@ -6,8 +6,8 @@ importing ``planner.schemas`` (as ``cost_models`` does) stays light.
 
 from typing import Any
 
-_API = ("estimate", "load_cluster", "load_model")
-_SCHEMAS = ("ClusterProfile", "Estimate", "Layout", "ModelSpec", "TrainingSpec")
+_API = ("estimate", "load_cluster", "load_model", "load_plan", "save_plan")
+_SCHEMAS = ("ClusterProfile", "Estimate", "Layout", "ModelSpec", "Plan", "TrainingSpec")
 __all__ = [*_API, *_SCHEMAS]
 
 

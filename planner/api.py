@@ -8,9 +8,10 @@
 
 from cost_models.estimate import estimate as _estimate
 from planner.inputs import load_cluster, load_model
+from planner.plans import load_plan, save_plan
 from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, TrainingSpec
 
-__all__ = ["estimate", "load_cluster", "load_model"]
+__all__ = ["estimate", "load_cluster", "load_model", "load_plan", "save_plan"]
 
 
 def estimate(model: ModelSpec | str, cluster: ClusterProfile | str, training: TrainingSpec, layout: Layout) -> Estimate:

@@ -5,9 +5,13 @@ exception is a bug and keeps its traceback.
 """
 
 import json
+import logging
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,8 +19,19 @@ from rich.console import Console
 from planner import api
 from planner.errors import PlannerError, SchemaError
 from planner.inputs import list_cluster_presets, list_model_presets
+from planner.plans import check_cluster, make_plan
 from planner.render import estimate_view
-from planner.schemas import AttentionKernel, DType, Layout, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import (
+    AttentionKernel,
+    ClusterProfile,
+    DType,
+    Layout,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    TrainingSpec,
+    ZeroStage,
+)
 
 app = typer.Typer(
     help="Plan how to split an LLM's training over a cluster: predict memory and step time of layouts.",
@@ -34,11 +49,11 @@ class OutputFormat(StrEnum):
 
 
 ModelOpt = Annotated[
-    str,
+    str | None,
     typer.Option("--model", "-m", help="Preset name (see `planner presets`) or a config.json / YAML file."),
 ]
 ClusterOpt = Annotated[
-    str,
+    str | None,
     typer.Option("--cluster", "-c", help="Preset NAME:NODES (e.g. dgx-a100-80g:16) or a cluster profile JSON."),
 ]
 
@@ -52,56 +67,129 @@ def _parse_split(text: str | None) -> tuple[int, ...] | None:
         raise SchemaError(f"--layer-split {text!r} must be comma-separated whole numbers, e.g. 7,9,9,7") from e
 
 
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterProfile
+    cluster_spec: str
+    layout: Layout
+
+
+def _resolve(
+    plan_path: Path | None,
+    model: str | None,
+    cluster: str | None,
+    training_fields: Mapping[str, object],
+    layout_fields: Mapping[str, object],
+) -> _Inputs:
+    """Inputs from the options; with a plan file, every option not given comes from the plan."""
+    given_training = {k: v for k, v in training_fields.items() if v is not None}
+    given_layout: dict[str, Any] = {k: v for k, v in layout_fields.items() if v is not None}
+    if plan_path is None:
+        required = {
+            "--model": model,
+            "--cluster": cluster,
+            "--global-batch-size": training_fields.get("global_batch_size"),
+            "--seq-len": training_fields.get("seq_len"),
+        }
+        missing = [option for option, value in required.items() if value is None]
+        if missing or model is None or cluster is None:
+            raise SchemaError(f"{', '.join(missing)} required (or --plan, whose values are the defaults)")
+        layout = Layout(**{**_LAYOUT_DEFAULTS, **given_layout})
+        training = TrainingSpec.model_validate(given_training)
+        return _Inputs(api.load_model(model), training, api.load_cluster(cluster), cluster, layout)
+    plan = api.load_plan(plan_path)
+    cluster_spec = cluster if cluster is not None else plan.cluster.spec
+    cluster_profile = api.load_cluster(cluster_spec)
+    check_cluster(plan, cluster_profile)
+    return _Inputs(
+        api.load_model(model) if model is not None else plan.model,
+        plan.training.model_copy(update=given_training),
+        cluster_profile,
+        cluster_spec,
+        replace(plan.layout, **given_layout),
+    )
+
+
+_LAYOUT_DEFAULTS: dict[str, Any] = {
+    "data_parallel_degree": 1,
+    "tensor_parallel_degree": 1,
+    "pipeline_parallel_degree": 1,
+    "micro_batch_size": 1,
+}
+
+
 @app.command()
 def estimate(
-    model: ModelOpt,
-    cluster: ClusterOpt,
-    global_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")],
-    seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")],
-    dp: Annotated[int, typer.Option(min=1, help="Data-parallel degree.")] = 1,
-    tp: Annotated[int, typer.Option(min=1, help="Tensor-parallel degree.")] = 1,
-    pp: Annotated[int, typer.Option(min=1, help="Pipeline-parallel degree.")] = 1,
-    ep: Annotated[int, typer.Option(min=1, help="Expert-parallel degree (MoE; divides dp).")] = 1,
-    micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.")] = 1,
-    zero_stage: Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage 0-3.")] = 0,
-    recompute: Annotated[Recompute, typer.Option(help="Activation recomputation.")] = Recompute.NONE,
-    sequence_parallel: Annotated[bool, typer.Option(help="Sequence parallel (needs tp > 1).")] = False,
-    schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.ONE_F_ONE_B,
-    virtual_stages: Annotated[int, typer.Option(min=1, help="Model chunks per pipeline rank (interleaved).")] = 1,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    global_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")] = None,
+    seq_len: Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")] = None,
+    plan: Annotated[
+        Path | None,
+        typer.Option(help="A plan file: its inputs and layout are the defaults; other options change them."),
+    ] = None,
+    dp: Annotated[int | None, typer.Option(min=1, help="Data-parallel degree [default: 1].")] = None,
+    tp: Annotated[int | None, typer.Option(min=1, help="Tensor-parallel degree [default: 1].")] = None,
+    pp: Annotated[int | None, typer.Option(min=1, help="Pipeline-parallel degree [default: 1].")] = None,
+    ep: Annotated[
+        int | None, typer.Option(min=1, help="Expert-parallel degree (MoE; divides dp) [default: 1].")
+    ] = None,
+    micro_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per micro-batch [default: 1].")] = None,
+    zero_stage: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage 0-3 [default: 0].")] = None,
+    recompute: Annotated[Recompute | None, typer.Option(help="Activation recomputation [default: none].")] = None,
+    sequence_parallel: Annotated[
+        bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Needs tp > 1 [default: off].")
+    ] = None,
+    schedule: Annotated[Schedule | None, typer.Option(help="Pipeline schedule [default: 1f1b].")] = None,
+    virtual_stages: Annotated[
+        int | None, typer.Option(min=1, help="Model chunks per pipeline rank (interleaved) [default: 1].")
+    ] = None,
     layer_split: Annotated[str | None, typer.Option(help="Layers per model chunk, e.g. 7,9,9,7.")] = None,
-    dtype: Annotated[DType, typer.Option(help="Training precision (bf16/fp16: mixed precision Adam).")] = DType.BF16,
-    attention: Annotated[AttentionKernel, typer.Option(help="Attention kernel.")] = AttentionKernel.FLASH,
+    dtype: Annotated[DType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")] = None,
+    attention: Annotated[AttentionKernel | None, typer.Option(help="Attention kernel [default: flash].")] = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="table for people, json for tools.")
     ] = OutputFormat.TABLE,
+    output: Annotated[Path | None, typer.Option(help="Also write the layout and its estimate as a plan file.")] = None,
 ) -> None:
     """Predict per-rank memory and step time of one layout.
 
     Example: planner estimate -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
     --dp 8 --tp 8 --pp 16 --micro-batch-size 1 --recompute full --schedule interleaved --virtual-stages 2
+
+    Example: planner estimate --plan plan.json --tp 4 --dp 4   (the plan's layout with tp and dp changed)
     """
-    training = TrainingSpec(
-        global_batch_size=global_batch_size, seq_len=seq_len, dtype=dtype, attention_kernel=attention
-    )
-    layout = Layout(
-        data_parallel_degree=dp,
-        tensor_parallel_degree=tp,
-        pipeline_parallel_degree=pp,
-        expert_parallel_degree=ep,
-        micro_batch_size=micro_batch_size,
-        zero_stage=ZeroStage(zero_stage),
-        recompute=recompute,
-        sequence_parallel=sequence_parallel,
-        schedule=schedule,
-        virtual_stages=virtual_stages,
-        layer_split=_parse_split(layer_split),
-    )
-    model_spec, cluster_profile = api.load_model(model), api.load_cluster(cluster)
-    est = api.estimate(model_spec, cluster_profile, training, layout)
+    training_fields = {
+        "global_batch_size": global_batch_size,
+        "seq_len": seq_len,
+        "dtype": dtype,
+        "attention_kernel": attention,
+    }
+    layout_fields = {
+        "data_parallel_degree": dp,
+        "tensor_parallel_degree": tp,
+        "pipeline_parallel_degree": pp,
+        "expert_parallel_degree": ep,
+        "micro_batch_size": micro_batch_size,
+        "zero_stage": None if zero_stage is None else ZeroStage(zero_stage),
+        "recompute": recompute,
+        "sequence_parallel": sequence_parallel,
+        "schedule": schedule,
+        "virtual_stages": virtual_stages,
+        "layer_split": _parse_split(layer_split),
+    }
+    inputs = _resolve(plan, model, cluster, training_fields, layout_fields)
+    est = api.estimate(inputs.model, inputs.cluster, inputs.training, inputs.layout)
+    if output is not None:
+        api.save_plan(
+            make_plan(inputs.model, inputs.training, inputs.cluster, inputs.cluster_spec, inputs.layout, est), output
+        )
     if output_format is OutputFormat.JSON:
         typer.echo(json.dumps(est.to_json_dict(), indent=2))
     else:
-        Console().print(estimate_view(est, model_spec, training, cluster_profile, layout))
+        Console().print(estimate_view(est, inputs.model, inputs.training, inputs.cluster, inputs.layout))
 
 
 @app.command()
@@ -114,6 +202,7 @@ def presets() -> None:
 def main() -> None:
     """Console-script entry point: PlannerError exits 2 with one line; usage errors exit 2
     through typer; nothing else is caught."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         app()
     except PlannerError as e:

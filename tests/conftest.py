@@ -50,3 +50,13 @@ def make_cluster(
 def cluster8() -> ClusterProfile:
     """One node of 8 devices."""
     return make_cluster()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="Rewrite golden files instead of comparing.")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """Whether the run was asked to rewrite golden files (--update-golden)."""
+    return bool(request.config.getoption("--update-golden"))

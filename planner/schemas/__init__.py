@@ -26,12 +26,14 @@ from planner.schemas.enums import (
 from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, TimeBreakdown
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
+from planner.schemas.plan import ClusterRef, Plan
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
     "Activation",
     "AttentionKernel",
     "ClusterProfile",
+    "ClusterRef",
     "CollectiveOp",
     "CollectiveRecord",
     "DType",
@@ -47,6 +49,7 @@ __all__ = [
     "NormKind",
     "Optimizer",
     "Placement",
+    "Plan",
     "PositionEmbedding",
     "Provenance",
     "Recompute",

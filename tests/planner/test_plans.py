@@ -1,0 +1,125 @@
+"""Plan files: round trip, a frozen schema, clear errors, and `planner estimate --plan/--output`."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cost_models.estimate import estimate
+from planner.cli import app
+from planner.errors import PlannerError, SchemaError
+from planner.inputs import load_cluster, load_model
+from planner.plans import load_plan, make_plan, save_plan
+from planner.schemas import Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v1.json"
+MODEL = load_model("tiny-gpt")
+CLUSTER = load_cluster("dgx-a100-80g:1")
+TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
+
+
+def test_plan_schema_is_frozen(update_golden: bool) -> None:
+    schema = json.dumps(Plan.model_json_schema(), indent=2, sort_keys=True) + "\n"
+    if update_golden:
+        GOLDEN.write_text(schema)
+    assert GOLDEN.read_text() == schema, (
+        "Plan's schema changed: bump schema_version, keep a reader for version 1, then run pytest --update-golden"
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    split=st.sampled_from([(1, 1, 8), (2, 2, 2), (1, 2, 4), (4, 2, 1), (8, 1, 1)]),
+    micro_batch=st.sampled_from([1, 2, 4]),
+    zero=st.sampled_from(list(ZeroStage)),
+    recompute=st.sampled_from(list(Recompute)),
+)
+def test_plan_round_trips_through_json(
+    tmp_path: Path, split: tuple[int, int, int], micro_batch: int, zero: ZeroStage, recompute: Recompute
+) -> None:
+    d, t, p = split
+    layout = Layout(
+        data_parallel_degree=d,
+        tensor_parallel_degree=t,
+        pipeline_parallel_degree=p,
+        micro_batch_size=micro_batch,
+        zero_stage=zero,
+        recompute=recompute,
+        sequence_parallel=t > 1,
+        schedule=Schedule.INTERLEAVED if p == 2 else Schedule.ONE_F_ONE_B,
+        virtual_stages=2 if p == 2 else 1,
+    )
+    try:
+        est = estimate(MODEL, TRAINING, CLUSTER, layout)
+    except PlannerError:
+        return
+    plan = make_plan(MODEL, TRAINING, CLUSTER, "dgx-a100-80g:1", layout, est)
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan
+    assert Plan.model_validate_json(plan.model_dump_json()) == plan
+
+
+def _plan(tmp_path: Path) -> Path:
+    layout = Layout(data_parallel_degree=4, tensor_parallel_degree=2, pipeline_parallel_degree=1, micro_batch_size=2)
+    plan = make_plan(MODEL, TRAINING, CLUSTER, "dgx-a100-80g:1", layout, estimate(MODEL, TRAINING, CLUSTER, layout))
+    save_plan(plan, tmp_path / "plan.json")
+    return tmp_path / "plan.json"
+
+
+def test_invalid_plans_name_the_file_and_problem(tmp_path: Path) -> None:
+    raw = json.loads(_plan(tmp_path).read_text())
+    cases = {
+        "version.json": {**raw, "schema_version": 2},
+        "layout.json": {**raw, "layout": {**raw["layout"], "tensor_parallel_degree": 0}},
+        "extra.json": {**raw, "surprise": 1},
+    }
+    for name, content in cases.items():
+        (tmp_path / name).write_text(json.dumps(content))
+        with pytest.raises(SchemaError, match=name):
+            load_plan(tmp_path / name)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(SchemaError, match="line 1"):
+        load_plan(tmp_path / "broken.json")
+
+
+def test_estimate_from_a_plan_reproduces_its_estimate_and_takes_overrides(tmp_path: Path) -> None:
+    path = _plan(tmp_path)
+    plan = load_plan(path)
+    same = CliRunner().invoke(app, ["estimate", "--plan", str(path), "--format", "json"])
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.output)["step_time_s"] == pytest.approx(plan.estimate.step_time_s)
+    changed = CliRunner().invoke(app, ["estimate", "--plan", str(path), "--tp", "1", "--dp", "8", "--format", "json"])
+    assert changed.exit_code == 0, changed.output
+    expected = estimate(
+        MODEL, TRAINING, CLUSTER, replace(plan.layout, tensor_parallel_degree=1, data_parallel_degree=8)
+    )
+    assert json.loads(changed.output)["step_time_s"] == pytest.approx(expected.step_time_s)
+
+
+def test_estimate_output_writes_a_plan_that_loads(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    args = [
+        "estimate",
+        "-m",
+        "tiny-gpt",
+        "-c",
+        "dgx-a100-80g:1",
+        "--global-batch-size",
+        "32",
+        "--seq-len",
+        "128",
+        "--dp",
+        "8",
+        "--output",
+        str(out),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    assert plan.layout.data_parallel_degree == 8 and plan.cluster.world_size == 8
+    assert plan.model == MODEL and plan.training == TRAINING
