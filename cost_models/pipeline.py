@@ -6,6 +6,8 @@ chunks before the first backward on rank r, which gives the first stage
 p (1 + (p-1)/(p v)) micro-batches of activations (Korthikanti et al. 2022, sec. 4.2.3).
 """
 
+import functools
+
 from planner.schemas import Layout, ModelSpec, Schedule
 
 
@@ -29,8 +31,12 @@ def stage_chunks(layout: Layout, stage: int) -> tuple[int, ...]:
     return tuple(stage + i * p for i in range(layout.virtual_stages))
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
-    """Transformer layers held by each pipeline rank (all its chunks)."""
+    """Transformer layers held by each pipeline rank (all its chunks).
+
+    Memoized: every stage's memory and time asks for it, and inputs are immutable.
+    """
     per_chunk = chunk_layers(model, layout)
     return tuple(sum(per_chunk[c] for c in stage_chunks(layout, s)) for s in range(layout.pipeline_parallel_degree))
 

@@ -17,6 +17,7 @@ Units: seconds.
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 from cost_models import layer_work as lw
 from cost_models.comm import Group, collective_time_s
@@ -102,7 +103,8 @@ def stage_times(
     tp_fwd = 0.0
     if layout.tensor_parallel_degree > 1:
         act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * dt.bytes
-        groups = list(tensor_groups)
+        # With uniform links one group stands for all; a list, since it is priced more than once.
+        groups = list(islice(tensor_groups, 1) if has_uniform_links(cluster) else tensor_groups)
         if layout.sequence_parallel:
             tp_fwd = 2 * (
                 slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)
