@@ -32,6 +32,7 @@ from planner.schemas import (
     CollectiveOp,
     Estimate,
     Layout,
+    MemoryBreakdown,
     ModelSpec,
     Recompute,
     StageEstimate,
@@ -75,8 +76,18 @@ def _data_parallel_s(
     return total
 
 
-def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> Estimate:
+def estimate(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    *,
+    memories: tuple[MemoryBreakdown, ...] | None = None,
+) -> Estimate:
     """Predict per-rank memory and step time of ``layout``.
+
+    ``memories``, when given, is ``all_stage_memory`` of the same inputs, already computed (a
+    search checks memory first and prices time only for layouts that fit).
 
     Raises:
         InfeasibleConfigError: the layout does not divide the model, the batch or the cluster.
@@ -92,7 +103,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, 
         tensor_groups=grp.tensor_groups(layout),
         expert_groups=grp.expert_groups(layout),
     )
-    memories = all_stage_memory(model, training, cluster, layout)
+    if memories is None:
+        memories = all_stage_memory(model, training, cluster, layout)
     layers = stage_layers(model, layout)
     slowest: StageTime = max(times, key=lambda st: st.total_s)
 
@@ -104,8 +116,14 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, 
         p2p_s = (2 * m * v + 2 * (p - 1)) * hop
 
     dp_exposed, dp_total = 0.0, 0.0
+    # On uniform links a stage's reduction depends only on the parameters it holds.
+    comm_by_params: dict[tuple[float, float], float] = {}
     for stage, st in enumerate(times):
-        comm = _data_parallel_s(model, training, cluster, layout, stage, m)
+        held = stage_params(model, layout, stage)
+        key = (held.dense, held.expert) if has_uniform_links(cluster) else (float(stage), -1.0)
+        if key not in comm_by_params:
+            comm_by_params[key] = _data_parallel_s(model, training, cluster, layout, stage, m)
+        comm = comm_by_params[key]
         window = m * (st.compute_s + st.recompute_s) if layout.zero_stage is ZeroStage.PARAMETERS else st.backward_s
         exposed = max(0.0, comm - window)
         if exposed >= dp_exposed:

@@ -25,6 +25,7 @@ Constants (conventions, stated once here):
     precision; as DeepSpeed's estimator, whose 4 x largest_layer_params bytes is the same term.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Final
 
@@ -131,8 +132,10 @@ def zero3_gather_buffer_bytes(largest_unit_params: float, dtype: DType) -> float
     return ZERO3_GATHERED_UNITS * largest_unit_params * dtype.bytes
 
 
+@functools.lru_cache(maxsize=8192)
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
-    """Parameters one rank of pipeline stage ``stage`` holds.
+    """Parameters one rank of pipeline stage ``stage`` holds (memoized: memory, time and the
+    optimizer all ask, and the inputs are immutable).
 
     Its transformer layers (``stage_layers``) split over t and, for experts, over ep; stage 0
     the word embedding split over t (vocabulary-parallel) plus learned positions, replicated;
