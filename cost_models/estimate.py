@@ -8,9 +8,11 @@ Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3):
   under tensor parallelism each rank sends its 1/t slice (Megatron-LM's scatter/gather);
 - data parallel: gradients are reduced in training precision (2 bytes per parameter in mixed
   precision, ZeRO paper's 2 psi), bucket by bucket during the last micro-batch's backward, so
-  only what exceeds that backward is exposed. ZeRO 1-2 reduce-scatter gradients and all-gather
-  updated parameters (the same volume); ZeRO-3 also gathers parameters for every forward and
-  backward of every micro-batch (3 psi per micro-batch), prefetched behind compute;
+  only what exceeds that backward is exposed. ZeRO-1 reduce-scatters the accumulated gradients
+  once and all-gathers the updated parameters (the same volume). ZeRO-2 keeps no full gradient,
+  so it reduce-scatters every micro-batch's gradients during that micro-batch's backward (as
+  DeepSpeed stage 2 and FSDP with gradient sync do). ZeRO-3 also gathers parameters for every
+  forward and backward of every micro-batch (3 psi per micro-batch), prefetched behind compute;
 - optimizer: Adam reads and writes 28 bytes per parameter of the rank's optimizer shard
   (fp32 weight, two moments, gradient, and the training-precision copy), memory-bound.
 Units: seconds, bytes, FLOP.
@@ -72,7 +74,12 @@ def _data_parallel_s(
             continue
         rs = slowest_collective_s(CollectiveOp.REDUCE_SCATTER, nbytes, group_list, cluster)
         ag = slowest_collective_s(CollectiveOp.ALL_GATHER, nbytes, group_list, cluster)
-        total += micro_batches * (rs + 2 * ag) if layout.zero_stage is ZeroStage.PARAMETERS else rs + ag
+        if layout.zero_stage is ZeroStage.PARAMETERS:
+            total += micro_batches * (rs + 2 * ag)
+        elif layout.zero_stage is ZeroStage.GRADIENTS:
+            total += micro_batches * rs + ag
+        else:
+            total += rs + ag
     return total
 
 
@@ -124,7 +131,10 @@ def estimate(
         if key not in comm_by_params:
             comm_by_params[key] = _data_parallel_s(model, training, cluster, layout, stage, m)
         comm = comm_by_params[key]
-        window = m * (st.compute_s + st.recompute_s) if layout.zero_stage is ZeroStage.PARAMETERS else st.backward_s
+        window = {
+            ZeroStage.PARAMETERS: m * (st.compute_s + st.recompute_s),
+            ZeroStage.GRADIENTS: m * st.backward_s,
+        }.get(layout.zero_stage, st.backward_s)
         exposed = max(0.0, comm - window)
         if exposed >= dp_exposed:
             dp_exposed, dp_total = exposed, comm

@@ -30,7 +30,15 @@ class MemoryBreakdown:
     @property
     def total_bytes(self) -> float:
         """Sum of all terms."""
-        return float(sum(getattr(self, f.name) for f in fields(self)))
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_states_bytes
+            + self.activations_bytes
+            + self.logits_bytes
+            + self.communication_buffers_bytes
+            + self.workspace_bytes
+        )
 
     def contract_dict(self) -> dict[str, float]:
         """The five keys of the design contract, in bytes."""

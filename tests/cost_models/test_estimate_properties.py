@@ -114,3 +114,19 @@ def test_tensor_parallel_across_nodes_is_slower_than_inside_one() -> None:
     t_inside = estimate(wide, TRAINING, CLUSTER, inside).time.tensor_parallel_comm_s
     t_across = estimate(wide, TRAINING, CLUSTER, across).time.tensor_parallel_comm_s
     assert t_across > t_inside
+
+
+def test_zero_stages_move_what_the_zero_paper_and_fsdp_move() -> None:
+    # 8 replicas, 8 micro-batches each: ZeRO-1 reduces the accumulated gradients once, ZeRO-2
+    # every micro-batch, ZeRO-3 also gathers the parameters twice per micro-batch.
+    base = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+
+    def dp_total(zero: ZeroStage) -> float:
+        t = estimate(MODEL, TRAINING, CLUSTER, replace(base, zero_stage=zero)).time
+        return t.data_parallel_comm_s + t.data_parallel_comm_overlapped_s
+
+    all_reduce, zero1, zero2, zero3 = (dp_total(z) for z in ZeroStage)
+    assert zero1 == pytest.approx(all_reduce, rel=0.05)  # reduce-scatter + all-gather = all-reduce volume
+    rs = zero1 / 2  # a reduce-scatter and an all-gather of the same bytes cost the same on a ring
+    assert zero2 == pytest.approx(8 * rs + rs, rel=1e-6)
+    assert zero3 == pytest.approx(8 * 3 * rs, rel=1e-6)
