@@ -23,3 +23,12 @@ class InfeasibleConfigError(PlannerError):
 
 class SearchError(PlannerError):
     """The search could not produce a plan."""
+
+
+class DoesNotFitError(InfeasibleConfigError):
+    """A layout that runs but needs more memory per rank than the device has to give."""
+
+    def __init__(self, message: str, *, needed_bytes: float, usable_bytes: float) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.usable_bytes = usable_bytes

@@ -1,0 +1,127 @@
+"""Evaluation in one place: every strategy prices a layout through an Evaluator.
+
+An Evaluator checks a layout against the model and cluster, checks memory first (cheap) and
+prices time only for layouts that fit within the usable memory (capacity less a stated safety
+margin for allocator fragmentation). A layout that does not fit raises InfeasibleConfigError;
+the evaluator remembers the closest miss, to explain a search in which nothing fits.
+"""
+
+from dataclasses import dataclass, fields, replace
+
+from cost_models import groups as grp
+from cost_models.estimate import estimate
+from cost_models.memory import all_stage_memory, stage_memory
+from cost_models.timing import stage_times
+from cost_models.validate import check_layout
+from planner.errors import DoesNotFitError
+from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, TrainingSpec
+
+DEFAULT_MEMORY_MARGIN = 0.05
+"""Share of device memory kept free for allocator fragmentation and untracked buffers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """The layout that came closest to fitting, with its largest rank's memory."""
+
+    layout: Layout
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True, slots=True)
+class SplitCosts:
+    """Per-stage cost of a pipeline layout as affine functions of the stage's layer count n:
+    time per micro-batch = time_base_s[s] + time_per_layer_s[s] * n, and memory likewise."""
+
+    time_base_s: tuple[float, ...]
+    time_per_layer_s: tuple[float, ...]
+    memory_base_bytes: tuple[float, ...]
+    memory_per_layer_bytes: tuple[float, ...]
+
+
+class Evaluator:
+    """Prices layouts of one model on one cluster; counts what it was asked."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        training: TrainingSpec,
+        cluster: ClusterProfile,
+        *,
+        memory_margin: float = DEFAULT_MEMORY_MARGIN,
+    ) -> None:
+        self.model, self.training, self.cluster = model, training, cluster
+        self.usable_memory_bytes = cluster.device.memory_bytes * (1.0 - memory_margin)
+        self.memory_margin = memory_margin
+        self.evaluations = 0
+        self.closest_miss: Miss | None = None
+
+    def memory(self, layout: Layout) -> tuple[MemoryBreakdown, ...]:
+        """Per-stage memory of a valid layout; raises InfeasibleConfigError if it cannot run or fit.
+
+        The first stage holds the most micro-batches in flight and the embedding, so it is checked
+        alone first: most layouts that do not fit fail there, without pricing the other stages.
+        """
+        check_layout(self.model, self.training, self.cluster, layout)
+        first = stage_memory(self.model, self.training, self.cluster, layout, 0)
+        if first.total_bytes <= self.usable_memory_bytes or self._closer(first):
+            memories = all_stage_memory(self.model, self.training, self.cluster, layout)
+            peak = max(memories, key=lambda mem: mem.total_bytes)
+            if peak.total_bytes <= self.usable_memory_bytes:
+                return memories
+            if self._closer(peak):
+                self.closest_miss = Miss(layout, peak)
+        else:
+            peak = first
+        raise DoesNotFitError(
+            f"{layout.describe()} needs at least {peak.total_bytes / 2**30:.1f} GiB per rank, "
+            f"more than the usable {self.usable_memory_bytes / 2**30:.1f} GiB",
+            needed_bytes=peak.total_bytes,
+            usable_bytes=self.usable_memory_bytes,
+        )
+
+    def _closer(self, memory: MemoryBreakdown) -> bool:
+        return self.closest_miss is None or memory.total_bytes < self.closest_miss.memory.total_bytes
+
+    def __call__(self, layout: Layout) -> Estimate:
+        """The estimate of a layout that fits; raises InfeasibleConfigError otherwise."""
+        self.evaluations += 1
+        memories = self.memory(layout)
+        return estimate(self.model, self.training, self.cluster, layout, memories=memories)
+
+    def split_costs(self, layout: Layout) -> SplitCosts:
+        """Per-stage affine time and memory in the stage's layer count, for the CP-SAT split.
+
+        Every stage's time and memory are affine in its own layer count (its layers repeat the
+        same work and activations; the embedding, output layer and buffers are the constant), so
+        pricing every stage at 1 and at 2 layers gives both coefficients. One model chunk per
+        stage (v = 1) only.
+        """
+        if layout.virtual_stages != 1:
+            raise ValueError("split_costs prices one model chunk per stage (virtual_stages = 1)")
+        samples = []
+        for n in (1, 2):
+            trial = replace(layout, layer_split=(n,) * layout.pipeline_parallel_degree)
+            times = stage_times(
+                self.model,
+                self.training,
+                self.cluster,
+                trial,
+                tensor_groups=grp.tensor_groups(trial),
+                expert_groups=grp.expert_groups(trial),
+            )
+            memories = all_stage_memory(self.model, self.training, self.cluster, trial)
+            samples.append(([t.total_s for t in times], [m.total_bytes for m in memories]))
+        (t1, m1), (t2, m2) = samples
+        return SplitCosts(
+            time_base_s=tuple(2 * a - b for a, b in zip(t1, t2, strict=True)),
+            time_per_layer_s=tuple(b - a for a, b in zip(t1, t2, strict=True)),
+            memory_base_bytes=tuple(2 * a - b for a, b in zip(m1, m2, strict=True)),
+            memory_per_layer_bytes=tuple(b - a for a, b in zip(m1, m2, strict=True)),
+        )
+
+
+def dominant_term(memory: MemoryBreakdown) -> str:
+    """Name of the largest term of a memory breakdown."""
+    name = max(fields(memory), key=lambda f: getattr(memory, f.name)).name
+    return name.removesuffix("_bytes").replace("_", " ")

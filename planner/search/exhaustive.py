@@ -1,0 +1,50 @@
+"""Exhaustive search with memory-bound pruning.
+
+Every candidate group (layouts that differ only in recomputation) is tried in order of
+increasing recomputation; the first that fits dominates the rest of its group (same layout,
+more time, less memory), so they are not priced. Memory is checked before time.
+"""
+
+import time
+from typing import ClassVar
+
+from planner.errors import InfeasibleConfigError
+from planner.search.evaluate import Evaluator
+from planner.search.space import SearchSpace
+from planner.search.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
+
+
+class ExhaustiveSearch:
+    """Try every candidate; exact, and fast enough for thousands of GPUs."""
+
+    name: ClassVar[str] = "exhaustive"
+
+    def search(
+        self, space: SearchSpace, evaluate: Evaluator, budget: Budget, *, seed: int, progress: Progress | None = None
+    ) -> SearchResult:
+        """Evaluate every group until the budget runs out."""
+        del seed  # deterministic
+        groups = list(space.groups())
+        start, found, asked, complete = time.perf_counter(), [], 0, True
+        for done, group in enumerate(groups):
+            if _spent(budget, asked, start):
+                complete = False
+                break
+            for layout in group:
+                asked += 1
+                try:
+                    found.append(Candidate(layout, evaluate(layout)))
+                    break
+                except InfeasibleConfigError:
+                    continue
+            if progress is not None and done % 64 == 0:
+                progress(done, len(groups))
+        if progress is not None:
+            progress(len(groups), len(groups))
+        return SearchResult(strategy=self.name, feasible=fastest_first(found), evaluated=asked, complete=complete)
+
+
+def _spent(budget: Budget, asked: int, start: float) -> bool:
+    if budget.max_trials is not None and asked >= budget.max_trials:
+        return True
+    return budget.max_time_s is not None and time.perf_counter() - start >= budget.max_time_s

@@ -1,0 +1,71 @@
+"""Layers per pipeline stage with OR-Tools CP-SAT: minimize the slowest stage subject to every
+stage fitting in memory.
+
+The stages that hold the embedding and the output layer do more work per micro-batch and the
+first stage holds the most micro-batches in flight, so an even split is rarely best. Costs come
+from the evaluator as affine functions of each stage's layer count (``SplitCosts``); this module
+never imports the cost models. Model sections: data -> variables -> constraints -> objective ->
+solve (as OR-Tools' line_balancing_sat example).
+"""
+
+import math
+
+from ortools.sat.python import cp_model
+
+from planner.search.evaluate import SplitCosts
+from planner.search.strategy import Budget
+
+TIME_UNIT_S = 1e-7
+"""CP-SAT works in integers: times in units of 0.1 microsecond."""
+MEMORY_UNIT_BYTES = 1024
+"""... and memory in KiB."""
+
+
+def balance_layers(
+    costs: SplitCosts, num_layers: int, usable_memory_bytes: float, budget: Budget, *, seed: int = 0
+) -> tuple[int, ...] | None:
+    """Layers per stage minimizing the slowest stage's time; None if no split fits.
+
+    Every stage gets at least one layer. The even split (extra layers to the middle) is the hint.
+    """
+    # Data.
+    stages = range(len(costs.time_base_s))
+    p = len(stages)
+    if num_layers < p:
+        return None
+    base_t = [math.ceil(t / TIME_UNIT_S) for t in costs.time_base_s]
+    per_t = [math.ceil(t / TIME_UNIT_S) for t in costs.time_per_layer_s]
+    base_m = [math.ceil(m / MEMORY_UNIT_BYTES) for m in costs.memory_base_bytes]
+    per_m = [math.ceil(m / MEMORY_UNIT_BYTES) for m in costs.memory_per_layer_bytes]
+    cap_m = math.floor(usable_memory_bytes / MEMORY_UNIT_BYTES)
+    max_layers = num_layers - (p - 1)
+
+    model = cp_model.CpModel()
+    # Variables: layers of each stage; the slowest stage's time.
+    layers = {s: model.new_int_var(1, max_layers, f"layers[{s}]") for s in stages}
+    slowest = model.new_int_var(0, max(b + k * max_layers for b, k in zip(base_t, per_t, strict=True)), "slowest")
+
+    # Constraints: all layers placed once.
+    model.add(sum(layers.values()) == num_layers)
+    # Each stage fits in the usable memory.
+    for s in stages:
+        model.add(base_m[s] + per_m[s] * layers[s] <= cap_m)
+    # The slowest stage bounds every stage.
+    for s in stages:
+        model.add(slowest >= base_t[s] + per_t[s] * layers[s])
+
+    # Objective.
+    model.minimize(slowest)
+    base, extra = divmod(num_layers, p)
+    for s in stages:
+        model.add_hint(layers[s], base + (1 if 1 <= s <= extra else 0))
+
+    # Solve.
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = budget.max_time_s if budget.max_time_s is not None else 10.0
+    solver.parameters.num_workers = budget.workers
+    solver.parameters.random_seed = seed
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return tuple(int(solver.value(layers[s])) for s in stages)

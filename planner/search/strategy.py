@@ -1,0 +1,61 @@
+"""The one small interface every search strategy implements, and what it returns."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from planner.schemas import Estimate, Layout
+from planner.search.evaluate import Evaluator
+from planner.search.space import SearchSpace
+
+Progress = Callable[[int, int | None], None]
+"""Called as progress(done, total) while a strategy works; total is None when unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """How much a strategy may spend."""
+
+    max_trials: int | None = None
+    """Layouts to evaluate at most (None: no limit)."""
+    max_time_s: float | None = None
+    """Wall time at most (None: no limit)."""
+    workers: int = 1
+    """Parallel workers (CP-SAT search workers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A layout that fits, with its estimate."""
+
+    layout: Layout
+    estimate: Estimate
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    """What a strategy found: feasible candidates, fastest first."""
+
+    strategy: str
+    feasible: tuple[Candidate, ...]
+    evaluated: int
+    """Layouts the strategy asked the evaluator for."""
+    complete: bool
+    """Whether the strategy covered its whole space (False when the budget cut it short)."""
+
+
+class SearchStrategy(Protocol):
+    """Explores a SearchSpace through an Evaluator within a Budget."""
+
+    name: ClassVar[str]
+
+    def search(
+        self, space: SearchSpace, evaluate: Evaluator, budget: Budget, *, seed: int, progress: Progress | None = None
+    ) -> SearchResult:
+        """Return the feasible layouts found, fastest first."""
+        ...
+
+
+def fastest_first(candidates: list[Candidate]) -> tuple[Candidate, ...]:
+    """Candidates sorted by predicted step time (then by peak memory, to break ties stably)."""
+    return tuple(sorted(candidates, key=lambda c: (c.estimate.step_time_s, c.estimate.peak_memory_bytes)))
