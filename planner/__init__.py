@@ -6,7 +6,7 @@ importing ``planner.schemas`` (as ``cost_models`` does) stays light.
 
 from typing import Any
 
-_API = ("estimate", "load_cluster", "load_model", "load_plan", "save_plan")
+_API = ("estimate", "load_cluster", "load_model", "load_plan", "save_plan", "search")
 _SCHEMAS = ("ClusterProfile", "Estimate", "Layout", "ModelSpec", "Plan", "TrainingSpec")
 __all__ = [*_API, *_SCHEMAS]
 

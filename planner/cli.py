@@ -13,14 +13,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
+import optuna
 import typer
 from rich.console import Console
+from rich.progress import Progress
 
 from planner import api
 from planner.errors import PlannerError, SchemaError
+from planner.export.torchrun import launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets
 from planner.plans import check_cluster, make_plan
-from planner.render import estimate_view
+from planner.render import comparison_view, estimate_view, ranked_table
 from planner.schemas import (
     AttentionKernel,
     ClusterProfile,
@@ -32,6 +35,8 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
+from planner.search import StrategyName
+from planner.search.strategy import Budget
 
 app = typer.Typer(
     help="Plan how to split an LLM's training over a cluster: predict memory and step time of layouts.",
@@ -193,6 +198,90 @@ def estimate(
 
 
 @app.command()
+def search(
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    global_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")] = None,
+    seq_len: Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")] = None,
+    dtype: Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")] = DType.BF16,
+    attention: Annotated[AttentionKernel, typer.Option(help="Attention kernel.")] = AttentionKernel.FLASH,
+    top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
+    strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (
+        StrategyName.EXHAUSTIVE
+    ),
+    trials: Annotated[int | None, typer.Option(min=1, help="Layouts to evaluate at most [optuna: 400].")] = None,
+    time_limit: Annotated[float | None, typer.Option(min=0.1, help="Seconds to search at most.")] = None,
+    storage: Annotated[
+        str, typer.Option(help="Optuna study storage; a search on the same inputs resumes it.")
+    ] = "sqlite:///planner-search.db",
+    memory_margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of device memory kept free.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed of the sampler and solver.")] = 0,
+    output: Annotated[Path | None, typer.Option(help="Write the best plan here (plan.json).")] = None,
+) -> None:
+    """Find the fastest layouts that fit in memory, and write the best as a plan file.
+
+    Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
+    --output plan.json
+    """
+    required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
+    if missing := [option for option, value in required.items() if value is None]:
+        raise SchemaError(f"{', '.join(missing)} required")
+    training = TrainingSpec.model_validate(
+        {"global_batch_size": global_batch_size, "seq_len": seq_len, "dtype": dtype, "attention_kernel": attention}
+    )
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("searching", total=None)
+        outcome, plans = api.search_outcome(
+            str(model), str(cluster), training, strategy=strategy, top_k=top_k, seed=seed,
+            budget=Budget(max_trials=trials, max_time_s=time_limit), memory_margin=memory_margin,
+            storage=storage if strategy is StrategyName.OPTUNA else None,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )  # fmt: skip
+    Console().print(ranked_table(outcome, plans, api.load_cluster(str(cluster))))
+    if output is not None:
+        api.save_plan(plans[0], output)
+        typer.echo(f"wrote the best plan to {output}")
+
+
+@app.command()
+def explain(plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")]) -> None:
+    """Show a plan's memory and time breakdowns, and why it beat the runner-up.
+
+    Example: planner explain plan.json
+    """
+    loaded = api.load_plan(plan)
+    cluster = api.load_cluster(loaded.cluster.spec)
+    console = Console()
+    console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
+    console.print(comparison_view(loaded))
+
+
+@app.command()
+def launch(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    master_addr: Annotated[str, typer.Option(help="Address of node 0, reachable from every node.")] = "MASTER_ADDR",
+    master_port: Annotated[int, typer.Option(min=1, max=65535, help="Rendezvous port on node 0.")] = 29500,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps to run.")] = 10,
+    report: Annotated[str, typer.Option(help="Where each run writes its report.")] = "report.json",
+    output: Annotated[Path | None, typer.Option(help="Write a launch script (bash launch.sh NODE_RANK).")] = None,
+) -> None:
+    """Print the torchrun command line of every node that runs the plan.
+
+    Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
+    """
+    commands = torchrun_commands(
+        api.load_plan(plan), str(plan), master_addr=master_addr, master_port=master_port, steps=steps,
+        report_path=report,
+    )  # fmt: skip
+    if output is not None:
+        output.write_text(launch_script(commands))
+        typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes")
+        return
+    for cmd in commands:
+        typer.echo(f"# node {cmd.node_rank}\n{cmd.shell()}")
+
+
+@app.command()
 def presets() -> None:
     """List the model and cluster presets (use a cluster preset as NAME:NODES)."""
     typer.echo("models:   " + ", ".join(list_model_presets()))
@@ -203,6 +292,7 @@ def main() -> None:
     """Console-script entry point: PlannerError exits 2 with one line; usage errors exit 2
     through typer; nothing else is caught."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         app()
     except PlannerError as e:

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from planner.errors import SchemaError
-from planner.schemas import ClusterProfile, ClusterRef, Estimate, Layout, ModelSpec, Plan, TrainingSpec
+from planner.schemas import Alternative, ClusterProfile, ClusterRef, Estimate, Layout, ModelSpec, Plan, TrainingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +27,26 @@ def make_plan(
     cluster_spec: str,
     layout: Layout,
     estimate: Estimate,
+    runner_up: Alternative | None = None,
 ) -> Plan:
     """Bundle a layout and its estimate with the identities of their inputs."""
     ref = ClusterRef(
-        spec=cluster_spec, name=cluster.name, world_size=cluster.world_size, sha256=cluster_sha256(cluster)
+        spec=cluster_spec,
+        name=cluster.name,
+        world_size=cluster.world_size,
+        num_nodes=cluster.num_nodes,
+        devices_per_node=cluster.devices_per_node,
+        device_name=cluster.device.name,
+        sha256=cluster_sha256(cluster),
     )
     return Plan(
-        created=datetime.now(UTC), model=model, training=training, cluster=ref, layout=layout, estimate=estimate
+        created=datetime.now(UTC),
+        model=model,
+        training=training,
+        cluster=ref,
+        layout=layout,
+        estimate=estimate,
+        runner_up=runner_up,
     )
 
 

@@ -5,7 +5,8 @@ from dataclasses import fields
 from rich.console import Group
 from rich.table import Table
 
-from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, TrainingSpec
+from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, TrainingSpec
+from planner.search.runner import SearchOutcome
 
 GIB = 2**30
 
@@ -68,3 +69,63 @@ def estimate_view(
         share = "hidden" if hidden else f"{value / est.step_time_s:.1%}"
         time.add_row(f.name.removesuffix("_s").replace("_", " "), f"{value:.4g}", share)
     return Group(summary, memory, time)
+
+
+def ranked_table(outcome: SearchOutcome, plans: tuple[Plan, ...], cluster: ClusterProfile) -> Table:
+    """The ranked plans of a search, with what the search covered."""
+    covered = "whole space" if outcome.complete else "budget reached"
+    table = Table(
+        title=(
+            f"{len(plans)} fastest layouts that fit ({outcome.strategy}: {outcome.evaluated:,} evaluated of "
+            f"{outcome.space_size:,} candidates, {covered}, {outcome.elapsed_s:.1f} s)"
+        ),
+        caption=f"memory per rank against {gib(outcome.usable_memory_bytes)} GiB usable of "
+        f"{gib(cluster.device.memory_bytes)} GiB (GiB = 2^30 bytes)",
+    )
+    for name in ("rank", "layout", "layer split", "step s", "tokens/s", "MFU", "peak GiB"):
+        table.add_column(name, justify="left" if name in ("layout", "layer split") else "right")
+    for i, plan in enumerate(plans, start=1):
+        est, layout = plan.estimate, plan.layout
+        split = ",".join(str(n) for n in layout.layer_split) if layout.layer_split else "even"
+        table.add_row(
+            str(i),
+            layout.describe(),
+            split,
+            f"{est.step_time_s:.3f}",
+            f"{est.tokens_per_s:,.0f}",
+            f"{est.mfu:.1%}",
+            gib(est.peak_memory_bytes),
+        )
+    return table
+
+
+def comparison_view(plan: Plan) -> Table:
+    """Why the plan beat its runner-up: every time term and the peak memory, side by side."""
+    table = Table(title="why it beat the runner-up")
+    table.add_column("term")
+    table.add_column("chosen", justify="right")
+    table.add_column("runner-up", justify="right")
+    table.add_column("difference", justify="right")
+    if plan.runner_up is None:
+        table.add_row("(the search kept no runner-up)", "", "", "")
+        return table
+    ours, theirs = plan.estimate, plan.runner_up.estimate
+    table.add_row("layout", plan.layout.describe(), plan.runner_up.layout.describe(), "")
+    for f in fields(ours.time):
+        if f.name == "data_parallel_comm_overlapped_s":
+            continue
+        a, b = getattr(ours.time, f.name), getattr(theirs.time, f.name)
+        table.add_row(f.name.removesuffix("_s").replace("_", " "), f"{a:.4g} s", f"{b:.4g} s", f"{a - b:+.4g} s")
+    table.add_row(
+        "step time",
+        f"{ours.step_time_s:.4g} s",
+        f"{theirs.step_time_s:.4g} s",
+        f"{ours.step_time_s / theirs.step_time_s - 1:+.1%}",
+    )
+    table.add_row(
+        "peak memory per rank",
+        f"{gib(ours.peak_memory_bytes)} GiB",
+        f"{gib(theirs.peak_memory_bytes)} GiB",
+        f"{(ours.peak_memory_bytes - theirs.peak_memory_bytes) / 2**30:+.2f} GiB",
+    )
+    return table

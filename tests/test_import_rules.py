@@ -32,6 +32,16 @@ def test_cost_models_import_only_schemas_and_stdlib_computation() -> None:
     assert not offenders, offenders
 
 
+def test_search_never_imports_torch() -> None:
+    offenders = [
+        f"{path.name}: {name}"
+        for path in sorted((ROOT / "planner" / "search").glob("*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] == "torch"
+    ]
+    assert not offenders, offenders
+
+
 def test_importing_the_cost_models_and_api_does_not_import_torch() -> None:
     code = "import sys, cost_models.estimate, planner.api, planner.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -26,11 +26,12 @@ from planner.schemas.enums import (
 from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, TimeBreakdown
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
-from planner.schemas.plan import ClusterRef, Plan
+from planner.schemas.plan import Alternative, ClusterRef, Plan
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
     "Activation",
+    "Alternative",
     "AttentionKernel",
     "ClusterProfile",
     "ClusterRef",

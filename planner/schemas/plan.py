@@ -22,7 +22,17 @@ class ClusterRef(FrozenModel):
     spec: str = Field(description="What the user passed: a preset NAME:NODES or a profile file path.")
     name: str
     world_size: int = Field(ge=1)
+    num_nodes: int = Field(ge=1)
+    devices_per_node: int = Field(ge=1)
+    device_name: str
     sha256: str = Field(description="Hash of the profile's canonical JSON, to notice a changed profile.")
+
+
+class Alternative(FrozenModel):
+    """Another layout the search ranked, kept to explain the choice."""
+
+    layout: Layout
+    estimate: Estimate
 
 
 class Plan(FrozenModel):
@@ -35,3 +45,4 @@ class Plan(FrozenModel):
     cluster: ClusterRef
     layout: Layout
     estimate: Estimate
+    runner_up: Alternative | None = Field(default=None, description="The next-best layout of the search.")

@@ -121,7 +121,7 @@ class Evaluator:
         )
 
 
-def dominant_term(memory: MemoryBreakdown) -> str:
-    """Name of the largest term of a memory breakdown."""
+def dominant_term(memory: MemoryBreakdown) -> tuple[str, float]:
+    """The largest term of a memory breakdown: its name and its bytes."""
     name = max(fields(memory), key=lambda f: getattr(memory, f.name)).name
-    return name.removesuffix("_bytes").replace("_", " ")
+    return name.removesuffix("_bytes").replace("_", " "), float(getattr(memory, name))

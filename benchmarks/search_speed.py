@@ -1,0 +1,54 @@
+"""Search wall time and candidates evaluated at scale (issue targets on a 2-core machine:
+gpt3-175b on 1,024 A100s <= 5 s; a 530B model on 5,120 A100s <= 10 s; llama3-405b on 16,384
+H100s <= 30 s; each the full space, the CP-SAT split of the finalists included).
+
+Run: .venv/bin/python benchmarks/search_speed.py
+"""
+
+import sys
+import time
+
+from planner import api
+from planner.schemas import ModelSpec, TrainingSpec
+
+MT_NLG_530B = ModelSpec(
+    name="530b",
+    hidden_size=20480,
+    num_hidden_layers=105,
+    num_attention_heads=128,
+    vocab_size=51200,
+    hidden_act="gelu",
+    norm_type="layernorm",
+    position_embedding_type="absolute",
+    attention_bias=True,
+    mlp_bias=True,
+    attention_dropout=0.1,
+    hidden_dropout=0.1,
+)
+CASES = (
+    ("gpt3-175b", "dgx-a100-80g:128", TrainingSpec(global_batch_size=1536, seq_len=2048), 5.0),
+    (MT_NLG_530B, "dgx-a100-80g:640", TrainingSpec(global_batch_size=2560, seq_len=2048), 10.0),
+    ("llama3-405b", "dgx-h100:2048", TrainingSpec(global_batch_size=2048, seq_len=8192), 30.0),
+)
+
+
+def main() -> int:
+    """Print one line per case; exit 1 if any misses its target."""
+    missed = 0
+    for model, cluster, training, target_s in CASES:
+        start = time.perf_counter()
+        outcome, plans = api.search_outcome(model, cluster, training, top_k=3)
+        wall_s = time.perf_counter() - start
+        best = plans[0]
+        name = model if isinstance(model, str) else model.name
+        print(
+            f"{name:>12} on {cluster:<18} {wall_s:6.2f} s (target {target_s:4.0f} s)  "
+            f"{outcome.evaluated:>6,} evaluated of {outcome.space_size:>6,}  best: {best.layout.describe()} "
+            f"{best.estimate.step_time_s:.2f} s/step, MFU {best.estimate.mfu:.1%}"
+        )
+        missed += wall_s > target_s
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

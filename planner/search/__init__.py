@@ -1,0 +1,27 @@
+"""Searching layouts: the space, one evaluator, strategies behind one interface, the CP-SAT split.
+
+Nothing here imports torch (a test checks it).
+"""
+
+from enum import StrEnum
+
+from planner.search.exhaustive import ExhaustiveSearch
+from planner.search.optuna_search import OptunaSearch
+from planner.search.strategy import SearchStrategy
+
+
+class StrategyName(StrEnum):
+    """Strategies the CLI offers."""
+
+    EXHAUSTIVE = "exhaustive"
+    OPTUNA = "optuna"
+
+
+def make_strategy(name: StrategyName, *, storage: str | None = None) -> SearchStrategy:
+    """The strategy called ``name``; ``storage`` is Optuna's study storage URL (None: in memory)."""
+    if name is StrategyName.OPTUNA:
+        return OptunaSearch(storage=storage)
+    return ExhaustiveSearch()
+
+
+__all__ = ["ExhaustiveSearch", "OptunaSearch", "SearchStrategy", "StrategyName", "make_strategy"]

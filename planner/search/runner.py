@@ -1,0 +1,123 @@
+"""A whole search: strategy over the space, CP-SAT split for the finalists, ranked result.
+
+Never returns a layout that does not fit: when none does, raises InfeasibleConfigError saying
+how close the best attempt came, what dominated its memory and what would make it fit.
+"""
+
+import time
+from dataclasses import dataclass, replace
+
+from planner.errors import InfeasibleConfigError
+from planner.schemas import ClusterProfile, ModelSpec, Recompute, TrainingSpec, ZeroStage
+from planner.search.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
+from planner.search.layer_split import balance_layers
+from planner.search.space import SearchSpace
+from planner.search.strategy import Budget, Candidate, Progress, SearchStrategy, fastest_first
+
+FINALISTS_PER_RESULT = 3
+"""Finalists refined with the CP-SAT split, per plan asked for (at least 10)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchOutcome:
+    """The ranked feasible layouts and what it took to find them."""
+
+    ranked: tuple[Candidate, ...]
+    strategy: str
+    space_size: int
+    evaluated: int
+    complete: bool
+    elapsed_s: float
+    usable_memory_bytes: float
+
+
+def run_search(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    strategy: SearchStrategy,
+    *,
+    budget: Budget | None = None,
+    top_k: int = 5,
+    seed: int = 0,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
+    progress: Progress | None = None,
+) -> SearchOutcome:
+    """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
+
+    Raises:
+        InfeasibleConfigError: no layout fits; the message says why and what would help.
+    """
+    start = time.perf_counter()
+    budget = budget or Budget()
+    space = SearchSpace(
+        model=model, training=training, world_size=cluster.world_size, devices_per_node=cluster.devices_per_node
+    )
+    evaluate = Evaluator(model, training, cluster, memory_margin=memory_margin)
+    result = strategy.search(space, evaluate, budget, seed=seed, progress=progress)
+    if not result.feasible:
+        raise InfeasibleConfigError(explain_infeasible(space, evaluate))
+    finalists = result.feasible[: max(10, FINALISTS_PER_RESULT * top_k)]
+    refined = [_rebalance(c, evaluate, budget, seed) for c in finalists]
+    unique = {c.layout: c for c in refined}
+    return SearchOutcome(
+        ranked=fastest_first(list(unique.values()))[:top_k],
+        strategy=result.strategy,
+        space_size=space.size(),
+        evaluated=result.evaluated,
+        complete=result.complete,
+        elapsed_s=time.perf_counter() - start,
+        usable_memory_bytes=evaluate.usable_memory_bytes,
+    )
+
+
+def _rebalance(candidate: Candidate, evaluate: Evaluator, budget: Budget, seed: int) -> Candidate:
+    """The candidate with its layers split by CP-SAT, when that is faster and fits."""
+    layout = candidate.layout
+    if layout.pipeline_parallel_degree == 1 or layout.virtual_stages > 1:
+        return candidate
+    split_budget = Budget(max_time_s=min(budget.max_time_s or 2.0, 2.0), workers=budget.workers)
+    split = balance_layers(
+        evaluate.split_costs(layout),
+        evaluate.model.num_hidden_layers,
+        evaluate.usable_memory_bytes,
+        split_budget,
+        seed=seed,
+    )
+    if split is None:
+        return candidate
+    balanced = replace(layout, layer_split=split)
+    try:
+        est = evaluate(balanced)
+    except InfeasibleConfigError:
+        return candidate
+    return Candidate(balanced, est) if est.step_time_s < candidate.estimate.step_time_s else candidate
+
+
+def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
+    """Why nothing fits, how close the best attempt came, and what would help."""
+    usable_gib = evaluate.usable_memory_bytes / 2**30
+    margin = f"{evaluate.memory_margin:.0%} kept free"
+    miss = evaluate.closest_miss
+    if miss is None:
+        return (
+            f"no valid layout of {space.model.name!r} on {space.world_size} ranks: check that the global batch "
+            f"{space.training.global_batch_size} has divisors matching the data-parallel degrees the cluster allows"
+        )
+    need_gib = miss.memory.total_bytes / 2**30
+    term, term_bytes = dominant_term(miss.memory)
+    layout = miss.layout
+    hints = [f"more devices (at least about {need_gib / usable_gib:.1f}x as many)"]
+    if layout.zero_stage is not ZeroStage.PARAMETERS:
+        hints.append("ZeRO-3")
+    if layout.recompute is not Recompute.FULL:
+        hints.append("full recompute")
+    if layout.micro_batch_size > 1:
+        hints.append("a smaller micro-batch")
+    hints.append("a shorter sequence or a smaller global batch")
+    return (
+        f"no layout of {space.model.name!r} fits in {usable_gib:.1f} GiB per rank ({margin}). "
+        f"The closest, {layout.describe()}, needs {need_gib:.1f} GiB, "
+        f"most of it {term} ({term_bytes / 2**30:.1f} GiB). "
+        f"To fit, try: {', '.join(hints)}."
+    )

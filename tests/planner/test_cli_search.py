@@ -1,0 +1,78 @@
+"""`planner search`, `planner explain` and `planner launch` as a user runs them."""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.plans import load_plan
+
+SEARCH = ["search", "-m", "tiny-gpt", "-c", "dgx-a100-80g:1", "--global-batch-size", "32", "--seq-len", "128"]
+
+
+def test_search_prints_a_ranked_table_and_writes_the_best_plan(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*SEARCH, "--top-k", "3", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "3 fastest layouts that fit" in result.output and "whole space" in result.output
+    plan = load_plan(out)
+    assert plan.runner_up is not None
+    assert plan.estimate.step_time_s <= plan.runner_up.estimate.step_time_s
+    assert plan.layout.world_size == 8
+
+
+def test_optuna_search_stores_a_resumable_study(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    args = [*SEARCH, "--strategy", "optuna", "--trials", "20", "--storage", storage]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert (tmp_path / "study.db").exists()
+
+
+def test_search_that_cannot_fit_exits_2_with_advice() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "search", "-m", "llama3-405b", "-c", "dgx-a100-80g:1",
+         "--global-batch-size", "8", "--seq-len", "8192"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "no layout of 'llama3-405b' fits" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_explain_compares_with_the_runner_up(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    assert CliRunner().invoke(app, [*SEARCH, "--output", str(out)]).exit_code == 0
+    result = CliRunner().invoke(app, ["explain", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "why it beat the runner-up" in result.output and "pipeline bubble" in result.output
+
+
+def test_launch_prints_one_torchrun_line_per_node(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    big = ["search", "-m", "llama3-8b", "-c", "dgx-h100:2", "--global-batch-size", "64", "--seq-len", "2048"]
+    assert CliRunner().invoke(app, [*big, "--output", str(out)]).exit_code == 0
+    result = CliRunner().invoke(app, ["launch", str(out), "--master-addr", "10.0.0.1", "--steps", "5"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("torchrun")]
+    assert len(lines) == 2
+    for rank, line in enumerate(lines):
+        argv = shlex.split(line)
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--nproc-per-node") + 1] == "8"
+        assert argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
+        assert argv[-6:] == ["run", str(out), "--steps", "5", "--report", "report.json"]
+    script = tmp_path / "launch.sh"
+    assert CliRunner().invoke(app, ["launch", str(out), "--output", str(script)]).exit_code == 0
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    assert '"${1:-0}"' in script.read_text()
+
+
+def test_single_node_launch_is_standalone(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    assert CliRunner().invoke(app, [*SEARCH, "--output", str(out)]).exit_code == 0
+    result = CliRunner().invoke(app, ["launch", str(out)])
+    assert "torchrun --standalone --nproc-per-node 8 -m planner run" in result.output
+    assert json.loads(out.read_text())["cluster"]["num_nodes"] == 1

@@ -1,0 +1,56 @@
+"""The search space covers every valid layout and nothing else."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cost_models.validate import check_layout
+from planner.inputs import load_cluster, load_model
+from planner.schemas import Recompute, Schedule, TrainingSpec
+from planner.search.space import SearchSpace, divisors
+
+TINY = load_model("tiny-gpt")
+
+
+def space(world: int, batch: int = 32, per_node: int = 8) -> SearchSpace:
+    return SearchSpace(
+        model=TINY,
+        training=TrainingSpec(global_batch_size=batch, seq_len=64),
+        world_size=world,
+        devices_per_node=per_node,
+    )
+
+
+def test_divisors() -> None:
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(1) == [1]
+
+
+@given(world=st.sampled_from([1, 2, 4, 6, 8, 12, 16]), batch=st.sampled_from([8, 12, 32]))
+@settings(max_examples=30, deadline=None)
+def test_every_candidate_is_a_valid_layout(world: int, batch: int) -> None:
+    s = space(world, batch)
+    cluster = load_cluster(f"dgx-a100-80g:{1}")
+    for layout in s.candidates():
+        assert layout.world_size == world
+        assert layout.tensor_parallel_degree <= 8 and TINY.num_attention_heads % layout.tensor_parallel_degree == 0
+        if world == cluster.world_size:
+            check_layout(TINY, s.training, cluster, layout)  # raises if the cost models would refuse it
+
+
+def test_degrees_are_all_factorizations_within_the_bounds() -> None:
+    # tiny-gpt: 4 heads, 4 layers; 8 ranks on one node of 8.
+    assert sorted(space(8).degrees()) == sorted(
+        [(8, 1, 1), (4, 1, 2), (2, 1, 4), (4, 2, 1), (2, 2, 2), (1, 2, 4), (2, 4, 1), (1, 4, 2)]
+    )
+
+
+def test_groups_order_recompute_from_none_to_full() -> None:
+    for group in space(4).groups():
+        assert [g.recompute for g in group] == [Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL]
+
+
+def test_interleaving_needs_layers_and_divisible_micro_batches() -> None:
+    s = space(8)
+    assert s.schedules_for(2, 8) == [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)]
+    assert s.schedules_for(2, 3) == [(Schedule.ONE_F_ONE_B, 1)]  # 3 micro-batches: pp 2 does not divide
+    assert s.schedules_for(1, 8) == [(Schedule.ONE_F_ONE_B, 1)]
