@@ -237,7 +237,7 @@ def search(
             storage=storage if strategy is StrategyName.OPTUNA else None,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )  # fmt: skip
-    Console().print(ranked_table(outcome, plans, api.load_cluster(str(cluster))))
+    Console().print(ranked_table(outcome, plans))
     if output is not None:
         api.save_plan(plans[0], output)
         typer.echo(f"wrote the best plan to {output}")

@@ -71,7 +71,7 @@ def estimate_view(
     return Group(summary, memory, time)
 
 
-def ranked_table(outcome: SearchOutcome, plans: tuple[Plan, ...], cluster: ClusterProfile) -> Table:
+def ranked_table(outcome: SearchOutcome, plans: tuple[Plan, ...]) -> Table:
     """The ranked plans of a search, with what the search covered."""
     covered = "whole space" if outcome.complete else "budget reached"
     table = Table(
@@ -80,7 +80,7 @@ def ranked_table(outcome: SearchOutcome, plans: tuple[Plan, ...], cluster: Clust
             f"{outcome.space_size:,} candidates, {covered}, {outcome.elapsed_s:.1f} s)"
         ),
         caption=f"memory per rank against {gib(outcome.usable_memory_bytes)} GiB usable of "
-        f"{gib(cluster.device.memory_bytes)} GiB (GiB = 2^30 bytes)",
+        f"{gib(plans[0].estimate.memory_capacity_bytes)} GiB (GiB = 2^30 bytes)",
     )
     for name in ("rank", "layout", "layer split", "step s", "tokens/s", "MFU", "peak GiB"):
         table.add_column(name, justify="left" if name in ("layout", "layer split") else "right")
