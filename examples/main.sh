@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job, end to end, on a fresh machine: set up, search a plan, explain it, print its launch.
-# The profiler and runtime issues extend this to profile the local CPU cluster and run the plan.
+# The main job, end to end, on a fresh machine: set up; profile the local CPU "cluster" (4 gloo
+# ranks); search a plan for a tiny model on what was measured; explain it and print its launch;
+# then plan a large model on a published cluster preset and check the cost model against the
+# published Megatron-LM runs. The runtime issue adds running the plan and comparing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,15 +10,18 @@ planner=.venv/bin/planner
 out=out
 mkdir -p "$out"
 
-echo "== Search: Llama 3 70B on 8 DGX H100 nodes (64 GPUs), 512 x 8192 tokens per step"
-"$planner" search --model llama3-70b --cluster dgx-h100:8 --global-batch-size 512 --seq-len 8192 \
+echo "== Profile this machine as a 4-rank cluster (links, collectives, GEMMs, memory)"
+.venv/bin/torchrun --standalone --nproc-per-node 4 -m planner profile --output "$out/cluster.json" --quick \
+    --model tiny-gpt --seq-len 128 2> >(grep -v -e Warning -e "return func" -e "^W1" >&2)
+
+echo "== Search: tiny-gpt on the measured cluster"
+"$planner" search --model tiny-gpt --cluster "$out/cluster.json" --global-batch-size 32 --seq-len 128 \
     --top-k 5 --output "$out/plan.json"
-
-echo "== Why the best plan won"
 "$planner" explain "$out/plan.json"
+"$planner" launch "$out/plan.json"
 
-echo "== How to launch it"
-"$planner" launch "$out/plan.json" --master-addr node0.example
+echo "== Search: Llama 3 70B on 8 DGX H100 nodes (64 GPUs), 512 x 8192 tokens per step"
+"$planner" search --model llama3-70b --cluster dgx-h100:8 --global-batch-size 512 --seq-len 8192 --top-k 5
 
 echo "== The cost model against the published Megatron-LM runs (SC21 Table 1)"
 .venv/bin/python benchmarks/validate_published.py

@@ -6,6 +6,7 @@ exception is a bug and keeps its traceback.
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -232,11 +233,17 @@ def search(
     with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("searching", total=None)
         outcome, plans = api.search_outcome(
-            str(model), str(cluster), training, strategy=strategy, top_k=top_k, seed=seed,
-            budget=Budget(max_trials=trials, max_time_s=time_limit), memory_margin=memory_margin,
+            str(model),
+            str(cluster),
+            training,
+            strategy=strategy,
+            top_k=top_k,
+            seed=seed,
+            budget=Budget(max_trials=trials, max_time_s=time_limit),
+            memory_margin=memory_margin,
             storage=storage if strategy is StrategyName.OPTUNA else None,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )  # fmt: skip
+        )
     Console().print(ranked_table(outcome, plans))
     if output is not None:
         api.save_plan(plans[0], output)
@@ -270,15 +277,70 @@ def launch(
     Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
     """
     commands = torchrun_commands(
-        api.load_plan(plan), str(plan), master_addr=master_addr, master_port=master_port, steps=steps,
+        api.load_plan(plan),
+        str(plan),
+        master_addr=master_addr,
+        master_port=master_port,
+        steps=steps,
         report_path=report,
-    )  # fmt: skip
+    )
     if output is not None:
         output.write_text(launch_script(commands))
         typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes")
         return
     for cmd in commands:
         typer.echo(f"# node {cmd.node_rank}\n{cmd.shell()}")
+
+
+def _parse_delay(text: str | None) -> tuple[int, int, float] | None:
+    if text is None:
+        return None
+    try:
+        a, b, seconds = text.split(",")
+        return int(a), int(b), float(seconds)
+    except ValueError as e:
+        raise SchemaError(f"--inject-link-delay {text!r} must be RANK_A,RANK_B,SECONDS, e.g. 0,1,0.01") from e
+
+
+def _parse_fault(text: str | None) -> tuple[int, str, str] | None:
+    if text is None:
+        return None
+    rank, phase, kind = [*text.split(","), "", "", ""][:3]
+    if not rank.isdigit() or kind not in ("exit", "hang"):
+        raise SchemaError(f"--inject-fault {text!r} must be RANK,PHASE,exit|hang, e.g. 2,links,exit")
+    return int(rank), phase, kind
+
+
+@app.command()
+def profile(
+    output: Annotated[Path, typer.Option(help="Where rank 0 writes the cluster profile.")] = Path("cluster.json"),
+    quick: Annotated[bool, typer.Option(help="Fewer sizes and repeats: seconds instead of a minute.")] = False,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Also time this model's own GEMM shapes.")] = None,
+    seq_len: Annotated[int, typer.Option(min=1, help="Sequence length of the model's shapes.")] = 512,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer before failing.")] = 60.0,
+    inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS.")] = None,
+    simulate_nodes: Annotated[int | None, typer.Option(hidden=True, min=1, help="Testing: pretend nodes.")] = None,
+    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,PHASE,exit|hang.")] = None,
+) -> None:
+    """Measure the cluster this job runs on (every link, collectives, GEMMs, memory); run under torchrun.
+
+    Example: torchrun --nproc-per-node 4 -m planner profile --output cluster.json --quick
+    """
+    from profiler.run import profile as run_profile  # torch is imported only by the commands that need it
+    from profiler.settings import ProfileSettings
+    from profiler.settings import quick as quick_settings
+
+    settings = ProfileSettings(
+        output=output,
+        timeout_s=timeout,
+        model=api.load_model(model) if model else None,
+        seq_len=seq_len,
+        inject_link_delay=_parse_delay(inject_link_delay),
+        simulate_nodes=simulate_nodes,
+        inject_fault=_parse_fault(inject_fault),
+    )
+    code = run_profile(quick_settings(settings) if quick else settings)
+    os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
 
 
 @app.command()

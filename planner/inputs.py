@@ -407,9 +407,14 @@ def _collectives(blocks: object, reader: _PresetReader) -> tuple[CollectiveRecor
 def _load_cluster_file(path: Path) -> ClusterProfile:
     text = _read_text(path)
     try:
-        json.loads(text)
+        raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise SchemaError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    if isinstance(raw, dict) and raw.get("complete") is False:
+        raise SchemaError(
+            f"{path} is an incomplete profile ({raw.get('failure', 'no reason recorded')}); "
+            "run `planner profile` again once every rank is healthy"
+        )
     try:
         return ClusterProfile.model_validate_json(text)
     except ValidationError as e:

@@ -49,17 +49,23 @@ def torchrun_commands(
             env,
             (
                 "torchrun",
-                "--nnodes", str(ref.num_nodes),
-                "--nproc-per-node", str(ref.devices_per_node),
-                "--node-rank", str(node),
-                "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"{master_addr}:{master_port}",
-                "--rdzv-id", ref.sha256[:12],
+                "--nnodes",
+                str(ref.num_nodes),
+                "--nproc-per-node",
+                str(ref.devices_per_node),
+                "--node-rank",
+                str(node),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"{master_addr}:{master_port}",
+                "--rdzv-id",
+                ref.sha256[:12],
                 *run,
             ),
         )
         for node in range(ref.num_nodes)
-    )  # fmt: skip
+    )
 
 
 def launch_script(commands: tuple[NodeCommand, ...]) -> str:

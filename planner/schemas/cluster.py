@@ -40,6 +40,7 @@ class MatmulRecord(FrozenModel):
     k: int = Field(ge=1)
     dtype: DType
     time_s: float = Field(gt=0)
+    spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
 
 
 class DeviceProfile(FrozenModel):
@@ -77,6 +78,9 @@ class LinkMatrix(FrozenModel):
     uniform: LinkProfile | None = None
     bandwidth_bytes_per_s: tuple[tuple[float, ...], ...] | None = None
     latency_s: tuple[tuple[float, ...], ...] | None = None
+    bandwidth_spread: tuple[tuple[float, ...], ...] | None = Field(
+        default=None, description="Measured links: interquartile range / median of each bandwidth."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -116,6 +120,7 @@ class CollectiveRecord(FrozenModel):
     members_per_node: int = Field(ge=1, description="Group members that share a node.")
     message_bytes: int = Field(ge=1, description="Bytes of the full buffer (nccl-tests 'size').")
     time_s: float = Field(gt=0)
+    spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
 
 
 class Provenance(FrozenModel):
@@ -127,6 +132,9 @@ class Provenance(FrozenModel):
     torch_version: str | None = None
     backend: str | None = None
     hosts: tuple[str, ...] = ()
+    settings: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="How a measured profile was taken (sizes, repeats, timeout)."
+    )
 
 
 class ClusterProfile(FrozenModel):

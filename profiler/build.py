@@ -1,0 +1,164 @@
+"""Rank 0 turns the gathered measurements into a ClusterProfile.
+
+Links are stored hierarchically: the device matrix holds, for each local pair, its slowest copy
+over the nodes; the node matrix, for each node pair, the slowest device pair crossing it (per
+device, one rail). Slowest, not median: a synchronous job runs at its slowest link, and a median
+would hide the one slow pair a profile exists to find.
+
+GEMMs become measured records (used for their exact shapes) and a MatmulModel whose peak is the
+best GEMM rate measured (a CPU publishes no peak; on CUDA a known device's published peak is kept
+and the fraction is measured). Collective times are the slowest rank's median.
+"""
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import torch
+
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveRecord,
+    DeviceProfile,
+    DType,
+    LinkMatrix,
+    MatmulModel,
+    MatmulRecord,
+    Provenance,
+)
+from profiler.collectives import CollectiveSample, group_shapes
+from profiler.links import LinkSample, link_figures
+from profiler.ops import OpsSample
+from profiler.settings import ProfileSettings
+from profiler.topology import RankInfo
+
+PUBLISHED_PEAK_FLOP_PER_S = {
+    # Dense tensor-core peaks (the dgx presets' sources): a measured CUDA profile keeps them, so
+    # MFU stays comparable with published runs.
+    "A100": {DType.BF16: 312e12, DType.FP16: 312e12, DType.FP32: 19.5e12},
+    "H100": {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12},
+}
+
+
+def _matrix(
+    values: dict[tuple[int, int], list[float]], size: int, reduce: Callable[[list[float]], float]
+) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(reduce(values[(i, j)]) if (i, j) in values else 0.0 for j in range(size)) for i in range(size))
+
+
+def build_profile(
+    settings: ProfileSettings,
+    infos: list[RankInfo],
+    links: list[list[LinkSample]],
+    collectives: list[list[CollectiveSample]],
+    ops: list[OpsSample],
+    *,
+    backend: str,
+    phase_seconds: dict[str, float] | None = None,
+) -> ClusterProfile:
+    """The profile of this cluster from every rank's measurements."""
+    hosts = sorted({i.host for i in infos}, key=lambda h: min(i.rank for i in infos if i.host == h))
+    node_of = {i.rank: hosts.index(i.host) for i in infos}
+    local_of = {i.rank: i.local_rank for i in infos}
+    per_node = infos[0].local_world_size
+
+    intra: dict[str, dict[tuple[int, int], list[float]]] = {
+        "bw": defaultdict(list),
+        "lat": defaultdict(list),
+        "spread": defaultdict(list),
+    }
+    inter: dict[str, dict[tuple[int, int], list[float]]] = {"bw": defaultdict(list), "lat": defaultdict(list)}
+    for link in (s for rank_samples in links for s in rank_samples):
+        bw, lat, bw_spread = link_figures(link, settings.latency_bytes, settings.bandwidth_bytes)
+        if node_of[link.src] == node_of[link.dst]:
+            pair = (local_of[link.src], local_of[link.dst])
+            intra["bw"][pair].append(bw)
+            intra["lat"][pair].append(lat)
+            intra["spread"][pair].append(bw_spread)
+        else:
+            pair = (node_of[link.src], node_of[link.dst])
+            inter["bw"][pair].append(bw)
+            inter["lat"][pair].append(lat)
+
+    shapes = {s.name: s for s in group_shapes(infos)}
+    slowest: dict[tuple[str, str, int], CollectiveSample] = {}
+    for sample in (s for rank_samples in collectives for s in rank_samples):
+        key = (sample.shape, str(sample.op), sample.message_bytes)
+        if key not in slowest or sample.median_s > slowest[key].median_s:
+            slowest[key] = sample
+    records = tuple(
+        CollectiveRecord(
+            op=s.op,
+            placement=shapes[s.shape].placement,
+            group_size=len(shapes[s.shape].groups[0]),
+            members_per_node=shapes[s.shape].members_per_node,
+            message_bytes=s.message_bytes,
+            time_s=s.median_s,
+            spread=s.spread,
+        )
+        for s in slowest.values()
+    )
+
+    gemm_times: dict[tuple[int, int, int, DType], list[float]] = defaultdict(list)
+    gemm_spreads: dict[tuple[int, int, int, DType], list[float]] = defaultdict(list)
+    for rank_ops in ops:
+        for g in rank_ops.gemms:
+            gemm_times[(g.m, g.n, g.k, g.dtype)].append(g.median_s)
+            gemm_spreads[(g.m, g.n, g.k, g.dtype)].append(g.spread)
+    matmul_records = tuple(
+        MatmulRecord(m=m, n=n, k=k, dtype=dt, time_s=statistics.median(t), spread=statistics.median(gemm_spreads[key]))
+        for key, t in sorted(gemm_times.items())
+        for (m, n, k, dt) in (key,)
+    )
+    best = {
+        dt: max(2.0 * r.m * r.n * r.k / r.time_s for r in matmul_records if r.dtype is dt)
+        for dt in {r.dtype for r in matmul_records}
+    }
+    device_name = infos[0].device_name
+    published = next((v for k, v in PUBLISHED_PEAK_FLOP_PER_S.items() if k in device_name), None)
+    peak = dict(published) if published else dict(best)
+    if DType.FP16 not in peak and DType.BF16 in peak:
+        peak[DType.FP16] = peak[DType.BF16]  # not measured: the CPU runs it like bf16 at best
+    fraction = max(best.get(DType.BF16, 0.0) / peak[DType.BF16], 1e-3) if published else 1.0
+    cuda = device_name and published is not None
+    device = DeviceProfile(
+        name=device_name,
+        memory_bytes=min(i.memory_bytes for i in infos),
+        peak_flop_per_s=peak,
+        memory_bandwidth_bytes_per_s=statistics.median(o.stream_bytes_per_s for o in ops),
+        matmul=MatmulModel(
+            peak_fraction=min(fraction, 1.0),
+            compute_units=torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1,
+            tile_m=256 if cuda else 1,
+            tile_n=128 if cuda else 1,
+            launch_overhead_s=statistics.median(o.launch_overhead_s for o in ops),
+        ),
+        matmul_records=matmul_records,
+    )
+    return ClusterProfile(
+        name=f"measured-{hosts[0]}" + (f"-x{len(hosts)}" if len(hosts) > 1 else ""),
+        num_nodes=len(hosts),
+        devices_per_node=per_node,
+        device=device,
+        intra_node_links=LinkMatrix(
+            size=per_node,
+            bandwidth_bytes_per_s=_matrix(intra["bw"], per_node, min),
+            latency_s=_matrix(intra["lat"], per_node, max),
+            bandwidth_spread=_matrix(intra["spread"], per_node, max),
+        ),
+        inter_node_links=LinkMatrix(
+            size=len(hosts),
+            bandwidth_bytes_per_s=_matrix(inter["bw"], len(hosts), min),
+            latency_s=_matrix(inter["lat"], len(hosts), max),
+        ),
+        collectives=records,
+        provenance=Provenance(
+            kind="measured",
+            created=datetime.now(UTC),
+            torch_version=torch.__version__,
+            backend=backend,
+            hosts=tuple(hosts),
+            settings=settings.to_record() | {f"seconds_{k}": round(v, 3) for k, v in (phase_seconds or {}).items()},
+        ),
+    )

@@ -1,0 +1,89 @@
+"""What every profiling phase needs: this rank's place in the job, the settings, the store that
+records how far each rank got, and a clock that all ranks start together."""
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from profiler.settings import ProfileSettings
+from profiler.stats import Timing
+
+HEARTBEAT_KEY = "planner/profile/at/{rank}"
+
+
+@dataclass
+class Context:
+    """One rank's view of a profiling run (mutable: it tracks the phase it is in)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    settings: ProfileSettings
+    store: Any
+    """The job's key-value store (torch.distributed.Store)."""
+    phase: str = "start"
+    step: str = ""
+    on_step: Callable[[str, str], None] = field(default=lambda phase, step: None)
+
+    def at(self, phase: str, step: str = "") -> None:
+        """Record where this rank is, so a failure elsewhere can be traced to the rank left behind."""
+        self.phase, self.step = phase, step
+        self.store.set(HEARTBEAT_KEY.format(rank=self.rank), f"{phase}|{step}")
+        self.on_step(phase, step)
+        fault = self.settings.inject_fault
+        if fault is not None and fault[0] == self.rank and fault[1] == phase:
+            if fault[2] == "exit":
+                os._exit(1)
+            time.sleep(10 * self.settings.timeout_s)  # "hang"
+
+    def mark_failed(self) -> None:
+        """Tell the other ranks this one is alive but failed (so it is not blamed)."""
+        with contextlib.suppress(Exception):  # the store may be gone with the job
+            self.store.set(HEARTBEAT_KEY.format(rank=self.rank), f"failed|{self.phase}|{self.step}")
+
+    def where(self, rank: int) -> str:
+        """Where ``rank`` last said it was ("phase|step"), or "unknown"."""
+        key = HEARTBEAT_KEY.format(rank=rank)
+        try:
+            if not self.store.check([key]):
+                return "unknown"
+            return str(self.store.get(key).decode())
+        except Exception:  # the store itself may be gone with the job
+            return "unknown"
+
+    def sync(self) -> None:
+        """Wait for every rank (and, on CUDA, for queued kernels)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier()
+
+    def time(self, fn: Callable[[], Any], *, warmup: int | None = None, repeats: int | None = None) -> Timing:
+        """Median and spread of ``fn``'s wall time over repeats, after warm-up; ranks start each
+        repeat together, so what runs at once on other ranks contends as in a real job."""
+        warmup = self.settings.warmup if warmup is None else warmup
+        repeats = self.settings.repeats if repeats is None else repeats
+        for _ in range(warmup):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            self.sync()
+            start = time.perf_counter()
+            fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            samples.append(time.perf_counter() - start)
+        return Timing.of(samples)
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (None elsewhere)."""
+        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out

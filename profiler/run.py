@@ -1,0 +1,191 @@
+"""A profiling run on every rank: topology -> links -> collectives -> ops, then rank 0 writes the
+cluster profile.
+
+Faults: every rank records in the job's store where it is; collectives and transfers time out
+after ``timeout_s``. When a phase fails on a rank (a peer died, hung, or this rank was asked to
+stop), the rank names the ranks that did not reach the point it reached and the phase they were
+in, and exits with code 3; rank 0 first writes what it measured, marked incomplete.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import ProfileError
+from planner.inputs import save_cluster
+from profiler import collectives, links, ops, topology
+from profiler.build import build_profile
+from profiler.context import Context
+from profiler.settings import ProfileSettings
+
+logger = logging.getLogger(__name__)
+FAILED_EXIT_CODE = 3
+FAILURE_GRACE_S = 2.0
+"""How long a failing rank waits for the other survivors to say they failed too."""
+
+
+class Stopped(Exception):
+    """This rank was asked to stop (SIGTERM from the launcher, usually because a peer died)."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Stopped("stopped by the launcher (another rank probably failed)")
+
+
+def _environment() -> tuple[int, int, int, int]:
+    try:
+        return tuple(int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))  # type: ignore[return-value]
+    except KeyError as e:
+        raise ProfileError(
+            f"planner profile runs on every rank under torchrun ({e.args[0]} is not set): "
+            "torchrun --nproc-per-node N -m planner profile --output cluster.json"
+        ) from e
+
+
+def profile(settings: ProfileSettings) -> int:
+    """Profile the cluster this rank belongs to; the process's exit code (0 when complete)."""
+    rank, world, local_rank, local_world = _environment()
+    if world < 2:
+        raise ProfileError("profiling needs at least 2 ranks: torchrun --nproc-per-node 2 (or more)")
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    backend = "nccl" if cuda else "gloo"
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    dist.init_process_group(backend, timeout=timedelta(seconds=settings.timeout_s))
+    store = dist.distributed_c10d._get_default_store()
+    ctx = Context(rank, world, local_rank, local_world, device, settings, store)
+    progress = _Progress(rank == 0)
+    ctx.on_step = progress.step
+    measured: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    failure = None
+    try:
+        with _timed(seconds, "topology"):
+            measured["topology"] = topology.measure(ctx)
+            infos = _broadcast(measured["topology"])
+        with _timed(seconds, "links"):
+            measured["links"] = links.measure(ctx)
+        with _timed(seconds, "collectives"):
+            measured["collectives"] = collectives.measure(ctx, infos)
+        with _timed(seconds, "ops"):
+            measured["ops"] = ops.measure(ctx)
+    except (Stopped, RuntimeError, dist.DistBackendError) as e:
+        failure = _diagnose(ctx, e)
+        print(f"rank {rank}: {failure}", file=sys.stderr, flush=True)
+    finally:
+        progress.close()
+    if rank == 0:
+        _write(settings, measured, failure, backend, seconds)
+    if failure is None:
+        dist.barrier()
+    _teardown(failure is None)
+    return 0 if failure is None else FAILED_EXIT_CODE
+
+
+def _broadcast(infos: list[topology.RankInfo] | None) -> list[topology.RankInfo]:
+    """Rank 0's list of every rank, on every rank."""
+    box = [infos]
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+def _diagnose(ctx: Context, error: BaseException) -> str:
+    """Name the ranks that died or hung: every rank that fails marks itself failed, waits a moment
+    for the others to do the same, and blames the ranks that did not (with where they last were)."""
+    ctx.mark_failed()
+    time.sleep(FAILURE_GRACE_S)
+    silent = {r: ctx.where(r) for r in range(ctx.world_size) if r != ctx.rank and not ctx.where(r).startswith("failed")}
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if not silent:
+        return f"profiling failed on rank {ctx.rank} during {ctx.phase} ({ctx.step or 'start'}): {first_line}"
+    blamed = "; ".join(
+        f"rank {r} stopped responding in {at.replace('|', ' (', 1) + ')' if '|' in at else at}"
+        for r, at in silent.items()
+    )
+    return f"profiling stopped: {blamed}. Rank {ctx.rank} gave up during {ctx.phase}: {first_line}"
+
+
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    seconds[phase] = time.perf_counter() - start
+
+
+def _write(
+    settings: ProfileSettings, measured: dict[str, Any], failure: str | None, backend: str, seconds: dict[str, float]
+) -> None:
+    if failure is None:
+        profile = build_profile(
+            settings,
+            measured["topology"],
+            measured["links"],
+            measured["collectives"],
+            measured["ops"],
+            backend=backend,
+            phase_seconds=seconds,
+        )
+        save_cluster(profile, settings.output)
+        print(f"wrote {settings.output}", file=sys.stderr, flush=True)
+        return
+    partial = {
+        "complete": False,
+        "failure": failure,
+        "phases_measured": [name for name in ("topology", "links", "collectives", "ops") if name in measured],
+        "settings": settings.to_record(),
+    }
+    settings.output.write_text(json.dumps(partial, indent=2) + "\n")
+    print(f"wrote the incomplete profile to {settings.output}", file=sys.stderr, flush=True)
+
+
+def _teardown(clean: bool) -> None:
+    # destroy_process_group then exit at once: gloo sometimes aborts at interpreter exit
+    # (field notes, pytorch#190489).
+    if clean:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+class _Progress:
+    """A progress line on rank 0 (rich), silent elsewhere."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task("profiling")
+
+    def step(self, phase: str, step: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"profiling {phase}: {step}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,74 @@
+"""Who is where: hosts, local ranks, device name and the memory each rank may use."""
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from profiler.context import Context
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """What one rank reports about itself."""
+
+    rank: int
+    host: str
+    local_rank: int
+    local_world_size: int
+    device_name: str
+    memory_bytes: int
+    """Memory this rank may use: the device's on CUDA; the host's available memory shared by its ranks on CPU."""
+
+
+def cpu_memory_bytes() -> int:
+    """Memory this process may use: the cgroup limit when one is set, else MemAvailable."""
+    available = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    limit_file = Path("/sys/fs/cgroup/memory.max")
+    if limit_file.exists():
+        text = limit_file.read_text().strip()
+        if text.isdigit():
+            return min(available, int(text)) if available else int(text)
+    return available
+
+
+def cpu_name() -> str:
+    """The CPU model, as /proc/cpuinfo names it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"cpu ({line.split(':', 1)[1].strip()})"
+    except OSError:
+        pass
+    return "cpu"
+
+
+def measure(ctx: Context) -> list[RankInfo] | None:
+    """Every rank's RankInfo, on rank 0."""
+    ctx.at("topology")
+    if ctx.device.type == "cuda":
+        name = torch.cuda.get_device_name(ctx.device)
+        memory = torch.cuda.mem_get_info(ctx.device)[1]
+    else:
+        name = cpu_name()
+        memory = cpu_memory_bytes() // ctx.local_world_size
+    host, local_rank, local_world = socket.gethostname(), ctx.local_rank, ctx.local_world_size
+    if ctx.settings.simulate_nodes:
+        # Testing aid: contiguous blocks of ranks pose as separate nodes.
+        local_world = ctx.world_size // ctx.settings.simulate_nodes
+        host, local_rank = f"simulated-node{ctx.rank // local_world}", ctx.rank % local_world
+    info = RankInfo(
+        rank=ctx.rank,
+        host=host,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        device_name=name,
+        memory_bytes=int(memory),
+    )
+    return ctx.gather(info)

@@ -1,0 +1,107 @@
+"""`planner profile` under torchrun on 4 gloo ranks: a complete profile that the cost models
+use, an injected slow link found, and faults that end every rank with the culprit named.
+
+Each test launches one torchrun job (standalone rendezvous on a free port); on failure it prints
+the whole job's output, every rank's lines labelled by torchrun's --tee.
+"""
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cost_models.estimate import estimate
+from planner.errors import SchemaError
+from planner.inputs import load_cluster, load_model
+from planner.schemas import ClusterProfile, Layout, TrainingSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def torchrun(args: list[str], *, ranks: int = 4, timeout_s: float = 120) -> tuple[int, str, float]:
+    """Run `planner profile ARGS` on ``ranks`` local ranks; (exit code, all output, seconds)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--tee=3",
+           "-m", "planner", "profile", *args]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - start
+
+
+def _profile(tmp_path: Path, *extra: str) -> tuple[ClusterProfile, str]:
+    out = tmp_path / "cluster.json"
+    code, output, _ = torchrun(["--output", str(out), "--quick", *extra])
+    assert code == 0, output
+    return load_cluster(str(out)), output
+
+
+def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> None:
+    profile, output = _profile(tmp_path, "--model", "tiny-gpt", "--seq-len", "128")
+    assert profile.world_size == 4 and profile.provenance.kind == "measured", output
+    links = profile.intra_node_links
+    for i in range(4):
+        for j in range(4):
+            if i == j:
+                continue
+            link = links.link(i, j)
+            assert link.bandwidth_bytes_per_s > 0 and link.latency_s > 0
+            # At the large size, moving the bytes takes longer than the latency.
+            assert link.latency_s < profile.provenance.settings["bandwidth_bytes"] / link.bandwidth_bytes_per_s
+    assert {r.op for r in profile.collectives} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
+    assert {r.group_size for r in profile.collectives} == {2, 4}
+    assert profile.device.matmul_records and profile.device.memory_bytes > 0
+
+    model = load_model("tiny-gpt")
+    training = TrainingSpec(global_batch_size=16, seq_len=128)
+    layout = Layout(data_parallel_degree=2, tensor_parallel_degree=2, pipeline_parallel_degree=1, micro_batch_size=2)
+    measured = estimate(model, training, profile, layout)
+    # The model's own GEMM shapes were measured, so compute is priced from records.
+    assert measured.time.compute_s > 0
+    # The collective curves, not a nominal bandwidth, price tensor-parallel traffic.
+    slower = profile.model_copy(
+        update={"collectives": tuple(r.model_copy(update={"time_s": 2 * r.time_s}) for r in profile.collectives)}
+    )
+    doubled = estimate(model, training, slower, layout)
+    assert doubled.time.tensor_parallel_comm_s == pytest.approx(2 * measured.time.tensor_parallel_comm_s, rel=1e-6)
+    assert estimate(model, training, slower, replace(layout, tensor_parallel_degree=1, data_parallel_degree=4)).time
+
+
+def test_injected_slow_link_is_the_slowest_pair(tmp_path: Path) -> None:
+    profile, output = _profile(tmp_path, "--inject-link-delay", "1,2,0.05", "--simulate-nodes", "2")
+    assert (profile.num_nodes, profile.devices_per_node) == (2, 2), output
+    # Ranks 1 and 2 sit on different (simulated) nodes, so the node link keeps their slowness.
+    inter = profile.inter_node_links.link(0, 1).bandwidth_bytes_per_s
+    assert inter < profile.intra_node_links.link(0, 1).bandwidth_bytes_per_s, output
+    assert any(r.members_per_node == 1 and r.placement == "inter_node" for r in profile.collectives)
+
+
+def test_injected_slow_link_on_one_node(tmp_path: Path) -> None:
+    profile, output = _profile(tmp_path, "--inject-link-delay", "1,2,0.05")
+    links = profile.intra_node_links
+    pairs = {(i, j): links.link(i, j).bandwidth_bytes_per_s for i in range(4) for j in range(4) if i != j}
+    slowest = sorted(pairs, key=lambda p: pairs[p])[:2]
+    assert set(slowest) == {(1, 2), (2, 1)}, (pairs, output)
+
+
+@pytest.mark.parametrize(("fault", "phase"), [("2,collectives,exit", "collectives"), ("1,links,hang", "links")])
+def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, fault: str, phase: str) -> None:
+    out = tmp_path / "cluster.json"
+    code, output, seconds = torchrun(["--output", str(out), "--quick", "--timeout", "5", "--inject-fault", fault])
+    culprit = f"rank {fault.split(',')[0]}"
+    assert code != 0, output
+    # Every rank is gone within the 5 s timeout plus start-up, the 2 s grace and teardown.
+    assert seconds < 45, output
+    partial = json.loads(out.read_text())
+    assert partial["complete"] is False, output
+    assert f"{culprit} stopped responding in {phase}" in partial["failure"], output
+    with pytest.raises(SchemaError, match="incomplete profile"):
+        load_cluster(str(out))
+
+
+def test_outside_torchrun_is_a_clear_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "planner", "profile"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert "torchrun --nproc-per-node N -m planner profile" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,90 @@
+"""Pieces of the profiler that need no process group: rounds, statistics, link arithmetic, and
+building a hierarchical profile from measurements."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner.schemas import CollectiveOp, DType, Placement
+from profiler.build import build_profile
+from profiler.collectives import CollectiveSample, group_shapes
+from profiler.links import LinkSample, link_figures
+from profiler.ops import GemmSample, OpsSample
+from profiler.rounds import round_robin
+from profiler.settings import ProfileSettings
+from profiler.stats import Timing
+from profiler.topology import RankInfo
+
+
+@given(n=st.integers(2, 33))
+def test_round_robin_covers_every_pair_once_in_disjoint_rounds(n: int) -> None:
+    rounds = round_robin(n)
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    seen = [pair for r in rounds for pair in r]
+    assert sorted(seen) == sorted(itertools.combinations(range(n), 2))
+    for r in rounds:
+        ranks = [x for pair in r for x in pair]
+        assert len(ranks) == len(set(ranks))
+
+
+def test_timing_median_and_spread() -> None:
+    t = Timing.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert t.median_s == 3.0
+    assert t.spread == pytest.approx((4.0 - 2.0) / 3.0)
+    assert Timing.of([2.0]).spread == 0.0
+
+
+def test_link_figures_from_ping_pong() -> None:
+    # 2 x 10 us latency; 1 MiB more takes 1 ms more: about 1 GiB/s.
+    s = LinkSample(0, 1, Timing(20e-6, 0.1), Timing(20e-6 + 1e-3, 0.2))
+    bw, lat, spread = link_figures(s, 0, 2**20)
+    assert lat == pytest.approx(10e-6)
+    assert bw == pytest.approx(2**20 / 1e-3)
+    assert spread == 0.2
+    # A latency as large as the transfer: bandwidth falls back to bytes / time(large).
+    noisy = LinkSample(0, 1, Timing(3e-3, 0.1), Timing(4e-3, 0.2))
+    assert link_figures(noisy, 0, 2**20)[0] == pytest.approx(2**20 / 4e-3)
+
+
+def _infos(nodes: int, per_node: int) -> list[RankInfo]:
+    return [
+        RankInfo(rank=r, host=f"n{r // per_node}", local_rank=r % per_node, local_world_size=per_node,
+                 device_name="cpu (test)", memory_bytes=2**30)
+        for r in range(nodes * per_node)
+    ]  # fmt: skip
+
+
+def test_group_shapes_follow_the_topology() -> None:
+    shapes = {s.name: s for s in group_shapes(_infos(2, 4))}
+    assert shapes["world"].placement is Placement.INTER_NODE and shapes["world"].members_per_node == 4
+    assert shapes["consecutive 2"].groups[:2] == ((0, 1), (2, 3))
+    assert shapes["strided 2"].groups[:2] == ((0, 2), (1, 3))
+    assert shapes["one per node"].groups[0] == (0, 4) and shapes["one per node"].placement is Placement.INTER_NODE
+
+
+def test_build_profile_is_hierarchical(tmp_path: Path) -> None:
+    infos = _infos(2, 2)
+    settings = ProfileSettings(output=tmp_path / "c.json", latency_bytes=0, bandwidth_bytes=2**20)
+
+    def sample(src: int, dst: int, seconds: float) -> LinkSample:
+        return LinkSample(src, dst, Timing(2e-6, 0.0), Timing(2e-6 + seconds, 0.0))
+
+    # Inside nodes: 1 ms per MiB; across nodes: 4 ms (rank 1 -> 3 slower: 8 ms).
+    links = [[sample(s, d, 1e-3 if s // 2 == d // 2 else (8e-3 if (s, d) == (1, 3) else 4e-3))
+              for d in range(4) if d != s] for s in range(4)]  # fmt: skip
+    collectives = [[CollectiveSample("world", CollectiveOp.ALL_REDUCE, 1024, 1e-3 * (r + 1), 0.1)] for r in range(4)]
+    ops = [OpsSample((GemmSample(64, 64, 64, DType.FP32, 1e-4, 0.0),), 1e10, 1e-5) for _ in range(4)]
+    profile = build_profile(settings, infos, links, collectives, ops, backend="gloo")
+    assert (profile.num_nodes, profile.devices_per_node) == (2, 2)
+    assert profile.intra_node_links.link(0, 1).bandwidth_bytes_per_s == pytest.approx(2**20 / 1e-3)
+    # Node 0 -> node 1 crossings: 0->2, 0->3, 1->2 at 4 ms and 1->3 at 8 ms: the slowest is kept.
+    assert profile.inter_node_links.link(0, 1).bandwidth_bytes_per_s == pytest.approx(2**20 / 8e-3)
+    assert profile.inter_node_links.link(1, 0).bandwidth_bytes_per_s == pytest.approx(2**20 / 4e-3)
+    (record,) = profile.collectives
+    assert record.time_s == pytest.approx(4e-3)  # the slowest rank
+    assert record.placement is Placement.INTER_NODE and record.members_per_node == 2
+    assert profile.device.peak_flop_per_s[DType.FP32] == pytest.approx(2 * 64**3 / 1e-4)
+    assert profile.provenance.kind == "measured" and profile.provenance.settings["bandwidth_bytes"] == 2**20
