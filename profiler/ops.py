@@ -2,14 +2,19 @@
 and the fixed cost of a kernel. Measured on all ranks at once, so shared cores, caches and
 memory bandwidth contend as they do in training."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from cost_models.layer_work import layer_work, output_layer_gemm
 from planner.schemas import DType, Layout, TrainingSpec
 from profiler.context import Context
+from profiler.layer import LocalLayer
+from profiler.stats import Timing
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
@@ -27,12 +32,25 @@ class GemmSample:
 
 
 @dataclass(frozen=True, slots=True)
+class OpSample:
+    """One rank's median times of an op's forward and, where it has one, forward + backward."""
+
+    op: Literal["attention", "layernorm", "elementwise", "layer"]
+    shape: tuple[int, ...]
+    dtype: DType
+    fwd_s: float
+    fwd_bwd_s: float | None
+    spread: float
+
+
+@dataclass(frozen=True, slots=True)
 class OpsSample:
     """One rank's op measurements."""
 
     gemms: tuple[GemmSample, ...]
     stream_bytes_per_s: float
     launch_overhead_s: float
+    others: tuple[OpSample, ...] = ()
 
 
 def model_gemm_shapes(ctx: Context) -> list[tuple[int, int, int]]:
@@ -72,5 +90,68 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     ctx.at("ops", "kernel overhead")
     tiny = torch.rand(8, 8, device=ctx.device)
     overhead = ctx.time(lambda: torch.mm(tiny, tiny), repeats=max(ctx.settings.repeats, 20))
-    sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s)
+    others = [OpSample("elementwise", (elems,), DType.FP32, stream.median_s, None, stream.spread)]
+    others += _attention_and_norm(ctx) + _layers(ctx)
+    sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
     return ctx.gather(sample)
+
+
+def _fwd_bwd(ctx: Context, fn: Callable[[], torch.Tensor], params: list[torch.Tensor]) -> tuple[Timing, Timing]:
+    """Forward alone, then forward + backward of a scalar made of ``fn``'s output."""
+
+    def both() -> None:
+        for p in params:
+            p.grad = None
+        torch.autograd.backward(fn().float().sum())
+
+    with torch.no_grad():
+        forward = ctx.time(fn)
+    return forward, ctx.time(both)
+
+
+def _attention_and_norm(ctx: Context) -> list[OpSample]:
+    model, s = ctx.settings.model, ctx.settings.seq_len
+    heads, head_dim, hidden = (model.num_attention_heads, model.head_size, model.hidden_size) if model else (8, 64, 512)
+    dtype = ctx.settings.gemm_dtypes[0]
+    tdt = TORCH_DTYPES[dtype]
+    ctx.at("ops", "attention")
+    q, k, v = (torch.randn(1, heads, s, head_dim, device=ctx.device, dtype=tdt, requires_grad=True) for _ in range(3))
+    attn = _fwd_bwd(ctx, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), [q, k, v])
+    ctx.at("ops", "layernorm")
+    x = torch.randn(s, hidden, device=ctx.device, dtype=tdt, requires_grad=True)
+    norm = torch.nn.LayerNorm(hidden, device=ctx.device, dtype=tdt)
+    ln = _fwd_bwd(ctx, lambda: norm(x), [x, *norm.parameters()])
+    return [
+        OpSample("attention", (1, heads, s, head_dim), dtype, attn[0].median_s, attn[1].median_s, attn[1].spread),
+        OpSample("layernorm", (s * hidden,), dtype, ln[0].median_s, ln[1].median_s, ln[1].spread),
+    ]
+
+
+def _layers(ctx: Context) -> list[OpSample]:
+    """Forward + backward of one layer at each (tp, micro-batch) a plan may use (with ``model``)."""
+    model = ctx.settings.model
+    if model is None:
+        return []
+    dtype = ctx.settings.gemm_dtypes[0]
+    out = []
+    for tp in (
+        t
+        for t in (1, 2, 4, 8)
+        if t <= ctx.world_size and model.num_attention_heads % t == 0 and model.kv_heads % t == 0
+    ):
+        layer = LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
+        for mb in (1, 2):
+            ctx.at("ops", f"layer tp={tp} micro-batch={mb}")
+            x = torch.randn(
+                mb,
+                ctx.settings.seq_len,
+                model.hidden_size,
+                device=ctx.device,
+                dtype=TORCH_DTYPES[dtype],
+                requires_grad=True,
+            )
+            fwd, both = _fwd_bwd(ctx, partial(layer, x), [x, *layer.parameters()])
+            out.append(
+                OpSample("layer", (tp, mb, ctx.settings.seq_len), dtype, fwd.median_s, both.median_s, both.spread)
+            )
+    return out

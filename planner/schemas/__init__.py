@@ -8,6 +8,7 @@ from planner.schemas.cluster import (
     LinkProfile,
     MatmulModel,
     MatmulRecord,
+    OpRecord,
     Provenance,
 )
 from planner.schemas.enums import (
@@ -48,6 +49,7 @@ __all__ = [
     "MemoryBreakdown",
     "ModelSpec",
     "NormKind",
+    "OpRecord",
     "Optimizer",
     "Placement",
     "Plan",

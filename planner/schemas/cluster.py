@@ -43,6 +43,22 @@ class MatmulRecord(FrozenModel):
     spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
 
 
+class OpRecord(FrozenModel):
+    """One measured operation other than a plain GEMM, e.g.
+    {"op": "layer", "shape": [tp, micro_batch, seq_len], "dtype": "fp32", "fwd_time_s": ..., "fwd_bwd_time_s": ...}.
+    """
+
+    op: Literal["attention", "layernorm", "elementwise", "layer"]
+    shape: tuple[int, ...] = Field(
+        description="attention: b, heads, s, head dim; layernorm and elementwise: "
+        "elements; layer: tp, micro-batch, seq len."
+    )
+    dtype: DType
+    fwd_time_s: float = Field(gt=0)
+    fwd_bwd_time_s: float | None = Field(default=None, gt=0)
+    spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
+
+
 class DeviceProfile(FrozenModel):
     """One accelerator (or one CPU rank) of a homogeneous cluster."""
 
@@ -54,6 +70,9 @@ class DeviceProfile(FrozenModel):
     )
     matmul: MatmulModel
     matmul_records: tuple[MatmulRecord, ...] = Field(default=(), description="Measured GEMMs, preferred.")
+    op_records: tuple[OpRecord, ...] = Field(
+        default=(), description="Measured attention, normalization, elementwise and whole-layer times."
+    )
 
     def get_peak_flop_per_s(self, dtype: DType) -> float:
         """Peak FLOP/s for ``dtype``; raises SchemaError when the profile lacks it."""

@@ -53,6 +53,10 @@ def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> No
     assert {r.op for r in profile.collectives} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
     assert {r.group_size for r in profile.collectives} == {2, 4}
     assert profile.device.matmul_records and profile.device.memory_bytes > 0
+    ops = {(r.op, r.shape) for r in profile.device.op_records}
+    assert {("layer", (tp, mb, 128)) for tp in (1, 2, 4) for mb in (1, 2)} <= ops
+    assert {"attention", "layernorm", "elementwise"} <= {op for op, _ in ops}
+    assert all(r.fwd_bwd_time_s is None or r.fwd_bwd_time_s > r.fwd_time_s for r in profile.device.op_records)
 
     model = load_model("tiny-gpt")
     training = TrainingSpec(global_batch_size=16, seq_len=128)

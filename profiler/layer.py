@@ -1,0 +1,46 @@
+"""One transformer layer as one tensor-parallel rank computes it, for timing its forward and
+backward at the shapes plans use: the rank's slice of the heads and of the MLP, no communication
+(the collectives are measured on their own). Follows the model's MLP (GELU or SwiGLU), grouped
+query attention and norm kind."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.schemas import ModelSpec, NormKind
+
+
+class LocalLayer(nn.Module):
+    """The local compute of one tensor-parallel rank of a decoder layer."""
+
+    def __init__(self, model: ModelSpec, tensor_parallel_degree: int) -> None:
+        super().__init__()
+        t, h, hd = tensor_parallel_degree, model.hidden_size, model.head_size
+        self.heads, self.kv_heads, self.head_dim = model.num_attention_heads // t, model.kv_heads // t, hd
+        self.norm1 = nn.LayerNorm(h) if model.norm_type is NormKind.LAYERNORM else nn.RMSNorm(h)
+        self.norm2 = nn.LayerNorm(h) if model.norm_type is NormKind.LAYERNORM else nn.RMSNorm(h)
+        self.qkv = nn.Linear(h, (self.heads + 2 * self.kv_heads) * hd, bias=model.attention_bias)
+        self.out = nn.Linear(self.heads * hd, h, bias=model.attention_bias)
+        self.gated = model.hidden_act.gated
+        f = model.ffn_size // t
+        self.up = nn.Linear(h, (2 if self.gated else 1) * f, bias=model.mlp_bias)
+        self.down = nn.Linear(f, h, bias=model.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        x = x + self.out(attn.transpose(1, 2).reshape(b, s, -1))
+        up = self.up(self.norm2(x))
+        if self.gated:
+            gate, value = up.chunk(2, dim=-1)
+            hidden = F.silu(gate) * value
+        else:
+            hidden = F.gelu(up)
+        out: torch.Tensor = x + self.down(hidden)
+        return out
