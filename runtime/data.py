@@ -1,0 +1,34 @@
+"""Training data: synthetic tokens (deterministic in seed and step) or windows of a token file.
+
+Both produce the global batch of a step the same way on every rank, so a parallel run and the
+single-process reference see the same tokens; each data-parallel rank then takes its rows.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def synthetic_batch(
+    vocab_size: int, batch: int, seq_len: int, *, step: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of shape (batch, seq_len): random tokens, targets shifted by one."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    tokens = torch.randint(0, vocab_size, (batch, seq_len + 1), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+class TokenFile:
+    """A flat file of token ids (numpy uint16 or int32), read as consecutive windows."""
+
+    def __init__(self, path: Path, dtype: str = "uint16") -> None:
+        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+
+    def batch(self, batch: int, seq_len: int, *, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Windows step*batch .. step*batch + batch - 1, wrapping around the file."""
+        span = seq_len + 1
+        count = (len(self.tokens) - 1) // span
+        rows = [(step * batch + i) % count for i in range(batch)]
+        data = torch.from_numpy(np.stack([self.tokens[r * span : (r + 1) * span].astype(np.int64) for r in rows]))
+        return data[:, :-1], data[:, 1:]

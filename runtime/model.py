@@ -1,0 +1,139 @@
+"""The reference decoder the runtime trains, built from a ModelSpec.
+
+GELU or SwiGLU MLP, multi-head or grouped-query attention, LayerNorm or RMSNorm, learned or
+rotary positions, tied or untied output layer; deterministic initialisation from a seed. Layers
+live in a ModuleDict keyed by their index, so a pipeline stage keeps the reference's parameter
+names when the layers it does not hold are deleted. Projections are separate Linear modules so
+tensor parallelism can split them by name. Dense models only (mixture-of-experts layers come with
+the expert-parallel runtime).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import InfeasibleConfigError
+from planner.schemas import ModelSpec, NormKind, PositionEmbedding
+
+
+def _norm(model: ModelSpec) -> nn.Module:
+    if model.norm_type is NormKind.LAYERNORM:
+        return nn.LayerNorm(model.hidden_size)
+    return nn.RMSNorm(model.hidden_size, eps=1e-5)
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotate pairs of channels of ``x`` (b, heads, s, d) by position-dependent angles (RoFormer)."""
+    d = x.shape[-1]
+    freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    angles = positions.float()[:, None] * freqs[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    """Causal self-attention; head counts follow the (possibly tensor-parallel) projection widths."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        super().__init__()
+        h, hd = model.hidden_size, model.head_size
+        self.head_dim = hd
+        self.rope = model.position_embedding_type is PositionEmbedding.ROPE
+        self.q = nn.Linear(h, model.num_attention_heads * hd, bias=model.attention_bias)
+        self.k = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
+        self.v = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
+        self.o = nn.Linear(model.num_attention_heads * hd, h, bias=model.attention_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        if self.rope:
+            positions = torch.arange(s, device=x.device)
+            q, k = rotary(q, positions), rotary(k, positions)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        result: torch.Tensor = self.o(out.transpose(1, 2).reshape(b, s, -1))
+        return result
+
+
+class MLP(nn.Module):
+    """GELU (up, down) or SwiGLU (gate, up, down)."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        super().__init__()
+        h, f = model.hidden_size, model.ffn_size
+        self.gated = model.hidden_act.gated
+        self.gate = nn.Linear(h, f, bias=model.mlp_bias) if self.gated else None
+        self.up = nn.Linear(h, f, bias=model.mlp_bias)
+        self.down = nn.Linear(f, h, bias=model.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = F.silu(self.gate(x)) * self.up(x) if self.gate is not None else F.gelu(self.up(x))
+        out: torch.Tensor = self.down(hidden)
+        return out
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = _norm(model), Attention(model), _norm(model), MLP(model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
+
+
+class Decoder(nn.Module):
+    """Token (+ position) embedding, layers, final norm and output layer; any part may be absent on
+    a pipeline stage, in which case the stage takes or returns hidden states."""
+
+    def __init__(self, model: ModelSpec, *, seed: int) -> None:
+        super().__init__()
+        if model.is_moe:
+            raise InfeasibleConfigError(
+                f"{model.name!r} is a mixture of experts; the runtime trains dense models so far"
+            )
+        torch.manual_seed(seed)
+        self.tok_emb: nn.Embedding | None = nn.Embedding(model.vocab_size, model.hidden_size)
+        self.pos_emb: nn.Embedding | None = (
+            nn.Embedding(model.max_position_embeddings, model.hidden_size)
+            if model.position_embedding_type is PositionEmbedding.ABSOLUTE
+            else None
+        )
+        self.layers = nn.ModuleDict({str(i): Block(model) for i in range(model.num_hidden_layers)})
+        self.norm: nn.Module | None = _norm(model)
+        self.head: nn.Linear | None = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        self.tied = model.tie_word_embeddings
+        if self.tied:
+            self.head.weight = self.tok_emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (b, s) to logits (b, s, V); a stage without the embedding takes hidden states,
+        one without the output layer returns them."""
+        if self.tok_emb is not None:
+            h = self.tok_emb(x)
+            if self.pos_emb is not None:
+                h = h + self.pos_emb(torch.arange(x.shape[1], device=x.device))
+        else:
+            h = x
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.head is not None:
+            h = self.head(h)
+        result: torch.Tensor = h
+        return result
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every token."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())

@@ -1,0 +1,228 @@
+"""A plan's layout as a training job: mesh, pipeline stages, tensor and data parallelism, and a
+step that returns the global mean loss on every rank.
+
+- Mesh (pp, dp, tp) with tp fastest, the planner's rank order (cost_models.groups.rank_of).
+- Pipeline: each rank builds its model chunks from the full reference model (so parameters match
+  the reference exactly), keeping the layers of the plan's split; torch.distributed.pipelining
+  runs GPipe, 1F1B or interleaved 1F1B. A tied output layer on the last stage is a copy whose
+  gradient is summed with the embedding's (as Megatron-LM does).
+- Tensor parallel: q/k/v, gate/up column-wise, o/down row-wise, the embedding split by
+  vocabulary, the output layer column-wise with a vocabulary-parallel loss (loss_parallel).
+- Data parallel: ZeRO-0 averages gradients over the data-parallel group; ZeRO-1 shards the
+  optimizer (runtime.optim.ZeroOneOptimizer); ZeRO-2/3 are FSDP2 with
+  reshard_after_forward False/True.
+- Gradient accumulation: micro-batches of the plan; each loss is divided by their count.
+"""
+
+import copy
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining.stage import _PipelineStageBase
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+
+from cost_models.pipeline import chunk_layers, stage_chunks
+from planner.errors import InfeasibleConfigError
+from planner.schemas import Layout, ModelSpec, Recompute, Schedule, ZeroStage
+from runtime.model import Decoder, loss_fn
+from runtime.optim import ZeroOneOptimizer, local, make_optimizer
+
+
+class Trainer:
+    """One rank's part of a layout; ``step`` trains on a global batch and returns its mean loss."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        layout: Layout,
+        *,
+        global_batch_size: int,
+        seed: int,
+        optimizer: str,
+        lr: float,
+        device: torch.device,
+    ) -> None:
+        if layout.sequence_parallel:
+            raise InfeasibleConfigError("the runtime does not run sequence parallelism yet; plan without it")
+        if layout.recompute is not Recompute.NONE:
+            raise InfeasibleConfigError("the runtime does not recompute activations yet; plan with recompute none")
+        self.model, self.layout, self.device = model, layout, device
+        self.micro_batches = global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
+        p, d, t = layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
+        self.mesh: DeviceMesh = init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
+        self.pp_rank, self.dp_rank = self.mesh["pp"].get_local_rank(), self.mesh["dp"].get_local_rank()
+        full = Decoder(model, seed=seed)
+        self.chunks = [self._chunk(full, c) for c in stage_chunks(layout, self.pp_rank)]
+        del full
+        for chunk in self.chunks:
+            if t > 1:
+                _tensor_parallel(chunk, self.mesh["tp"])
+            chunk.to(device)
+        self._tie_group = self._tied_copy_group()
+        params = [q for chunk in self.chunks for q in chunk.parameters()]
+        if layout.zero_stage >= ZeroStage.GRADIENTS:
+            for chunk in self.chunks:
+                _fully_shard(chunk, self.mesh["dp"], reshard=layout.zero_stage is ZeroStage.PARAMETERS)
+            params = [q for chunk in self.chunks for q in chunk.parameters()]
+        if layout.zero_stage is ZeroStage.OPTIMIZER and d > 1:
+            self.optimizer: ZeroOneOptimizer | torch.optim.Optimizer = ZeroOneOptimizer(
+                optimizer, params, lr, self.mesh["dp"].get_group()
+            )
+        else:
+            self.optimizer = make_optimizer(optimizer, params, lr)
+        self.params = params
+        self.schedule = self._schedule() if p > 1 else None
+
+    # -- construction -------------------------------------------------------------------------
+
+    def _chunk(self, full: Decoder, c: int) -> Decoder:
+        """Model chunk ``c``: its layers, plus the embedding on the first and the head on the last."""
+        counts = chunk_layers(self.model, self.layout)
+        first, last = sum(counts[:c]), sum(counts[: c + 1])
+        chunk = copy.deepcopy(full)
+        for i in list(chunk.layers.keys()):
+            if not first <= int(i) < last:
+                del chunk.layers[i]
+        n = len(counts)
+        if c != 0:
+            chunk.tok_emb, chunk.pos_emb = None, None
+        if c != n - 1:
+            chunk.norm, chunk.head = None, None
+        elif c != 0 and full.tied:
+            # The last stage's own copy of the tied embedding (its gradient is summed with stage 0's).
+            assert chunk.head is not None
+            chunk.head.weight = nn.Parameter(full.tok_emb.weight.detach().clone())  # type: ignore[union-attr]
+        return chunk
+
+    def _tied_copy_group(self) -> dist.ProcessGroup | None:
+        """The (first stage, last stage) pair sharing this rank's (dp, tp) coordinate, when the
+        tied embedding lives on two pipeline ranks."""
+        if not self.model.tie_word_embeddings or self.layout.num_chunks == 1:
+            return None
+        p = self.layout.pipeline_parallel_degree
+        pairs = []
+        for d in range(self.layout.data_parallel_degree):
+            for t in range(self.layout.tensor_parallel_degree):
+                ranks = self.mesh.mesh[:, d, t].tolist()
+                pairs.append(sorted({ranks[0], ranks[p - 1]}))
+        if p == 1:
+            return None  # one rank holds every chunk: both copies are local
+        mine, _ = dist.new_subgroups_by_enumeration(pairs)  # type: ignore[no-untyped-call]
+        return mine  # type: ignore[no-any-return]
+
+    def _schedule(self) -> ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B:
+        layout = self.layout
+        n = layout.num_chunks
+        stages: list[_PipelineStageBase] = [
+            PipelineStage(chunk, c, n, self.device, group=self.mesh["pp"].get_group())
+            for chunk, c in zip(self.chunks, stage_chunks(layout, self.pp_rank), strict=True)
+        ]
+        m = self.micro_batches
+        if layout.schedule is Schedule.INTERLEAVED:
+            return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+        cls = ScheduleGPipe if layout.schedule is Schedule.GPIPE else Schedule1F1B
+        return cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
+
+    # -- training ---------------------------------------------------------------------------
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Train on the global batch (every rank passes all of it); the global mean loss."""
+        d = self.layout.data_parallel_degree
+        rows = inputs.shape[0] // d
+        mine = slice(self.dp_rank * rows, (self.dp_rank + 1) * rows)
+        x, y = inputs[mine].to(self.device), targets[mine].to(self.device)
+        self.optimizer.zero_grad()
+        with self._loss_context():
+            loss = self._pipeline_step(x, y) if self.schedule is not None else self._local_step(x, y)
+        self._sync_tied()
+        if self.layout.zero_stage is ZeroStage.NONE and d > 1:
+            for q in self.params:
+                if q.grad is not None:
+                    g = local(q.grad)
+                    dist.all_reduce(g, group=self.mesh["dp"].get_group())
+                    g.div_(d)
+        self.optimizer.step()
+        total = torch.tensor([loss], dtype=torch.float64)
+        dist.all_reduce(total)  # every (dp, tp) copy of the last stage reports its replica's loss
+        return float(total.item()) / (d * self.layout.tensor_parallel_degree)
+
+    def _local_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        m = self.micro_batches
+        total = 0.0
+        for xb, yb in zip(x.chunk(m), y.chunk(m), strict=True):
+            loss = loss_fn(self.chunks[0](xb), yb) / m
+            torch.autograd.backward(loss)
+            total += _value(loss)
+        return total
+
+    def _pipeline_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        assert self.schedule is not None
+        holds_first = 0 in stage_chunks(self.layout, self.pp_rank)
+        holds_last = self.layout.num_chunks - 1 in stage_chunks(self.layout, self.pp_rank)
+        losses: list[torch.Tensor] = []
+        target, sink = (y, losses) if holds_last else (None, None)
+        if holds_first:
+            self.schedule.step(x, target=target, losses=sink)
+        else:
+            self.schedule.step(target=target, losses=sink)
+        if not holds_last:
+            return 0.0
+        return sum(_value(loss) for loss in losses) / len(losses)
+
+    def _loss_context(self) -> AbstractContextManager[None]:
+        return loss_parallel() if self.layout.tensor_parallel_degree > 1 else nullcontext()
+
+    def _sync_tied(self) -> None:
+        if self._tie_group is None:
+            return
+        for chunk in self.chunks:
+            for module in (chunk.tok_emb, chunk.head):
+                if module is None or module.weight.grad is None:
+                    continue
+                grad, weight = module.weight.grad, module.weight
+                if isinstance(grad, DTensor) and isinstance(weight, DTensor) and grad.placements != weight.placements:
+                    # The embedding's backward may leave a replicated gradient of a sharded weight;
+                    # both copies must be laid out alike to be summed shard by shard.
+                    grad = grad.redistribute(weight.device_mesh, weight.placements)
+                    module.weight.grad = grad
+                dist.all_reduce(local(grad), group=self._tie_group)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """This rank's parameters."""
+        return iter(self.params)
+
+
+def _value(t: torch.Tensor) -> float:
+    """A scalar loss as a float (a vocabulary-parallel loss is a replicated DTensor)."""
+    return float((t.full_tensor() if isinstance(t, DTensor) else t).detach().item())
+
+
+def _tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh) -> None:
+    plan: dict[str, object] = {}
+    for i, block in chunk.layers.items():
+        plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
+        plan[f"layers.{i}.attn.o"] = RowwiseParallel()
+        plan |= {f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None}
+        plan[f"layers.{i}.mlp.down"] = RowwiseParallel()
+    if chunk.tok_emb is not None:
+        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
+    if chunk.head is not None:
+        plan["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    tied = chunk.tok_emb is not None and chunk.head is not None and chunk.head.weight is chunk.tok_emb.weight
+    parallelize_module(chunk, tp_mesh, plan)  # type: ignore[arg-type]
+    if tied:
+        assert chunk.head is not None and chunk.tok_emb is not None
+        chunk.head.weight = chunk.tok_emb.weight
+
+
+def _fully_shard(chunk: Decoder, dp_mesh: DeviceMesh, *, reshard: bool) -> None:
+    for block in chunk.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=reshard)

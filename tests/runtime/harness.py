@@ -1,0 +1,51 @@
+"""Run a function on N gloo ranks forked from the test process (FileStore rendezvous: no ports),
+collect rank 0's JSON result, and on failure show every rank's output."""
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _child(rank: int, world: int, workdir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    out = Path(workdir)
+    log = open(out / f"rank{rank}.log", "w", buffering=1)  # noqa: SIM115
+    sys.stdout = sys.stderr = log
+    code = 0
+    try:
+        torch.set_num_threads(1)
+        store = dist.FileStore(str(out / "store"), world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120))
+        result = fn(*args)
+        if rank == 0:
+            (out / "result.json").write_text(json.dumps(result))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    log.flush()
+    os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
+
+
+def run_ranks(world: int, fn: Callable[..., Any], *args: Any, workdir: Path) -> Any:
+    """Rank 0's return value of ``fn(*args)`` run on ``world`` ranks."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        mp.start_processes(_child, args=(world, str(workdir), fn, args), nprocs=world, start_method="fork")
+    except Exception as e:
+        logs = "\n".join(
+            f"--- rank {r} ---\n{(workdir / f'rank{r}.log').read_text()}"
+            for r in range(world)
+            if (workdir / f"rank{r}.log").exists()
+        )
+        raise AssertionError(f"a rank failed: {e}\n{logs}") from e
+    return json.loads((workdir / "result.json").read_text())

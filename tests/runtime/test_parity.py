@@ -1,0 +1,121 @@
+"""Every layout family trains like the single-process reference: the losses of the first steps
+match within 1e-5 (SGD, so parameters stay in step exactly; float32 on CPU).
+
+One launch per world size checks many layouts, amortizing process start-up (field notes)."""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from planner.inputs import load_model
+from planner.schemas import Layout, ModelSpec
+from runtime.data import synthetic_batch
+from runtime.reference import reference_losses
+from runtime.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import run_ranks
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
+
+TOLERANCE = 1e-5
+BATCH, SEQ, STEPS, SEED, LR = 8, 32, 3, 0, 0.1
+GPT = load_model("tiny-gpt")  # GELU, LayerNorm, learned positions, tied embeddings
+LLAMA = ModelSpec(  # SwiGLU, grouped-query attention, RMSNorm, rotary, untied
+    name="tiny-llama",
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=512,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+)
+
+
+def L(d: int, t: int, p: int, b: int, **kw: Any) -> dict[str, Any]:
+    return dict(data_parallel_degree=d, tensor_parallel_degree=t, pipeline_parallel_degree=p, micro_batch_size=b, **kw)
+
+
+def train(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
+    """Each layout's losses for STEPS steps (runs on every rank)."""
+    results = []
+    for kw in layouts:
+        trainer = Trainer(
+            model, Layout(**kw), global_batch_size=BATCH, seed=SEED, optimizer="sgd", lr=LR, device=torch.device("cpu")
+        )
+        losses = []
+        for step in range(STEPS):
+            inputs, targets = synthetic_batch(model.vocab_size, BATCH, SEQ, step=step, seed=SEED)
+            losses.append(trainer.step(inputs, targets))
+        results.append(losses)
+    return results
+
+
+def check(model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path) -> None:
+    reference = reference_losses(
+        model, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
+    )
+    results = run_ranks(world, train, model, layouts, workdir=tmp_path)
+    for kw, losses in zip(layouts, results, strict=True):
+        assert losses == pytest.approx(reference, abs=TOLERANCE), kw
+    assert len(set(reference)) == STEPS  # the steps do update the parameters
+
+
+def test_two_ranks_every_family(tmp_path: Path) -> None:
+    check(
+        GPT,
+        2,
+        [
+            L(2, 1, 1, 2),
+            L(2, 1, 1, 1, zero_stage=1),
+            L(2, 1, 1, 2, zero_stage=2),
+            L(2, 1, 1, 1, zero_stage=3),
+            L(1, 2, 1, 4),
+            L(1, 1, 2, 2),
+            L(1, 1, 2, 1, schedule="gpipe"),
+            L(1, 1, 2, 1, layer_split=(1, 3)),
+            L(1, 1, 2, 1, schedule="interleaved", virtual_stages=2),
+        ],
+        tmp_path,
+    )
+
+
+def test_four_ranks_combinations(tmp_path: Path) -> None:
+    check(
+        GPT,
+        4,
+        [
+            L(2, 2, 1, 2),
+            L(2, 1, 2, 1),
+            L(1, 2, 2, 1),
+            L(1, 1, 4, 1, layer_split=(0, 2, 1, 1)),
+            L(2, 1, 2, 1, schedule="interleaved", virtual_stages=2),
+            L(2, 2, 1, 1, zero_stage=3),
+            L(2, 1, 2, 1, zero_stage=2),
+            L(2, 2, 1, 1, zero_stage=1),
+        ],
+        tmp_path,
+    )
+
+
+def test_four_ranks_swiglu_gqa_rope_untied(tmp_path: Path) -> None:
+    check(LLAMA, 4, [L(2, 2, 1, 2), L(1, 2, 2, 1), L(2, 1, 2, 1, zero_stage=3), L(4, 1, 1, 1, zero_stage=1)], tmp_path)
+
+
+def test_eight_ranks_three_dimensions(tmp_path: Path) -> None:
+    check(
+        GPT,
+        8,
+        [
+            L(2, 2, 2, 1),
+            L(2, 2, 2, 1, zero_stage=3),
+            L(2, 2, 2, 1, schedule="interleaved", virtual_stages=2, zero_stage=2),
+            L(8, 1, 1, 1),
+        ],
+        tmp_path,
+    )
