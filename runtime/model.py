@@ -8,12 +8,16 @@ tensor parallelism can split them by name. Dense models only (mixture-of-experts
 the expert-parallel runtime).
 """
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from planner.errors import InfeasibleConfigError
-from planner.schemas import ModelSpec, NormKind, PositionEmbedding
+from planner.schemas import ModelSpec, NormKind, PositionEmbedding, Recompute
 
 
 def _norm(model: ModelSpec) -> nn.Module:
@@ -33,10 +37,15 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> 
 
 
 class Attention(nn.Module):
-    """Causal self-attention; head counts follow the (possibly tensor-parallel) projection widths."""
+    """Causal self-attention; head counts follow the (possibly tensor-parallel) projection widths.
+
+    ``recompute_core`` drops the attention core's activations and recomputes them in the backward
+    (selective recompute, Korthikanti et al. 2022).
+    """
 
     def __init__(self, model: ModelSpec) -> None:
         super().__init__()
+        self.recompute_core = False
         h, hd = model.hidden_size, model.head_size
         self.head_dim = hd
         self.rope = model.position_embedding_type is PositionEmbedding.ROPE
@@ -51,7 +60,8 @@ class Attention(nn.Module):
         if self.rope:
             positions = torch.arange(s, device=x.device)
             q, k = rotary(q, positions), rotary(k, positions)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        core = partial(F.scaled_dot_product_attention, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        out = checkpoint(core, q, k, v, use_reentrant=False) if self.recompute_core else core(q, k, v)
         result: torch.Tensor = self.o(out.transpose(1, 2).reshape(b, s, -1))
         return result
 
@@ -74,16 +84,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer."""
+    """Pre-norm transformer layer; ``recompute_all`` keeps only its input for the backward (full
+    recompute)."""
 
     def __init__(self, model: ModelSpec) -> None:
         super().__init__()
         self.norm1, self.attn, self.norm2, self.mlp = _norm(model), Attention(model), _norm(model), MLP(model)
+        self.recompute_all = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         out: torch.Tensor = x + self.mlp(self.norm2(x))
         return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute_all:
+            out: torch.Tensor = checkpoint(self._forward, x, use_reentrant=False)
+            return out
+        return self._forward(x)
 
 
 class Decoder(nn.Module):
@@ -112,6 +130,8 @@ class Decoder(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         self.tied = model.tie_word_embeddings
+        self.to_sequence_shards: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Set under sequence parallelism: splits the embedded sequence over the tensor-parallel ranks."""
         if self.tied:
             self.head.weight = self.tok_emb.weight
 
@@ -122,6 +142,8 @@ class Decoder(nn.Module):
             h = self.tok_emb(x)
             if self.pos_emb is not None:
                 h = h + self.pos_emb(torch.arange(x.shape[1], device=x.device))
+            if self.to_sequence_shards is not None:
+                h = self.to_sequence_shards(h)
         else:
             h = x
         for layer in self.layers.values():
@@ -132,6 +154,14 @@ class Decoder(nn.Module):
             h = self.head(h)
         result: torch.Tensor = h
         return result
+
+
+def set_recompute(net: "Decoder", recompute: Recompute) -> None:
+    """Full: every layer keeps only its input; selective: only the attention core is recomputed."""
+    for block in net.layers.values():
+        assert isinstance(block, Block)
+        block.recompute_all = recompute is Recompute.FULL
+        block.attn.recompute_core = recompute is Recompute.SELECTIVE
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

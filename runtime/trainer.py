@@ -17,6 +17,7 @@ step that returns the global mean loss on every rank.
 import copy
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -26,12 +27,18 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 from cost_models.pipeline import chunk_layers, stage_chunks
-from planner.errors import InfeasibleConfigError
-from planner.schemas import Layout, ModelSpec, Recompute, Schedule, ZeroStage
-from runtime.model import Decoder, loss_fn
+from planner.schemas import Layout, ModelSpec, Schedule, ZeroStage
+from runtime.model import Decoder, loss_fn, set_recompute
 from runtime.optim import ZeroOneOptimizer, local, make_optimizer
 
 
@@ -49,10 +56,6 @@ class Trainer:
         lr: float,
         device: torch.device,
     ) -> None:
-        if layout.sequence_parallel:
-            raise InfeasibleConfigError("the runtime does not run sequence parallelism yet; plan without it")
-        if layout.recompute is not Recompute.NONE:
-            raise InfeasibleConfigError("the runtime does not recompute activations yet; plan with recompute none")
         self.model, self.layout, self.device = model, layout, device
         self.micro_batches = global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
         p, d, t = layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
@@ -62,8 +65,9 @@ class Trainer:
         self.chunks = [self._chunk(full, c) for c in stage_chunks(layout, self.pp_rank)]
         del full
         for chunk in self.chunks:
+            set_recompute(chunk, layout.recompute)
             if t > 1:
-                _tensor_parallel(chunk, self.mesh["tp"])
+                _tensor_parallel(chunk, self.mesh["tp"], sequence_parallel=layout.sequence_parallel)
             chunk.to(device)
         self._tie_group = self._tied_copy_group()
         params = [q for chunk in self.chunks for q in chunk.parameters()]
@@ -204,22 +208,40 @@ def _value(t: torch.Tensor) -> float:
     return float((t.full_tensor() if isinstance(t, DTensor) else t).detach().item())
 
 
-def _tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh) -> None:
+def _tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+    """Megatron-style tensor parallelism; with sequence parallelism the norms and the residual
+    stream hold 1/t of the sequence, gathered before attention and the MLP and reduce-scattered
+    after them (Korthikanti et al. 2022, sec. 4.2.2)."""
+    seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, object] = {}
     for i, block in chunk.layers.items():
         plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
-        plan[f"layers.{i}.attn.o"] = RowwiseParallel()
+        plan[f"layers.{i}.attn.o"] = RowwiseParallel(output_layouts=seq)
         plan |= {f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None}
-        plan[f"layers.{i}.mlp.down"] = RowwiseParallel()
+        plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
+        if sequence_parallel:
+            plan |= {f"layers.{i}.{n}": SequenceParallel() for n in ("norm1", "norm2")}
+            gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan |= {f"layers.{i}.attn": gather, f"layers.{i}.mlp": gather}
     if chunk.tok_emb is not None:
         plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
+        if sequence_parallel:
+            chunk.to_sequence_shards = partial(_scatter_sequence, mesh=tp_mesh)
+    if chunk.norm is not None and sequence_parallel:
+        plan["norm"] = SequenceParallel()
     if chunk.head is not None:
-        plan["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        plan["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
     tied = chunk.tok_emb is not None and chunk.head is not None and chunk.head.weight is chunk.tok_emb.weight
     parallelize_module(chunk, tp_mesh, plan)  # type: ignore[arg-type]
     if tied:
         assert chunk.head is not None and chunk.tok_emb is not None
         chunk.head.weight = chunk.tok_emb.weight
+
+
+def _scatter_sequence(h: torch.Tensor, *, mesh: DeviceMesh) -> torch.Tensor:
+    """A replicated (b, s, h) activation to this rank's slice of the sequence; the backward
+    all-gathers the gradient, so replicated parameters before it (positions) get it whole."""
+    return DTensor.from_local(h, mesh, [Replicate()]).redistribute(mesh, [Shard(1)]).to_local()
 
 
 def _fully_shard(chunk: Decoder, dp_mesh: DeviceMesh, *, reshard: bool) -> None:

@@ -119,3 +119,20 @@ def test_eight_ranks_three_dimensions(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
+
+
+@pytest.mark.parametrize("model", [GPT, LLAMA], ids=lambda m: m.name)
+def test_four_ranks_sequence_parallel_and_recompute(model: ModelSpec, tmp_path: Path) -> None:
+    check(
+        model,
+        4,
+        [
+            L(2, 2, 1, 2, sequence_parallel=True),
+            L(1, 2, 2, 1, sequence_parallel=True),
+            L(2, 2, 1, 1, sequence_parallel=True, zero_stage=3),
+            L(2, 1, 2, 1, recompute="full"),
+            L(2, 2, 1, 1, recompute="selective"),
+            L(1, 2, 2, 1, recompute="full", sequence_parallel=True, zero_stage=2),
+        ],
+        tmp_path,
+    )
