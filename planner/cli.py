@@ -343,6 +343,53 @@ def profile(
     os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
 
 
+class OptimizerName(StrEnum):
+    """Optimizers the runtime offers."""
+
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+@app.command()
+def run(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 10,
+    report: Annotated[Path, typer.Option(help="Where rank 0 writes the run report.")] = Path("report.json"),
+    warmup_steps: Annotated[int, typer.Option(min=0, help="First steps left out of the measured step time.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the initialisation and the synthetic data.")] = 0,
+    optimizer: Annotated[OptimizerName, typer.Option(help="adamw, or sgd for exact parity checks.")] = (
+        OptimizerName.ADAMW
+    ),
+    lr: Annotated[float, typer.Option(min=0.0, help="Learning rate.")] = 1e-3,
+    data: Annotated[Path | None, typer.Option(help="A token file (uint16); default: synthetic tokens.")] = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer.")] = 300.0,
+) -> None:
+    """Train with a plan for a few steps under torchrun; report measured beside predicted.
+
+    Example: torchrun --standalone --nproc-per-node 4 -m planner run plan.json --steps 10 --report report.json
+    (`planner launch plan.json` prints the command for every node)
+    """
+    if "RANK" not in os.environ:
+        raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
+    from runtime.run import RunSettings
+    from runtime.run import run as run_plan
+
+    settings = RunSettings(
+        plan_path=plan,
+        report_path=report,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        optimizer=str(optimizer),
+        lr=lr,
+        data=data,
+        timeout_s=timeout,
+    )
+    code = run_plan(settings, api.load_plan(plan))
+    sys.stdout.flush()
+    os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
+
+
 @app.command()
 def presets() -> None:
     """List the model and cluster presets (use a cluster preset as NAME:NODES)."""

@@ -22,6 +22,21 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def average_gradients(params: list[torch.nn.Parameter], group: dist.ProcessGroup) -> None:
+    """Average every gradient over ``group`` in one all-reduce of a flat buffer (one bucket, as
+    DDP's buckets do, rather than one collective per parameter)."""
+    grads = [local(p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat.div_(dist.get_world_size(group))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 class ZeroOneOptimizer:
     """ZeRO stage 1 (Rajbhandari et al. 2020): every data-parallel rank keeps optimizer state only
     for the parameters it owns; gradients are averaged over the group, owners step, and each
@@ -36,7 +51,6 @@ class ZeroOneOptimizer:
             o = loads.index(min(loads))
             self.owner.append(o)
             loads[o] += p.numel()
-        self.global_owner = [dist.get_global_rank(group, o) for o in self.owner]
         mine = [p for p, o in zip(params, self.owner, strict=True) if o == rank]
         self.inner = make_optimizer(name, mine, lr) if mine else None
         self.size, self.rank = size, rank
@@ -47,14 +61,18 @@ class ZeroOneOptimizer:
             p.grad = None
 
     def step(self) -> None:
-        """Average gradients, step the owned parameters, broadcast the updates."""
-        for p in self.params:
-            if p.grad is not None:
-                g = local(p.grad)
-                dist.all_reduce(g, group=self.group)
-                g.div_(self.size)
+        """Average gradients, step the owned parameters, broadcast each owner's updates at once."""
+        average_gradients(self.params, self.group)
         if self.inner is not None:
             self.inner.step()
         with torch.no_grad():
-            for p, src in zip(self.params, self.global_owner, strict=True):
-                dist.broadcast(local(p.data), src=src, group=self.group)
+            for owner in range(self.size):
+                owned = [local(p.data) for p, o in zip(self.params, self.owner, strict=True) if o == owner]
+                if not owned:
+                    continue
+                flat = torch.cat([t.reshape(-1) for t in owned])
+                dist.broadcast(flat, src=dist.get_global_rank(self.group, owner), group=self.group)
+                offset = 0
+                for t in owned:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()

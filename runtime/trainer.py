@@ -39,7 +39,7 @@ from torch.distributed.tensor.parallel import (
 from cost_models.pipeline import chunk_layers, stage_chunks
 from planner.schemas import Layout, ModelSpec, Schedule, ZeroStage
 from runtime.model import Decoder, loss_fn, set_recompute
-from runtime.optim import ZeroOneOptimizer, local, make_optimizer
+from runtime.optim import ZeroOneOptimizer, average_gradients, local, make_optimizer
 
 
 class Trainer:
@@ -147,11 +147,7 @@ class Trainer:
             loss = self._pipeline_step(x, y) if self.schedule is not None else self._local_step(x, y)
         self._sync_tied()
         if self.layout.zero_stage is ZeroStage.NONE and d > 1:
-            for q in self.params:
-                if q.grad is not None:
-                    g = local(q.grad)
-                    dist.all_reduce(g, group=self.mesh["dp"].get_group())
-                    g.div_(d)
+            average_gradients(self.params, self.mesh["dp"].get_group())
         self.optimizer.step()
         total = torch.tensor([loss], dtype=torch.float64)
         dist.all_reduce(total)  # every (dp, tp) copy of the last stage reports its replica's loss

@@ -28,6 +28,7 @@ from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, T
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Alternative, ClusterRef, Plan
+from planner.schemas.report import RankMemory, RunReport
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
@@ -55,7 +56,9 @@ __all__ = [
     "Plan",
     "PositionEmbedding",
     "Provenance",
+    "RankMemory",
     "Recompute",
+    "RunReport",
     "Schedule",
     "StageEstimate",
     "TimeBreakdown",

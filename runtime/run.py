@@ -1,0 +1,204 @@
+"""`planner run`: execute a plan for a few steps under torchrun and report what it measured.
+
+Every rank checks the plan against the job before any work (world size, devices), trains with
+runtime.Trainer, times each step between barriers, and measures one step's peak memory: on CUDA
+with max_memory_allocated, on CPU with torch's MemTracker (the tensors PyTorch tracks: parameters,
+gradients, optimizer states, activations, temporaries), else by process RSS growth, a sanity bound;
+the report names the method. Rank 0 writes the RunReport and prints measured beside predicted.
+"""
+
+import hashlib
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import InfeasibleConfigError
+from planner.schemas import Plan, RankMemory, RunReport
+from runtime.data import TokenFile, synthetic_batch
+from runtime.optim import ZeroOneOptimizer
+from runtime.trainer import Trainer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """How a plan is run."""
+
+    plan_path: Path
+    report_path: Path
+    steps: int = 10
+    warmup_steps: int = 1
+    seed: int = 0
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    data: Path | None = None
+    """A token file (uint16); None means synthetic tokens."""
+    timeout_s: float = 300.0
+
+
+def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
+    """Refuse a plan the job cannot run, before any work (every rank reaches the same verdict)."""
+    if world_size != plan.cluster.world_size:
+        raise InfeasibleConfigError(
+            f"the plan is for {plan.cluster.world_size} ranks ({plan.cluster.num_nodes} nodes x "
+            f"{plan.cluster.devices_per_node}), but this job has {world_size}; launch it with the command "
+            "`planner launch` prints"
+        )
+    if not cuda and "cpu" not in plan.cluster.device_name.lower():
+        raise InfeasibleConfigError(
+            f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "
+            "run it where those devices are, or plan for this machine (planner profile, then planner search)"
+        )
+
+
+def run(settings: RunSettings, plan: Plan) -> int:
+    """Run ``plan`` on this rank; the process exit code."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    check_world(plan, world, cuda)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    baseline_rss = _rss_bytes()
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=settings.timeout_s))
+    training = plan.training
+    trainer = Trainer(
+        plan.model,
+        plan.layout,
+        global_batch_size=training.global_batch_size,
+        seed=settings.seed,
+        optimizer=settings.optimizer,
+        lr=settings.lr,
+        device=device,
+    )
+    tokens = TokenFile(settings.data) if settings.data else None
+    times, losses = [], []
+    memory: tuple[int, str, dict[str, int]] | None = None
+    for step in range(settings.steps):
+        inputs, targets = (
+            tokens.batch(training.global_batch_size, training.seq_len, step=step)
+            if tokens
+            else synthetic_batch(
+                plan.model.vocab_size, training.global_batch_size, training.seq_len, step=step, seed=settings.seed
+            )
+        )
+        track = step == min(settings.warmup_steps, settings.steps - 1)
+        dist.barrier()
+        start = time.perf_counter()
+        if track:
+            loss, memory = _tracked_step(trainer, inputs, targets, device, baseline_rss)
+        else:
+            loss = trainer.step(inputs, targets)
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+        losses.append(loss)
+    assert memory is not None
+    stage = trainer.pp_rank
+    rank_memory = RankMemory(
+        rank=rank,
+        stage=stage,
+        peak_bytes=memory[0],
+        predicted_bytes=plan.estimate.stages[stage].memory.total_bytes,
+        method=memory[1],
+        breakdown_bytes=memory[2],
+    )
+    everyone: list[RankMemory] | None = [rank_memory] * world if rank == 0 else None
+    dist.gather_object(rank_memory, everyone, dst=0)
+    hosts: list[str] | None = [""] * world if rank == 0 else None
+    dist.gather_object(socket.gethostname(), hosts, dst=0)
+    if rank == 0:
+        assert everyone is not None and hosts is not None
+        report = _report(settings, plan, times, losses, everyone, hosts, device, world)
+        settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
+        print(_summary(report), file=sys.stderr, flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _tracked_step(
+    trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device, baseline_rss: int
+) -> tuple[float, tuple[int, str, dict[str, int]]]:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        loss = trainer.step(inputs, targets)
+        return loss, (torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated", {})
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        opt = trainer.optimizer
+        inner = opt.inner if isinstance(opt, ZeroOneOptimizer) else opt
+        tracker.track_external(*trainer.chunks, *([inner] if inner is not None else []))
+        with tracker:
+            loss = trainer.step(inputs, targets)
+        (peak,) = tracker.get_tracker_snapshot("peak").values()
+        breakdown = {str(k).rsplit(".", 1)[-1].lower(): int(v) for k, v in peak.items() if str(k) != "Total"}
+        return loss, (int(peak["Total"]), "MemTracker", breakdown)
+    except Exception:  # the tracker does not follow every composition; fall back, and say so
+        loss = trainer.step(inputs, targets)
+        return loss, (max(0, _rss_bytes() - baseline_rss), "RSS growth", {})
+
+
+def _report(
+    settings: RunSettings,
+    plan: Plan,
+    times: list[float],
+    losses: list[float],
+    memory: list[RankMemory],
+    hosts: list[str],
+    device: torch.device,
+    world: int,
+) -> RunReport:
+    steady = times[settings.warmup_steps :] or times
+    measured = statistics.median(steady)
+    return RunReport(
+        created=datetime.now(UTC),
+        plan_sha256=hashlib.sha256(settings.plan_path.read_bytes()).hexdigest(),
+        model=plan.model.name,
+        layout=plan.layout,
+        world_size=world,
+        backend=dist.get_backend(),
+        device=str(device.type),
+        torch_version=torch.__version__,
+        hosts=tuple(sorted(set(hosts))),
+        precision="fp32",
+        optimizer=settings.optimizer,
+        steps=settings.steps,
+        warmup_steps=settings.warmup_steps,
+        step_times_s=tuple(times),
+        losses=tuple(losses),
+        measured_step_time_s=measured,
+        predicted_step_time_s=plan.estimate.step_time_s,
+        measured_tokens_per_s=plan.training.tokens_per_step / measured,
+        predicted_tokens_per_s=plan.estimate.tokens_per_s,
+        memory=tuple(memory),
+    )
+
+
+def _summary(report: RunReport) -> str:
+    lines = [
+        f"{report.model} {report.layout.describe()} on {report.world_size} {report.device} ranks, {report.steps} steps",
+        f"  step time   measured {report.measured_step_time_s:.4f} s   predicted {report.predicted_step_time_s:.4f} s"
+        f"   ratio {report.measured_step_time_s / report.predicted_step_time_s:.2f}",
+        f"  loss        first {report.losses[0]:.4f}   last {report.losses[-1]:.4f}",
+    ]
+    worst = max(report.memory, key=lambda m: m.peak_bytes)
+    lines.append(
+        f"  peak memory measured {worst.peak_bytes / 2**20:.1f} MiB (rank {worst.rank}, {worst.method})   "
+        f"predicted {worst.predicted_bytes / 2**20:.1f} MiB"
+    )
+    return "\n".join(lines)
