@@ -18,6 +18,7 @@ import optuna
 import typer
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
 from planner import api
 from planner.errors import PlannerError, SchemaError
@@ -31,6 +32,7 @@ from planner.schemas import (
     DType,
     Layout,
     ModelSpec,
+    Plan,
     Recompute,
     Schedule,
     TrainingSpec,
@@ -343,6 +345,25 @@ def profile(
     os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
 
 
+def _print_dry_run(plan: Plan, ranks: list[int], optimizer: str) -> None:
+    from runtime.dry_run import dry_run
+
+    table = Table(title="dry run: traced peak memory beside the estimate (GiB = 2^30 bytes)")
+    for name in ("rank", "stage", "traced GiB", "estimated GiB", "estimate / traced", "seconds"):
+        table.add_column(name, justify="right")
+    for r in ranks:
+        result = dry_run(plan, r, optimizer=optimizer)
+        table.add_row(
+            str(r),
+            str(result.stage),
+            f"{result.peak_bytes / 2**20:,.1f}",
+            f"{result.predicted_bytes / 2**20:,.1f}",
+            f"{result.predicted_bytes / max(result.peak_bytes, 1):.2f}",
+            f"{result.seconds:.1f}",
+        )
+    Console().print(table)
+
+
 class OptimizerName(StrEnum):
     """Optimizers the runtime offers."""
 
@@ -363,12 +384,23 @@ def run(
     lr: Annotated[float, typer.Option(min=0.0, help="Learning rate.")] = 1e-3,
     data: Annotated[Path | None, typer.Option(help="A token file (uint16); default: synthetic tokens.")] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer.")] = 300.0,
+    dry_run: Annotated[
+        bool, typer.Option(help="Trace one rank's step with fake tensors and a fake process group (no torchrun).")
+    ] = False,
+    rank: Annotated[int, typer.Option(min=0, help="The rank a dry run traces.")] = 0,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
+
+    With --dry-run, no devices are needed: the runtime is built for one rank of the plan's world
+    under fake tensors and its peak memory is traced, to check a plan before renting its cluster.
+    Example: planner run plan.json --dry-run --rank 0
 
     Example: torchrun --standalone --nproc-per-node 4 -m planner run plan.json --steps 10 --report report.json
     (`planner launch plan.json` prints the command for every node)
     """
+    if dry_run:
+        _print_dry_run(api.load_plan(plan), [rank], str(optimizer))
+        return
     if "RANK" not in os.environ:
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
     from runtime.run import RunSettings

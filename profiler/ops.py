@@ -15,8 +15,7 @@ from planner.schemas import DType, Layout, TrainingSpec
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
-
-TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
+from runtime.model import TORCH_DTYPES
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import InfeasibleConfigError
-from planner.schemas import ModelSpec, NormKind, PositionEmbedding, Recompute
+from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+
+TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
 
 def _norm(model: ModelSpec) -> nn.Module:

@@ -14,9 +14,8 @@ step that returns the global mean loss on every rank.
 - Gradient accumulation: micro-batches of the plan; each loss is divided by their count.
 """
 
-import copy
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import ExitStack
 from functools import partial
 
 import torch
@@ -37,8 +36,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from cost_models.pipeline import chunk_layers, stage_chunks
-from planner.schemas import Layout, ModelSpec, Schedule, ZeroStage
-from runtime.model import Decoder, loss_fn, set_recompute
+from planner.schemas import DType, Layout, ModelSpec, Schedule, ZeroStage
+from runtime.model import TORCH_DTYPES, Decoder, loss_fn, set_recompute
 from runtime.optim import ZeroOneOptimizer, average_gradients, local, make_optimizer
 
 
@@ -55,20 +54,27 @@ class Trainer:
         optimizer: str,
         lr: float,
         device: torch.device,
+        mesh: DeviceMesh | None = None,
+        pipeline_schedule: bool = True,
+        dtype: DType = DType.FP32,
     ) -> None:
-        self.model, self.layout, self.device = model, layout, device
+        """``mesh``: a (pp, dp, tp) mesh built beforehand (a dry run builds it outside fake tensors);
+        ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
+        ``dtype``: bf16/fp16 train under autocast (activations in that precision, fp32 weights,
+        gradients and optimizer states: 16 bytes per parameter, as mixed-precision Adam).
+        """
+        self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.micro_batches = global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
         p, d, t = layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
-        self.mesh: DeviceMesh = init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
+        self.mesh: DeviceMesh = mesh or init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
         self.pp_rank, self.dp_rank = self.mesh["pp"].get_local_rank(), self.mesh["dp"].get_local_rank()
-        full = Decoder(model, seed=seed)
-        self.chunks = [self._chunk(full, c) for c in stage_chunks(layout, self.pp_rank)]
-        del full
+        self.chunks = [self._chunk(c, seed) for c in stage_chunks(layout, self.pp_rank)]
         for chunk in self.chunks:
             set_recompute(chunk, layout.recompute)
             if t > 1:
                 _tensor_parallel(chunk, self.mesh["tp"], sequence_parallel=layout.sequence_parallel)
-            chunk.to(device)
+            if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
+                chunk.to(device)
         self._tie_group = self._tied_copy_group()
         params = [q for chunk in self.chunks for q in chunk.parameters()]
         if layout.zero_stage >= ZeroStage.GRADIENTS:
@@ -82,27 +88,36 @@ class Trainer:
         else:
             self.optimizer = make_optimizer(optimizer, params, lr)
         self.params = params
-        self.schedule = self._schedule() if p > 1 else None
+        self.report_loss = True
+        """False in a dry run: reading a loss's value needs real tensors."""
+        self.fresh_roots = False
+        """True while memory is tracked: each micro-batch calls its chunk through a new wrapper
+        module, because torch's MemTracker refuses a root module called twice in one step."""
+        self.schedule = self._schedule() if p > 1 and pipeline_schedule else None
 
     # -- construction -------------------------------------------------------------------------
 
-    def _chunk(self, full: Decoder, c: int) -> Decoder:
-        """Model chunk ``c``: its layers, plus the embedding on the first and the head on the last."""
+    def _chunk(self, c: int, seed: int) -> Decoder:
+        """Model chunk ``c``: its layers, plus the embedding on the first and the head on the last.
+
+        Built as the whole reference model (same seed, same values) and cut down: a fresh build
+        rather than a copy, because copied fake tensors inflate a dry run's traced activations.
+        """
         counts = chunk_layers(self.model, self.layout)
         first, last = sum(counts[:c]), sum(counts[: c + 1])
-        chunk = copy.deepcopy(full)
+        chunk = Decoder(self.model, seed=seed)
         for i in list(chunk.layers.keys()):
             if not first <= int(i) < last:
                 del chunk.layers[i]
         n = len(counts)
+        if c == n - 1 and c != 0 and chunk.tied:
+            # The last stage's own copy of the tied embedding (its gradient is summed with stage 0's).
+            assert chunk.head is not None and chunk.tok_emb is not None
+            chunk.head.weight = nn.Parameter(chunk.tok_emb.weight.detach().clone())
         if c != 0:
             chunk.tok_emb, chunk.pos_emb = None, None
         if c != n - 1:
             chunk.norm, chunk.head = None, None
-        elif c != 0 and full.tied:
-            # The last stage's own copy of the tied embedding (its gradient is summed with stage 0's).
-            assert chunk.head is not None
-            chunk.head.weight = nn.Parameter(full.tok_emb.weight.detach().clone())  # type: ignore[union-attr]
         return chunk
 
     def _tied_copy_group(self) -> dist.ProcessGroup | None:
@@ -149,6 +164,8 @@ class Trainer:
         if self.layout.zero_stage is ZeroStage.NONE and d > 1:
             average_gradients(self.params, self.mesh["dp"].get_group())
         self.optimizer.step()
+        if not self.report_loss:
+            return 0.0
         total = torch.tensor([loss], dtype=torch.float64)
         dist.all_reduce(total)  # every (dp, tp) copy of the last stage reports its replica's loss
         return float(total.item()) / (d * self.layout.tensor_parallel_degree)
@@ -157,9 +174,10 @@ class Trainer:
         m = self.micro_batches
         total = 0.0
         for xb, yb in zip(x.chunk(m), y.chunk(m), strict=True):
-            loss = loss_fn(self.chunks[0](xb), yb) / m
+            module = OneCall(self.chunks[0]) if self.fresh_roots else self.chunks[0]
+            loss = loss_fn(module(xb), yb) / m
             torch.autograd.backward(loss)
-            total += _value(loss)
+            total += _value(loss) if self.report_loss else 0.0
         return total
 
     def _pipeline_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -176,8 +194,14 @@ class Trainer:
             return 0.0
         return sum(_value(loss) for loss in losses) / len(losses)
 
-    def _loss_context(self) -> AbstractContextManager[None]:
-        return loss_parallel() if self.layout.tensor_parallel_degree > 1 else nullcontext()
+    def _loss_context(self) -> ExitStack:
+        """The vocabulary-parallel loss under tensor parallelism, and the run's precision."""
+        stack = ExitStack()
+        if self.layout.tensor_parallel_degree > 1:
+            stack.enter_context(loss_parallel())
+        if self.dtype is not DType.FP32:
+            stack.enter_context(torch.autocast(self.device.type, dtype=TORCH_DTYPES[self.dtype]))
+        return stack
 
     def _sync_tied(self) -> None:
         if self._tie_group is None:
@@ -197,6 +221,18 @@ class Trainer:
     def parameters(self) -> Iterator[nn.Parameter]:
         """This rank's parameters."""
         return iter(self.params)
+
+
+class OneCall(nn.Module):
+    """Calls ``module`` once: a fresh root for each micro-batch (see ``Trainer.fresh_roots``)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.module(x)
+        return out
 
 
 def _value(t: torch.Tensor) -> float:

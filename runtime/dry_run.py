@@ -1,0 +1,145 @@
+"""Verify a plan's memory without its hardware: build the real runtime for one rank of the plan's
+world under a fake process group and fake tensors (nothing is allocated, no peer is needed),
+run two training steps, and measure the second with torch's MemTracker, the method a real CPU
+run reports.
+
+Without pipeline parallelism the rank runs the trainer's own step. With it, the rank's stage
+is driven as its schedule would at its peak: as many micro-batches forward as the schedule keeps
+in flight on that rank (cost_models.pipeline.in_flight_micro_batches), then their backward, then
+the optimizer step.
+"""
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from cost_models.pipeline import in_flight_micro_batches, stage_chunks
+from planner.errors import InfeasibleConfigError
+from planner.schemas import AttentionKernel, Plan
+from runtime.model import loss_fn
+from runtime.optim import ZeroOneOptimizer
+from runtime.trainer import OneCall, Trainer
+
+
+@dataclass(frozen=True, slots=True)
+class DryRunResult:
+    """One rank's traced peak memory beside the plan's estimate for its stage."""
+
+    rank: int
+    stage: int
+    peak_bytes: int
+    breakdown_bytes: dict[str, int]
+    predicted_bytes: float
+    seconds: float
+
+
+def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
+    """Trace rank ``rank`` of ``plan``; raises InfeasibleConfigError for a rank outside the world."""
+    world, layout = plan.cluster.world_size, plan.layout
+    if not 0 <= rank < world:
+        raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
+    start = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        shape = (layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("pp", "dp", "tp"))
+        # The backend the real run picks on a CPU (fake tensors would otherwise fall back to the
+        # math kernel, which keeps the s x s attention weights for the backward).
+        backend = (
+            SDPBackend.FLASH_ATTENTION if plan.training.attention_kernel is AttentionKernel.FLASH else SDPBackend.MATH
+        )
+        with FakeTensorMode(allow_non_fake_inputs=True), sdpa_kernel(backend):
+            trainer = Trainer(
+                plan.model,
+                layout,
+                global_batch_size=plan.training.global_batch_size,
+                seed=0,
+                optimizer=optimizer,
+                lr=1e-3,
+                device=torch.device("cpu"),
+                mesh=mesh,
+                pipeline_schedule=False,
+                dtype=plan.training.dtype,
+            )
+            trainer.report_loss = False
+            peak = _traced_peak(trainer, plan)
+    finally:
+        dist.destroy_process_group()
+    stage = trainer.pp_rank
+    total = int(peak.pop("Total"))
+    return DryRunResult(
+        rank,
+        stage,
+        total,
+        {k: int(v) for k, v in peak.items()},
+        plan.estimate.stages[stage].memory.total_bytes,
+        time.perf_counter() - start,
+    )
+
+
+def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
+    training = plan.training
+    batch = torch.randint(0, plan.model.vocab_size, (training.global_batch_size, training.seq_len))
+
+    def one_step() -> None:
+        if trainer.layout.pipeline_parallel_degree == 1:
+            trainer.step(batch, batch)
+        else:
+            _stage_step(trainer, plan)
+
+    one_step()  # the optimizer's state exists from the first step on, as in a real run's later steps
+    return tracked_peak(trainer, one_step)
+
+
+def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
+    """Peak bytes of the tensors PyTorch tracks during ``step`` (MemTracker), by category, and "Total"."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    opt = trainer.optimizer
+    inner = opt.inner if isinstance(opt, ZeroOneOptimizer) else opt
+    tracker.track_external(*trainer.chunks, *([inner] if inner is not None else []))
+    trainer.fresh_roots = True
+    try:
+        with tracker:
+            step()
+    finally:
+        trainer.fresh_roots = False
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return {str(k).rsplit(".", 1)[-1].lower() if str(k) != "Total" else "Total": int(v) for k, v in peak.items()}
+
+
+def _stage_step(trainer: Trainer, plan: Plan) -> None:
+    """Forward the micro-batches the schedule keeps in flight on this rank, backward them, step."""
+    layout, model, training = trainer.layout, plan.model, plan.training
+    b, s = layout.micro_batch_size, training.seq_len
+    t = layout.tensor_parallel_degree
+    local_s = s // t if layout.sequence_parallel else s
+    chunks = stage_chunks(layout, trainer.pp_rank)
+    last = layout.num_chunks - 1
+    held = math.ceil(in_flight_micro_batches(layout, trainer.pp_rank, trainer.micro_batches))
+    trainer.optimizer.zero_grad()
+    outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    with trainer._loss_context():
+        for _ in range(held):
+            for chunk, index in zip(trainer.chunks, chunks, strict=True):
+                if index == 0:
+                    x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
+                else:
+                    x = torch.randn(b, local_s, model.hidden_size, requires_grad=True)
+                out = OneCall(chunk)(x)
+                if index == last:
+                    outputs.append((loss_fn(out, torch.randint(0, model.vocab_size, (b, s))), None))
+                else:
+                    outputs.append((out, torch.randn_like(out)))
+        for out, grad in outputs:
+            torch.autograd.backward(out, grad)
+    trainer.optimizer.step()
