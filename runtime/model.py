@@ -8,6 +8,7 @@ tensor parallelism can split them by name. Dense models only (mixture-of-experts
 the expert-parallel runtime).
 """
 
+import zlib
 from collections.abc import Callable
 from functools import partial
 
@@ -110,32 +111,52 @@ class Decoder(nn.Module):
     """Token (+ position) embedding, layers, final norm and output layer; any part may be absent on
     a pipeline stage, in which case the stage takes or returns hidden states."""
 
-    def __init__(self, model: ModelSpec, *, seed: int) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        *,
+        seed: int,
+        layers: range | None = None,
+        embedding: bool = True,
+        output: bool = True,
+    ) -> None:
+        """The whole model, or a pipeline chunk of it: ``layers`` (default all), with or without the
+        embedding and the output layer. Every parameter is initialised from its own generator,
+        seeded by ``seed`` and its name, so a chunk holds exactly the reference's values."""
         super().__init__()
         if model.is_moe:
             raise InfeasibleConfigError(
                 f"{model.name!r} is a mixture of experts; the runtime trains dense models so far"
             )
-        torch.manual_seed(seed)
-        self.tok_emb: nn.Embedding | None = nn.Embedding(model.vocab_size, model.hidden_size)
-        self.pos_emb: nn.Embedding | None = (
-            nn.Embedding(model.max_position_embeddings, model.hidden_size)
-            if model.position_embedding_type is PositionEmbedding.ABSOLUTE
-            else None
+        h = model.hidden_size
+        self.tok_emb: nn.Embedding | None = (
+            nn.Embedding(model.vocab_size, h) if embedding or (output and model.tie_word_embeddings) else None
         )
-        self.layers = nn.ModuleDict({str(i): Block(model) for i in range(model.num_hidden_layers)})
-        self.norm: nn.Module | None = _norm(model)
-        self.head: nn.Linear | None = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                nn.init.normal_(p, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
+        absolute = model.position_embedding_type is PositionEmbedding.ABSOLUTE
+        self.pos_emb: nn.Embedding | None = (
+            nn.Embedding(model.max_position_embeddings, h) if embedding and absolute else None
+        )
+        kept = range(model.num_hidden_layers) if layers is None else layers
+        self.layers = nn.ModuleDict({str(i): Block(model) for i in kept})
+        self.norm: nn.Module | None = _norm(model) if output else None
+        self.head: nn.Linear | None = nn.Linear(h, model.vocab_size, bias=False) if output else None
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+                if p.dim() >= 2:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                elif name.endswith("bias"):
+                    p.zero_()
         self.tied = model.tie_word_embeddings
+        if self.tied and self.head is not None and self.tok_emb is not None:
+            if embedding:
+                self.head.weight = self.tok_emb.weight
+            else:
+                # A last pipeline stage's own copy of the tied matrix: the embedding's values.
+                self.head.weight = nn.Parameter(self.tok_emb.weight.detach().clone())
+                self.tok_emb = None
         self.to_sequence_shards: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set under sequence parallelism: splits the embedded sequence over the tensor-parallel ranks."""
-        if self.tied:
-            self.head.weight = self.tok_emb.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (b, s) to logits (b, s, V); a stage without the embedding takes hidden states,

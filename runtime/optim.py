@@ -1,6 +1,14 @@
-"""Optimizers the runtime offers, and a ZeRO-1 optimizer that shards their state."""
+"""Optimizers the runtime offers, and the data-parallel optimizer of ZeRO stages 0 and 1.
 
-from collections.abc import Iterable
+``DataParallelOptimizer`` averages gradients over the data-parallel group in one flat all-reduce
+and steps; with ``shard`` (ZeRO-1, Rajbhandari et al. 2020) each rank keeps optimizer state only
+for the parameters it owns and broadcasts their update. With parameters in bf16/fp16 it keeps an
+fp32 master copy of the parameters it owns, in the optimizer, as mixed-precision Adam does: 2 + 2
+bytes per parameter for weights and gradients, 4 + 8 for master and moments, sharded by ZeRO-1.
+"""
+
+from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -9,8 +17,8 @@ from torch.distributed.tensor import DTensor
 OPTIMIZERS = ("adamw", "sgd")
 
 
-def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """AdamW (the planner's mixed-precision Adam, in the run's precision) or plain SGD (exact parity)."""
+def make_optimizer(name: str, params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+    """AdamW (no weight decay) or plain SGD (exact parity checks)."""
     params = list(params)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
@@ -22,38 +30,56 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def average_gradients(params: list[torch.nn.Parameter], group: dist.ProcessGroup) -> None:
-    """Average every gradient over ``group`` in one all-reduce of a flat buffer (one bucket, as
-    DDP's buckets do, rather than one collective per parameter)."""
-    grads = [local(p.grad) for p in params if p.grad is not None]
-    if not grads:
+def local_grad(p: torch.nn.Parameter) -> torch.Tensor | None:
+    """The rank's gradient laid out as its parameter (a replicated parameter's gradient can be a
+    pending partial sum under sequence parallelism; it is reduced first)."""
+    g = p.grad
+    if g is None:
+        return None
+    if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+        g = g.redistribute(p.device_mesh, p.placements)
+        p.grad = g
+    return local(g)
+
+
+def _flat_apply(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], object]) -> None:
+    """Run one collective on the concatenation of ``tensors`` and copy the result back."""
+    if not tensors:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    flat.div_(dist.get_world_size(group))
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    collective(flat)
     offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
-class ZeroOneOptimizer:
-    """ZeRO stage 1 (Rajbhandari et al. 2020): every data-parallel rank keeps optimizer state only
-    for the parameters it owns; gradients are averaged over the group, owners step, and each
-    updated parameter is broadcast from its owner."""
+def _broadcast(flat: torch.Tensor, *, src: int, group: dist.ProcessGroup) -> None:
+    dist.broadcast(flat, src=src, group=group)
 
-    def __init__(self, name: str, params: list[torch.nn.Parameter], lr: float, group: dist.ProcessGroup) -> None:
+
+class DataParallelOptimizer:
+    """ZeRO-0 (``shard=False``) or ZeRO-1 (``shard=True``) over ``group``, any parameter precision."""
+
+    def __init__(
+        self, name: str, params: list[torch.nn.Parameter], lr: float, group: dist.ProcessGroup, *, shard: bool
+    ) -> None:
         self.params, self.group = params, group
-        size, rank = dist.get_world_size(group), dist.get_rank(group)
-        loads = [0] * size
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        parts = self.size if shard else 1
+        loads = [0] * parts
         self.owner: list[int] = []
         for p in params:  # greedy balance by size, in a fixed order every rank agrees on
             o = loads.index(min(loads))
             self.owner.append(o)
             loads[o] += p.numel()
-        mine = [p for p, o in zip(params, self.owner, strict=True) if o == rank]
-        self.inner = make_optimizer(name, mine, lr) if mine else None
-        self.size, self.rank = size, rank
+        self.shard = shard
+        mine = [p for p, o in zip(params, self.owner, strict=True) if not shard or o == self.rank]
+        self.mixed = any(p.dtype != torch.float32 for p in params)
+        self.masters = {id(p): local(p).detach().float().clone() for p in mine} if self.mixed else {}
+        targets = [self.masters[id(p)] for p in mine] if self.mixed else mine
+        self.inner = make_optimizer(name, targets, lr) if targets else None
+        self.mine = mine
 
     def zero_grad(self) -> None:
         """Drop every gradient."""
@@ -61,18 +87,29 @@ class ZeroOneOptimizer:
             p.grad = None
 
     def step(self) -> None:
-        """Average gradients, step the owned parameters, broadcast each owner's updates at once."""
-        average_gradients(self.params, self.group)
+        """Average gradients over the group, step the owned parameters, broadcast their updates."""
+        grads = [g for g in (local_grad(p) for p in self.params) if g is not None]
+        if self.size > 1:
+            _flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.size)))
+        if self.mixed:
+            for p in self.mine:
+                g = local_grad(p)
+                self.masters[id(p)].grad = None if g is None else g.float()
         if self.inner is not None:
             self.inner.step()
         with torch.no_grad():
-            for owner in range(self.size):
-                owned = [local(p.data) for p, o in zip(self.params, self.owner, strict=True) if o == owner]
-                if not owned:
-                    continue
-                flat = torch.cat([t.reshape(-1) for t in owned])
-                dist.broadcast(flat, src=dist.get_global_rank(self.group, owner), group=self.group)
-                offset = 0
-                for t in owned:
-                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                    offset += t.numel()
+            if self.mixed:
+                for p in self.mine:
+                    master = self.masters[id(p)]
+                    local(p.data).copy_(master)
+                    master.grad = None  # the fp32 gradient lives only for the update
+            if self.shard and self.size > 1:
+                for owner in range(self.size):
+                    owned = [local(p.data) for p, o in zip(self.params, self.owner, strict=True) if o == owner]
+                    _flat_apply(
+                        owned, partial(_broadcast, src=dist.get_global_rank(self.group, owner), group=self.group)
+                    )
+
+    def tracked(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizer inside, for memory tracking."""
+        return [self.inner] if self.inner is not None else []

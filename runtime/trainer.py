@@ -8,21 +8,21 @@ step that returns the global mean loss on every rank.
   gradient is summed with the embedding's (as Megatron-LM does).
 - Tensor parallel: q/k/v, gate/up column-wise, o/down row-wise, the embedding split by
   vocabulary, the output layer column-wise with a vocabulary-parallel loss (loss_parallel).
-- Data parallel: ZeRO-0 averages gradients over the data-parallel group; ZeRO-1 shards the
-  optimizer (runtime.optim.ZeroOneOptimizer); ZeRO-2/3 are FSDP2 with
-  reshard_after_forward False/True.
+- Data parallel: ZeRO-0/1 through runtime.optim.DataParallelOptimizer (one flat all-reduce;
+  ZeRO-1 shards the optimizer state and fp32 masters); ZeRO-2/3 are FSDP2 with
+  reshard_after_forward False/True and bf16 compute over fp32 shards.
 - Gradient accumulation: micro-batches of the plan; each loss is divided by their count.
 """
 
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -38,7 +38,7 @@ from torch.distributed.tensor.parallel import (
 from cost_models.pipeline import chunk_layers, stage_chunks
 from planner.schemas import DType, Layout, ModelSpec, Schedule, ZeroStage
 from runtime.model import TORCH_DTYPES, Decoder, loss_fn, set_recompute
-from runtime.optim import ZeroOneOptimizer, average_gradients, local, make_optimizer
+from runtime.optim import DataParallelOptimizer, local, make_optimizer
 
 
 class Trainer:
@@ -60,15 +60,19 @@ class Trainer:
     ) -> None:
         """``mesh``: a (pp, dp, tp) mesh built beforehand (a dry run builds it outside fake tensors);
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
-        ``dtype``: bf16/fp16 train under autocast (activations in that precision, fp32 weights,
-        gradients and optimizer states: 16 bytes per parameter, as mixed-precision Adam).
+        ``dtype``: bf16/fp16 train mixed precision: weights, gradients and activations in that
+        precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3).
         """
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.micro_batches = global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
         p, d, t = layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
         self.mesh: DeviceMesh = mesh or init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
         self.pp_rank, self.dp_rank = self.mesh["pp"].get_local_rank(), self.mesh["dp"].get_local_rank()
-        self.chunks = [self._chunk(c, seed) for c in stage_chunks(layout, self.pp_rank)]
+        low = TORCH_DTYPES[dtype]
+        # ZeRO-0/1 keep the model in the plan's precision (fp32 masters live in the optimizer);
+        # ZeRO-2/3 keep fp32 shards that FSDP gathers in that precision.
+        with _default_dtype(low if layout.zero_stage < ZeroStage.GRADIENTS else torch.float32):
+            self.chunks = [self._chunk(c, seed) for c in stage_chunks(layout, self.pp_rank)]
         for chunk in self.chunks:
             set_recompute(chunk, layout.recompute)
             if t > 1:
@@ -78,15 +82,16 @@ class Trainer:
         self._tie_group = self._tied_copy_group()
         params = [q for chunk in self.chunks for q in chunk.parameters()]
         if layout.zero_stage >= ZeroStage.GRADIENTS:
+            # fp32 shards are the master weights; layers gather and compute in the plan's precision.
+            policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
             for chunk in self.chunks:
-                _fully_shard(chunk, self.mesh["dp"], reshard=layout.zero_stage is ZeroStage.PARAMETERS)
+                _fully_shard(chunk, self.mesh["dp"], reshard=layout.zero_stage is ZeroStage.PARAMETERS, policy=policy)
             params = [q for chunk in self.chunks for q in chunk.parameters()]
-        if layout.zero_stage is ZeroStage.OPTIMIZER and d > 1:
-            self.optimizer: ZeroOneOptimizer | torch.optim.Optimizer = ZeroOneOptimizer(
-                optimizer, params, lr, self.mesh["dp"].get_group()
-            )
+            self.optimizer: DataParallelOptimizer | torch.optim.Optimizer = make_optimizer(optimizer, params, lr)
         else:
-            self.optimizer = make_optimizer(optimizer, params, lr)
+            self.optimizer = DataParallelOptimizer(
+                optimizer, params, lr, self.mesh["dp"].get_group(), shard=layout.zero_stage is ZeroStage.OPTIMIZER
+            )
         self.params = params
         self.report_loss = True
         """False in a dry run: reading a loss's value needs real tensors."""
@@ -98,27 +103,13 @@ class Trainer:
     # -- construction -------------------------------------------------------------------------
 
     def _chunk(self, c: int, seed: int) -> Decoder:
-        """Model chunk ``c``: its layers, plus the embedding on the first and the head on the last.
-
-        Built as the whole reference model (same seed, same values) and cut down: a fresh build
-        rather than a copy, because copied fake tensors inflate a dry run's traced activations.
-        """
+        """Model chunk ``c``: its layers, plus the embedding on the first and the head on the last
+        (with the same values as the reference: every parameter is seeded by its name)."""
         counts = chunk_layers(self.model, self.layout)
-        first, last = sum(counts[:c]), sum(counts[: c + 1])
-        chunk = Decoder(self.model, seed=seed)
-        for i in list(chunk.layers.keys()):
-            if not first <= int(i) < last:
-                del chunk.layers[i]
-        n = len(counts)
-        if c == n - 1 and c != 0 and chunk.tied:
-            # The last stage's own copy of the tied embedding (its gradient is summed with stage 0's).
-            assert chunk.head is not None and chunk.tok_emb is not None
-            chunk.head.weight = nn.Parameter(chunk.tok_emb.weight.detach().clone())
-        if c != 0:
-            chunk.tok_emb, chunk.pos_emb = None, None
-        if c != n - 1:
-            chunk.norm, chunk.head = None, None
-        return chunk
+        first, n = sum(counts[:c]), len(counts)
+        return Decoder(
+            self.model, seed=seed, layers=range(first, first + counts[c]), embedding=c == 0, output=c == n - 1
+        )
 
     def _tied_copy_group(self) -> dist.ProcessGroup | None:
         """The (first stage, last stage) pair sharing this rank's (dp, tp) coordinate, when the
@@ -161,8 +152,6 @@ class Trainer:
         with self._loss_context():
             loss = self._pipeline_step(x, y) if self.schedule is not None else self._local_step(x, y)
         self._sync_tied()
-        if self.layout.zero_stage is ZeroStage.NONE and d > 1:
-            average_gradients(self.params, self.mesh["dp"].get_group())
         self.optimizer.step()
         if not self.report_loss:
             return 0.0
@@ -194,14 +183,9 @@ class Trainer:
             return 0.0
         return sum(_value(loss) for loss in losses) / len(losses)
 
-    def _loss_context(self) -> ExitStack:
-        """The vocabulary-parallel loss under tensor parallelism, and the run's precision."""
-        stack = ExitStack()
-        if self.layout.tensor_parallel_degree > 1:
-            stack.enter_context(loss_parallel())
-        if self.dtype is not DType.FP32:
-            stack.enter_context(torch.autocast(self.device.type, dtype=TORCH_DTYPES[self.dtype]))
-        return stack
+    def _loss_context(self) -> AbstractContextManager[None]:
+        """The vocabulary-parallel loss under tensor parallelism."""
+        return loss_parallel() if self.layout.tensor_parallel_degree > 1 else nullcontext()
 
     def _sync_tied(self) -> None:
         if self._tie_group is None:
@@ -233,6 +217,16 @@ class OneCall(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.module(x)
         return out
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def _value(t: torch.Tensor) -> float:
@@ -276,7 +270,7 @@ def _scatter_sequence(h: torch.Tensor, *, mesh: DeviceMesh) -> torch.Tensor:
     return DTensor.from_local(h, mesh, [Replicate()]).redistribute(mesh, [Shard(1)]).to_local()
 
 
-def _fully_shard(chunk: Decoder, dp_mesh: DeviceMesh, *, reshard: bool) -> None:
+def _fully_shard(chunk: Decoder, dp_mesh: DeviceMesh, *, reshard: bool, policy: MixedPrecisionPolicy) -> None:
     for block in chunk.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from planner.inputs import load_model
-from planner.schemas import Layout, ModelSpec
+from planner.schemas import DType, Layout, ModelSpec
 from runtime.data import synthetic_batch
 from runtime.reference import reference_losses
 from runtime.trainer import Trainer
@@ -136,3 +136,37 @@ def test_four_ranks_sequence_parallel_and_recompute(model: ModelSpec, tmp_path: 
         ],
         tmp_path,
     )
+
+
+def train_mixed(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
+    """``train`` in bf16 mixed precision (bf16 weights, gradients, activations; fp32 masters)."""
+    results = []
+    for kw in layouts:
+        trainer = Trainer(
+            model,
+            Layout(**kw),
+            global_batch_size=BATCH,
+            seed=SEED,
+            optimizer="sgd",
+            lr=LR,
+            device=torch.device("cpu"),
+            dtype=DType.BF16,
+        )
+        steps = [synthetic_batch(model.vocab_size, BATCH, SEQ, step=s, seed=SEED) for s in range(STEPS)]
+        results.append([trainer.step(x, y) for x, y in steps])
+    return results
+
+
+def test_mixed_precision_stays_within_bf16_rounding_of_the_reference(tmp_path: Path) -> None:
+    reference = reference_losses(
+        GPT, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
+    )
+    layouts = [
+        L(4, 1, 1, 2),
+        L(4, 1, 1, 2, zero_stage=1),
+        L(2, 2, 1, 2, zero_stage=3, sequence_parallel=True),
+        L(1, 2, 2, 1, sequence_parallel=True, zero_stage=1),
+    ]
+    results = run_ranks(4, train_mixed, GPT, layouts, workdir=tmp_path)
+    for kw, losses in zip(layouts, results, strict=True):
+        assert losses == pytest.approx(reference, abs=1e-3), kw
