@@ -7,7 +7,9 @@ exception is a bug and keeps its traceback.
 import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -220,6 +222,9 @@ def search(
     memory_margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of device memory kept free.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the sampler and solver.")] = 0,
     output: Annotated[Path | None, typer.Option(help="Write the best plan here (plan.json).")] = None,
+    verify: Annotated[
+        bool, typer.Option(help="Dry-run the best plan's first and last pipeline stage beside the estimate.")
+    ] = False,
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
@@ -250,6 +255,8 @@ def search(
     if output is not None:
         api.save_plan(plans[0], output)
         typer.echo(f"wrote the best plan to {output}")
+    if verify:
+        _verify(plans[0])
 
 
 @app.command()
@@ -345,11 +352,28 @@ def profile(
     os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
 
 
+def _verify(plan: Plan) -> None:
+    """Dry-run the first rank of the first and of the last pipeline stage, each in a fresh process
+    (a fake process group is set up once per process)."""
+    layout = plan.layout
+    last = (layout.pipeline_parallel_degree - 1) * layout.data_parallel_degree * layout.tensor_parallel_degree
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plan.json"
+        api.save_plan(plan, path)
+        for r in sorted({0, last}):
+            typer.echo(f"dry run of rank {r} (fake tensors; nothing is allocated) ...", err=True)
+            args = [sys.executable, "-m", "planner", "run", str(path), "--dry-run", "--rank", str(r)]
+            proc = subprocess.run(args, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise PlannerError(f"the dry run of rank {r} failed: {proc.stderr.strip().splitlines()[-1]}")
+            typer.echo(proc.stdout.rstrip())
+
+
 def _print_dry_run(plan: Plan, ranks: list[int], optimizer: str) -> None:
     from runtime.dry_run import dry_run
 
-    table = Table(title="dry run: traced peak memory beside the estimate (GiB = 2^30 bytes)")
-    for name in ("rank", "stage", "traced GiB", "estimated GiB", "estimate / traced", "seconds"):
+    table = Table(title="dry run: traced peak memory beside the estimate (MiB = 2^20 bytes)")
+    for name in ("rank", "stage", "traced MiB", "estimated MiB", "estimate / traced", "seconds"):
         table.add_column(name, justify="right")
     for r in ranks:
         result = dry_run(plan, r, optimizer=optimizer)

@@ -1,6 +1,7 @@
 """`planner search`, `planner explain` and `planner launch` as a user runs them."""
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -34,10 +35,24 @@ def test_optuna_search_stores_a_resumable_study(tmp_path: Path) -> None:
 
 def test_search_that_cannot_fit_exits_2_with_advice() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "planner", "search", "-m", "llama3-405b", "-c", "dgx-a100-80g:1",
-         "--global-batch-size", "8", "--seq-len", "8192"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "search",
+            "-m",
+            "llama3-405b",
+            "-c",
+            "dgx-a100-80g:1",
+            "--global-batch-size",
+            "8",
+            "--seq-len",
+            "8192",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 2
     assert "no layout of 'llama3-405b' fits" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -76,3 +91,32 @@ def test_single_node_launch_is_standalone(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["launch", str(out)])
     assert "torchrun --standalone --nproc-per-node 8 -m planner run" in result.output
     assert json.loads(out.read_text())["cluster"]["num_nodes"] == 1
+
+
+def test_search_verify_dry_runs_the_first_and_last_stage(tmp_path: Path) -> None:
+    args = [
+        "search",
+        "-m",
+        "tiny-gpt",
+        "-c",
+        "dgx-a100-80g:1",
+        "--global-batch-size",
+        "16",
+        "--seq-len",
+        "64",
+        "--top-k",
+        "1",
+        "--verify",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("│") and "MiB" not in line]
+    traced = [line for line in rows if line.split("│")[1].strip().isdigit() and len(line.split("│")) == 8]
+    assert traced, proc.stdout
+    assert "dry run: traced peak memory beside the estimate" in proc.stdout
