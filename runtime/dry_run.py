@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _State
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -101,11 +102,21 @@ def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
     return tracked_peak(trainer, one_step)
 
 
+class _RankPeakTracker(MemTracker):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
+    """MemTracker keeping the rank's peak only. Its per-module peaks walk every tracked module at
+    every allocation: 85% of a 70B stage's traced step (cProfile: 84 of 99 s), and unused here.
+    The categories still come from its module hooks, so the peak is the same to the byte."""
+
+    def _update_peak_stats(self, peak_state: _State) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)
+
+
 def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
     """Peak bytes of the tensors PyTorch tracks during ``step`` (MemTracker), by category, and "Total"."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
+    tracker = _RankPeakTracker()
     opt = trainer.optimizer
     inner = opt.tracked() if isinstance(opt, DataParallelOptimizer) else [opt]
     tracker.track_external(*trainer.chunks, *inner)
