@@ -75,3 +75,48 @@ def backward_gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype:
 def elementwise_time_s(bytes_moved: float, device: DeviceProfile) -> float:
     """Memory-bound kernels: bytes read plus written over the achievable memory bandwidth."""
     return bytes_moved / device.memory_bandwidth_bytes_per_s
+
+
+def measured_layer_s(
+    device: DeviceProfile, model_name: str, dtype: DType, tensor_parallel: int, micro_batch: int, seq_len: int
+) -> tuple[float, float] | None:
+    """Forward and backward seconds of one of the model's own layers, as the profiler timed it
+    (``planner profile --model``): the record of this micro-batch size, else the line through the
+    two measured sizes nearest to it (a fixed cost per call plus a cost per sequence, which is
+    how small layers scale on CPUs and launch-bound GPUs). None without a record of this model,
+    precision, tensor-parallel degree and sequence length."""
+    points = sorted(
+        (rec.shape[1], rec.fwd_time_s, rec.fwd_bwd_time_s)
+        for rec in device.op_records
+        if rec.op == "layer"
+        and rec.model == model_name
+        and rec.dtype is dtype
+        and rec.fwd_bwd_time_s is not None
+        and (rec.shape[0], rec.shape[2]) == (tensor_parallel, seq_len)
+    )
+    if not points:
+        return None
+    by_size = {b: (fwd, both - fwd) for b, fwd, both in points if both is not None}
+    if micro_batch in by_size:
+        return by_size[micro_batch]
+    sizes = sorted(by_size)
+    if len(sizes) == 1:
+        fwd, bwd = by_size[sizes[0]]
+        return fwd * micro_batch / sizes[0], bwd * micro_batch / sizes[0]
+    a, b = sorted(sizes, key=lambda size: (abs(size - micro_batch), size))[:2]
+    lo, hi = min(a, b), max(a, b)
+
+    def line(i: int) -> float:
+        slope = max(0.0, (by_size[hi][i] - by_size[lo][i]) / (hi - lo))
+        return max(by_size[lo][i] + slope * (micro_batch - lo), 0.0) or by_size[lo][i] * micro_batch / lo
+
+    return line(0), line(1)
+
+
+def measured_optimizer_s(device: DeviceProfile, model_name: str, params: float) -> float | None:
+    """Seconds of an optimizer step over ``params`` parameters, at the rate the profiler timed on
+    the model's own layer (``planner profile --model``); None without such a record."""
+    for rec in device.op_records:
+        if rec.op == "optimizer" and rec.model == model_name:
+            return rec.fwd_time_s * params / rec.shape[0]
+    return None

@@ -12,24 +12,31 @@ Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3):
   once and all-gathers the updated parameters (the same volume). ZeRO-2 keeps no full gradient,
   so it reduce-scatters every micro-batch's gradients during that micro-batch's backward (as
   DeepSpeed stage 2 and FSDP with gradient sync do). ZeRO-3 also gathers parameters for every
-  forward and backward of every micro-batch (3 psi per micro-batch), prefetched behind compute;
+  forward and backward of every micro-batch (3 psi per micro-batch), prefetched behind compute.
+  ZeRO 2-3 shard module by module (``StageParams.units``), one collective per unit each;
+  on a CPU device nothing is hidden (``hides_communication``);
 - optimizer: Adam reads and writes 28 bytes per parameter of the rank's optimizer shard
-  (fp32 weight, two moments, gradient, and the training-precision copy), memory-bound.
+  (fp32 weight, two moments, gradient, and the training-precision copy), memory-bound; or at the
+  rate the profiler timed on the model's own layer (``compute.measured_optimizer_s``).
+A calibrated cluster (schemas.calibration) scales the compute and communication terms and adds
+its per-step overhead.
 Units: seconds, bytes, FLOP.
 """
 
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import islice
 
 from cost_models import groups as grp
 from cost_models.comm import Group, p2p_time_s
-from cost_models.compute import elementwise_time_s
+from cost_models.compute import elementwise_time_s, measured_optimizer_s
 from cost_models.layer_work import model_flops_per_sequence
 from cost_models.memory import all_stage_memory, stage_params
 from cost_models.pipeline import bubble_fraction, num_micro_batches, stage_layers
 from cost_models.timing import StageTime, has_uniform_links, slowest_collective_s, stage_times
 from cost_models.validate import check_layout
 from planner.schemas import (
+    Calibration,
     ClusterProfile,
     CollectiveOp,
     Estimate,
@@ -59,11 +66,14 @@ def _data_parallel_s(
     e = training.dtype.bytes
     held = stage_params(model, layout, stage)
     d, ep = layout.data_parallel_degree, layout.expert_parallel_degree
-    shares: list[tuple[float, Iterator[Group], int]] = [(held.dense, grp.data_groups(layout, stage), d)]
+    layers = stage_layers(model, layout)[stage]
+    shares: list[tuple[float, Iterator[Group], int, int]] = [
+        (held.dense, grp.data_groups(layout, stage), d, held.units)
+    ]
     if held.expert:
-        shares.append((held.expert, grp.expert_data_groups(layout, stage), d // ep))
+        shares.append((held.expert, grp.expert_data_groups(layout, stage), d // ep, max(1, layers)))
     total = 0.0
-    for params, groups, size in shares:
+    for params, groups, size, units in shares:
         if size <= 1:
             continue
         # With uniform links every group of the axis costs the same: price one.
@@ -72,8 +82,12 @@ def _data_parallel_s(
         if layout.zero_stage is ZeroStage.NONE:
             total += slowest_collective_s(CollectiveOp.ALL_REDUCE, nbytes, group_list, cluster)
             continue
-        rs = slowest_collective_s(CollectiveOp.REDUCE_SCATTER, nbytes, group_list, cluster)
-        ag = slowest_collective_s(CollectiveOp.ALL_GATHER, nbytes, group_list, cluster)
+        if layout.zero_stage is ZeroStage.OPTIMIZER:
+            rs = slowest_collective_s(CollectiveOp.REDUCE_SCATTER, nbytes, group_list, cluster)
+            ag = slowest_collective_s(CollectiveOp.ALL_GATHER, nbytes, group_list, cluster)
+        else:  # sharded module by module: one collective per unit, each with its own latency
+            rs = units * slowest_collective_s(CollectiveOp.REDUCE_SCATTER, nbytes / units, group_list, cluster)
+            ag = units * slowest_collective_s(CollectiveOp.ALL_GATHER, nbytes / units, group_list, cluster)
         if layout.zero_stage is ZeroStage.PARAMETERS:
             total += micro_batches * (rs + 2 * ag)
         elif layout.zero_stage is ZeroStage.GRADIENTS:
@@ -122,6 +136,8 @@ def estimate(
         hop = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
         p2p_s = (2 * m * v + 2 * (p - 1)) * hop
 
+    cal = cluster.calibration
+    compute_scale, comm_scale = (cal.compute_scale, cal.communication_scale) if cal else (1.0, 1.0)
     dp_exposed, dp_total = 0.0, 0.0
     # On uniform links a stage's reduction depends only on the parameters it holds.
     comm_by_params: dict[tuple[float, float], float] = {}
@@ -130,11 +146,13 @@ def estimate(
         key = (held.dense, held.expert) if has_uniform_links(cluster) else (float(stage), -1.0)
         if key not in comm_by_params:
             comm_by_params[key] = _data_parallel_s(model, training, cluster, layout, stage, m)
-        comm = comm_by_params[key]
-        window = {
+        comm = comm_by_params[key] * comm_scale
+        window = compute_scale * {
             ZeroStage.PARAMETERS: m * (st.compute_s + st.recompute_s),
             ZeroStage.GRADIENTS: m * st.backward_s,
         }.get(layout.zero_stage, st.backward_s)
+        if not hides_communication(cluster):
+            window = 0.0
         exposed = max(0.0, comm - window)
         if exposed >= dp_exposed:
             dp_exposed, dp_total = exposed, comm
@@ -145,7 +163,11 @@ def estimate(
         shard = layout.data_parallel_degree if layout.zero_stage >= ZeroStage.OPTIMIZER else 1
         expert_shard = max(1, shard // layout.expert_parallel_degree)
         params = held.dense / shard + held.expert / expert_shard
-        optimizer_s = max(optimizer_s, elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.device))
+        measured = measured_optimizer_s(cluster.device, model.name, params)
+        stage_s = (
+            measured if measured is not None else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.device)
+        )
+        optimizer_s = max(optimizer_s, stage_s)
 
     time = TimeBreakdown(
         compute_s=m * slowest.compute_s,
@@ -158,6 +180,8 @@ def estimate(
         optimizer_s=optimizer_s,
         data_parallel_comm_overlapped_s=dp_total - dp_exposed,
     )
+    if cal is not None:
+        time = calibrated_time(time, cal)
     step_s = time.step_time_s
     world = layout.world_size
     peak = cluster.device.get_peak_flop_per_s(training.dtype)
@@ -186,6 +210,35 @@ def estimate(
         stages=stages,
         time=time,
     )
+
+
+def hides_communication(cluster: ClusterProfile) -> bool:
+    """Whether data-parallel communication can run behind compute. On GPUs it can: NCCL runs on
+    its own streams and copy engines. On a CPU it cannot: gloo's collectives run on the cores that
+    compute (measured on the local 4-rank cluster: ZeRO-3 adds its gathers in full, 0.13 s a
+    micro-batch of tiny-gpt at dp 4)."""
+    return "cpu" not in cluster.device.name.lower()
+
+
+COMPUTE_TERMS = ("compute_s", "recompute_s", "pipeline_bubble_s", "optimizer_s")
+"""TimeBreakdown terms a calibration's compute_scale multiplies."""
+COMMUNICATION_TERMS = ("tensor_parallel_comm_s", "expert_parallel_comm_s", "pipeline_comm_s", "data_parallel_comm_s")
+"""TimeBreakdown terms a calibration's communication_scale multiplies."""
+
+
+def calibrated_time(time: TimeBreakdown, calibration: Calibration) -> TimeBreakdown:
+    """The breakdown with the calibration's factors applied (schemas.calibration gives the formula).
+
+    Data-parallel terms are left as they are: ``estimate`` scales them before it decides how much
+    of the reduction the (scaled) backward hides.
+    """
+    scaled = {name: getattr(time, name) * calibration.compute_scale for name in COMPUTE_TERMS}
+    scaled |= {
+        name: getattr(time, name) * calibration.communication_scale
+        for name in COMMUNICATION_TERMS
+        if not name.startswith("data_parallel")
+    }
+    return replace(time, **scaled, overhead_s=time.overhead_s + calibration.step_overhead_s)
 
 
 def _recompute_flop_ratio(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

@@ -86,6 +86,10 @@ class StageParams:
     largest_unit: float
     """Parameters of the largest module ZeRO-3 gathers at once (a layer's sharded part, the
     embedding or the output layer)."""
+    units: int = 1
+    """Modules sharded and gathered one at a time under ZeRO 2-3: one per transformer layer, and
+    one for the embedding, final norm and output layer the stage holds (FSDP's wrapping of each
+    block and the root, as torchtitan does); each costs its own collectives."""
 
     @property
     def total(self) -> float:
@@ -162,7 +166,12 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         head = word_embedding if (not model.tie_word_embeddings or p > 1) else 0.0
         dense += norm_params(model) + head
         units.append(norm_params(model) + head)
-    return StageParams(dense=dense, expert=layers_here * expert_per_layer, largest_unit=max(units, default=0.0))
+    return StageParams(
+        dense=dense,
+        expert=layers_here * expert_per_layer,
+        largest_unit=max(units, default=0.0),
+        units=max(1, layers_here + (1 if stage in (0, p - 1) else 0)),
+    )
 
 
 def stage_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int) -> float:
@@ -263,7 +272,8 @@ def stage_memory(
     (``zero3_gather_buffer_bytes``); none with d = 1, where nothing is sharded or gathered (FSDP
     then falls back to no sharding). Activations from ``stage_activation_bytes``, logits from
     ``stage_logits_bytes``, buffers from ``communication_buffer_bytes``, workspace from
-    ``workspace_bytes``. Terms are summed as if they peak together (an upper bound).
+    ``workspace_bytes``. Terms are summed as if they peak together (an upper bound). A calibrated
+    cluster scales the activations and adds its memory overhead to the workspace.
 
     Raises:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
@@ -277,14 +287,16 @@ def stage_memory(
     gathered = 0.0
     if layout.zero_stage is ZeroStage.PARAMETERS and d > 1:
         gathered = zero3_gather_buffer_bytes(params.largest_unit, training.dtype)
+    cal = cluster.calibration
     return MemoryBreakdown(
         weights_bytes=dense.weights_bytes + expert.weights_bytes + gathered,
         gradients_bytes=dense.gradients_bytes + expert.gradients_bytes,
         optimizer_states_bytes=dense.optimizer_states_bytes + expert.optimizer_states_bytes,
-        activations_bytes=stage_activation_bytes(model, training, layout, stage),
+        activations_bytes=stage_activation_bytes(model, training, layout, stage)
+        * (cal.activation_memory_scale if cal else 1.0),
         logits_bytes=stage_logits_bytes(model, training, layout, stage),
         communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params),
-        workspace_bytes=workspace_bytes(cluster),
+        workspace_bytes=workspace_bytes(cluster) + (cal.memory_overhead_bytes if cal else 0.0),
     )
 
 

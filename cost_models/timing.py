@@ -11,7 +11,9 @@ already recomputes it). Tensor parallel runs 2 all-reduces of b s h forward and 
 layer, or with sequence parallel 2 all-gathers and 2 reduce-scatters each way (Korthikanti et
 al. sec. 4.2.2). MoE moves tokens with an all-to-all to the experts and one back, each way. Every micro-batch's
 weight gradients are accumulated into fp32 buffers (Megatron-LM's main_grad, PyTorch AMP's
-fp32 .grad): read the new gradient and the sum, write the sum, memory-bound.
+fp32 .grad): read the new gradient and the sum, write the sum, memory-bound. Where the profile
+timed this model's own layer (``compute.measured_layer_s``), that time replaces the layer's
+kernels: it holds every small op and launch the kernel sum leaves out.
 Units: seconds.
 """
 
@@ -21,7 +23,13 @@ from itertools import islice
 
 from cost_models import layer_work as lw
 from cost_models.comm import Group, collective_time_s
-from cost_models.compute import backward_gemms_time_s, elementwise_time_s, gemm_time_s, gemms_time_s
+from cost_models.compute import (
+    backward_gemms_time_s,
+    elementwise_time_s,
+    gemm_time_s,
+    gemms_time_s,
+    measured_layer_s,
+)
 from cost_models.memory import stage_params
 from cost_models.pipeline import stage_layers
 from planner.schemas import ClusterProfile, CollectiveOp, DType, Layout, ModelSpec, Recompute, TrainingSpec
@@ -94,6 +102,11 @@ def stage_times(
         attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, dt) + 2 * attn_elem
     layer_fwd = dense_fwd + attn_fwd + elem_fwd
     layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
+    measured = measured_layer_s(
+        dev, model.name, dt, layout.tensor_parallel_degree, layout.micro_batch_size, training.seq_len
+    )
+    if measured is not None:  # the profiler timed this model's own layer: everything it launches
+        layer_fwd, layer_bwd = measured
     recompute = {
         Recompute.NONE: 0.0,
         Recompute.SELECTIVE: 0.0 if work.flash_attention else attn_fwd,

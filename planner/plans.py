@@ -15,8 +15,10 @@ logger = logging.getLogger(__name__)
 
 
 def cluster_sha256(cluster: ClusterProfile) -> str:
-    """SHA-256 of the profile's canonical JSON (sorted keys)."""
-    canonical = json.dumps(cluster.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """SHA-256 of the profile's canonical JSON (sorted keys; an absent calibration left out, so a
+    profile keeps its identity from before calibration existed until it is calibrated)."""
+    data = cluster.model_dump(mode="json", exclude={"calibration"} if cluster.calibration is None else None)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -116,22 +116,23 @@ def build_profile(
         dt: max(2.0 * r.m * r.n * r.k / r.time_s for r in matmul_records if r.dtype is dt)
         for dt in {r.dtype for r in matmul_records}
     }
-    by_op: dict[tuple[str, tuple[int, ...], DType], list[OpSample]] = defaultdict(list)
+    by_op: dict[tuple[str, tuple[int, ...], DType, str | None], list[OpSample]] = defaultdict(list)
     for rank_ops in ops:
         for o in rank_ops.others:
-            by_op[(o.op, o.shape, o.dtype)].append(o)
+            by_op[(o.op, o.shape, o.dtype, o.model)].append(o)
     op_records = tuple(
         OpRecord(
             op=op,
             shape=shape,
             dtype=dt,
+            model=model_name,
             fwd_time_s=statistics.median(x.fwd_s for x in samples),
             fwd_bwd_time_s=statistics.median(x.fwd_bwd_s for x in samples if x.fwd_bwd_s is not None)
             if samples[0].fwd_bwd_s is not None
             else None,
             spread=statistics.median(x.spread for x in samples),
         )
-        for (op, shape, dt), samples in by_op.items()
+        for (op, shape, dt, model_name), samples in by_op.items()
     )
     device_name = infos[0].device_name
     published = next((v for k, v in PUBLISHED_PEAK_FLOP_PER_S.items() if k in device_name), None)

@@ -2,6 +2,7 @@
 and the fixed cost of a kernel. Measured on all ranks at once, so shared cores, caches and
 memory bandwidth contend as they do in training."""
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -34,12 +35,14 @@ class GemmSample:
 class OpSample:
     """One rank's median times of an op's forward and, where it has one, forward + backward."""
 
-    op: Literal["attention", "layernorm", "elementwise", "layer"]
+    op: Literal["attention", "layernorm", "elementwise", "layer", "optimizer"]
     shape: tuple[int, ...]
     dtype: DType
     fwd_s: float
     fwd_bwd_s: float | None
     spread: float
+    model: str | None = None
+    """layer: the model whose layer was timed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +93,14 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     tiny = torch.rand(8, 8, device=ctx.device)
     overhead = ctx.time(lambda: torch.mm(tiny, tiny), repeats=max(ctx.settings.repeats, 20))
     others = [OpSample("elementwise", (elems,), DType.FP32, stream.median_s, None, stream.spread)]
-    others += _attention_and_norm(ctx) + _layers(ctx)
+    others += _attention_and_norm(ctx) + _layers(ctx) + _optimizer(ctx)
     sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
     return ctx.gather(sample)
 
 
-def _fwd_bwd(ctx: Context, fn: Callable[[], torch.Tensor], params: list[torch.Tensor]) -> tuple[Timing, Timing]:
+def _fwd_bwd(
+    ctx: Context, fn: Callable[[], torch.Tensor], params: list[torch.Tensor], repeats: int | None = None
+) -> tuple[Timing, Timing]:
     """Forward alone, then forward + backward of a scalar made of ``fn``'s output."""
 
     def both() -> None:
@@ -104,8 +109,8 @@ def _fwd_bwd(ctx: Context, fn: Callable[[], torch.Tensor], params: list[torch.Te
         torch.autograd.backward(fn().float().sum())
 
     with torch.no_grad():
-        forward = ctx.time(fn)
-    return forward, ctx.time(both)
+        forward = ctx.time(fn, repeats=repeats)
+    return forward, ctx.time(both, repeats=repeats)
 
 
 def _attention_and_norm(ctx: Context) -> list[OpSample]:
@@ -131,16 +136,18 @@ def _layers(ctx: Context) -> list[OpSample]:
     model = ctx.settings.model
     if model is None:
         return []
-    dtype = ctx.settings.gemm_dtypes[0]
     out = []
-    for tp in (
-        t
-        for t in (1, 2, 4, 8)
-        if t <= ctx.world_size and model.num_attention_heads % t == 0 and model.kv_heads % t == 0
+    for dtype, tp in itertools.product(
+        ctx.settings.gemm_dtypes,
+        (
+            t
+            for t in (1, 2, 4, 8)
+            if t <= ctx.world_size and model.num_attention_heads % t == 0 and model.kv_heads % t == 0
+        ),
     ):
         layer = LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
-        for mb in (1, 2):
-            ctx.at("ops", f"layer tp={tp} micro-batch={mb}")
+        for mb in ctx.settings.layer_micro_batches:
+            ctx.at("ops", f"layer {dtype} tp={tp} micro-batch={mb}")
             x = torch.randn(
                 mb,
                 ctx.settings.seq_len,
@@ -149,8 +156,27 @@ def _layers(ctx: Context) -> list[OpSample]:
                 dtype=TORCH_DTYPES[dtype],
                 requires_grad=True,
             )
-            fwd, both = _fwd_bwd(ctx, partial(layer, x), [x, *layer.parameters()])
+            fwd, both = _fwd_bwd(ctx, partial(layer, x), [x, *layer.parameters()], repeats=ctx.settings.layer_repeats)
             out.append(
-                OpSample("layer", (tp, mb, ctx.settings.seq_len), dtype, fwd.median_s, both.median_s, both.spread)
+                OpSample(
+                    "layer", (tp, mb, ctx.settings.seq_len), dtype, fwd.median_s, both.median_s, both.spread, model.name
+                )
             )
     return out
+
+
+def _optimizer(ctx: Context) -> list[OpSample]:
+    """One AdamW step over fp32 copies of one layer's parameters (the master weights mixed
+    precision keeps), with gradients: the optimizer's cost per parameter, per-tensor overheads
+    included, at the model's own tensor sizes (with ``model``)."""
+    model = ctx.settings.model
+    if model is None:
+        return []
+    ctx.at("ops", "optimizer")
+    params = [torch.nn.Parameter(p.detach().float().clone()) for p in LocalLayer(model, 1).to(ctx.device).parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
+    step = ctx.time(opt.step, repeats=ctx.settings.layer_repeats)
+    count = sum(p.numel() for p in params)
+    return [OpSample("optimizer", (count,), DType.FP32, step.median_s, None, step.spread, model.name)]

@@ -33,6 +33,10 @@ class ProfileSettings:
     stream_bytes: int = 64 * MIB
     """Size of each operand of the elementwise kernel that measures memory bandwidth."""
     model: ModelSpec | None = None
+    layer_micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    """Micro-batch sizes at which the model's own layer is timed (with ``model``)."""
+    layer_repeats: int = 7
+    """Repeats of each layer timing, quick or not: plans are ranked by these times."""
     seq_len: int = 512
     """Sequence length of the model's own GEMM shapes (with ``model``)."""
     inject_link_delay: tuple[int, int, float] | None = None
@@ -56,6 +60,8 @@ class ProfileSettings:
             "gemm_dtypes": ",".join(str(d) for d in self.gemm_dtypes),
             "model": self.model.name if self.model else "",
             "seq_len": self.seq_len,
+            "layer_micro_batches": ",".join(str(b) for b in self.layer_micro_batches),
+            "layer_repeats": self.layer_repeats,
             "injected_link_delay": str(self.inject_link_delay) if self.inject_link_delay else "",
             "simulated_nodes": self.simulate_nodes or 0,
         }

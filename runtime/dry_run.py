@@ -13,9 +13,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _State
 from torch.distributed.device_mesh import init_device_mesh
@@ -105,7 +107,17 @@ def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
 class _RankPeakTracker(MemTracker):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
     """MemTracker keeping the rank's peak only. Its per-module peaks walk every tracked module at
     every allocation: 85% of a 70B stage's traced step (cProfile: 84 of 99 s), and unused here.
-    The categories still come from its module hooks, so the peak is the same to the byte."""
+    The categories still come from its module hooks, so the peak is the same to the byte. It also
+    follows a module called again as the root within a step, as pipeline schedules do."""
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        # A root module called again in the same step (each micro-batch of a pipeline schedule):
+        # MemTracker refuses it for the sake of its per-module statistics, which are unused here.
+        # Its parameters are tracked already; only its inputs are new.
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            self._track_inputs_or_outputs(inputs)
+            return
+        super()._pre_fw_hook(module, inputs)
 
     def _update_peak_stats(self, peak_state: _State) -> None:
         for dev, snap in self._curr_mem_snap.items():

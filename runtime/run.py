@@ -3,13 +3,12 @@
 Every rank checks the plan against the job before any work (world size, devices), trains with
 runtime.Trainer, times each step between barriers, and measures one step's peak memory: on CUDA
 with max_memory_allocated, on CPU with torch's MemTracker (the tensors PyTorch tracks: parameters,
-gradients, optimizer states, activations, temporaries), else by process RSS growth, a sanity bound;
-the report names the method. Rank 0 writes the RunReport and prints measured beside predicted.
+gradients, optimizer states, activations, temporaries; under pipeline schedules too); the report
+names the method. Rank 0 writes the RunReport and prints measured beside predicted.
 """
 
 import hashlib
 import os
-import resource
 import socket
 import statistics
 import sys
@@ -52,6 +51,14 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             f"{plan.cluster.devices_per_node}), but this job has {world_size}; launch it with the command "
             "`planner launch` prints"
         )
+    layout = plan.layout
+    micro_batches = plan.training.global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
+    if 1 < layout.pipeline_parallel_degree > micro_batches:
+        raise InfeasibleConfigError(
+            f"the plan runs {micro_batches} micro-batch(es) a step through {layout.pipeline_parallel_degree} pipeline "
+            "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
+            "the global batch (planner search never proposes this)"
+        )
     if not cuda and "cpu" not in plan.cluster.device_name.lower():
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "
@@ -68,7 +75,6 @@ def run(settings: RunSettings, plan: Plan) -> int:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    baseline_rss = _rss_bytes()
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=settings.timeout_s))
     training = plan.training
     trainer = Trainer(
@@ -92,11 +98,11 @@ def run(settings: RunSettings, plan: Plan) -> int:
                 plan.model.vocab_size, training.global_batch_size, training.seq_len, step=step, seed=settings.seed
             )
         )
-        track = step == min(settings.warmup_steps, settings.steps - 1)
+        track = step == tracked_step(settings)
         dist.barrier()
         start = time.perf_counter()
         if track:
-            loss, memory = _tracked_step(trainer, inputs, targets, device, baseline_rss)
+            loss, memory = _tracked_step(trainer, inputs, targets, device)
         else:
             loss = trainer.step(inputs, targets)
         dist.barrier()
@@ -126,25 +132,23 @@ def run(settings: RunSettings, plan: Plan) -> int:
     return 0
 
 
-def _rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def tracked_step(settings: RunSettings) -> int:
+    """The step whose memory is measured: the first after the warm-up (the optimizer's state then
+    exists, as in every later step), or the last of a shorter run."""
+    return min(settings.warmup_steps, settings.steps - 1)
 
 
 def _tracked_step(
-    trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device, baseline_rss: int
+    trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device
 ) -> tuple[float, tuple[int, str, dict[str, int]]]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         loss = trainer.step(inputs, targets)
         return loss, (torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated", {})
-    if trainer.schedule is None:
-        result: list[float] = []
-        peak = tracked_peak(trainer, lambda: result.append(trainer.step(inputs, targets)))
-        total = peak.pop("Total")
-        return result[0], (total, "MemTracker", peak)
-    # The tracker cannot follow a pipeline schedule's repeated stage calls: a sanity bound instead.
-    loss = trainer.step(inputs, targets)
-    return loss, (max(0, _rss_bytes() - baseline_rss), "RSS growth", {})
+    result: list[float] = []
+    peak = tracked_peak(trainer, lambda: result.append(trainer.step(inputs, targets)))
+    total = peak.pop("Total")
+    return result[0], (total, "MemTracker", peak)
 
 
 def _report(
@@ -157,7 +161,9 @@ def _report(
     device: torch.device,
     world: int,
 ) -> RunReport:
-    steady = times[settings.warmup_steps :] or times
+    # Tracking memory slows its step several times over: it is not a step to time.
+    tracked = tracked_step(settings)
+    steady = [t for i, t in enumerate(times) if i >= settings.warmup_steps and i != tracked] or times
     measured = statistics.median(steady)
     return RunReport(
         created=datetime.now(UTC),

@@ -17,12 +17,13 @@ step that returns the global mean loss on every rank.
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
+from typing import cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -162,7 +163,11 @@ class Trainer:
     def _local_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         m = self.micro_batches
         total = 0.0
-        for xb, yb in zip(x.chunk(m), y.chunk(m), strict=True):
+        for i, (xb, yb) in enumerate(zip(x.chunk(m), y.chunk(m), strict=True)):
+            if self.layout.zero_stage is ZeroStage.GRADIENTS:
+                # ZeRO-2 keeps the gathered weights until the step's last backward (the cost
+                # model's m reduce-scatters and one all-gather); ZeRO-3 gathers them each time.
+                cast(FSDPModule, self.chunks[0]).set_reshard_after_backward(i == m - 1)
             module = OneCall(self.chunks[0]) if self.fresh_roots else self.chunks[0]
             loss = loss_fn(module(xb), yb) / m
             torch.autograd.backward(loss)
@@ -175,10 +180,12 @@ class Trainer:
         holds_last = self.layout.num_chunks - 1 in stage_chunks(self.layout, self.pp_rank)
         losses: list[torch.Tensor] = []
         target, sink = (y, losses) if holds_last else (None, None)
+        # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
+        # until the step ends (measured: 23.0 MiB instead of 12.4 on tiny-gpt's last of 4 stages).
         if holds_first:
-            self.schedule.step(x, target=target, losses=sink)
+            self.schedule.step(x, target=target, losses=sink, return_outputs=False)
         else:
-            self.schedule.step(target=target, losses=sink)
+            self.schedule.step(target=target, losses=sink, return_outputs=False)
         if not holds_last:
             return 0.0
         return sum(_value(loss) for loss in losses) / len(losses)

@@ -1,5 +1,6 @@
 """The product's data types. A leaf: imports nothing of ours but ``planner.errors``."""
 
+from planner.schemas.calibration import Calibration
 from planner.schemas.cluster import (
     ClusterProfile,
     CollectiveRecord,
@@ -35,6 +36,7 @@ __all__ = [
     "Activation",
     "Alternative",
     "AttentionKernel",
+    "Calibration",
     "ClusterProfile",
     "ClusterRef",
     "CollectiveOp",

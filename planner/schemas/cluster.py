@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from planner.errors import SchemaError
 from planner.schemas._base import FrozenModel
+from planner.schemas.calibration import Calibration
 from planner.schemas.enums import CollectiveOp, DType, Placement
 
 
@@ -48,15 +49,16 @@ class OpRecord(FrozenModel):
     {"op": "layer", "shape": [tp, micro_batch, seq_len], "dtype": "fp32", "fwd_time_s": ..., "fwd_bwd_time_s": ...}.
     """
 
-    op: Literal["attention", "layernorm", "elementwise", "layer"]
+    op: Literal["attention", "layernorm", "elementwise", "layer", "optimizer"]
     shape: tuple[int, ...] = Field(
         description="attention: b, heads, s, head dim; layernorm and elementwise: "
-        "elements; layer: tp, micro-batch, seq len."
+        "elements; layer: tp, micro-batch, seq len; optimizer: parameters stepped."
     )
     dtype: DType
     fwd_time_s: float = Field(gt=0)
     fwd_bwd_time_s: float | None = Field(default=None, gt=0)
     spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
+    model: str | None = Field(default=None, description="layer: the name of the model whose layer was timed.")
 
 
 class DeviceProfile(FrozenModel):
@@ -170,6 +172,9 @@ class ClusterProfile(FrozenModel):
     )
     collectives: tuple[CollectiveRecord, ...] = Field(default=(), description="Measured collective curves.")
     provenance: Provenance
+    calibration: Calibration | None = Field(
+        default=None, description="Correction factors fitted from measured runs (planner tune); None: uncalibrated."
+    )
 
     @model_validator(mode="after")
     def _check_sizes(self) -> Self:

@@ -84,6 +84,8 @@ class TimeBreakdown:
     """Exposed part of gradient reduction and ZeRO gathers."""
     optimizer_s: float
     """Optimizer step over the rank's shard of parameters."""
+    overhead_s: float = 0.0
+    """Per-step time the model does not price, from the cluster's calibration (0 uncalibrated)."""
     data_parallel_comm_overlapped_s: float = 0.0
     """Part of the data-parallel communication hidden behind compute (not in the step time)."""
 
@@ -99,6 +101,7 @@ class TimeBreakdown:
             + self.pipeline_bubble_s
             + self.data_parallel_comm_s
             + self.optimizer_s
+            + self.overhead_s
         )
 
 

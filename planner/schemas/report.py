@@ -39,7 +39,9 @@ class RunReport(FrozenModel):
     warmup_steps: int = Field(ge=0)
     step_times_s: tuple[float, ...]
     losses: tuple[float, ...]
-    measured_step_time_s: float = Field(description="Median step time after the warm-up steps.")
+    measured_step_time_s: float = Field(
+        description="Median step time after the warm-up steps, the memory-tracked step left out."
+    )
     predicted_step_time_s: float
     measured_tokens_per_s: float
     predicted_tokens_per_s: float

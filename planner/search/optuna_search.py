@@ -99,15 +99,20 @@ def study_name_for(space: SearchSpace, evaluate: Evaluator) -> str:
 def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> Layout:
     """Sample a layout, each choice conditional on the ones before it (define-by-run), so that
     nearly every trial is a valid layout: pp among the divisors left by tp, the micro-batch among
-    the divisors of dp's per-replica batch, v among the chunk counts pp allows."""
+    the divisors of dp's per-replica batch that leave at least pp micro-batches, v among the
+    chunk counts pp allows."""
     degrees = space.degrees()
     tp = int(trial.suggest_categorical("tp", sorted({t for _, t, _ in degrees})))
     pp = int(trial.suggest_categorical(f"pp|tp={tp}", sorted({p for _, t, p in degrees if t == tp})))
     dp = space.world_size // (tp * pp)
-    batches = space.micro_batch_sizes(dp)
+    per_replica = space.training.global_batch_size // dp
+    batches = [b for b in space.micro_batch_sizes(dp) if pp == 1 or per_replica // b >= pp]
     if not batches:
-        raise InfeasibleConfigError(f"dp={dp} does not divide the global batch {space.training.global_batch_size}")
-    b = int(trial.suggest_categorical(f"micro_batch_size|dp={dp}", batches))
+        raise InfeasibleConfigError(
+            f"dp={dp} leaves no micro-batch size that divides the global batch "
+            f"{space.training.global_batch_size} into at least pp={pp} micro-batches"
+        )
+    b = int(trial.suggest_categorical(f"micro_batch_size|dp={dp},pp={pp}", batches))
     schedules = space.schedules_for(pp, space.training.global_batch_size // (dp * b))
     vs = sorted({v for _, v in schedules})
     v = int(trial.suggest_categorical(f"virtual_stages|pp={pp}", vs)) if len(vs) > 1 else vs[0]

@@ -3,8 +3,9 @@
 Degrees: every factorization world = d x t x p with t dividing the query and key/value heads
 and the MLP width and at most one node's devices (tensor parallelism across nodes is never
 worth its traffic; raise ``max_tensor_parallel`` to include it), and p at most the layer count.
-Micro-batch sizes divide the per-replica batch. Schedules: 1F1B, and interleaved with every v
-whose p x v chunks each get a layer and whose micro-batch count p divides. Recompute and
+Micro-batch sizes divide the per-replica batch; a pipeline gets at least p micro-batches.
+Schedules: 1F1B, and interleaved with every v whose p x v chunks each get a layer and whose
+micro-batch count p divides. Recompute and
 sequence parallelism as allowed. The layer split starts even; the CP-SAT split refines it
 (planner.search.layer_split).
 """
@@ -64,6 +65,8 @@ class SearchSpace:
         """(schedule, virtual stages) pairs valid for pp stages and this many micro-batches."""
         if pp == 1:
             return [(Schedule.ONE_F_ONE_B, 1)]
+        if micro_batches < pp:  # most of the pipeline would idle, and torch's schedules refuse it
+            return []
         out: list[tuple[Schedule, int]] = []
         if Schedule.ONE_F_ONE_B in self.schedules:
             out.append((Schedule.ONE_F_ONE_B, 1))

@@ -3,8 +3,17 @@
 import pytest
 from conftest import make_cluster
 
-from cost_models.compute import Gemm, elementwise_time_s, gemm_time_s, quantization_efficiency
-from planner.schemas import DType, MatmulRecord
+from cost_models.compute import (
+    Gemm,
+    elementwise_time_s,
+    gemm_time_s,
+    measured_layer_s,
+    measured_optimizer_s,
+    quantization_efficiency,
+)
+from planner.schemas import DeviceProfile, DType, MatmulRecord, OpRecord
+
+DEVICE = make_cluster().device
 
 
 def test_full_waves_run_at_peak_fraction() -> None:
@@ -47,3 +56,38 @@ def test_backward_shapes_have_twice_the_forward_flops() -> None:
 
 def test_elementwise_is_bytes_over_bandwidth() -> None:
     assert elementwise_time_s(3e9, make_cluster().device) == pytest.approx(3e-3)
+
+
+def _with_layer_records(*records: tuple[int, int, float, float]) -> DeviceProfile:
+    """The test device with 'layer' records of tiny-gpt: (tp, micro-batch, fwd s, fwd+bwd s) at s=128."""
+    ops = tuple(
+        OpRecord(op="layer", shape=(t, b, 128), dtype=DType.BF16, fwd_time_s=f, fwd_bwd_time_s=fb, model="tiny-gpt")
+        for t, b, f, fb in records
+    )
+    return DEVICE.model_copy(update={"op_records": ops})
+
+
+def test_a_measured_layer_is_used_as_timed_and_interpolated_in_micro_batch() -> None:
+    dev = _with_layer_records((1, 1, 1.0e-3, 4.0e-3), (1, 2, 1.5e-3, 6.0e-3), (1, 8, 4.5e-3, 18.0e-3))
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 1, 2, 128) == pytest.approx((1.5e-3, 4.5e-3))
+    # b = 4 lies between 2 and 8: the line through them, 0.5 ms forward and 1.5 ms backward a sequence.
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 1, 4, 128) == pytest.approx((2.5e-3, 7.5e-3))
+    # b = 16 beyond 8: the same line, extended.
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 1, 16, 128) == pytest.approx((8.5e-3, 25.5e-3))
+    # Another model, precision, tp or sequence length has no record: the kernel model prices it.
+    assert measured_layer_s(dev, "llama3-8b", DType.BF16, 1, 2, 128) is None
+    assert measured_layer_s(dev, "tiny-gpt", DType.FP32, 1, 2, 128) is None
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 2, 2, 128) is None
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 1, 2, 256) is None
+
+
+def test_one_measured_size_scales_in_proportion() -> None:
+    dev = _with_layer_records((2, 4, 2.0e-3, 6.0e-3))
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 2, 8, 128) == pytest.approx((4.0e-3, 8.0e-3))
+
+
+def test_the_optimizer_is_priced_at_its_measured_rate() -> None:
+    rec = OpRecord(op="optimizer", shape=(200_000,), dtype=DType.FP32, fwd_time_s=1.0e-3, model="tiny-gpt")
+    dev = DEVICE.model_copy(update={"op_records": (rec,)})
+    assert measured_optimizer_s(dev, "tiny-gpt", 1_000_000) == pytest.approx(5.0e-3)
+    assert measured_optimizer_s(dev, "gpt3-175b", 1_000_000) is None

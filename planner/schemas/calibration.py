@@ -1,0 +1,46 @@
+"""Calibration: named correction factors fitted from measured runs on one cluster.
+
+Stored in the cluster profile; ``cost_models.estimate`` applies them to every estimate on that
+profile. Each factor says how the measured runs differed from the uncalibrated model:
+
+    step time   = compute_scale x (compute + recompute + bubble + optimizer)
+                + communication_scale x (tensor-, expert-, pipeline- and data-parallel comm)
+                + step_overhead_s
+    rank memory = model states + logits + buffers + workspace
+                + activation_memory_scale x activations + memory_overhead_bytes
+
+The identity (1, 1, 0, 1, 0) leaves the model as it is.
+"""
+
+from datetime import datetime
+
+from pydantic import Field
+
+from planner.schemas._base import FrozenModel
+
+
+class Calibration(FrozenModel):
+    """Correction factors of one cluster profile, and what they were fitted on."""
+
+    compute_scale: float = Field(default=1.0, ge=0, description="Measured / modelled compute time.")
+    communication_scale: float = Field(default=1.0, ge=0, description="Measured / modelled communication time.")
+    step_overhead_s: float = Field(default=0.0, ge=0, description="Per-step time the model does not price.")
+    activation_memory_scale: float = Field(default=1.0, ge=0, description="Measured / modelled activations.")
+    memory_overhead_bytes: float = Field(
+        default=0.0, description="Per-rank bytes the model does not count (negative: counts and the runtime lacks)."
+    )
+    created: datetime
+    trials: int = Field(ge=0, description="Measured plans the time factors were fitted on.")
+    memory_samples: int = Field(ge=0, description="Measured ranks the memory factors were fitted on.")
+    source: str = Field(default="", description="Where the trials are stored (study storage and name).")
+
+    @property
+    def factors(self) -> dict[str, float]:
+        """The five factors by name."""
+        return {
+            "compute_scale": self.compute_scale,
+            "communication_scale": self.communication_scale,
+            "step_overhead_s": self.step_overhead_s,
+            "activation_memory_scale": self.activation_memory_scale,
+            "memory_overhead_bytes": self.memory_overhead_bytes,
+        }
