@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,7 +26,7 @@ from rich.table import Table
 from planner import api
 from planner.errors import PlannerError, SchemaError
 from planner.export.torchrun import launch_script, torchrun_commands
-from planner.inputs import list_cluster_presets, list_model_presets
+from planner.inputs import list_cluster_presets, list_model_presets, save_cluster
 from planner.plans import check_cluster, make_plan
 from planner.render import comparison_view, estimate_view, ranked_table
 from planner.schemas import (
@@ -42,6 +43,7 @@ from planner.schemas import (
 )
 from planner.search import StrategyName
 from planner.search.strategy import Budget
+from planner.tune.settings import Selection
 
 app = typer.Typer(
     help="Plan how to split an LLM's training over a cluster: predict memory and step time of layouts.",
@@ -444,6 +446,170 @@ def run(
     code = run_plan(settings, api.load_plan(plan))
     sys.stdout.flush()
     os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
+
+
+@app.command()
+def tune(
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    global_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")] = None,
+    seq_len: Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")] = None,
+    dtype: Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")] = DType.BF16,
+    attention: Annotated[AttentionKernel, typer.Option(help="Attention kernel.")] = AttentionKernel.FLASH,
+    top_k: Annotated[int, typer.Option(min=1, help="Plans to run.")] = 10,
+    select: Annotated[
+        Selection,
+        typer.Option(
+            help="top: the k fastest predicted. spread: k evenly spaced over the 5k fastest (the fastest "
+            "included), a wider range to calibrate on and to judge the model's ranking by."
+        ),
+    ] = Selection.TOP,
+    steps: Annotated[
+        int, typer.Option(min=3, help="Training steps per plan: a warm-up, a memory-tracked step, then timed ones.")
+    ] = 10,
+    storage: Annotated[
+        str, typer.Option(help="Optuna storage of the trials; a tune with the same inputs resumes it.")
+    ] = "sqlite:///tune.db",
+    study: Annotated[
+        str | None, typer.Option(help="Study name [default: one per model, training and measured cluster].")
+    ] = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option(
+            help="Shell template that starts a plan's job on a cluster, with {run_args} (and {plan}, {report}, "
+            "{steps}, {nnodes}, {nproc_per_node}, {world_size}), e.g. 'srun -N {nnodes} --ntasks-per-node 1 "
+            "python -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc_per_node} "
+            "--rdzv-backend c10d --rdzv-endpoint $(hostname):29500 {run_args}' [default: torchrun on this machine]."
+        ),
+    ] = None,
+    trial_timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds a plan's job may take before it is stopped and failed.")
+    ] = 600.0,
+    workdir: Annotated[Path, typer.Option(help="Where trials keep their plans, reports and logs.")] = Path("tune"),
+    calibrate: Annotated[
+        bool, typer.Option(help="Store the fitted calibration in the cluster profile (see --save-calibration).")
+    ] = True,
+    save_calibration: Annotated[
+        Path | None,
+        typer.Option(help="Profile file to write, calibrated [default: the --cluster file; a preset needs this]."),
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Predicted-vs-measured PNG [default: WORKDIR/validation.png].")
+    ] = None,
+    output: Annotated[Path | None, typer.Option(help="Write the fastest measured plan here.")] = None,
+) -> None:
+    """Run the search's best plans for a few steps each, keep every trial, and learn from them.
+
+    Each plan is a trial of an Optuna study: predicted and measured step time and per-rank memory.
+    A plan that runs out of memory, crashes or exceeds --trial-timeout is recorded as failed with
+    its reason, and the tuner goes on. Stopped, it resumes: finished plans never run again. From
+    the measured plans it fits the cluster's calibration (compute, communication, per-step
+    overhead, activation memory, memory overhead), stores it in the profile so later estimate and
+    search use it, and shows the model's errors before and after (after: each plan predicted by
+    factors fitted on the others).
+
+    Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
+    """
+    from planner.tune.plot import save_plot
+    from planner.tune.render import factors_table, trials_table, validation_table
+    from planner.tune.settings import TuneSettings
+    from planner.tune.tuner import tune as run_tune
+
+    required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
+    if missing := [option for option, value in required.items() if value is None]:
+        raise SchemaError(f"{', '.join(missing)} required")
+    assert model is not None and cluster is not None
+    target = save_calibration or (Path(cluster) if Path(cluster).is_file() else None)
+    if calibrate and target is None:
+        raise SchemaError(
+            f"--cluster {cluster} is a preset, which cannot be overwritten; give --save-calibration PATH "
+            "(or --no-calibrate)"
+        )
+    training = TrainingSpec.model_validate(
+        {"global_batch_size": global_batch_size, "seq_len": seq_len, "dtype": dtype, "attention_kernel": attention}
+    )
+    settings = TuneSettings(
+        top_k=top_k,
+        select=select,
+        steps=steps,
+        storage=storage,
+        study_name=study,
+        launcher=launcher,
+        trial_timeout_s=trial_timeout,
+        workdir=workdir,
+    )
+    with Progress(console=Console(stderr=True)) as bar:
+        task = bar.add_task("running plans", total=None)
+        result = run_tune(
+            model,
+            cluster,
+            training,
+            settings,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    console = Console()
+    console.print(trials_table(result.records))
+    typer.echo(f"study {result.study_name} in {storage}: {result.ran} plans run now, {len(result.records)} in all")
+    validations = [v for v in (result.before, result.after) if v is not None]
+    if validations:
+        console.print(validation_table(validations))
+        save_plot(validations, plot or workdir / "validation.png")
+        typer.echo(f"wrote the predicted-vs-measured plot to {plot or workdir / 'validation.png'}")
+    if result.calibration is not None:
+        console.print(factors_table(result.calibration))
+        if calibrate and target is not None:
+            profile = api.load_cluster(cluster).model_copy(update={"calibration": result.calibration})
+            save_cluster(profile, target)
+            typer.echo(f"stored the calibration in {target}: estimate and search on it use the factors")
+    best = result.best
+    if best is None or best.report is None:
+        raise PlannerError("no plan ran to the end; see the reasons above and the logs in " + str(workdir))
+    typer.echo(f"fastest measured: {best.plan.layout.describe()}, {best.report.measured_step_time_s:.4f} s a step")
+    if output is not None:
+        api.save_plan(best.plan, output)
+        typer.echo(f"wrote it to {output}")
+
+
+@app.command()
+def validate(
+    storage: Annotated[str, typer.Option(help="Optuna storage of a tune's trials.")] = "sqlite:///tune.db",
+    study: Annotated[str | None, typer.Option(help="Study name [default: the storage's only or newest study].")] = None,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", "-c", help="Profile to predict with [default: the plans' own].")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Also write the predicted-vs-measured PNG here.")] = None,
+) -> None:
+    """Show how right the model was on a tune's measured plans, before and after calibration.
+
+    Example: planner validate --storage sqlite:///tune.db --plot validation.png
+    """
+    from planner.tune.plot import save_plot
+    from planner.tune.render import factors_table, trials_table, validation_table
+    from planner.tune.study import records
+    from planner.tune.tuner import summarize
+
+    summaries = optuna.get_all_study_summaries(storage)
+    if not summaries:
+        raise SchemaError(f"--storage {storage} holds no study; run planner tune first")
+    names = [s.study_name for s in summaries]
+    if study is not None and study not in names:
+        raise SchemaError(f"--study {study!r} is not in {storage}; it holds {', '.join(names)}")
+    name = study or max(summaries, key=lambda s: s.datetime_start or datetime.min).study_name
+    finished = records(optuna.load_study(study_name=name, storage=storage))
+    if not finished:
+        raise SchemaError(f"study {name} has no finished trial yet")
+    profile = api.load_cluster(cluster or finished[0].plan.cluster.spec)
+    result = summarize(study_name=name, records=finished, cluster=profile, source=f"{storage} {name}")
+    console = Console()
+    console.print(trials_table(result.records))
+    validations = [v for v in (result.before, result.after) if v is not None]
+    if validations:
+        console.print(validation_table(validations))
+    if result.calibration is not None:
+        console.print(factors_table(result.calibration))
+    if plot is not None and validations:
+        save_plot(validations, plot)
+        typer.echo(f"wrote {plot}")
 
 
 @app.command()

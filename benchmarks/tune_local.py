@@ -1,0 +1,84 @@
+"""The model against the local 4-rank CPU cluster: run 12 distinct plans of tiny-gpt for real
+and report how right the model was, before calibration and after it (leave-one-out: each plan
+is predicted by factors fitted on the other plans only). Keep the machine otherwise idle: the
+plans share its cores.
+
+Targets (issue 6): Spearman >= 0.9 and top-1 regret <= 5% before calibration; median step-time
+and per-rank memory errors <= 10% after calibration, on plans not used for fitting.
+
+Run: .venv/bin/python benchmarks/tune_local.py [--cluster out/cluster.json] [--top-k 12]
+(without --cluster it profiles the machine first, as the README's main job does). Writes
+out/tune-bench/ (plans, reports, logs, validation.png) and a fresh study in it.
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+
+from planner.schemas import TrainingSpec
+from planner.tune.plot import save_plot
+from planner.tune.render import factors_table, trials_table, validation_table
+from planner.tune.settings import Selection, TuneSettings
+from planner.tune.tuner import tune
+
+TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
+
+
+def main() -> None:
+    """Profile (unless given a profile), tune, print the figures against the targets."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", help="a profile of this machine as 4 ranks (default: measure one)")
+    parser.add_argument("--top-k", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    workdir = Path("out/tune-bench")
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    cluster = args.cluster or str(workdir / "cluster.json")
+    if args.cluster is None:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+        profile = ["-m", "planner", "profile", "--output", cluster, "--quick", "--model", "tiny-gpt"]
+        profile += ["--seq-len", "128"]
+        subprocess.run([*torchrun, *profile], check=True, capture_output=True)
+    settings = TuneSettings(
+        top_k=args.top_k,
+        select=Selection.SPREAD,
+        steps=args.steps,
+        storage=f"sqlite:///{workdir / 'tune.db'}",
+        workdir=workdir,
+    )
+    start = time.perf_counter()
+    result = tune("tiny-gpt", cluster, TRAINING, settings)
+    elapsed = time.perf_counter() - start
+    console = Console(width=160)
+    console.print(trials_table(result.records))
+    assert result.before is not None and result.after is not None and result.calibration is not None
+    console.print(validation_table([result.before, result.after]))
+    console.print(factors_table(result.calibration))
+    save_plot([result.before, result.after], workdir / "validation.png")
+    before, after = result.before, result.after
+    checks = [
+        ("Spearman before calibration >= 0.9", before.spearman, before.spearman >= 0.9),
+        ("top-1 regret before calibration <= 1.05", before.top1_regret, before.top1_regret <= 1.05),
+        ("median step-time error after (held out) <= 10%", after.median_time_error, after.median_time_error <= 0.10),
+        (
+            "median per-rank memory error after (held out) <= 10%",
+            after.median_memory_error,
+            after.median_memory_error is not None and after.median_memory_error <= 0.10,
+        ),
+    ]
+    print(f"{len(result.measured)} of {len(result.records)} plans measured in {elapsed:.0f} s")
+    for name, value, ok in checks:
+        print(f"  {'met    ' if ok else 'NOT met'}  {name}: {value:.3f}" if value is not None else f"  n/a  {name}")
+    print(f"plot: {workdir / 'validation.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Autotuning and calibration: run the search's best plans, measure them, correct the model."""

@@ -1,0 +1,167 @@
+"""Fit a cluster's Calibration from measured runs (the formula is in planner.schemas.calibration).
+
+Time: measured step time = a x compute terms + b x communication terms + c, in relative error
+(every plan counts alike), factors >= 0: non-negative least squares on the uncalibrated terms
+(scipy.optimize.nnls) for a start, then the calibrated model itself by least squares
+(scipy.optimize.least_squares), which also settles how much data-parallel communication the
+scaled backward hides. A term no plan exercises (a column of zeros) keeps its identity value;
+with fewer plans than factors only one scale is fitted, on the whole step.
+
+Memory: over every measured rank whose method counts tensors (MemTracker, CUDA allocator; not RSS
+growth), measured - (predicted - activations) = s x activations + o, by least squares with
+s >= 0; o may be negative (the model counts a buffer the runtime does not hold).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+
+from cost_models.estimate import COMMUNICATION_TERMS, COMPUTE_TERMS, estimate
+from planner.errors import PlannerError
+from planner.schemas import Calibration, ClusterProfile, Estimate, MemoryBreakdown, Plan, RunReport
+
+PRIOR_WEIGHTS = (0.0, 0.03, 0.1, 0.3)
+"""Candidate pulls of the time factors toward the uncalibrated model (scales 1, overhead 0), as
+a relative error: at 0.1 a factor of 2 costs as much as a 7% error on one plan. Compute and a
+per-step overhead are nearly interchangeable when the measured plans do similar work; without a
+pull a dozen noisy plans can trade one for the other (measured: compute 0.0, overhead 0.23 s).
+planner.tune.validate picks the pull whose leave-one-out error is least."""
+DEFAULT_PRIOR_WEIGHT = 0.1
+"""The pull with too few plans to pick one."""
+
+COMPARABLE_MEMORY_METHODS = ("MemTracker", "cuda max_memory_allocated")
+"""Peak-memory methods that count the tensors the cost model counts."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankSample:
+    """One rank's measured peak beside the model's figures for its stage."""
+
+    rank: int
+    stage: int
+    measured_bytes: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """A measured plan: what to re-estimate, and what its run measured."""
+
+    label: str
+    plan: Plan
+    measured_step_time_s: float
+    memory: tuple[RankSample, ...]
+    """Ranks measured with a comparable method (empty when none was)."""
+
+    @classmethod
+    def from_report(cls, label: str, plan: Plan, report: RunReport) -> "Observation":
+        """The observation of ``plan``'s run."""
+        samples = tuple(
+            RankSample(rank=m.rank, stage=m.stage, measured_bytes=float(m.peak_bytes))
+            for m in report.memory
+            if m.method in COMPARABLE_MEMORY_METHODS
+        )
+        return cls(label=label, plan=plan, measured_step_time_s=report.measured_step_time_s, memory=samples)
+
+    def predict(self, cluster: ClusterProfile) -> Estimate:
+        """The plan's estimate on ``cluster`` (calibrated or not, as the profile is)."""
+        p = self.plan
+        return estimate(p.model, p.training, cluster, p.layout)
+
+
+def uncalibrated(cluster: ClusterProfile) -> ClusterProfile:
+    """The profile with its calibration removed."""
+    return cluster.model_copy(update={"calibration": None})
+
+
+def fit_calibration(
+    observations: Sequence[Observation],
+    cluster: ClusterProfile,
+    *,
+    source: str = "",
+    prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+) -> Calibration:
+    """Factors that bring the uncalibrated model closest to ``observations``.
+
+    Raises:
+        PlannerError: no observation to fit.
+    """
+    if not observations:
+        raise PlannerError("no measured plan to calibrate on: every trial failed (see the trial table)")
+    base = uncalibrated(cluster)
+    estimates = [obs.predict(base) for obs in observations]
+    compute, comm, overhead = _fit_time(observations, estimates, base, prior_weight)
+    rows = [
+        (est.stages[s.stage].memory, s.measured_bytes)
+        for obs, est in zip(observations, estimates, strict=True)
+        for s in obs.memory
+    ]
+    act_scale, mem_overhead = _fit_memory(rows)
+    return Calibration(
+        compute_scale=compute,
+        communication_scale=comm,
+        step_overhead_s=overhead,
+        activation_memory_scale=act_scale,
+        memory_overhead_bytes=mem_overhead,
+        created=datetime.now(UTC),
+        trials=len(observations),
+        memory_samples=len(rows),
+        source=source,
+    )
+
+
+def _fit_time(
+    observations: Sequence[Observation], estimates: Sequence[Estimate], base: ClusterProfile, prior_weight: float
+) -> tuple[float, float, float]:
+    """(compute, communication, overhead): a linear start, then the model itself fitted."""
+    x = np.array(
+        [
+            [sum(getattr(e.time, t) for t in COMPUTE_TERMS), sum(getattr(e.time, t) for t in COMMUNICATION_TERMS), 1.0]
+            for e in estimates
+        ]
+    )
+    y = np.array([obs.measured_step_time_s for obs in observations])
+    if len(y) < x.shape[1]:
+        ratio = float(y.sum() / x[:, :2].sum())
+        return ratio, ratio, 0.0
+    used = [j for j in range(x.shape[1]) if np.any(x[:, j] > 0)]
+    start, _ = nnls(x[:, used] / y[:, None], np.ones_like(y))  # relative residuals: every plan counts alike
+    factors = np.array([1.0, 1.0, 0.0])
+
+    def residuals(free: np.ndarray) -> np.ndarray:
+        factors[used] = free
+        cal = Calibration(
+            compute_scale=factors[0],
+            communication_scale=factors[1],
+            step_overhead_s=factors[2],
+            created=datetime(2000, 1, 1, tzinfo=UTC),
+            trials=0,
+            memory_samples=0,
+        )
+        calibrated = base.model_copy(update={"calibration": cal})
+        errors = [obs.predict(calibrated).step_time_s / obs.measured_step_time_s - 1 for obs in observations]
+        prior = [np.log(factors[j]) for j in used if j < 2] + [factors[2] / typical_s] * (2 in used)
+        return np.array(errors + [prior_weight * p for p in prior])
+
+    # The linear start misses one thing: how much data-parallel communication the scaled
+    # backward hides. Fitting the model itself settles it.
+    typical_s = float(np.median(y))
+    fitted = least_squares(residuals, np.maximum(start, 1e-3), bounds=(1e-6, np.inf), x_scale="jac")
+    factors[used] = fitted.x
+    return float(factors[0]), float(factors[1]), float(factors[2])
+
+
+def _fit_memory(rows: Sequence[tuple[MemoryBreakdown, float]]) -> tuple[float, float]:
+    if not rows:
+        return 1.0, 0.0
+    act = np.array([mem.activations_bytes for mem, _ in rows])
+    rest = np.array([mem.total_bytes - mem.activations_bytes for mem, _ in rows])
+    y = np.array([measured for _, measured in rows]) - rest
+    if len(rows) >= 2 and np.ptp(act) > 0:
+        x = np.column_stack([act, np.ones_like(act)])
+        (scale, offset), *_ = np.linalg.lstsq(x, y, rcond=None)
+        if scale >= 0:
+            return float(scale), float(offset)
+    return 1.0, float(np.mean(y - act))

@@ -1,0 +1,95 @@
+"""Tables of a tune for people: the trials, the model's figures before and after calibration,
+and the fitted factors with what each does to an estimate."""
+
+from rich.table import Table
+
+from planner.schemas import Calibration
+from planner.tune.study import TrialRecord
+from planner.tune.validate import Validation
+
+MIB = 2**20
+
+
+def trials_table(records: tuple[TrialRecord, ...]) -> Table:
+    """Every trial: plan, predicted and measured step time and peak memory, or why it failed."""
+    table = Table(title="trials: predicted beside measured (memory: the rank with the highest measured peak)")
+    for name, justify in (
+        ("#", "right"),
+        ("plan", "left"),
+        ("predicted s", "right"),
+        ("measured s", "right"),
+        ("measured / predicted", "right"),
+        ("predicted MiB", "right"),
+        ("measured MiB", "right"),
+        ("result", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in records:
+        est = r.plan.estimate
+        if r.report is None:
+            row = ["", "", "", f"{est.peak_memory_bytes / MIB:,.1f}", "", f"[red]failed[/]: {r.failure}"]
+        else:
+            worst = max(r.report.memory, key=lambda m: m.peak_bytes)
+            row = [
+                f"{r.report.measured_step_time_s:.4f}",
+                f"{r.report.measured_step_time_s / est.step_time_s:.2f}",
+                f"{worst.predicted_bytes / MIB:,.1f}",
+                f"{worst.peak_bytes / MIB:,.1f}",
+                "measured" + ("" if worst.method == "MemTracker" else f" ({worst.method})"),
+            ]
+        table.add_row(str(r.number), r.plan.layout.describe(), f"{est.step_time_s:.4f}", *row)
+    return table
+
+
+def validation_table(validations: list[Validation]) -> Table:
+    """The figures of each validation side by side (planner.tune.validate gives their meaning)."""
+    table = Table(title="how right the model is (errors: |predicted - measured| / measured)")
+    table.add_column("figure")
+    for v in validations:
+        table.add_column(f"{v.title} ({len(v.plans)} plans)", justify="right")
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1%}"
+
+    rows = [
+        ("Spearman rank correlation of step times", [f"{v.spearman:.3f}" for v in validations]),
+        ("top-1 regret (model's pick / measured best)", [f"{v.top1_regret:.3f}" for v in validations]),
+        ("median step-time error", [pct(v.median_time_error) for v in validations]),
+        ("worst step-time error", [pct(v.worst_time_error) for v in validations]),
+        ("median per-rank memory error", [pct(v.median_memory_error) for v in validations]),
+        ("worst per-rank memory error", [pct(v.worst_memory_error) for v in validations]),
+    ]
+    for name, values in rows:
+        table.add_row(name, *values)
+    return table
+
+
+def factors_table(calibration: Calibration) -> Table:
+    """The factors fitted on every measured plan, and what each does to an estimate."""
+    table = Table(
+        title=f"calibration fitted on {calibration.trials} plans and {calibration.memory_samples} measured ranks"
+    )
+    table.add_column("factor")
+    table.add_column("value", justify="right")
+    table.add_column("effect on later estimates on this profile")
+    c = calibration
+    table.add_row(
+        "compute_scale", f"{c.compute_scale:.3f}", f"compute, recompute, bubble, optimizer x {c.compute_scale:.2f}"
+    )
+    table.add_row(
+        "communication_scale",
+        f"{c.communication_scale:.3f}",
+        f"tensor/expert/pipeline/data-parallel comm x {c.communication_scale:.2f}",
+    )
+    table.add_row("step_overhead_s", f"{c.step_overhead_s:.4f}", f"+{c.step_overhead_s * 1e3:.1f} ms every step")
+    table.add_row(
+        "activation_memory_scale",
+        f"{c.activation_memory_scale:.3f}",
+        f"activations x {c.activation_memory_scale:.2f}",
+    )
+    table.add_row(
+        "memory_overhead_bytes",
+        f"{c.memory_overhead_bytes:,.0f}",
+        f"{c.memory_overhead_bytes / MIB:+.1f} MiB on every rank",
+    )
+    return table

@@ -1,0 +1,139 @@
+"""`planner tune`: run the search's best plans for real, keep every trial, learn from them.
+
+The top-k plans of the search run one by one as jobs (planner.tune.launcher); each run is a trial
+of an Optuna study (planner.tune.study), so a tuner that is stopped resumes where it was and never
+runs a finished plan twice. From the measured plans it fits the cluster's Calibration and judges
+the model before and after it (planner.tune.validate).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner import api
+from planner.schemas import Calibration, ClusterProfile, ModelSpec, Plan, TrainingSpec
+from planner.search.strategy import Progress
+from planner.tune.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
+from planner.tune.launcher import TrialRun, check_template, job_command, run_job
+from planner.tune.settings import TuneSettings, pool_size, select_plans
+from planner.tune.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
+from planner.tune.study import study_name as default_study_name
+from planner.tune.validate import Validation, after_calibration, before_calibration
+
+MIN_PLANS_FOR_HELD_OUT = 3
+"""Measured plans needed before the calibrated figures are reported (each is left out once)."""
+
+
+RunTrial = Callable[[Plan, Path, Path, TuneSettings], TrialRun]
+"""Runs one plan (plan file, report path, settings); the default starts the job."""
+
+
+def run_trial_job(plan: Plan, plan_path: Path, report_path: Path, settings: TuneSettings) -> TrialRun:
+    """Run the plan's job with the settings' launcher and time limit."""
+    command = job_command(plan, plan_path, report_path, settings.steps, settings.launcher)
+    log_path = plan_path.with_name(plan_path.name.replace("plan-", "log-").replace(".json", ".txt"))
+    return run_job(command, report_path, log_path, settings.trial_timeout_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TuneResult:
+    """The study's trials, what this tuner ran, and what they taught."""
+
+    study_name: str
+    records: tuple[TrialRecord, ...]
+    """Every finished trial of the study, oldest first."""
+    ran: int
+    """Trials this call ran (the rest were finished before)."""
+    calibration: Calibration | None
+    """Fitted on every measured plan; None when none was measured."""
+    before: Validation | None
+    after: Validation | None
+    """Leave-one-out; None with fewer than MIN_PLANS_FOR_HELD_OUT measured plans."""
+
+    @property
+    def measured(self) -> tuple[TrialRecord, ...]:
+        """The trials that measured their plan."""
+        return tuple(r for r in self.records if r.report is not None)
+
+    @property
+    def best(self) -> TrialRecord | None:
+        """The fastest measured plan."""
+        return min(self.measured, key=lambda r: r.report.measured_step_time_s if r.report else 0.0, default=None)
+
+
+def tune(
+    model: ModelSpec | str,
+    cluster: str,
+    training: TrainingSpec,
+    settings: TuneSettings,
+    *,
+    run_trial: RunTrial = run_trial_job,
+    progress: Progress | None = None,
+) -> TuneResult:
+    """Search, run the top-k plans not yet run, fit the calibration, validate.
+
+    Args:
+        model: a ModelSpec, a preset name or a config file.
+        cluster: a preset ``NAME:NODES`` or a profile path (recorded in the plans).
+        training: global batch, sequence length, precision.
+        settings: top-k, steps, study storage, launcher, time limit, working directory.
+        run_trial: how a plan runs (tests replace the job with a function).
+        progress: called as progress(done, total) over the plans.
+
+    Raises:
+        SchemaError: an input or the launcher template is invalid.
+        InfeasibleConfigError: no layout fits.
+    """
+    if settings.launcher is not None:
+        check_template(settings.launcher)
+    model_spec = api.load_model(model) if isinstance(model, str) else model
+    profile = api.load_cluster(cluster)
+    plans = select_plans(api.search(model_spec, cluster, training, top_k=pool_size(settings)), settings)
+    name = settings.study_name or default_study_name(model_spec.name, training, profile)
+    study = open_study(settings.storage, name)
+    done = finished_keys(study)
+    settings.workdir.mkdir(parents=True, exist_ok=True)
+    ran = 0
+    for i, plan in enumerate(plans):
+        if progress is not None:
+            progress(i, len(plans))
+        key = plan_key(plan)
+        if key in done:
+            continue
+        plan_path = settings.workdir / f"plan-{key}.json"
+        api.save_plan(plan, plan_path)
+        trial = start_trial(study, plan)
+        outcome = run_trial(plan, plan_path, settings.workdir / f"report-{key}.json", settings)
+        finish_trial(study, trial, outcome.report, outcome.failure)
+        ran += 1
+    if progress is not None:
+        progress(len(plans), len(plans))
+    return summarize(
+        study_name=name, records=records(study), cluster=profile, source=f"{settings.storage} {name}", ran=ran
+    )
+
+
+def summarize(
+    *, study_name: str, records: list[TrialRecord], cluster: ClusterProfile, source: str, ran: int = 0
+) -> TuneResult:
+    """Calibration and validation of a study's trials (``planner validate`` shows a stored study)."""
+    observations = [
+        Observation.from_report(f"#{r.number} {r.plan.layout.describe()}", r.plan, r.report)
+        for r in records
+        if r.report is not None
+    ]
+    after, weight = (
+        after_calibration(observations, cluster)
+        if len(observations) >= MIN_PLANS_FOR_HELD_OUT
+        else (None, DEFAULT_PRIOR_WEIGHT)
+    )
+    return TuneResult(
+        study_name=study_name,
+        records=tuple(records),
+        ran=ran,
+        calibration=fit_calibration(observations, cluster, source=source, prior_weight=weight)
+        if observations
+        else None,
+        before=before_calibration(observations, cluster) if observations else None,
+        after=after,
+    )

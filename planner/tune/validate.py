@@ -1,0 +1,109 @@
+"""How right the model was: predicted beside measured for every measured plan.
+
+Figures (errors are (predicted - measured) / measured; "median" and "worst" are of their size):
+- Spearman rank correlation of predicted and measured step times (1: the model orders the plans
+  as the runs did);
+- top-1 regret: measured time of the plan the model ranks first / the best measured time
+  (1.0: the model's pick was the fastest);
+- median and worst step-time error over plans, and per-rank memory error over every rank
+  measured with a comparable method.
+
+After calibration the figures are leave-one-out: each plan is predicted by factors fitted on
+the other plans only, so no plan is judged by factors it helped fit.
+"""
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy.stats import spearmanr
+
+from planner.schemas import ClusterProfile, Estimate
+from planner.tune.calibrate import PRIOR_WEIGHTS, Observation, fit_calibration, uncalibrated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanResult:
+    """One plan: its step time and per-rank memory, predicted beside measured."""
+
+    label: str
+    predicted_step_time_s: float
+    measured_step_time_s: float
+    memory: tuple[tuple[float, float], ...]
+    """(predicted, measured) bytes of each comparably measured rank."""
+
+    @property
+    def time_error(self) -> float:
+        """(predicted - measured) / measured step time."""
+        return (self.predicted_step_time_s - self.measured_step_time_s) / self.measured_step_time_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Validation:
+    """The figures of one set of predictions (module docstring)."""
+
+    title: str
+    plans: tuple[PlanResult, ...]
+    spearman: float
+    top1_regret: float
+    median_time_error: float
+    worst_time_error: float
+    median_memory_error: float | None
+    worst_memory_error: float | None
+    """None when no rank was measured with a comparable method."""
+
+
+def plan_result(obs: Observation, est: Estimate) -> PlanResult:
+    """``obs`` beside the estimate ``est`` of its plan."""
+    return PlanResult(
+        label=obs.label,
+        predicted_step_time_s=est.step_time_s,
+        measured_step_time_s=obs.measured_step_time_s,
+        memory=tuple((est.stages[s.stage].memory.total_bytes, s.measured_bytes) for s in obs.memory),
+    )
+
+
+def validate(title: str, plans: Sequence[PlanResult]) -> Validation:
+    """The figures of ``plans``; the rank correlation needs two plans (NaN with fewer, or constant)."""
+    predicted = [p.predicted_step_time_s for p in plans]
+    measured = [p.measured_step_time_s for p in plans]
+    rho = float(spearmanr(predicted, measured).statistic) if len(plans) >= 2 else float("nan")
+    pick = min(plans, key=lambda p: p.predicted_step_time_s)
+    time_errors = [abs(p.time_error) for p in plans]
+    memory_errors = [abs(pred - meas) / meas for p in plans for pred, meas in p.memory]
+    return Validation(
+        title=title,
+        plans=tuple(plans),
+        spearman=rho,
+        top1_regret=pick.measured_step_time_s / min(measured),
+        median_time_error=statistics.median(time_errors),
+        worst_time_error=max(time_errors),
+        median_memory_error=statistics.median(memory_errors) if memory_errors else None,
+        worst_memory_error=max(memory_errors) if memory_errors else None,
+    )
+
+
+def before_calibration(observations: Sequence[Observation], cluster: ClusterProfile) -> Validation:
+    """The uncalibrated model against every measured plan."""
+    base = uncalibrated(cluster)
+    return validate("uncalibrated model", [plan_result(obs, obs.predict(base)) for obs in observations])
+
+
+def after_calibration(observations: Sequence[Observation], cluster: ClusterProfile) -> tuple[Validation, float]:
+    """Each plan predicted with factors fitted on the others (leave-one-out; needs 2 plans), at
+    the prior weight (calibrate.PRIOR_WEIGHTS) whose median step-time error is least; that weight.
+
+    The weight is the one figure chosen with every plan in view (one of four), so the figures
+    are a shade optimistic; the factors themselves never see the plan they predict."""
+    best: tuple[Validation, float] | None = None
+    for weight in PRIOR_WEIGHTS:
+        results = []
+        for i, obs in enumerate(observations):
+            others = [o for j, o in enumerate(observations) if j != i]
+            calibration = fit_calibration(others, cluster, prior_weight=weight)
+            results.append(plan_result(obs, obs.predict(cluster.model_copy(update={"calibration": calibration}))))
+        v = validate("calibrated, leave-one-out", results)
+        if best is None or v.median_time_error < best[0].median_time_error:
+            best = (v, weight)
+    assert best is not None
+    return best

@@ -1,0 +1,100 @@
+"""The tuner's bookkeeping with fake runs: failed trials are kept with their reason and skipped,
+an interrupted tune resumes without running a finished plan twice, and the calibration it fits
+moves estimates the way the measurements did."""
+
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import make_cluster
+from fakes import TRUE, FakeRunner, true_machine
+
+from planner.inputs import save_cluster
+from planner.schemas import TrainingSpec
+from planner.tune.settings import TuneSettings
+from planner.tune.study import INTERRUPTED
+from planner.tune.tuner import tune
+
+TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
+
+
+# Slow links, so that communication is a visible share of the step.
+CLUSTER = make_cluster(per_node=4, memory_bytes=2 * 2**30, intra_bw=2e8)
+MACHINE = true_machine(CLUSTER)
+
+
+@pytest.fixture
+def cluster_path(tmp_path: Path) -> str:
+    path = tmp_path / "cluster.json"
+    save_cluster(CLUSTER, path)
+    return str(path)
+
+
+def settings(tmp_path: Path, top_k: int = 5) -> TuneSettings:
+    return TuneSettings(top_k=top_k, storage=f"sqlite:///{tmp_path / 'tune.db'}", workdir=tmp_path / "trials")
+
+
+def test_a_failed_trial_is_recorded_with_its_reason_and_the_tuner_goes_on(tmp_path: Path, cluster_path: str) -> None:
+    runner = FakeRunner(MACHINE, fail={1: "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB"})
+    result = tune("tiny-gpt", cluster_path, TRAINING, settings(tmp_path), run_trial=runner)
+
+    assert len(runner.ran) == 5 and result.ran == 5
+    failed = [r for r in result.records if r.report is None]
+    assert [r.failure for r in failed] == ["out of memory: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    assert len(result.measured) == 4
+    assert result.best is not None and result.best.report is not None
+    # The failed plan is never the answer, and the study says FAIL with the reason.
+    assert result.best.key != failed[0].key
+    study = optuna.load_study(study_name=result.study_name, storage=settings(tmp_path).storage)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) == 1
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 4
+
+    # A second tune runs nothing: the failure is a verdict too.
+    again = FakeRunner(MACHINE)
+    assert tune("tiny-gpt", cluster_path, TRAINING, settings(tmp_path), run_trial=again).ran == 0
+    assert again.ran == []
+
+
+def test_an_interrupted_tune_resumes_without_running_a_finished_plan_twice(tmp_path: Path, cluster_path: str) -> None:
+    first = FakeRunner(MACHINE, interrupt_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        tune("tiny-gpt", cluster_path, TRAINING, settings(tmp_path), run_trial=first)
+    assert len(first.ran) == 2
+
+    second = FakeRunner(MACHINE)
+    result = tune("tiny-gpt", cluster_path, TRAINING, settings(tmp_path), run_trial=second)
+
+    assert len(second.ran) == 3  # the interrupted plan and the two never started
+    assert not set(first.ran) & set(second.ran)
+    assert sorted(first.ran + second.ran) == sorted(r.plan.layout.describe() for r in result.records)
+    study = optuna.load_study(study_name=result.study_name, storage=settings(tmp_path).storage)
+    interrupted = [t for t in study.trials if t.user_attrs.get("failure") == INTERRUPTED]
+    assert len(interrupted) == 1 and interrupted[0].state is optuna.trial.TrialState.FAIL
+    assert len(result.records) == 5 and all(r.report is not None for r in result.records)
+
+
+def test_calibration_recovers_the_machine_and_moves_estimates_its_way(tmp_path: Path, cluster_path: str) -> None:
+    result = tune("tiny-gpt", cluster_path, TRAINING, settings(tmp_path, top_k=6), run_trial=FakeRunner(MACHINE))
+    cal = result.calibration
+    assert cal is not None and cal.trials == 6
+
+    # The fake runs are the model under known factors, so the fit finds them (held-out error
+    # picks no pull toward the uncalibrated model: none is needed on noiseless runs).
+    for name, value in TRUE.items():
+        assert cal.factors[name] == pytest.approx(value, rel=1e-4), name
+
+    # Before: the model is off; after (each plan left out of its own fit): exact.
+    assert result.before is not None and result.after is not None
+    assert result.before.median_time_error > 0.1
+    assert result.after.median_time_error < 1e-6
+    assert result.before.median_memory_error is not None and result.before.median_memory_error > 1e-3
+    assert result.after.median_memory_error is not None and result.after.median_memory_error < 1e-6
+    before = {p.label: p for p in result.before.plans}
+    for plan in result.after.plans:  # every estimate moves toward what its plan measured
+        was = before[plan.label]
+        assert (plan.predicted_step_time_s - was.predicted_step_time_s) * (
+            plan.measured_step_time_s - was.predicted_step_time_s
+        ) > 0
+        for (after, measured), (b, _) in zip(plan.memory, was.memory, strict=True):
+            assert (after - b) * (measured - b) > 0
