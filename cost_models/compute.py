@@ -78,21 +78,31 @@ def elementwise_time_s(bytes_moved: float, device: DeviceProfile) -> float:
 
 
 def measured_layer_s(
-    device: DeviceProfile, model_name: str, dtype: DType, tensor_parallel: int, micro_batch: int, seq_len: int
+    device: DeviceProfile,
+    model_name: str,
+    dtype: DType,
+    tensor_parallel: int,
+    micro_batch: int,
+    seq_len: int,
+    *,
+    sequence_parallel: bool | None = None,
 ) -> tuple[float, float] | None:
     """Forward and backward seconds of one of the model's own layers, as the profiler timed it
-    (``planner profile --model``): the record of this micro-batch size, else the line through the
-    two measured sizes nearest to it (a fixed cost per call plus a cost per sequence, which is
-    how small layers scale on CPUs and launch-bound GPUs). None without a record of this model,
-    precision, tensor-parallel degree and sequence length."""
+    (``planner profile --model``): the local layer of one tensor-parallel rank, or with
+    ``sequence_parallel`` given the real tensor-parallel layer, collectives included. The record
+    of this micro-batch size, else the line through the two measured sizes nearest to it (a
+    fixed cost per call plus a cost per sequence, which is how small layers scale on CPUs and
+    launch-bound GPUs). None without a record of this model, precision, tensor-parallel degree
+    and sequence length."""
+    op, key = ("layer", ()) if sequence_parallel is None else ("tp_layer", (int(sequence_parallel),))
     points = sorted(
         (rec.shape[1], rec.fwd_time_s, rec.fwd_bwd_time_s)
         for rec in device.op_records
-        if rec.op == "layer"
+        if rec.op == op
         and rec.model == model_name
         and rec.dtype is dtype
         and rec.fwd_bwd_time_s is not None
-        and (rec.shape[0], rec.shape[2]) == (tensor_parallel, seq_len)
+        and (rec.shape[0], rec.shape[2], *rec.shape[3:]) == (tensor_parallel, seq_len, *key)
     )
     if not points:
         return None

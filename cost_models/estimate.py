@@ -19,7 +19,7 @@ Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3):
   (fp32 weight, two moments, gradient, and the training-precision copy), memory-bound; or at the
   rate the profiler timed on the model's own layer (``compute.measured_optimizer_s``).
 A calibrated cluster (schemas.calibration) scales the compute and communication terms and adds
-its per-step overhead.
+its per-step and per-micro-batch overheads.
 Units: seconds, bytes, FLOP.
 """
 
@@ -181,7 +181,7 @@ def estimate(
         data_parallel_comm_overlapped_s=dp_total - dp_exposed,
     )
     if cal is not None:
-        time = calibrated_time(time, cal)
+        time = calibrated_time(time, cal, micro_batch_slots(layout, m))
     step_s = time.step_time_s
     world = layout.world_size
     peak = cluster.device.get_peak_flop_per_s(training.dtype)
@@ -222,23 +222,34 @@ def hides_communication(cluster: ClusterProfile) -> bool:
 
 COMPUTE_TERMS = ("compute_s", "recompute_s", "pipeline_bubble_s", "optimizer_s")
 """TimeBreakdown terms a calibration's compute_scale multiplies."""
-COMMUNICATION_TERMS = ("tensor_parallel_comm_s", "expert_parallel_comm_s", "pipeline_comm_s", "data_parallel_comm_s")
+TENSOR_PARALLEL_TERMS = ("tensor_parallel_comm_s",)
+"""TimeBreakdown terms a calibration's tensor_parallel_scale multiplies."""
+COMMUNICATION_TERMS = ("expert_parallel_comm_s", "pipeline_comm_s", "data_parallel_comm_s")
 """TimeBreakdown terms a calibration's communication_scale multiplies."""
 
 
-def calibrated_time(time: TimeBreakdown, calibration: Calibration) -> TimeBreakdown:
+def micro_batch_slots(layout: Layout, micro_batches: int) -> int:
+    """Units of the schedule's critical path: m, or with p > 1 stages m x v chunk steps plus the
+    p - 1 that fill the pipeline."""
+    p = layout.pipeline_parallel_degree
+    return micro_batches if p == 1 else micro_batches * layout.virtual_stages + p - 1
+
+
+def calibrated_time(time: TimeBreakdown, calibration: Calibration, slots: int) -> TimeBreakdown:
     """The breakdown with the calibration's factors applied (schemas.calibration gives the formula).
 
     Data-parallel terms are left as they are: ``estimate`` scales them before it decides how much
     of the reduction the (scaled) backward hides.
     """
     scaled = {name: getattr(time, name) * calibration.compute_scale for name in COMPUTE_TERMS}
+    scaled |= {name: getattr(time, name) * calibration.tensor_parallel_scale for name in TENSOR_PARALLEL_TERMS}
     scaled |= {
         name: getattr(time, name) * calibration.communication_scale
         for name in COMMUNICATION_TERMS
         if not name.startswith("data_parallel")
     }
-    return replace(time, **scaled, overhead_s=time.overhead_s + calibration.step_overhead_s)
+    overhead = calibration.step_overhead_s + calibration.micro_batch_overhead_s * slots
+    return replace(time, **scaled, overhead_s=time.overhead_s + overhead)
 
 
 def _recompute_flop_ratio(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

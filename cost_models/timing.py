@@ -13,7 +13,8 @@ al. sec. 4.2.2). MoE moves tokens with an all-to-all to the experts and one back
 weight gradients are accumulated into fp32 buffers (Megatron-LM's main_grad, PyTorch AMP's
 fp32 .grad): read the new gradient and the sum, write the sum, memory-bound. Where the profile
 timed this model's own layer (``compute.measured_layer_s``), that time replaces the layer's
-kernels: it holds every small op and launch the kernel sum leaves out.
+kernels: it holds every small op and launch the kernel sum leaves out; where it also timed the
+real tensor-parallel layer, what that takes beyond the local layer is the tensor-parallel time.
 Units: seconds.
 """
 
@@ -126,6 +127,24 @@ def stage_times(
         else:
             tp_fwd = 2 * slowest_collective_s(CollectiveOp.ALL_REDUCE, act_bytes, groups, cluster)
     tp_layer = 2 * tp_fwd + (tp_fwd if layout.recompute is Recompute.FULL else 0.0)
+    real = (
+        measured_layer_s(
+            dev,
+            model.name,
+            dt,
+            layout.tensor_parallel_degree,
+            layout.micro_batch_size,
+            training.seq_len,
+            sequence_parallel=layout.sequence_parallel,
+        )
+        if measured is not None and layout.tensor_parallel_degree > 1
+        else None
+    )
+    if measured is not None and real is not None:
+        # What the real tensor-parallel layer takes beyond the local one: its collectives and
+        # the framework's cost of sharding, measured.
+        tp_fwd = max(0.0, real[0] - measured[0])
+        tp_layer = tp_fwd + max(0.0, real[1] - measured[1]) + (tp_fwd if layout.recompute is Recompute.FULL else 0.0)
 
     ep_layer = 0.0
     if model.is_moe and layout.expert_parallel_degree > 1:

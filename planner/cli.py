@@ -503,10 +503,10 @@ def tune(
     Each plan is a trial of an Optuna study: predicted and measured step time and per-rank memory.
     A plan that runs out of memory, crashes or exceeds --trial-timeout is recorded as failed with
     its reason, and the tuner goes on. Stopped, it resumes: finished plans never run again. From
-    the measured plans it fits the cluster's calibration (compute, communication, per-step
-    overhead, activation memory, memory overhead), stores it in the profile so later estimate and
-    search use it, and shows the model's errors before and after (after: each plan predicted by
-    factors fitted on the others).
+    the measured plans it fits the cluster's calibration (compute, tensor-parallel and other
+    communication, per-step and per-micro-batch overheads, activation memory, memory overhead),
+    stores it in the profile so later estimate and search use it, and shows the model's errors
+    before and after (after: each plan predicted by factors fitted on the others).
 
     Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
     """

@@ -10,13 +10,15 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
 
 from cost_models.layer_work import layer_work, output_layer_gemm
 from planner.schemas import DType, Layout, TrainingSpec
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
-from runtime.model import TORCH_DTYPES
+from runtime.model import TORCH_DTYPES, Decoder
+from runtime.trainer import default_dtype, tensor_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,7 @@ class GemmSample:
 class OpSample:
     """One rank's median times of an op's forward and, where it has one, forward + backward."""
 
-    op: Literal["attention", "layernorm", "elementwise", "layer", "optimizer"]
+    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "optimizer"]
     shape: tuple[int, ...]
     dtype: DType
     fwd_s: float
@@ -93,7 +95,7 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     tiny = torch.rand(8, 8, device=ctx.device)
     overhead = ctx.time(lambda: torch.mm(tiny, tiny), repeats=max(ctx.settings.repeats, 20))
     others = [OpSample("elementwise", (elems,), DType.FP32, stream.median_s, None, stream.spread)]
-    others += _attention_and_norm(ctx) + _layers(ctx) + _optimizer(ctx)
+    others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _optimizer(ctx)
     sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
     return ctx.gather(sample)
 
@@ -180,3 +182,38 @@ def _optimizer(ctx: Context) -> list[OpSample]:
     step = ctx.time(opt.step, repeats=ctx.settings.layer_repeats)
     count = sum(p.numel() for p in params)
     return [OpSample("optimizer", (count,), DType.FP32, step.median_s, None, step.spread, model.name)]
+
+
+def _tensor_parallel_layers(ctx: Context) -> list[OpSample]:
+    """Forward + backward of the runtime's own tensor-parallel layer (DTensor, with and without
+    sequence parallelism), on every group of t consecutive ranks at once (with ``model``): its
+    collectives and the framework's cost of sharding, which the local layer leaves out."""
+    model = ctx.settings.model
+    if model is None or ctx.world_size < 2:
+        return []
+    out = []
+    degrees = [
+        t
+        for t in (2, 4, 8)
+        if ctx.world_size % t == 0 and model.num_attention_heads % t == 0 and model.kv_heads % t == 0
+    ]
+    for tp in degrees:
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("rest", "tp"))
+        for dtype, sp in itertools.product(ctx.settings.gemm_dtypes, (False, True)):
+            if sp and ctx.settings.seq_len % tp:
+                continue
+            with default_dtype(TORCH_DTYPES[dtype]):
+                chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
+            tensor_parallel(chunk, mesh["tp"], sequence_parallel=sp)
+            local_s = ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
+            for mb in ctx.settings.layer_micro_batches:
+                ctx.at("ops", f"tensor-parallel layer {dtype} tp={tp} sp={sp} micro-batch={mb}")
+                x = torch.randn(
+                    mb, local_s, model.hidden_size, device=ctx.device, dtype=TORCH_DTYPES[dtype], requires_grad=True
+                )
+                fwd, both = _fwd_bwd(
+                    ctx, partial(chunk, x), [x, *chunk.parameters()], repeats=ctx.settings.layer_repeats
+                )
+                shape = (tp, mb, ctx.settings.seq_len, int(sp))
+                out.append(OpSample("tp_layer", shape, dtype, fwd.median_s, both.median_s, both.spread, model.name))
+    return out

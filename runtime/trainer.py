@@ -72,12 +72,12 @@ class Trainer:
         low = TORCH_DTYPES[dtype]
         # ZeRO-0/1 keep the model in the plan's precision (fp32 masters live in the optimizer);
         # ZeRO-2/3 keep fp32 shards that FSDP gathers in that precision.
-        with _default_dtype(low if layout.zero_stage < ZeroStage.GRADIENTS else torch.float32):
+        with default_dtype(low if layout.zero_stage < ZeroStage.GRADIENTS else torch.float32):
             self.chunks = [self._chunk(c, seed) for c in stage_chunks(layout, self.pp_rank)]
         for chunk in self.chunks:
             set_recompute(chunk, layout.recompute)
             if t > 1:
-                _tensor_parallel(chunk, self.mesh["tp"], sequence_parallel=layout.sequence_parallel)
+                tensor_parallel(chunk, self.mesh["tp"], sequence_parallel=layout.sequence_parallel)
             if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
                 chunk.to(device)
         self._tie_group = self._tied_copy_group()
@@ -227,7 +227,8 @@ class OneCall(nn.Module):
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Modules built inside get parameters of ``dtype``."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -241,7 +242,7 @@ def _value(t: torch.Tensor) -> float:
     return float((t.full_tensor() if isinstance(t, DTensor) else t).detach().item())
 
 
-def _tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
     """Megatron-style tensor parallelism; with sequence parallelism the norms and the residual
     stream hold 1/t of the sequence, gathered before attention and the MLP and reduce-scattered
     after them (Korthikanti et al. 2022, sec. 4.2.2)."""

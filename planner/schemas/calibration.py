@@ -4,12 +4,15 @@ Stored in the cluster profile; ``cost_models.estimate`` applies them to every es
 profile. Each factor says how the measured runs differed from the uncalibrated model:
 
     step time   = compute_scale x (compute + recompute + bubble + optimizer)
-                + communication_scale x (tensor-, expert-, pipeline- and data-parallel comm)
-                + step_overhead_s
+                + tensor_parallel_scale x tensor-parallel comm
+                + communication_scale x (expert-, pipeline- and data-parallel comm)
+                + step_overhead_s + micro_batch_overhead_s x micro-batch slots
     rank memory = model states + logits + buffers + workspace
                 + activation_memory_scale x activations + memory_overhead_bytes
 
-The identity (1, 1, 0, 1, 0) leaves the model as it is.
+where the micro-batch slots are the units of the schedule's critical path: m micro-batches,
+or with p > 1 stages m x v chunk steps plus p - 1 to fill the pipeline. The identity
+(1, 1, 1, 0, 0, 1, 0) leaves the model as it is.
 """
 
 from datetime import datetime
@@ -23,8 +26,16 @@ class Calibration(FrozenModel):
     """Correction factors of one cluster profile, and what they were fitted on."""
 
     compute_scale: float = Field(default=1.0, ge=0, description="Measured / modelled compute time.")
-    communication_scale: float = Field(default=1.0, ge=0, description="Measured / modelled communication time.")
+    tensor_parallel_scale: float = Field(
+        default=1.0, ge=0, description="Measured / modelled tensor-parallel time (collectives inside every layer)."
+    )
+    communication_scale: float = Field(
+        default=1.0, ge=0, description="Measured / modelled expert-, pipeline- and data-parallel communication."
+    )
     step_overhead_s: float = Field(default=0.0, ge=0, description="Per-step time the model does not price.")
+    micro_batch_overhead_s: float = Field(
+        default=0.0, ge=0, description="Per micro-batch slot: framework and scheduling time the kernels leave out."
+    )
     activation_memory_scale: float = Field(default=1.0, ge=0, description="Measured / modelled activations.")
     memory_overhead_bytes: float = Field(
         default=0.0, description="Per-rank bytes the model does not count (negative: counts and the runtime lacks)."
@@ -36,11 +47,13 @@ class Calibration(FrozenModel):
 
     @property
     def factors(self) -> dict[str, float]:
-        """The five factors by name."""
+        """The seven factors by name."""
         return {
             "compute_scale": self.compute_scale,
+            "tensor_parallel_scale": self.tensor_parallel_scale,
             "communication_scale": self.communication_scale,
             "step_overhead_s": self.step_overhead_s,
+            "micro_batch_overhead_s": self.micro_batch_overhead_s,
             "activation_memory_scale": self.activation_memory_scale,
             "memory_overhead_bytes": self.memory_overhead_bytes,
         }

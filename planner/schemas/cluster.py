@@ -49,10 +49,11 @@ class OpRecord(FrozenModel):
     {"op": "layer", "shape": [tp, micro_batch, seq_len], "dtype": "fp32", "fwd_time_s": ..., "fwd_bwd_time_s": ...}.
     """
 
-    op: Literal["attention", "layernorm", "elementwise", "layer", "optimizer"]
+    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "optimizer"]
     shape: tuple[int, ...] = Field(
         description="attention: b, heads, s, head dim; layernorm and elementwise: "
-        "elements; layer: tp, micro-batch, seq len; optimizer: parameters stepped."
+        "elements; layer: tp, micro-batch, seq len; tp_layer: tp, micro-batch, seq len, sequence parallel "
+        "(0/1); optimizer: parameters stepped."
     )
     dtype: DType
     fwd_time_s: float = Field(gt=0)

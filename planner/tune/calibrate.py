@@ -1,6 +1,7 @@
 """Fit a cluster's Calibration from measured runs (the formula is in planner.schemas.calibration).
 
-Time: measured step time = a x compute terms + b x communication terms + c, in relative error
+Time: measured step time = a x compute terms + b x tensor-parallel terms + c x other
+communication + d + e x micro-batch slots, in relative error
 (every plan counts alike), factors >= 0: non-negative least squares on the uncalibrated terms
 (scipy.optimize.nnls) for a start, then the calibrated model itself by least squares
 (scipy.optimize.least_squares), which also settles how much data-parallel communication the
@@ -8,8 +9,8 @@ scaled backward hides. A term no plan exercises (a column of zeros) keeps its id
 with fewer plans than factors only one scale is fitted, on the whole step.
 
 Memory: over every measured rank whose method counts tensors (MemTracker, CUDA allocator; not RSS
-growth), measured - (predicted - activations) = s x activations + o, by least squares with
-s >= 0; o may be negative (the model counts a buffer the runtime does not hold).
+growth), measured - (predicted - activations) = s x activations + o, by least squares in
+relative error with s >= 0; o may be negative (the model counts a buffer the runtime lacks).
 """
 
 from collections.abc import Sequence
@@ -19,7 +20,14 @@ from datetime import UTC, datetime
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from cost_models.estimate import COMMUNICATION_TERMS, COMPUTE_TERMS, estimate
+from cost_models.estimate import (
+    COMMUNICATION_TERMS,
+    COMPUTE_TERMS,
+    TENSOR_PARALLEL_TERMS,
+    estimate,
+    micro_batch_slots,
+)
+from cost_models.pipeline import num_micro_batches
 from planner.errors import PlannerError
 from planner.schemas import Calibration, ClusterProfile, Estimate, MemoryBreakdown, Plan, RunReport
 
@@ -92,7 +100,7 @@ def fit_calibration(
         raise PlannerError("no measured plan to calibrate on: every trial failed (see the trial table)")
     base = uncalibrated(cluster)
     estimates = [obs.predict(base) for obs in observations]
-    compute, comm, overhead = _fit_time(observations, estimates, base, prior_weight)
+    time_factors = _fit_time(observations, estimates, base, prior_weight)
     rows = [
         (est.stages[s.stage].memory, s.measured_bytes)
         for obs, est in zip(observations, estimates, strict=True)
@@ -100,9 +108,7 @@ def fit_calibration(
     ]
     act_scale, mem_overhead = _fit_memory(rows)
     return Calibration(
-        compute_scale=compute,
-        communication_scale=comm,
-        step_overhead_s=overhead,
+        **time_factors,
         activation_memory_scale=act_scale,
         memory_overhead_bytes=mem_overhead,
         created=datetime.now(UTC),
@@ -112,56 +118,84 @@ def fit_calibration(
     )
 
 
+TIME_FACTORS = (
+    "compute_scale",
+    "tensor_parallel_scale",
+    "communication_scale",
+    "step_overhead_s",
+    "micro_batch_overhead_s",
+)
+SCALES = 3
+"""The first SCALES time factors multiply terms of the estimate; the rest are overheads."""
+
+
 def _fit_time(
     observations: Sequence[Observation], estimates: Sequence[Estimate], base: ClusterProfile, prior_weight: float
-) -> tuple[float, float, float]:
-    """(compute, communication, overhead): a linear start, then the model itself fitted."""
+) -> dict[str, float]:
+    """The time factors: a linear start, then the model itself fitted."""
+    slots = [
+        micro_batch_slots(obs.plan.layout, num_micro_batches(obs.plan.training.global_batch_size, obs.plan.layout))
+        for obs in observations
+    ]
     x = np.array(
         [
-            [sum(getattr(e.time, t) for t in COMPUTE_TERMS), sum(getattr(e.time, t) for t in COMMUNICATION_TERMS), 1.0]
-            for e in estimates
+            [
+                sum(getattr(e.time, t) for t in COMPUTE_TERMS),
+                sum(getattr(e.time, t) for t in TENSOR_PARALLEL_TERMS),
+                sum(getattr(e.time, t) for t in COMMUNICATION_TERMS),
+                1.0,
+                float(n),
+            ]
+            for e, n in zip(estimates, slots, strict=True)
         ]
     )
     y = np.array([obs.measured_step_time_s for obs in observations])
-    if len(y) < x.shape[1]:
-        ratio = float(y.sum() / x[:, :2].sum())
-        return ratio, ratio, 0.0
+    identity = np.array([1.0] * SCALES + [0.0] * (len(TIME_FACTORS) - SCALES))
+    if len(y) < len(TIME_FACTORS):
+        ratio = float(y.sum() / x[:, :SCALES].sum())
+        return dict(zip(TIME_FACTORS, [ratio] * SCALES + [0.0] * (len(TIME_FACTORS) - SCALES), strict=True))
     used = [j for j in range(x.shape[1]) if np.any(x[:, j] > 0)]
     start, _ = nnls(x[:, used] / y[:, None], np.ones_like(y))  # relative residuals: every plan counts alike
-    factors = np.array([1.0, 1.0, 0.0])
+    factors = identity.copy()
+    # What the pull toward the uncalibrated model measures: log of each scale, each overhead as a
+    # share of a typical step.
+    typical_s, typical_slots = float(np.median(y)), float(np.median(slots))
+    overhead_unit = {SCALES: typical_s, SCALES + 1: typical_s / typical_slots}
 
     def residuals(free: np.ndarray) -> np.ndarray:
         factors[used] = free
         cal = Calibration(
-            compute_scale=factors[0],
-            communication_scale=factors[1],
-            step_overhead_s=factors[2],
+            **dict(zip(TIME_FACTORS, factors.tolist(), strict=True)),
             created=datetime(2000, 1, 1, tzinfo=UTC),
             trials=0,
             memory_samples=0,
         )
         calibrated = base.model_copy(update={"calibration": cal})
         errors = [obs.predict(calibrated).step_time_s / obs.measured_step_time_s - 1 for obs in observations]
-        prior = [np.log(factors[j]) for j in used if j < 2] + [factors[2] / typical_s] * (2 in used)
+        prior = [np.log(factors[j]) if j < SCALES else factors[j] / overhead_unit[j] for j in used]
         return np.array(errors + [prior_weight * p for p in prior])
 
     # The linear start misses one thing: how much data-parallel communication the scaled
     # backward hides. Fitting the model itself settles it.
-    typical_s = float(np.median(y))
-    fitted = least_squares(residuals, np.maximum(start, 1e-3), bounds=(1e-6, np.inf), x_scale="jac")
+    lower = [1e-6 if j < SCALES else 0.0 for j in used]
+    fitted = least_squares(
+        residuals, np.maximum(start, [1e-3 if j < SCALES else 0.0 for j in used]), bounds=(lower, np.inf), x_scale="jac"
+    )
     factors[used] = fitted.x
-    return float(factors[0]), float(factors[1]), float(factors[2])
+    return dict(zip(TIME_FACTORS, factors.tolist(), strict=True))
 
 
 def _fit_memory(rows: Sequence[tuple[MemoryBreakdown, float]]) -> tuple[float, float]:
+    """(activation scale, overhead bytes) by least squares in relative error, as reported."""
     if not rows:
         return 1.0, 0.0
+    measured = np.array([m for _, m in rows])
     act = np.array([mem.activations_bytes for mem, _ in rows])
     rest = np.array([mem.total_bytes - mem.activations_bytes for mem, _ in rows])
-    y = np.array([measured for _, measured in rows]) - rest
-    if len(rows) >= 2 and np.ptp(act) > 0:
-        x = np.column_stack([act, np.ones_like(act)])
+    y = (measured - rest) / measured
+    if len(rows) >= 2 and np.ptp(act / measured) > 0:
+        x = np.column_stack([act / measured, 1.0 / measured])
         (scale, offset), *_ = np.linalg.lstsq(x, y, rcond=None)
         if scale >= 0:
             return float(scale), float(offset)
-    return 1.0, float(np.mean(y - act))
+    return 1.0, float(np.sum((measured - rest - act) / measured) / np.sum(1.0 / measured))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no backend, no screen, no global state
+from matplotlib.ticker import FuncFormatter
 
 from planner.tune.validate import Validation
 
@@ -39,6 +40,10 @@ def _finish(ax: Axes, title: str, unit: str, values: list[float]) -> None:
     ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1, label="predicted = measured")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel(f"predicted ({unit})")

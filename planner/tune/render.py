@@ -77,11 +77,21 @@ def factors_table(calibration: Calibration) -> Table:
         "compute_scale", f"{c.compute_scale:.3f}", f"compute, recompute, bubble, optimizer x {c.compute_scale:.2f}"
     )
     table.add_row(
+        "tensor_parallel_scale",
+        f"{c.tensor_parallel_scale:.3f}",
+        f"tensor-parallel comm x {c.tensor_parallel_scale:.2f}",
+    )
+    table.add_row(
         "communication_scale",
         f"{c.communication_scale:.3f}",
-        f"tensor/expert/pipeline/data-parallel comm x {c.communication_scale:.2f}",
+        f"expert/pipeline/data-parallel comm x {c.communication_scale:.2f}",
     )
     table.add_row("step_overhead_s", f"{c.step_overhead_s:.4f}", f"+{c.step_overhead_s * 1e3:.1f} ms every step")
+    table.add_row(
+        "micro_batch_overhead_s",
+        f"{c.micro_batch_overhead_s:.4f}",
+        f"+{c.micro_batch_overhead_s * 1e3:.2f} ms every micro-batch (per chunk, and per pipeline fill step)",
+    )
     table.add_row(
         "activation_memory_scale",
         f"{c.activation_memory_scale:.3f}",

@@ -91,3 +91,15 @@ def test_the_optimizer_is_priced_at_its_measured_rate() -> None:
     dev = DEVICE.model_copy(update={"op_records": (rec,)})
     assert measured_optimizer_s(dev, "tiny-gpt", 1_000_000) == pytest.approx(5.0e-3)
     assert measured_optimizer_s(dev, "gpt3-175b", 1_000_000) is None
+
+
+def test_the_real_tensor_parallel_layer_is_a_record_of_its_own() -> None:
+    local = OpRecord(op="layer", shape=(2, 4, 128), dtype=DType.BF16, fwd_time_s=1e-3, fwd_bwd_time_s=3e-3, model="m")
+    real = [
+        OpRecord(op="tp_layer", shape=(2, 4, 128, sp), dtype=DType.BF16, fwd_time_s=f, fwd_bwd_time_s=fb, model="m")
+        for sp, f, fb in ((0, 4e-3, 9e-3), (1, 5e-3, 12e-3))
+    ]
+    dev = DEVICE.model_copy(update={"op_records": (local, *real)})
+    assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128) == pytest.approx((1e-3, 2e-3))
+    assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128, sequence_parallel=False) == pytest.approx((4e-3, 5e-3))
+    assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128, sequence_parallel=True) == pytest.approx((5e-3, 7e-3))

@@ -136,3 +136,27 @@ def test_zero_stages_move_what_the_zero_paper_and_fsdp_move() -> None:
     per_split = (units - 1) * hops * latency_s
     assert zero2 == pytest.approx(9 * (rs + per_split), rel=1e-6)
     assert zero3 == pytest.approx(8 * 3 * (rs + per_split), rel=1e-6)
+
+
+def test_measured_layers_price_compute_and_tensor_parallel_time() -> None:
+    # tiny-gpt (4 layers) at tp 2, micro-batch 4, 2 micro-batches: the local layer's 1 + 2 ms, and
+    # the real tensor-parallel layer's 4 + 5 ms, of which 3 + 3 ms are tensor-parallel time.
+    from planner.inputs import load_model
+    from planner.schemas import DType, OpRecord
+
+    tiny = load_model("tiny-gpt")
+    training = TrainingSpec(global_batch_size=8, seq_len=128)
+    records = (
+        OpRecord(
+            op="layer", shape=(2, 4, 128), dtype=DType.BF16, fwd_time_s=1e-3, fwd_bwd_time_s=3e-3, model=tiny.name
+        ),
+        OpRecord(
+            op="tp_layer", shape=(2, 4, 128, 0), dtype=DType.BF16, fwd_time_s=4e-3, fwd_bwd_time_s=9e-3, model=tiny.name
+        ),
+    )
+    cluster = make_cluster(per_node=2)
+    cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"op_records": records})})
+    layout = Layout(data_parallel_degree=1, tensor_parallel_degree=2, pipeline_parallel_degree=1, micro_batch_size=4)
+    est = estimate(tiny, training, cluster, layout)
+    assert est.time.tensor_parallel_comm_s == pytest.approx(2 * 4 * (3e-3 + 3e-3))
+    assert est.stages[0].compute_per_micro_batch_s > 4 * 3e-3  # the 4 layers' 3 ms, plus embedding and head

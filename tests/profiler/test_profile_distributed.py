@@ -54,23 +54,27 @@ def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> No
     assert {r.group_size for r in profile.collectives} == {2, 4}
     assert profile.device.matmul_records and profile.device.memory_bytes > 0
     ops = {(r.op, r.shape) for r in profile.device.op_records}
-    assert {("layer", (tp, mb, 128)) for tp in (1, 2, 4) for mb in (1, 2)} <= ops
-    assert {"attention", "layernorm", "elementwise"} <= {op for op, _ in ops}
+    assert {("layer", (tp, mb, 128)) for tp in (1, 2, 4) for mb in (1, 2, 4, 8)} <= ops
+    assert {("tp_layer", (tp, mb, 128, sp)) for tp in (2, 4) for mb in (1, 2, 4, 8) for sp in (0, 1)} <= ops
+    assert {"attention", "layernorm", "elementwise", "optimizer"} <= {op for op, _ in ops}
     assert all(r.fwd_bwd_time_s is None or r.fwd_bwd_time_s > r.fwd_time_s for r in profile.device.op_records)
+    assert all(r.model == "tiny-gpt" for r in profile.device.op_records if r.op in ("layer", "tp_layer", "optimizer"))
 
     model = load_model("tiny-gpt")
     training = TrainingSpec(global_batch_size=16, seq_len=128)
     layout = Layout(data_parallel_degree=2, tensor_parallel_degree=2, pipeline_parallel_degree=1, micro_batch_size=2)
     measured = estimate(model, training, profile, layout)
-    # The model's own GEMM shapes were measured, so compute is priced from records.
-    assert measured.time.compute_s > 0
-    # The collective curves, not a nominal bandwidth, price tensor-parallel traffic.
+    # The model's own layer was measured, locally and as the real tensor-parallel layer.
+    assert measured.time.compute_s > 0 and measured.time.tensor_parallel_comm_s > 0
+    # The collective curves, not a nominal bandwidth, price data-parallel traffic (on a CPU none
+    # of it hides behind the backward).
     slower = profile.model_copy(
         update={"collectives": tuple(r.model_copy(update={"time_s": 2 * r.time_s}) for r in profile.collectives)}
     )
-    doubled = estimate(model, training, slower, layout)
-    assert doubled.time.tensor_parallel_comm_s == pytest.approx(2 * measured.time.tensor_parallel_comm_s, rel=1e-6)
-    assert estimate(model, training, slower, replace(layout, tensor_parallel_degree=1, data_parallel_degree=4)).time
+    dp4 = replace(layout, tensor_parallel_degree=1, data_parallel_degree=4, micro_batch_size=4)
+    base, doubled = estimate(model, training, profile, dp4), estimate(model, training, slower, dp4)
+    assert base.time.data_parallel_comm_s > 0
+    assert doubled.time.data_parallel_comm_s == pytest.approx(2 * base.time.data_parallel_comm_s, rel=1e-6)
 
 
 def test_injected_slow_link_is_the_slowest_pair(tmp_path: Path) -> None:

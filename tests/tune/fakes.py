@@ -11,8 +11,10 @@ from planner.tune.settings import TuneSettings
 
 TRUE = dict(
     compute_scale=2.0,
+    tensor_parallel_scale=3.0,
     communication_scale=0.5,
     step_overhead_s=0.003,
+    micro_batch_overhead_s=0.0005,
     activation_memory_scale=1.5,
     memory_overhead_bytes=2.0 * 2**20,
 )

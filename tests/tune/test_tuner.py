@@ -11,7 +11,8 @@ from fakes import TRUE, FakeRunner, true_machine
 
 from planner.inputs import save_cluster
 from planner.schemas import TrainingSpec
-from planner.tune.settings import TuneSettings
+from planner.tune.calibrate import Observation, fit_calibration
+from planner.tune.settings import Selection, TuneSettings
 from planner.tune.study import INTERRUPTED
 from planner.tune.tuner import tune
 
@@ -30,8 +31,10 @@ def cluster_path(tmp_path: Path) -> str:
     return str(path)
 
 
-def settings(tmp_path: Path, top_k: int = 5) -> TuneSettings:
-    return TuneSettings(top_k=top_k, storage=f"sqlite:///{tmp_path / 'tune.db'}", workdir=tmp_path / "trials")
+def settings(tmp_path: Path, top_k: int = 5, select: Selection = Selection.TOP) -> TuneSettings:
+    return TuneSettings(
+        top_k=top_k, select=select, storage=f"sqlite:///{tmp_path / 'tune.db'}", workdir=tmp_path / "trials"
+    )
 
 
 def test_a_failed_trial_is_recorded_with_its_reason_and_the_tuner_goes_on(tmp_path: Path, cluster_path: str) -> None:
@@ -75,19 +78,30 @@ def test_an_interrupted_tune_resumes_without_running_a_finished_plan_twice(tmp_p
 
 
 def test_calibration_recovers_the_machine_and_moves_estimates_its_way(tmp_path: Path, cluster_path: str) -> None:
-    result = tune("tiny-gpt", cluster_path, TRAINING, settings(tmp_path, top_k=6), run_trial=FakeRunner(MACHINE))
+    # Plans spread over the ranking, so that every factor has plans it shows in (tp > 1, p > 1, ...).
+    spread = settings(tmp_path, top_k=12, select=Selection.SPREAD)
+    result = tune("tiny-gpt", cluster_path, TRAINING, spread, run_trial=FakeRunner(MACHINE))
     cal = result.calibration
-    assert cal is not None and cal.trials == 6
+    assert cal is not None and cal.trials == 12
+    assert {r.plan.layout.tensor_parallel_degree for r in result.records} > {1}
 
-    # The fake runs are the model under known factors, so the fit finds them (held-out error
-    # picks no pull toward the uncalibrated model: none is needed on noiseless runs).
+    # The fake runs are the model under known factors. Without a pull toward the uncalibrated
+    # model the fit finds them all; the tuner's pull (chosen on held-out error) may trade compute
+    # for overheads where the plans cannot tell them apart, but not its predictions.
+    observations = [Observation.from_report(str(r.number), r.plan, r.report) for r in result.measured if r.report]
+    exact = fit_calibration(observations, CLUSTER, prior_weight=0.0)
     for name, value in TRUE.items():
-        assert cal.factors[name] == pytest.approx(value, rel=1e-4), name
+        assert exact.factors[name] == pytest.approx(value, rel=1e-3), name
+        if name in ("activation_memory_scale", "memory_overhead_bytes"):
+            assert cal.factors[name] == pytest.approx(value, rel=1e-3), name  # memory: no pull, exact
+    calibrated = CLUSTER.model_copy(update={"calibration": cal})
+    for obs in observations:
+        assert obs.predict(calibrated).step_time_s == pytest.approx(obs.measured_step_time_s, rel=0.02)
 
-    # Before: the model is off; after (each plan left out of its own fit): exact.
+    # Before: the model is off; after (each plan left out of its own fit): within a percent.
     assert result.before is not None and result.after is not None
     assert result.before.median_time_error > 0.1
-    assert result.after.median_time_error < 1e-6
+    assert result.after.median_time_error < 0.01
     assert result.before.median_memory_error is not None and result.before.median_memory_error > 1e-3
     assert result.after.median_memory_error is not None and result.after.median_memory_error < 1e-6
     before = {p.label: p for p in result.before.plans}
