@@ -70,6 +70,31 @@ ClusterOpt = Annotated[
 ]
 
 
+GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")]
+SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")]
+DTypeOpt = Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
+AttentionOpt = Annotated[AttentionKernel, typer.Option(help="Attention kernel.")]
+
+
+def _search_inputs(
+    model: str | None,
+    cluster: str | None,
+    global_batch_size: int | None,
+    seq_len: int | None,
+    dtype: DType,
+    attention: AttentionKernel,
+) -> tuple[str, str, TrainingSpec]:
+    """Model, cluster and training of a command that searches; all four inputs are required."""
+    required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
+    if missing := [option for option, value in required.items() if value is None]:
+        raise SchemaError(f"{', '.join(missing)} required")
+    assert model is not None and cluster is not None
+    training = TrainingSpec.model_validate(
+        {"global_batch_size": global_batch_size, "seq_len": seq_len, "dtype": dtype, "attention_kernel": attention}
+    )
+    return model, cluster, training
+
+
 def _parse_split(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -136,8 +161,8 @@ _LAYOUT_DEFAULTS: dict[str, Any] = {
 def estimate(
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
-    global_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")] = None,
-    seq_len: Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")] = None,
+    global_batch_size: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
     plan: Annotated[
         Path | None,
         typer.Option(help="A plan file: its inputs and layout are the defaults; other options change them."),
@@ -208,10 +233,10 @@ def estimate(
 def search(
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
-    global_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")] = None,
-    seq_len: Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")] = None,
-    dtype: Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")] = DType.BF16,
-    attention: Annotated[AttentionKernel, typer.Option(help="Attention kernel.")] = AttentionKernel.FLASH,
+    global_batch_size: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    dtype: DTypeOpt = DType.BF16,
+    attention: AttentionOpt = AttentionKernel.FLASH,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
     strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (
         StrategyName.EXHAUSTIVE
@@ -233,12 +258,7 @@ def search(
     Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
     --output plan.json
     """
-    required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
-    if missing := [option for option, value in required.items() if value is None]:
-        raise SchemaError(f"{', '.join(missing)} required")
-    training = TrainingSpec.model_validate(
-        {"global_batch_size": global_batch_size, "seq_len": seq_len, "dtype": dtype, "attention_kernel": attention}
-    )
+    model, cluster, training = _search_inputs(model, cluster, global_batch_size, seq_len, dtype, attention)
     with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("searching", total=None)
         outcome, plans = api.search_outcome(
@@ -452,10 +472,10 @@ def run(
 def tune(
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
-    global_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")] = None,
-    seq_len: Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")] = None,
-    dtype: Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")] = DType.BF16,
-    attention: Annotated[AttentionKernel, typer.Option(help="Attention kernel.")] = AttentionKernel.FLASH,
+    global_batch_size: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    dtype: DTypeOpt = DType.BF16,
+    attention: AttentionOpt = AttentionKernel.FLASH,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to run.")] = 10,
     select: Annotated[
         Selection,
@@ -515,19 +535,13 @@ def tune(
     from planner.tune.settings import TuneSettings
     from planner.tune.tuner import tune as run_tune
 
-    required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
-    if missing := [option for option, value in required.items() if value is None]:
-        raise SchemaError(f"{', '.join(missing)} required")
-    assert model is not None and cluster is not None
+    model, cluster, training = _search_inputs(model, cluster, global_batch_size, seq_len, dtype, attention)
     target = save_calibration or (Path(cluster) if Path(cluster).is_file() else None)
     if calibrate and target is None:
         raise SchemaError(
             f"--cluster {cluster} is a preset, which cannot be overwritten; give --save-calibration PATH "
             "(or --no-calibrate)"
         )
-    training = TrainingSpec.model_validate(
-        {"global_batch_size": global_batch_size, "seq_len": seq_len, "dtype": dtype, "attention_kernel": attention}
-    )
     settings = TuneSettings(
         top_k=top_k,
         select=select,
