@@ -530,6 +530,7 @@ def tune(
 
     Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
     """
+    from planner.tune.launcher import check_template
     from planner.tune.plot import save_plot
     from planner.tune.render import factors_table, trials_table, validation_table
     from planner.tune.settings import TuneSettings
@@ -542,6 +543,8 @@ def tune(
             f"--cluster {cluster} is a preset, which cannot be overwritten; give --save-calibration PATH "
             "(or --no-calibrate)"
         )
+    if launcher is not None:
+        check_template(launcher)
     settings = TuneSettings(
         top_k=top_k,
         select=select,
@@ -602,6 +605,9 @@ def validate(
     from planner.tune.study import records
     from planner.tune.tuner import summarize
 
+    sqlite_path = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else None
+    if sqlite_path is not None and not Path(sqlite_path).is_file():
+        raise SchemaError(f"--storage {storage}: no such file; give the storage planner tune wrote to")
     summaries = optuna.get_all_study_summaries(storage)
     if not summaries:
         raise SchemaError(f"--storage {storage} holds no study; run planner tune first")
