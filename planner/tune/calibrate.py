@@ -90,8 +90,10 @@ def fit_calibration(
     *,
     source: str = "",
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    fit_memory: bool = True,
 ) -> Calibration:
-    """Factors that bring the uncalibrated model closest to ``observations``.
+    """Factors that bring the uncalibrated model closest to ``observations`` (the memory factors
+    left at identity without ``fit_memory``).
 
     Raises:
         PlannerError: no observation to fit.
@@ -105,6 +107,7 @@ def fit_calibration(
         (est.stages[s.stage].memory, s.measured_bytes)
         for obs, est in zip(observations, estimates, strict=True)
         for s in obs.memory
+        if fit_memory
     ]
     act_scale, mem_overhead = _fit_memory(rows)
     return Calibration(

@@ -66,9 +66,12 @@ def validation_table(validations: list[Validation]) -> Table:
 
 def factors_table(calibration: Calibration) -> Table:
     """The factors fitted on every measured plan, and what each does to an estimate."""
-    table = Table(
-        title=f"calibration fitted on {calibration.trials} plans and {calibration.memory_samples} measured ranks"
+    memory = (
+        f"{calibration.memory_samples} measured ranks"
+        if calibration.memory_samples
+        else "no memory: memory factors did not predict held-out plans better, left at identity"
     )
+    table = Table(title=f"calibration fitted on {calibration.trials} plans and {memory}")
     table.add_column("factor")
     table.add_column("value", justify="right")
     table.add_column("effect on later estimates on this profile")

@@ -18,7 +18,13 @@ from planner.tune.launcher import TrialRun, check_template, job_command, run_job
 from planner.tune.settings import TuneSettings, pool_size, select_plans
 from planner.tune.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
 from planner.tune.study import study_name as default_study_name
-from planner.tune.validate import Validation, after_calibration, before_calibration
+from planner.tune.validate import (
+    Validation,
+    after_calibration,
+    before_calibration,
+    improves_memory,
+    with_memory_of,
+)
 
 MIN_PLANS_FOR_HELD_OUT = 3
 """Measured plans needed before the calibrated figures are reported (each is left out once)."""
@@ -122,18 +128,23 @@ def summarize(
         for r in records
         if r.report is not None
     ]
+    before = before_calibration(observations, cluster) if observations else None
     after, weight = (
         after_calibration(observations, cluster)
         if len(observations) >= MIN_PLANS_FOR_HELD_OUT
         else (None, DEFAULT_PRIOR_WEIGHT)
     )
+    # Memory factors are kept only when they predict held-out plans better than the model alone.
+    fit_memory = after is None or before is None or improves_memory(before, after)
+    if after is not None and before is not None and not fit_memory:
+        after = with_memory_of(after, before)
     return TuneResult(
         study_name=study_name,
         records=tuple(records),
         ran=ran,
-        calibration=fit_calibration(observations, cluster, source=source, prior_weight=weight)
+        calibration=fit_calibration(observations, cluster, source=source, prior_weight=weight, fit_memory=fit_memory)
         if observations
         else None,
-        before=before_calibration(observations, cluster) if observations else None,
+        before=before,
         after=after,
     )

@@ -14,7 +14,7 @@ the other plans only, so no plan is judged by factors it helped fit.
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scipy.stats import spearmanr
 
@@ -112,3 +112,16 @@ def after_calibration(observations: Sequence[Observation], cluster: ClusterProfi
     # plans cannot tell apart, the one closest to the physical model (no scale near 0).
     least = min(v.median_time_error for v, _ in tried)
     return max((vw for vw in tried if vw[0].median_time_error <= least + PULL_TOLERANCE), key=lambda vw: vw[1])
+
+
+def improves_memory(before: Validation, after: Validation) -> bool:
+    """Whether the calibrated memory predicts the held-out ranks better (median error)."""
+    if before.median_memory_error is None or after.median_memory_error is None:
+        return False
+    return after.median_memory_error < before.median_memory_error
+
+
+def with_memory_of(after: Validation, before: Validation) -> Validation:
+    """``after`` with the memory predictions of ``before`` (memory left uncalibrated)."""
+    memory = {p.label: p.memory for p in before.plans}
+    return validate(after.title, [replace(p, memory=memory[p.label]) for p in after.plans])
