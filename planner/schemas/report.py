@@ -16,7 +16,7 @@ class RankMemory(FrozenModel):
     stage: int = Field(ge=0, description="Pipeline rank.")
     peak_bytes: int = Field(ge=0)
     predicted_bytes: float = Field(ge=0, description="The plan's estimate for this rank's stage.")
-    method: str = Field(description="How it was measured: 'cuda max_memory_allocated', 'MemTracker', 'RSS growth'.")
+    method: str = Field(description="How it was measured: 'cuda max_memory_allocated' or 'MemTracker'.")
     breakdown_bytes: dict[str, int] = Field(default_factory=dict, description="By category, where the method tells.")
 
 

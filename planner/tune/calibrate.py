@@ -11,6 +11,8 @@ with fewer plans than factors only one scale is fitted, on the whole step.
 Memory: over every measured rank whose method counts tensors (MemTracker, CUDA allocator; not RSS
 growth), measured - (predicted - activations) = s x activations + o, by least squares in
 relative error with s >= 0; o may be negative (the model counts a buffer the runtime lacks).
+The tuner keeps them only when they predict held-out ranks better than the model alone
+(planner.tune.tuner.summarize).
 """
 
 from collections.abc import Sequence
