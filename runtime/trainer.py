@@ -70,9 +70,13 @@ class Trainer:
         self.mesh: DeviceMesh = mesh or init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
         self.pp_rank, self.dp_rank = self.mesh["pp"].get_local_rank(), self.mesh["dp"].get_local_rank()
         low = TORCH_DTYPES[dtype]
+        # ZeRO-2/3 shard with FSDP; over one data-parallel rank there is nothing to shard, and
+        # FSDP would still gather and reduce every unit of every micro-batch (as the cost model
+        # says, ZeRO is then ZeRO-0).
+        self.fsdp = layout.zero_stage >= ZeroStage.GRADIENTS and d > 1
         # ZeRO-0/1 keep the model in the plan's precision (fp32 masters live in the optimizer);
         # ZeRO-2/3 keep fp32 shards that FSDP gathers in that precision.
-        with default_dtype(low if layout.zero_stage < ZeroStage.GRADIENTS else torch.float32):
+        with default_dtype(torch.float32 if self.fsdp else low):
             self.chunks = [self._chunk(c, seed) for c in stage_chunks(layout, self.pp_rank)]
         for chunk in self.chunks:
             set_recompute(chunk, layout.recompute)
@@ -82,7 +86,7 @@ class Trainer:
                 chunk.to(device)
         self._tie_group = self._tied_copy_group()
         params = [q for chunk in self.chunks for q in chunk.parameters()]
-        if layout.zero_stage >= ZeroStage.GRADIENTS:
+        if self.fsdp:
             # fp32 shards are the master weights; layers gather and compute in the plan's precision.
             policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
             for chunk in self.chunks:
@@ -164,7 +168,7 @@ class Trainer:
         m = self.micro_batches
         total = 0.0
         for i, (xb, yb) in enumerate(zip(x.chunk(m), y.chunk(m), strict=True)):
-            if self.layout.zero_stage is ZeroStage.GRADIENTS:
+            if self.fsdp and self.layout.zero_stage is ZeroStage.GRADIENTS:
                 # ZeRO-2 keeps the gathered weights until the step's last backward (the cost
                 # model's m reduce-scatters and one all-gather); ZeRO-3 gathers them each time.
                 cast(FSDPModule, self.chunks[0]).set_reshard_after_backward(i == m - 1)
