@@ -114,37 +114,8 @@ def stage_times(
         Recompute.FULL: layer_fwd,
     }[layout.recompute]
 
-    tp_fwd = 0.0
-    if layout.tensor_parallel_degree > 1:
-        act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * dt.bytes
-        # With uniform links one group stands for all; a list, since it is priced more than once.
-        groups = list(islice(tensor_groups, 1) if has_uniform_links(cluster) else tensor_groups)
-        if layout.sequence_parallel:
-            tp_fwd = 2 * (
-                slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)
-                + slowest_collective_s(CollectiveOp.REDUCE_SCATTER, act_bytes, groups, cluster)
-            )
-        else:
-            tp_fwd = 2 * slowest_collective_s(CollectiveOp.ALL_REDUCE, act_bytes, groups, cluster)
-    tp_layer = 2 * tp_fwd + (tp_fwd if layout.recompute is Recompute.FULL else 0.0)
-    real = (
-        measured_layer_s(
-            dev,
-            model.name,
-            dt,
-            layout.tensor_parallel_degree,
-            layout.micro_batch_size,
-            training.seq_len,
-            sequence_parallel=layout.sequence_parallel,
-        )
-        if measured is not None and layout.tensor_parallel_degree > 1
-        else None
-    )
-    if measured is not None and real is not None:
-        # What the real tensor-parallel layer takes beyond the local one: its collectives and
-        # the framework's cost of sharding, measured.
-        tp_fwd = max(0.0, real[0] - measured[0])
-        tp_layer = tp_fwd + max(0.0, real[1] - measured[1]) + (tp_fwd if layout.recompute is Recompute.FULL else 0.0)
+    tp_fwd, tp_bwd = _tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, measured)
+    tp_layer = tp_fwd + tp_bwd + (tp_fwd if layout.recompute is Recompute.FULL else 0.0)
 
     ep_layer = 0.0
     if model.is_moe and layout.expert_parallel_degree > 1:
@@ -175,3 +146,42 @@ def stage_times(
             )
         )
     return tuple(out)
+
+
+def _tensor_parallel_layer_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    tensor_groups: Iterable[Group],
+    local: tuple[float, float] | None,
+) -> tuple[float, float]:
+    """Tensor-parallel seconds of one layer, forward and backward: what the profiler's real
+    tensor-parallel layer took beyond the ``local`` one (its collectives and the framework's cost
+    of sharding), or else its collectives priced over the tensor-parallel groups."""
+    t, dt = layout.tensor_parallel_degree, training.dtype
+    if t == 1:
+        return 0.0, 0.0
+    if local is not None:
+        real = measured_layer_s(
+            cluster.device,
+            model.name,
+            dt,
+            t,
+            layout.micro_batch_size,
+            training.seq_len,
+            sequence_parallel=layout.sequence_parallel,
+        )
+        if real is not None:
+            return max(0.0, real[0] - local[0]), max(0.0, real[1] - local[1])
+    act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * dt.bytes
+    # With uniform links one group stands for all; a list, since it is priced more than once.
+    groups = list(islice(tensor_groups, 1) if has_uniform_links(cluster) else tensor_groups)
+    if layout.sequence_parallel:
+        fwd = 2 * (
+            slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)
+            + slowest_collective_s(CollectiveOp.REDUCE_SCATTER, act_bytes, groups, cluster)
+        )
+    else:
+        fwd = 2 * slowest_collective_s(CollectiveOp.ALL_REDUCE, act_bytes, groups, cluster)
+    return fwd, fwd
