@@ -48,6 +48,7 @@ from planner.schemas import (
     TimeBreakdown,
     TrainingSpec,
     ZeroStage,
+    is_cpu_device,
 )
 
 ADAM_BYTES_PER_PARAM = 28
@@ -217,15 +218,17 @@ def hides_communication(cluster: ClusterProfile) -> bool:
     its own streams and copy engines. On a CPU it cannot: gloo's collectives run on the cores that
     compute (measured on the local 4-rank cluster: ZeRO-3 adds its gathers in full, 0.13 s a
     micro-batch of tiny-gpt at dp 4)."""
-    return "cpu" not in cluster.device.name.lower()
+    return not is_cpu_device(cluster.device.name)
 
 
 COMPUTE_TERMS = ("compute_s", "recompute_s", "pipeline_bubble_s", "optimizer_s")
 """TimeBreakdown terms a calibration's compute_scale multiplies."""
 TENSOR_PARALLEL_TERMS = ("tensor_parallel_comm_s",)
 """TimeBreakdown terms a calibration's tensor_parallel_scale multiplies."""
-COMMUNICATION_TERMS = ("expert_parallel_comm_s", "pipeline_comm_s", "data_parallel_comm_s")
-"""TimeBreakdown terms a calibration's communication_scale multiplies."""
+_SCALED_AFTER_COMPOSITION = ("expert_parallel_comm_s", "pipeline_comm_s")
+COMMUNICATION_TERMS = (*_SCALED_AFTER_COMPOSITION, "data_parallel_comm_s")
+"""TimeBreakdown terms a calibration's communication_scale multiplies (the data-parallel one
+inside ``estimate``, before the overlap with the scaled backward is decided)."""
 
 
 def micro_batch_slots(layout: Layout, micro_batches: int) -> int:
@@ -243,11 +246,7 @@ def calibrated_time(time: TimeBreakdown, calibration: Calibration, slots: int) -
     """
     scaled = {name: getattr(time, name) * calibration.compute_scale for name in COMPUTE_TERMS}
     scaled |= {name: getattr(time, name) * calibration.tensor_parallel_scale for name in TENSOR_PARALLEL_TERMS}
-    scaled |= {
-        name: getattr(time, name) * calibration.communication_scale
-        for name in COMMUNICATION_TERMS
-        if not name.startswith("data_parallel")
-    }
+    scaled |= {name: getattr(time, name) * calibration.communication_scale for name in _SCALED_AFTER_COMPOSITION}
     overhead = calibration.step_overhead_s + calibration.micro_batch_overhead_s * slots
     return replace(time, **scaled, overhead_s=time.overhead_s + overhead)
 

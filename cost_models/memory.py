@@ -49,6 +49,7 @@ from planner.schemas import (
     Schedule,
     TrainingSpec,
     ZeroStage,
+    is_cpu_device,
 )
 
 CUDA_WORKSPACE_BYTES: Final = 1 << 30
@@ -259,7 +260,7 @@ def communication_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout:
 
 def workspace_bytes(cluster: ClusterProfile) -> float:
     """Framework workspace of one rank: ``CUDA_WORKSPACE_BYTES``, or 0 on a CPU device."""
-    return 0.0 if "cpu" in cluster.device.name.lower() else float(CUDA_WORKSPACE_BYTES)
+    return 0.0 if is_cpu_device(cluster.device.name) else float(CUDA_WORKSPACE_BYTES)
 
 
 def stage_memory(

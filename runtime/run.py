@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import InfeasibleConfigError
-from planner.schemas import DType, Plan, RankMemory, RunReport
+from planner.schemas import DType, Plan, RankMemory, RunReport, is_cpu_device
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.trainer import Trainer
@@ -59,7 +59,7 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
             "the global batch (planner search never proposes this)"
         )
-    if not cuda and "cpu" not in plan.cluster.device_name.lower():
+    if not cuda and not is_cpu_device(plan.cluster.device_name):
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "
             "run it where those devices are, or plan for this machine (planner profile, then planner search)"

@@ -8,7 +8,7 @@ CPU clusters get one OpenMP thread per rank (every rank shares the node's cores)
 import shlex
 from dataclasses import dataclass
 
-from planner.schemas import Plan
+from planner.schemas import Plan, is_cpu_device
 
 DEFAULT_PORT = 29500
 
@@ -39,7 +39,7 @@ def torchrun_commands(
     """The command for every node of the plan's cluster, node 0 first."""
     ref = plan.cluster
     run = ("-m", "planner", "run", plan_path, "--steps", str(steps), "--report", report_path)
-    env = (("OMP_NUM_THREADS", "1"),) if "cpu" in plan.cluster.device_name.lower() else ()
+    env = (("OMP_NUM_THREADS", "1"),) if is_cpu_device(plan.cluster.device_name) else ()
     if ref.num_nodes == 1:
         argv = ("torchrun", "--standalone", "--nproc-per-node", str(ref.devices_per_node), *run)
         return (NodeCommand(0, env, argv),)

@@ -11,6 +11,7 @@ from planner.schemas.cluster import (
     MatmulRecord,
     OpRecord,
     Provenance,
+    is_cpu_device,
 )
 from planner.schemas.enums import (
     Activation,
@@ -66,4 +67,5 @@ __all__ = [
     "TimeBreakdown",
     "TrainingSpec",
     "ZeroStage",
+    "is_cpu_device",
 ]

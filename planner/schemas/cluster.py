@@ -15,6 +15,13 @@ from planner.schemas.calibration import Calibration
 from planner.schemas.enums import CollectiveOp, DType, Placement
 
 
+def is_cpu_device(name: str) -> bool:
+    """Whether a device name (``DeviceProfile.name``, ``ClusterRef.device_name``) is a CPU's, as
+    ``planner profile`` names a CPU rank: no CUDA workspace, no communication behind compute, one
+    OpenMP thread per rank."""
+    return "cpu" in name.lower()
+
+
 class MatmulModel(FrozenModel):
     """Achievable GEMM throughput as a function of shape, for shapes nobody measured.
 
