@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from cost_models.pipeline import num_micro_batches
 from planner.errors import InfeasibleConfigError
 from planner.schemas import DType, Plan, RankMemory, RunReport, is_cpu_device
 from runtime.data import TokenFile, synthetic_batch
@@ -52,7 +53,7 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             "`planner launch` prints"
         )
     layout = plan.layout
-    micro_batches = plan.training.global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
+    micro_batches = num_micro_batches(plan.training.global_batch_size, layout)
     if 1 < layout.pipeline_parallel_degree > micro_batches:
         raise InfeasibleConfigError(
             f"the plan runs {micro_batches} micro-batch(es) a step through {layout.pipeline_parallel_degree} pipeline "

@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from cost_models.pipeline import chunk_layers, stage_chunks
+from cost_models.pipeline import chunk_layers, num_micro_batches, stage_chunks
 from planner.schemas import DType, Layout, ModelSpec, Schedule, ZeroStage
 from runtime.model import TORCH_DTYPES, Decoder, loss_fn, set_recompute
 from runtime.optim import DataParallelOptimizer, local, make_optimizer
@@ -65,7 +65,7 @@ class Trainer:
         precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3).
         """
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
-        self.micro_batches = global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
+        self.micro_batches = num_micro_batches(global_batch_size, layout)
         p, d, t = layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
         self.mesh: DeviceMesh = mesh or init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
         self.pp_rank, self.dp_rank = self.mesh["pp"].get_local_rank(), self.mesh["dp"].get_local_rank()
