@@ -32,6 +32,20 @@ and ``run_args``: ``-m planner run PLAN --steps N --report REPORT``."""
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "Cannot allocate memory", "std::bad_alloc")
 
 
+@dataclass(frozen=True, slots=True)
+class TrialFiles:
+    """Where one trial keeps its plan, the report its job writes, and the job's output."""
+
+    plan: Path
+    report: Path
+    log: Path
+
+    @classmethod
+    def in_dir(cls, workdir: Path, key: str) -> "TrialFiles":
+        """The files of the trial of plan ``key`` in ``workdir``."""
+        return cls(workdir / f"plan-{key}.json", workdir / f"report-{key}.json", workdir / f"log-{key}.txt")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrialRun:
     """What one job of a plan came to: its report, or why there is none."""

@@ -8,13 +8,12 @@ the model before and after it (planner.tune.validate).
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from planner import api
 from planner.schemas import Calibration, ClusterProfile, ModelSpec, Plan, TrainingSpec
 from planner.search.strategy import Progress
 from planner.tune.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
-from planner.tune.launcher import TrialRun, check_template, job_command, run_job
+from planner.tune.launcher import TrialFiles, TrialRun, check_template, job_command, run_job
 from planner.tune.settings import TuneSettings, pool_size, select_plans
 from planner.tune.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
 from planner.tune.study import study_name as default_study_name
@@ -30,15 +29,14 @@ MIN_PLANS_FOR_HELD_OUT = 3
 """Measured plans needed before the calibrated figures are reported (each is left out once)."""
 
 
-RunTrial = Callable[[Plan, Path, Path, TuneSettings], TrialRun]
-"""Runs one plan (plan file, report path, settings); the default starts the job."""
+RunTrial = Callable[[Plan, TrialFiles, TuneSettings], TrialRun]
+"""Runs one plan (its plan file written, its report and log to come); the default starts the job."""
 
 
-def run_trial_job(plan: Plan, plan_path: Path, report_path: Path, settings: TuneSettings) -> TrialRun:
+def run_trial_job(plan: Plan, files: TrialFiles, settings: TuneSettings) -> TrialRun:
     """Run the plan's job with the settings' launcher and time limit."""
-    command = job_command(plan, plan_path, report_path, settings.steps, settings.launcher)
-    log_path = plan_path.with_name(plan_path.name.replace("plan-", "log-").replace(".json", ".txt"))
-    return run_job(command, report_path, log_path, settings.trial_timeout_s)
+    command = job_command(plan, files.plan, files.report, settings.steps, settings.launcher)
+    return run_job(command, files.report, files.log, settings.trial_timeout_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,10 +104,10 @@ def tune(
         key = plan_key(plan)
         if key in done:
             continue
-        plan_path = settings.workdir / f"plan-{key}.json"
-        api.save_plan(plan, plan_path)
+        files = TrialFiles.in_dir(settings.workdir, key)
+        api.save_plan(plan, files.plan)
         trial = start_trial(study, plan)
-        outcome = run_trial(plan, plan_path, settings.workdir / f"report-{key}.json", settings)
+        outcome = run_trial(plan, files, settings)
         finish_trial(study, trial, outcome.report, outcome.failure)
         ran += 1
     if progress is not None:

@@ -2,11 +2,10 @@
 on a 'true machine', the cluster under known calibration factors."""
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 from cost_models.estimate import estimate
 from planner.schemas import Calibration, ClusterProfile, Plan, RankMemory, RunReport
-from planner.tune.launcher import TrialRun
+from planner.tune.launcher import TrialFiles, TrialRun
 from planner.tune.settings import TuneSettings
 
 TRUE = dict(
@@ -79,11 +78,11 @@ class FakeRunner:
         self.interrupt_at = interrupt_at
         self.ran: list[str] = []
 
-    def __call__(self, plan: Plan, plan_path: Path, report_path: Path, settings: TuneSettings) -> TrialRun:
+    def __call__(self, plan: Plan, files: TrialFiles, settings: TuneSettings) -> TrialRun:
         index = len(self.ran)
         if index == self.interrupt_at:
             raise KeyboardInterrupt
         self.ran.append(plan.layout.describe())
         if index in self.fail:
-            return TrialRun(report=None, failure=self.fail[index], seconds=0.1, log_path=plan_path)
-        return TrialRun(report=fake_report(plan, self.machine), failure=None, seconds=0.1, log_path=plan_path)
+            return TrialRun(report=None, failure=self.fail[index], seconds=0.1, log_path=files.log)
+        return TrialRun(report=fake_report(plan, self.machine), failure=None, seconds=0.1, log_path=files.log)
