@@ -148,22 +148,7 @@ def _layers(ctx: Context) -> list[OpSample]:
         ),
     ):
         layer = LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
-        for mb in ctx.settings.layer_micro_batches:
-            ctx.at("ops", f"layer {dtype} tp={tp} micro-batch={mb}")
-            x = torch.randn(
-                mb,
-                ctx.settings.seq_len,
-                model.hidden_size,
-                device=ctx.device,
-                dtype=TORCH_DTYPES[dtype],
-                requires_grad=True,
-            )
-            fwd, both = _fwd_bwd(ctx, partial(layer, x), [x, *layer.parameters()], repeats=ctx.settings.layer_repeats)
-            out.append(
-                OpSample(
-                    "layer", (tp, mb, ctx.settings.seq_len), dtype, fwd.median_s, both.median_s, both.spread, model.name
-                )
-            )
+        out += _time_layer(ctx, layer, "layer", (tp,), (), dtype, ctx.settings.seq_len)
     return out
 
 
@@ -206,14 +191,31 @@ def _tensor_parallel_layers(ctx: Context) -> list[OpSample]:
                 chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
             tensor_parallel(chunk, mesh["tp"], sequence_parallel=sp)
             local_s = ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
-            for mb in ctx.settings.layer_micro_batches:
-                ctx.at("ops", f"tensor-parallel layer {dtype} tp={tp} sp={sp} micro-batch={mb}")
-                x = torch.randn(
-                    mb, local_s, model.hidden_size, device=ctx.device, dtype=TORCH_DTYPES[dtype], requires_grad=True
-                )
-                fwd, both = _fwd_bwd(
-                    ctx, partial(chunk, x), [x, *chunk.parameters()], repeats=ctx.settings.layer_repeats
-                )
-                shape = (tp, mb, ctx.settings.seq_len, int(sp))
-                out.append(OpSample("tp_layer", shape, dtype, fwd.median_s, both.median_s, both.spread, model.name))
+            out += _time_layer(ctx, chunk, "tp_layer", (tp,), (int(sp),), dtype, local_s)
+    return out
+
+
+def _time_layer(
+    ctx: Context,
+    layer: torch.nn.Module,
+    op: Literal["layer", "tp_layer"],
+    before: tuple[int, ...],
+    after: tuple[int, ...],
+    dtype: DType,
+    local_seq_len: int,
+) -> list[OpSample]:
+    """Forward and forward + backward of ``layer`` on (micro-batch, ``local_seq_len``, hidden)
+    inputs at every micro-batch size of the settings; shapes ``before`` + (micro-batch, seq len)
+    + ``after``."""
+    model = ctx.settings.model
+    assert model is not None
+    out = []
+    for mb in ctx.settings.layer_micro_batches:
+        ctx.at("ops", f"{op} {dtype} {before + after} micro-batch={mb}")
+        x = torch.randn(
+            mb, local_seq_len, model.hidden_size, device=ctx.device, dtype=TORCH_DTYPES[dtype], requires_grad=True
+        )
+        fwd, both = _fwd_bwd(ctx, partial(layer, x), [x, *layer.parameters()], repeats=ctx.settings.layer_repeats)
+        shape = (*before, mb, ctx.settings.seq_len, *after)
+        out.append(OpSample(op, shape, dtype, fwd.median_s, both.median_s, both.spread, model.name))
     return out
