@@ -46,6 +46,14 @@ def make_cluster(
     )
 
 
+def cpu_cluster(ranks: int) -> ClusterProfile:
+    """One node of ``ranks`` CPU ranks with 1 GiB each, named as ``planner profile`` names a CPU,
+    for plans that run on this machine."""
+    cluster = make_cluster(per_node=ranks, memory_bytes=2**30)
+    device = cluster.device.model_copy(update={"name": "cpu (test)"})
+    return cluster.model_copy(update={"name": "cpu-test", "device": device})
+
+
 @pytest.fixture
 def cluster8() -> ClusterProfile:
     """One node of 8 devices."""

@@ -15,16 +15,14 @@ from planner.cli import app
 from planner.inputs import save_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import make_cluster
+from conftest import cpu_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(300)]
 
 
 def _local_plan(tmp_path: Path, ranks: int = 4) -> Path:
     """A plan of tiny-gpt for a one-node CPU cluster of ``ranks`` ranks."""
-    cluster = make_cluster(per_node=ranks, memory_bytes=2**30).model_copy(update={"name": "cpu-test"})
-    device = cluster.device.model_copy(update={"name": "cpu (test)"})
-    save_cluster(cluster.model_copy(update={"device": device}), tmp_path / "cluster.json")
+    save_cluster(cpu_cluster(ranks), tmp_path / "cluster.json")
     plan = tmp_path / "plan.json"
     args = [
         "search",

@@ -10,17 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_cluster
+from conftest import cpu_cluster
 
 from planner.inputs import load_cluster, save_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(300)]
 PLANNER = [sys.executable, "-m", "planner"]
-
-
-def _cpu_cluster(path: Path) -> None:
-    cluster = make_cluster(per_node=2, memory_bytes=2**30).model_copy(update={"name": "cpu-test"})
-    save_cluster(cluster.model_copy(update={"device": cluster.device.model_copy(update={"name": "cpu (test)"})}), path)
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -29,8 +24,8 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_tune_records_a_crash_calibrates_and_resumes(tmp_path: Path) -> None:
-    _cpu_cluster(tmp_path / "cluster.json")
-    _cpu_cluster(tmp_path / "measured.json")  # the same profile, to stay uncalibrated
+    save_cluster(cpu_cluster(2), tmp_path / "cluster.json")
+    save_cluster(cpu_cluster(2), tmp_path / "measured.json")  # the same profile, to stay uncalibrated
     # The second job crashes; the others run torchrun of this interpreter on this machine.
     torchrun = shlex.join([sys.executable, "-m", "torch.distributed.run"])
     launcher = (
