@@ -95,6 +95,35 @@ def measured_layer_s(
     launch-bound GPUs). None without a record of this model, precision, tensor-parallel degree
     and sequence length."""
     op, key = ("layer", ()) if sequence_parallel is None else ("tp_layer", (int(sequence_parallel),))
+    return _measured_s(device, op, model_name, dtype, (tensor_parallel, seq_len, *key), micro_batch)
+
+
+def measured_output_layer_s(
+    device: DeviceProfile,
+    model_name: str,
+    dtype: DType,
+    tensor_parallel: int,
+    micro_batch: int,
+    seq_len: int,
+    *,
+    sequence_parallel: bool,
+) -> float | None:
+    """Forward + backward seconds of the model's own output layer (final norm, head and loss) on
+    one tensor-parallel rank, as the profiler timed the runtime's (``planner profile --model``):
+    under tensor parallelism, split over the vocabulary with its collectives and the
+    vocabulary-parallel loss. Between micro-batch sizes as ``measured_layer_s``; None without
+    a record."""
+    key = (tensor_parallel, seq_len, int(sequence_parallel and tensor_parallel > 1))
+    measured = _measured_s(device, "output_layer", model_name, dtype, key, micro_batch)
+    return None if measured is None else measured[0] + measured[1]
+
+
+def _measured_s(
+    device: DeviceProfile, op: str, model_name: str, dtype: DType, key: tuple[int, ...], micro_batch: int
+) -> tuple[float, float] | None:
+    """(forward, backward) of the ``op`` records of this model and precision whose shape, the
+    micro-batch left out, is ``key``: the record of ``micro_batch``, else the line through the
+    two nearest sizes."""
     points = sorted(
         (rec.shape[1], rec.fwd_time_s, rec.fwd_bwd_time_s)
         for rec in device.op_records
@@ -102,11 +131,12 @@ def measured_layer_s(
         and rec.model == model_name
         and rec.dtype is dtype
         and rec.fwd_bwd_time_s is not None
-        and (rec.shape[0], rec.shape[2], *rec.shape[3:]) == (tensor_parallel, seq_len, *key)
+        and (rec.shape[0], *rec.shape[2:]) == key
     )
     if not points:
         return None
-    by_size = {b: (fwd, both - fwd) for b, fwd, both in points if both is not None}
+    # Under noise a forward can time longer than forward + backward; a backward is never negative.
+    by_size = {b: (fwd, max(0.0, both - fwd)) for b, fwd, both in points if both is not None}
     if micro_batch in by_size:
         return by_size[micro_batch]
     sizes = sorted(by_size)

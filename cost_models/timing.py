@@ -15,6 +15,8 @@ fp32 .grad): read the new gradient and the sum, write the sum, memory-bound. Whe
 timed this model's own layer (``compute.measured_layer_s``), that time replaces the layer's
 kernels: it holds every small op and launch the kernel sum leaves out; where it also timed the
 real tensor-parallel layer, what that takes beyond the local layer is the tensor-parallel time.
+The output layer (final norm, head, loss) likewise, where the profile timed the runtime's own,
+vocabulary-parallel under tensor parallelism, its collectives counted as its compute.
 Units: seconds.
 """
 
@@ -30,6 +32,7 @@ from cost_models.compute import (
     gemm_time_s,
     gemms_time_s,
     measured_layer_s,
+    measured_output_layer_s,
 )
 from cost_models.memory import stage_params
 from cost_models.pipeline import stage_layers
@@ -124,9 +127,19 @@ def stage_times(
         a2a = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, expert_groups, cluster)
         ep_layer = (4 + (2 if layout.recompute is Recompute.FULL else 0)) * a2a
 
-    out_gemm = lw.output_layer_gemm(model, training, layout)
-    out_elem = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, layout), dev)
-    output_s = gemm_time_s(out_gemm, dev, dt) + backward_gemms_time_s((out_gemm,), dev, dt) + out_elem
+    output_s = measured_output_layer_s(
+        dev,
+        model.name,
+        dt,
+        layout.tensor_parallel_degree,
+        layout.micro_batch_size,
+        training.seq_len,
+        sequence_parallel=layout.sequence_parallel,
+    )
+    if output_s is None:
+        out_gemm = lw.output_layer_gemm(model, training, layout)
+        out_elem = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, layout), dev)
+        output_s = gemm_time_s(out_gemm, dev, dt) + backward_gemms_time_s((out_gemm,), dev, dt) + out_elem
     embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
     layers = stage_layers(model, layout)

@@ -155,6 +155,7 @@ def build_profile(
         ),
         matmul_records=matmul_records,
         op_records=op_records,
+        core_share=min(i.core_share for i in infos),
     )
     return ClusterProfile(
         name=f"measured-{hosts[0]}" + (f"-x{len(hosts)}" if len(hosts) > 1 else ""),

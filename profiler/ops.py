@@ -1,9 +1,11 @@
 """What one device computes: GEMMs by shape (and the model's own shapes), memory bandwidth,
 and the fixed cost of a kernel. Measured on all ranks at once, so shared cores, caches and
-memory bandwidth contend as they do in training."""
+memory bandwidth contend as they do in training; each repeat of work counts its slowest rank,
+as a synchronous step waits for it (the kernel overhead is each rank's own)."""
 
 import itertools
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -11,13 +13,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
 
 from cost_models.layer_work import layer_work, output_layer_gemm
 from planner.schemas import DType, Layout, TrainingSpec
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
-from runtime.model import TORCH_DTYPES, Decoder
+from runtime.model import TORCH_DTYPES, Decoder, loss_fn
 from runtime.trainer import default_dtype, tensor_parallel
 
 
@@ -37,7 +40,7 @@ class GemmSample:
 class OpSample:
     """One rank's median times of an op's forward and, where it has one, forward + backward."""
 
-    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "optimizer"]
+    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer"]
     shape: tuple[int, ...]
     dtype: DType
     fwd_s: float
@@ -85,17 +88,18 @@ def measure(ctx: Context) -> list[OpsSample] | None:
             ctx.at("ops", f"gemm {m}x{n}x{k} {dtype}")
             a = torch.randn(m, k, device=ctx.device, dtype=TORCH_DTYPES[dtype])
             b = torch.randn(k, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
-            timing = ctx.time(partial(torch.mm, a, b))
+            timing = ctx.time(partial(torch.mm, a, b), lockstep=True)
             gemms.append(GemmSample(m, n, k, dtype, timing.median_s, timing.spread))
     ctx.at("ops", "memory bandwidth")
     elems = ctx.settings.stream_bytes // 4
     x, y, z = (torch.rand(elems, device=ctx.device) for _ in range(3))
-    stream = ctx.time(lambda: torch.add(x, y, out=z))
+    stream = ctx.time(lambda: torch.add(x, y, out=z), lockstep=True)
     ctx.at("ops", "kernel overhead")
     tiny = torch.rand(8, 8, device=ctx.device)
     overhead = ctx.time(lambda: torch.mm(tiny, tiny), repeats=max(ctx.settings.repeats, 20))
     others = [OpSample("elementwise", (elems,), DType.FP32, stream.median_s, None, stream.spread)]
-    others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _optimizer(ctx)
+    others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _output_layers(ctx)
+    others += _optimizer(ctx)
     sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
     return ctx.gather(sample)
 
@@ -111,8 +115,8 @@ def _fwd_bwd(
         torch.autograd.backward(fn().float().sum())
 
     with torch.no_grad():
-        forward = ctx.time(fn, repeats=repeats)
-    return forward, ctx.time(both, repeats=repeats)
+        forward = ctx.time(fn, repeats=repeats, lockstep=True)
+    return forward, ctx.time(both, repeats=repeats, lockstep=True)
 
 
 def _attention_and_norm(ctx: Context) -> list[OpSample]:
@@ -164,7 +168,7 @@ def _optimizer(ctx: Context) -> list[OpSample]:
     for p in params:
         p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
-    step = ctx.time(opt.step, repeats=ctx.settings.layer_repeats)
+    step = ctx.time(opt.step, repeats=ctx.settings.layer_repeats, lockstep=True)
     count = sum(p.numel() for p in params)
     return [OpSample("optimizer", (count,), DType.FP32, step.median_s, None, step.spread, model.name)]
 
@@ -195,10 +199,48 @@ def _tensor_parallel_layers(ctx: Context) -> list[OpSample]:
     return out
 
 
+def _output_layers(ctx: Context) -> list[OpSample]:
+    """Forward + backward of the runtime's own output layer (final norm, head and loss, on the
+    last pipeline stage) at every tensor-parallel degree, sequence parallel or not, on every
+    group of t consecutive ranks at once (with ``model``). Under tensor parallelism the head is
+    split over the vocabulary and the loss is the vocabulary-parallel one, collectives included."""
+    model = ctx.settings.model
+    if model is None:
+        return []
+    out = []
+    degrees = [t for t in (1, 2, 4, 8) if ctx.world_size % t == 0 and model.vocab_size % t == 0]
+    for tp in degrees:
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("rest", "tp"))
+        for dtype, sp in itertools.product(ctx.settings.gemm_dtypes, (False, True) if tp > 1 else (False,)):
+            if sp and ctx.settings.seq_len % tp:
+                continue
+            with default_dtype(TORCH_DTYPES[dtype]):
+                chunk = Decoder(model, seed=0, layers=range(0), embedding=False, output=True).to(ctx.device)
+            if tp > 1:
+                tensor_parallel(chunk, mesh["tp"], sequence_parallel=sp)
+            local_s = ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
+            head = _WithLoss(chunk, ctx.settings.seq_len)
+            with loss_parallel() if tp > 1 else nullcontext():  # the backward too runs inside
+                out += _time_layer(ctx, head, "output_layer", (tp,), (int(sp),), dtype, local_s)
+    return out
+
+
+class _WithLoss(torch.nn.Module):
+    """An output chunk and the loss the runtime trains with, on fixed targets; returns the loss."""
+
+    def __init__(self, chunk: Decoder, seq_len: int) -> None:
+        super().__init__()
+        self.chunk, self.seq_len = chunk, seq_len
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        targets = torch.zeros(x.shape[0], self.seq_len, dtype=torch.long, device=x.device)
+        return loss_fn(self.chunk(x), targets)
+
+
 def _time_layer(
     ctx: Context,
     layer: torch.nn.Module,
-    op: Literal["layer", "tp_layer"],
+    op: Literal["layer", "tp_layer", "output_layer"],
     before: tuple[int, ...],
     after: tuple[int, ...],
     dtype: DType,

@@ -28,6 +28,7 @@ from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context
 from profiler.settings import ProfileSettings
+from runtime.threads import cpu_threads_per_rank
 
 logger = logging.getLogger(__name__)
 FAILED_EXIT_CODE = 3
@@ -63,7 +64,7 @@ def profile(settings: ProfileSettings) -> int:
     if cuda:
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(cpu_threads_per_rank(local_world))
     backend = "nccl" if cuda else "gloo"
     signal.signal(signal.SIGTERM, _on_sigterm)
     dist.init_process_group(backend, timeout=timedelta(seconds=settings.timeout_s))

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from profiler.context import Context
+from runtime.threads import core_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,8 @@ class RankInfo:
     device_name: str
     memory_bytes: int
     """Memory this rank may use: the device's on CUDA; the host's available memory shared by its ranks on CPU."""
+    core_share: float = 1.0
+    """runtime.threads.core_share on CPU; 1 on CUDA."""
 
 
 def cpu_memory_bytes() -> int:
@@ -70,5 +73,6 @@ def measure(ctx: Context) -> list[RankInfo] | None:
         local_world_size=local_world,
         device_name=name,
         memory_bytes=int(memory),
+        core_share=1.0 if ctx.device.type == "cuda" else core_share(ctx.local_world_size),
     )
     return ctx.gather(info)

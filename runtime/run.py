@@ -25,6 +25,7 @@ from planner.errors import InfeasibleConfigError
 from planner.schemas import DType, Plan, RankMemory, RunReport, is_cpu_device
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
+from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
 
 
@@ -76,6 +77,8 @@ def run(settings: RunSettings, plan: Plan) -> int:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    else:  # the threads the profile measured with
+        torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=settings.timeout_s))
     training = plan.training
     trainer = Trainer(

@@ -56,11 +56,12 @@ class OpRecord(FrozenModel):
     {"op": "layer", "shape": [tp, micro_batch, seq_len], "dtype": "fp32", "fwd_time_s": ..., "fwd_bwd_time_s": ...}.
     """
 
-    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "optimizer"]
+    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer"]
     shape: tuple[int, ...] = Field(
         description="attention: b, heads, s, head dim; layernorm and elementwise: "
         "elements; layer: tp, micro-batch, seq len; tp_layer: tp, micro-batch, seq len, sequence parallel "
-        "(0/1); optimizer: parameters stepped."
+        "(0/1); output_layer (final norm, head and loss): tp, micro-batch, seq len, sequence parallel (0/1); "
+        "optimizer: parameters stepped."
     )
     dtype: DType
     fwd_time_s: float = Field(gt=0)
@@ -82,6 +83,14 @@ class DeviceProfile(FrozenModel):
     matmul_records: tuple[MatmulRecord, ...] = Field(default=(), description="Measured GEMMs, preferred.")
     op_records: tuple[OpRecord, ...] = Field(
         default=(), description="Measured attention, normalization, elementwise and whole-layer times."
+    )
+    core_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Share of a compute unit each rank gets while every rank of its node computes: 1 for "
+        "accelerators; below 1 for CPU ranks that outnumber their node's cores (4 ranks on 2 cores: 0.5). "
+        "Times are measured with every rank busy; a rank runs up to 1/core_share faster while others wait.",
     )
 
     def get_peak_flop_per_s(self, dtype: DType) -> float:

@@ -160,3 +160,19 @@ def test_measured_layers_price_compute_and_tensor_parallel_time() -> None:
     est = estimate(tiny, training, cluster, layout)
     assert est.time.tensor_parallel_comm_s == pytest.approx(2 * 4 * (3e-3 + 3e-3))
     assert est.stages[0].compute_per_micro_batch_s > 4 * 3e-3  # the 4 layers' 3 ms, plus embedding and head
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(layout=layouts(), share=st.sampled_from([0.25, 0.5, 0.9]))
+def test_shared_cores_shorten_only_pipelines_and_never_below_the_faster_path(layout: Layout, share: float) -> None:
+    own = _estimate(MODEL, layout).time
+    shared_cluster = CLUSTER.model_copy(update={"device": CLUSTER.device.model_copy(update={"core_share": share})})
+    shared = estimate(MODEL, TRAINING, shared_cluster, layout).time
+    stage_terms = ("compute_s", "recompute_s", "tensor_parallel_comm_s", "expert_parallel_comm_s", "pipeline_bubble_s")
+    before, after = (sum(getattr(t, name) for name in stage_terms) for t in (own, shared))
+    if layout.pipeline_parallel_degree == 1:
+        assert after == pytest.approx(before)
+    else:
+        assert share * before * (1 - 1e-9) <= after <= before * (1 + 1e-9)
+    for name in {f.name for f in fields(own)} - set(stage_terms):
+        assert getattr(shared, name) == pytest.approx(getattr(own, name))

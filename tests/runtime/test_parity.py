@@ -3,21 +3,18 @@ match within 1e-5 (SGD, so parameters stay in step exactly; float32 on CPU).
 
 One launch per world size checks many layouts, amortizing process start-up (field notes)."""
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from harness import run_ranks
 
 from planner.inputs import load_model
 from planner.schemas import DType, Layout, ModelSpec
 from runtime.data import synthetic_batch
 from runtime.reference import reference_losses
 from runtime.trainer import Trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 

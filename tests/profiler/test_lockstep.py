@@ -1,0 +1,48 @@
+"""Lockstep timing on 2 gloo ranks: each repeat counts the slowest rank, as a synchronous step
+waits for it; and the threads and core share of CPU ranks."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import run_ranks
+
+from profiler.context import Context
+from profiler.settings import ProfileSettings
+from runtime import threads
+
+SLOW_S = 0.05
+
+
+def _time_both_ways() -> dict[str, Any]:
+    rank = dist.get_rank()
+    ctx = Context(rank, 2, rank, 2, torch.device("cpu"), ProfileSettings(output=Path("unused")), store=None)
+
+    def work() -> None:
+        time.sleep(SLOW_S if rank == 1 else 0.001)
+
+    own = ctx.time(work, warmup=0, repeats=3)
+    lockstep = ctx.time(work, warmup=0, repeats=3, lockstep=True)
+    return {"own": own.median_s, "lockstep": lockstep.median_s}
+
+
+@pytest.mark.distributed
+def test_lockstep_counts_the_slowest_rank(tmp_path: Path) -> None:
+    result = run_ranks(2, _time_both_ways, workdir=tmp_path)
+    assert result["own"] < SLOW_S / 2  # rank 0's own time
+    assert result["lockstep"] >= SLOW_S  # rank 1's
+
+
+@pytest.mark.parametrize(
+    ("cores", "ranks", "per_rank", "share"),
+    [(2, 4, 1, 0.5), (2, 2, 1, 1.0), (8, 4, 2, 1.0), (6, 4, 1, 1.0), (1, 3, 1, 1 / 3)],
+)
+def test_threads_and_core_share(
+    monkeypatch: pytest.MonkeyPatch, cores: int, ranks: int, per_rank: int, share: float
+) -> None:
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
+    assert threads.cpu_threads_per_rank(ranks) == per_rank
+    assert threads.core_share(ranks) == pytest.approx(share)
