@@ -45,7 +45,7 @@ def main() -> None:
     if args.cluster is None:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
         profile = ["-m", "planner", "profile", "--output", cluster, "--quick", "--model", "tiny-gpt"]
-        profile += ["--seq-len", "128"]
+        profile += ["--seq-len", "128", "--dtype", "bf16"]
         subprocess.run([*torchrun, *profile], check=True, capture_output=True)
     settings = TuneSettings(
         top_k=args.top_k,

@@ -13,7 +13,7 @@ mkdir -p "$out"
 
 echo "== Profile this machine as a 4-rank cluster (links, collectives, GEMMs, memory)"
 .venv/bin/torchrun --standalone --nproc-per-node 4 -m planner profile --output "$out/cluster.json" --quick \
-    --model tiny-gpt --seq-len 128 2> >(grep -v -e Warning -e "return func" -e "^W1" >&2)
+    --model tiny-gpt --seq-len 128 --dtype bf16 2> >(grep -v -e Warning -e "return func" -e "^W1" >&2)
 
 echo "== Search: tiny-gpt on the measured cluster"
 "$planner" search --model tiny-gpt --cluster "$out/cluster.json" --global-batch-size 32 --seq-len 128 \

@@ -348,6 +348,13 @@ def profile(
     quick: Annotated[bool, typer.Option(help="Fewer sizes and repeats: seconds instead of a minute.")] = False,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Also time this model's own GEMM shapes.")] = None,
     seq_len: Annotated[int, typer.Option(min=1, help="Sequence length of the model's shapes.")] = 512,
+    dtype: Annotated[
+        DType | None,
+        typer.Option(
+            help="Time GEMMs and the model's layers in this precision only, the one you will train in "
+            "(half the time; plans in another precision are then refused) [default: fp32 and bf16]."
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer before failing.")] = 60.0,
     inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS.")] = None,
     simulate_nodes: Annotated[int | None, typer.Option(hidden=True, min=1, help="Testing: pretend nodes.")] = None,
@@ -370,6 +377,8 @@ def profile(
         simulate_nodes=simulate_nodes,
         inject_fault=_parse_fault(inject_fault),
     )
+    if dtype is not None:
+        settings = replace(settings, gemm_dtypes=(dtype,))
     code = run_profile(quick_settings(settings) if quick else settings)
     os._exit(code)  # skip interpreter teardown: gloo can abort there (field notes)
 
