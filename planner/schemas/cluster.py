@@ -99,7 +99,10 @@ class DeviceProfile(FrozenModel):
             return self.peak_flop_per_s[dtype]
         except KeyError as e:
             have = ", ".join(sorted(str(d) for d in self.peak_flop_per_s))
-            raise SchemaError(f"device {self.name!r} has no peak FLOP/s for dtype {dtype}; it has: {have}") from e
+            raise SchemaError(
+                f"device {self.name!r} has no peak FLOP/s for dtype {dtype}; it has: {have}. Plan in one of "
+                f"those (--dtype), or profile the cluster in {dtype} too (planner profile without --dtype)"
+            ) from e
 
 
 class LinkProfile(FrozenModel):

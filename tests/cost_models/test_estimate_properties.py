@@ -176,3 +176,32 @@ def test_shared_cores_shorten_only_pipelines_and_never_below_the_faster_path(lay
         assert share * before * (1 - 1e-9) <= after <= before * (1 + 1e-9)
     for name in {f.name for f in fields(own)} - set(stage_terms):
         assert getattr(shared, name) == pytest.approx(getattr(own, name))
+
+
+def test_a_measured_output_layer_prices_the_last_stage() -> None:
+    # tiny-gpt, pp 2, 4 micro-batches: the output layer runs once per micro-batch on the last
+    # stage, the slowest; 10 ms more per output layer is 4 x 10 ms more compute.
+    from planner.inputs import load_model
+    from planner.schemas import DType, OpRecord
+
+    tiny = load_model("tiny-gpt")
+    training = TrainingSpec(global_batch_size=8, seq_len=128)
+    layout = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=2)
+
+    def with_output(seconds: float):  # type: ignore[no-untyped-def]
+        record = OpRecord(
+            op="output_layer",
+            shape=(1, 2, 128, 0),
+            dtype=DType.BF16,
+            fwd_time_s=seconds / 3,
+            fwd_bwd_time_s=seconds,
+            model=tiny.name,
+        )
+        cluster = make_cluster(per_node=2)
+        device = cluster.device.model_copy(update={"op_records": (record,)})
+        return estimate(tiny, training, cluster.model_copy(update={"device": device}), layout)
+
+    slow, fast = with_output(0.03), with_output(0.02)
+    assert slow.stages[1].compute_per_micro_batch_s - fast.stages[1].compute_per_micro_batch_s == pytest.approx(0.01)
+    assert slow.stages[0].compute_per_micro_batch_s == fast.stages[0].compute_per_micro_batch_s
+    assert slow.time.compute_s - fast.time.compute_s == pytest.approx(4 * 0.01)

@@ -103,3 +103,21 @@ def test_help_teaches_with_an_example() -> None:
     assert "Example:" in result.output and "--global-batch-size" in result.output
     presets = CliRunner().invoke(app, ["presets"])
     assert "tiny-gpt" in presets.output and "dgx-a100-80g:NODES" in presets.output
+
+
+def test_a_precision_the_profile_lacks_exits_2_and_says_how_to_profile_it(tmp_path: object) -> None:
+    # A profile measured with --dtype bf16 has no fp32 peak.
+    from pathlib import Path
+
+    from conftest import make_cluster
+
+    from planner.inputs import save_cluster
+    from planner.schemas import DType
+
+    cluster = make_cluster(per_node=2)
+    device = cluster.device.model_copy(update={"peak_flop_per_s": {DType.BF16: 1e12}})
+    path = Path(str(tmp_path)) / "cluster.json"
+    save_cluster(cluster.model_copy(update={"device": device}), path)
+    args = ["--global-batch-size", "8", "--seq-len", "128", "--dp", "2", "--dtype", "fp32"]
+    code, _, err = run(["estimate", "-m", "tiny-gpt", "-c", str(path), *args])
+    assert code == 2 and "planner profile without --dtype" in err and "Traceback" not in err

@@ -18,7 +18,8 @@ import pytest
 from cost_models.estimate import estimate
 from planner.errors import SchemaError
 from planner.inputs import load_cluster, load_model
-from planner.schemas import ClusterProfile, Layout, TrainingSpec
+from planner.schemas import ClusterProfile, DType, Layout, TrainingSpec
+from runtime.threads import core_share
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -40,7 +41,7 @@ def _profile(tmp_path: Path, *extra: str) -> tuple[ClusterProfile, str]:
 
 
 def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> None:
-    profile, output = _profile(tmp_path, "--model", "tiny-gpt", "--seq-len", "128")
+    profile, output = _profile(tmp_path, "--model", "tiny-gpt", "--seq-len", "128", "--dtype", "bf16")
     assert profile.world_size == 4 and profile.provenance.kind == "measured", output
     links = [profile.intra_node_links.link(i, j) for i in range(4) for j in range(4) if i != j]
     assert all(link.bandwidth_bytes_per_s > 0 and link.latency_s > 0 for link in links)
@@ -56,9 +57,19 @@ def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> No
     ops = {(r.op, r.shape) for r in profile.device.op_records}
     assert {("layer", (tp, mb, 128)) for tp in (1, 2, 4) for mb in (1, 2, 4, 8)} <= ops
     assert {("tp_layer", (tp, mb, 128, sp)) for tp in (2, 4) for mb in (1, 2, 4, 8) for sp in (0, 1)} <= ops
+    outputs = {("output_layer", (tp, mb, 128, sp)) for tp in (1, 2, 4) for mb in (1, 2, 4, 8) for sp in (0, 1)}
+    assert {key for key in outputs if key[1][0] > 1 or key[1][3] == 0} == {
+        key for key in ops if key[0] == "output_layer"
+    }
     assert {"attention", "layernorm", "elementwise", "optimizer"} <= {op for op, _ in ops}
-    assert all(r.fwd_bwd_time_s is None or r.fwd_bwd_time_s > r.fwd_time_s for r in profile.device.op_records)
-    assert all(r.model == "tiny-gpt" for r in profile.device.op_records if r.op in ("layer", "tp_layer", "optimizer"))
+    layers = [r for r in profile.device.op_records if r.op in ("layer", "tp_layer")]
+    assert all(r.fwd_bwd_time_s is not None and r.fwd_bwd_time_s > r.fwd_time_s for r in layers)
+    own_ops = ("layer", "tp_layer", "output_layer", "optimizer")
+    assert all(r.model == "tiny-gpt" for r in profile.device.op_records if r.op in own_ops)
+    # --dtype bf16: one precision (the optimizer steps fp32 master weights; bandwidth is fp32 adds).
+    assert {r.dtype for r in profile.device.op_records if r.op not in ("optimizer", "elementwise")} == {DType.BF16}
+    assert {r.dtype for r in profile.device.matmul_records} == {DType.BF16}
+    assert profile.device.core_share == pytest.approx(core_share(4))
 
     model = load_model("tiny-gpt")
     training = TrainingSpec(global_batch_size=16, seq_len=128)
