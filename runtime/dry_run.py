@@ -127,7 +127,8 @@ class _RankPeakTracker(MemTracker):  # type: ignore[no-untyped-call]  # torch le
 
 
 def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
-    """Peak bytes of the tensors PyTorch tracks during ``step`` (MemTracker), by category, and "Total"."""
+    """Peak bytes of the tensors PyTorch tracks during ``step`` (MemTracker), by category, and "Total".
+    ZeRO-0/1's fp32 master weights are no module's parameters: they count as "oth"."""
     tracker = _RankPeakTracker()
     opt = trainer.optimizer
     inner = opt.tracked() if isinstance(opt, DataParallelOptimizer) else [opt]

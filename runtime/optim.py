@@ -110,6 +110,8 @@ class DataParallelOptimizer:
                         owned, partial(_broadcast, src=dist.get_global_rank(self.group, owner), group=self.group)
                     )
 
-    def tracked(self) -> list[torch.optim.Optimizer]:
-        """The torch optimizer inside, for memory tracking."""
-        return [self.inner] if self.inner is not None else []
+    def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
+        """What memory tracking must be told of: the torch optimizer inside (its states), and
+        the fp32 master weights it steps, which are no module's parameters."""
+        inner: list[torch.optim.Optimizer | torch.Tensor] = [self.inner] if self.inner is not None else []
+        return inner + list(self.masters.values())
