@@ -274,7 +274,7 @@ def stage_memory(
     then falls back to no sharding). Activations from ``stage_activation_bytes``, logits from
     ``stage_logits_bytes``, buffers from ``communication_buffer_bytes``, workspace from
     ``workspace_bytes``. Terms are summed as if they peak together (an upper bound). A calibrated
-    cluster scales the activations and adds its memory overhead to the workspace.
+    cluster scales the activations, logits and buffers and adds its memory overhead to the workspace.
 
     Raises:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
@@ -295,8 +295,9 @@ def stage_memory(
         optimizer_states_bytes=dense.optimizer_states_bytes + expert.optimizer_states_bytes,
         activations_bytes=stage_activation_bytes(model, training, layout, stage)
         * (cal.activation_memory_scale if cal else 1.0),
-        logits_bytes=stage_logits_bytes(model, training, layout, stage),
-        communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params),
+        logits_bytes=stage_logits_bytes(model, training, layout, stage) * (cal.logits_memory_scale if cal else 1.0),
+        communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params)
+        * (cal.buffer_memory_scale if cal else 1.0),
         workspace_bytes=workspace_bytes(cluster) + (cal.memory_overhead_bytes if cal else 0.0),
     )
 

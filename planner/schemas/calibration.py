@@ -7,12 +7,16 @@ profile. Each factor says how the measured runs differed from the uncalibrated m
                 + tensor_parallel_scale x tensor-parallel comm
                 + communication_scale x (expert-, pipeline- and data-parallel comm)
                 + step_overhead_s + micro_batch_overhead_s x micro-batch slots
-    rank memory = model states + logits + buffers + workspace
-                + activation_memory_scale x activations + memory_overhead_bytes
+    rank memory = model states + workspace + activation_memory_scale x activations
+                + logits_memory_scale x logits + buffer_memory_scale x communication buffers
+                + memory_overhead_bytes
 
 where the micro-batch slots are the units of the schedule's critical path: m micro-batches,
 or with p > 1 stages m x v chunk steps plus p - 1 to fill the pipeline. The identity
-(1, 1, 1, 0, 0, 1, 0) leaves the model as it is.
+(1, 1, 1, 0, 0, 1, 1, 1, 0) leaves the model as it is. Logits and buffers are where
+implementations differ most: an unfused cross-entropy keeps more fp32 copies of the logits than
+Megatron-LM's fused one, and a runtime that reduces gradients after the backward holds no
+bucket at the activation peak.
 """
 
 from datetime import datetime
@@ -37,6 +41,12 @@ class Calibration(FrozenModel):
         default=0.0, ge=0, description="Per micro-batch slot: framework and scheduling time the kernels leave out."
     )
     activation_memory_scale: float = Field(default=1.0, ge=0, description="Measured / modelled activations.")
+    logits_memory_scale: float = Field(
+        default=1.0, ge=0, description="Measured / modelled logits and loss buffers on the last stage."
+    )
+    buffer_memory_scale: float = Field(
+        default=1.0, ge=0, description="Measured / modelled gradient buckets and collective staging buffers."
+    )
     memory_overhead_bytes: float = Field(
         default=0.0, description="Per-rank bytes the model does not count (negative: counts and the runtime lacks)."
     )
@@ -47,7 +57,7 @@ class Calibration(FrozenModel):
 
     @property
     def factors(self) -> dict[str, float]:
-        """The seven factors by name."""
+        """The nine factors by name."""
         return {
             "compute_scale": self.compute_scale,
             "tensor_parallel_scale": self.tensor_parallel_scale,
@@ -55,5 +65,7 @@ class Calibration(FrozenModel):
             "step_overhead_s": self.step_overhead_s,
             "micro_batch_overhead_s": self.micro_batch_overhead_s,
             "activation_memory_scale": self.activation_memory_scale,
+            "logits_memory_scale": self.logits_memory_scale,
+            "buffer_memory_scale": self.buffer_memory_scale,
             "memory_overhead_bytes": self.memory_overhead_bytes,
         }

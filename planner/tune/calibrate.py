@@ -9,8 +9,9 @@ scaled backward hides. A term no plan exercises (a column of zeros) keeps its id
 with fewer plans than factors only one scale is fitted, on the whole step.
 
 Memory: over every measured rank whose method counts tensors (MemTracker, CUDA allocator; not RSS
-growth), measured - (predicted - activations) = s x activations + o, by least squares in
-relative error with s >= 0; o may be negative (the model counts a buffer the runtime lacks).
+growth), measured - (model states + workspace) = a x activations + l x logits + b x buffers + o,
+by least squares in relative error with a, l, b >= 0 (bounded linear least squares,
+scipy.optimize.lsq_linear); o may be negative. A term no measured rank has keeps its identity.
 The tuner keeps them only when they predict held-out ranks better than the model alone
 (planner.tune.tuner.summarize).
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
+from scipy.optimize import least_squares, lsq_linear, nnls
 
 from cost_models.estimate import (
     COMMUNICATION_TERMS,
@@ -111,11 +112,9 @@ def fit_calibration(
         for s in obs.memory
         if fit_memory
     ]
-    act_scale, mem_overhead = _fit_memory(rows)
     return Calibration(
         **time_factors,
-        activation_memory_scale=act_scale,
-        memory_overhead_bytes=mem_overhead,
+        **_fit_memory(rows),
         created=datetime.now(UTC),
         trials=len(observations),
         memory_samples=len(rows),
@@ -190,17 +189,29 @@ def _fit_time(
     return dict(zip(TIME_FACTORS, factors.tolist(), strict=True))
 
 
-def _fit_memory(rows: Sequence[tuple[MemoryBreakdown, float]]) -> tuple[float, float]:
-    """(activation scale, overhead bytes) by least squares in relative error, as reported."""
+MEMORY_SCALES = ("activation_memory_scale", "logits_memory_scale", "buffer_memory_scale")
+"""Memory factors that scale a term of the estimate, in _memory_terms' order."""
+
+
+def _memory_terms(memory: MemoryBreakdown) -> tuple[float, float, float]:
+    return memory.activations_bytes, memory.logits_bytes, memory.communication_buffers_bytes
+
+
+def _fit_memory(rows: Sequence[tuple[MemoryBreakdown, float]]) -> dict[str, float]:
+    """The memory factors by least squares in relative error, as reported (module docstring)."""
+    identity = dict.fromkeys(MEMORY_SCALES, 1.0) | {"memory_overhead_bytes": 0.0}
     if not rows:
-        return 1.0, 0.0
+        return identity
     measured = np.array([m for _, m in rows])
-    act = np.array([mem.activations_bytes for mem, _ in rows])
-    rest = np.array([mem.total_bytes - mem.activations_bytes for mem, _ in rows])
-    y = (measured - rest) / measured
-    if len(rows) >= 2 and np.ptp(act / measured) > 0:
-        x = np.column_stack([act / measured, 1.0 / measured])
-        (scale, offset), *_ = np.linalg.lstsq(x, y, rcond=None)
-        if scale >= 0:
-            return float(scale), float(offset)
-    return 1.0, float(np.sum((measured - rest - act) / measured) / np.sum(1.0 / measured))
+    terms = np.array([_memory_terms(mem) for mem, _ in rows])
+    fixed = np.array([mem.total_bytes for mem, _ in rows]) - terms.sum(axis=1)
+    used = [j for j in range(terms.shape[1]) if np.any(terms[:, j] > 0)]
+    x = np.column_stack([terms[:, used] / measured[:, None], 1.0 / measured])
+    y = (measured - fixed) / measured
+    if len(rows) <= len(used):  # too few ranks for every term: the offset alone
+        offset = float(np.sum((measured - fixed - terms.sum(axis=1)) / measured) / np.sum(1.0 / measured))
+        return identity | {"memory_overhead_bytes": offset}
+    lower = [0.0] * len(used) + [-np.inf]
+    solution = lsq_linear(x, y, bounds=(lower, [np.inf] * (len(used) + 1))).x
+    fitted = identity | {MEMORY_SCALES[j]: float(v) for j, v in zip(used, solution, strict=False)}
+    return fitted | {"memory_overhead_bytes": float(solution[-1])}

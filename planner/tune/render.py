@@ -100,6 +100,12 @@ def factors_table(calibration: Calibration) -> Table:
         f"{c.activation_memory_scale:.3f}",
         f"activations x {c.activation_memory_scale:.2f}",
     )
+    table.add_row("logits_memory_scale", f"{c.logits_memory_scale:.3f}", f"logits x {c.logits_memory_scale:.2f}")
+    table.add_row(
+        "buffer_memory_scale",
+        f"{c.buffer_memory_scale:.3f}",
+        f"gradient buckets and staging buffers x {c.buffer_memory_scale:.2f}",
+    )
     table.add_row(
         "memory_overhead_bytes",
         f"{c.memory_overhead_bytes:,.0f}",

@@ -15,6 +15,8 @@ TRUE = dict(
     step_overhead_s=0.003,
     micro_batch_overhead_s=0.0005,
     activation_memory_scale=1.5,
+    logits_memory_scale=2.0,
+    buffer_memory_scale=0.5,
     memory_overhead_bytes=2.0 * 2**20,
 )
 """The machine of the fake runs: the model under these factors."""

@@ -11,7 +11,7 @@ from fakes import TRUE, FakeRunner, true_machine
 
 from planner.inputs import save_cluster
 from planner.schemas import TrainingSpec
-from planner.tune.calibrate import Observation, fit_calibration
+from planner.tune.calibrate import MEMORY_SCALES, Observation, fit_calibration
 from planner.tune.settings import Selection, TuneSettings
 from planner.tune.study import INTERRUPTED
 from planner.tune.tuner import tune
@@ -92,7 +92,7 @@ def test_calibration_recovers_the_machine_and_moves_estimates_its_way(tmp_path: 
     exact = fit_calibration(observations, CLUSTER, prior_weight=0.0)
     for name, value in TRUE.items():
         assert exact.factors[name] == pytest.approx(value, rel=1e-3), name
-        if name in ("activation_memory_scale", "memory_overhead_bytes"):
+        if name in (*MEMORY_SCALES, "memory_overhead_bytes"):
             assert cal.factors[name] == pytest.approx(value, rel=1e-3), name  # memory: no pull, exact
     calibrated = CLUSTER.model_copy(update={"calibration": cal})
     for obs in observations:
