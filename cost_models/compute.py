@@ -160,3 +160,12 @@ def measured_optimizer_s(device: DeviceProfile, model_name: str, params: float) 
         if rec.op == "optimizer" and rec.model == model_name:
             return rec.fwd_time_s * params / rec.shape[0]
     return None
+
+
+def measured_pipeline_slot_s(device: DeviceProfile) -> float | None:
+    """Seconds of one slot of a tiny 2-stage 1F1B schedule (a forward, a backward and their two
+    transfers, nothing to compute), as the profiler timed it; None without the record."""
+    for rec in device.op_records:
+        if rec.op == "pipeline_slot":
+            return rec.fwd_time_s
+    return None

@@ -5,7 +5,9 @@ Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3):
 - pipeline bubble: (p - 1) / v of one micro-batch on the slowest stage;
 - pipeline point-to-point: an activation forward and a gradient backward per micro-batch and
   model chunk, and 2 (p - 1) more while the pipeline fills and drains, over the boundary links;
-  under tensor parallelism each rank sends its 1/t slice (Megatron-LM's scatter/gather);
+  under tensor parallelism each rank sends its 1/t slice (Megatron-LM's scatter/gather); where
+  the profile timed a tiny schedule's slot, what it took beyond its two transfers (the
+  schedule's bookkeeping) is added once per slot of the critical path (``micro_batch_slots``);
 - data parallel: gradients are reduced in training precision (2 bytes per parameter in mixed
   precision, ZeRO paper's 2 psi), bucket by bucket during the last micro-batch's backward, so
   only what exceeds that backward is exposed. ZeRO-1 reduce-scatters the accumulated gradients
@@ -33,7 +35,7 @@ from itertools import islice
 
 from cost_models import groups as grp
 from cost_models.comm import Group, p2p_time_s
-from cost_models.compute import elementwise_time_s, measured_optimizer_s
+from cost_models.compute import elementwise_time_s, measured_optimizer_s, measured_pipeline_slot_s
 from cost_models.layer_work import model_flops_per_sequence
 from cost_models.memory import all_stage_memory, stage_params
 from cost_models.pipeline import bubble_fraction, num_micro_batches, stage_layers
@@ -137,9 +139,14 @@ def estimate(
     p2p_s = 0.0
     if p > 1:
         act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * training.dtype.bytes / t
-        pairs = islice(grp.stage_boundaries(layout), 1) if has_uniform_links(cluster) else grp.stage_boundaries(layout)
+        boundaries = grp.stage_boundaries(layout)
+        pairs = list(islice(boundaries, 1) if has_uniform_links(cluster) else boundaries)
         hop = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
         p2p_s = (2 * m * v + 2 * (p - 1)) * hop
+        slot_s = measured_pipeline_slot_s(cluster.device)
+        if slot_s is not None:  # the schedule's own cost: the tiny slot beyond its two transfers
+            latency_s = max(p2p_time_s(0.0, a, b, cluster) for a, b in pairs)
+            p2p_s += micro_batch_slots(layout, m) * max(0.0, slot_s - 2 * latency_s)
 
     cal = cluster.calibration
     compute_scale, comm_scale = (cal.compute_scale, cal.communication_scale) if cal else (1.0, 1.0)

@@ -1,7 +1,8 @@
 """What one device computes: GEMMs by shape (and the model's own shapes), memory bandwidth,
 and the fixed cost of a kernel. Measured on all ranks at once, so shared cores, caches and
 memory bandwidth contend as they do in training; each repeat of work counts its slowest rank,
-as a synchronous step waits for it (the kernel overhead is each rank's own)."""
+as a synchronous step waits for it (the kernel overhead is each rank's own). Also the pipeline
+schedule's own cost per slot."""
 
 import itertools
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 
 from cost_models.layer_work import layer_work, output_layer_gemm
@@ -40,7 +42,9 @@ class GemmSample:
 class OpSample:
     """One rank's median times of an op's forward and, where it has one, forward + backward."""
 
-    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer"]
+    op: Literal[
+        "attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer", "pipeline_slot"
+    ]
     shape: tuple[int, ...]
     dtype: DType
     fwd_s: float
@@ -99,7 +103,7 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     overhead = ctx.time(lambda: torch.mm(tiny, tiny), repeats=max(ctx.settings.repeats, 20))
     others = [OpSample("elementwise", (elems,), DType.FP32, stream.median_s, None, stream.spread)]
     others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _output_layers(ctx)
-    others += _optimizer(ctx)
+    others += _optimizer(ctx) + _pipeline_slot(ctx)
     sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
     return ctx.gather(sample)
 
@@ -197,6 +201,36 @@ def _tensor_parallel_layers(ctx: Context) -> list[OpSample]:
             local_s = ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
             out += _time_layer(ctx, chunk, "tp_layer", (tp,), (int(sp),), dtype, local_s)
     return out
+
+
+PIPELINE_SLOT_MICRO_BATCHES = (2, 8)
+"""The tiny schedule runs 2 and 8 micro-batches; per slot is the difference over the 6 slots between."""
+
+
+def _pipeline_slot(ctx: Context) -> list[OpSample]:
+    """The pipeline schedule's own cost per slot: 1F1B over every pair of consecutive ranks at
+    once, with a stage too small to compute anything (8 features, one token). Each slot holds a
+    forward, a backward and their two transfers; what it takes beyond the transfers' latency is
+    the schedule's bookkeeping, which no kernel or link measurement holds."""
+    if ctx.world_size % 2:
+        return []
+    ctx.at("ops", "pipeline slot")
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size // 2, 2), mesh_dim_names=("rest", "pp"))
+    stage_index = mesh["pp"].get_local_rank()
+    timings = []
+    for m in PIPELINE_SLOT_MICRO_BATCHES:
+        module = torch.nn.Linear(8, 8, device=ctx.device)
+        stage = PipelineStage(module, stage_index, 2, ctx.device, group=mesh["pp"].get_group())
+        schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, _: y.sum())
+        x, target = torch.randn(m, 1, 8, device=ctx.device), torch.zeros(m, 1, 8, device=ctx.device)
+        step = partial(schedule.step, x) if stage_index == 0 else partial(schedule.step, target=target, losses=[])
+        timings.append(ctx.time(step, repeats=ctx.settings.layer_repeats, lockstep=True))
+    few, many = timings
+    slots = PIPELINE_SLOT_MICRO_BATCHES[1] - PIPELINE_SLOT_MICRO_BATCHES[0]
+    per_slot_s = max(many.median_s - few.median_s, 0.0) / slots
+    if per_slot_s <= 0:
+        return []
+    return [OpSample("pipeline_slot", (2,), DType.FP32, per_slot_s, None, many.spread)]
 
 
 def _output_layers(ctx: Context) -> list[OpSample]:

@@ -56,12 +56,15 @@ class OpRecord(FrozenModel):
     {"op": "layer", "shape": [tp, micro_batch, seq_len], "dtype": "fp32", "fwd_time_s": ..., "fwd_bwd_time_s": ...}.
     """
 
-    op: Literal["attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer"]
+    op: Literal[
+        "attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer", "pipeline_slot"
+    ]
     shape: tuple[int, ...] = Field(
         description="attention: b, heads, s, head dim; layernorm and elementwise: "
         "elements; layer: tp, micro-batch, seq len; tp_layer: tp, micro-batch, seq len, sequence parallel "
         "(0/1); output_layer (final norm, head and loss): tp, micro-batch, seq len, sequence parallel (0/1); "
-        "optimizer: parameters stepped."
+        "optimizer: parameters stepped; pipeline_slot (a 1F1B slot of a tiny 2-stage schedule, its "
+        "bookkeeping and two transfers): stages."
     )
     dtype: DType
     fwd_time_s: float = Field(gt=0)

@@ -205,3 +205,23 @@ def test_a_measured_output_layer_prices_the_last_stage() -> None:
     assert slow.stages[1].compute_per_micro_batch_s - fast.stages[1].compute_per_micro_batch_s == pytest.approx(0.01)
     assert slow.stages[0].compute_per_micro_batch_s == fast.stages[0].compute_per_micro_batch_s
     assert slow.time.compute_s - fast.time.compute_s == pytest.approx(4 * 0.01)
+
+
+def test_a_measured_pipeline_slot_adds_the_schedules_own_cost_per_slot() -> None:
+    # pp 2, 4 micro-batches of 1F1B: 4 + 2 - 1 = 5 slots. The tiny schedule's 3 ms slot, less its
+    # two transfers' latency, is added to every slot; on one device (no pipeline) nothing.
+    from planner.inputs import load_model
+    from planner.schemas import DType, OpRecord
+
+    tiny = load_model("tiny-gpt")
+    training = TrainingSpec(global_batch_size=8, seq_len=128)
+    layout = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=2)
+    cluster = make_cluster(per_node=2)
+    slot = OpRecord(op="pipeline_slot", shape=(2,), dtype=DType.FP32, fwd_time_s=3e-3)
+    timed = cluster.model_copy(update={"device": cluster.device.model_copy(update={"op_records": (slot,)})})
+    latency_s = cluster.intra_node_links.link(0, 1).latency_s
+    assert 2 * latency_s < 3e-3
+    with_slot, without = estimate(tiny, training, timed, layout), estimate(tiny, training, cluster, layout)
+    assert with_slot.time.pipeline_comm_s - without.time.pipeline_comm_s == pytest.approx(5 * (3e-3 - 2 * latency_s))
+    flat = replace(layout, pipeline_parallel_degree=1, data_parallel_degree=2)
+    assert estimate(tiny, training, timed, flat).step_time_s == estimate(tiny, training, cluster, flat).step_time_s
