@@ -112,15 +112,23 @@ def _fwd_bwd(
     ctx: Context, fn: Callable[[], torch.Tensor], params: list[torch.Tensor], repeats: int | None = None
 ) -> tuple[Timing, Timing]:
     """Forward alone, then forward + backward of a scalar made of ``fn``'s output."""
+    forward, both = ctx.time_each(_forward_and_both(fn, params), repeats=repeats, lockstep=True)
+    return forward, both
+
+
+def _forward_and_both(fn: Callable[[], torch.Tensor], params: list[torch.Tensor]) -> list[Callable[[], object]]:
+    """``fn`` without autograd, and ``fn`` with the backward of a scalar made of its output."""
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return fn()
 
     def both() -> None:
         for p in params:
             p.grad = None
         torch.autograd.backward(fn().float().sum())
 
-    with torch.no_grad():
-        forward = ctx.time(fn, repeats=repeats, lockstep=True)
-    return forward, ctx.time(both, repeats=repeats, lockstep=True)
+    return [forward, both]
 
 
 def _attention_and_norm(ctx: Context) -> list[OpSample]:
@@ -217,15 +225,16 @@ def _pipeline_slot(ctx: Context) -> list[OpSample]:
     ctx.at("ops", "pipeline slot")
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size // 2, 2), mesh_dim_names=("rest", "pp"))
     stage_index = mesh["pp"].get_local_rank()
-    timings = []
+    steps = []
     for m in PIPELINE_SLOT_MICRO_BATCHES:
         module = torch.nn.Linear(8, 8, device=ctx.device)
         stage = PipelineStage(module, stage_index, 2, ctx.device, group=mesh["pp"].get_group())
         schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, _: y.sum())
         x, target = torch.randn(m, 1, 8, device=ctx.device), torch.zeros(m, 1, 8, device=ctx.device)
-        step = partial(schedule.step, x) if stage_index == 0 else partial(schedule.step, target=target, losses=[])
-        timings.append(ctx.time(step, repeats=ctx.settings.layer_repeats, lockstep=True))
-    few, many = timings
+        steps.append(
+            partial(schedule.step, x) if stage_index == 0 else partial(schedule.step, target=target, losses=[])
+        )
+    few, many = ctx.time_each(steps, repeats=ctx.settings.layer_repeats, lockstep=True)
     slots = PIPELINE_SLOT_MICRO_BATCHES[1] - PIPELINE_SLOT_MICRO_BATCHES[0]
     per_slot_s = max(many.median_s - few.median_s, 0.0) / slots
     if per_slot_s <= 0:
@@ -281,17 +290,21 @@ def _time_layer(
     local_seq_len: int,
 ) -> list[OpSample]:
     """Forward and forward + backward of ``layer`` on (micro-batch, ``local_seq_len``, hidden)
-    inputs at every micro-batch size of the settings; shapes ``before`` + (micro-batch, seq len)
-    + ``after``."""
+    inputs at every micro-batch size of the settings, timed in rounds over all of them; shapes
+    ``before`` + (micro-batch, seq len) + ``after``."""
     model = ctx.settings.model
     assert model is not None
-    out = []
-    for mb in ctx.settings.layer_micro_batches:
-        ctx.at("ops", f"{op} {dtype} {before + after} micro-batch={mb}")
+    sizes = ctx.settings.layer_micro_batches
+    ctx.at("ops", f"{op} {dtype} {before + after} micro-batch={','.join(map(str, sizes))}")
+    fns: list[Callable[[], object]] = []
+    for mb in sizes:
         x = torch.randn(
             mb, local_seq_len, model.hidden_size, device=ctx.device, dtype=TORCH_DTYPES[dtype], requires_grad=True
         )
-        fwd, both = _fwd_bwd(ctx, partial(layer, x), [x, *layer.parameters()], repeats=ctx.settings.layer_repeats)
+        fns += _forward_and_both(partial(layer, x), [x, *layer.parameters()])
+    timings = ctx.time_each(fns, repeats=ctx.settings.layer_repeats, lockstep=True)
+    out = []
+    for mb, fwd, both in zip(sizes, timings[::2], timings[1::2], strict=True):
         shape = (*before, mb, ctx.settings.seq_len, *after)
         out.append(OpSample(op, shape, dtype, fwd.median_s, both.median_s, both.spread, model.name))
     return out
