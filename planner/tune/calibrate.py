@@ -93,10 +93,11 @@ def fit_calibration(
     *,
     source: str = "",
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    fit_time: bool = True,
     fit_memory: bool = True,
 ) -> Calibration:
-    """Factors that bring the uncalibrated model closest to ``observations`` (the memory factors
-    left at identity without ``fit_memory``).
+    """Factors that bring the uncalibrated model closest to ``observations`` (the time factors
+    left at identity without ``fit_time``, the memory factors without ``fit_memory``).
 
     Raises:
         PlannerError: no observation to fit.
@@ -105,7 +106,7 @@ def fit_calibration(
         raise PlannerError("no measured plan to calibrate on: every trial failed (see the trial table)")
     base = uncalibrated(cluster)
     estimates = [obs.predict(base) for obs in observations]
-    time_factors = _fit_time(observations, estimates, base, prior_weight)
+    time_factors = _fit_time(observations, estimates, base, prior_weight) if fit_time else {}
     rows = [
         (est.stages[s.stage].memory, s.measured_bytes)
         for obs, est in zip(observations, estimates, strict=True)
@@ -116,7 +117,7 @@ def fit_calibration(
         **time_factors,
         **_fit_memory(rows),
         created=datetime.now(UTC),
-        trials=len(observations),
+        trials=len(observations) if fit_time else 0,
         memory_samples=len(rows),
         source=source,
     )

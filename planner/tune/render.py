@@ -71,7 +71,12 @@ def factors_table(calibration: Calibration) -> Table:
         if calibration.memory_samples
         else "no memory: memory factors did not predict held-out plans better, left at identity"
     )
-    table = Table(title=f"calibration fitted on {calibration.trials} plans and {memory}")
+    time = (
+        f"{calibration.trials} plans"
+        if calibration.trials
+        else "no time: time factors did not predict held-out plans better, left at identity"
+    )
+    table = Table(title=f"calibration fitted on {time} and {memory}")
     table.add_column("factor")
     table.add_column("value", justify="right")
     table.add_column("effect on later estimates on this profile")

@@ -22,7 +22,9 @@ from planner.tune.validate import (
     after_calibration,
     before_calibration,
     improves_memory,
+    improves_time,
     with_memory_of,
+    with_time_of,
 )
 
 MIN_PLANS_FOR_HELD_OUT = 3
@@ -132,17 +134,26 @@ def summarize(
         if len(observations) >= MIN_PLANS_FOR_HELD_OUT
         else (None, DEFAULT_PRIOR_WEIGHT)
     )
-    # Memory factors are kept only when they predict held-out plans better than the model alone.
+    # Time and memory factors are each kept only when they predict held-out plans better than
+    # the model alone: on a noisy machine a model already within its noise gains nothing from
+    # factors fitted to that noise (measured: 9.3% uncalibrated, 13.5% calibrated held out).
+    fit_time = after is None or before is None or improves_time(before, after)
     fit_memory = after is None or before is None or improves_memory(before, after)
-    if after is not None and before is not None and not fit_memory:
-        after = with_memory_of(after, before)
+    if after is not None and before is not None:
+        after = after if fit_time else with_time_of(after, before)
+        after = after if fit_memory else with_memory_of(after, before)
+    calibration = (
+        fit_calibration(
+            observations, cluster, source=source, prior_weight=weight, fit_time=fit_time, fit_memory=fit_memory
+        )
+        if observations
+        else None
+    )
     return TuneResult(
         study_name=study_name,
         records=tuple(records),
         ran=ran,
-        calibration=fit_calibration(observations, cluster, source=source, prior_weight=weight, fit_memory=fit_memory)
-        if observations
-        else None,
+        calibration=calibration,
         before=before,
         after=after,
     )

@@ -114,6 +114,17 @@ def after_calibration(observations: Sequence[Observation], cluster: ClusterProfi
     return max((vw for vw in tried if vw[0].median_time_error <= least + PULL_TOLERANCE), key=lambda vw: vw[1])
 
 
+def improves_time(before: Validation, after: Validation) -> bool:
+    """Whether the calibrated step times predict the held-out plans better (median error)."""
+    return after.median_time_error < before.median_time_error
+
+
+def with_time_of(after: Validation, before: Validation) -> Validation:
+    """``after`` with the step-time predictions of ``before`` (time left uncalibrated)."""
+    step = {p.label: p.predicted_step_time_s for p in before.plans}
+    return validate(after.title, [replace(p, predicted_step_time_s=step[p.label]) for p in after.plans])
+
+
 def improves_memory(before: Validation, after: Validation) -> bool:
     """Whether the calibrated memory predicts the held-out ranks better (median error)."""
     if before.median_memory_error is None or after.median_memory_error is None:

@@ -44,7 +44,10 @@ def test_tune_records_a_crash_calibrates_and_resumes(tmp_path: Path) -> None:
     assert "4 plans run now, 4 in all" in first.stdout
     assert "calibrated, leave-one-out (3 plans)" in first.stdout
     calibration = load_cluster(str(tmp_path / "cluster.json")).calibration
-    assert calibration is not None and calibration.trials == 3
+    # Time factors fitted on the 3 measured plans, or left at identity when they predicted the
+    # held-out plans no better (real runs: either may happen).
+    assert calibration is not None and calibration.trials in (0, 3)
+    assert calibration.trials == 3 or calibration.compute_scale == 1.0
     assert (tmp_path / "tune" / "validation.png").stat().st_size > 10_000
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["model"]["name"] == "tiny-gpt"

@@ -112,3 +112,33 @@ def test_calibration_recovers_the_machine_and_moves_estimates_its_way(tmp_path: 
         ) > 0
         for (after, measured), (b, _) in zip(plan.memory, was.memory, strict=True):
             assert (after - b) * (measured - b) > 0
+
+
+def test_factors_that_do_not_help_held_out_plans_are_left_at_identity(tmp_path: Path, cluster_path: str) -> None:
+    # The runs are the uncalibrated model itself, each step time off by a fixed +-8%: no factor
+    # predicts a held-out plan better than the model alone, so the tuner keeps none for time.
+    # Memory is exact on the true machine's factors, so memory factors are kept.
+    class Noisy(FakeRunner):
+        def __call__(self, plan, files, settings):  # type: ignore[no-untyped-def]
+            run = super().__call__(plan, files, settings)
+            assert run.report is not None
+            sign = 1 if len(self.ran) % 2 else -1
+            step = run.report.measured_step_time_s * (1 + 0.08 * sign)
+            noisy = run.report.model_copy(update={"measured_step_time_s": step})
+            return type(run)(report=noisy, failure=None, seconds=run.seconds, log_path=run.log_path)
+
+    memory_only = CLUSTER.model_copy(
+        update={"calibration": true_machine(CLUSTER).calibration.model_copy(  # type: ignore[union-attr]
+            update={name: 1.0 for name in ("compute_scale", "tensor_parallel_scale", "communication_scale")}
+            | {"step_overhead_s": 0.0, "micro_batch_overhead_s": 0.0}
+        )}
+    )  # fmt: skip
+    spread = settings(tmp_path, top_k=12, select=Selection.SPREAD)
+    result = tune("tiny-gpt", cluster_path, TRAINING, spread, run_trial=Noisy(memory_only))
+    assert result.before is not None and result.after is not None and result.calibration is not None
+    assert result.calibration.trials == 0
+    for name in ("compute_scale", "tensor_parallel_scale", "communication_scale"):
+        assert result.calibration.factors[name] == 1.0
+    assert result.calibration.step_overhead_s == 0.0 and result.calibration.micro_batch_overhead_s == 0.0
+    assert result.after.median_time_error == result.before.median_time_error  # the model's own
+    assert result.calibration.memory_samples > 0 and result.calibration.logits_memory_scale == pytest.approx(2.0)
