@@ -81,6 +81,19 @@ def test_a_measured_layer_is_used_as_timed_and_interpolated_in_micro_batch() -> 
     assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 1, 2, 256) is None
 
 
+def test_beyond_the_largest_size_the_slope_is_that_of_every_size() -> None:
+    # Forward 1, 1.5, 3.0, 2.8 ms at 1, 2, 4, 8: the two largest give a flat line (noise). The
+    # least-squares slope over all four: sum (b - 3.75)(t - 2.075) / sum (b - 3.75)^2 =
+    # 7.275 / 28.75 ms a sequence; backward (3, 4.5, 9, 8.4 ms): 21.825 / 28.75.
+    dev = _with_layer_records(
+        (1, 1, 1.0e-3, 4.0e-3), (1, 2, 1.5e-3, 6.0e-3), (1, 4, 3.0e-3, 12.0e-3), (1, 8, 2.8e-3, 11.2e-3)
+    )
+    fwd, bwd = 2.8e-3 + 8 * 7.275e-3 / 28.75, 8.4e-3 + 8 * 21.825e-3 / 28.75
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 1, 16, 128) == pytest.approx((fwd, bwd))
+    # Inside the measured range, the nearest two still decide.
+    assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 1, 6, 128) == pytest.approx((3.0e-3, 9.0e-3))
+
+
 def test_one_measured_size_scales_in_proportion() -> None:
     dev = _with_layer_records((2, 4, 2.0e-3, 6.0e-3))
     assert measured_layer_s(dev, "tiny-gpt", DType.BF16, 2, 8, 128) == pytest.approx((4.0e-3, 8.0e-3))
