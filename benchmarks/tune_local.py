@@ -31,13 +31,11 @@ from scipy.stats import spearmanr
 
 from planner import api
 from planner.schemas import TrainingSpec
-from planner.tune.calibrate import Observation
 from planner.tune.launcher import TrialFiles
 from planner.tune.plot import save_plot
 from planner.tune.render import factors_table, trials_table, validation_table
 from planner.tune.settings import Selection, TuneSettings
-from planner.tune.study import TrialRecord, plan_key
-from planner.tune.tuner import TuneResult, run_trial_job, tune
+from planner.tune.tuner import TuneResult, measured_observations, run_trial_job, tune
 from planner.tune.validate import after_calibration, before_calibration
 
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
@@ -101,39 +99,27 @@ def second_pass(result: TuneResult, cluster: str, settings: TuneSettings, consol
     against their mean."""
     again: dict[str, float] = {}
     workdir = settings.workdir / "pass2"
+    workdir.mkdir(parents=True, exist_ok=True)
     for record in reversed(result.measured):
-        key = plan_key(record.plan)
-        files = TrialFiles.in_dir(workdir, key)
-        workdir.mkdir(parents=True, exist_ok=True)
+        files = TrialFiles.in_dir(workdir, record.key)
         api.save_plan(record.plan, files.plan)
         run = run_trial_job(record.plan, files, settings)
         if run.report is not None:
-            again[key] = run.report.measured_step_time_s
-    both = [r for r in result.measured if plan_key(r.plan) in again]
-    first = [_step_s(r) for r in both]
-    second = [again[plan_key(r.plan)] for r in both]
+            again[record.key] = run.report.measured_step_time_s
+    both = [r for r in result.measured if r.key in again]
+    observed = measured_observations(both)
+    first = [obs.measured_step_time_s for obs in observed]
+    second = [again[r.key] for r in both]
     differences = [abs(a - b) / ((a + b) / 2) for a, b in zip(first, second, strict=True)]
     print(f"\nsecond pass: {len(both)} plans run again, last first")
     print(f"  the passes' own Spearman (the ceiling for the model's): {spearmanr(first, second).statistic:.3f}")
     print(f"  step time, pass 1 vs pass 2: median difference {statistics.median(differences):.1%}, "
           f"worst {max(differences):.1%}")  # fmt: skip
-    mean = [
-        replace(_observation(r), measured_step_time_s=(a + b) / 2) for r, a, b in zip(both, first, second, strict=True)
-    ]
+    mean = [replace(obs, measured_step_time_s=(a + b) / 2) for obs, a, b in zip(observed, first, second, strict=True)]
     profile = api.load_cluster(cluster)
     before = replace(before_calibration(mean, profile), title="uncalibrated, vs the mean of the passes")
     after = replace(after_calibration(mean, profile)[0], title="calibrated, held out, vs the mean")
     console.print(validation_table([before, after]))
-
-
-def _observation(record: TrialRecord) -> Observation:
-    assert record.report is not None
-    return Observation.from_report(f"{record.number} {record.plan.layout.describe()}", record.plan, record.report)
-
-
-def _step_s(record: TrialRecord) -> float:
-    assert record.report is not None
-    return record.report.measured_step_time_s
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ runs a finished plan twice. From the measured plans it fits the cluster's Calibr
 the model before and after it (planner.tune.validate).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner import api
@@ -119,15 +119,20 @@ def tune(
     )
 
 
-def summarize(
-    *, study_name: str, records: list[TrialRecord], cluster: ClusterProfile, source: str, ran: int = 0
-) -> TuneResult:
-    """Calibration and validation of a study's trials (``planner validate`` shows a stored study)."""
-    observations = [
+def measured_observations(records: Sequence[TrialRecord]) -> list[Observation]:
+    """The measured trials as observations, labelled '#number layout'."""
+    return [
         Observation.from_report(f"#{r.number} {r.plan.layout.describe()}", r.plan, r.report)
         for r in records
         if r.report is not None
     ]
+
+
+def summarize(
+    *, study_name: str, records: list[TrialRecord], cluster: ClusterProfile, source: str, ran: int = 0
+) -> TuneResult:
+    """Calibration and validation of a study's trials (``planner validate`` shows a stored study)."""
+    observations = measured_observations(records)
     before = before_calibration(observations, cluster) if observations else None
     after, weight = (
         after_calibration(observations, cluster)
