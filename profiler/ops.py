@@ -5,7 +5,7 @@ as a synchronous step waits for it (the kernel overhead is each rank's own). Als
 schedule's own cost per slot."""
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -198,17 +198,24 @@ def _tensor_parallel_layers(ctx: Context) -> list[OpSample]:
         for t in (2, 4, 8)
         if ctx.world_size % t == 0 and model.num_attention_heads % t == 0 and model.kv_heads % t == 0
     ]
+    for tp, mesh, dtype, sp, local_s in _tensor_parallel_variants(ctx, degrees):
+        with default_dtype(TORCH_DTYPES[dtype]):
+            chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
+        tensor_parallel(chunk, mesh, sequence_parallel=sp)
+        out += _time_layer(ctx, chunk, "tp_layer", (tp,), (int(sp),), dtype, local_s)
+    return out
+
+
+def _tensor_parallel_variants(ctx: Context, degrees: list[int]) -> Iterator[tuple[int, DeviceMesh, DType, bool, int]]:
+    """(tp, its group's mesh, precision, sequence parallel, local sequence length) of every
+    variant to time: each degree on groups of tp consecutive ranks, in each profiled precision,
+    with sequence parallelism too where tp > 1 divides the sequence."""
     for tp in degrees:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("rest", "tp"))
-        for dtype, sp in itertools.product(ctx.settings.gemm_dtypes, (False, True)):
+        for dtype, sp in itertools.product(ctx.settings.gemm_dtypes, (False, True) if tp > 1 else (False,)):
             if sp and ctx.settings.seq_len % tp:
                 continue
-            with default_dtype(TORCH_DTYPES[dtype]):
-                chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
-            tensor_parallel(chunk, mesh["tp"], sequence_parallel=sp)
-            local_s = ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
-            out += _time_layer(ctx, chunk, "tp_layer", (tp,), (int(sp),), dtype, local_s)
-    return out
+            yield tp, mesh["tp"], dtype, sp, ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
 
 
 PIPELINE_SLOT_MICRO_BATCHES = (2, 8)
@@ -252,19 +259,14 @@ def _output_layers(ctx: Context) -> list[OpSample]:
         return []
     out = []
     degrees = [t for t in (1, 2, 4, 8) if ctx.world_size % t == 0 and model.vocab_size % t == 0]
-    for tp in degrees:
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("rest", "tp"))
-        for dtype, sp in itertools.product(ctx.settings.gemm_dtypes, (False, True) if tp > 1 else (False,)):
-            if sp and ctx.settings.seq_len % tp:
-                continue
-            with default_dtype(TORCH_DTYPES[dtype]):
-                chunk = Decoder(model, seed=0, layers=range(0), embedding=False, output=True).to(ctx.device)
-            if tp > 1:
-                tensor_parallel(chunk, mesh["tp"], sequence_parallel=sp)
-            local_s = ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
-            head = _WithLoss(chunk, ctx.settings.seq_len)
-            with loss_parallel() if tp > 1 else nullcontext():  # the backward too runs inside
-                out += _time_layer(ctx, head, "output_layer", (tp,), (int(sp),), dtype, local_s)
+    for tp, mesh, dtype, sp, local_s in _tensor_parallel_variants(ctx, degrees):
+        with default_dtype(TORCH_DTYPES[dtype]):
+            chunk = Decoder(model, seed=0, layers=range(0), embedding=False, output=True).to(ctx.device)
+        if tp > 1:
+            tensor_parallel(chunk, mesh, sequence_parallel=sp)
+        head = _WithLoss(chunk, ctx.settings.seq_len)
+        with loss_parallel() if tp > 1 else nullcontext():  # the backward too runs inside
+            out += _time_layer(ctx, head, "output_layer", (tp,), (int(sp),), dtype, local_s)
     return out
 
 
