@@ -533,9 +533,10 @@ def tune(
     A plan that runs out of memory, crashes or exceeds --trial-timeout is recorded as failed with
     its reason, and the tuner goes on. Stopped, it resumes: finished plans never run again. From
     the measured plans it fits the cluster's calibration (compute, tensor-parallel and other
-    communication, per-step and per-micro-batch overheads, activation memory, memory overhead),
-    stores it in the profile so later estimate and search use it, and shows the model's errors
-    before and after (after: each plan predicted by factors fitted on the others).
+    communication, per-step and per-micro-batch overheads; activation, logits and buffer memory,
+    memory overhead; time and memory factors each kept only when they predict held-out plans
+    better), stores it in the profile so later estimate and search use it, and shows the model's
+    errors before and after (after: each plan predicted by factors fitted on the others).
 
     Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
     """

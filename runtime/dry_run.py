@@ -131,8 +131,8 @@ def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
     ZeRO-0/1's fp32 master weights are no module's parameters: they count as "oth"."""
     tracker = _RankPeakTracker()
     opt = trainer.optimizer
-    inner = opt.tracked() if isinstance(opt, DataParallelOptimizer) else [opt]
-    tracker.track_external(*trainer.chunks, *inner)
+    external = opt.tracked() if isinstance(opt, DataParallelOptimizer) else [opt]
+    tracker.track_external(*trainer.chunks, *external)
     trainer.fresh_roots = True
     try:
         with tracker:
