@@ -2,7 +2,9 @@
 
 One node uses torchrun's standalone rendezvous; several use the c10d rendezvous at the first
 node's address, with the plan's hash as the rendezvous id so that two jobs never join each other.
-CPU clusters get one OpenMP thread per rank (every rank shares the node's cores).
+CPU clusters get OMP_NUM_THREADS=1 at launch (torchrun's own default, set so that it says nothing);
+each rank then computes with the threads its profile was measured with (runtime.threads: the
+node's cores split over its ranks).
 """
 
 import shlex
