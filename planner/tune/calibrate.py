@@ -214,5 +214,5 @@ def _fit_memory(rows: Sequence[tuple[MemoryBreakdown, float]]) -> dict[str, floa
         return identity | {"memory_overhead_bytes": offset}
     lower = [0.0] * len(used) + [-np.inf]
     solution = lsq_linear(x, y, bounds=(lower, [np.inf] * (len(used) + 1))).x
-    fitted = identity | {MEMORY_SCALES[j]: float(v) for j, v in zip(used, solution, strict=False)}
+    fitted = identity | {MEMORY_SCALES[j]: float(v) for j, v in zip(used, solution[:-1], strict=True)}
     return fitted | {"memory_overhead_bytes": float(solution[-1])}
