@@ -15,8 +15,11 @@ Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3):
   so it reduce-scatters every micro-batch's gradients during that micro-batch's backward (as
   DeepSpeed stage 2 and FSDP with gradient sync do). ZeRO-3 also gathers parameters for every
   forward and backward of every micro-batch (3 psi per micro-batch), prefetched behind compute.
-  ZeRO 2-3 shard module by module (``StageParams.units``), one collective per unit each;
-  on a CPU device nothing is hidden (``hides_communication``);
+  ZeRO 2-3 shard module by module (``StageParams.units``), one collective per unit each.
+  Under a pipeline, ZeRO 2-3 reduce once, after the last backward, and ZeRO-3 gathers for
+  every backward and for the first forward, m + 1 times (``pipeline.defers_gradient_reduction``);
+  the single reduction has no backward left to hide behind.
+  On a CPU device nothing is hidden (``hides_communication``);
 - optimizer: Adam reads and writes 28 bytes per parameter of the rank's optimizer shard
   (fp32 weight, two moments, gradient, and the training-precision copy), memory-bound; or at the
   rate the profiler timed on the model's own layer (``compute.measured_optimizer_s``).
@@ -38,7 +41,7 @@ from cost_models.comm import Group, p2p_time_s
 from cost_models.compute import elementwise_time_s, measured_optimizer_s, measured_pipeline_slot_s
 from cost_models.layer_work import model_flops_per_sequence
 from cost_models.memory import all_stage_memory, stage_params
-from cost_models.pipeline import bubble_fraction, num_micro_batches, stage_layers
+from cost_models.pipeline import bubble_fraction, defers_gradient_reduction, num_micro_batches, stage_layers
 from cost_models.timing import StageTime, has_uniform_links, slowest_collective_s, stage_times
 from cost_models.validate import check_layout
 from planner.schemas import (
@@ -95,7 +98,9 @@ def _data_parallel_s(
         else:  # sharded module by module: one collective per unit, each with its own latency
             rs = units * slowest_collective_s(CollectiveOp.REDUCE_SCATTER, nbytes / units, group_list, cluster)
             ag = units * slowest_collective_s(CollectiveOp.ALL_GATHER, nbytes / units, group_list, cluster)
-        if layout.zero_stage is ZeroStage.PARAMETERS:
+        if defers_gradient_reduction(layout):  # one reduction; ZeRO-3 gathers for each backward and once more
+            total += rs + (micro_batches + 1 if layout.zero_stage is ZeroStage.PARAMETERS else 1) * ag
+        elif layout.zero_stage is ZeroStage.PARAMETERS:
             total += micro_batches * (rs + 2 * ag)
         elif layout.zero_stage is ZeroStage.GRADIENTS:
             total += micro_batches * rs + ag
@@ -163,7 +168,9 @@ def estimate(
             ZeroStage.PARAMETERS: m * (st.compute_s + st.recompute_s),
             ZeroStage.GRADIENTS: m * st.backward_s,
         }.get(layout.zero_stage, st.backward_s)
-        if not hides_communication(cluster):
+        if not hides_communication(cluster) or (
+            defers_gradient_reduction(layout) and layout.zero_stage is ZeroStage.GRADIENTS
+        ):
             window = 0.0
         exposed = max(0.0, comm - window)
         if exposed >= dp_exposed:

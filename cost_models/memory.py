@@ -38,7 +38,12 @@ from cost_models.activations import (
     rematerialized_bytes,
 )
 from cost_models.params import embedding_params, layer_params, norm_params
-from cost_models.pipeline import in_flight_micro_batches, num_micro_batches, stage_layers
+from cost_models.pipeline import (
+    defers_gradient_reduction,
+    in_flight_micro_batches,
+    num_micro_batches,
+    stage_layers,
+)
 from planner.errors import InfeasibleConfigError, SchemaError
 from planner.schemas import (
     ClusterProfile,
@@ -271,7 +276,8 @@ def stage_memory(
     Model states from ``stage_params`` under ZeRO (dense parameters sharded over d, experts over
     d / ep), plus under ZeRO-3 with a shard group > 1 the gathered buffer of 2 units
     (``zero3_gather_buffer_bytes``); none with d = 1, where nothing is sharded or gathered (FSDP
-    then falls back to no sharding). Activations from ``stage_activation_bytes``, logits from
+    then falls back to no sharding). Under a pipeline ZeRO 2-3 hold what ZeRO-1 holds
+    (``pipeline.defers_gradient_reduction``). Activations from ``stage_activation_bytes``, logits from
     ``stage_logits_bytes``, buffers from ``communication_buffer_bytes``, workspace from
     ``workspace_bytes``. Terms are summed as if they peak together (an upper bound). A calibrated
     cluster scales the activations, logits and buffers and adds its memory overhead to the workspace.
@@ -283,10 +289,12 @@ def stage_memory(
     params = stage_params(model, layout, stage)
     d = layout.data_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    dense = model_state_bytes(params.dense, d, layout.zero_stage, training.dtype)
-    expert = model_state_bytes(params.expert, d // ep, layout.zero_stage, training.dtype)
+    # A pipeline keeps ZeRO 2-3's gradients and gathered weights whole (defers_gradient_reduction).
+    zero = ZeroStage.OPTIMIZER if defers_gradient_reduction(layout) else layout.zero_stage
+    dense = model_state_bytes(params.dense, d, zero, training.dtype)
+    expert = model_state_bytes(params.expert, d // ep, zero, training.dtype)
     gathered = 0.0
-    if layout.zero_stage is ZeroStage.PARAMETERS and d > 1:
+    if zero is ZeroStage.PARAMETERS and d > 1:
         gathered = zero3_gather_buffer_bytes(params.largest_unit, training.dtype)
     cal = cluster.calibration
     return MemoryBreakdown(

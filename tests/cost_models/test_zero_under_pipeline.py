@@ -1,0 +1,110 @@
+"""ZeRO 2-3 under a pipeline: torch.distributed.pipelining reduces a sharded stage's gradients
+once, after its last backward, so the stage holds what ZeRO-1 holds and ZeRO-3 gathers m + 1
+times (cost_models.pipeline.defers_gradient_reduction). Hand-worked from the collectives."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from cost_models import groups as grp
+from cost_models.estimate import estimate
+from cost_models.memory import stage_memory, stage_params
+from cost_models.pipeline import defers_gradient_reduction
+from cost_models.timing import slowest_collective_s
+from planner.inputs import load_model
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveOp,
+    DeviceProfile,
+    DType,
+    Layout,
+    LinkMatrix,
+    LinkProfile,
+    MatmulModel,
+    Provenance,
+    TrainingSpec,
+    ZeroStage,
+)
+
+MODEL = load_model("tiny-gpt")
+TRAINING = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
+LINK = LinkProfile(bandwidth_bytes_per_s=1e9, latency_s=1e-4)
+CPU = ClusterProfile(
+    name="test",
+    num_nodes=1,
+    devices_per_node=4,
+    device=DeviceProfile(
+        name="cpu-gloo",
+        memory_bytes=16 * 2**30,
+        peak_flop_per_s={DType.BF16: 1e11},
+        memory_bandwidth_bytes_per_s=1e10,
+        matmul=MatmulModel(peak_fraction=0.5, compute_units=2, tile_m=8, tile_n=8, launch_overhead_s=0),
+    ),
+    intra_node_links=LinkMatrix(size=4, uniform=LINK),
+    inter_node_links=LinkMatrix(size=1, uniform=LINK),
+    provenance=Provenance(kind="preset", created=datetime(2024, 1, 1, tzinfo=UTC)),
+)
+
+
+def _layout(p: int, zero: ZeroStage) -> Layout:
+    """The 4 ranks as 4 / p replicas of p stages."""
+    return Layout(
+        data_parallel_degree=4 // p,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=p,
+        micro_batch_size=1,
+        zero_stage=zero,
+    )
+
+
+def test_only_sharded_data_parallel_stages_of_a_pipeline_defer() -> None:
+    assert defers_gradient_reduction(_layout(2, ZeroStage.GRADIENTS))
+    assert defers_gradient_reduction(_layout(2, ZeroStage.PARAMETERS))
+    assert not defers_gradient_reduction(_layout(2, ZeroStage.OPTIMIZER))
+    assert not defers_gradient_reduction(_layout(1, ZeroStage.PARAMETERS))
+    one_replica = Layout(
+        data_parallel_degree=1,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=2,
+        micro_batch_size=1,
+        zero_stage=ZeroStage.PARAMETERS,
+    )
+    assert not defers_gradient_reduction(one_replica)
+
+
+def test_a_pipelined_stage_holds_what_zero_1_holds() -> None:
+    for stage in range(2):
+        zero1 = stage_memory(MODEL, TRAINING, CPU, _layout(2, ZeroStage.OPTIMIZER), stage)
+        for zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
+            assert stage_memory(MODEL, TRAINING, CPU, _layout(2, zero), stage) == zero1
+    # Without a pipeline ZeRO-2 does shard the gradients: a quarter of ZeRO-1's at d = 4.
+    flat1 = stage_memory(MODEL, TRAINING, CPU, _layout(1, ZeroStage.OPTIMIZER), 0)
+    flat2 = stage_memory(MODEL, TRAINING, CPU, _layout(1, ZeroStage.GRADIENTS), 0)
+    assert flat2.gradients_bytes == pytest.approx(flat1.gradients_bytes / 4)
+
+
+def _per_unit_s(op: CollectiveOp, layout: Layout, stage: int) -> float:
+    """One unit's collective of ``stage``'s dense gradient (2 bytes a parameter), times its units."""
+    held = stage_params(MODEL, layout, stage)
+    groups = list(grp.data_groups(layout, stage))
+    return held.units * slowest_collective_s(op, 2 * held.dense / held.units, groups, CPU)
+
+
+@pytest.mark.parametrize(("zero", "gathers"), [(ZeroStage.GRADIENTS, 1), (ZeroStage.PARAMETERS, 8 + 1)])
+def test_a_pipelined_stage_reduces_once_and_gathers_once_or_m_plus_1_times(zero: ZeroStage, gathers: int) -> None:
+    layout = _layout(2, zero)  # m = 8: 16 sequences over 2 replicas of micro-batch 1
+    expected = max(
+        _per_unit_s(CollectiveOp.REDUCE_SCATTER, layout, s) + gathers * _per_unit_s(CollectiveOp.ALL_GATHER, layout, s)
+        for s in range(2)
+    )
+    # On a CPU nothing is hidden: the whole of it is on the step.
+    assert estimate(MODEL, TRAINING, CPU, layout).time.data_parallel_comm_s == pytest.approx(expected)
+
+
+def test_without_a_pipeline_zero_3_gathers_twice_and_reduces_every_micro_batch() -> None:
+    layout = _layout(1, ZeroStage.PARAMETERS)
+    m = 4  # 16 sequences over 4 replicas of micro-batch 1
+    expected = m * (
+        _per_unit_s(CollectiveOp.REDUCE_SCATTER, layout, 0) + 2 * _per_unit_s(CollectiveOp.ALL_GATHER, layout, 0)
+    )
+    assert estimate(MODEL, TRAINING, CPU, layout).time.data_parallel_comm_s == pytest.approx(expected)
