@@ -37,6 +37,8 @@ class ProfileSettings:
     """Micro-batch sizes at which the model's own layer is timed (with ``model``)."""
     layer_repeats: int = 7
     """Repeats of each layer timing, quick or not: plans are ranked by these times."""
+    min_sample_s: float = 0.02
+    """A lockstep timing calls an op back to back until one sample lasts this long (profiler.context)."""
     seq_len: int = 512
     """Sequence length of the model's own GEMM shapes (with ``model``)."""
     inject_link_delay: tuple[int, int, float] | None = None
@@ -62,6 +64,7 @@ class ProfileSettings:
             "seq_len": self.seq_len,
             "layer_micro_batches": ",".join(str(b) for b in self.layer_micro_batches),
             "layer_repeats": self.layer_repeats,
+            "min_sample_s": self.min_sample_s,
             "injected_link_delay": str(self.inject_link_delay) if self.inject_link_delay else "",
             "simulated_nodes": self.simulate_nodes or 0,
         }

@@ -1,5 +1,6 @@
 """Lockstep timing on 2 gloo ranks: each repeat counts the slowest rank, as a synchronous step
-waits for it; and the threads and core share of CPU ranks."""
+waits for it, and calls a short op back to back alike on every rank; and the threads and core
+share of CPU ranks."""
 
 import time
 from pathlib import Path
@@ -34,6 +35,33 @@ def test_lockstep_counts_the_slowest_rank(tmp_path: Path) -> None:
     result = run_ranks(2, _time_both_ways, workdir=tmp_path)
     assert result["own"] < SLOW_S / 2  # rank 0's own time
     assert result["lockstep"] >= SLOW_S  # rank 1's
+
+
+def _count_calls() -> dict[str, Any]:
+    rank = dist.get_rank()
+    settings = ProfileSettings(output=Path("unused"), min_sample_s=0.02)
+    ctx = Context(rank, 2, rank, 2, torch.device("cpu"), settings, store=None)
+    calls = [0]
+
+    def work() -> None:
+        calls[0] += 1
+        time.sleep(0.005 if rank == 0 else 0.001)
+
+    timing = ctx.time(work, warmup=1, repeats=3, lockstep=True)
+    every = [None, None]
+    dist.all_gather_object(every, calls[0])
+    return {"calls": every, "median_s": timing.median_s}
+
+
+@pytest.mark.distributed
+def test_lockstep_calls_a_short_op_until_a_sample_lasts_long_enough(tmp_path: Path) -> None:
+    result = run_ranks(2, _count_calls, workdir=tmp_path)
+    # Rank 1's op (1 ms) needs about 20 calls to last 20 ms; rank 0 makes as many: 1 warm-up
+    # call, then 3 repeats of the same count on both ranks.
+    first, second = result["calls"]
+    assert first == second and (first - 1) % 3 == 0 and (first - 1) // 3 >= 10
+    # A sample is one call's share of the slowest rank's loop: rank 0's 5 ms, not the loop's.
+    assert 0.005 <= result["median_s"] < 0.010
 
 
 @pytest.mark.parametrize(
