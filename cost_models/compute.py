@@ -183,3 +183,12 @@ def measured_pipeline_slot_s(device: DeviceProfile) -> float | None:
         if rec.op == "pipeline_slot":
             return rec.fwd_time_s
     return None
+
+
+def measured_sharded_unit_s(device: DeviceProfile, zero_stage: int, deferred: bool, dtype: DType) -> float | None:
+    """Seconds sharded data parallelism (FSDP) spends of its own on one unit and micro-batch,
+    beyond the unit's compute and its collectives (hooks, casts, buffer copies), as the profiler
+    timed it in ``dtype`` (else in any precision); None without the record."""
+    records = [r for r in device.op_records if r.op == "sharded_unit" and r.shape == (zero_stage, int(deferred))]
+    own = [r for r in records if r.dtype is dtype] or records
+    return own[0].fwd_time_s if own else None

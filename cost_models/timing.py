@@ -16,7 +16,10 @@ timed this model's own layer (``compute.measured_layer_s``), that time replaces 
 kernels: it holds every small op and launch the kernel sum leaves out; where it also timed the
 real tensor-parallel layer, what that takes beyond the local layer is the tensor-parallel time.
 The output layer (final norm, head, loss) likewise, where the profile timed the runtime's own,
-vocabulary-parallel under tensor parallelism, its collectives counted as its compute.
+vocabulary-parallel under tensor parallelism, its collectives counted as its compute. Under
+ZeRO 2-3 each sharded unit (``StageParams.units``) adds, every micro-batch, what the profiler
+timed FSDP spending of its own (``compute.measured_sharded_unit_s``: hooks, casts, copies; its
+collectives are priced in cost_models.estimate).
 Units: seconds.
 """
 
@@ -33,10 +36,20 @@ from cost_models.compute import (
     gemms_time_s,
     measured_layer_s,
     measured_output_layer_s,
+    measured_sharded_unit_s,
 )
 from cost_models.memory import stage_params
-from cost_models.pipeline import stage_layers
-from planner.schemas import ClusterProfile, CollectiveOp, DType, Layout, ModelSpec, Recompute, TrainingSpec
+from cost_models.pipeline import defers_gradient_reduction, stage_layers
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveOp,
+    DType,
+    Layout,
+    ModelSpec,
+    Recompute,
+    TrainingSpec,
+    ZeroStage,
+)
 
 
 def grad_accumulation_bytes_per_param(dtype: DType) -> int:
@@ -142,13 +155,19 @@ def stage_times(
         output_s = gemm_time_s(out_gemm, dev, dt) + backward_gemms_time_s((out_gemm,), dev, dt) + out_elem
     embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
+    sharded_unit_s = 0.0
+    if layout.zero_stage >= ZeroStage.GRADIENTS and layout.data_parallel_degree > 1:
+        own = measured_sharded_unit_s(dev, layout.zero_stage, defers_gradient_reduction(layout), dt)
+        sharded_unit_s = own or 0.0
+
     layers = stage_layers(model, layout)
     last = len(layers) - 1
     out = []
     for stage, n in enumerate(layers):
         extra = (embed_s if stage == 0 else 0.0) + (output_s if stage == last else 0.0)
-        params = stage_params(model, layout, stage).total
-        extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * params, dev)
+        held = stage_params(model, layout, stage)
+        extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
+        extra += held.units * sharded_unit_s
         out.append(
             StageTime(
                 compute_s=n * (layer_fwd + layer_bwd) + extra,

@@ -2,7 +2,8 @@
 and the fixed cost of a kernel. Measured on all ranks at once, so shared cores, caches and
 memory bandwidth contend as they do in training; each repeat of work counts its slowest rank,
 as a synchronous step waits for it (the kernel overhead is each rank's own). Also the pipeline
-schedule's own cost per slot."""
+schedule's own cost per slot, and sharded data parallelism's (FSDP's) own cost per unit and
+micro-batch."""
 
 import itertools
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -43,7 +45,15 @@ class OpSample:
     """One rank's median times of an op's forward and, where it has one, forward + backward."""
 
     op: Literal[
-        "attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer", "pipeline_slot"
+        "attention",
+        "layernorm",
+        "elementwise",
+        "layer",
+        "tp_layer",
+        "output_layer",
+        "optimizer",
+        "pipeline_slot",
+        "sharded_unit",
     ]
     shape: tuple[int, ...]
     dtype: DType
@@ -103,7 +113,7 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     overhead = ctx.time(lambda: torch.mm(tiny, tiny), repeats=max(ctx.settings.repeats, 20))
     others = [OpSample("elementwise", (elems,), DType.FP32, stream.median_s, None, stream.spread)]
     others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _output_layers(ctx)
-    others += _optimizer(ctx) + _pipeline_slot(ctx)
+    others += _optimizer(ctx) + _pipeline_slot(ctx) + _sharded_units(ctx)
     sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
     return ctx.gather(sample)
 
@@ -247,6 +257,88 @@ def _pipeline_slot(ctx: Context) -> list[OpSample]:
     if per_slot_s <= 0:
         return []
     return [OpSample("pipeline_slot", (2,), DType.FP32, per_slot_s, None, many.spread)]
+
+
+SHARDED_UNITS = 4
+"""Tiny modules in the stack whose sharding is timed."""
+SHARDED_MICRO_BATCHES = (1, 4)
+"""The stack runs steps of 1 and 4 micro-batches; per micro-batch is the difference over the 3 between."""
+SHARDED_MODES = ((2, False), (3, False), (2, True), (3, True))
+"""(ZeRO stage, deferred): how the runtime shards, without a pipeline and under one."""
+
+
+def _sharded_units(ctx: Context) -> list[OpSample]:
+    """FSDP's own cost per unit and micro-batch, beyond the unit's compute and its collectives'
+    latency: hooks, casts, copies into and out of the flat buffers. A stack of tiny units (8
+    features) runs on every pair of consecutive ranks at once, sharded over the pair, in each of
+    the runtime's ways (``SHARDED_MODES``): ZeRO-2 reduce-scatters each micro-batch's gradient,
+    ZeRO-3 also gathers for the forward and the backward; deferred (under a pipeline) no unit
+    reduces before the last backward and ZeRO-3 gathers once a micro-batch. Beside them the same
+    stack unsharded, and one tiny all-gather and reduce-scatter on the pair, in the same rounds.
+    Shape: (ZeRO stage, deferred 0/1)."""
+    if ctx.world_size % 2:
+        return []
+    ctx.at("ops", "sharded unit")
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size // 2, 2), mesh_dim_names=("rest", "dp"))
+    group = mesh["dp"].get_group()
+    few, many = SHARDED_MICRO_BATCHES
+    out = []
+    for dtype in ctx.settings.gemm_dtypes:
+        low = TORCH_DTYPES[dtype]
+        x = torch.randn(1, 8, device=ctx.device, dtype=low)
+        stacks: list[torch.nn.Module] = [_tiny_stack(ctx.device, low)]
+        for zero, _ in SHARDED_MODES:
+            stack = _tiny_stack(ctx.device, torch.float32)
+            policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
+            for unit in stack:
+                fully_shard(unit, mesh=mesh["dp"], reshard_after_forward=zero == 3, mp_policy=policy)
+            fully_shard(stack, mesh=mesh["dp"], reshard_after_forward=zero == 3, mp_policy=policy)
+            stacks.append(stack)
+        modes = [(0, False), *SHARDED_MODES]
+        steps: list[Callable[[], object]] = [
+            partial(_sharded_step, stack, x, m, zero, deferred)
+            for stack, (zero, deferred) in zip(stacks, modes, strict=True)
+            for m in (few, many)
+        ]
+        shard, whole = torch.zeros(8, device=ctx.device, dtype=low), torch.zeros(16, device=ctx.device, dtype=low)
+        steps.append(partial(torch.distributed.all_gather_into_tensor, whole, shard, group=group))
+        steps.append(partial(torch.distributed.reduce_scatter_tensor, shard, whole, group=group))
+        ctx.at("ops", f"sharded unit {dtype}")
+        timings = ctx.time_each(steps, repeats=ctx.settings.layer_repeats, lockstep=True)
+        per_micro_batch = [
+            (timings[2 * i + 1].median_s - timings[2 * i].median_s) / (many - few) for i in range(len(modes))
+        ]
+        gather_s, reduce_s = timings[-2].median_s, timings[-1].median_s
+        for i, (zero, deferred) in enumerate(SHARDED_MODES, start=1):
+            collectives_s = {
+                (2, False): reduce_s,
+                (3, False): reduce_s + 2 * gather_s,
+                (2, True): 0.0,
+                (3, True): gather_s,
+            }[zero, deferred]
+            own_s = (per_micro_batch[i] - per_micro_batch[0]) / SHARDED_UNITS - collectives_s
+            if own_s > 0:
+                spread = timings[2 * i + 1].spread
+                out.append(OpSample("sharded_unit", (zero, int(deferred)), dtype, own_s, None, spread))
+    return out
+
+
+def _tiny_stack(device: torch.device, dtype: torch.dtype) -> torch.nn.Sequential:
+    with default_dtype(dtype):
+        return torch.nn.Sequential(*(torch.nn.Linear(8, 8, device=device) for _ in range(SHARDED_UNITS)))
+
+
+def _sharded_step(stack: torch.nn.Module, x: torch.Tensor, micro_batches: int, zero: int, deferred: bool) -> None:
+    """A step of ``micro_batches`` forwards and backwards as the runtime shards ``zero`` (0: not)."""
+    for i in range(micro_batches):
+        last = i == micro_batches - 1
+        if isinstance(stack, FSDPModule):
+            if deferred:  # as torch.distributed.pipelining drives a sharded stage
+                stack.set_requires_gradient_sync(last)
+                stack.set_reshard_after_backward(last)
+            elif zero == 2:  # as runtime.trainer keeps ZeRO-2's gathered weights until the last backward
+                stack.set_reshard_after_backward(last)
+        stack(x).float().sum().backward()
 
 
 def _output_layers(ctx: Context) -> list[OpSample]:

@@ -57,14 +57,23 @@ class OpRecord(FrozenModel):
     """
 
     op: Literal[
-        "attention", "layernorm", "elementwise", "layer", "tp_layer", "output_layer", "optimizer", "pipeline_slot"
+        "attention",
+        "layernorm",
+        "elementwise",
+        "layer",
+        "tp_layer",
+        "output_layer",
+        "optimizer",
+        "pipeline_slot",
+        "sharded_unit",
     ]
     shape: tuple[int, ...] = Field(
         description="attention: b, heads, s, head dim; layernorm and elementwise: "
         "elements; layer: tp, micro-batch, seq len; tp_layer: tp, micro-batch, seq len, sequence parallel "
         "(0/1); output_layer (final norm, head and loss): tp, micro-batch, seq len, sequence parallel (0/1); "
         "optimizer: parameters stepped; pipeline_slot (a 1F1B slot of a tiny 2-stage schedule, its "
-        "bookkeeping and two transfers): stages."
+        "bookkeeping and two transfers): stages; sharded_unit (FSDP's own cost per unit and micro-batch, "
+        "beyond compute and collectives): ZeRO stage, deferred to the last backward (0/1)."
     )
     dtype: DType
     fwd_time_s: float = Field(gt=0)

@@ -1,6 +1,9 @@
-"""ZeRO 2-3 under a pipeline: torch.distributed.pipelining reduces a sharded stage's gradients
-once, after its last backward, so the stage holds what ZeRO-1 holds and ZeRO-3 gathers m + 1
-times (cost_models.pipeline.defers_gradient_reduction). Hand-worked from the collectives."""
+"""Sharded data parallelism (ZeRO 2-3), hand-worked from the collectives and the profile's records.
+
+Under a pipeline, torch.distributed.pipelining reduces a sharded stage's gradients once, after
+its last backward, so the stage holds what ZeRO-1 holds and ZeRO-3 gathers m + 1 times
+(cost_models.pipeline.defers_gradient_reduction). FSDP's own cost per unit and micro-batch is
+what the profiler timed (compute.measured_sharded_unit_s)."""
 
 from datetime import UTC, datetime
 
@@ -21,6 +24,7 @@ from planner.schemas import (
     LinkMatrix,
     LinkProfile,
     MatmulModel,
+    OpRecord,
     Provenance,
     TrainingSpec,
     ZeroStage,
@@ -108,3 +112,43 @@ def test_without_a_pipeline_zero_3_gathers_twice_and_reduces_every_micro_batch()
         _per_unit_s(CollectiveOp.REDUCE_SCATTER, layout, 0) + 2 * _per_unit_s(CollectiveOp.ALL_GATHER, layout, 0)
     )
     assert estimate(MODEL, TRAINING, CPU, layout).time.data_parallel_comm_s == pytest.approx(expected)
+
+
+def _with_sharded_units(seconds: dict[tuple[int, int], float], dtype: DType = DType.BF16) -> ClusterProfile:
+    records = tuple(OpRecord(op="sharded_unit", shape=shape, dtype=dtype, fwd_time_s=s) for shape, s in seconds.items())
+    return CPU.model_copy(update={"device": CPU.device.model_copy(update={"op_records": records})})
+
+
+TIMED = {(2, 0): 1e-3, (3, 0): 2e-3, (2, 1): 3e-3, (3, 1): 4e-3}
+
+
+@pytest.mark.parametrize("zero", [ZeroStage.GRADIENTS, ZeroStage.PARAMETERS])
+def test_fsdp_costs_its_own_time_for_every_unit_and_micro_batch(zero: ZeroStage) -> None:
+    # dp 4, micro-batch 1: m = 4 micro-batches through tiny-gpt's 4 layers and the root module
+    # (embedding, final norm, head): 5 units, 4 x 5 = 20 times the timed cost.
+    layout = _layout(1, zero)
+    assert stage_params(MODEL, layout, 0).units == 5
+    own_s = TIMED[zero, 0]
+    timed = estimate(MODEL, TRAINING, _with_sharded_units(TIMED), layout)
+    untimed = estimate(MODEL, TRAINING, CPU, layout)
+    assert timed.time.compute_s - untimed.time.compute_s == pytest.approx(4 * 5 * own_s)
+    assert timed.time.data_parallel_comm_s == untimed.time.data_parallel_comm_s
+    # The record of another precision serves when the plan's is missing.
+    fp32 = estimate(MODEL, TRAINING, _with_sharded_units(TIMED, DType.FP32), layout)
+    assert fp32.step_time_s == pytest.approx(timed.step_time_s)
+
+
+def test_a_pipelined_stage_takes_the_deferred_cost() -> None:
+    # dp 2 x pp 2: every stage's micro-batch takes its units x the deferred ZeRO-3 cost.
+    layout = _layout(2, ZeroStage.PARAMETERS)
+    timed = estimate(MODEL, TRAINING, _with_sharded_units(TIMED), layout)
+    untimed = estimate(MODEL, TRAINING, CPU, layout)
+    for stage in range(2):
+        units = stage_params(MODEL, layout, stage).units
+        added = timed.stages[stage].compute_per_micro_batch_s - untimed.stages[stage].compute_per_micro_batch_s
+        assert added == pytest.approx(units * TIMED[3, 1])
+
+
+def test_unsharded_layouts_take_no_fsdp_cost() -> None:
+    for layout in (_layout(1, ZeroStage.OPTIMIZER), _layout(2, ZeroStage.NONE)):
+        assert estimate(MODEL, TRAINING, _with_sharded_units(TIMED), layout) == estimate(MODEL, TRAINING, CPU, layout)
