@@ -27,16 +27,18 @@ class ExhaustiveSearch:
         groups = list(space.groups())
         start, found, asked, complete = time.perf_counter(), [], 0, True
         for done, group in enumerate(groups):
-            if _spent(budget, asked, start):
-                complete = False
-                break
-            for layout in group:
+            for layout in group:  # the budget counts layouts: a group can hold several
+                if _spent(budget, asked, start):
+                    complete = False
+                    break
                 asked += 1
                 try:
                     found.append(Candidate(layout, evaluate(layout)))
                     break
                 except InfeasibleConfigError:
                     continue
+            if not complete:
+                break
             if progress is not None and done % 64 == 0:
                 progress(done, len(groups))
         if progress is not None:

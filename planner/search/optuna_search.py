@@ -117,12 +117,14 @@ def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> Layout:
     vs = sorted({v for _, v in schedules})
     v = int(trial.suggest_categorical(f"virtual_stages|pp={pp}", vs)) if len(vs) > 1 else vs[0]
     sp = bool(trial.suggest_categorical("sequence_parallel", list(space.sequence_parallel))) if tp > 1 else False
+    zeros = [int(z) for z in space.zero_stages_for(dp, pp)]
+    zero = int(trial.suggest_categorical(f"zero_stage|dp={dp},pp={pp}", zeros)) if len(zeros) > 1 else zeros[0]
     return Layout(
         data_parallel_degree=dp,
         tensor_parallel_degree=tp,
         pipeline_parallel_degree=pp,
         micro_batch_size=b,
-        zero_stage=ZeroStage(int(trial.suggest_categorical("zero_stage", [int(z) for z in space.zero_stages]))),
+        zero_stage=ZeroStage(zero),
         recompute=Recompute(str(trial.suggest_categorical("recompute", [str(r) for r in space.recompute]))),
         sequence_parallel=sp,
         schedule=Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,

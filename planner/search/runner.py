@@ -108,8 +108,10 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
     term, term_bytes = dominant_term(miss.memory)
     layout = miss.layout
     hints = [f"more devices (at least about {need_gib / usable_gib:.1f}x as many)"]
-    if layout.zero_stage is not ZeroStage.PARAMETERS:
-        hints.append("ZeRO-3")
+    # Under a pipeline ZeRO-1 shards all that ZeRO 2-3 would (cost_models.pipeline); one replica shards nothing.
+    deepest = ZeroStage.OPTIMIZER if layout.pipeline_parallel_degree > 1 else ZeroStage.PARAMETERS
+    if layout.data_parallel_degree > 1 and layout.zero_stage < deepest:
+        hints.append(f"ZeRO-{int(deepest)}")
     if layout.recompute is not Recompute.FULL:
         hints.append("full recompute")
     if layout.micro_batch_size > 1:

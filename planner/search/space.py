@@ -6,8 +6,10 @@ worth its traffic; raise ``max_tensor_parallel`` to include it), and p at most t
 Micro-batch sizes divide the per-replica batch; a pipeline gets at least p micro-batches.
 Schedules: 1F1B, and interleaved with every v whose p x v chunks each get a layer and whose
 micro-batch count p divides. Recompute and
-sequence parallelism as allowed. The layer split starts even; the CP-SAT split refines it
-(planner.search.layer_split).
+sequence parallelism as allowed. ZeRO stages that can differ (``zero_stages_for``): over one
+replica nothing is sharded, so only the lowest stage; under a pipeline ZeRO 2-3 hold what ZeRO-1
+holds and take longer (cost_models.pipeline.defers_gradient_reduction), so none above ZeRO-1. The
+layer split starts even; the CP-SAT split refines it (planner.search.layer_split).
 """
 
 from collections.abc import Iterator
@@ -78,6 +80,15 @@ class SearchSpace:
                     out.append((Schedule.INTERLEAVED, v))
         return out
 
+    def zero_stages_for(self, dp: int, pp: int) -> tuple[ZeroStage, ...]:
+        """The allowed ZeRO stages that give ``dp`` replicas of ``pp`` stages different layouts
+        (module docstring); the lowest allowed one where none of them would."""
+        if dp == 1:
+            return (min(self.zero_stages),)
+        if pp > 1:
+            return tuple(z for z in self.zero_stages if z <= ZeroStage.OPTIMIZER) or (min(self.zero_stages),)
+        return self.zero_stages
+
     def groups(self) -> Iterator[tuple[Layout, ...]]:
         """Candidates grouped by everything but recompute; each group is in ``recompute`` order.
 
@@ -91,7 +102,7 @@ class SearchSpace:
                     for sp in self.sequence_parallel if tp > 1 else (False,):
                         if sp and self.training.seq_len % tp:
                             continue
-                        for zero in self.zero_stages:
+                        for zero in self.zero_stages_for(dp, pp):
                             yield tuple(
                                 Layout(
                                     data_parallel_degree=dp,

@@ -1,11 +1,13 @@
 """The search space covers every valid layout and nothing else."""
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_models.validate import check_layout
 from planner.inputs import load_cluster, load_model
-from planner.schemas import Recompute, Schedule, TrainingSpec
+from planner.schemas import Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.search.space import SearchSpace, divisors
 
 TINY = load_model("tiny-gpt")
@@ -54,3 +56,24 @@ def test_interleaving_needs_layers_and_divisible_micro_batches() -> None:
     assert s.schedules_for(2, 8) == [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)]
     assert s.schedules_for(2, 3) == [(Schedule.ONE_F_ONE_B, 1)]  # 3 micro-batches: pp 2 does not divide
     assert s.schedules_for(1, 8) == [(Schedule.ONE_F_ONE_B, 1)]
+
+
+def test_only_zero_stages_that_differ_are_searched() -> None:
+    s = space(8)
+    # One replica shards nothing: every stage would be ZeRO-0.
+    assert s.zero_stages_for(1, 4) == (ZeroStage.NONE,)
+    # Under a pipeline ZeRO 2-3 hold what ZeRO-1 holds, and take longer.
+    assert s.zero_stages_for(2, 4) == (ZeroStage.NONE, ZeroStage.OPTIMIZER)
+    assert s.zero_stages_for(8, 1) == tuple(ZeroStage)
+    # A user who allows only the deep stages keeps the lowest of them.
+    deep = replace(s, zero_stages=(ZeroStage.GRADIENTS, ZeroStage.PARAMETERS))
+    assert deep.zero_stages_for(2, 4) == (ZeroStage.GRADIENTS,)
+    assert {(c.data_parallel_degree, c.pipeline_parallel_degree, c.zero_stage) for c in s.candidates()} >= {
+        (8, 1, ZeroStage.PARAMETERS),
+        (4, 2, ZeroStage.OPTIMIZER),
+    }
+    assert not any(
+        c.zero_stage > (ZeroStage.NONE if c.data_parallel_degree == 1 else ZeroStage.OPTIMIZER)
+        for c in s.candidates()
+        if c.pipeline_parallel_degree > 1 or c.data_parallel_degree == 1
+    )

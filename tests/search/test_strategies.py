@@ -138,6 +138,8 @@ def test_nothing_fits_is_explained() -> None:
     message = str(info.value)
     assert "no layout of 'llama3-405b' fits" in message and "closest" in message
     assert "more devices" in message and "GiB" in message
+    # The closest has one replica, which ZeRO cannot shard: no ZeRO stage is suggested.
+    assert "The closest, dp1 " in message and "ZeRO" not in message
 
 
 def test_search_with_no_valid_degrees_is_explained() -> None:
