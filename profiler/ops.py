@@ -20,7 +20,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 
 from cost_models.layer_work import layer_work, output_layer_gemm
-from planner.schemas import DType, Layout, TrainingSpec
+from planner.schemas import DType, Layout, OpKind, TrainingSpec
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
@@ -44,17 +44,7 @@ class GemmSample:
 class OpSample:
     """One rank's median times of an op's forward and, where it has one, forward + backward."""
 
-    op: Literal[
-        "attention",
-        "layernorm",
-        "elementwise",
-        "layer",
-        "tp_layer",
-        "output_layer",
-        "optimizer",
-        "pipeline_slot",
-        "sharded_unit",
-    ]
+    op: OpKind
     shape: tuple[int, ...]
     dtype: DType
     fwd_s: float

@@ -51,22 +51,26 @@ class MatmulRecord(FrozenModel):
     spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
 
 
+OpKind = Literal[
+    "attention",
+    "layernorm",
+    "elementwise",
+    "layer",
+    "tp_layer",
+    "output_layer",
+    "optimizer",
+    "pipeline_slot",
+    "sharded_unit",
+]
+"""The operations the profiler times besides plain GEMMs (``OpRecord.shape`` says what each measured)."""
+
+
 class OpRecord(FrozenModel):
     """One measured operation other than a plain GEMM, e.g.
     {"op": "layer", "shape": [tp, micro_batch, seq_len], "dtype": "fp32", "fwd_time_s": ..., "fwd_bwd_time_s": ...}.
     """
 
-    op: Literal[
-        "attention",
-        "layernorm",
-        "elementwise",
-        "layer",
-        "tp_layer",
-        "output_layer",
-        "optimizer",
-        "pipeline_slot",
-        "sharded_unit",
-    ]
+    op: OpKind
     shape: tuple[int, ...] = Field(
         description="attention: b, heads, s, head dim; layernorm and elementwise: "
         "elements; layer: tp, micro-batch, seq len; tp_layer: tp, micro-batch, seq len, sequence parallel "
