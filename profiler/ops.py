@@ -15,17 +15,17 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 
 from cost_models.layer_work import layer_work, output_layer_gemm
-from planner.schemas import DType, Layout, OpKind, TrainingSpec
+from planner.schemas import DType, Layout, OpKind, TrainingSpec, ZeroStage
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
 from runtime.model import TORCH_DTYPES, Decoder, loss_fn
-from runtime.trainer import default_dtype, tensor_parallel
+from runtime.trainer import default_dtype, shard_units, tensor_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,10 +279,7 @@ def _sharded_units(ctx: Context) -> list[OpSample]:
         stacks: list[torch.nn.Module] = [_tiny_stack(ctx.device, low)]
         for zero, _ in SHARDED_MODES:
             stack = _tiny_stack(ctx.device, torch.float32)
-            policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
-            for unit in stack:
-                fully_shard(unit, mesh=mesh["dp"], reshard_after_forward=zero == 3, mp_policy=policy)
-            fully_shard(stack, mesh=mesh["dp"], reshard_after_forward=zero == 3, mp_policy=policy)
+            shard_units(stack, stack, mesh["dp"], zero_stage=ZeroStage(zero), dtype=low)
             stacks.append(stack)
         modes = [(0, False), *SHARDED_MODES]
         steps: list[Callable[[], object]] = [
