@@ -5,9 +5,8 @@ its last backward, so the stage holds what ZeRO-1 holds and ZeRO-3 gathers m + 1
 (cost_models.pipeline.defers_gradient_reduction). FSDP's own cost per unit and micro-batch is
 what the profiler timed (compute.measured_sharded_unit_s)."""
 
-from datetime import UTC, datetime
-
 import pytest
+from conftest import cpu_cluster
 
 from cost_models import groups as grp
 from cost_models.estimate import estimate
@@ -18,36 +17,18 @@ from planner.inputs import load_model
 from planner.schemas import (
     ClusterProfile,
     CollectiveOp,
-    DeviceProfile,
     DType,
     Layout,
-    LinkMatrix,
-    LinkProfile,
-    MatmulModel,
     OpRecord,
-    Provenance,
     TrainingSpec,
     ZeroStage,
+    is_cpu_device,
 )
 
 MODEL = load_model("tiny-gpt")
 TRAINING = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
-LINK = LinkProfile(bandwidth_bytes_per_s=1e9, latency_s=1e-4)
-CPU = ClusterProfile(
-    name="test",
-    num_nodes=1,
-    devices_per_node=4,
-    device=DeviceProfile(
-        name="cpu-gloo",
-        memory_bytes=16 * 2**30,
-        peak_flop_per_s={DType.BF16: 1e11},
-        memory_bandwidth_bytes_per_s=1e10,
-        matmul=MatmulModel(peak_fraction=0.5, compute_units=2, tile_m=8, tile_n=8, launch_overhead_s=0),
-    ),
-    intra_node_links=LinkMatrix(size=4, uniform=LINK),
-    inter_node_links=LinkMatrix(size=1, uniform=LINK),
-    provenance=Provenance(kind="preset", created=datetime(2024, 1, 1, tzinfo=UTC)),
-)
+CPU = cpu_cluster(4)
+assert is_cpu_device(CPU.device.name)  # so no data-parallel traffic hides behind the backward
 
 
 def _layout(p: int, zero: ZeroStage) -> Layout:
