@@ -157,8 +157,7 @@ def stage_times(
 
     sharded_unit_s = 0.0
     if layout.zero_stage >= ZeroStage.GRADIENTS and layout.data_parallel_degree > 1:
-        own = measured_sharded_unit_s(dev, layout.zero_stage, defers_gradient_reduction(layout), dt)
-        sharded_unit_s = own or 0.0
+        sharded_unit_s = measured_sharded_unit_s(dev, layout.zero_stage, defers_gradient_reduction(layout), dt) or 0.0
 
     layers = stage_layers(model, layout)
     last = len(layers) - 1
