@@ -21,21 +21,15 @@ from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, Link
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """Ranks of one process group, ordered as the ring runs."""
+    """The devices of one process group (numbered node by node, as ``schemas.DeviceMap`` numbers
+    them), ordered as the ring runs."""
 
-    ranks: tuple[int, ...]
+    devices: tuple[int, ...]
 
     @property
     def size(self) -> int:
         """Members."""
-        return len(self.ranks)
-
-
-def volume_factor(op: CollectiveOp, n: int) -> float:
-    """Share of the message each rank sends: 2(n-1)/n for all-reduce, (n-1)/n otherwise."""
-    if n <= 1:
-        return 0.0
-    return (2.0 if op is CollectiveOp.ALL_REDUCE else 1.0) * (n - 1) / n
+        return len(self.devices)
 
 
 def _ring_slowest(matrix: LinkMatrix, endpoints: tuple[int, ...]) -> LinkProfile:
@@ -51,7 +45,7 @@ def _ring_slowest(matrix: LinkMatrix, endpoints: tuple[int, ...]) -> LinkProfile
 
 def _curve_time_s(records: list[CollectiveRecord], op: CollectiveOp, message_bytes: float, n: int) -> float:
     """Interpolate bus bandwidth log-log over ``records`` (one group size), clamped at the ends."""
-    pts = sorted((r.message_bytes, volume_factor(r.op, r.group_size) * r.message_bytes / r.time_s) for r in records)
+    pts = sorted((r.message_bytes, r.op.volume_factor(r.group_size) * r.message_bytes / r.time_s) for r in records)
     sizes = [math.log(p[0]) for p in pts]
     x = math.log(max(message_bytes, 1.0))
     i = bisect.bisect_left(sizes, x)
@@ -62,7 +56,7 @@ def _curve_time_s(records: list[CollectiveRecord], op: CollectiveOp, message_byt
     else:
         (x0, y0), (x1, y1) = (sizes[i - 1], math.log(pts[i - 1][1])), (sizes[i], math.log(pts[i][1]))
         busbw = math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
-    return volume_factor(op, n) * message_bytes / busbw
+    return op.volume_factor(n) * message_bytes / busbw
 
 
 def _matching_records(
@@ -92,7 +86,7 @@ def _flat_time_s(
     if records:
         return _curve_time_s(records, op, message_bytes, n)
     steps = 2 * (n - 1) if op is CollectiveOp.ALL_REDUCE else n - 1
-    return steps * link.latency_s + volume_factor(op, n) * message_bytes / link.bandwidth_bytes_per_s
+    return steps * link.latency_s + op.volume_factor(n) * message_bytes / link.bandwidth_bytes_per_s
 
 
 def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, cluster: ClusterProfile) -> float:
@@ -102,7 +96,7 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
         return 0.0
     per_node = cluster.devices_per_node
     by_node: dict[int, list[int]] = {}
-    for r in group.ranks:
+    for r in group.devices:
         by_node.setdefault(r // per_node, []).append(r % per_node)
     nodes = tuple(by_node)
     k = max(len(v) for v in by_node.values())
@@ -130,7 +124,7 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
 
 
 def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:
-    """One send of ``message_bytes`` from rank ``src`` to rank ``dst`` over their link."""
+    """One send of ``message_bytes`` from device ``src`` to device ``dst`` over their link."""
     per_node = cluster.devices_per_node
     if src // per_node == dst // per_node:
         link = cluster.intra_node_links.link(src % per_node, dst % per_node)

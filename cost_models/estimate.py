@@ -41,7 +41,7 @@ from cost_models.comm import Group, p2p_time_s
 from cost_models.compute import elementwise_time_s, measured_optimizer_s, measured_pipeline_slot_s
 from cost_models.layer_work import model_flops_per_sequence
 from cost_models.memory import all_stage_memory, stage_params
-from cost_models.pipeline import bubble_fraction, defers_gradient_reduction, num_micro_batches, stage_layers
+from cost_models.pipeline import bubble_fraction, defers_gradient_reduction
 from cost_models.timing import StageTime, has_uniform_links, slowest_collective_s, stage_times
 from cost_models.validate import check_layout
 from planner.schemas import (
@@ -59,6 +59,7 @@ from planner.schemas import (
     ZeroStage,
     is_cpu_device,
 )
+from planner.schemas.geometry import num_micro_batches, stage_layers
 
 ADAM_BYTES_PER_PARAM = 28
 """Bytes Adam reads and writes per parameter in one step (see module docstring)."""

@@ -1,28 +1,29 @@
-"""Process groups of a layout: which ranks talk to which, so communication is priced over
-the links those ranks actually use.
+"""Process groups of a layout: which devices talk to which, so communication is priced over
+the links those devices actually use.
 
-Ranks form a (pipeline, data, tensor) mesh with the tensor axis fastest:
-rank = stage * (d * t) + replica * t + shard. Expert-parallel groups are runs of ep consecutive
-data-parallel replicas; expert gradients are reduced over the replicas holding the same experts.
+A group's members are the devices that run its ranks: the rank order is
+``schemas.geometry.rank_of``'s and the layout's ``DeviceMap`` places each rank on a device.
+Expert-parallel groups are runs of ep consecutive data-parallel replicas; expert gradients are
+reduced over the replicas holding the same experts.
 """
 
 from collections.abc import Iterator
 
 from cost_models.comm import Group
 from planner.schemas import Layout
+from planner.schemas.geometry import rank_of
 
 
-def rank_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
-    """Global rank of mesh coordinate (stage, replica, shard)."""
-    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
-    return stage * d * t + replica * t + shard
+def device_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
+    """The device that runs mesh coordinate (stage, replica, shard)."""
+    return layout.device_map.device_of(rank_of(layout, stage, replica, shard))
 
 
 def tensor_groups(layout: Layout) -> Iterator[Group]:
     """Every tensor-parallel group."""
     for s in range(layout.pipeline_parallel_degree):
         for r in range(layout.data_parallel_degree):
-            yield Group(tuple(rank_of(layout, s, r, j) for j in range(layout.tensor_parallel_degree)))
+            yield Group(tuple(device_of(layout, s, r, j) for j in range(layout.tensor_parallel_degree)))
 
 
 def _stages(layout: Layout, stage: int | None) -> range:
@@ -33,7 +34,7 @@ def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
     """Every data-parallel group (dense parameters' gradient reduction), or those of one stage."""
     for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
-            yield Group(tuple(rank_of(layout, s, r, j) for r in range(layout.data_parallel_degree)))
+            yield Group(tuple(device_of(layout, s, r, j) for r in range(layout.data_parallel_degree)))
 
 
 def expert_groups(layout: Layout) -> Iterator[Group]:
@@ -42,7 +43,7 @@ def expert_groups(layout: Layout) -> Iterator[Group]:
     for s in range(layout.pipeline_parallel_degree):
         for j in range(layout.tensor_parallel_degree):
             for g in range(layout.data_parallel_degree // ep):
-                yield Group(tuple(rank_of(layout, s, g * ep + i, j) for i in range(ep)))
+                yield Group(tuple(device_of(layout, s, g * ep + i, j) for i in range(ep)))
 
 
 def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
@@ -51,12 +52,13 @@ def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Gro
     for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
             for i in range(ep):
-                yield Group(tuple(rank_of(layout, s, g * ep + i, j) for g in range(layout.data_parallel_degree // ep)))
+                replicas = range(layout.data_parallel_degree // ep)
+                yield Group(tuple(device_of(layout, s, g * ep + i, j) for g in replicas))
 
 
 def stage_boundaries(layout: Layout) -> Iterator[tuple[int, int]]:
-    """(sender, receiver) rank pairs between consecutive pipeline stages."""
+    """(sender, receiver) device pairs between consecutive pipeline stages."""
     for s in range(layout.pipeline_parallel_degree - 1):
         for r in range(layout.data_parallel_degree):
             for j in range(layout.tensor_parallel_degree):
-                yield rank_of(layout, s, r, j), rank_of(layout, s + 1, r, j)
+                yield device_of(layout, s, r, j), device_of(layout, s + 1, r, j)

@@ -38,13 +38,7 @@ from cost_models.activations import (
     rematerialized_bytes,
 )
 from cost_models.params import embedding_params, layer_params, norm_params
-from cost_models.pipeline import (
-    defers_gradient_reduction,
-    in_flight_micro_batches,
-    num_micro_batches,
-    stage_layers,
-)
-from planner.errors import InfeasibleConfigError, SchemaError
+from cost_models.pipeline import defers_gradient_reduction
 from planner.schemas import (
     ClusterProfile,
     DType,
@@ -56,6 +50,8 @@ from planner.schemas import (
     ZeroStage,
     is_cpu_device,
 )
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
+from planner.schemas.geometry import in_flight_micro_batches, num_micro_batches, stage_layers
 
 CUDA_WORKSPACE_BYTES: Final = 1 << 30
 GRAD_BUCKET_ELEMENTS: Final = 25_000_000

@@ -39,7 +39,7 @@ from cost_models.compute import (
     measured_sharded_unit_s,
 )
 from cost_models.memory import stage_params
-from cost_models.pipeline import defers_gradient_reduction, stage_layers
+from cost_models.pipeline import defers_gradient_reduction
 from planner.schemas import (
     ClusterProfile,
     CollectiveOp,
@@ -50,6 +50,7 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
+from planner.schemas.geometry import stage_layers
 
 
 def grad_accumulation_bytes_per_param(dtype: DType) -> int:

@@ -4,9 +4,9 @@ Each failure raises InfeasibleConfigError naming the values and what would fix t
 fit is not checked here: the Estimate says whether the layout fits.
 """
 
-from cost_models.pipeline import chunk_layers
-from planner.errors import InfeasibleConfigError
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
+from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.geometry import chunk_layers
 
 
 def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> None:

@@ -10,10 +10,10 @@ from cost_models.estimate import estimate as _estimate
 from planner.inputs import load_cluster, load_model
 from planner.plans import load_plan, make_plan, save_plan
 from planner.schemas import Alternative, ClusterProfile, Estimate, Layout, ModelSpec, Plan, TrainingSpec
-from planner.search import StrategyName, make_strategy
-from planner.search.evaluate import DEFAULT_MEMORY_MARGIN
-from planner.search.runner import SearchOutcome, run_search
-from planner.search.strategy import Budget, Progress, SearchStrategy
+from planner.search_engine import StrategyName, make_strategy
+from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
+from planner.search_engine.runner import SearchOutcome, run_search
+from planner.search_engine.strategy import Budget, Progress, SearchStrategy
 
 __all__ = ["estimate", "load_cluster", "load_model", "load_plan", "save_plan", "search", "search_outcome"]
 

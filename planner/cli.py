@@ -24,7 +24,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from planner import api
-from planner.errors import PlannerError, SchemaError
 from planner.export.torchrun import launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets, save_cluster
 from planner.plans import check_cluster, make_plan
@@ -41,8 +40,10 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
-from planner.search import StrategyName
-from planner.search.strategy import Budget
+from planner.schemas.errors import PlannerError, SchemaError
+from planner.schemas.geometry import rank_of
+from planner.search_engine import StrategyName
+from planner.search_engine.strategy import Budget
 from planner.tune.settings import Selection
 
 app = typer.Typer(
@@ -320,7 +321,7 @@ def launch(
         typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes")
         return
     for cmd in commands:
-        typer.echo(f"# node {cmd.node_rank}\n{cmd.shell()}")
+        typer.echo(f"{cmd.comment()}\n{cmd.shell()}")
 
 
 def _parse_delay(text: str | None) -> tuple[int, int, float] | None:
@@ -386,8 +387,7 @@ def profile(
 def _verify(plan: Plan) -> None:
     """Dry-run the first rank of the first and of the last pipeline stage, each in a fresh process
     (a fake process group is set up once per process)."""
-    layout = plan.layout
-    last = (layout.pipeline_parallel_degree - 1) * layout.data_parallel_degree * layout.tensor_parallel_degree
+    last = rank_of(plan.layout, plan.layout.pipeline_parallel_degree - 1, 0, 0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         api.save_plan(plan, path)

@@ -27,8 +27,6 @@ from typing import TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from cost_models.comm import volume_factor
-from planner.errors import SchemaError
 from planner.schemas import (
     ClusterProfile,
     CollectiveRecord,
@@ -42,6 +40,7 @@ from planner.schemas import (
     PositionEmbedding,
     Provenance,
 )
+from planner.schemas.errors import SchemaError
 
 logger = logging.getLogger(__name__)
 
@@ -387,7 +386,7 @@ def _collectives(blocks: object, reader: _PresetReader) -> tuple[CollectiveRecor
             raise SchemaError(f"{reader.where}: collectives[{i}].busbw_points must list [bytes, busbw] pairs")
         shape = {k: block.get(k) for k in ("op", "placement", "group_size", "members_per_node")}
         template = _validate(CollectiveRecord, {**shape, "message_bytes": 1, "time_s": 1.0}, reader.where)
-        factor = volume_factor(template.op, template.group_size)
+        factor = template.op.volume_factor(template.group_size)
         for point in points:
             if not (
                 isinstance(point, list)

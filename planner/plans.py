@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from planner.errors import SchemaError
 from planner.schemas import Alternative, ClusterProfile, ClusterRef, Estimate, Layout, ModelSpec, Plan, TrainingSpec
+from planner.schemas.errors import SchemaError
+from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
 
 logger = logging.getLogger(__name__)
 
@@ -69,13 +70,14 @@ def load_plan(path: str | Path) -> Plan:
     except json.JSONDecodeError as e:
         raise SchemaError(f"{where}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
     version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if version != 1:
+    if version not in READABLE_VERSIONS:
+        readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         raise SchemaError(
-            f"{where}: schema_version {version!r} is not one this planner reads (it reads 1); "
-            "re-create the plan with `planner search` or `planner estimate --output`"
+            f"{where}: schema_version {version!r} is not one this planner reads ({readable}; it writes "
+            f"{PLAN_SCHEMA_VERSION}); re-create the plan with `planner search` or `planner estimate --output`"
         )
     try:
-        return Plan.model_validate(raw)
+        return Plan.model_validate(upgrade(raw))
     except SchemaError as e:
         raise SchemaError(f"{where}: not a valid plan: {e}") from e
     except ValidationError as e:

@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.table import Table
 
 from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, TrainingSpec
-from planner.search.runner import SearchOutcome
+from planner.search_engine.runner import SearchOutcome
 
 GIB = 2**30
 

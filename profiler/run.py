@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.errors import ProfileError
 from planner.inputs import save_cluster
+from planner.schemas.errors import ProfileError
 from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context

@@ -5,7 +5,7 @@ and measure a training step with torch's MemTracker, the method a real CPU run r
 A first step leaves the optimizer's state in place, as a real run's traced step finds it; then
 one step is traced. Without pipeline parallelism the rank runs the trainer's own step. With it,
 the rank's stage is driven as its schedule would at its peak: as many micro-batches forward as
-the schedule keeps in flight on that rank (cost_models.pipeline.in_flight_micro_batches), then
+the schedule keeps in flight on that rank (schemas.geometry.in_flight_micro_batches), then
 their backward, then the optimizer step.
 """
 
@@ -24,9 +24,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from cost_models.pipeline import in_flight_micro_batches, stage_chunks
-from planner.errors import InfeasibleConfigError
 from planner.schemas import AttentionKernel, Plan
+from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.geometry import in_flight_micro_batches, stage_chunks
 from runtime.model import loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer

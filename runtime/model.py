@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.errors import InfeasibleConfigError
 from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+from planner.schemas.errors import InfeasibleConfigError
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from cost_models.pipeline import num_micro_batches
-from planner.errors import InfeasibleConfigError
 from planner.schemas import DType, Plan, RankMemory, RunReport, is_cpu_device
+from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.geometry import num_micro_batches
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.threads import cpu_threads_per_rank

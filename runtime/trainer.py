@@ -39,8 +39,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from cost_models.pipeline import chunk_layers, num_micro_batches, stage_chunks
 from planner.schemas import DType, Layout, ModelSpec, Schedule, ZeroStage
+from planner.schemas.geometry import chunk_layers, num_micro_batches, stage_chunks
 from runtime.model import TORCH_DTYPES, Decoder, loss_fn, set_recompute
 from runtime.optim import DataParallelOptimizer, local, make_optimizer
 

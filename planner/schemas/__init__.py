@@ -1,4 +1,4 @@
-"""The product's data types. A leaf: imports nothing of ours but ``planner.errors``."""
+"""The product's data types. A leaf: imports nothing of ours but ``planner.schemas.errors``."""
 
 from planner.schemas.calibration import Calibration
 from planner.schemas.cluster import (
@@ -14,6 +14,7 @@ from planner.schemas.cluster import (
     Provenance,
     is_cpu_device,
 )
+from planner.schemas.device_map import DeviceMap
 from planner.schemas.enums import (
     Activation,
     AttentionKernel,
@@ -25,6 +26,7 @@ from planner.schemas.enums import (
     PositionEmbedding,
     Recompute,
     Schedule,
+    VocabularyLayout,
     ZeroStage,
 )
 from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, TimeBreakdown
@@ -44,6 +46,7 @@ __all__ = [
     "CollectiveOp",
     "CollectiveRecord",
     "DType",
+    "DeviceMap",
     "DeviceProfile",
     "Estimate",
     "Layout",
@@ -68,6 +71,7 @@ __all__ = [
     "StageEstimate",
     "TimeBreakdown",
     "TrainingSpec",
+    "VocabularyLayout",
     "ZeroStage",
     "is_cpu_device",
 ]

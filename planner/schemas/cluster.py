@@ -9,10 +9,10 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from planner.errors import SchemaError
 from planner.schemas._base import FrozenModel
 from planner.schemas.calibration import Calibration
 from planner.schemas.enums import CollectiveOp, DType, Placement
+from planner.schemas.errors import SchemaError
 
 
 def is_cpu_device(name: str) -> bool:

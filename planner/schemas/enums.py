@@ -75,6 +75,13 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class VocabularyLayout(StrEnum):
+    """Where the vocabulary layers (input embedding; final norm, output layer and loss) sit."""
+
+    PINNED = "pinned"
+    """The embedding with the first model chunk, the output layer and loss with the last."""
+
+
 class ZeroStage(IntEnum):
     """ZeRO stage (Rajbhandari et al. 2020): what data parallel ranks shard."""
 
@@ -91,6 +98,13 @@ class CollectiveOp(StrEnum):
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_TO_ALL = "all_to_all"
+
+    def volume_factor(self, n: int) -> float:
+        """Share of the full buffer each of ``n`` ranks sends (nccl-tests, "PERFORMANCE.md"):
+        2(n-1)/n for all-reduce, (n-1)/n for the others; 0 for one rank."""
+        if n <= 1:
+            return 0.0
+        return (2.0 if self is CollectiveOp.ALL_REDUCE else 1.0) * (n - 1) / n
 
 
 class Placement(StrEnum):

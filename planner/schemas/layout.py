@@ -1,15 +1,15 @@
 """Layout: one candidate way of splitting a model over a cluster.
 
-Ranks are ordered as a (pipeline, data, tensor) mesh with the tensor axis fastest, so a
-tensor-parallel group is ``tensor_parallel_degree`` consecutive ranks (one node, when it fits)
-and a data-parallel group is strided by it.
+The rank order, stages, chunks and the vocabulary layers' place are ``schemas.geometry``'s;
+which device runs each rank is ``device_map``'s.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from planner.errors import SchemaError
-from planner.schemas.enums import Recompute, Schedule, ZeroStage
+from planner.schemas.device_map import DeviceMap
+from planner.schemas.enums import Recompute, Schedule, VocabularyLayout, ZeroStage
+from planner.schemas.errors import SchemaError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +38,13 @@ class Layout:
     """Model chunks per pipeline rank (v); above 1 only with the interleaved schedule."""
     layer_split: tuple[int, ...] | None = None
     """Transformer layers per model chunk in pipeline order (p * v entries); None splits evenly."""
+    vocabulary_layout: VocabularyLayout = VocabularyLayout.PINNED
+    """Where the embedding, output layer and loss sit (schemas.geometry)."""
+    expert_placement: tuple[int, ...] | None = None
+    """Expert-parallel rank of each expert, in expert order; None places them in contiguous
+    blocks: expert e of E on rank e // (E / ep)."""
+    device_map: DeviceMap = field(default_factory=DeviceMap)
+    """Which device runs each rank; the identity by default."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -54,6 +61,21 @@ class Layout:
         object.__setattr__(self, "zero_stage", _coerce(ZeroStage, self.zero_stage, "zero_stage"))
         object.__setattr__(self, "recompute", _coerce(Recompute, self.recompute, "recompute"))
         object.__setattr__(self, "schedule", _coerce(Schedule, self.schedule, "schedule"))
+        object.__setattr__(
+            self, "vocabulary_layout", _coerce(VocabularyLayout, self.vocabulary_layout, "vocabulary_layout")
+        )
+        if isinstance(self.device_map, dict):  # read from a file
+            object.__setattr__(self, "device_map", DeviceMap(**self.device_map))
+        self.device_map.check(self.world_size)
+        if self.expert_placement is not None:
+            object.__setattr__(self, "expert_placement", tuple(self.expert_placement))
+            ep = self.expert_parallel_degree
+            counts = [self.expert_placement.count(r) for r in range(ep)]
+            if any(not isinstance(r, int) or not 0 <= r < ep for r in self.expert_placement) or len(set(counts)) > 1:
+                raise SchemaError(
+                    f"expert_placement {list(self.expert_placement)} must give each of the ep={ep} expert-parallel "
+                    "ranks (0..ep-1) the same number of experts"
+                )
         if self.virtual_stages > 1 and self.schedule is not Schedule.INTERLEAVED:
             raise SchemaError(
                 f"virtual_stages={self.virtual_stages} needs schedule='interleaved', not {self.schedule!s}"
@@ -102,10 +124,14 @@ class Layout:
         if self.pipeline_parallel_degree > 1:
             sched = str(self.schedule)
             parts.append(f"{sched}x{self.virtual_stages}" if self.virtual_stages > 1 else sched)
+        if self.expert_placement is not None:
+            parts.append("placed-experts")
+        if not self.device_map.is_identity:
+            parts.append("mapped")
         return " ".join(parts)
 
 
-_E = TypeVar("_E", ZeroStage, Recompute, Schedule)
+_E = TypeVar("_E", ZeroStage, Recompute, Schedule, VocabularyLayout)
 
 
 def _coerce(enum: type[_E], value: Any, name: str) -> _E:

@@ -8,9 +8,9 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from planner.errors import SchemaError
 from planner.schemas._base import FrozenModel
 from planner.schemas.enums import Activation, NormKind, PositionEmbedding
+from planner.schemas.errors import SchemaError
 
 
 class ModelSpec(FrozenModel):

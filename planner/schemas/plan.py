@@ -1,7 +1,10 @@
 """Plan: a chosen layout with its estimate and the identities of the inputs it was made for.
 
 Written to disk as JSON (``planner.plans.save_plan``); a schema change bumps ``schema_version``
-and keeps a reader for the old one.
+and keeps a reader for the old one (``upgrade``).
+
+Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expert_placement`` and
+``device_map``, whose defaults mean what a version-1 plan meant.
 """
 
 from datetime import datetime
@@ -38,7 +41,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -46,3 +49,21 @@ class Plan(FrozenModel):
     layout: Layout
     estimate: Estimate
     runner_up: Alternative | None = Field(default=None, description="The next-best layout of the search.")
+
+
+PLAN_SCHEMA_VERSION = 2
+"""The version this planner writes."""
+READABLE_VERSIONS = (1, 2)
+"""The versions ``upgrade`` reads."""
+
+
+def upgrade(raw: dict[str, object]) -> dict[str, object]:
+    """A plan's JSON object of any readable version as the current version's.
+
+    Version 1 -> 2: the layout's new fields are absent, and their defaults (vocabulary pinned to
+    the first and last chunks, experts in contiguous blocks, the identity device map) are what a
+    version-1 plan ran.
+    """
+    if raw.get("schema_version") == 1:
+        raw = {**raw, "schema_version": 2}
+    return raw

@@ -23,7 +23,9 @@ class RankMemory(FrozenModel):
 class RunReport(FrozenModel):
     """A plan run for a few steps: times, losses and memory, each beside its prediction."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = Field(
+        default=2, description="2: the layout may carry a device map, expert placement and vocabulary layout."
+    )
     created: datetime
     plan_sha256: str
     model: str

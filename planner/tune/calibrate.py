@@ -30,9 +30,9 @@ from cost_models.estimate import (
     estimate,
     micro_batch_slots,
 )
-from cost_models.pipeline import num_micro_batches
-from planner.errors import PlannerError
 from planner.schemas import Calibration, ClusterProfile, Estimate, MemoryBreakdown, Plan, RunReport
+from planner.schemas.errors import PlannerError
+from planner.schemas.geometry import num_micro_batches
 
 PRIOR_WEIGHTS = (0.0, 0.03, 0.1, 0.3)
 """Candidate pulls of the time factors toward the uncalibrated model (scales 1, overhead 0), as

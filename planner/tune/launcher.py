@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import SchemaError
 from planner.export.torchrun import torchrun_commands
 from planner.schemas import Plan, RunReport
+from planner.schemas.errors import SchemaError
 
 PLACEHOLDERS = ("plan", "report", "steps", "nnodes", "nproc_per_node", "world_size", "run_args")
 """What a launcher template may name: the plan and report paths, the steps to run, the job's shape,

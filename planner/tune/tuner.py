@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from planner import api
 from planner.schemas import Calibration, ClusterProfile, ModelSpec, Plan, TrainingSpec
-from planner.search.strategy import Progress
+from planner.search_engine.strategy import Progress
 from planner.tune.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
 from planner.tune.launcher import TrialFiles, TrialRun, check_template, job_command, run_job
 from planner.tune.settings import TuneSettings, pool_size, select_plans

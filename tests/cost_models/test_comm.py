@@ -5,14 +5,14 @@ from datetime import datetime
 import pytest
 from conftest import make_cluster
 
-from cost_models.comm import Group, collective_time_s, p2p_time_s, volume_factor
+from cost_models.comm import Group, collective_time_s, p2p_time_s
 from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkMatrix, Placement
 
 
 def test_volume_factors_follow_nccl_tests() -> None:
-    assert volume_factor(CollectiveOp.ALL_REDUCE, 4) == pytest.approx(1.5)
-    assert volume_factor(CollectiveOp.ALL_GATHER, 4) == pytest.approx(0.75)
-    assert volume_factor(CollectiveOp.ALL_REDUCE, 1) == 0.0
+    assert CollectiveOp.ALL_REDUCE.volume_factor(4) == pytest.approx(1.5)
+    assert CollectiveOp.ALL_GATHER.volume_factor(4) == pytest.approx(0.75)
+    assert CollectiveOp.ALL_REDUCE.volume_factor(1) == 0.0
 
 
 def test_intra_node_ring_is_latency_plus_volume_over_bandwidth() -> None:

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cost_models.estimate import estimate
-from planner.errors import InfeasibleConfigError
 from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas.errors import InfeasibleConfigError
 
 MODEL = ModelSpec(
     name="prop",

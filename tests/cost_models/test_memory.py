@@ -24,7 +24,6 @@ from cost_models.memory import (
     zero3_gather_buffer_bytes,
 )
 from cost_models.params import total_params
-from planner.errors import InfeasibleConfigError, SchemaError
 from planner.schemas import (
     Activation,
     AttentionKernel,
@@ -44,6 +43,7 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
 
 GB = 1e9
 GIB = 2**30

@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cost_models.pipeline import bubble_fraction, chunk_layers, in_flight_micro_batches, stage_layers
+from cost_models.pipeline import bubble_fraction
 from planner.schemas import Layout, ModelSpec, Schedule
+from planner.schemas.geometry import chunk_layers, in_flight_micro_batches, stage_layers
 
 MODEL = ModelSpec(hidden_size=64, num_hidden_layers=10, num_attention_heads=4, vocab_size=100)
 

@@ -10,7 +10,6 @@ import yaml
 
 from cost_models.params import active_params, total_params
 from planner import inputs
-from planner.errors import SchemaError
 from planner.inputs import (
     cluster_preset,
     list_cluster_presets,
@@ -29,6 +28,7 @@ from planner.schemas import (
     Placement,
     PositionEmbedding,
 )
+from planner.schemas.errors import SchemaError
 
 # meta-llama/Meta-Llama-3-8B config.json, as published, with every key Hugging Face writes.
 LLAMA3_8B_CONFIG = {

@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from cost_models.estimate import estimate
 from planner.cli import app
-from planner.errors import PlannerError, SchemaError
 from planner.inputs import load_cluster, load_model
 from planner.plans import load_plan, make_plan, save_plan
 from planner.schemas import Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas.errors import PlannerError, SchemaError
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v1.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v2.json"
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster("dgx-a100-80g:1")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
@@ -27,7 +27,8 @@ def test_plan_schema_is_frozen(update_golden: bool) -> None:
     if update_golden:
         GOLDEN.write_text(schema)
     assert GOLDEN.read_text() == schema, (
-        "Plan's schema changed: bump schema_version, keep a reader for version 1, then run pytest --update-golden"
+        "Plan's schema changed: bump schema_version, keep a reader for the old versions (schemas.plan.upgrade), "
+        "then run pytest --update-golden"
     )
 
 
@@ -74,7 +75,7 @@ def _plan(tmp_path: Path) -> Path:
 def test_invalid_plans_name_the_file_and_problem(tmp_path: Path) -> None:
     raw = json.loads(_plan(tmp_path).read_text())
     cases = {
-        "version.json": {**raw, "schema_version": 2},
+        "version.json": {**raw, "schema_version": 3},
         "layout.json": {**raw, "layout": {**raw["layout"], "tensor_parallel_degree": 0}},
         "extra.json": {**raw, "surprise": 1},
     }

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from cost_models.estimate import estimate
-from planner.errors import SchemaError
 from planner.inputs import load_cluster, load_model
 from planner.schemas import ClusterProfile, DType, Layout, TrainingSpec
+from planner.schemas.errors import SchemaError
 from runtime.threads import core_share
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from cost_models.validate import check_layout
 from planner.inputs import load_cluster, load_model
 from planner.schemas import Recompute, Schedule, TrainingSpec, ZeroStage
-from planner.search.space import SearchSpace, divisors
+from planner.search_engine.space import SearchSpace, divisors
 
 TINY = load_model("tiny-gpt")
 

@@ -8,14 +8,14 @@ import optuna
 import pytest
 
 from planner import api
-from planner.errors import InfeasibleConfigError
 from planner.inputs import load_cluster, load_model
 from planner.schemas import ModelSpec, TrainingSpec
-from planner.search import ExhaustiveSearch, OptunaSearch
-from planner.search.evaluate import Evaluator, SplitCosts
-from planner.search.layer_split import balance_layers
-from planner.search.space import SearchSpace
-from planner.search.strategy import Budget, SearchStrategy
+from planner.schemas.errors import InfeasibleConfigError
+from planner.search_engine import ExhaustiveSearch, OptunaSearch
+from planner.search_engine.evaluate import Evaluator, SplitCosts
+from planner.search_engine.layer_split import balance_layers
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Budget, SearchStrategy
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 MODEL = load_model("llama3-8b")

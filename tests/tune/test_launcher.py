@@ -7,10 +7,10 @@ import pytest
 from conftest import make_cluster
 
 from cost_models.estimate import estimate
-from planner.errors import SchemaError
 from planner.inputs import load_model
 from planner.plans import make_plan
 from planner.schemas import Layout, Plan, TrainingSpec
+from planner.schemas.errors import SchemaError
 from planner.tune.launcher import check_template, job_command, run_job
 
 MODEL = load_model("tiny-gpt")

@@ -9,7 +9,7 @@ micro-batch count p divides. Recompute and
 sequence parallelism as allowed. ZeRO stages that can differ (``zero_stages_for``): over one
 replica nothing is sharded, so only the lowest stage; under a pipeline ZeRO 2-3 hold what ZeRO-1
 holds and take longer (cost_models.pipeline.defers_gradient_reduction), so none above ZeRO-1. The
-layer split starts even; the CP-SAT split refines it (planner.search.layer_split).
+layer split starts even; the CP-SAT split refines it (planner.search_engine.layer_split).
 """
 
 from collections.abc import Iterator

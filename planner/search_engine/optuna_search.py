@@ -15,11 +15,11 @@ from typing import ClassVar
 
 import optuna
 
-from planner.errors import DoesNotFitError, InfeasibleConfigError, SchemaError
 from planner.schemas import Layout, Recompute, Schedule, ZeroStage
-from planner.search.evaluate import Evaluator
-from planner.search.space import SearchSpace
-from planner.search.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
+from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError, SchemaError
+from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
 
 DEFAULT_TRIALS = 400
 """Trials when the budget sets none."""

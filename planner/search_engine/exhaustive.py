@@ -8,10 +8,10 @@ more time, less memory), so they are not priced. Memory is checked before time.
 import time
 from typing import ClassVar
 
-from planner.errors import InfeasibleConfigError
-from planner.search.evaluate import Evaluator
-from planner.search.space import SearchSpace
-from planner.search.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
+from planner.schemas.errors import InfeasibleConfigError
+from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
 
 
 class ExhaustiveSearch:

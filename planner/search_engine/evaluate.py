@@ -13,8 +13,8 @@ from cost_models.estimate import estimate
 from cost_models.memory import all_stage_memory, stage_memory
 from cost_models.timing import stage_times
 from cost_models.validate import check_layout
-from planner.errors import DoesNotFitError
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, TrainingSpec
+from planner.schemas.errors import DoesNotFitError
 
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of device memory kept free for allocator fragmentation and untracked buffers."""

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from planner.schemas import Estimate, Layout
-from planner.search.evaluate import Evaluator
-from planner.search.space import SearchSpace
+from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.space import SearchSpace
 
 Progress = Callable[[int, int | None], None]
 """Called as progress(done, total) while a strategy works; total is None when unknown."""

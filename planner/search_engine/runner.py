@@ -7,12 +7,12 @@ how close the best attempt came, what dominated its memory and what would make i
 import time
 from dataclasses import dataclass, replace
 
-from planner.errors import InfeasibleConfigError
 from planner.schemas import ClusterProfile, ModelSpec, Recompute, TrainingSpec, ZeroStage
-from planner.search.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
-from planner.search.layer_split import balance_layers
-from planner.search.space import SearchSpace
-from planner.search.strategy import Budget, Candidate, Progress, SearchStrategy, fastest_first
+from planner.schemas.errors import InfeasibleConfigError
+from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
+from planner.search_engine.layer_split import balance_layers
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Budget, Candidate, Progress, SearchStrategy, fastest_first
 
 FINALISTS_PER_RESULT = 3
 """Finalists refined with the CP-SAT split, per plan asked for (at least 10)."""

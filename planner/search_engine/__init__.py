@@ -5,9 +5,9 @@ Nothing here imports torch (a test checks it).
 
 from enum import StrEnum
 
-from planner.search.exhaustive import ExhaustiveSearch
-from planner.search.optuna_search import OptunaSearch
-from planner.search.strategy import SearchStrategy
+from planner.search_engine.exhaustive import ExhaustiveSearch
+from planner.search_engine.optuna_search import OptunaSearch
+from planner.search_engine.strategy import SearchStrategy
 
 
 class StrategyName(StrEnum):

@@ -12,8 +12,8 @@ import math
 
 from ortools.sat.python import cp_model
 
-from planner.search.evaluate import SplitCosts
-from planner.search.strategy import Budget
+from planner.search_engine.evaluate import SplitCosts
+from planner.search_engine.strategy import Budget
 
 TIME_UNIT_S = 1e-7
 """CP-SAT works in integers: times in units of 0.1 microsecond."""

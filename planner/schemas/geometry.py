@@ -1,0 +1,136 @@
+"""Layout geometry: the rank order, stages and model chunks, micro-batches, and where the
+vocabulary layers sit. Stated once here; the cost models, the runtime, the profiler and the
+exports all read it.
+
+Rank order: a (pipeline, data, tensor) mesh with the tensor axis fastest,
+rank = stage * (d * t) + replica * t + shard, so a tensor-parallel group is t consecutive ranks
+(one node, when it fits) and a data-parallel group is strided by t. Which device runs each rank
+is the layout's ``DeviceMap`` (identity by default).
+
+Model chunks: p * v of them in pipeline order; pipeline rank ``s`` holds chunks s, s + p, ...
+(Megatron-LM's interleaved schedule). Vocabulary layers (``VocabularyLayout.PINNED``): the input
+embedding with the first chunk, the final norm, output layer and loss with the last.
+"""
+
+import functools
+from enum import StrEnum
+
+from planner.schemas.enums import Schedule, VocabularyLayout
+from planner.schemas.layout import Layout
+from planner.schemas.model import ModelSpec
+
+
+class MeshAxis(StrEnum):
+    """Axes of a layout's device mesh, in mesh order (slowest first)."""
+
+    PP = "pp"
+    DP = "dp"
+    TP = "tp"
+
+
+MESH_AXES: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.TP)
+"""The mesh's axes, slowest first: the rank order of every layout."""
+
+
+def mesh_shape(layout: Layout) -> tuple[int, int, int]:
+    """Sizes of the mesh's axes in ``MESH_AXES`` order: (p, d, t)."""
+    return layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
+
+
+def rank_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
+    """Global rank of mesh coordinate (stage, replica, shard)."""
+    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    return stage * d * t + replica * t + shard
+
+
+def coordinates(layout: Layout, rank: int) -> tuple[int, int, int]:
+    """Mesh coordinate (stage, replica, shard) of ``rank``."""
+    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    stage, rest = divmod(rank, d * t)
+    replica, shard = divmod(rest, t)
+    return stage, replica, shard
+
+
+def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """Transformer layers of each model chunk in pipeline order (p * v entries).
+
+    Uses the layout's explicit split, else splits evenly and gives the remainder to the
+    chunks after the first, which also holds the embedding.
+    """
+    if layout.layer_split is not None:
+        return layout.layer_split
+    chunks = layout.num_chunks
+    base, extra = divmod(model.num_hidden_layers, chunks)
+    receivers = set(range(1, extra + 1)) if extra < chunks else set(range(chunks))
+    return tuple(base + (1 if c in receivers else 0) for c in range(chunks))
+
+
+def stage_chunks(layout: Layout, stage: int) -> tuple[int, ...]:
+    """Chunks held by pipeline rank ``stage``: stage, stage + p, stage + 2p, ..."""
+    p = layout.pipeline_parallel_degree
+    return tuple(stage + i * p for i in range(layout.virtual_stages))
+
+
+def chunk_layer_range(model: ModelSpec, layout: Layout, chunk: int) -> range:
+    """Indices of the transformer layers of model chunk ``chunk``."""
+    counts = chunk_layers(model, layout)
+    first = sum(counts[:chunk])
+    return range(first, first + counts[chunk])
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """Transformer layers held by each pipeline rank (all its chunks).
+
+    Memoized: every stage's memory and time asks for it, and inputs are immutable.
+    """
+    per_chunk = chunk_layers(model, layout)
+    return tuple(sum(per_chunk[c] for c in stage_chunks(layout, s)) for s in range(layout.pipeline_parallel_degree))
+
+
+def embedding_chunk(layout: Layout) -> int:
+    """The model chunk that holds the input embedding."""
+    _pinned(layout)
+    return 0
+
+
+def output_chunk(layout: Layout) -> int:
+    """The model chunk that holds the final norm, the output layer and the loss."""
+    _pinned(layout)
+    return layout.num_chunks - 1
+
+
+def holds_embedding(layout: Layout, stage: int) -> bool:
+    """Whether pipeline rank ``stage`` holds the input embedding."""
+    return embedding_chunk(layout) in stage_chunks(layout, stage)
+
+
+def holds_output_layer(layout: Layout, stage: int) -> bool:
+    """Whether pipeline rank ``stage`` holds the output layer and the loss."""
+    return output_chunk(layout) in stage_chunks(layout, stage)
+
+
+def _pinned(layout: Layout) -> None:
+    # The one vocabulary layout so far; the next ones are placed here, and only here.
+    assert layout.vocabulary_layout is VocabularyLayout.PINNED, layout.vocabulary_layout
+
+
+def num_micro_batches(global_batch_size: int, layout: Layout) -> int:
+    """Micro-batches per step on one data-parallel replica: B / (d b), assumed whole."""
+    return global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
+
+
+def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int) -> float:
+    """Micro-batches of a whole stage's activations held at the stage's peak.
+
+    GPipe holds all m; 1F1B holds p - r on rank r; interleaved holds its warm-up chunks plus
+    one, each 1/v of the stage (Megatron-LM's warm-up depth, (p - r - 1) * 2 + (v - 1) * p
+    forward chunks before the first backward on rank r). Capped by what the step has.
+    """
+    p, v, m = layout.pipeline_parallel_degree, layout.virtual_stages, micro_batches
+    if layout.schedule is Schedule.GPIPE:
+        return float(m)
+    if layout.schedule is Schedule.ONE_F_ONE_B:
+        return float(min(p - stage, m))
+    warmup_chunks = (p - stage - 1) * 2 + (v - 1) * p
+    return min(warmup_chunks + 1, m * v) / v

@@ -1,0 +1,96 @@
+"""Layout geometry and the DeviceMap: the rank order stated once, hand-worked, and its properties."""
+
+from dataclasses import replace
+
+import pytest
+from conftest import make_cluster
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cost_models import groups as grp
+from cost_models.estimate import estimate
+from planner.export.torchrun import node_ranks
+from planner.inputs import load_model
+from planner.plans import make_plan
+from planner.schemas import DeviceMap, Layout, TrainingSpec
+from planner.schemas.errors import SchemaError
+from planner.schemas.geometry import (
+    MESH_AXES,
+    chunk_layer_range,
+    coordinates,
+    holds_embedding,
+    holds_output_layer,
+    mesh_shape,
+    rank_of,
+    stage_chunks,
+)
+
+
+def _layout(d: int, t: int, p: int, **kw: object) -> Layout:
+    return Layout(
+        data_parallel_degree=d, tensor_parallel_degree=t, pipeline_parallel_degree=p, micro_batch_size=1, **kw
+    )  # type: ignore[arg-type]
+
+
+def test_rank_order_is_pp_dp_tp_with_tp_fastest() -> None:
+    layout = _layout(2, 4, 3)
+    assert [str(a) for a in MESH_AXES] == ["pp", "dp", "tp"] and mesh_shape(layout) == (3, 2, 4)
+    assert rank_of(layout, 0, 0, 3) == 3  # a tensor-parallel group is consecutive
+    assert rank_of(layout, 0, 1, 0) == 4  # data-parallel peers are t apart
+    assert rank_of(layout, 2, 1, 2) == 2 * 8 + 4 + 2
+
+
+@given(d=st.integers(1, 4), t=st.integers(1, 4), p=st.integers(1, 4), data=st.data())
+def test_coordinates_invert_rank_of(d: int, t: int, p: int, data: st.DataObject) -> None:
+    layout = _layout(d, t, p)
+    rank = data.draw(st.integers(0, layout.world_size - 1))
+    assert rank_of(layout, *coordinates(layout, rank)) == rank
+
+
+def test_vocabulary_layers_sit_on_the_first_and_last_chunk() -> None:
+    model = load_model("tiny-gpt")
+    layout = _layout(1, 1, 2, schedule="interleaved", virtual_stages=2)
+    assert stage_chunks(layout, 0) == (0, 2) and stage_chunks(layout, 1) == (1, 3)
+    assert holds_embedding(layout, 0) and not holds_embedding(layout, 1)
+    assert holds_output_layer(layout, 1) and not holds_output_layer(layout, 0)
+    ranges = [chunk_layer_range(model, layout, c) for c in range(4)]
+    assert [r.start for r in ranges[1:]] == [r.stop for r in ranges[:-1]]
+    assert ranges[-1].stop == model.num_hidden_layers
+
+
+def test_device_map_is_a_permutation_and_the_identity_has_one_spelling() -> None:
+    assert DeviceMap(devices=(0, 1, 2)).is_identity and DeviceMap(devices=(0, 1, 2)) == DeviceMap()
+    moved = DeviceMap(devices=(1, 0, 3, 2))
+    assert moved.device_of(0) == 1 and moved.node_of(2, devices_per_node=2) == 1
+    with pytest.raises(SchemaError, match="exactly once"):
+        DeviceMap(devices=(0, 0, 1))
+    with pytest.raises(SchemaError, match="one device per rank"):
+        _layout(2, 1, 1, device_map=DeviceMap(devices=(1, 0, 2)))
+
+
+def test_process_groups_follow_the_device_map() -> None:
+    swap_nodes = DeviceMap(devices=(2, 3, 0, 1))
+    layout = _layout(2, 2, 1, device_map=swap_nodes)
+    assert [g.devices for g in grp.tensor_groups(layout)] == [(2, 3), (0, 1)]
+    assert [g.devices for g in grp.data_groups(layout)] == [(2, 0), (3, 1)]
+
+
+def test_a_map_that_splits_tensor_groups_across_nodes_costs_more() -> None:
+    """Two nodes of 2 devices, fast inside a node: tp pairs split across nodes pay the slow link."""
+    model = load_model("tiny-gpt")
+    training = TrainingSpec(global_batch_size=8, seq_len=128)
+    cluster = make_cluster(nodes=2, per_node=2, intra_bw=100e9, inter_bw=1e9)
+    identity = _layout(2, 2, 1)
+    across = replace(identity, device_map=DeviceMap(devices=(0, 2, 1, 3)))
+    same = estimate(model, training, cluster, identity).time
+    split = estimate(model, training, cluster, across).time
+    assert split.tensor_parallel_comm_s > 10 * same.tensor_parallel_comm_s
+
+
+def test_the_launch_export_says_which_plan_ranks_each_node_runs() -> None:
+    model = load_model("tiny-gpt")
+    training = TrainingSpec(global_batch_size=8, seq_len=128)
+    cluster = make_cluster(nodes=2, per_node=2)
+    layout = _layout(2, 2, 1, device_map=DeviceMap(devices=(2, 3, 0, 1)))
+    plan = make_plan(model, training, cluster, "test", layout, estimate(model, training, cluster, layout))
+    assert node_ranks(plan) == ((2, 3), (0, 1))
