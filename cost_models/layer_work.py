@@ -127,3 +127,29 @@ def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
     per_layer = dense_per_token * s + attention_per_seq
     logits = 2 * s * h * model.vocab_size
     return 3.0 * (model.num_hidden_layers * per_layer + logits)
+
+
+PROFILED_TENSOR_PARALLEL = (1, 2, 4, 8)
+"""Tensor-parallel degrees whose GEMM shapes ``planner profile --model`` times."""
+PROFILED_MICRO_BATCHES = (1, 2)
+"""Micro-batch sizes whose GEMM shapes ``planner profile --model`` times."""
+
+
+def profile_gemm_shapes(model: ModelSpec, seq_len: int, max_tensor_parallel: int) -> tuple[tuple[int, int, int], ...]:
+    """(m, n, k) of the model's layer and output-layer GEMMs, forward and backward, at the
+    tensor-parallel degrees (up to ``max_tensor_parallel``) and micro-batches plans use: the
+    shapes the profiler times so that the compute model reads measured GEMMs."""
+    training = TrainingSpec(global_batch_size=1, seq_len=seq_len)
+    shapes = set()
+    for tp in PROFILED_TENSOR_PARALLEL:
+        if tp > max_tensor_parallel or model.num_attention_heads % tp:
+            continue
+        for mb in PROFILED_MICRO_BATCHES:
+            layout = Layout(
+                data_parallel_degree=1, tensor_parallel_degree=tp, pipeline_parallel_degree=1, micro_batch_size=mb
+            )
+            work = layer_work(model, training, layout)
+            for g in (*work.dense_gemms, output_layer_gemm(model, training, layout)):
+                for shape in (g, *g.backward()):
+                    shapes.add((shape.m, shape.n, shape.k))
+    return tuple(sorted(shapes))

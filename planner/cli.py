@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from cost_models.layer_work import profile_gemm_shapes
 from planner import api
 from planner.export.torchrun import launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets, save_cluster
@@ -369,10 +370,13 @@ def profile(
     from profiler.settings import ProfileSettings
     from profiler.settings import quick as quick_settings
 
+    model_spec = api.load_model(model) if model else None
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     settings = ProfileSettings(
         output=output,
         timeout_s=timeout,
-        model=api.load_model(model) if model else None,
+        model=model_spec,
+        model_gemm_shapes=profile_gemm_shapes(model_spec, seq_len, world_size) if model_spec else (),
         seq_len=seq_len,
         inject_link_delay=_parse_delay(inject_link_delay),
         simulate_nodes=simulate_nodes,

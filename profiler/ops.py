@@ -19,8 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 
-from cost_models.layer_work import layer_work, output_layer_gemm
-from planner.schemas import DType, Layout, OpKind, TrainingSpec, ZeroStage
+from planner.schemas import DType, OpKind, ZeroStage
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
@@ -64,29 +63,10 @@ class OpsSample:
     others: tuple[OpSample, ...] = ()
 
 
-def model_gemm_shapes(ctx: Context) -> list[tuple[int, int, int]]:
-    """The GEMMs of the model's layers at the tensor-parallel degrees and micro-batches plans use."""
-    model = ctx.settings.model
-    if model is None:
-        return []
-    training = TrainingSpec(global_batch_size=1, seq_len=ctx.settings.seq_len)
-    shapes = set()
-    for tp in (t for t in (1, 2, 4, 8) if t <= ctx.world_size and model.num_attention_heads % t == 0):
-        for mb in (1, 2):
-            layout = Layout(
-                data_parallel_degree=1, tensor_parallel_degree=tp, pipeline_parallel_degree=1, micro_batch_size=mb
-            )
-            work = layer_work(model, training, layout)
-            for g in (*work.dense_gemms, output_layer_gemm(model, training, layout)):
-                for shape in (g, *g.backward()):
-                    shapes.add((shape.m, shape.n, shape.k))
-    return sorted(shapes)
-
-
 def measure(ctx: Context) -> list[OpsSample] | None:
     """Every rank's op samples, on rank 0."""
     gemms = []
-    shapes = sorted({*ctx.settings.gemm_shapes, *model_gemm_shapes(ctx)})
+    shapes = sorted({*ctx.settings.gemm_shapes, *ctx.settings.model_gemm_shapes})
     for dtype in ctx.settings.gemm_dtypes:
         for m, n, k in shapes:
             ctx.at("ops", f"gemm {m}x{n}x{k} {dtype}")

@@ -40,7 +40,10 @@ class ProfileSettings:
     min_sample_s: float = 0.02
     """A lockstep timing calls an op back to back until one sample lasts this long (profiler.context)."""
     seq_len: int = 512
-    """Sequence length of the model's own GEMM shapes (with ``model``)."""
+    """Sequence length of the model's own layers and GEMM shapes (with ``model``)."""
+    model_gemm_shapes: tuple[tuple[int, int, int], ...] = ()
+    """The model's own GEMM shapes (m, n, k), given by the caller from the cost model's view of
+    the model (cost_models.layer_work.profile_gemm_shapes): the profiler imports no cost model."""
     inject_link_delay: tuple[int, int, float] | None = None
     """Testing aid: (a, b, seconds) slows every transfer between ranks a and b by ``seconds`` per
     ``bandwidth_bytes`` moved."""

@@ -11,7 +11,9 @@ from cost_models.compute import (
     measured_optimizer_s,
     quantization_efficiency,
 )
-from planner.schemas import DeviceProfile, DType, MatmulRecord, OpRecord
+from cost_models.layer_work import layer_work, profile_gemm_shapes
+from planner.inputs import load_model
+from planner.schemas import DeviceProfile, DType, Layout, MatmulRecord, OpRecord, TrainingSpec
 
 DEVICE = make_cluster().device
 
@@ -116,3 +118,14 @@ def test_the_real_tensor_parallel_layer_is_a_record_of_its_own() -> None:
     assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128) == pytest.approx((1e-3, 2e-3))
     assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128, sequence_parallel=False) == pytest.approx((4e-3, 5e-3))
     assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128, sequence_parallel=True) == pytest.approx((5e-3, 7e-3))
+
+
+def test_profiled_gemm_shapes_are_the_layers_own_up_to_the_largest_tensor_parallel_degree() -> None:
+    model = load_model("tiny-gpt")
+    two = set(profile_gemm_shapes(model, 128, max_tensor_parallel=2))
+    four = set(profile_gemm_shapes(model, 128, max_tensor_parallel=4))
+    layout = Layout(data_parallel_degree=1, tensor_parallel_degree=4, pipeline_parallel_degree=1, micro_batch_size=1)
+    tp4 = {
+        (g.m, g.n, g.k) for g in layer_work(model, TrainingSpec(global_batch_size=1, seq_len=128), layout).dense_gemms
+    }
+    assert tp4 <= four and not tp4 <= two and two < four
