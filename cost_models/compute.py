@@ -11,7 +11,16 @@ Units: FLOP, bytes, seconds.
 import math
 from dataclasses import dataclass
 
-from planner.schemas import DeviceProfile, DType
+from planner.schemas import (
+    DeviceProfile,
+    DType,
+    LayerRecord,
+    OpKind,
+    OptimizerRecord,
+    PipelineSlotRecord,
+    ShardedUnitRecord,
+    ZeroStage,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +103,8 @@ def measured_layer_s(
     fixed cost per call plus a cost per sequence, which is how small layers scale on CPUs and
     launch-bound GPUs). None without a record of this model, precision, tensor-parallel degree
     and sequence length."""
-    op, key = ("layer", ()) if sequence_parallel is None else ("tp_layer", (int(sequence_parallel),))
-    return _measured_s(device, op, model_name, dtype, (tensor_parallel, seq_len, *key), micro_batch)
+    op = OpKind.LAYER if sequence_parallel is None else OpKind.TP_LAYER
+    return _measured_s(device, op, model_name, dtype, tensor_parallel, seq_len, sequence_parallel, micro_batch)
 
 
 def measured_output_layer_s(
@@ -113,30 +122,40 @@ def measured_output_layer_s(
     under tensor parallelism, split over the vocabulary with its collectives and the
     vocabulary-parallel loss. Between micro-batch sizes as ``measured_layer_s``; None without
     a record."""
-    key = (tensor_parallel, seq_len, int(sequence_parallel and tensor_parallel > 1))
-    measured = _measured_s(device, "output_layer", model_name, dtype, key, micro_batch)
+    split = sequence_parallel and tensor_parallel > 1  # tp 1 is timed unsplit: sequence parallel means nothing there
+    measured = _measured_s(device, OpKind.OUTPUT_LAYER, model_name, dtype, tensor_parallel, seq_len, split, micro_batch)
     return None if measured is None else measured[0] + measured[1]
 
 
 def _measured_s(
-    device: DeviceProfile, op: str, model_name: str, dtype: DType, key: tuple[int, ...], micro_batch: int
+    device: DeviceProfile,
+    op: OpKind,
+    model_name: str,
+    dtype: DType,
+    tensor_parallel: int,
+    seq_len: int,
+    sequence_parallel: bool | None,
+    micro_batch: int,
 ) -> tuple[float, float] | None:
-    """(forward, backward) of the ``op`` records of this model and precision whose shape, the
-    micro-batch left out, is ``key``: the record of ``micro_batch``, else the line through the
-    two nearest sizes, or beyond the largest the least-squares slope over all of them."""
+    """(forward, backward) of the ``op`` layer records of this model, precision, tensor-parallel
+    degree, sequence length and sequence parallelism: the record of ``micro_batch``, else the
+    line through the two nearest sizes, or beyond the largest the least-squares slope over all
+    of them."""
     points = sorted(
-        (rec.shape[1], rec.fwd_time_s, rec.fwd_bwd_time_s)
+        (rec.micro_batch_size, rec.fwd_time_s, rec.fwd_bwd_time_s)
         for rec in device.op_records
-        if rec.op == op
+        if isinstance(rec, LayerRecord)
+        and rec.op is op
         and rec.model == model_name
         and rec.dtype is dtype
-        and rec.fwd_bwd_time_s is not None
-        and (rec.shape[0], *rec.shape[2:]) == key
+        and rec.tensor_parallel_degree == tensor_parallel
+        and rec.seq_len == seq_len
+        and rec.sequence_parallel == sequence_parallel
     )
     if not points:
         return None
     # Under noise a forward can time longer than forward + backward; a backward is never negative.
-    by_size = {b: (fwd, max(0.0, both - fwd)) for b, fwd, both in points if both is not None}
+    by_size = {b: (fwd, max(0.0, both - fwd)) for b, fwd, both in points}
     if micro_batch in by_size:
         return by_size[micro_batch]
     sizes = sorted(by_size)
@@ -171,8 +190,8 @@ def measured_optimizer_s(device: DeviceProfile, model_name: str, params: float) 
     """Seconds of an optimizer step over ``params`` parameters, at the rate the profiler timed on
     the model's own layer (``planner profile --model``); None without such a record."""
     for rec in device.op_records:
-        if rec.op == "optimizer" and rec.model == model_name:
-            return rec.fwd_time_s * params / rec.shape[0]
+        if isinstance(rec, OptimizerRecord) and rec.model == model_name:
+            return rec.time_s * params / rec.num_parameters
     return None
 
 
@@ -180,15 +199,19 @@ def measured_pipeline_slot_s(device: DeviceProfile) -> float | None:
     """Seconds of one slot of a tiny 2-stage 1F1B schedule (a forward, a backward and their two
     transfers, nothing to compute), as the profiler timed it; None without the record."""
     for rec in device.op_records:
-        if rec.op == "pipeline_slot":
-            return rec.fwd_time_s
+        if isinstance(rec, PipelineSlotRecord):
+            return rec.time_s
     return None
 
 
-def measured_sharded_unit_s(device: DeviceProfile, zero_stage: int, deferred: bool, dtype: DType) -> float | None:
+def measured_sharded_unit_s(device: DeviceProfile, zero_stage: ZeroStage, deferred: bool, dtype: DType) -> float | None:
     """Seconds sharded data parallelism (FSDP) spends of its own on one unit and micro-batch,
     beyond the unit's compute and its collectives (hooks, casts, buffer copies), as the profiler
     timed it in ``dtype`` (else in any precision); None without the record."""
-    records = [r for r in device.op_records if r.op == "sharded_unit" and r.shape == (zero_stage, int(deferred))]
+    records = [
+        r
+        for r in device.op_records
+        if isinstance(r, ShardedUnitRecord) and r.zero_stage == zero_stage and r.deferred == deferred
+    ]
     own = [r for r in records if r.dtype is dtype] or records
-    return own[0].fwd_time_s if own else None
+    return own[0].time_s if own else None

@@ -48,6 +48,7 @@ from planner.schemas import (
     Calibration,
     ClusterProfile,
     CollectiveOp,
+    DeviceKind,
     Estimate,
     Layout,
     MemoryBreakdown,
@@ -57,7 +58,6 @@ from planner.schemas import (
     TimeBreakdown,
     TrainingSpec,
     ZeroStage,
-    is_cpu_device,
 )
 from planner.schemas.geometry import num_micro_batches, stage_layers
 
@@ -259,7 +259,7 @@ def hides_communication(cluster: ClusterProfile) -> bool:
     its own streams and copy engines. On a CPU it cannot: gloo's collectives run on the cores that
     compute (measured on the local 4-rank cluster: ZeRO-3 adds its gathers in full, 0.13 s a
     micro-batch of tiny-gpt at dp 4)."""
-    return not is_cpu_device(cluster.device.name)
+    return cluster.device.kind is not DeviceKind.CPU
 
 
 COMPUTE_TERMS = ("compute_s", "recompute_s", "pipeline_bubble_s", "optimizer_s")

@@ -41,6 +41,7 @@ from cost_models.params import embedding_params, layer_params, norm_params
 from cost_models.pipeline import defers_gradient_reduction
 from planner.schemas import (
     ClusterProfile,
+    DeviceKind,
     DType,
     Layout,
     MemoryBreakdown,
@@ -48,7 +49,6 @@ from planner.schemas import (
     Schedule,
     TrainingSpec,
     ZeroStage,
-    is_cpu_device,
 )
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import in_flight_micro_batches, num_micro_batches, stage_layers
@@ -261,7 +261,7 @@ def communication_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout:
 
 def workspace_bytes(cluster: ClusterProfile) -> float:
     """Framework workspace of one rank: ``CUDA_WORKSPACE_BYTES``, or 0 on a CPU device."""
-    return 0.0 if is_cpu_device(cluster.device.name) else float(CUDA_WORKSPACE_BYTES)
+    return 0.0 if cluster.device.kind is DeviceKind.CPU else float(CUDA_WORKSPACE_BYTES)
 
 
 def stage_memory(

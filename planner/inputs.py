@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from planner.schemas import (
     ClusterProfile,
     CollectiveRecord,
+    DeviceKind,
     DeviceProfile,
     DType,
     LinkMatrix,
@@ -40,6 +41,7 @@ from planner.schemas import (
     PositionEmbedding,
     Provenance,
 )
+from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
 from planner.schemas.errors import SchemaError
 
 logger = logging.getLogger(__name__)
@@ -327,12 +329,18 @@ def _cluster_fields(
         bf16_peak = peak_flop_per_s[DType.BF16]
     except (ValueError, KeyError) as e:
         raise SchemaError(f"{where}: peak_flop_per_s needs bf16 and only bf16/fp16/fp32 keys ({e})") from e
+    try:
+        kind = DeviceKind(str(device.get("kind")))
+    except ValueError as e:
+        kinds = ", ".join(DeviceKind)
+        raise SchemaError(f"{where}: device.kind={device.get('kind')!r} must be one of {kinds}") from e
     return {
         "name": name,
         "num_nodes": num_nodes,
         "devices_per_node": devices_per_node,
         "device": DeviceProfile(
             name=str(device.get("name")),
+            kind=kind,
             memory_bytes=reader.count(device, "memory_bytes"),
             peak_flop_per_s=peak_flop_per_s,
             memory_bandwidth_bytes_per_s=reader.figure(bandwidth, "nominal_bytes_per_s")
@@ -414,12 +422,22 @@ def _load_cluster_file(path: Path) -> ClusterProfile:
             f"{path} is an incomplete profile ({raw.get('failure', 'no reason recorded')}); "
             "run `planner profile` again once every rank is healthy"
         )
+    where = f"cluster profile {str(path)!r}"
+    version = raw.get("schema_version", 1) if isinstance(raw, dict) else None
+    if version not in READABLE_VERSIONS:
+        readable = ", ".join(str(v) for v in READABLE_VERSIONS)
+        raise SchemaError(
+            f"{where}: schema_version {version!r} is not one this planner reads ({readable}; it writes "
+            f"{CLUSTER_SCHEMA_VERSION}); profile the cluster again with `planner profile`"
+        )
     try:
-        return ClusterProfile.model_validate_json(text)
+        if version == CLUSTER_SCHEMA_VERSION:
+            return ClusterProfile.model_validate_json(text)
+        return ClusterProfile.model_validate(upgrade(raw))
     except ValidationError as e:
-        raise SchemaError(_describe(e, f"cluster profile {str(path)!r}", ClusterProfile)) from e
+        raise SchemaError(_describe(e, where, ClusterProfile)) from e
     except SchemaError as e:
-        raise SchemaError(f"cluster profile {str(path)!r}: {e}") from e
+        raise SchemaError(f"{where}: {e}") from e
 
 
 # --- files and validation -------------------------------------------------------------------------

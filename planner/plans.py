@@ -40,6 +40,7 @@ def make_plan(
         num_nodes=cluster.num_nodes,
         devices_per_node=cluster.devices_per_node,
         device_name=cluster.device.name,
+        device_kind=cluster.device.kind,
         sha256=cluster_sha256(cluster),
     )
     return Plan(

@@ -7,12 +7,13 @@ would hide the one slow pair a profile exists to find.
 
 GEMMs become measured records (used for their exact shapes) and a MatmulModel whose peak is the
 best GEMM rate measured (a CPU publishes no peak; on CUDA a known device's published peak is kept
-and the fraction is measured). Collective times are the slowest rank's median.
+and the fraction is measured). Collective times are the slowest rank's median; other ops' times
+the median over ranks.
 """
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import torch
@@ -30,7 +31,7 @@ from planner.schemas import (
 )
 from profiler.collectives import CollectiveSample, group_shapes
 from profiler.links import LinkSample, link_figures
-from profiler.ops import OpSample, OpsSample
+from profiler.ops import OpsSample
 from profiler.settings import ProfileSettings
 from profiler.topology import RankInfo
 
@@ -46,6 +47,24 @@ def _matrix(
     values: dict[tuple[int, int], list[float]], size: int, reduce: Callable[[list[float]], float]
 ) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(reduce(values[(i, j)]) if (i, j) in values else 0.0 for j in range(size)) for i in range(size))
+
+
+_TIMINGS = frozenset({"fwd_time_s", "fwd_bwd_time_s", "time_s", "spread"})
+"""The fields of an op record that each rank measures; the others say which op it timed."""
+
+
+def _median_records(samples: Iterable[OpRecord]) -> tuple[OpRecord, ...]:
+    """One record per op timed (in the order first seen) with the median of every rank's timings."""
+    by_op: dict[str, list[OpRecord]] = defaultdict(list)
+    for record in samples:
+        by_op[record.model_dump_json(exclude=set(_TIMINGS))].append(record)
+    return tuple(_median_record(same) for same in by_op.values())
+
+
+def _median_record(same: list[OpRecord]) -> OpRecord:
+    """``same[0]`` with each timing the median over ``same`` (records of one op from every rank)."""
+    timed = _TIMINGS & type(same[0]).model_fields.keys()
+    return same[0].model_copy(update={name: statistics.median(getattr(r, name) for r in same) for name in timed})
 
 
 def build_profile(
@@ -116,24 +135,7 @@ def build_profile(
         dt: max(2.0 * r.m * r.n * r.k / r.time_s for r in matmul_records if r.dtype is dt)
         for dt in {r.dtype for r in matmul_records}
     }
-    by_op: dict[tuple[str, tuple[int, ...], DType, str | None], list[OpSample]] = defaultdict(list)
-    for rank_ops in ops:
-        for o in rank_ops.others:
-            by_op[(o.op, o.shape, o.dtype, o.model)].append(o)
-    op_records = tuple(
-        OpRecord(
-            op=op,
-            shape=shape,
-            dtype=dt,
-            model=model_name,
-            fwd_time_s=statistics.median(x.fwd_s for x in samples),
-            fwd_bwd_time_s=statistics.median(x.fwd_bwd_s for x in samples if x.fwd_bwd_s is not None)
-            if samples[0].fwd_bwd_s is not None
-            else None,
-            spread=statistics.median(x.spread for x in samples),
-        )
-        for (op, shape, dt, model_name), samples in by_op.items()
-    )
+    op_records = _median_records(o for rank_ops in ops for o in rank_ops.others)
     device_name = infos[0].device_name
     published = next((v for k, v in PUBLISHED_PEAK_FLOP_PER_S.items() if k in device_name), None)
     peak = dict(published) if published else dict(best)
@@ -143,6 +145,7 @@ def build_profile(
     cuda = device_name and published is not None
     device = DeviceProfile(
         name=device_name,
+        kind=infos[0].device_kind,
         memory_bytes=min(i.memory_bytes for i in infos),
         peak_flop_per_s=peak,
         memory_bandwidth_bytes_per_s=statistics.median(o.stream_bytes_per_s for o in ops),

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +18,19 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 
-from planner.schemas import DType, OpKind, ZeroStage
+from planner.schemas import (
+    AttentionRecord,
+    DType,
+    ElementwiseRecord,
+    LayerNormRecord,
+    LayerRecord,
+    OpKind,
+    OpRecord,
+    OptimizerRecord,
+    PipelineSlotRecord,
+    ShardedUnitRecord,
+    ZeroStage,
+)
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
@@ -40,27 +51,14 @@ class GemmSample:
 
 
 @dataclass(frozen=True, slots=True)
-class OpSample:
-    """One rank's median times of an op's forward and, where it has one, forward + backward."""
-
-    op: OpKind
-    shape: tuple[int, ...]
-    dtype: DType
-    fwd_s: float
-    fwd_bwd_s: float | None
-    spread: float
-    model: str | None = None
-    """layer: the model whose layer was timed."""
-
-
-@dataclass(frozen=True, slots=True)
 class OpsSample:
     """One rank's op measurements."""
 
     gemms: tuple[GemmSample, ...]
     stream_bytes_per_s: float
     launch_overhead_s: float
-    others: tuple[OpSample, ...] = ()
+    others: tuple[OpRecord, ...] = ()
+    """Other ops, each with this rank's median times."""
 
 
 def measure(ctx: Context) -> list[OpsSample] | None:
@@ -81,7 +79,9 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     ctx.at("ops", "kernel overhead")
     tiny = torch.rand(8, 8, device=ctx.device)
     overhead = ctx.time(lambda: torch.mm(tiny, tiny), repeats=max(ctx.settings.repeats, 20))
-    others = [OpSample("elementwise", (elems,), DType.FP32, stream.median_s, None, stream.spread)]
+    others: list[OpRecord] = [
+        ElementwiseRecord(num_elements=elems, dtype=DType.FP32, time_s=stream.median_s, spread=stream.spread)
+    ]
     others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _output_layers(ctx)
     others += _optimizer(ctx) + _pipeline_slot(ctx) + _sharded_units(ctx)
     sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
@@ -111,7 +111,7 @@ def _forward_and_both(fn: Callable[[], torch.Tensor], params: list[torch.Tensor]
     return [forward, both]
 
 
-def _attention_and_norm(ctx: Context) -> list[OpSample]:
+def _attention_and_norm(ctx: Context) -> list[OpRecord]:
     model, s = ctx.settings.model, ctx.settings.seq_len
     heads, head_dim, hidden = (model.num_attention_heads, model.head_size, model.hidden_size) if model else (8, 64, 512)
     dtype = ctx.settings.gemm_dtypes[0]
@@ -124,12 +124,27 @@ def _attention_and_norm(ctx: Context) -> list[OpSample]:
     norm = torch.nn.LayerNorm(hidden, device=ctx.device, dtype=tdt)
     ln = _fwd_bwd(ctx, lambda: norm(x), [x, *norm.parameters()])
     return [
-        OpSample("attention", (1, heads, s, head_dim), dtype, attn[0].median_s, attn[1].median_s, attn[1].spread),
-        OpSample("layernorm", (s * hidden,), dtype, ln[0].median_s, ln[1].median_s, ln[1].spread),
+        AttentionRecord(
+            batch_size=1,
+            num_attention_heads=heads,
+            seq_len=s,
+            head_size=head_dim,
+            dtype=dtype,
+            fwd_time_s=attn[0].median_s,
+            fwd_bwd_time_s=attn[1].median_s,
+            spread=attn[1].spread,
+        ),
+        LayerNormRecord(
+            num_elements=s * hidden,
+            dtype=dtype,
+            fwd_time_s=ln[0].median_s,
+            fwd_bwd_time_s=ln[1].median_s,
+            spread=ln[1].spread,
+        ),
     ]
 
 
-def _layers(ctx: Context) -> list[OpSample]:
+def _layers(ctx: Context) -> list[OpRecord]:
     """Forward + backward of one layer at each (tp, micro-batch) a plan may use (with ``model``)."""
     model = ctx.settings.model
     if model is None:
@@ -144,11 +159,11 @@ def _layers(ctx: Context) -> list[OpSample]:
         ),
     ):
         layer = LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
-        out += _time_layer(ctx, layer, "layer", (tp,), (), dtype, ctx.settings.seq_len)
+        out += _time_layer(ctx, layer, OpKind.LAYER, tp, None, dtype, ctx.settings.seq_len)
     return out
 
 
-def _optimizer(ctx: Context) -> list[OpSample]:
+def _optimizer(ctx: Context) -> list[OpRecord]:
     """One AdamW step over fp32 copies of one layer's parameters (the master weights mixed
     precision keeps), with gradients: the optimizer's cost per parameter, per-tensor overheads
     included, at the model's own tensor sizes (with ``model``)."""
@@ -162,10 +177,14 @@ def _optimizer(ctx: Context) -> list[OpSample]:
     opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
     step = ctx.time(opt.step, repeats=ctx.settings.layer_repeats, lockstep=True)
     count = sum(p.numel() for p in params)
-    return [OpSample("optimizer", (count,), DType.FP32, step.median_s, None, step.spread, model.name)]
+    return [
+        OptimizerRecord(
+            model=model.name, num_parameters=count, dtype=DType.FP32, time_s=step.median_s, spread=step.spread
+        )
+    ]
 
 
-def _tensor_parallel_layers(ctx: Context) -> list[OpSample]:
+def _tensor_parallel_layers(ctx: Context) -> list[OpRecord]:
     """Forward + backward of the runtime's own tensor-parallel layer (DTensor, with and without
     sequence parallelism), on every group of t consecutive ranks at once (with ``model``): its
     collectives and the framework's cost of sharding, which the local layer leaves out."""
@@ -182,7 +201,7 @@ def _tensor_parallel_layers(ctx: Context) -> list[OpSample]:
         with default_dtype(TORCH_DTYPES[dtype]):
             chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
         tensor_parallel(chunk, mesh, sequence_parallel=sp)
-        out += _time_layer(ctx, chunk, "tp_layer", (tp,), (int(sp),), dtype, local_s)
+        out += _time_layer(ctx, chunk, OpKind.TP_LAYER, tp, sp, dtype, local_s)
     return out
 
 
@@ -202,7 +221,7 @@ PIPELINE_SLOT_MICRO_BATCHES = (2, 8)
 """The tiny schedule runs 2 and 8 micro-batches; per slot is the difference over the 6 slots between."""
 
 
-def _pipeline_slot(ctx: Context) -> list[OpSample]:
+def _pipeline_slot(ctx: Context) -> list[OpRecord]:
     """The pipeline schedule's own cost per slot: 1F1B over every pair of consecutive ranks at
     once, with a stage too small to compute anything (8 features, one token). Each slot holds a
     forward, a backward and their two transfers; what it takes beyond the transfers' latency is
@@ -226,7 +245,7 @@ def _pipeline_slot(ctx: Context) -> list[OpSample]:
     per_slot_s = max(many.median_s - few.median_s, 0.0) / slots
     if per_slot_s <= 0:
         return []
-    return [OpSample("pipeline_slot", (2,), DType.FP32, per_slot_s, None, many.spread)]
+    return [PipelineSlotRecord(num_stages=2, dtype=DType.FP32, time_s=per_slot_s, spread=many.spread)]
 
 
 SHARDED_UNITS = 4
@@ -237,22 +256,21 @@ SHARDED_MODES = ((2, False), (3, False), (2, True), (3, True))
 """(ZeRO stage, deferred): how the runtime shards, without a pipeline and under one."""
 
 
-def _sharded_units(ctx: Context) -> list[OpSample]:
+def _sharded_units(ctx: Context) -> list[OpRecord]:
     """FSDP's own cost per unit and micro-batch, beyond the unit's compute and its collectives'
     latency: hooks, casts, copies into and out of the flat buffers. A stack of tiny units (8
     features) runs on every pair of consecutive ranks at once, sharded over the pair, in each of
     the runtime's ways (``SHARDED_MODES``): ZeRO-2 reduce-scatters each micro-batch's gradient,
     ZeRO-3 also gathers for the forward and the backward; deferred (under a pipeline) no unit
     reduces before the last backward and ZeRO-3 gathers once a micro-batch. Beside them the same
-    stack unsharded, and one tiny all-gather and reduce-scatter on the pair, in the same rounds.
-    Shape: (ZeRO stage, deferred 0/1)."""
+    stack unsharded, and one tiny all-gather and reduce-scatter on the pair, in the same rounds."""
     if ctx.world_size % 2:
         return []
     ctx.at("ops", "sharded unit")
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size // 2, 2), mesh_dim_names=("rest", "dp"))
     group = mesh["dp"].get_group()
     few, many = SHARDED_MICRO_BATCHES
-    out = []
+    out: list[OpRecord] = []
     for dtype in ctx.settings.gemm_dtypes:
         low = TORCH_DTYPES[dtype]
         x = torch.randn(1, 8, device=ctx.device, dtype=low)
@@ -286,7 +304,11 @@ def _sharded_units(ctx: Context) -> list[OpSample]:
             own_s = (per_micro_batch[i] - per_micro_batch[0]) / SHARDED_UNITS - collectives_s
             if own_s > 0:
                 spread = timings[2 * i + 1].spread
-                out.append(OpSample("sharded_unit", (zero, int(deferred)), dtype, own_s, None, spread))
+                out.append(
+                    ShardedUnitRecord(
+                        zero_stage=ZeroStage(zero), deferred=deferred, dtype=dtype, time_s=own_s, spread=spread
+                    )
+                )
     return out
 
 
@@ -308,7 +330,7 @@ def _sharded_step(stack: torch.nn.Module, x: torch.Tensor, micro_batches: int, z
         stack(x).float().sum().backward()
 
 
-def _output_layers(ctx: Context) -> list[OpSample]:
+def _output_layers(ctx: Context) -> list[OpRecord]:
     """Forward + backward of the runtime's own output layer (final norm, head and loss, on the
     last pipeline stage) at every tensor-parallel degree, sequence parallel or not, on every
     group of t consecutive ranks at once (with ``model``). Under tensor parallelism the head is
@@ -325,7 +347,7 @@ def _output_layers(ctx: Context) -> list[OpSample]:
             tensor_parallel(chunk, mesh, sequence_parallel=sp)
         head = _WithLoss(chunk, ctx.settings.seq_len)
         with loss_parallel() if tp > 1 else nullcontext():  # the backward too runs inside
-            out += _time_layer(ctx, head, "output_layer", (tp,), (int(sp),), dtype, local_s)
+            out += _time_layer(ctx, head, OpKind.OUTPUT_LAYER, tp, sp, dtype, local_s)
     return out
 
 
@@ -344,19 +366,19 @@ class _WithLoss(torch.nn.Module):
 def _time_layer(
     ctx: Context,
     layer: torch.nn.Module,
-    op: Literal["layer", "tp_layer", "output_layer"],
-    before: tuple[int, ...],
-    after: tuple[int, ...],
+    op: OpKind,
+    tp: int,
+    sp: bool | None,
     dtype: DType,
     local_seq_len: int,
-) -> list[OpSample]:
+) -> list[OpRecord]:
     """Forward and forward + backward of ``layer`` on (micro-batch, ``local_seq_len``, hidden)
-    inputs at every micro-batch size of the settings, timed in rounds over all of them; shapes
-    ``before`` + (micro-batch, seq len) + ``after``."""
+    inputs at every micro-batch size of the settings, timed in rounds over all of them: ``op``
+    records at tensor-parallel degree ``tp``, sequence parallel ``sp`` (None for ``layer``)."""
     model = ctx.settings.model
     assert model is not None
     sizes = ctx.settings.layer_micro_batches
-    ctx.at("ops", f"{op} {dtype} {before + after} micro-batch={','.join(map(str, sizes))}")
+    ctx.at("ops", f"{op} {dtype} tp={tp} sp={sp} micro-batch={','.join(map(str, sizes))}")
     fns: list[Callable[[], object]] = []
     for mb in sizes:
         x = torch.randn(
@@ -364,8 +386,20 @@ def _time_layer(
         )
         fns += _forward_and_both(partial(layer, x), [x, *layer.parameters()])
     timings = ctx.time_each(fns, repeats=ctx.settings.layer_repeats, lockstep=True)
-    out = []
+    out: list[OpRecord] = []
     for mb, fwd, both in zip(sizes, timings[::2], timings[1::2], strict=True):
-        shape = (*before, mb, ctx.settings.seq_len, *after)
-        out.append(OpSample(op, shape, dtype, fwd.median_s, both.median_s, both.spread, model.name))
+        out.append(
+            LayerRecord(
+                op=op,
+                model=model.name,
+                tensor_parallel_degree=tp,
+                micro_batch_size=mb,
+                seq_len=ctx.settings.seq_len,
+                sequence_parallel=sp,
+                dtype=dtype,
+                fwd_time_s=fwd.median_s,
+                fwd_bwd_time_s=both.median_s,
+                spread=both.spread,
+            )
+        )
     return out

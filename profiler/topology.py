@@ -1,4 +1,4 @@
-"""Who is where: hosts, local ranks, device name and the memory each rank may use."""
+"""Who is where: hosts, local ranks, device name and kind, and the memory each rank may use."""
 
 import socket
 from dataclasses import dataclass
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from planner.schemas import DeviceKind
 from profiler.context import Context
 from runtime.threads import core_share
 
@@ -19,6 +20,7 @@ class RankInfo:
     local_rank: int
     local_world_size: int
     device_name: str
+    device_kind: DeviceKind
     memory_bytes: int
     """Memory this rank may use: the device's on CUDA; the host's available memory shared by its ranks on CPU."""
     core_share: float = 1.0
@@ -52,6 +54,14 @@ def cpu_name() -> str:
     return "cpu"
 
 
+def device_kind(device: torch.device) -> DeviceKind:
+    """What ``device`` is: a CPU, or a GPU under CUDA or ROCm (a ROCm build of torch also calls
+    its GPUs "cuda", and sets ``torch.version.hip``)."""
+    if device.type == "cpu":
+        return DeviceKind.CPU
+    return DeviceKind.ROCM if torch.version.hip else DeviceKind.CUDA
+
+
 def measure(ctx: Context) -> list[RankInfo] | None:
     """Every rank's RankInfo, on rank 0."""
     ctx.at("topology")
@@ -72,6 +82,7 @@ def measure(ctx: Context) -> list[RankInfo] | None:
         local_rank=local_rank,
         local_world_size=local_world,
         device_name=name,
+        device_kind=device_kind(ctx.device),
         memory_bytes=int(memory),
         core_share=1.0 if ctx.device.type == "cuda" else core_share(ctx.local_world_size),
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.schemas import DType, Plan, RankMemory, RunReport, is_cpu_device
+from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches
 from runtime.data import TokenFile, synthetic_batch
@@ -61,7 +61,7 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
             "the global batch (planner search never proposes this)"
         )
-    if not cuda and not is_cpu_device(plan.cluster.device_name):
+    if not cuda and plan.cluster.device_kind is not DeviceKind.CPU:
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "
             "run it where those devices are, or plan for this machine (planner profile, then planner search)"

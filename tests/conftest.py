@@ -6,6 +6,7 @@ import pytest
 
 from planner.schemas import (
     ClusterProfile,
+    DeviceKind,
     DeviceProfile,
     DType,
     LinkMatrix,
@@ -31,6 +32,7 @@ def make_cluster(
         devices_per_node=per_node,
         device=DeviceProfile(
             name="test-gpu",
+            kind=DeviceKind.CUDA,
             memory_bytes=memory_bytes,
             peak_flop_per_s={DType.BF16: 100e12, DType.FP16: 100e12, DType.FP32: 10e12},
             memory_bandwidth_bytes_per_s=1e12,
@@ -50,7 +52,7 @@ def cpu_cluster(ranks: int) -> ClusterProfile:
     """One node of ``ranks`` CPU ranks with 1 GiB each, named as ``planner profile`` names a CPU,
     for plans that run on this machine."""
     cluster = make_cluster(per_node=ranks, memory_bytes=2**30)
-    device = cluster.device.model_copy(update={"name": "cpu (test)"})
+    device = cluster.device.model_copy(update={"name": "cpu (test)", "kind": DeviceKind.CPU})
     return cluster.model_copy(update={"name": "cpu-test", "device": device})
 
 

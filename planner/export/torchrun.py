@@ -12,7 +12,7 @@ mesh from the same map.
 import shlex
 from dataclasses import dataclass
 
-from planner.schemas import Plan, is_cpu_device
+from planner.schemas import DeviceKind, Plan
 
 DEFAULT_PORT = 29500
 
@@ -50,7 +50,7 @@ def torchrun_commands(
     ref = plan.cluster
     ranks = node_ranks(plan)
     run = ("-m", "planner", "run", plan_path, "--steps", str(steps), "--report", report_path)
-    env = (("OMP_NUM_THREADS", "1"),) if is_cpu_device(plan.cluster.device_name) else ()
+    env = (("OMP_NUM_THREADS", "1"),) if plan.cluster.device_kind is DeviceKind.CPU else ()
     if ref.num_nodes == 1:
         argv = ("torchrun", "--standalone", "--nproc-per-node", str(ref.devices_per_node), *run)
         return (NodeCommand(0, env, argv, ranks[0]),)

@@ -4,15 +4,13 @@ from planner.schemas.calibration import Calibration
 from planner.schemas.cluster import (
     ClusterProfile,
     CollectiveRecord,
+    DeviceKind,
     DeviceProfile,
     LinkMatrix,
     LinkProfile,
     MatmulModel,
     MatmulRecord,
-    OpKind,
-    OpRecord,
     Provenance,
-    is_cpu_device,
 )
 from planner.schemas.device_map import DeviceMap
 from planner.schemas.enums import (
@@ -32,6 +30,17 @@ from planner.schemas.enums import (
 from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, TimeBreakdown
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
+from planner.schemas.op_records import (
+    AttentionRecord,
+    ElementwiseRecord,
+    LayerNormRecord,
+    LayerRecord,
+    OpKind,
+    OpRecord,
+    OptimizerRecord,
+    PipelineSlotRecord,
+    ShardedUnitRecord,
+)
 from planner.schemas.plan import Alternative, ClusterRef, Plan
 from planner.schemas.report import RankMemory, RunReport
 from planner.schemas.training import TrainingSpec
@@ -40,15 +49,20 @@ __all__ = [
     "Activation",
     "Alternative",
     "AttentionKernel",
+    "AttentionRecord",
     "Calibration",
     "ClusterProfile",
     "ClusterRef",
     "CollectiveOp",
     "CollectiveRecord",
     "DType",
+    "DeviceKind",
     "DeviceMap",
     "DeviceProfile",
+    "ElementwiseRecord",
     "Estimate",
+    "LayerNormRecord",
+    "LayerRecord",
     "Layout",
     "LinkMatrix",
     "LinkProfile",
@@ -60,6 +74,8 @@ __all__ = [
     "OpKind",
     "OpRecord",
     "Optimizer",
+    "OptimizerRecord",
+    "PipelineSlotRecord",
     "Placement",
     "Plan",
     "PositionEmbedding",
@@ -68,10 +84,10 @@ __all__ = [
     "Recompute",
     "RunReport",
     "Schedule",
+    "ShardedUnitRecord",
     "StageEstimate",
     "TimeBreakdown",
     "TrainingSpec",
     "VocabularyLayout",
     "ZeroStage",
-    "is_cpu_device",
 ]

@@ -2,9 +2,17 @@
 
 Links are stored hierarchically (design.md): one device matrix shared by every node and one
 node matrix across nodes, each either uniform or explicit, so that 10,000+ devices stay small.
+
+Written to disk as JSON (``planner.inputs.save_cluster``); a schema change bumps
+``schema_version`` and keeps a reader for the old one (``upgrade``).
+
+Versions: 1, the device known by its name and op records with a positional ``shape``; 2 adds
+the device's ``kind`` and names each op record's fields (``planner.schemas.op_records``).
 """
 
+from collections.abc import Mapping
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal, Self
 
 from pydantic import Field, model_validator
@@ -13,13 +21,27 @@ from planner.schemas._base import FrozenModel
 from planner.schemas.calibration import Calibration
 from planner.schemas.enums import CollectiveOp, DType, Placement
 from planner.schemas.errors import SchemaError
+from planner.schemas.op_records import OpRecord, record_from_v1
 
 
-def is_cpu_device(name: str) -> bool:
-    """Whether a device name (``DeviceProfile.name``, ``ClusterRef.device_name``) is a CPU's, as
-    ``planner profile`` names a CPU rank: no CUDA workspace, no communication behind compute, one
-    OpenMP thread per rank."""
-    return "cpu" in name.lower()
+class DeviceKind(StrEnum):
+    """What a rank computes on, as the profiler found it (``torch.version.hip`` tells ROCm from CUDA)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    ROCM = "rocm"
+
+
+def device_kind_of_v1_name(name: str) -> DeviceKind:
+    """The kind of a device that a version-1 file (profile or plan) knew only by its name.
+
+    The one place a device name is read: ``planner profile`` named a CPU rank "cpu (<model>)",
+    and torch names an AMD GPU "AMD Instinct ..."; the planner treated every other device as CUDA.
+    """
+    lowered = name.lower()
+    if "cpu" in lowered:
+        return DeviceKind.CPU
+    return DeviceKind.ROCM if "amd" in lowered else DeviceKind.CUDA
 
 
 class MatmulModel(FrozenModel):
@@ -51,45 +73,11 @@ class MatmulRecord(FrozenModel):
     spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
 
 
-OpKind = Literal[
-    "attention",
-    "layernorm",
-    "elementwise",
-    "layer",
-    "tp_layer",
-    "output_layer",
-    "optimizer",
-    "pipeline_slot",
-    "sharded_unit",
-]
-"""The operations the profiler times besides plain GEMMs (``OpRecord.shape`` says what each measured)."""
-
-
-class OpRecord(FrozenModel):
-    """One measured operation other than a plain GEMM, e.g.
-    {"op": "layer", "shape": [tp, micro_batch, seq_len], "dtype": "fp32", "fwd_time_s": ..., "fwd_bwd_time_s": ...}.
-    """
-
-    op: OpKind
-    shape: tuple[int, ...] = Field(
-        description="attention: b, heads, s, head dim; layernorm and elementwise: "
-        "elements; layer: tp, micro-batch, seq len; tp_layer: tp, micro-batch, seq len, sequence parallel "
-        "(0/1); output_layer (final norm, head and loss): tp, micro-batch, seq len, sequence parallel (0/1); "
-        "optimizer: parameters stepped; pipeline_slot (a 1F1B slot of a tiny 2-stage schedule, its "
-        "bookkeeping and two transfers): stages; sharded_unit (FSDP's own cost per unit and micro-batch, "
-        "beyond compute and collectives): ZeRO stage, deferred to the last backward (0/1)."
-    )
-    dtype: DType
-    fwd_time_s: float = Field(gt=0)
-    fwd_bwd_time_s: float | None = Field(default=None, gt=0)
-    spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
-    model: str | None = Field(default=None, description="layer: the name of the model whose layer was timed.")
-
-
 class DeviceProfile(FrozenModel):
     """One accelerator (or one CPU rank) of a homogeneous cluster."""
 
     name: str
+    kind: DeviceKind
     memory_bytes: int = Field(ge=1, description="Memory one rank may use.")
     peak_flop_per_s: dict[DType, float] = Field(description="Dense peak by dtype.")
     memory_bandwidth_bytes_per_s: float = Field(
@@ -197,7 +185,7 @@ class Provenance(FrozenModel):
 class ClusterProfile(FrozenModel):
     """A homogeneous cluster of ``num_nodes`` x ``devices_per_node`` ranks."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1)
@@ -229,3 +217,34 @@ class ClusterProfile(FrozenModel):
     def world_size(self) -> int:
         """Total ranks."""
         return self.num_nodes * self.devices_per_node
+
+
+CLUSTER_SCHEMA_VERSION = 2
+"""The version this planner writes."""
+READABLE_VERSIONS = (1, 2)
+"""The versions ``upgrade`` reads."""
+
+
+def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
+    """A cluster profile's JSON object of any readable version as the current version's.
+
+    Version 1 -> 2: the device's kind, derived once from its name (``device_kind_of_v1_name``),
+    and each op record's positional shape as named fields (``op_records.record_from_v1``).
+
+    Raises:
+        SchemaError: a version-1 device or op record that cannot be read, naming it.
+    """
+    if raw.get("schema_version", 1) != 1:
+        return dict(raw)
+    device = raw.get("device")
+    if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
+        raise SchemaError(f"'device' must be a mapping with a 'name', got {device!r}")
+    records = device.get("op_records", [])
+    if not isinstance(records, list | tuple):
+        raise SchemaError(f"device.op_records must be a list, got {records!r}")
+    upgraded = {
+        **device,
+        "kind": device_kind_of_v1_name(device["name"]),
+        "op_records": [record_from_v1(r, f"device.op_records[{i}]") for i, r in enumerate(records)],
+    }
+    return {**raw, "schema_version": 2, "device": upgraded}

@@ -4,7 +4,7 @@ Written to disk as JSON (``planner.plans.save_plan``); a schema change bumps ``s
 and keeps a reader for the old one (``upgrade``).
 
 Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expert_placement`` and
-``device_map``, whose defaults mean what a version-1 plan meant.
+``device_map``, whose defaults mean what a version-1 plan meant, and the cluster's ``device_kind``.
 """
 
 from datetime import datetime
@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from planner.schemas._base import FrozenModel
+from planner.schemas.cluster import DeviceKind, device_kind_of_v1_name
 from planner.schemas.estimate import Estimate
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
@@ -28,6 +29,9 @@ class ClusterRef(FrozenModel):
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1)
     device_name: str
+    device_kind: DeviceKind = Field(
+        description="The profile's device kind, for readers without the profile (the launch export, planner run)."
+    )
     sha256: str = Field(description="Hash of the profile's canonical JSON, to notice a changed profile.")
 
 
@@ -62,8 +66,13 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
 
     Version 1 -> 2: the layout's new fields are absent, and their defaults (vocabulary pinned to
     the first and last chunks, experts in contiguous blocks, the identity device map) are what a
-    version-1 plan ran.
+    version-1 plan ran. The cluster's device kind is derived from its device name
+    (``device_kind_of_v1_name``), as version 1 did wherever it needed it.
     """
-    if raw.get("schema_version") == 1:
-        raw = {**raw, "schema_version": 2}
+    if raw.get("schema_version") != 1:
+        return raw
+    raw = {**raw, "schema_version": 2}
+    cluster = raw.get("cluster")
+    if isinstance(cluster, dict) and isinstance(cluster.get("device_name"), str):
+        raw["cluster"] = {**cluster, "device_kind": device_kind_of_v1_name(cluster["device_name"])}
     return raw

@@ -9,11 +9,24 @@ from cost_models.compute import (
     gemm_time_s,
     measured_layer_s,
     measured_optimizer_s,
+    measured_output_layer_s,
+    measured_sharded_unit_s,
     quantization_efficiency,
 )
 from cost_models.layer_work import layer_work, profile_gemm_shapes
 from planner.inputs import load_model
-from planner.schemas import DeviceProfile, DType, Layout, MatmulRecord, OpRecord, TrainingSpec
+from planner.schemas import (
+    DeviceProfile,
+    DType,
+    LayerRecord,
+    Layout,
+    MatmulRecord,
+    OpKind,
+    OptimizerRecord,
+    ShardedUnitRecord,
+    TrainingSpec,
+    ZeroStage,
+)
 
 DEVICE = make_cluster().device
 
@@ -60,12 +73,26 @@ def test_elementwise_is_bytes_over_bandwidth() -> None:
     assert elementwise_time_s(3e9, make_cluster().device) == pytest.approx(3e-3)
 
 
+def _layer(
+    model: str, op: OpKind, tp: int, micro_batch: int, fwd_s: float, both_s: float, sp: bool | None = None
+) -> LayerRecord:
+    """A layer record of ``model`` in bf16 at sequence length 128."""
+    return LayerRecord(
+        op=op,
+        model=model,
+        tensor_parallel_degree=tp,
+        micro_batch_size=micro_batch,
+        seq_len=128,
+        sequence_parallel=sp,
+        dtype=DType.BF16,
+        fwd_time_s=fwd_s,
+        fwd_bwd_time_s=both_s,
+    )
+
+
 def _with_layer_records(*records: tuple[int, int, float, float]) -> DeviceProfile:
     """The test device with 'layer' records of tiny-gpt: (tp, micro-batch, fwd s, fwd+bwd s) at s=128."""
-    ops = tuple(
-        OpRecord(op="layer", shape=(t, b, 128), dtype=DType.BF16, fwd_time_s=f, fwd_bwd_time_s=fb, model="tiny-gpt")
-        for t, b, f, fb in records
-    )
+    ops = tuple(_layer("tiny-gpt", OpKind.LAYER, t, b, f, fb) for t, b, f, fb in records)
     return DEVICE.model_copy(update={"op_records": ops})
 
 
@@ -102,22 +129,52 @@ def test_one_measured_size_scales_in_proportion() -> None:
 
 
 def test_the_optimizer_is_priced_at_its_measured_rate() -> None:
-    rec = OpRecord(op="optimizer", shape=(200_000,), dtype=DType.FP32, fwd_time_s=1.0e-3, model="tiny-gpt")
+    rec = OptimizerRecord(model="tiny-gpt", num_parameters=200_000, dtype=DType.FP32, time_s=1.0e-3)
     dev = DEVICE.model_copy(update={"op_records": (rec,)})
     assert measured_optimizer_s(dev, "tiny-gpt", 1_000_000) == pytest.approx(5.0e-3)
     assert measured_optimizer_s(dev, "gpt3-175b", 1_000_000) is None
 
 
 def test_the_real_tensor_parallel_layer_is_a_record_of_its_own() -> None:
-    local = OpRecord(op="layer", shape=(2, 4, 128), dtype=DType.BF16, fwd_time_s=1e-3, fwd_bwd_time_s=3e-3, model="m")
-    real = [
-        OpRecord(op="tp_layer", shape=(2, 4, 128, sp), dtype=DType.BF16, fwd_time_s=f, fwd_bwd_time_s=fb, model="m")
-        for sp, f, fb in ((0, 4e-3, 9e-3), (1, 5e-3, 12e-3))
-    ]
+    local = _layer("m", OpKind.LAYER, 2, 4, 1e-3, 3e-3)
+    real = [_layer("m", OpKind.TP_LAYER, 2, 4, f, fb, sp) for sp, f, fb in ((False, 4e-3, 9e-3), (True, 5e-3, 12e-3))]
     dev = DEVICE.model_copy(update={"op_records": (local, *real)})
     assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128) == pytest.approx((1e-3, 2e-3))
     assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128, sequence_parallel=False) == pytest.approx((4e-3, 5e-3))
     assert measured_layer_s(dev, "m", DType.BF16, 2, 4, 128, sequence_parallel=True) == pytest.approx((5e-3, 7e-3))
+
+
+def test_the_output_layer_record_is_matched_on_its_named_fields() -> None:
+    # tp 1 is timed once, unsplit: asked with sequence parallelism it is the same record.
+    records = (
+        _layer("m", OpKind.OUTPUT_LAYER, 1, 2, 1e-3, 3e-3, False),
+        _layer("m", OpKind.OUTPUT_LAYER, 2, 2, 2e-3, 5e-3, False),
+        _layer("m", OpKind.OUTPUT_LAYER, 2, 2, 4e-3, 9e-3, True),
+        _layer("m", OpKind.TP_LAYER, 2, 2, 7e-3, 8e-3, True),  # another op: never an output layer
+    )
+    dev = DEVICE.model_copy(update={"op_records": records})
+    for sp in (False, True):
+        assert measured_output_layer_s(dev, "m", DType.BF16, 1, 2, 128, sequence_parallel=sp) == pytest.approx(3e-3)
+    assert measured_output_layer_s(dev, "m", DType.BF16, 2, 2, 128, sequence_parallel=False) == pytest.approx(5e-3)
+    assert measured_output_layer_s(dev, "m", DType.BF16, 2, 2, 128, sequence_parallel=True) == pytest.approx(9e-3)
+    assert measured_output_layer_s(dev, "m", DType.BF16, 4, 2, 128, sequence_parallel=True) is None
+
+
+def test_the_sharded_unit_record_is_matched_on_stage_and_deferral_in_the_plans_precision_first() -> None:
+    def unit(zero: ZeroStage, deferred: bool, dtype: DType, seconds: float) -> ShardedUnitRecord:
+        return ShardedUnitRecord(zero_stage=zero, deferred=deferred, dtype=dtype, time_s=seconds)
+
+    records = (
+        unit(ZeroStage.PARAMETERS, False, DType.FP32, 1e-3),
+        unit(ZeroStage.PARAMETERS, False, DType.BF16, 2e-3),
+        unit(ZeroStage.PARAMETERS, True, DType.FP32, 3e-3),
+        unit(ZeroStage.GRADIENTS, False, DType.BF16, 4e-3),
+    )
+    dev = DEVICE.model_copy(update={"op_records": records})
+    assert measured_sharded_unit_s(dev, ZeroStage.PARAMETERS, False, DType.BF16) == 2e-3
+    assert measured_sharded_unit_s(dev, ZeroStage.PARAMETERS, True, DType.BF16) == 3e-3  # any precision serves
+    assert measured_sharded_unit_s(dev, ZeroStage.GRADIENTS, False, DType.BF16) == 4e-3
+    assert measured_sharded_unit_s(dev, ZeroStage.GRADIENTS, True, DType.BF16) is None
 
 
 def test_profiled_gemm_shapes_are_the_layers_own_up_to_the_largest_tensor_parallel_degree() -> None:

@@ -142,16 +142,15 @@ def test_measured_layers_price_compute_and_tensor_parallel_time() -> None:
     # tiny-gpt (4 layers) at tp 2, micro-batch 4, 2 micro-batches: the local layer's 1 + 2 ms, and
     # the real tensor-parallel layer's 4 + 5 ms, of which 3 + 3 ms are tensor-parallel time.
     from planner.inputs import load_model
-    from planner.schemas import DType, OpRecord
+    from planner.schemas import DType, LayerRecord, OpKind
 
     tiny = load_model("tiny-gpt")
     training = TrainingSpec(global_batch_size=8, seq_len=128)
+    shape = {"model": tiny.name, "tensor_parallel_degree": 2, "micro_batch_size": 4, "seq_len": 128}
     records = (
-        OpRecord(
-            op="layer", shape=(2, 4, 128), dtype=DType.BF16, fwd_time_s=1e-3, fwd_bwd_time_s=3e-3, model=tiny.name
-        ),
-        OpRecord(
-            op="tp_layer", shape=(2, 4, 128, 0), dtype=DType.BF16, fwd_time_s=4e-3, fwd_bwd_time_s=9e-3, model=tiny.name
+        LayerRecord(op=OpKind.LAYER, **shape, dtype=DType.BF16, fwd_time_s=1e-3, fwd_bwd_time_s=3e-3),
+        LayerRecord(
+            op=OpKind.TP_LAYER, **shape, sequence_parallel=False, dtype=DType.BF16, fwd_time_s=4e-3, fwd_bwd_time_s=9e-3
         ),
     )
     cluster = make_cluster(per_node=2)
@@ -182,20 +181,23 @@ def test_a_measured_output_layer_prices_the_last_stage() -> None:
     # tiny-gpt, pp 2, 4 micro-batches: the output layer runs once per micro-batch on the last
     # stage, the slowest; 10 ms more per output layer is 4 x 10 ms more compute.
     from planner.inputs import load_model
-    from planner.schemas import DType, OpRecord
+    from planner.schemas import DType, LayerRecord, OpKind
 
     tiny = load_model("tiny-gpt")
     training = TrainingSpec(global_batch_size=8, seq_len=128)
     layout = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=2)
 
     def with_output(seconds: float):  # type: ignore[no-untyped-def]
-        record = OpRecord(
-            op="output_layer",
-            shape=(1, 2, 128, 0),
+        record = LayerRecord(
+            op=OpKind.OUTPUT_LAYER,
+            model=tiny.name,
+            tensor_parallel_degree=1,
+            micro_batch_size=2,
+            seq_len=128,
+            sequence_parallel=False,
             dtype=DType.BF16,
             fwd_time_s=seconds / 3,
             fwd_bwd_time_s=seconds,
-            model=tiny.name,
         )
         cluster = make_cluster(per_node=2)
         device = cluster.device.model_copy(update={"op_records": (record,)})
@@ -211,13 +213,13 @@ def test_a_measured_pipeline_slot_adds_the_schedules_own_cost_per_slot() -> None
     # pp 2, 4 micro-batches of 1F1B: 4 + 2 - 1 = 5 slots. The tiny schedule's 3 ms slot, less its
     # two transfers' latency, is added to every slot; on one device (no pipeline) nothing.
     from planner.inputs import load_model
-    from planner.schemas import DType, OpRecord
+    from planner.schemas import DType, PipelineSlotRecord
 
     tiny = load_model("tiny-gpt")
     training = TrainingSpec(global_batch_size=8, seq_len=128)
     layout = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=2)
     cluster = make_cluster(per_node=2)
-    slot = OpRecord(op="pipeline_slot", shape=(2,), dtype=DType.FP32, fwd_time_s=3e-3)
+    slot = PipelineSlotRecord(num_stages=2, dtype=DType.FP32, time_s=3e-3)
     timed = cluster.model_copy(update={"device": cluster.device.model_copy(update={"op_records": (slot,)})})
     latency_s = cluster.intra_node_links.link(0, 1).latency_s
     assert 2 * latency_s < 3e-3

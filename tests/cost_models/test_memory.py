@@ -28,6 +28,7 @@ from planner.schemas import (
     Activation,
     AttentionKernel,
     ClusterProfile,
+    DeviceKind,
     DeviceProfile,
     DType,
     Layout,
@@ -49,7 +50,7 @@ GB = 1e9
 GIB = 2**30
 
 
-def _cluster(device_name: str = "A100-SXM-80GB") -> ClusterProfile:
+def _cluster(device_name: str = "A100-SXM-80GB", kind: DeviceKind = DeviceKind.CUDA) -> ClusterProfile:
     link = LinkProfile(bandwidth_bytes_per_s=1e11, latency_s=1e-6)
     return ClusterProfile(
         name="test",
@@ -57,6 +58,7 @@ def _cluster(device_name: str = "A100-SXM-80GB") -> ClusterProfile:
         devices_per_node=8,
         device=DeviceProfile(
             name=device_name,
+            kind=kind,
             memory_bytes=80 * 10**9,
             peak_flop_per_s={DType.BF16: 312e12},
             memory_bandwidth_bytes_per_s=2e12,
@@ -335,7 +337,7 @@ def test_stage_terms_hand_worked() -> None:
     assert params < 50e6  # so the gradient buckets are capped by the rank's gradients
     assert first.communication_buffers_bytes == 4 * params + s * h * 2
     assert first.workspace_bytes == CUDA_WORKSPACE_BYTES
-    cpu = stage_memory(SMALL_GPT, training, _cluster("cpu-gloo"), layout, 0)
+    cpu = stage_memory(SMALL_GPT, training, _cluster("cpu-gloo", DeviceKind.CPU), layout, 0)
     assert cpu.workspace_bytes == 0
     assert peak_stage_memory(SMALL_GPT, training, cluster, layout) in (first, last)
 

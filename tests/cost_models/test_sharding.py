@@ -17,18 +17,18 @@ from planner.inputs import load_model
 from planner.schemas import (
     ClusterProfile,
     CollectiveOp,
+    DeviceKind,
     DType,
     Layout,
-    OpRecord,
+    ShardedUnitRecord,
     TrainingSpec,
     ZeroStage,
-    is_cpu_device,
 )
 
 MODEL = load_model("tiny-gpt")
 TRAINING = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
 CPU = cpu_cluster(4)
-assert is_cpu_device(CPU.device.name)  # so no data-parallel traffic hides behind the backward
+assert CPU.device.kind is DeviceKind.CPU  # so no data-parallel traffic hides behind the backward
 
 
 def _layout(p: int, zero: ZeroStage) -> Layout:
@@ -96,7 +96,10 @@ def test_without_a_pipeline_zero_3_gathers_twice_and_reduces_every_micro_batch()
 
 
 def _with_sharded_units(seconds: dict[tuple[int, int], float], dtype: DType = DType.BF16) -> ClusterProfile:
-    records = tuple(OpRecord(op="sharded_unit", shape=shape, dtype=dtype, fwd_time_s=s) for shape, s in seconds.items())
+    records = tuple(
+        ShardedUnitRecord(zero_stage=ZeroStage(zero), deferred=bool(deferred), dtype=dtype, time_s=s)
+        for (zero, deferred), s in seconds.items()
+    )
     return CPU.model_copy(update={"device": CPU.device.model_copy(update={"op_records": records})})
 
 

@@ -13,7 +13,7 @@ from cost_models.estimate import estimate
 from planner.cli import app
 from planner.inputs import load_cluster, load_model
 from planner.plans import load_plan, make_plan, save_plan
-from planner.schemas import Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import DeviceKind, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError, SchemaError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v2.json"
@@ -124,3 +124,22 @@ def test_estimate_output_writes_a_plan_that_loads(tmp_path: Path) -> None:
     plan = load_plan(out)
     assert plan.layout.data_parallel_degree == 8 and plan.cluster.world_size == 8
     assert plan.model == MODEL and plan.training == TRAINING
+
+
+def test_a_plan_says_its_device_kind(tmp_path: Path) -> None:
+    assert load_plan(_plan(tmp_path)).cluster.device_kind is DeviceKind.CUDA
+
+
+@pytest.mark.parametrize(
+    ("device_name", "kind"),
+    [("NVIDIA H100 80GB HBM3", DeviceKind.CUDA), ("cpu (Intel(R) Xeon(R) Processor @ 2.20GHz)", DeviceKind.CPU)],
+)
+def test_a_version_1_plan_takes_its_device_kind_from_its_device_name(
+    tmp_path: Path, device_name: str, kind: DeviceKind
+) -> None:
+    raw = json.loads((GOLDEN.parent / "plan_v1_llama3_70b.json").read_text())
+    assert raw["schema_version"] == 1 and "device_kind" not in raw["cluster"]
+    raw["cluster"]["device_name"] = device_name
+    (tmp_path / "v1.json").write_text(json.dumps(raw))
+    plan = load_plan(tmp_path / "v1.json")
+    assert (plan.cluster.device_name, plan.cluster.device_kind) == (device_name, kind)

@@ -17,7 +17,18 @@ import pytest
 
 from cost_models.estimate import estimate
 from planner.inputs import load_cluster, load_model
-from planner.schemas import ClusterProfile, DType, Layout, TrainingSpec
+from planner.schemas import (
+    ClusterProfile,
+    DeviceKind,
+    DType,
+    LayerRecord,
+    Layout,
+    OpKind,
+    OptimizerRecord,
+    PipelineSlotRecord,
+    ShardedUnitRecord,
+    TrainingSpec,
+)
 from planner.schemas.errors import SchemaError
 from runtime.threads import core_share
 
@@ -54,26 +65,31 @@ def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> No
     assert {r.op for r in profile.collectives} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
     assert {r.group_size for r in profile.collectives} == {2, 4}
     assert profile.device.matmul_records and profile.device.memory_bytes > 0
-    ops = {(r.op, r.shape) for r in profile.device.op_records}
-    assert {("layer", (tp, mb, 128)) for tp in (1, 2, 4) for mb in (1, 2, 4, 8)} <= ops
-    assert {("tp_layer", (tp, mb, 128, sp)) for tp in (2, 4) for mb in (1, 2, 4, 8) for sp in (0, 1)} <= ops
-    outputs = {("output_layer", (tp, mb, 128, sp)) for tp in (1, 2, 4) for mb in (1, 2, 4, 8) for sp in (0, 1)}
-    assert {key for key in outputs if key[1][0] > 1 or key[1][3] == 0} == {
-        key for key in ops if key[0] == "output_layer"
+    assert profile.device.kind is DeviceKind.CPU
+    records = profile.device.op_records
+    layers = {
+        (r.op, r.tensor_parallel_degree, r.micro_batch_size, r.seq_len, r.sequence_parallel)
+        for r in records
+        if isinstance(r, LayerRecord)
     }
-    assert {"attention", "layernorm", "elementwise", "optimizer"} <= {op for op, _ in ops}
-    assert ("pipeline_slot", (2,)) in ops
+    sizes = (1, 2, 4, 8)
+    assert {(OpKind.LAYER, tp, mb, 128, None) for tp in (1, 2, 4) for mb in sizes} <= layers
+    assert {(OpKind.TP_LAYER, tp, mb, 128, sp) for tp in (2, 4) for mb in sizes for sp in (False, True)} <= layers
+    # The output layer at tp 1 is timed unsplit only: sequence parallelism needs tp > 1.
+    outputs = {(OpKind.OUTPUT_LAYER, tp, mb, 128, sp) for tp in (1, 2, 4) for mb in sizes for sp in (False, True)}
+    assert {k for k in outputs if k[1] > 1 or not k[4]} == {k for k in layers if k[0] is OpKind.OUTPUT_LAYER}
+    assert {OpKind.ATTENTION, OpKind.LAYERNORM, OpKind.ELEMENTWISE, OpKind.OPTIMIZER} <= {r.op for r in records}
+    assert any(isinstance(r, PipelineSlotRecord) and r.num_stages == 2 for r in records)
     # FSDP's own cost, where it came out above the collectives' (on a busy machine one can fall below).
-    sharded = {shape for op, shape in ops if op == "sharded_unit"}
-    assert sharded and sharded <= {(2, 0), (3, 0), (2, 1), (3, 1)}
-    layers = [r for r in profile.device.op_records if r.op in ("layer", "tp_layer")]
-    assert all(r.fwd_bwd_time_s is not None and r.fwd_bwd_time_s > r.fwd_time_s for r in layers)
-    own_ops = ("layer", "tp_layer", "output_layer", "optimizer")
-    assert all(r.model == "tiny-gpt" for r in profile.device.op_records if r.op in own_ops)
+    sharded = {(r.zero_stage, r.deferred) for r in records if isinstance(r, ShardedUnitRecord)}
+    assert sharded and sharded <= {(2, False), (3, False), (2, True), (3, True)}
+    timed = [r for r in records if isinstance(r, LayerRecord) and r.op in (OpKind.LAYER, OpKind.TP_LAYER)]
+    assert all(r.fwd_bwd_time_s > r.fwd_time_s for r in timed)
+    assert all(r.model == "tiny-gpt" for r in records if isinstance(r, LayerRecord | OptimizerRecord))
     # --dtype bf16: one precision (the optimizer steps fp32 master weights; bandwidth is fp32 adds;
     # the pipeline slot computes nothing).
-    fp32_anyway = ("optimizer", "elementwise", "pipeline_slot")
-    assert {r.dtype for r in profile.device.op_records if r.op not in fp32_anyway} == {DType.BF16}
+    fp32_anyway = (OpKind.OPTIMIZER, OpKind.ELEMENTWISE, OpKind.PIPELINE_SLOT)
+    assert {r.dtype for r in records if r.op not in fp32_anyway} == {DType.BF16}
     assert {r.dtype for r in profile.device.matmul_records} == {DType.BF16}
     assert profile.device.core_share == pytest.approx(core_share(4))
 

@@ -5,10 +5,21 @@ import itertools
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.schemas import CollectiveOp, DType, Placement
+from planner.schemas import (
+    CollectiveOp,
+    DeviceKind,
+    DType,
+    LayerRecord,
+    OpKind,
+    PipelineSlotRecord,
+    Placement,
+    ShardedUnitRecord,
+    ZeroStage,
+)
 from profiler.build import build_profile
 from profiler.collectives import CollectiveSample, group_shapes
 from profiler.links import LinkSample, link_figures
@@ -16,7 +27,7 @@ from profiler.ops import GemmSample, OpsSample
 from profiler.rounds import round_robin
 from profiler.settings import ProfileSettings
 from profiler.stats import Timing
-from profiler.topology import RankInfo
+from profiler.topology import RankInfo, device_kind
 
 
 @given(n=st.integers(2, 33))
@@ -52,7 +63,7 @@ def test_link_figures_from_ping_pong() -> None:
 def _infos(nodes: int, per_node: int) -> list[RankInfo]:
     return [
         RankInfo(rank=r, host=f"n{r // per_node}", local_rank=r % per_node, local_world_size=per_node,
-                 device_name="cpu (test)", memory_bytes=2**30)
+                 device_name="cpu (test)", device_kind=DeviceKind.CPU, memory_bytes=2**30)
         for r in range(nodes * per_node)
     ]  # fmt: skip
 
@@ -88,3 +99,48 @@ def test_build_profile_is_hierarchical(tmp_path: Path) -> None:
     assert record.placement is Placement.INTER_NODE and record.members_per_node == 2
     assert profile.device.peak_flop_per_s[DType.FP32] == pytest.approx(2 * 64**3 / 1e-4)
     assert profile.provenance.kind == "measured" and profile.provenance.settings["bandwidth_bytes"] == 2**20
+
+
+def test_build_profile_keeps_each_ops_median_over_ranks_and_the_device_kind(tmp_path: Path) -> None:
+    infos = _infos(1, 4)
+    settings = ProfileSettings(output=tmp_path / "c.json", latency_bytes=0, bandwidth_bytes=2**20)
+    links = [[LinkSample(s, d, Timing(2e-6, 0.0), Timing(1e-3, 0.0)) for d in range(4) if d != s] for s in range(4)]
+
+    def others(rank: int) -> tuple[LayerRecord | PipelineSlotRecord | ShardedUnitRecord, ...]:
+        slow = 1.0 + rank  # rank r takes (1 + r) times as long: the median over 4 ranks is 2.5x
+        layer = LayerRecord(
+            op=OpKind.TP_LAYER,
+            model="tiny-gpt",
+            tensor_parallel_degree=2,
+            micro_batch_size=4,
+            seq_len=128,
+            sequence_parallel=True,
+            dtype=DType.BF16,
+            fwd_time_s=1e-3 * slow,
+            fwd_bwd_time_s=3e-3 * slow,
+            spread=0.1 * slow,
+        )
+        slot = PipelineSlotRecord(num_stages=2, dtype=DType.FP32, time_s=1e-4 * slow)
+        units = tuple(
+            ShardedUnitRecord(zero_stage=zero, deferred=False, dtype=DType.BF16, time_s=1e-5 * slow * zero)
+            for zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS)
+        )
+        return (layer, slot, *units)
+
+    ops = [OpsSample((GemmSample(64, 64, 64, DType.FP32, 1e-4, 0.0),), 1e10, 1e-5, others(r)) for r in range(4)]
+    profile = build_profile(settings, infos, links, [[] for _ in range(4)], ops, backend="gloo")
+    assert profile.device.kind is DeviceKind.CPU
+    layer, slot, zero2, zero3 = profile.device.op_records
+    assert isinstance(layer, LayerRecord) and layer.sequence_parallel is True and layer.micro_batch_size == 4
+    assert (layer.fwd_time_s, layer.fwd_bwd_time_s, layer.spread) == pytest.approx((2.5e-3, 7.5e-3, 0.25))
+    assert isinstance(slot, PipelineSlotRecord) and slot.time_s == pytest.approx(2.5e-4)
+    assert isinstance(zero3, ShardedUnitRecord) and zero3.zero_stage is ZeroStage.PARAMETERS
+    assert (zero2.time_s, zero3.time_s) == pytest.approx((5e-5, 7.5e-5))
+
+
+def test_the_device_kind_comes_from_the_torch_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert device_kind(torch.device("cpu")) is DeviceKind.CPU
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert device_kind(torch.device("cuda", 0)) is DeviceKind.CUDA
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    assert device_kind(torch.device("cuda", 0)) is DeviceKind.ROCM
