@@ -45,7 +45,7 @@ from planner.schemas.errors import PlannerError, SchemaError
 from planner.schemas.geometry import rank_of
 from planner.search_engine import StrategyName
 from planner.search_engine.strategy import Budget
-from planner.tune.settings import Selection
+from planner.tuning.settings import Selection
 
 app = typer.Typer(
     help="Plan how to split an LLM's training over a cluster: predict memory and step time of layouts.",
@@ -544,11 +544,11 @@ def tune(
 
     Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
     """
-    from planner.tune.launcher import check_template
-    from planner.tune.plot import save_plot
-    from planner.tune.render import factors_table, trials_table, validation_table
-    from planner.tune.settings import TuneSettings
-    from planner.tune.tuner import tune as run_tune
+    from planner.tuning.launcher import check_template
+    from planner.tuning.plot import save_plot
+    from planner.tuning.render import factors_table, trials_table, validation_table
+    from planner.tuning.settings import TuneSettings
+    from planner.tuning.tuner import tune as run_tune
 
     model, cluster, training = _search_inputs(model, cluster, global_batch_size, seq_len, dtype, attention)
     target = save_calibration or (Path(cluster) if Path(cluster).is_file() else None)
@@ -614,10 +614,10 @@ def validate(
 
     Example: planner validate --storage sqlite:///tune.db --plot validation.png
     """
-    from planner.tune.plot import save_plot
-    from planner.tune.render import factors_table, trials_table, validation_table
-    from planner.tune.study import records
-    from planner.tune.tuner import summarize
+    from planner.tuning.plot import save_plot
+    from planner.tuning.render import factors_table, trials_table, validation_table
+    from planner.tuning.study import records
+    from planner.tuning.tuner import summarize
 
     sqlite_path = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else None
     if sqlite_path is not None and not Path(sqlite_path).is_file():

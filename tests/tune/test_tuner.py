@@ -11,10 +11,10 @@ from fakes import TRUE, FakeRunner, true_machine
 
 from planner.inputs import save_cluster
 from planner.schemas import TrainingSpec
-from planner.tune.calibrate import MEMORY_SCALES, Observation, fit_calibration
-from planner.tune.settings import Selection, TuneSettings
-from planner.tune.study import INTERRUPTED
-from planner.tune.tuner import tune
+from planner.tuning.calibrate import MEMORY_SCALES, Observation, fit_calibration
+from planner.tuning.settings import Selection, TuneSettings
+from planner.tuning.study import INTERRUPTED
+from planner.tuning.tuner import tune
 
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
 

@@ -1,9 +1,9 @@
 """`planner tune`: run the search's best plans for real, keep every trial, learn from them.
 
-The top-k plans of the search run one by one as jobs (planner.tune.launcher); each run is a trial
-of an Optuna study (planner.tune.study), so a tuner that is stopped resumes where it was and never
+The top-k plans of the search run one by one as jobs (planner.tuning.launcher); each run is a trial
+of an Optuna study (planner.tuning.study), so a tuner that is stopped resumes where it was and never
 runs a finished plan twice. From the measured plans it fits the cluster's Calibration and judges
-the model before and after it (planner.tune.validate).
+the model before and after it (planner.tuning.validate).
 """
 
 from collections.abc import Callable, Sequence
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from planner import api
 from planner.schemas import Calibration, ClusterProfile, ModelSpec, Plan, TrainingSpec
 from planner.search_engine.strategy import Progress
-from planner.tune.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
-from planner.tune.launcher import TrialFiles, TrialRun, check_template, job_command, run_job
-from planner.tune.settings import TuneSettings, pool_size, select_plans
-from planner.tune.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
-from planner.tune.study import study_name as default_study_name
-from planner.tune.validate import (
+from planner.tuning.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
+from planner.tuning.launcher import TrialFiles, TrialRun, check_template, job_command, run_job
+from planner.tuning.settings import TuneSettings, pool_size, select_plans
+from planner.tuning.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
+from planner.tuning.study import study_name as default_study_name
+from planner.tuning.validate import (
     Validation,
     after_calibration,
     before_calibration,

@@ -4,8 +4,8 @@ and the fitted factors with what each does to an estimate."""
 from rich.table import Table
 
 from planner.schemas import Calibration
-from planner.tune.study import TrialRecord
-from planner.tune.validate import Validation
+from planner.tuning.study import TrialRecord
+from planner.tuning.validate import Validation
 
 MIB = 2**20
 
@@ -42,7 +42,7 @@ def trials_table(records: tuple[TrialRecord, ...]) -> Table:
 
 
 def validation_table(validations: list[Validation]) -> Table:
-    """The figures of each validation side by side (planner.tune.validate gives their meaning)."""
+    """The figures of each validation side by side (planner.tuning.validate gives their meaning)."""
     table = Table(title="how right the model is (errors: |predicted - measured| / measured)")
     table.add_column("figure")
     for v in validations:
