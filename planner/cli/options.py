@@ -20,8 +20,6 @@ from planner.schemas import (
     DType,
     Layout,
     ModelSpec,
-    Recompute,
-    Schedule,
     TrainingSpec,
     ZeroStage,
 )
@@ -71,38 +69,45 @@ def search_inputs(
     return model, cluster, training
 
 
-def layout_fields(
-    dp: int | None,
-    tp: int | None,
-    pp: int | None,
-    ep: int | None,
-    micro_batch_size: int | None,
-    zero_stage: int | None,
-    recompute: Recompute | None,
-    sequence_parallel: bool | None,
-    schedule: Schedule | None,
-    virtual_stages: int | None,
-    layer_split: str | None,
-) -> dict[str, Any]:
-    """The Layout fields of estimate's options (None: not given)."""
-    return {
-        "data_parallel_degree": dp,
-        "tensor_parallel_degree": tp,
-        "pipeline_parallel_degree": pp,
-        "expert_parallel_degree": ep,
-        "micro_batch_size": micro_batch_size,
-        "zero_stage": None if zero_stage is None else ZeroStage(zero_stage),
-        "recompute": recompute,
-        "sequence_parallel": sequence_parallel,
-        "schedule": schedule,
-        "virtual_stages": virtual_stages,
-        "layer_split": _parse_split(layer_split),
-    }
+TRAINING_OPTIONS = {
+    "global_batch_size": "global_batch_size",
+    "seq_len": "seq_len",
+    "dtype": "dtype",
+    "attention": "attention_kernel",
+}
+"""estimate's options that set a TrainingSpec field: option parameter -> field."""
+LAYOUT_OPTIONS = {
+    "dp": "data_parallel_degree",
+    "tp": "tensor_parallel_degree",
+    "pp": "pipeline_parallel_degree",
+    "ep": "expert_parallel_degree",
+    "micro_batch_size": "micro_batch_size",
+    "zero_stage": "zero_stage",
+    "recompute": "recompute",
+    "sequence_parallel": "sequence_parallel",
+    "schedule": "schedule",
+    "virtual_stages": "virtual_stages",
+    "layer_split": "layer_split",
+}
+"""estimate's options that set a Layout field: option parameter -> field."""
 
 
-def _parse_split(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
+def training_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrainingSpec fields of the options given (by parameter name; None: not given)."""
+    return {field: options[name] for name, field in TRAINING_OPTIONS.items() if options[name] is not None}
+
+
+def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The Layout fields of the options given (by parameter name; None: not given), parsed."""
+    fields = {field: options[name] for name, field in LAYOUT_OPTIONS.items() if options[name] is not None}
+    if "zero_stage" in fields:
+        fields["zero_stage"] = ZeroStage(fields["zero_stage"])
+    if "layer_split" in fields:
+        fields["layer_split"] = _parse_split(fields["layer_split"])
+    return fields
+
+
+def _parse_split(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError as e:
@@ -130,35 +135,33 @@ def resolve(
     plan_path: Path | None,
     model: str | None,
     cluster: str | None,
-    training_fields: Mapping[str, object],
-    layout_fields: Mapping[str, object],
+    training: Mapping[str, Any],
+    layout: Mapping[str, Any],
 ) -> Inputs:
-    """Inputs from the options; with a plan file, every option not given comes from the plan."""
-    given_training = {k: v for k, v in training_fields.items() if v is not None}
-    given_layout: dict[str, Any] = {k: v for k, v in layout_fields.items() if v is not None}
+    """Inputs from the fields the options gave; with a plan file, the plan's for the others."""
     if plan_path is None:
         required = {
             "--model": model,
             "--cluster": cluster,
-            "--global-batch-size": training_fields.get("global_batch_size"),
-            "--seq-len": training_fields.get("seq_len"),
+            "--global-batch-size": training.get("global_batch_size"),
+            "--seq-len": training.get("seq_len"),
         }
         missing = [option for option, value in required.items() if value is None]
         if missing or model is None or cluster is None:
             raise SchemaError(f"{', '.join(missing)} required (or --plan, whose values are the defaults)")
-        layout = Layout(**{**_LAYOUT_DEFAULTS, **given_layout})
-        training = TrainingSpec.model_validate(given_training)
-        return Inputs(api.load_model(model), training, api.load_cluster(cluster), cluster, layout)
+        chosen = Layout(**{**_LAYOUT_DEFAULTS, **layout})
+        spec = TrainingSpec.model_validate(training)
+        return Inputs(api.load_model(model), spec, api.load_cluster(cluster), cluster, chosen)
     plan = api.load_plan(plan_path)
     cluster_spec = cluster if cluster is not None else plan.cluster.spec
     cluster_profile = api.load_cluster(cluster_spec)
     check_cluster(plan, cluster_profile)
     return Inputs(
         api.load_model(model) if model is not None else plan.model,
-        plan.training.model_copy(update=given_training),
+        plan.training.model_copy(update=training),
         cluster_profile,
         cluster_spec,
-        replace(plan.layout, **given_layout),
+        replace(plan.layout, **layout),
     )
 
 

@@ -24,6 +24,7 @@ from planner.cli.options import (
     progress_bar,
     resolve,
     search_inputs,
+    training_fields,
 )
 from planner.export.torchrun import launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets
@@ -73,32 +74,12 @@ def estimate(
 
     Example: planner estimate --plan plan.json --tp 4 --dp 4   (the plan's layout with tp and dp changed)
     """
-    training = {
-        "global_batch_size": global_batch_size,
-        "seq_len": seq_len,
-        "dtype": dtype,
-        "attention_kernel": attention,
-    }
-    layout = layout_fields(
-        dp,
-        tp,
-        pp,
-        ep,
-        micro_batch_size,
-        zero_stage,
-        recompute,
-        sequence_parallel,
-        schedule,
-        virtual_stages,
-        layer_split,
-    )
-    inputs = resolve(plan, model, cluster, training, layout)
+    given = locals()  # every option by its parameter name (no other local is set yet)
+    inputs = resolve(plan, model, cluster, training_fields(given), layout_fields(given))
     est = api.estimate(inputs.model, inputs.cluster, inputs.training, inputs.layout)
     if output is not None:
-        api.save_plan(
-            api.make_plan(inputs.model, inputs.training, inputs.cluster, inputs.cluster_spec, inputs.layout, est),
-            output,
-        )
+        made = api.make_plan(inputs.model, inputs.training, inputs.cluster, inputs.cluster_spec, inputs.layout, est)
+        api.save_plan(made, output)
     if output_format is OutputFormat.JSON:
         typer.echo(json.dumps(est.to_json_dict(), indent=2))
     else:
