@@ -31,12 +31,12 @@ from scipy.stats import spearmanr
 
 from planner import api
 from planner.schemas import TrainingSpec
-from planner.tune.launcher import TrialFiles
-from planner.tune.plot import save_plot
-from planner.tune.render import factors_table, trials_table, validation_table
-from planner.tune.settings import Selection, TuneSettings
-from planner.tune.tuner import TuneResult, measured_observations, run_trial_job, tune
-from planner.tune.validate import after_calibration, before_calibration
+from planner.tuning.launcher import TrialFiles
+from planner.tuning.plot import save_plot
+from planner.tuning.render import factors_table, trials_table, validation_table
+from planner.tuning.settings import Selection, TuneSettings
+from planner.tuning.tuner import TuneResult, measured_observations, run_trial_job
+from planner.tuning.validate import after_calibration, before_calibration
 
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
 
@@ -67,7 +67,7 @@ def main() -> None:
         workdir=workdir,
     )
     start = time.perf_counter()
-    result = tune("tiny-gpt", cluster, TRAINING, settings)
+    result = api.tune("tiny-gpt", cluster, TRAINING, settings, calibrate=False)
     elapsed = time.perf_counter() - start
     console = Console(width=160)
     console.print(trials_table(result.records))

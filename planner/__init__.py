@@ -1,13 +1,34 @@
 """Automatic parallel-configuration planner for distributed LLM training.
 
-The Python API lives in ``planner.api``; its functions are re-exported here lazily so that
-importing ``planner.schemas`` (as ``cost_models`` does) stays light.
+The Python API lives in ``planner.api``; its names are re-exported here lazily so that importing
+``planner.schemas`` (as ``cost_models`` does) stays light. No subpackage shares a name with an
+API function (the search is ``planner.search_engine``, the tuner ``planner.tuning``): importing a
+subpackage sets it as an attribute of this package, which would hide the function of that name.
 """
 
 from typing import Any
 
-_API = ("estimate", "load_cluster", "load_model", "load_plan", "save_plan", "search")
-_SCHEMAS = ("ClusterProfile", "Estimate", "Layout", "ModelSpec", "Plan", "TrainingSpec")
+_API = (
+    "Budget",
+    "OptimizerName",
+    "Selection",
+    "StrategyName",
+    "TuneSettings",
+    "dry_run",
+    "estimate",
+    "load_cluster",
+    "load_model",
+    "load_plan",
+    "make_plan",
+    "profile",
+    "run",
+    "save_plan",
+    "search",
+    "search_outcome",
+    "tune",
+    "validate",
+)
+_SCHEMAS = ("ClusterProfile", "Estimate", "Layout", "ModelSpec", "Plan", "RunReport", "TrainingSpec")
 __all__ = [*_API, *_SCHEMAS]
 
 

@@ -1,21 +1,76 @@
-"""The planner's Python API: what the CLI calls, and what users import.
+"""The planner's Python API: one function per stage, what the CLI calls and what users import.
+
+profile (under torchrun) -> search / estimate -> run (under torchrun) or dry_run -> tune / validate.
+None of them prints: they return what they found, log with ``logging`` and report progress
+through a callback; the CLI renders. torch is imported only inside the functions that need it
+(profile, run, dry_run), so that importing the API, and planning on a laptop, stays light.
 
 >>> import planner
+>>> plans = planner.search("llama3-8b", "dgx-h100:1", planner.TrainingSpec(global_batch_size=64, seq_len=8192))
 >>> est = planner.estimate("llama3-8b", "dgx-h100:1", planner.TrainingSpec(global_batch_size=64, seq_len=8192),
 ...                        planner.Layout(data_parallel_degree=8, tensor_parallel_degree=1,
 ...                                       pipeline_parallel_degree=1, micro_batch_size=1, zero_stage=1))
 """
 
+import os
+from dataclasses import replace
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from cost_models.estimate import estimate as _estimate
-from planner.inputs import load_cluster, load_model
+from cost_models.layer_work import profile_gemm_shapes
+from planner.inputs import load_cluster, load_model, save_cluster
 from planner.plans import load_plan, make_plan, save_plan
-from planner.schemas import Alternative, ClusterProfile, Estimate, Layout, ModelSpec, Plan, TrainingSpec
+from planner.schemas import (
+    Alternative,
+    ClusterProfile,
+    DType,
+    Estimate,
+    Layout,
+    ModelSpec,
+    Plan,
+    RunReport,
+    TrainingSpec,
+)
+from planner.schemas.errors import SchemaError
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.runner import SearchOutcome, run_search
 from planner.search_engine.strategy import Budget, Progress, SearchStrategy
+from planner.tuning.settings import Selection, TuneSettings
 
-__all__ = ["estimate", "load_cluster", "load_model", "load_plan", "save_plan", "search", "search_outcome"]
+if TYPE_CHECKING:  # the modules behind these import torch (runtime) or scipy (tuning): loaded on use
+    from planner.tuning.tuner import RunTrial, TuneResult
+    from runtime.dry_run import DryRunResult
+
+__all__ = [
+    "Budget",
+    "OptimizerName",
+    "Selection",
+    "StrategyName",
+    "TuneSettings",
+    "dry_run",
+    "estimate",
+    "load_cluster",
+    "load_model",
+    "load_plan",
+    "make_plan",
+    "profile",
+    "run",
+    "save_plan",
+    "search",
+    "search_outcome",
+    "tune",
+    "validate",
+]
+
+
+class OptimizerName(StrEnum):
+    """Optimizers the runtime offers."""
+
+    ADAMW = "adamw"
+    SGD = "sgd"
 
 
 def estimate(model: ModelSpec | str, cluster: ClusterProfile | str, training: TrainingSpec, layout: Layout) -> Estimate:
@@ -60,11 +115,16 @@ def search_outcome(
         strategy: a SearchStrategy, or the name of one ("exhaustive", "optuna").
         budget: trials and seconds the strategy may spend (default: no limit; Optuna 400 trials).
         top_k: plans to return, fastest first.
+        seed: seed of the sampler and the solver.
         memory_margin: share of device memory kept free (allocator fragmentation).
         storage: Optuna study storage URL (e.g. sqlite:///search.db) for a resumable search.
         progress: called as progress(done, total) while searching.
 
+    Returns:
+        The search's outcome, and its top-k plans fastest first, each naming its runner-up.
+
     Raises:
+        SchemaError: an input could not be read or is invalid.
         InfeasibleConfigError: no layout fits; the message says how close one came and what would help.
     """
     model_spec = load_model(model) if isinstance(model, str) else model
@@ -101,7 +161,250 @@ def search_outcome(
 
 
 def search(
-    model: ModelSpec | str, cluster: ClusterProfile | str, training: TrainingSpec, **options: object
+    model: ModelSpec | str,
+    cluster: ClusterProfile | str,
+    training: TrainingSpec,
+    *,
+    strategy: SearchStrategy | StrategyName = StrategyName.EXHAUSTIVE,
+    budget: Budget | None = None,
+    top_k: int = 5,
+    seed: int = 0,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
+    storage: str | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Plan, ...]:
-    """The ranked plans of :func:`search_outcome` (same arguments), fastest first."""
-    return search_outcome(model, cluster, training, **options)[1]  # type: ignore[arg-type]
+    """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
+
+    Args:
+        model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress:
+            as for :func:`search_outcome`.
+
+    Returns:
+        Up to ``top_k`` plans, fastest first.
+
+    Raises:
+        SchemaError, InfeasibleConfigError: as :func:`search_outcome`.
+    """
+    _, plans = search_outcome(
+        model,
+        cluster,
+        training,
+        strategy=strategy,
+        budget=budget,
+        top_k=top_k,
+        seed=seed,
+        memory_margin=memory_margin,
+        storage=storage,
+        progress=progress,
+    )
+    return plans
+
+
+def profile(
+    output: str | Path = "cluster.json",
+    *,
+    quick: bool = False,
+    model: ModelSpec | str | None = None,
+    seq_len: int = 512,
+    dtype: DType | None = None,
+    timeout_s: float = 60.0,
+    inject_link_delay: tuple[int, int, float] | None = None,
+    simulate_nodes: int | None = None,
+    inject_fault: tuple[int, str, str] | None = None,
+) -> int:
+    """Measure the cluster this job runs on; call it on every rank under torchrun.
+
+    Args:
+        output: where rank 0 writes the ClusterProfile (JSON).
+        quick: fewer sizes and repeats (seconds instead of a minute, wider spreads).
+        model: also time this model's own layers and GEMM shapes (the cost model's view of them).
+        seq_len: tokens per sequence of the model's shapes.
+        dtype: time GEMMs and layers in this precision only (default: fp32 and bf16).
+        timeout_s: seconds a rank waits for a peer before the run fails.
+        inject_link_delay, simulate_nodes, inject_fault: testing aids (profiler.settings).
+
+    Returns:
+        0 when every phase was measured; profiler.run.FAILED_EXIT_CODE (3) when a rank failed,
+        in which case rank 0 wrote what it measured, marked incomplete, and the culprit is logged.
+
+    Raises:
+        ProfileError: not under torchrun, or fewer than 2 ranks.
+        SchemaError: ``model`` could not be read.
+    """
+    from profiler.run import profile as run_profile  # torch: only for the commands that need it
+    from profiler.settings import ProfileSettings
+    from profiler.settings import quick as quick_settings
+
+    model_spec = load_model(model) if isinstance(model, str) else model
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    settings = ProfileSettings(
+        output=Path(output),
+        timeout_s=timeout_s,
+        model=model_spec,
+        model_gemm_shapes=profile_gemm_shapes(model_spec, seq_len, world_size) if model_spec else (),
+        seq_len=seq_len,
+        inject_link_delay=inject_link_delay,
+        simulate_nodes=simulate_nodes,
+        inject_fault=inject_fault,
+    )
+    if dtype is not None:
+        settings = replace(settings, gemm_dtypes=(dtype,))
+    return run_profile(quick_settings(settings) if quick else settings)
+
+
+def run(
+    plan: str | Path,
+    *,
+    steps: int = 10,
+    report: str | Path = "report.json",
+    warmup_steps: int = 1,
+    seed: int = 0,
+    optimizer: OptimizerName = OptimizerName.ADAMW,
+    lr: float = 1e-3,
+    data: str | Path | None = None,
+    timeout_s: float = 300.0,
+) -> RunReport | None:
+    """Train with a plan file for a few steps; call it on every rank under torchrun.
+
+    Args:
+        plan: the plan file (the report records its SHA-256).
+        steps: training steps.
+        report: where rank 0 writes the RunReport (JSON).
+        warmup_steps: first steps left out of the measured step time.
+        seed: seed of the initialisation and the synthetic data.
+        optimizer: adamw, or sgd for exact parity checks.
+        lr: learning rate.
+        data: a token file (uint16); None: synthetic tokens.
+        timeout_s: seconds a rank waits for a peer.
+
+    Returns:
+        On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
+        plan's predictions); None on the other ranks.
+
+    Raises:
+        SchemaError: not under torchrun (RANK unset), or the plan file is unreadable.
+        InfeasibleConfigError: the plan is for another world size or device.
+    """
+    if "RANK" not in os.environ:
+        raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
+    from runtime.run import RunSettings
+    from runtime.run import run as run_plan
+
+    settings = RunSettings(
+        plan_path=Path(plan),
+        report_path=Path(report),
+        steps=steps,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        optimizer=str(optimizer),
+        lr=lr,
+        data=Path(data) if data is not None else None,
+        timeout_s=timeout_s,
+    )
+    return run_plan(settings, load_plan(plan))
+
+
+def dry_run(
+    plan: Plan | str | Path, rank: int = 0, *, optimizer: OptimizerName = OptimizerName.ADAMW
+) -> "DryRunResult":
+    """Trace one rank's training step under fake tensors and a fake process group (no devices,
+    no torchrun): its peak memory beside the plan's estimate, before renting the cluster.
+
+    A process can set up the fake process group once: trace each further rank in a fresh process.
+
+    Args:
+        plan: a Plan or a plan file.
+        rank: the rank of the plan's world to trace.
+        optimizer: as for :func:`run`.
+
+    Returns:
+        The rank's traced peak bytes (by category), the estimate's bytes for its stage, and seconds taken.
+
+    Raises:
+        InfeasibleConfigError: ``rank`` is outside the plan's world.
+    """
+    from runtime.dry_run import dry_run as trace
+
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    return trace(loaded, rank, optimizer=str(optimizer))
+
+
+def tune(
+    model: ModelSpec | str,
+    cluster: str,
+    training: TrainingSpec,
+    settings: TuneSettings | None = None,
+    *,
+    calibrate: bool = True,
+    save_calibration: str | Path | None = None,
+    run_trial: "RunTrial | None" = None,
+    progress: Progress | None = None,
+) -> "TuneResult":
+    """Run the search's best plans for a few steps each as trials of an Optuna study, fit the
+    cluster's calibration from the measured ones and store it in the profile.
+
+    A stopped tune resumes: a plan the study finished (measured or failed) never runs again.
+
+    Args:
+        model: a ModelSpec, a preset name or a config file.
+        cluster: a preset ``NAME:NODES`` or a profile path (recorded in the plans).
+        training: global batch (sequences), sequence length (tokens), dtype.
+        settings: plans to run (top-k, selection), steps, study storage and name, launcher
+            template, seconds per trial, working directory (default: TuneSettings()).
+        calibrate: store the fitted calibration in a profile file.
+        save_calibration: that file (default: the ``cluster`` file; a preset needs one).
+        run_trial: how a plan runs (default: its job, locally with torchrun or through the launcher).
+        progress: called as progress(done, total) over the plans.
+
+    Returns:
+        Every finished trial of the study, the fitted calibration, the figures before and after
+        it, and where it was stored.
+
+    Raises:
+        SchemaError: an input or the launcher template is invalid; ``calibrate`` with a preset
+            cluster and no ``save_calibration``.
+        InfeasibleConfigError: no layout fits.
+    """
+    from planner.tuning.launcher import check_template
+    from planner.tuning.settings import pool_size, select_plans
+    from planner.tuning.study import study_name
+    from planner.tuning.tuner import calibration_target, run_trial_job, run_trials, summarize
+
+    settings = settings or TuneSettings()
+    target = calibration_target(
+        cluster, calibrate=calibrate, save_to=Path(save_calibration) if save_calibration else None
+    )
+    if settings.launcher is not None:
+        check_template(settings.launcher)
+    model_spec = load_model(model) if isinstance(model, str) else model
+    profile = load_cluster(cluster)
+    plans = select_plans(search(model_spec, cluster, training, top_k=pool_size(settings)), settings)
+    name = settings.study_name or study_name(model_spec.name, training, profile)
+    records, ran = run_trials(plans, settings, name, run_trial=run_trial or run_trial_job, progress=progress)
+    result = summarize(study_name=name, records=records, cluster=profile, source=f"{settings.storage} {name}", ran=ran)
+    if result.calibration is None or target is None:
+        return result
+    save_cluster(profile.model_copy(update={"calibration": result.calibration}), target)
+    return replace(result, calibration_path=target)
+
+
+def validate(storage: str = "sqlite:///tune.db", study: str | None = None, cluster: str | None = None) -> "TuneResult":
+    """How right the model was on a stored tune's measured plans, before and after calibration.
+
+    Args:
+        storage: the Optuna storage a tune wrote to (nothing is created).
+        study: the study's name (default: the storage's only or newest study).
+        cluster: the profile to predict with (default: the one the plans were made on).
+
+    Returns:
+        The study's trials, the calibration fitted on them and the figures before and after it.
+
+    Raises:
+        SchemaError: no such storage, study or finished trial; ``cluster`` unreadable.
+    """
+    from planner.tuning.study import stored_records
+    from planner.tuning.tuner import summarize
+
+    name, finished = stored_records(storage, study)
+    profile = load_cluster(cluster or finished[0].plan.cluster.spec)
+    return summarize(study_name=name, records=finished, cluster=profile, source=f"{storage} {name}")

@@ -1,14 +1,17 @@
-"""Human-readable views of the planner's results, as rich renderables (the CLI prints them)."""
+"""Human-readable views of the planner's results, as rich renderables or text (the CLI prints them)."""
 
+from collections.abc import Iterable
 from dataclasses import fields
+from typing import Protocol
 
 from rich.console import Group
 from rich.table import Table
 
-from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, TrainingSpec
+from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, RunReport, TrainingSpec
 from planner.search_engine.runner import SearchOutcome
 
 GIB = 2**30
+MIB = 2**20
 
 
 def gib(nbytes: float) -> str:
@@ -128,4 +131,53 @@ def comparison_view(plan: Plan) -> Table:
         f"{gib(theirs.peak_memory_bytes)} GiB",
         f"{(ours.peak_memory_bytes - theirs.peak_memory_bytes) / 2**30:+.2f} GiB",
     )
+    return table
+
+
+def run_summary(report: RunReport) -> str:
+    """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes)."""
+    lines = [
+        f"{report.model} {report.layout.describe()} on {report.world_size} {report.device} ranks, {report.steps} steps",
+        f"  step time   measured {report.measured_step_time_s:.4f} s   predicted {report.predicted_step_time_s:.4f} s"
+        f"   ratio {report.measured_step_time_s / report.predicted_step_time_s:.2f}",
+        f"  loss        first {report.losses[0]:.4f}   last {report.losses[-1]:.4f}",
+    ]
+    worst = max(report.memory, key=lambda m: m.peak_bytes)
+    lines.append(
+        f"  peak memory measured {worst.peak_bytes / MIB:.1f} MiB (rank {worst.rank}, {worst.method})   "
+        f"predicted {worst.predicted_bytes / MIB:.1f} MiB"
+    )
+    return "\n".join(lines)
+
+
+class TracedRank(Protocol):
+    """What a dry run of one rank found (runtime.dry_run.DryRunResult; the planner does not import
+    the runtime, which needs torch)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def stage(self) -> int: ...
+    @property
+    def peak_bytes(self) -> int: ...
+    @property
+    def predicted_bytes(self) -> float: ...
+    @property
+    def seconds(self) -> float: ...
+
+
+def dry_run_table(results: Iterable[TracedRank]) -> Table:
+    """Each traced rank's peak memory beside the estimate of its stage."""
+    table = Table(title="dry run: traced peak memory beside the estimate (MiB = 2^20 bytes)")
+    for name in ("rank", "stage", "traced MiB", "estimated MiB", "estimate / traced", "seconds"):
+        table.add_column(name, justify="right")
+    for result in results:
+        table.add_row(
+            str(result.rank),
+            str(result.stage),
+            f"{result.peak_bytes / MIB:,.1f}",
+            f"{result.predicted_bytes / MIB:,.1f}",
+            f"{result.predicted_bytes / max(result.peak_bytes, 1):.2f}",
+            f"{result.seconds:.1f}",
+        )
     return table

@@ -87,7 +87,7 @@ def profile(settings: ProfileSettings) -> int:
             measured["ops"] = ops.measure(ctx)
     except (Stopped, RuntimeError, dist.DistBackendError) as e:
         failure = _diagnose(ctx, e)
-        print(f"rank {rank}: {failure}", file=sys.stderr, flush=True)
+        logger.error("rank %d: %s", rank, failure)
     finally:
         progress.close()
     if rank == 0:
@@ -143,7 +143,7 @@ def _write(
             phase_seconds=seconds,
         )
         save_cluster(profile, settings.output)
-        print(f"wrote {settings.output}", file=sys.stderr, flush=True)
+        logger.info("wrote %s", settings.output)
         return
     partial = {
         "complete": False,
@@ -152,7 +152,7 @@ def _write(
         "settings": settings.to_record(),
     }
     settings.output.write_text(json.dumps(partial, indent=2) + "\n")
-    print(f"wrote the incomplete profile to {settings.output}", file=sys.stderr, flush=True)
+    logger.warning("wrote the incomplete profile to %s", settings.output)
 
 
 def _teardown(clean: bool) -> None:

@@ -4,14 +4,14 @@ Every rank checks the plan against the job before any work (world size, devices)
 runtime.Trainer, times each step between barriers, and measures one step's peak memory: on CUDA
 with max_memory_allocated, on CPU with torch's MemTracker (the tensors PyTorch tracks: parameters,
 gradients, optimizer states, activations, temporaries; under pipeline schedules too); the report
-names the method. Rank 0 writes the RunReport and prints measured beside predicted.
+names the method. Rank 0 writes the RunReport and returns it (the CLI prints measured beside
+predicted).
 """
 
 import hashlib
 import os
 import socket
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -68,8 +68,8 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
         )
 
 
-def run(settings: RunSettings, plan: Plan) -> int:
-    """Run ``plan`` on this rank; the process exit code."""
+def run(settings: RunSettings, plan: Plan) -> RunReport | None:
+    """Run ``plan`` on this rank; on rank 0 the RunReport it wrote, None on the other ranks."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -126,14 +126,14 @@ def run(settings: RunSettings, plan: Plan) -> int:
     dist.gather_object(rank_memory, everyone, dst=0)
     hosts: list[str] | None = [""] * world if rank == 0 else None
     dist.gather_object(socket.gethostname(), hosts, dst=0)
+    report = None
     if rank == 0:
         assert everyone is not None and hosts is not None
         report = _report(settings, plan, times, losses, everyone, hosts, device, world)
         settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
-        print(_summary(report), file=sys.stderr, flush=True)
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+    return report
 
 
 def tracked_step(settings: RunSettings) -> int:
@@ -191,18 +191,3 @@ def _report(
         predicted_tokens_per_s=plan.estimate.tokens_per_s,
         memory=tuple(memory),
     )
-
-
-def _summary(report: RunReport) -> str:
-    lines = [
-        f"{report.model} {report.layout.describe()} on {report.world_size} {report.device} ranks, {report.steps} steps",
-        f"  step time   measured {report.measured_step_time_s:.4f} s   predicted {report.predicted_step_time_s:.4f} s"
-        f"   ratio {report.measured_step_time_s / report.predicted_step_time_s:.2f}",
-        f"  loss        first {report.losses[0]:.4f}   last {report.losses[-1]:.4f}",
-    ]
-    worst = max(report.memory, key=lambda m: m.peak_bytes)
-    lines.append(
-        f"  peak memory measured {worst.peak_bytes / 2**20:.1f} MiB (rank {worst.rank}, {worst.method})   "
-        f"predicted {worst.predicted_bytes / 2**20:.1f} MiB"
-    )
-    return "\n".join(lines)

@@ -121,3 +121,33 @@ def test_a_precision_the_profile_lacks_exits_2_and_says_how_to_profile_it(tmp_pa
     args = ["--global-batch-size", "8", "--seq-len", "128", "--dp", "2", "--dtype", "fp32"]
     code, _, err = run(["estimate", "-m", "tiny-gpt", "-c", str(path), *args])
     assert code == 2 and "planner profile without --dtype" in err and "Traceback" not in err
+
+
+def test_the_library_logs_and_the_cli_shows_its_lines_on_stderr() -> None:
+    # The profiler and the runtime log (they never print); main() routes our packages' records
+    # to stderr: information as the bare line, warnings and errors with their level.
+    code = (
+        "import logging, planner.cli as cli\n"
+        "cli._configure_logging()\n"
+        "logging.getLogger('profiler.run').info('wrote cluster.json')\n"
+        "logging.getLogger('profiler.run').error('rank 1: profiling stopped')\n"
+        "logging.getLogger('some.library').info('not ours')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == ["wrote cluster.json", "ERROR: rank 1: profiling stopped"]
+
+
+def test_no_library_module_prints() -> None:
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    printing = [
+        f"{path.relative_to(root)}:{node.lineno}"
+        for package in ("planner", "cost_models", "profiler", "runtime")
+        for path in sorted((root / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+    ]
+    assert printing == []

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 from cost_models.estimate import estimate
 from planner.schemas import Calibration, ClusterProfile, Plan, RankMemory, RunReport
-from planner.tune.launcher import TrialFiles, TrialRun
-from planner.tune.settings import TuneSettings
+from planner.tuning.launcher import TrialFiles, TrialRun
+from planner.tuning.settings import TuneSettings
 
 TRUE = dict(
     compute_scale=2.0,

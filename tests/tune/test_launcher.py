@@ -11,7 +11,7 @@ from planner.inputs import load_model
 from planner.plans import make_plan
 from planner.schemas import Layout, Plan, TrainingSpec
 from planner.schemas.errors import SchemaError
-from planner.tune.launcher import check_template, job_command, run_job
+from planner.tuning.launcher import check_template, job_command, run_job
 
 MODEL = load_model("tiny-gpt")
 TRAINING = TrainingSpec(global_batch_size=8, seq_len=64)

@@ -1,20 +1,23 @@
-"""The tuner's bookkeeping with fake runs: failed trials are kept with their reason and skipped,
-an interrupted tune resumes without running a finished plan twice, and the calibration it fits
-moves estimates the way the measurements did."""
+"""The tuner's bookkeeping with fake runs, through the API (``planner.tune``): failed trials are
+kept with their reason and skipped, an interrupted tune resumes without running a finished plan
+twice, and the calibration it fits moves estimates the way the measurements did. The profile is
+left as it is (calibrate=False), so that every tune ranks the plans alike."""
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 from conftest import make_cluster
 from fakes import TRUE, FakeRunner, true_machine
 
+import planner
 from planner.inputs import save_cluster
 from planner.schemas import TrainingSpec
-from planner.tune.calibrate import MEMORY_SCALES, Observation, fit_calibration
-from planner.tune.settings import Selection, TuneSettings
-from planner.tune.study import INTERRUPTED
-from planner.tune.tuner import tune
+from planner.tuning.calibrate import MEMORY_SCALES, Observation, fit_calibration
+from planner.tuning.settings import Selection, TuneSettings
+from planner.tuning.study import INTERRUPTED
+from planner.tuning.tuner import TuneResult
 
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
 
@@ -29,6 +32,10 @@ def cluster_path(tmp_path: Path) -> str:
     path = tmp_path / "cluster.json"
     save_cluster(CLUSTER, path)
     return str(path)
+
+
+def tune(model: str, cluster: str, training: TrainingSpec, settings: TuneSettings, **options: Any) -> TuneResult:
+    return planner.tune(model, cluster, training, settings, calibrate=False, **options)
 
 
 def settings(tmp_path: Path, top_k: int = 5, select: Selection = Selection.TOP) -> TuneSettings:

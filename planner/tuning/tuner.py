@@ -1,23 +1,25 @@
 """`planner tune`: run the search's best plans for real, keep every trial, learn from them.
 
-The top-k plans of the search run one by one as jobs (planner.tune.launcher); each run is a trial
-of an Optuna study (planner.tune.study), so a tuner that is stopped resumes where it was and never
-runs a finished plan twice. From the measured plans it fits the cluster's Calibration and judges
-the model before and after it (planner.tune.validate).
+The pieces that ``planner.api.tune`` composes: the top-k plans of the search run one by one as
+jobs (planner.tuning.launcher); each run is a trial of an Optuna study (planner.tuning.study), so
+a tuner that is stopped resumes where it was and never runs a finished plan twice. From the
+measured plans it fits the cluster's Calibration and judges the model before and after it
+(planner.tuning.validate).
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from planner import api
-from planner.schemas import Calibration, ClusterProfile, ModelSpec, Plan, TrainingSpec
+from planner.plans import save_plan
+from planner.schemas import Calibration, ClusterProfile, Plan
+from planner.schemas.errors import SchemaError
 from planner.search_engine.strategy import Progress
-from planner.tune.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
-from planner.tune.launcher import TrialFiles, TrialRun, check_template, job_command, run_job
-from planner.tune.settings import TuneSettings, pool_size, select_plans
-from planner.tune.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
-from planner.tune.study import study_name as default_study_name
-from planner.tune.validate import (
+from planner.tuning.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
+from planner.tuning.launcher import TrialFiles, TrialRun, job_command, run_job
+from planner.tuning.settings import TuneSettings
+from planner.tuning.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
+from planner.tuning.validate import (
     Validation,
     after_calibration,
     before_calibration,
@@ -55,6 +57,13 @@ class TuneResult:
     before: Validation | None
     after: Validation | None
     """Leave-one-out; None with fewer than MIN_PLANS_FOR_HELD_OUT measured plans."""
+    calibration_path: Path | None = None
+    """The profile file the calibration was stored in; None when it was not stored."""
+
+    @property
+    def validations(self) -> tuple[Validation, ...]:
+        """The figures before and after calibration, those there are."""
+        return tuple(v for v in (self.before, self.after) if v is not None)
 
     @property
     def measured(self) -> tuple[TrialRecord, ...]:
@@ -67,36 +76,45 @@ class TuneResult:
         return min(self.measured, key=lambda r: r.report.measured_step_time_s if r.report else 0.0, default=None)
 
 
-def tune(
-    model: ModelSpec | str,
-    cluster: str,
-    training: TrainingSpec,
+def calibration_target(cluster: str, *, calibrate: bool, save_to: Path | None) -> Path | None:
+    """The profile file a tune stores its calibration in: ``save_to``, else the ``cluster`` file;
+    None without ``calibrate``.
+
+    Raises:
+        SchemaError: ``calibrate`` with a preset cluster and no ``save_to`` (a preset is not a file).
+    """
+    if not calibrate:
+        return None
+    target = save_to or (Path(cluster) if Path(cluster).is_file() else None)
+    if target is None:
+        raise SchemaError(
+            f"--cluster {cluster} is a preset, which cannot be overwritten; give --save-calibration PATH "
+            "(or --no-calibrate; in Python save_calibration=PATH or calibrate=False)"
+        )
+    return target
+
+
+def run_trials(
+    plans: Sequence[Plan],
     settings: TuneSettings,
+    study_name: str,
     *,
     run_trial: RunTrial = run_trial_job,
     progress: Progress | None = None,
-) -> TuneResult:
-    """Search, run the top-k plans not yet run, fit the calibration, validate.
+) -> tuple[list[TrialRecord], int]:
+    """Run each of ``plans`` not yet finished in the study, one after the other.
 
     Args:
-        model: a ModelSpec, a preset name or a config file.
-        cluster: a preset ``NAME:NODES`` or a profile path (recorded in the plans).
-        training: global batch, sequence length, precision.
-        settings: top-k, steps, study storage, launcher, time limit, working directory.
+        plans: the plans to run, in order.
+        settings: steps, study storage, launcher, time limit, working directory.
+        study_name: the Optuna study the trials belong to (created on first use).
         run_trial: how a plan runs (tests replace the job with a function).
         progress: called as progress(done, total) over the plans.
 
-    Raises:
-        SchemaError: an input or the launcher template is invalid.
-        InfeasibleConfigError: no layout fits.
+    Returns:
+        Every finished trial of the study (oldest first), and how many this call ran.
     """
-    if settings.launcher is not None:
-        check_template(settings.launcher)
-    model_spec = api.load_model(model) if isinstance(model, str) else model
-    profile = api.load_cluster(cluster)
-    plans = select_plans(api.search(model_spec, cluster, training, top_k=pool_size(settings)), settings)
-    name = settings.study_name or default_study_name(model_spec.name, training, profile)
-    study = open_study(settings.storage, name)
+    study = open_study(settings.storage, study_name)
     done = finished_keys(study)
     settings.workdir.mkdir(parents=True, exist_ok=True)
     ran = 0
@@ -107,16 +125,14 @@ def tune(
         if key in done:
             continue
         files = TrialFiles.in_dir(settings.workdir, key)
-        api.save_plan(plan, files.plan)
+        save_plan(plan, files.plan)
         trial = start_trial(study, plan)
         outcome = run_trial(plan, files, settings)
         finish_trial(study, trial, outcome.report, outcome.failure)
         ran += 1
     if progress is not None:
         progress(len(plans), len(plans))
-    return summarize(
-        study_name=name, records=records(study), cluster=profile, source=f"{settings.storage} {name}", ran=ran
-    )
+    return records(study), ran
 
 
 def measured_observations(records: Sequence[TrialRecord]) -> list[Observation]:

@@ -1,13 +1,26 @@
 """Tables of a tune for people: the trials, the model's figures before and after calibration,
 and the fitted factors with what each does to an estimate."""
 
+from rich.console import Group
 from rich.table import Table
 
 from planner.schemas import Calibration
-from planner.tune.study import TrialRecord
-from planner.tune.validate import Validation
+from planner.tuning.study import TrialRecord
+from planner.tuning.tuner import TuneResult
+from planner.tuning.validate import Validation
 
 MIB = 2**20
+
+
+def tune_view(result: TuneResult) -> Group:
+    """A tune's trials, then the figures before and after calibration and the fitted factors,
+    those there are."""
+    parts: list[Table] = [trials_table(result.records)]
+    if result.validations:
+        parts.append(validation_table(list(result.validations)))
+    if result.calibration is not None:
+        parts.append(factors_table(result.calibration))
+    return Group(*parts)
 
 
 def trials_table(records: tuple[TrialRecord, ...]) -> Table:
@@ -42,7 +55,7 @@ def trials_table(records: tuple[TrialRecord, ...]) -> Table:
 
 
 def validation_table(validations: list[Validation]) -> Table:
-    """The figures of each validation side by side (planner.tune.validate gives their meaning)."""
+    """The figures of each validation side by side (planner.tuning.validate gives their meaning)."""
     table = Table(title="how right the model is (errors: |predicted - measured| / measured)")
     table.add_column("figure")
     for v in validations:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from scipy.stats import spearmanr
 
 from planner.schemas import ClusterProfile, Estimate
-from planner.tune.calibrate import PRIOR_WEIGHTS, Observation, fit_calibration, uncalibrated
+from planner.tuning.calibrate import PRIOR_WEIGHTS, Observation, fit_calibration, uncalibrated
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

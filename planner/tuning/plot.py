@@ -7,7 +7,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no backend, no screen, no global state
 from matplotlib.ticker import FuncFormatter
 
-from planner.tune.validate import Validation
+from planner.tuning.validate import Validation
 
 MARKERS = ("o", "x", "s", "^")
 

@@ -13,7 +13,7 @@ growth), measured - (model states + workspace) = a x activations + l x logits + 
 by least squares in relative error with a, l, b >= 0 (bounded linear least squares,
 scipy.optimize.lsq_linear); o may be negative. A term no measured rank has keeps its identity.
 The tuner keeps them only when they predict held-out ranks better than the model alone
-(planner.tune.tuner.summarize).
+(planner.tuning.tuner.summarize).
 """
 
 from collections.abc import Sequence
@@ -39,7 +39,7 @@ PRIOR_WEIGHTS = (0.0, 0.03, 0.1, 0.3)
 a relative error: at 0.1 a factor of 2 costs as much as a 7% error on one plan. Compute and a
 per-step overhead are nearly interchangeable when the measured plans do similar work; without a
 pull a dozen noisy plans can trade one for the other (measured: compute 0.0, overhead 0.23 s).
-planner.tune.validate picks the pull whose leave-one-out error is least."""
+planner.tuning.validate picks the pull whose leave-one-out error is least."""
 DEFAULT_PRIOR_WEIGHT = 0.1
 """The pull with too few plans to pick one."""
 

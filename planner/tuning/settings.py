@@ -31,7 +31,7 @@ class TuneSettings:
     study_name: str | None = None
     """None: one study per model, training and measured cluster."""
     launcher: str | None = None
-    """A shell template (planner.tune.launcher); None runs locally with torchrun."""
+    """A shell template (planner.tuning.launcher); None runs locally with torchrun."""
     trial_timeout_s: float = 600.0
     workdir: Path = Path("tune")
     """Plans, reports and job logs of the trials."""

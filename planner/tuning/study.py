@@ -9,11 +9,14 @@ or a FAIL trial for any other reason, never runs twice.
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
 from planner.schemas import ClusterProfile, Plan, RunReport, TrainingSpec
+from planner.schemas.errors import SchemaError
 
 INTERRUPTED = "interrupted: the tuner stopped during this trial"
 
@@ -78,6 +81,35 @@ def records(study: optuna.Study) -> list[TrialRecord]:
             )
         )
     return out
+
+
+def stored_records(storage: str, study: str | None = None) -> tuple[str, list[TrialRecord]]:
+    """The finished trials of a stored study, without creating anything.
+
+    Args:
+        storage: the Optuna storage URL a tune wrote to (e.g. ``sqlite:///tune.db``).
+        study: the study's name; None: the storage's only or newest study.
+
+    Returns:
+        The study's name and its finished trials, oldest first.
+
+    Raises:
+        SchemaError: no such storage file, no study in it, no study of that name, or no finished trial.
+    """
+    sqlite_path = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else None
+    if sqlite_path is not None and not Path(sqlite_path).is_file():
+        raise SchemaError(f"--storage {storage}: no such file; give the storage planner tune wrote to")
+    summaries = optuna.get_all_study_summaries(storage)
+    if not summaries:
+        raise SchemaError(f"--storage {storage} holds no study; run planner tune first")
+    names = [s.study_name for s in summaries]
+    if study is not None and study not in names:
+        raise SchemaError(f"--study {study!r} is not in {storage}; it holds {', '.join(names)}")
+    name = study or max(summaries, key=lambda s: s.datetime_start or datetime.min).study_name
+    finished = records(optuna.load_study(study_name=name, storage=storage))
+    if not finished:
+        raise SchemaError(f"study {name} has no finished trial yet")
+    return name, finished
 
 
 def start_trial(study: optuna.Study, plan: Plan) -> optuna.trial.Trial:

@@ -1,0 +1,59 @@
+"""The ``planner`` command line: a thin layer over ``planner.api``.
+
+Each command parses its options, calls the API, renders the result (planner.render,
+planner.tuning.render) and writes its artifact; none holds logic of its own. The commands that
+plan are in ``plan_commands``, those that run on a cluster in ``cluster_commands``. A PlannerError
+(bad input, infeasible layout) prints one line and exits with code 2; any other exception is a bug
+and keeps its traceback.
+"""
+
+import logging
+import sys
+
+import optuna
+import typer
+
+from planner.cli.cluster_commands import profile, run, tune, validate
+from planner.cli.plan_commands import estimate, explain, launch, presets, search
+from planner.schemas.errors import PlannerError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="Plan how to split an LLM's training over a cluster: predict memory and step time of layouts.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: "[default: 1]" is text, not rich markup to strip
+)
+for _command in (estimate, search, explain, launch, profile, run, tune, validate, presets):
+    app.command()(_command)
+
+
+class _LogFormatter(logging.Formatter):
+    """Information as the bare message (as the CLI's own lines); warnings and errors with their level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        return message if record.levelno <= logging.INFO else f"{record.levelname}: {message}"
+
+
+def _configure_logging() -> None:
+    """Our packages' information and every warning on stderr (the library logs, never prints)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LogFormatter("%(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    for package in ("planner", "profiler", "runtime"):
+        logging.getLogger(package).setLevel(logging.INFO)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def main() -> None:
+    """Console-script entry point: PlannerError exits 2 with one line; usage errors exit 2
+    through typer; nothing else is caught."""
+    _configure_logging()
+    try:
+        app()
+    except PlannerError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)

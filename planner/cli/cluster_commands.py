@@ -1,0 +1,241 @@
+"""Commands that run on a cluster: profile and run (under torchrun), tune (jobs of plans) and
+validate (a tune's stored trials)."""
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from planner import api
+from planner.api import OptimizerName, Selection
+from planner.cli.options import (
+    AttentionOpt,
+    ClusterOpt,
+    DTypeOpt,
+    GlobalBatchOpt,
+    ModelOpt,
+    SeqLenOpt,
+    parse_delay,
+    parse_fault,
+    progress_bar,
+    search_inputs,
+)
+from planner.render import dry_run_table, run_summary
+from planner.schemas import AttentionKernel, DType
+from planner.schemas.errors import PlannerError
+
+if TYPE_CHECKING:
+    from planner.tuning.tuner import TuneResult
+
+
+def profile(
+    output: Annotated[Path, typer.Option(help="Where rank 0 writes the cluster profile.")] = Path("cluster.json"),
+    quick: Annotated[bool, typer.Option(help="Fewer sizes and repeats: seconds instead of a minute.")] = False,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Also time this model's own GEMM shapes.")] = None,
+    seq_len: Annotated[int, typer.Option(min=1, help="Sequence length of the model's shapes.")] = 512,
+    dtype: Annotated[
+        DType | None,
+        typer.Option(
+            help="Time GEMMs and the model's layers in this precision only, the one you will train in "
+            "(half the time; plans in another precision are then refused) [default: fp32 and bf16]."
+        ),
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer before failing.")] = 60.0,
+    inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS.")] = None,
+    simulate_nodes: Annotated[int | None, typer.Option(hidden=True, min=1, help="Testing: pretend nodes.")] = None,
+    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,PHASE,exit|hang.")] = None,
+) -> None:
+    """Measure the cluster this job runs on (every link, collectives, GEMMs, memory); run under torchrun.
+
+    Example: torchrun --nproc-per-node 4 -m planner profile --output cluster.json --quick
+    """
+    code = api.profile(
+        output,
+        quick=quick,
+        model=model,
+        seq_len=seq_len,
+        dtype=dtype,
+        timeout_s=timeout,
+        inject_link_delay=parse_delay(inject_link_delay),
+        simulate_nodes=simulate_nodes,
+        inject_fault=parse_fault(inject_fault),
+    )
+    _exit_now(code)
+
+
+def run(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 10,
+    report: Annotated[Path, typer.Option(help="Where rank 0 writes the run report.")] = Path("report.json"),
+    warmup_steps: Annotated[int, typer.Option(min=0, help="First steps left out of the measured step time.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the initialisation and the synthetic data.")] = 0,
+    optimizer: Annotated[OptimizerName, typer.Option(help="adamw, or sgd for exact parity checks.")] = (
+        OptimizerName.ADAMW
+    ),
+    lr: Annotated[float, typer.Option(min=0.0, help="Learning rate.")] = 1e-3,
+    data: Annotated[Path | None, typer.Option(help="A token file (uint16); default: synthetic tokens.")] = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer.")] = 300.0,
+    dry_run: Annotated[
+        bool, typer.Option(help="Trace one rank's step with fake tensors and a fake process group (no torchrun).")
+    ] = False,
+    rank: Annotated[int, typer.Option(min=0, help="The rank a dry run traces.")] = 0,
+) -> None:
+    """Train with a plan for a few steps under torchrun; report measured beside predicted.
+
+    With --dry-run, no devices are needed: the runtime is built for one rank of the plan's world
+    under fake tensors and its peak memory is traced, to check a plan before renting its cluster.
+    Example: planner run plan.json --dry-run --rank 0
+
+    Example: torchrun --standalone --nproc-per-node 4 -m planner run plan.json --steps 10 --report report.json
+    (`planner launch plan.json` prints the command for every node)
+    """
+    if dry_run:
+        Console().print(dry_run_table([api.dry_run(plan, rank, optimizer=optimizer)]))
+        return
+    measured = api.run(
+        plan,
+        steps=steps,
+        report=report,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        optimizer=optimizer,
+        lr=lr,
+        data=data,
+        timeout_s=timeout,
+    )
+    if measured is not None:  # rank 0
+        typer.echo(run_summary(measured), err=True)
+    _exit_now(0)
+
+
+def tune(
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    global_batch_size: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    dtype: DTypeOpt = DType.BF16,
+    attention: AttentionOpt = AttentionKernel.FLASH,
+    top_k: Annotated[int, typer.Option(min=1, help="Plans to run.")] = 10,
+    select: Annotated[
+        Selection,
+        typer.Option(
+            help="top: the k fastest predicted. spread: k evenly spaced over the 5k fastest (the fastest "
+            "included), a wider range to calibrate on and to judge the model's ranking by."
+        ),
+    ] = Selection.TOP,
+    steps: Annotated[
+        int, typer.Option(min=3, help="Training steps per plan: a warm-up, a memory-tracked step, then timed ones.")
+    ] = 10,
+    storage: Annotated[
+        str, typer.Option(help="Optuna storage of the trials; a tune with the same inputs resumes it.")
+    ] = "sqlite:///tune.db",
+    study: Annotated[
+        str | None, typer.Option(help="Study name [default: one per model, training and measured cluster].")
+    ] = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option(
+            help="Shell template that starts a plan's job on a cluster, with {run_args} (and {plan}, {report}, "
+            "{steps}, {nnodes}, {nproc_per_node}, {world_size}), e.g. 'srun -N {nnodes} --ntasks-per-node 1 "
+            "python -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc_per_node} "
+            "--rdzv-backend c10d --rdzv-endpoint $(hostname):29500 {run_args}' [default: torchrun on this machine]."
+        ),
+    ] = None,
+    trial_timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds a plan's job may take before it is stopped and failed.")
+    ] = 600.0,
+    workdir: Annotated[Path, typer.Option(help="Where trials keep their plans, reports and logs.")] = Path("tune"),
+    calibrate: Annotated[
+        bool, typer.Option(help="Store the fitted calibration in the cluster profile (see --save-calibration).")
+    ] = True,
+    save_calibration: Annotated[
+        Path | None,
+        typer.Option(help="Profile file to write, calibrated [default: the --cluster file; a preset needs this]."),
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Predicted-vs-measured PNG [default: WORKDIR/validation.png].")
+    ] = None,
+    output: Annotated[Path | None, typer.Option(help="Write the fastest measured plan here.")] = None,
+) -> None:
+    """Run the search's best plans for a few steps each, keep every trial, and learn from them.
+
+    Each plan is a trial of an Optuna study: predicted and measured step time and per-rank memory.
+    A plan that runs out of memory, crashes or exceeds --trial-timeout is recorded as failed with
+    its reason, and the tuner goes on. Stopped, it resumes: finished plans never run again. From
+    the measured plans it fits the cluster's calibration (compute, tensor-parallel and other
+    communication, per-step and per-micro-batch overheads; activation, logits and buffer memory,
+    memory overhead; time and memory factors each kept only when they predict held-out plans
+    better), stores it in the profile so later estimate and search use it, and shows the model's
+    errors before and after (after: each plan predicted by factors fitted on the others).
+
+    Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
+    """
+    model, cluster, training = search_inputs(model, cluster, global_batch_size, seq_len, dtype, attention)
+    settings = api.TuneSettings(
+        top_k=top_k,
+        select=select,
+        steps=steps,
+        storage=storage,
+        study_name=study,
+        launcher=launcher,
+        trial_timeout_s=trial_timeout,
+        workdir=workdir,
+    )
+    with progress_bar("running plans", transient=False) as progress:
+        result = api.tune(
+            model,
+            cluster,
+            training,
+            settings,
+            calibrate=calibrate,
+            save_calibration=save_calibration,
+            progress=progress,
+        )
+    typer.echo(f"study {result.study_name} in {storage}: {result.ran} plans run now, {len(result.records)} in all")
+    _show_tune(result, plot or workdir / "validation.png")
+    best = result.best
+    if best is None or best.report is None:
+        raise PlannerError("no plan ran to the end; see the reasons above and the logs in " + str(workdir))
+    typer.echo(f"fastest measured: {best.plan.layout.describe()}, {best.report.measured_step_time_s:.4f} s a step")
+    if output is not None:
+        api.save_plan(best.plan, output)
+        typer.echo(f"wrote it to {output}")
+
+
+def validate(
+    storage: Annotated[str, typer.Option(help="Optuna storage of a tune's trials.")] = "sqlite:///tune.db",
+    study: Annotated[str | None, typer.Option(help="Study name [default: the storage's only or newest study].")] = None,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", "-c", help="Profile to predict with [default: the plans' own].")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Also write the predicted-vs-measured PNG here.")] = None,
+) -> None:
+    """Show how right the model was on a tune's measured plans, before and after calibration.
+
+    Example: planner validate --storage sqlite:///tune.db --plot validation.png
+    """
+    _show_tune(api.validate(storage, study, cluster), plot)
+
+
+def _show_tune(result: "TuneResult", plot: Path | None) -> None:
+    """A tune's trials, the model's figures before and after calibration, the fitted factors and
+    where they went; the predicted-vs-measured plot written to ``plot``."""
+    from planner.tuning.plot import save_plot  # matplotlib: only for the commands that draw
+    from planner.tuning.render import tune_view
+
+    Console().print(tune_view(result))
+    if result.calibration_path is not None:
+        typer.echo(f"stored the calibration in {result.calibration_path}: estimate and search on it use the factors")
+    if plot is not None and result.validations:
+        save_plot(list(result.validations), plot)
+        typer.echo(f"wrote the predicted-vs-measured plot to {plot}")
+
+
+def _exit_now(code: int) -> None:
+    """Exit without interpreter teardown: gloo can abort there (field notes, pytorch#190489)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

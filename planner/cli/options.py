@@ -1,0 +1,192 @@
+"""What the commands share: their common options, the parsing of options into the API's
+inputs, and a progress bar the API reports to."""
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from planner import api
+from planner.plans import check_cluster
+from planner.schemas import (
+    AttentionKernel,
+    ClusterProfile,
+    DType,
+    Layout,
+    ModelSpec,
+    TrainingSpec,
+    ZeroStage,
+)
+from planner.schemas.errors import SchemaError
+from planner.search_engine.strategy import Progress as ProgressCallback
+
+
+class OutputFormat(StrEnum):
+    """How a command prints its result."""
+
+    TABLE = "table"
+    JSON = "json"
+
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Preset name (see `planner presets`) or a config.json / YAML file."),
+]
+ClusterOpt = Annotated[
+    str | None,
+    typer.Option("--cluster", "-c", help="Preset NAME:NODES (e.g. dgx-a100-80g:16) or a cluster profile JSON."),
+]
+
+
+GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")]
+SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")]
+DTypeOpt = Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
+AttentionOpt = Annotated[AttentionKernel, typer.Option(help="Attention kernel.")]
+
+
+def search_inputs(
+    model: str | None,
+    cluster: str | None,
+    global_batch_size: int | None,
+    seq_len: int | None,
+    dtype: DType,
+    attention: AttentionKernel,
+) -> tuple[str, str, TrainingSpec]:
+    """Model, cluster and training of a command that searches; all four inputs are required."""
+    required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
+    if missing := [option for option, value in required.items() if value is None]:
+        raise SchemaError(f"{', '.join(missing)} required")
+    assert model is not None and cluster is not None
+    training = TrainingSpec.model_validate(
+        {"global_batch_size": global_batch_size, "seq_len": seq_len, "dtype": dtype, "attention_kernel": attention}
+    )
+    return model, cluster, training
+
+
+TRAINING_OPTIONS = {
+    "global_batch_size": "global_batch_size",
+    "seq_len": "seq_len",
+    "dtype": "dtype",
+    "attention": "attention_kernel",
+}
+"""estimate's options that set a TrainingSpec field: option parameter -> field."""
+LAYOUT_OPTIONS = {
+    "dp": "data_parallel_degree",
+    "tp": "tensor_parallel_degree",
+    "pp": "pipeline_parallel_degree",
+    "ep": "expert_parallel_degree",
+    "micro_batch_size": "micro_batch_size",
+    "zero_stage": "zero_stage",
+    "recompute": "recompute",
+    "sequence_parallel": "sequence_parallel",
+    "schedule": "schedule",
+    "virtual_stages": "virtual_stages",
+    "layer_split": "layer_split",
+}
+"""estimate's options that set a Layout field: option parameter -> field."""
+
+
+def training_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrainingSpec fields of the options given (by parameter name; None: not given)."""
+    return {field: options[name] for name, field in TRAINING_OPTIONS.items() if options[name] is not None}
+
+
+def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The Layout fields of the options given (by parameter name; None: not given), parsed."""
+    fields = {field: options[name] for name, field in LAYOUT_OPTIONS.items() if options[name] is not None}
+    if "zero_stage" in fields:
+        fields["zero_stage"] = ZeroStage(fields["zero_stage"])
+    if "layer_split" in fields:
+        fields["layer_split"] = _parse_split(fields["layer_split"])
+    return fields
+
+
+def _parse_split(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as e:
+        raise SchemaError(f"--layer-split {text!r} must be comma-separated whole numbers, e.g. 7,9,9,7") from e
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterProfile
+    cluster_spec: str
+    layout: Layout
+
+
+_LAYOUT_DEFAULTS: dict[str, Any] = {
+    "data_parallel_degree": 1,
+    "tensor_parallel_degree": 1,
+    "pipeline_parallel_degree": 1,
+    "micro_batch_size": 1,
+}
+
+
+def resolve(
+    plan_path: Path | None,
+    model: str | None,
+    cluster: str | None,
+    training: Mapping[str, Any],
+    layout: Mapping[str, Any],
+) -> Inputs:
+    """Inputs from the fields the options gave; with a plan file, the plan's for the others."""
+    if plan_path is None:
+        required = {
+            "--model": model,
+            "--cluster": cluster,
+            "--global-batch-size": training.get("global_batch_size"),
+            "--seq-len": training.get("seq_len"),
+        }
+        missing = [option for option, value in required.items() if value is None]
+        if missing or model is None or cluster is None:
+            raise SchemaError(f"{', '.join(missing)} required (or --plan, whose values are the defaults)")
+        chosen = Layout(**{**_LAYOUT_DEFAULTS, **layout})
+        spec = TrainingSpec.model_validate(training)
+        return Inputs(api.load_model(model), spec, api.load_cluster(cluster), cluster, chosen)
+    plan = api.load_plan(plan_path)
+    cluster_spec = cluster if cluster is not None else plan.cluster.spec
+    cluster_profile = api.load_cluster(cluster_spec)
+    check_cluster(plan, cluster_profile)
+    return Inputs(
+        api.load_model(model) if model is not None else plan.model,
+        plan.training.model_copy(update=training),
+        cluster_profile,
+        cluster_spec,
+        replace(plan.layout, **layout),
+    )
+
+
+@contextmanager
+def progress_bar(description: str, *, transient: bool) -> Iterator[ProgressCallback]:
+    """A progress bar on stderr, and the callback (done, total) the API reports to."""
+    with Progress(transient=transient, console=Console(stderr=True)) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def parse_delay(text: str | None) -> tuple[int, int, float] | None:
+    if text is None:
+        return None
+    try:
+        a, b, seconds = text.split(",")
+        return int(a), int(b), float(seconds)
+    except ValueError as e:
+        raise SchemaError(f"--inject-link-delay {text!r} must be RANK_A,RANK_B,SECONDS, e.g. 0,1,0.01") from e
+
+
+def parse_fault(text: str | None) -> tuple[int, str, str] | None:
+    if text is None:
+        return None
+    rank, phase, kind = [*text.split(","), "", "", ""][:3]
+    if not rank.isdigit() or kind not in ("exit", "hang"):
+        raise SchemaError(f"--inject-fault {text!r} must be RANK,PHASE,exit|hang, e.g. 2,links,exit")
+    return int(rank), phase, kind

@@ -1,0 +1,198 @@
+"""Commands that plan without touching a cluster: estimate, search, explain, launch, presets."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from planner import api
+from planner.api import StrategyName
+from planner.cli.options import (
+    AttentionOpt,
+    ClusterOpt,
+    DTypeOpt,
+    GlobalBatchOpt,
+    ModelOpt,
+    OutputFormat,
+    SeqLenOpt,
+    layout_fields,
+    progress_bar,
+    resolve,
+    search_inputs,
+    training_fields,
+)
+from planner.export.torchrun import launch_script, torchrun_commands
+from planner.inputs import list_cluster_presets, list_model_presets
+from planner.render import comparison_view, estimate_view, ranked_table
+from planner.schemas import AttentionKernel, DType, Plan, Recompute, Schedule
+from planner.schemas.errors import PlannerError
+from planner.schemas.geometry import rank_of
+
+
+def estimate(
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    global_batch_size: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    plan: Annotated[
+        Path | None,
+        typer.Option(help="A plan file: its inputs and layout are the defaults; other options change them."),
+    ] = None,
+    dp: Annotated[int | None, typer.Option(min=1, help="Data-parallel degree [default: 1].")] = None,
+    tp: Annotated[int | None, typer.Option(min=1, help="Tensor-parallel degree [default: 1].")] = None,
+    pp: Annotated[int | None, typer.Option(min=1, help="Pipeline-parallel degree [default: 1].")] = None,
+    ep: Annotated[
+        int | None, typer.Option(min=1, help="Expert-parallel degree (MoE; divides dp) [default: 1].")
+    ] = None,
+    micro_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per micro-batch [default: 1].")] = None,
+    zero_stage: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage 0-3 [default: 0].")] = None,
+    recompute: Annotated[Recompute | None, typer.Option(help="Activation recomputation [default: none].")] = None,
+    sequence_parallel: Annotated[
+        bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Needs tp > 1 [default: off].")
+    ] = None,
+    schedule: Annotated[Schedule | None, typer.Option(help="Pipeline schedule [default: 1f1b].")] = None,
+    virtual_stages: Annotated[
+        int | None, typer.Option(min=1, help="Model chunks per pipeline rank (interleaved) [default: 1].")
+    ] = None,
+    layer_split: Annotated[str | None, typer.Option(help="Layers per model chunk, e.g. 7,9,9,7.")] = None,
+    dtype: Annotated[DType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")] = None,
+    attention: Annotated[AttentionKernel | None, typer.Option(help="Attention kernel [default: flash].")] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="table for people, json for tools.")
+    ] = OutputFormat.TABLE,
+    output: Annotated[Path | None, typer.Option(help="Also write the layout and its estimate as a plan file.")] = None,
+) -> None:
+    """Predict per-rank memory and step time of one layout.
+
+    Example: planner estimate -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
+    --dp 8 --tp 8 --pp 16 --micro-batch-size 1 --recompute full --schedule interleaved --virtual-stages 2
+
+    Example: planner estimate --plan plan.json --tp 4 --dp 4   (the plan's layout with tp and dp changed)
+    """
+    given = locals()  # every option by its parameter name (no other local is set yet)
+    inputs = resolve(plan, model, cluster, training_fields(given), layout_fields(given))
+    est = api.estimate(inputs.model, inputs.cluster, inputs.training, inputs.layout)
+    if output is not None:
+        made = api.make_plan(inputs.model, inputs.training, inputs.cluster, inputs.cluster_spec, inputs.layout, est)
+        api.save_plan(made, output)
+    if output_format is OutputFormat.JSON:
+        typer.echo(json.dumps(est.to_json_dict(), indent=2))
+    else:
+        Console().print(estimate_view(est, inputs.model, inputs.training, inputs.cluster, inputs.layout))
+
+
+def search(
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    global_batch_size: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    dtype: DTypeOpt = DType.BF16,
+    attention: AttentionOpt = AttentionKernel.FLASH,
+    top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
+    strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (
+        StrategyName.EXHAUSTIVE
+    ),
+    trials: Annotated[int | None, typer.Option(min=1, help="Layouts to evaluate at most [optuna: 400].")] = None,
+    time_limit: Annotated[float | None, typer.Option(min=0.1, help="Seconds to search at most.")] = None,
+    storage: Annotated[
+        str, typer.Option(help="Optuna study storage; a search on the same inputs resumes it.")
+    ] = "sqlite:///planner-search.db",
+    memory_margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of device memory kept free.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed of the sampler and solver.")] = 0,
+    output: Annotated[Path | None, typer.Option(help="Write the best plan here (plan.json).")] = None,
+    verify: Annotated[
+        bool, typer.Option(help="Dry-run the best plan's first and last pipeline stage beside the estimate.")
+    ] = False,
+) -> None:
+    """Find the fastest layouts that fit in memory, and write the best as a plan file.
+
+    Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
+    --output plan.json
+    """
+    model, cluster, training = search_inputs(model, cluster, global_batch_size, seq_len, dtype, attention)
+    with progress_bar("searching", transient=True) as progress:
+        outcome, plans = api.search_outcome(
+            model,
+            cluster,
+            training,
+            strategy=strategy,
+            top_k=top_k,
+            seed=seed,
+            budget=api.Budget(max_trials=trials, max_time_s=time_limit),
+            memory_margin=memory_margin,
+            storage=storage if strategy is StrategyName.OPTUNA else None,
+            progress=progress,
+        )
+    Console().print(ranked_table(outcome, plans))
+    if output is not None:
+        api.save_plan(plans[0], output)
+        typer.echo(f"wrote the best plan to {output}")
+    if verify:
+        _verify(plans[0])
+
+
+def explain(plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")]) -> None:
+    """Show a plan's memory and time breakdowns, and why it beat the runner-up.
+
+    Example: planner explain plan.json
+    """
+    loaded = api.load_plan(plan)
+    cluster = api.load_cluster(loaded.cluster.spec)
+    console = Console()
+    console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
+    console.print(comparison_view(loaded))
+
+
+def launch(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    master_addr: Annotated[str, typer.Option(help="Address of node 0, reachable from every node.")] = "MASTER_ADDR",
+    master_port: Annotated[int, typer.Option(min=1, max=65535, help="Rendezvous port on node 0.")] = 29500,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps to run.")] = 10,
+    report: Annotated[str, typer.Option(help="Where each run writes its report.")] = "report.json",
+    output: Annotated[Path | None, typer.Option(help="Write a launch script (bash launch.sh NODE_RANK).")] = None,
+) -> None:
+    """Print the torchrun command line of every node that runs the plan.
+
+    Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
+    """
+    commands = torchrun_commands(
+        api.load_plan(plan),
+        str(plan),
+        master_addr=master_addr,
+        master_port=master_port,
+        steps=steps,
+        report_path=report,
+    )
+    if output is not None:
+        output.write_text(launch_script(commands))
+        typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes")
+        return
+    for cmd in commands:
+        typer.echo(f"{cmd.comment()}\n{cmd.shell()}")
+
+
+def presets() -> None:
+    """List the model and cluster presets (use a cluster preset as NAME:NODES)."""
+    typer.echo("models:   " + ", ".join(list_model_presets()))
+    typer.echo("clusters: " + ", ".join(f"{name}:NODES" for name in list_cluster_presets()))
+
+
+def _verify(plan: Plan) -> None:
+    """Dry-run the first rank of the first and of the last pipeline stage, each in a fresh process
+    (a fake process group is set up once per process)."""
+    last = rank_of(plan.layout, plan.layout.pipeline_parallel_degree - 1, 0, 0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plan.json"
+        api.save_plan(plan, path)
+        for r in sorted({0, last}):
+            typer.echo(f"dry run of rank {r} (fake tensors; nothing is allocated) ...", err=True)
+            args = [sys.executable, "-m", "planner", "run", str(path), "--dry-run", "--rank", str(r)]
+            proc = subprocess.run(args, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise PlannerError(f"the dry run of rank {r} failed: {proc.stderr.strip().splitlines()[-1]}")
+            typer.echo(proc.stdout.rstrip())

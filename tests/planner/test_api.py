@@ -1,0 +1,65 @@
+"""The Python API's front door: one name, one meaning (``planner.search`` and ``planner.tune`` are
+the functions whatever was imported before), every exported function documented with its
+arguments, returns and errors, and the functions that need torchrun say so without starting."""
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import planner
+from planner import api
+from planner.schemas.errors import SchemaError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "first",
+    ["", "import planner.search_engine", "import planner.tuning.tuner", "import planner.cli", "import planner.api"],
+)
+def test_planner_search_and_tune_are_the_functions_whatever_was_imported_first(first: str) -> None:
+    code = (
+        f"{first}\nimport planner\nfrom planner.schemas import TrainingSpec\n"
+        "training = TrainingSpec(global_batch_size=16, seq_len=64)\n"
+        "plans = planner.search('tiny-gpt', 'dgx-a100-80g:1', training, top_k=2)\n"
+        "print(type(plans).__name__, len(plans), type(plans[0]).__name__)\n"
+        "print(*(getattr(planner, n).__module__ for n in ('search', 'tune', 'validate', 'run', 'profile')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.splitlines() == ["tuple 2 Plan", "planner.api planner.api planner.api planner.api planner.api"]
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in planner.__all__:
+        assert getattr(planner, name) is not None, name
+    assert set(api.__all__) <= set(planner.__all__)
+
+
+FUNCTIONS = [
+    name
+    for name in api.__all__
+    if inspect.isfunction(getattr(api, name)) and getattr(api, name).__module__ == "planner.api"
+]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_every_api_function_documents_its_arguments_returns_and_errors(name: str) -> None:
+    doc = inspect.getdoc(getattr(api, name)) or ""
+    assert "Returns:" in doc and "Raises:" in doc, name
+    if inspect.signature(getattr(api, name)).parameters:
+        assert "Args:" in doc, name
+
+
+def test_run_outside_torchrun_says_how_to_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SchemaError, match="planner launch"):
+        planner.run(tmp_path / "plan.json")
+
+
+def test_importing_the_api_imports_neither_torch_nor_the_tuners_scipy() -> None:
+    code = "import sys, planner.api; print('torch' in sys.modules, 'scipy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False False"
