@@ -1,4 +1,6 @@
-"""Searching layouts: the space, one evaluator, strategies behind one interface, the CP-SAT split.
+"""Searching layouts: the space declared once (``space.AXES``), one evaluator, strategies behind
+one interface (``strategy``), and refiners that improve the finalists (``refiner``; the CP-SAT
+layer split is ``layer_split.LayerSplitRefiner``).
 
 Nothing here imports torch (a test checks it).
 """
@@ -6,7 +8,9 @@ Nothing here imports torch (a test checks it).
 from enum import StrEnum
 
 from planner.search_engine.exhaustive import ExhaustiveSearch
+from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.optuna_search import OptunaSearch
+from planner.search_engine.refiner import Refiner
 from planner.search_engine.strategy import SearchStrategy
 
 
@@ -24,4 +28,12 @@ def make_strategy(name: StrategyName, *, storage: str | None = None) -> SearchSt
     return ExhaustiveSearch()
 
 
-__all__ = ["ExhaustiveSearch", "OptunaSearch", "SearchStrategy", "StrategyName", "make_strategy"]
+__all__ = [
+    "ExhaustiveSearch",
+    "LayerSplitRefiner",
+    "OptunaSearch",
+    "Refiner",
+    "SearchStrategy",
+    "StrategyName",
+    "make_strategy",
+]

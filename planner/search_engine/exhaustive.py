@@ -1,8 +1,9 @@
 """Exhaustive search with memory-bound pruning.
 
-Every candidate group (layouts that differ only in recomputation) is tried in order of
-increasing recomputation; the first that fits dominates the rest of its group (same layout,
-more time, less memory), so they are not priced. Memory is checked before time.
+Every candidate group of the space's axes (``SearchSpace.groups``: layouts that differ only in
+recomputation) is tried in order of increasing recomputation; the first that fits dominates the
+rest of its group (same layout, more time, less memory), so they are not priced. Memory is
+checked before time.
 """
 
 import time

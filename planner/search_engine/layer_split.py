@@ -1,5 +1,5 @@
 """Layers per pipeline stage with OR-Tools CP-SAT: minimize the slowest stage subject to every
-stage fitting in memory.
+stage fitting in memory; ``LayerSplitRefiner`` applies it to a finalist (``refiner``).
 
 The stages that hold the embedding and the output layer do more work per micro-batch and the
 first stage holds the most micro-batches in flight, so an even split is rarely best. Costs come
@@ -9,11 +9,14 @@ solve (as OR-Tools' line_balancing_sat example).
 """
 
 import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ortools.sat.python import cp_model
 
-from planner.search_engine.evaluate import SplitCosts
-from planner.search_engine.strategy import Budget
+from planner.schemas.errors import InfeasibleConfigError
+from planner.search_engine.evaluate import Evaluator, SplitCosts
+from planner.search_engine.strategy import Budget, Candidate
 
 TIME_UNIT_S = 1e-7
 """CP-SAT works in integers: times in units of 0.1 microsecond."""
@@ -69,3 +72,37 @@ def balance_layers(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return tuple(int(solver.value(layers[s])) for s in stages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerSplitRefiner:
+    """Splits a finalist's layers over its pipeline stages with ``balance_layers``; keeps the even
+    split when that is as fast or the CP-SAT split does not fit. One model chunk per stage only."""
+
+    name: ClassVar[str] = "layer-split"
+    max_time_s: float = 2.0
+    """CP-SAT wall time per finalist at most (less if the search's budget is smaller)."""
+
+    def refine(self, candidate: Candidate, evaluate: Evaluator, budget: Budget, *, seed: int) -> Candidate:
+        """The candidate with its layers split by CP-SAT, when that is faster and fits."""
+        layout = candidate.layout
+        if layout.pipeline_parallel_degree == 1 or layout.virtual_stages > 1:
+            return candidate
+        split_budget = Budget(
+            max_time_s=min(budget.max_time_s or self.max_time_s, self.max_time_s), workers=budget.workers
+        )
+        split = balance_layers(
+            evaluate.split_costs(layout),
+            evaluate.model.num_hidden_layers,
+            evaluate.usable_memory_bytes,
+            split_budget,
+            seed=seed,
+        )
+        if split is None:
+            return candidate
+        balanced = replace(layout, layer_split=split)
+        try:
+            est = evaluate(balanced)
+        except InfeasibleConfigError:
+            return candidate
+        return Candidate(balanced, est) if est.step_time_s < candidate.estimate.step_time_s else candidate

@@ -1,8 +1,8 @@
 """Optuna TPE over the search space, for spaces too large to enumerate.
 
-Driven through ``study.ask()`` / ``study.tell()`` with a seeded sampler. Each dimension of the
-space is one parameter (tp, pp, micro-batch, ZeRO stage, recompute, sequence parallel, virtual
-stages); a combination that is not a valid layout, or does not fit, is told as failed. With a
+Driven through ``study.ask()`` / ``study.tell()`` with a seeded sampler. Each axis of the space
+(``space.AXES``, the same declaration the exhaustive strategy iterates) is one parameter; a
+combination that is not a valid layout is told as failed, one that does not fit as penalized. With a
 storage URL (SQLite by default from the CLI) the study is resumable: every finished trial is
 committed as it ends, and a search started again on the same inputs continues the same study.
 """
@@ -15,10 +15,10 @@ from typing import ClassVar
 
 import optuna
 
-from planner.schemas import Layout, Recompute, Schedule, ZeroStage
+from planner.schemas import Layout
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError, SchemaError
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.space import SearchSpace
+from planner.search_engine.space import Choice, SearchSpace
 from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
 
 DEFAULT_TRIALS = 400
@@ -28,7 +28,7 @@ DOES_NOT_FIT_PENALTY_S = 1e6
 
 
 class OptunaSearch:
-    """Tree-structured Parzen estimator over the space's dimensions."""
+    """Tree-structured Parzen estimator over the space's axes."""
 
     name: ClassVar[str] = "optuna"
 
@@ -97,39 +97,29 @@ def study_name_for(space: SearchSpace, evaluate: Evaluator) -> str:
 
 
 def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> Layout:
-    """Sample a layout, each choice conditional on the ones before it (define-by-run), so that
-    nearly every trial is a valid layout: pp among the divisors left by tp, the micro-batch among
-    the divisors of dp's per-replica batch that leave at least pp micro-batches, v among the
-    chunk counts pp allows."""
-    degrees = space.degrees()
-    tp = int(trial.suggest_categorical("tp", sorted({t for _, t, _ in degrees})))
-    pp = int(trial.suggest_categorical(f"pp|tp={tp}", sorted({p for _, t, p in degrees if t == tp})))
-    dp = space.world_size // (tp * pp)
-    per_replica = space.training.global_batch_size // dp
-    batches = [b for b in space.micro_batch_sizes(dp) if pp == 1 or per_replica // b >= pp]
-    if not batches:
-        raise InfeasibleConfigError(
-            f"dp={dp} leaves no micro-batch size that divides the global batch "
-            f"{space.training.global_batch_size} into at least pp={pp} micro-batches"
-        )
-    b = int(trial.suggest_categorical(f"micro_batch_size|dp={dp},pp={pp}", batches))
-    schedules = space.schedules_for(pp, space.training.global_batch_size // (dp * b))
-    vs = sorted({v for _, v in schedules})
-    v = int(trial.suggest_categorical(f"virtual_stages|pp={pp}", vs)) if len(vs) > 1 else vs[0]
-    sp = bool(trial.suggest_categorical("sequence_parallel", list(space.sequence_parallel))) if tp > 1 else False
-    zeros = [int(z) for z in space.zero_stages_for(dp, pp)]
-    zero = int(trial.suggest_categorical(f"zero_stage|dp={dp},pp={pp}", zeros)) if len(zeros) > 1 else zeros[0]
-    return Layout(
-        data_parallel_degree=dp,
-        tensor_parallel_degree=tp,
-        pipeline_parallel_degree=pp,
-        micro_batch_size=b,
-        zero_stage=ZeroStage(zero),
-        recompute=Recompute(str(trial.suggest_categorical("recompute", [str(r) for r in space.recompute]))),
-        sequence_parallel=sp,
-        schedule=Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
-        virtual_stages=v,
-    )
+    """Sample a layout from the space's axes, each conditional on the ones before it
+    (define-by-run), so that nearly every trial is a valid layout. An axis with one valid value
+    is not a parameter; the others are named after the choices they offer (``Axis.parameter_name``)."""
+    chosen: dict[str, Choice] = {}
+    for axis in space.axes:
+        options = axis.choices(space, chosen)
+        if not options:
+            given = ", ".join(f"{name}={chosen[name]}" for name in axis.depends_on)
+            raise InfeasibleConfigError(f"no valid {axis.name} given {given}")
+        if len(options) == 1:
+            chosen[axis.name] = options[0]
+            continue
+        # Optuna stores plain values; enums go in as their int or str and come back by position.
+        plain: list[bool | int | float | str | None] = [_plain(value) for value in options]
+        picked = trial.suggest_categorical(axis.parameter_name(options), plain)
+        chosen[axis.name] = options[plain.index(picked)]
+    return space.layout(chosen)
+
+
+def _plain(value: Choice) -> bool | int | str:
+    if isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, int) else str(value)
 
 
 def _layout_from_json(text: str) -> Layout:

@@ -1,21 +1,25 @@
-"""A whole search: strategy over the space, CP-SAT split for the finalists, ranked result.
+"""A whole search: strategy over the space, refiners over the finalists, ranked result.
 
 Never returns a layout that does not fit: when none does, raises InfeasibleConfigError saying
 how close the best attempt came, what dominated its memory and what would make it fit.
 """
 
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from planner.schemas import ClusterProfile, ModelSpec, Recompute, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
-from planner.search_engine.layer_split import balance_layers
+from planner.search_engine.layer_split import LayerSplitRefiner
+from planner.search_engine.refiner import Refiner, refine_all
 from planner.search_engine.space import SearchSpace
 from planner.search_engine.strategy import Budget, Candidate, Progress, SearchStrategy, fastest_first
 
 FINALISTS_PER_RESULT = 3
-"""Finalists refined with the CP-SAT split, per plan asked for (at least 10)."""
+"""Finalists refined, per plan asked for (at least 10)."""
+DEFAULT_REFINERS: tuple[Refiner, ...] = (LayerSplitRefiner(),)
+"""Refiners every search applies to its finalists, in order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,8 +46,12 @@ def run_search(
     seed: int = 0,
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
     progress: Progress | None = None,
+    refiners: Sequence[Refiner] = DEFAULT_REFINERS,
 ) -> SearchOutcome:
     """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
+
+    The strategy searches the space; its fastest finalists then pass through ``refiners`` in
+    order (the CP-SAT layer split by default), and the refined layouts are ranked.
 
     Raises:
         InfeasibleConfigError: no layout fits; the message says why and what would help.
@@ -58,7 +66,7 @@ def run_search(
     if not result.feasible:
         raise InfeasibleConfigError(explain_infeasible(space, evaluate))
     finalists = result.feasible[: max(10, FINALISTS_PER_RESULT * top_k)]
-    refined = [_rebalance(c, evaluate, budget, seed) for c in finalists]
+    refined = refine_all(finalists, refiners, evaluate, budget, seed=seed)
     unique = {c.layout: c for c in refined}
     return SearchOutcome(
         ranked=fastest_first(list(unique.values()))[:top_k],
@@ -69,29 +77,6 @@ def run_search(
         elapsed_s=time.perf_counter() - start,
         usable_memory_bytes=evaluate.usable_memory_bytes,
     )
-
-
-def _rebalance(candidate: Candidate, evaluate: Evaluator, budget: Budget, seed: int) -> Candidate:
-    """The candidate with its layers split by CP-SAT, when that is faster and fits."""
-    layout = candidate.layout
-    if layout.pipeline_parallel_degree == 1 or layout.virtual_stages > 1:
-        return candidate
-    split_budget = Budget(max_time_s=min(budget.max_time_s or 2.0, 2.0), workers=budget.workers)
-    split = balance_layers(
-        evaluate.split_costs(layout),
-        evaluate.model.num_hidden_layers,
-        evaluate.usable_memory_bytes,
-        split_budget,
-        seed=seed,
-    )
-    if split is None:
-        return candidate
-    balanced = replace(layout, layer_split=split)
-    try:
-        est = evaluate(balanced)
-    except InfeasibleConfigError:
-        return candidate
-    return Candidate(balanced, est) if est.step_time_s < candidate.estimate.step_time_s else candidate
 
 
 def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from cost_models.validate import check_layout
 from planner.inputs import load_cluster, load_model
 from planner.schemas import Recompute, Schedule, TrainingSpec, ZeroStage
-from planner.search_engine.space import SearchSpace, divisors
+from planner.search_engine.space import AXES, SearchSpace, divisors
 
 TINY = load_model("tiny-gpt")
 
@@ -41,7 +41,10 @@ def test_every_candidate_is_a_valid_layout(world: int, batch: int) -> None:
 
 def test_degrees_are_all_factorizations_within_the_bounds() -> None:
     # tiny-gpt: 4 heads, 4 layers; 8 ranks on one node of 8.
-    assert sorted(space(8).degrees()) == sorted(
+    degree_axes = [a for a in AXES if a.name in {"tp", "pp", "dp"}]
+    assert degree_axes == list(AXES[:3])
+    degrees = [(a["dp"], a["tp"], a["pp"]) for a in space(8).assignments(degree_axes)]
+    assert sorted(degrees) == sorted(
         [(8, 1, 1), (4, 1, 2), (2, 1, 4), (4, 2, 1), (2, 2, 2), (1, 2, 4), (2, 4, 1), (1, 4, 2)]
     )
 
@@ -52,10 +55,17 @@ def test_groups_order_recompute_from_none_to_full() -> None:
 
 
 def test_interleaving_needs_layers_and_divisible_micro_batches() -> None:
-    s = space(8)
-    assert s.schedules_for(2, 8) == [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)]
-    assert s.schedules_for(2, 3) == [(Schedule.ONE_F_ONE_B, 1)]  # 3 micro-batches: pp 2 does not divide
-    assert s.schedules_for(1, 8) == [(Schedule.ONE_F_ONE_B, 1)]
+    s = space(8)  # batch 32: dp 4 x micro-batch 1 leaves 8 micro-batches
+    assert s.choices("schedule", dp=4, pp=2, micro_batch_size=1) == [Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED]
+    # tiny-gpt's 4 layers fill 2 x 2 chunks, not 2 x 3.
+    assert s.choices("virtual_stages", pp=2, schedule=Schedule.INTERLEAVED) == [2]
+    assert s.choices("virtual_stages", pp=2, schedule=Schedule.ONE_F_ONE_B) == [1]
+    # 3 micro-batches: pp 2 does not divide them.
+    assert space(8, batch=12).choices("schedule", dp=4, pp=2, micro_batch_size=1) == [Schedule.ONE_F_ONE_B]
+    assert s.choices("schedule", dp=8, pp=1, micro_batch_size=1) == [Schedule.ONE_F_ONE_B]
+    # Fewer micro-batches than stages: no schedule, and no such micro-batch size offered.
+    assert s.choices("schedule", dp=4, pp=2, micro_batch_size=8) == []
+    assert s.choices("micro_batch_size", dp=4, pp=2) == [1, 2, 4]
 
 
 def test_only_zero_stages_that_differ_are_searched() -> None:

@@ -110,7 +110,7 @@ def test_split_costs_are_affine_in_the_layer_count() -> None:
 
 @pytest.mark.slow
 def test_optuna_reaches_2_percent_of_the_exhaustive_optimum_in_400_trials() -> None:
-    # A mid-size case: llama3-70b on 64 A100s, 12,204 candidates.
+    # A mid-size case: llama3-70b on 64 A100s, 5,433 candidates.
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-a100-80g:8")
     training = TrainingSpec(global_batch_size=256, seq_len=4096)
     space = SearchSpace(model=model, training=training, world_size=64, devices_per_node=8)

@@ -1,0 +1,41 @@
+"""Refiners: each improves one aspect of a finalist layout that the search space leaves at its
+default (the layer split today; expert placement, the rank-to-device mapping and the vocabulary
+split next).
+
+A refiner is one small object with one method, like a strategy (``strategy.SearchStrategy``):
+it asks the evaluator for what it needs (cost tables, estimates), never imports the cost models,
+and returns a candidate that fits and is at least as fast as the one it was given (that one if
+it finds nothing better). ``run_search`` passes every finalist through its refiners in order, so
+a later refiner starts from what the earlier ones chose. A new refiner is a module holding its
+CP-SAT model and a class satisfying ``Refiner`` (see ``layer_split``), added to the list given to
+``run_search``.
+"""
+
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
+
+from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.strategy import Budget, Candidate
+
+
+class Refiner(Protocol):
+    """Improves one finalist through an Evaluator within a Budget."""
+
+    name: ClassVar[str]
+
+    def refine(self, candidate: Candidate, evaluate: Evaluator, budget: Budget, *, seed: int) -> Candidate:
+        """A candidate that fits and is at least as fast as ``candidate`` (``candidate`` itself if
+        nothing better is found)."""
+        ...
+
+
+def refine_all(
+    finalists: Sequence[Candidate], refiners: Sequence[Refiner], evaluate: Evaluator, budget: Budget, *, seed: int
+) -> list[Candidate]:
+    """Every finalist passed through every refiner, in the order given."""
+    refined = []
+    for candidate in finalists:
+        for refiner in refiners:
+            candidate = refiner.refine(candidate, evaluate, budget, seed=seed)
+        refined.append(candidate)
+    return refined

@@ -1,0 +1,80 @@
+"""One declaration of the space: what Optuna samples is what the exhaustive strategy iterates,
+and the expert-parallel degree is an axis of MoE models only."""
+
+import optuna
+import pytest
+
+from planner.inputs import load_cluster, load_model
+from planner.schemas import Layout, TrainingSpec
+from planner.search_engine import ExhaustiveSearch, OptunaSearch
+from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.optuna_search import _suggest
+from planner.search_engine.space import AXES, SearchSpace, divisors
+from planner.search_engine.strategy import Budget
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _space(model: str, world: int, batch: int = 4) -> SearchSpace:
+    training = TrainingSpec(global_batch_size=batch, seq_len=64)
+    return SearchSpace(model=load_model(model), training=training, world_size=world, devices_per_node=8)
+
+
+def _sampled(space: SearchSpace, trials: int, sampler: optuna.samplers.BaseSampler) -> set[Layout]:
+    study = optuna.create_study(sampler=sampler)
+    seen = set()
+    for _ in range(trials):
+        trial = study.ask()
+        layout = _suggest(trial, space)
+        seen.add(layout)
+        study.tell(trial, float(len(seen)))  # any objective: only what can be sampled matters
+    return seen
+
+
+def test_every_axis_depends_only_on_earlier_axes() -> None:
+    names = [axis.name for axis in AXES]
+    assert len(set(names)) == len(names)
+    for i, axis in enumerate(AXES):
+        assert set(axis.depends_on) <= set(names[:i]), axis.name
+    assert {axis.field for axis in AXES} <= set(Layout.__dataclass_fields__)
+    assert AXES[-1].name == "recompute"  # the exhaustive strategy groups by it
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt", "tiny-moe"])
+def test_optuna_samples_exactly_the_exhaustive_candidates_of_a_small_space(model: str) -> None:
+    space = _space(model, world=2)
+    candidates = set(space.candidates())
+    assert len(candidates) == space.size()
+    sampled = _sampled(space, 3000, optuna.samplers.RandomSampler(seed=0))
+    assert sampled == candidates
+
+
+def test_what_optunas_tpe_search_finds_is_in_the_exhaustive_candidates() -> None:
+    model, cluster = load_model("tiny-moe"), load_cluster("dgx-a100-80g:1")
+    training = TrainingSpec(global_batch_size=16, seq_len=64)
+    space = SearchSpace(model=model, training=training, world_size=8, devices_per_node=8)
+    result = OptunaSearch().search(space, Evaluator(model, training, cluster), Budget(max_trials=150), seed=3)
+    assert result.feasible
+    assert {c.layout for c in result.feasible} <= set(space.candidates())
+
+
+def test_a_moe_model_searches_expert_parallel_degrees_and_a_dense_one_does_not() -> None:
+    moe = _space("tiny-moe", world=8, batch=16)
+    experts = moe.model.num_local_experts
+    eps = {(c.data_parallel_degree, c.expert_parallel_degree) for c in moe.candidates()}
+    assert any(ep > 1 for _, ep in eps)
+    # Every ep that divides both dp and the expert count, and no other.
+    for dp in {dp for dp, _ in eps}:
+        assert {ep for d, ep in eps if d == dp} == {e for e in divisors(dp) if experts % e == 0}
+    dense = _space("tiny-gpt", world=8, batch=16)
+    assert {c.expert_parallel_degree for c in dense.candidates()} == {1}
+    assert moe.choices("ep", dp=8) == [1, 2, 4]  # tiny-moe has 4 experts
+    assert dense.choices("ep", dp=8) == [1]
+
+
+def test_expert_parallel_layouts_are_priced() -> None:
+    model, cluster = load_model("tiny-moe"), load_cluster("dgx-a100-80g:1")
+    training = TrainingSpec(global_batch_size=16, seq_len=64)
+    space = SearchSpace(model=model, training=training, world_size=8, devices_per_node=8)
+    result = ExhaustiveSearch().search(space, Evaluator(model, training, cluster), Budget(), seed=0)
+    assert {c.layout.expert_parallel_degree for c in result.feasible} == {1, 2, 4}
