@@ -28,7 +28,7 @@ from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context
 from profiler.settings import ProfileSettings
-from runtime.threads import cpu_threads_per_rank
+from runtime import cpu_threads_per_rank
 
 logger = logging.getLogger(__name__)
 FAILED_EXIT_CODE = 3
