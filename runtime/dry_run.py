@@ -45,12 +45,12 @@ class DryRunResult:
 
 
 def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
-    """Trace rank ``rank`` of ``plan``; raises InfeasibleConfigError for a rank outside the world."""
+    """Trace plan rank ``rank`` of ``plan`` (played, as in a real run, by the process of the device
+    its DeviceMap gives it); raises InfeasibleConfigError for a rank outside the world."""
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
     start = time.perf_counter()
-    # The process that plays plan rank ``rank`` is the one of the device the DeviceMap gives it.
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:
         mesh = layout_mesh(layout, "cpu")
