@@ -12,6 +12,8 @@ through a callback; the CLI renders. torch is imported only inside the functions
 ...                                       pipeline_parallel_degree=1, micro_batch_size=1, zero_stage=1))
 """
 
+import json
+import logging
 import os
 from dataclasses import replace
 from enum import StrEnum
@@ -39,6 +41,8 @@ from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.runner import SearchOutcome, run_search
 from planner.search_engine.strategy import Budget, Progress, SearchStrategy
 from planner.tuning.settings import Selection, TuneSettings
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the modules behind these import torch (runtime) or scipy (tuning): loaded on use
     from planner.tuning.tuner import RunTrial, TuneResult
@@ -226,6 +230,7 @@ def profile(
     Returns:
         0 when every phase was measured; profiler.run.FAILED_EXIT_CODE (3) when a rank failed,
         in which case rank 0 wrote what it measured, marked incomplete, and the culprit is logged.
+        Rank 0 writes ``output`` either way.
 
     Raises:
         ProfileError: not under torchrun, or fewer than 2 ranks.
@@ -238,7 +243,6 @@ def profile(
     model_spec = load_model(model) if isinstance(model, str) else model
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     settings = ProfileSettings(
-        output=Path(output),
         timeout_s=timeout_s,
         model=model_spec,
         model_gemm_shapes=profile_gemm_shapes(model_spec, seq_len, world_size) if model_spec else (),
@@ -249,7 +253,14 @@ def profile(
     )
     if dtype is not None:
         settings = replace(settings, gemm_dtypes=(dtype,))
-    return run_profile(quick_settings(settings) if quick else settings)
+    outcome = run_profile(quick_settings(settings) if quick else settings)
+    if outcome.profile is not None:
+        save_cluster(outcome.profile, output)
+        logger.info("wrote %s", output)
+    elif outcome.incomplete is not None:
+        Path(output).write_text(json.dumps(outcome.incomplete, indent=2) + "\n")
+        logger.warning("wrote the incomplete profile to %s", output)
+    return outcome.exit_code
 
 
 def run(

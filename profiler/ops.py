@@ -7,16 +7,14 @@ micro-batch."""
 
 import itertools
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.schemas import (
     AttentionRecord,
@@ -31,11 +29,20 @@ from planner.schemas import (
     ShardedUnitRecord,
     ZeroStage,
 )
+from planner.schemas.geometry import MeshAxis
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
-from runtime.model import TORCH_DTYPES, Decoder, loss_fn
-from runtime.trainer import default_dtype, shard_units, tensor_parallel
+from runtime import (
+    TORCH_DTYPES,
+    Decoder,
+    default_dtype,
+    group_mesh,
+    loss_context,
+    loss_fn,
+    shard_units,
+    tensor_parallel,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,11 +217,11 @@ def _tensor_parallel_variants(ctx: Context, degrees: list[int]) -> Iterator[tupl
     variant to time: each degree on groups of tp consecutive ranks, in each profiled precision,
     with sequence parallelism too where tp > 1 divides the sequence."""
     for tp in degrees:
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("rest", "tp"))
+        mesh = group_mesh(ctx.device.type, ctx.world_size, tp, MeshAxis.TP)
         for dtype, sp in itertools.product(ctx.settings.gemm_dtypes, (False, True) if tp > 1 else (False,)):
             if sp and ctx.settings.seq_len % tp:
                 continue
-            yield tp, mesh["tp"], dtype, sp, ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
+            yield tp, mesh, dtype, sp, ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
 
 
 PIPELINE_SLOT_MICRO_BATCHES = (2, 8)
@@ -229,12 +236,12 @@ def _pipeline_slot(ctx: Context) -> list[OpRecord]:
     if ctx.world_size % 2:
         return []
     ctx.at("ops", "pipeline slot")
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size // 2, 2), mesh_dim_names=("rest", "pp"))
-    stage_index = mesh["pp"].get_local_rank()
+    mesh = group_mesh(ctx.device.type, ctx.world_size, 2, MeshAxis.PP)
+    stage_index = mesh.get_local_rank()
     steps = []
     for m in PIPELINE_SLOT_MICRO_BATCHES:
         module = torch.nn.Linear(8, 8, device=ctx.device)
-        stage = PipelineStage(module, stage_index, 2, ctx.device, group=mesh["pp"].get_group())
+        stage = PipelineStage(module, stage_index, 2, ctx.device, group=mesh.get_group())
         schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, _: y.sum())
         x, target = torch.randn(m, 1, 8, device=ctx.device), torch.zeros(m, 1, 8, device=ctx.device)
         steps.append(
@@ -267,8 +274,8 @@ def _sharded_units(ctx: Context) -> list[OpRecord]:
     if ctx.world_size % 2:
         return []
     ctx.at("ops", "sharded unit")
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size // 2, 2), mesh_dim_names=("rest", "dp"))
-    group = mesh["dp"].get_group()
+    mesh = group_mesh(ctx.device.type, ctx.world_size, 2, MeshAxis.DP)
+    group = mesh.get_group()
     few, many = SHARDED_MICRO_BATCHES
     out: list[OpRecord] = []
     for dtype in ctx.settings.gemm_dtypes:
@@ -277,7 +284,7 @@ def _sharded_units(ctx: Context) -> list[OpRecord]:
         stacks: list[torch.nn.Module] = [_tiny_stack(ctx.device, low)]
         for zero, _ in SHARDED_MODES:
             stack = _tiny_stack(ctx.device, torch.float32)
-            shard_units(stack, stack, mesh["dp"], zero_stage=ZeroStage(zero), dtype=low)
+            shard_units(stack, stack, mesh, zero_stage=ZeroStage(zero), dtype=low)
             stacks.append(stack)
         modes = [(0, False), *SHARDED_MODES]
         steps: list[Callable[[], object]] = [
@@ -325,7 +332,7 @@ def _sharded_step(stack: torch.nn.Module, x: torch.Tensor, micro_batches: int, z
             if deferred:  # as torch.distributed.pipelining drives a sharded stage
                 stack.set_requires_gradient_sync(last)
                 stack.set_reshard_after_backward(last)
-            elif zero == 2:  # as runtime.trainer keeps ZeRO-2's gathered weights until the last backward
+            elif zero == 2:  # as the runtime keeps ZeRO-2's gathered weights until the last backward
                 stack.set_reshard_after_backward(last)
         stack(x).float().sum().backward()
 
@@ -346,7 +353,7 @@ def _output_layers(ctx: Context) -> list[OpRecord]:
         if tp > 1:
             tensor_parallel(chunk, mesh, sequence_parallel=sp)
         head = _WithLoss(chunk, ctx.settings.seq_len)
-        with loss_parallel() if tp > 1 else nullcontext():  # the backward too runs inside
+        with loss_context(tp):  # the backward too runs inside
             out += _time_layer(ctx, head, OpKind.OUTPUT_LAYER, tp, sp, dtype, local_s)
     return out
 

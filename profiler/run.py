@@ -1,20 +1,20 @@
-"""A profiling run on every rank: topology -> links -> collectives -> ops, then rank 0 writes the
-cluster profile.
+"""A profiling run on every rank: topology -> links -> collectives -> ops, then rank 0 builds the
+cluster profile and returns it (the caller writes it).
 
 Faults: every rank records in the job's store where it is; collectives and transfers time out
 after ``timeout_s``. When a phase fails on a rank (a peer died, hung, or this rank was asked to
 stop), the rank names the ranks that did not reach the point it reached and the phase they were
-in, and exits with code 3; rank 0 first writes what it measured, marked incomplete.
+in, and exits with code 3; rank 0 returns what it measured, marked incomplete.
 """
 
 import contextlib
-import json
 import logging
 import os
 import signal
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -22,13 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.inputs import save_cluster
+from planner.schemas import ClusterProfile
 from planner.schemas.errors import ProfileError
 from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context
 from profiler.settings import ProfileSettings
-from runtime.threads import cpu_threads_per_rank
+from runtime import cpu_threads_per_rank
 
 logger = logging.getLogger(__name__)
 FAILED_EXIT_CODE = 3
@@ -54,8 +54,20 @@ def _environment() -> tuple[int, int, int, int]:
         ) from e
 
 
-def profile(settings: ProfileSettings) -> int:
-    """Profile the cluster this rank belongs to; the process's exit code (0 when complete)."""
+@dataclass(frozen=True, slots=True)
+class ProfileOutcome:
+    """What a rank takes away from a profiling run."""
+
+    exit_code: int
+    """0 when every phase was measured; FAILED_EXIT_CODE when a rank failed."""
+    profile: ClusterProfile | None = None
+    """Rank 0, complete run: the cluster profile."""
+    incomplete: dict[str, object] | None = None
+    """Rank 0, failed run: what was measured and who failed (JSON-ready)."""
+
+
+def profile(settings: ProfileSettings) -> ProfileOutcome:
+    """Profile the cluster this rank belongs to (see the module docstring)."""
     rank, world, local_rank, local_world = _environment()
     if world < 2:
         raise ProfileError("profiling needs at least 2 ranks: torchrun --nproc-per-node 2 (or more)")
@@ -90,12 +102,13 @@ def profile(settings: ProfileSettings) -> int:
         logger.error("rank %d: %s", rank, failure)
     finally:
         progress.close()
+    outcome = ProfileOutcome(0 if failure is None else FAILED_EXIT_CODE)
     if rank == 0:
-        _write(settings, measured, failure, backend, seconds)
+        outcome = _outcome(settings, measured, failure, backend, seconds)
     if failure is None:
         dist.barrier()
     _teardown(failure is None)
-    return 0 if failure is None else FAILED_EXIT_CODE
+    return outcome
 
 
 def _broadcast(infos: list[topology.RankInfo] | None) -> list[topology.RankInfo]:
@@ -129,9 +142,9 @@ def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
     seconds[phase] = time.perf_counter() - start
 
 
-def _write(
+def _outcome(
     settings: ProfileSettings, measured: dict[str, Any], failure: str | None, backend: str, seconds: dict[str, float]
-) -> None:
+) -> ProfileOutcome:
     if failure is None:
         profile = build_profile(
             settings,
@@ -142,17 +155,14 @@ def _write(
             backend=backend,
             phase_seconds=seconds,
         )
-        save_cluster(profile, settings.output)
-        logger.info("wrote %s", settings.output)
-        return
-    partial = {
+        return ProfileOutcome(0, profile=profile)
+    partial: dict[str, object] = {
         "complete": False,
         "failure": failure,
         "phases_measured": [name for name in ("topology", "links", "collectives", "ops") if name in measured],
         "settings": settings.to_record(),
     }
-    settings.output.write_text(json.dumps(partial, indent=2) + "\n")
-    logger.warning("wrote the incomplete profile to %s", settings.output)
+    return ProfileOutcome(FAILED_EXIT_CODE, incomplete=partial)
 
 
 def _teardown(clean: bool) -> None:

@@ -1,7 +1,6 @@
 """How much a profiling run measures: sizes, repeats, shapes and its timeout."""
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from planner.schemas import DType, ModelSpec
 
@@ -12,7 +11,6 @@ KIB, MIB = 1024, 1024 * 1024
 class ProfileSettings:
     """Everything that decides what the profiler measures and how long it may wait."""
 
-    output: Path
     timeout_s: float = 60.0
     """A collective or transfer that waits longer than this fails the run (a rank died or hung)."""
     warmup: int = 2

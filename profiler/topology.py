@@ -8,7 +8,7 @@ import torch
 
 from planner.schemas import DeviceKind
 from profiler.context import Context
-from runtime.threads import core_share
+from runtime import core_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class RankInfo:
     memory_bytes: int
     """Memory this rank may use: the device's on CUDA; the host's available memory shared by its ranks on CPU."""
     core_share: float = 1.0
-    """runtime.threads.core_share on CPU; 1 on CUDA."""
+    """runtime.core_share on CPU; 1 on CUDA."""
 
 
 def cpu_memory_bytes() -> int:

@@ -20,13 +20,13 @@ import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _State
-from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from planner.schemas import AttentionKernel, Plan
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import in_flight_micro_batches, stage_chunks
+from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
+from runtime.mesh import layout_mesh
 from runtime.model import loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer
@@ -45,15 +45,15 @@ class DryRunResult:
 
 
 def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
-    """Trace rank ``rank`` of ``plan``; raises InfeasibleConfigError for a rank outside the world."""
+    """Trace plan rank ``rank`` of ``plan`` (played, as in a real run, by the process of the device
+    its DeviceMap gives it); raises InfeasibleConfigError for a rank outside the world."""
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
     start = time.perf_counter()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:
-        shape = (layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree)
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("pp", "dp", "tp"))
+        mesh = layout_mesh(layout, "cpu")
         # The backend the real run picks on a CPU (fake tensors would otherwise fall back to the
         # math kernel, which keeps the s x s attention weights for the backward).
         backend = (
@@ -150,14 +150,14 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
     t = layout.tensor_parallel_degree
     local_s = s // t if layout.sequence_parallel else s
     chunks = stage_chunks(layout, trainer.pp_rank)
-    last = layout.num_chunks - 1
+    first, last = embedding_chunk(layout), output_chunk(layout)
     held = math.ceil(in_flight_micro_batches(layout, trainer.pp_rank, trainer.micro_batches))
     trainer.optimizer.zero_grad()
     outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-    with trainer._loss_context():
+    with trainer.loss_context():
         for _ in range(held):
             for chunk, index in zip(trainer.chunks, chunks, strict=True):
-                if index == 0:
+                if index == first:
                     x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
                 else:
                     x = torch.randn(b, local_s, model.hidden_size, requires_grad=True)

@@ -9,7 +9,8 @@ the expert-parallel runtime).
 """
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -21,6 +22,17 @@ from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recom
 from planner.schemas.errors import InfeasibleConfigError
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Modules built inside get parameters of ``dtype``."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def _norm(model: ModelSpec) -> nn.Module:

@@ -20,7 +20,7 @@ SLOW_S = 0.05
 
 def _time_both_ways() -> dict[str, Any]:
     rank = dist.get_rank()
-    ctx = Context(rank, 2, rank, 2, torch.device("cpu"), ProfileSettings(output=Path("unused")), store=None)
+    ctx = Context(rank, 2, rank, 2, torch.device("cpu"), ProfileSettings(), store=None)
 
     def work() -> None:
         time.sleep(SLOW_S if rank == 1 else 0.001)
@@ -39,7 +39,7 @@ def test_lockstep_counts_the_slowest_rank(tmp_path: Path) -> None:
 
 def _count_calls() -> dict[str, Any]:
     rank = dist.get_rank()
-    settings = ProfileSettings(output=Path("unused"), min_sample_s=0.02)
+    settings = ProfileSettings(min_sample_s=0.02)
     ctx = Context(rank, 2, rank, 2, torch.device("cpu"), settings, store=None)
     calls = [0]
 

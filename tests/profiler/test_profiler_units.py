@@ -78,7 +78,7 @@ def test_group_shapes_follow_the_topology() -> None:
 
 def test_build_profile_is_hierarchical(tmp_path: Path) -> None:
     infos = _infos(2, 2)
-    settings = ProfileSettings(output=tmp_path / "c.json", latency_bytes=0, bandwidth_bytes=2**20)
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
 
     def sample(src: int, dst: int, seconds: float) -> LinkSample:
         return LinkSample(src, dst, Timing(2e-6, 0.0), Timing(2e-6 + seconds, 0.0))
@@ -103,7 +103,7 @@ def test_build_profile_is_hierarchical(tmp_path: Path) -> None:
 
 def test_build_profile_keeps_each_ops_median_over_ranks_and_the_device_kind(tmp_path: Path) -> None:
     infos = _infos(1, 4)
-    settings = ProfileSettings(output=tmp_path / "c.json", latency_bytes=0, bandwidth_bytes=2**20)
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
     links = [[LinkSample(s, d, Timing(2e-6, 0.0), Timing(1e-3, 0.0)) for d in range(4) if d != s] for s in range(4)]
 
     def others(rank: int) -> tuple[LayerRecord | PipelineSlotRecord | ShardedUnitRecord, ...]:

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from harness import run_ranks
 
 from planner.inputs import load_model
-from planner.schemas import DType, Layout, ModelSpec
+from planner.schemas import DeviceMap, DType, Layout, ModelSpec
+from planner.schemas.geometry import coordinates
 from runtime.data import synthetic_batch
 from runtime.reference import reference_losses
 from runtime.trainer import Trainer
@@ -133,6 +135,38 @@ def test_four_ranks_sequence_parallel_and_recompute(model: ModelSpec, tmp_path: 
         ],
         tmp_path,
     )
+
+
+def train_placed(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
+    """``train``, first checking that this process plays the plan rank its DeviceMap gives it."""
+    for kw in layouts:
+        layout = Layout(**kw)
+        plan_rank = [layout.device_map.device_of(r) for r in range(layout.world_size)].index(dist.get_rank())
+        trainer = Trainer(
+            model, layout, global_batch_size=BATCH, seed=SEED, optimizer="sgd", lr=LR, device=torch.device("cpu")
+        )
+        stage, replica, _ = coordinates(layout, plan_rank)
+        assert (trainer.pp_rank, trainer.dp_rank) == (stage, replica), (kw, dist.get_rank())
+    return train(model, layouts)
+
+
+def test_four_ranks_device_map_trains_as_the_identity(tmp_path: Path) -> None:
+    """Under a DeviceMap the process of rank r's device plays rank r; losses are the identity's
+    (every mesh axis below lists its devices out of increasing order somewhere)."""
+    mapped = [
+        L(2, 2, 1, 2, device_map=DeviceMap(devices=(2, 3, 0, 1))),
+        L(1, 2, 2, 1, device_map=DeviceMap(devices=(3, 1, 2, 0))),
+        L(2, 1, 2, 1, zero_stage=3, device_map=DeviceMap(devices=(1, 3, 0, 2))),
+        L(2, 2, 1, 1, zero_stage=1, sequence_parallel=True, device_map=DeviceMap(devices=(1, 0, 3, 2))),
+    ]
+    identity = [{**kw, "device_map": DeviceMap()} for kw in mapped]
+    results = run_ranks(4, train_placed, GPT, identity + mapped, workdir=tmp_path)
+    reference = reference_losses(
+        GPT, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
+    )
+    for kw, same, placed in zip(mapped, results[: len(mapped)], results[len(mapped) :], strict=True):
+        assert placed == pytest.approx(same, abs=1e-6), kw
+        assert placed == pytest.approx(reference, abs=TOLERANCE), kw
 
 
 def train_mixed(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:

@@ -1,0 +1,95 @@
+"""Data parallelism and ZeRO: each replica's rows of the batch, and how gradients, optimizer
+state and parameters are shared across replicas.
+
+- ZeRO-0/1 (Rajbhandari et al. 2020): ``runtime.optim.DataParallelOptimizer``, one flat
+  all-reduce of the gradients; ZeRO-1 shards the optimizer state and the fp32 masters.
+- ZeRO-2/3: FSDP2 (``shard_units``) with reshard_after_forward False/True, computing in the
+  plan's precision over fp32 shards. Gradients are reduced in the plan's precision (the cost
+  model's 2 bytes per parameter in bf16). Under a pipeline, torch.distributed.pipelining has
+  FSDP keep each micro-batch's gradient whole and reduce once, after the stage's last backward.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from planner.schemas import Layout, ZeroStage
+from runtime.model import Decoder
+from runtime.optim import DataParallelOptimizer, make_optimizer
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallel:
+    """This rank's replica of a layout: its rows of each batch and its sharing of the model."""
+
+    layout: Layout
+    mesh: DeviceMesh
+    """The 1-D mesh of this rank's data-parallel group."""
+
+    @property
+    def shards_with_fsdp(self) -> bool:
+        """ZeRO-2/3 shard with FSDP; over one replica there is nothing to shard, and FSDP would
+        still gather and reduce every unit of every micro-batch (as the cost model says, ZeRO is
+        then ZeRO-0)."""
+        return self.layout.zero_stage >= ZeroStage.GRADIENTS and self.layout.data_parallel_degree > 1
+
+    def parameter_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
+        """The precision the model is built in: ZeRO-0/1 keep it in the plan's precision (fp32
+        masters live in the optimizer); ZeRO-2/3 keep fp32 shards that FSDP gathers in it."""
+        return torch.float32 if self.shards_with_fsdp else compute_dtype
+
+    def rows(self, batch_size: int) -> slice:
+        """This replica's rows of a global batch of ``batch_size`` rows."""
+        per_replica = batch_size // self.layout.data_parallel_degree
+        replica = self.mesh.get_local_rank()
+        return slice(replica * per_replica, (replica + 1) * per_replica)
+
+    def share(
+        self, chunks: Sequence[Decoder], *, optimizer: str, lr: float, compute_dtype: torch.dtype
+    ) -> DataParallelOptimizer | torch.optim.Optimizer:
+        """Shard ``chunks`` (ZeRO-2/3) and return the optimizer of this rank's parameters.
+
+        Args:
+            chunks: this rank's model chunks, tensor-parallel already.
+            optimizer: "adamw" or "sgd" (``runtime.optim.OPTIMIZERS``).
+            lr: learning rate.
+            compute_dtype: the plan's precision.
+        """
+        if self.shards_with_fsdp:
+            for chunk in chunks:
+                units = chunk.layers.values()
+                shard_units(units, chunk, self.mesh, zero_stage=self.layout.zero_stage, dtype=compute_dtype)
+            return make_optimizer(optimizer, parameters(chunks), lr)
+        shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
+        return DataParallelOptimizer(optimizer, parameters(chunks), lr, self.mesh.get_group(), shard=shard)
+
+    def before_micro_batch(self, chunk: nn.Module, index: int, micro_batches: int) -> None:
+        """Without a pipeline: ZeRO-2 keeps the gathered weights until the step's last backward
+        (the cost model's m reduce-scatters and one all-gather); ZeRO-3 gathers them each time."""
+        if self.shards_with_fsdp and self.layout.zero_stage is ZeroStage.GRADIENTS:
+            cast(FSDPModule, chunk).set_reshard_after_backward(index == micro_batches - 1)
+
+
+def parameters(chunks: Iterable[nn.Module]) -> list[nn.Parameter]:
+    """Every parameter of ``chunks``, in order."""
+    return [p for chunk in chunks for p in chunk.parameters()]
+
+
+def shard_units(
+    units: Iterable[nn.Module], root: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: ZeroStage, dtype: torch.dtype
+) -> None:
+    """ZeRO-2/3 as the runtime shards (FSDP2): each unit, then the root with what remains, over
+    ``dp_mesh``; fp32 shards gathered, computed and reduced in ``dtype``; ZeRO-3 reshards after
+    each forward. The profiler times its own cost this way."""
+    reshard = zero_stage is ZeroStage.PARAMETERS
+    # fp32 shards are the master weights; layers gather, compute and reduce in the plan's
+    # precision (as ZeRO-0/1 reduce: measured, an fp32 reduce-scatter doubled the bytes).
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    for unit in units:
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)

@@ -1,0 +1,100 @@
+"""Device meshes: the only code of ours that builds a DeviceMesh.
+
+A layout's mesh has the axes ``schemas.geometry.MESH_AXES`` (pp, dp, tp; tp fastest) and puts at
+coordinate (s, r, j) the process that plays plan rank ``rank_of(s, r, j)``: the process whose
+torch rank is ``layout.device_map.device_of(rank)`` (torchrun numbers processes as the
+DeviceMap numbers devices, node by node). With the identity map this is the mesh
+``init_device_mesh(device, (p, d, t))`` builds.
+
+torch orders the members of a process group by their rank, and a process's place on a mesh
+axis is its rank in that axis's group. A map under which some axis lists its devices out of
+increasing order would then give processes other coordinates than the plan's (measured on
+torch 2.13: a tp axis of devices [1, 0] put device 1's shard second). Such meshes are built on
+groups that keep the mesh's order (``new_group(sort_ranks=False)``).
+"""
+
+import itertools
+import logging
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from planner.schemas import Layout
+from planner.schemas.geometry import MESH_AXES, MeshAxis, mesh_shape, rank_of
+
+logger = logging.getLogger(__name__)
+
+GROUPS_AXIS = "groups"
+"""Name of the outer axis of ``group_mesh``'s 2-D mesh: which group of consecutive ranks."""
+
+
+def device_grid(layout: Layout) -> torch.Tensor:
+    """The torch rank at each coordinate of ``layout``'s mesh: a (p, d, t) int tensor holding
+    ``device_map.device_of(rank_of(s, r, j))``."""
+    p, d, t = mesh_shape(layout)
+    devices = [
+        layout.device_map.device_of(rank_of(layout, s, r, j)) for s in range(p) for r in range(d) for j in range(t)
+    ]
+    return torch.tensor(devices, dtype=torch.int).view(p, d, t)
+
+
+def layout_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """The (pp, dp, tp) mesh of ``layout`` on this job (every rank calls it, in the same order).
+
+    Args:
+        layout: the plan's layout; its DeviceMap says which process plays each plan rank.
+        device_type: "cpu" or "cuda" (a torch device's ``type``).
+
+    Returns:
+        The mesh; index it by ``MeshAxis`` (``mesh[MeshAxis.TP]``).
+    """
+    grid = device_grid(layout)
+    names = tuple(MESH_AXES)
+    if all(_increasing(fiber) for axis in range(grid.ndim) for fiber in _fibers(grid, axis)):
+        return DeviceMesh(device_type, mesh=grid, mesh_dim_names=names)
+    logger.info("mesh of %s: devices out of rank order on some axis; building order-keeping groups", layout.describe())
+    return _mesh_of_ordered_groups(grid, device_type, names)
+
+
+def group_mesh(device_type: str, world_size: int, group_size: int, axis: MeshAxis) -> DeviceMesh:
+    """This rank's group of ``group_size`` consecutive ranks as a 1-D mesh named ``axis``: the
+    inner axis of a 2-D (groups, axis) mesh over the world, so every group works at once (as a
+    layout's tensor-parallel groups do).
+
+    Args:
+        device_type: "cpu" or "cuda".
+        world_size: ranks of the job; ``group_size`` must divide it.
+        group_size: ranks per group.
+        axis: the name the group's mesh axis carries.
+
+    Returns:
+        The 1-D mesh of this rank's group.
+    """
+    if world_size % group_size:
+        raise ValueError(f"group_size={group_size} must divide world_size={world_size}")
+    grid = torch.arange(world_size, dtype=torch.int).view(world_size // group_size, group_size)
+    return DeviceMesh(device_type, mesh=grid, mesh_dim_names=(GROUPS_AXIS, axis))[axis]
+
+
+def _fibers(grid: torch.Tensor, axis: int) -> list[list[int]]:
+    """The lines of ``grid`` along ``axis``: the members of each of that axis's groups, in mesh order."""
+    lines: list[list[int]] = grid.movedim(axis, -1).reshape(-1, grid.shape[axis]).tolist()
+    return lines
+
+
+def _increasing(ranks: list[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(ranks))
+
+
+def _mesh_of_ordered_groups(grid: torch.Tensor, device_type: str, names: tuple[str, ...]) -> DeviceMesh:
+    """A mesh on groups whose ranks follow the mesh's order along each axis (see the module's
+    docstring). Every rank creates every group, in the same order, as ``new_group`` requires."""
+    mine = []
+    me = dist.get_rank()
+    for axis, name in enumerate(names):
+        for fiber in _fibers(grid, axis):
+            group = dist.new_group(ranks=fiber, sort_ranks=False, group_desc=f"mesh_{name}")
+            if me in fiber:
+                mine.append(group)
+    return DeviceMesh.from_group(mine, device_type, mesh=grid, mesh_dim_names=names)

@@ -1,0 +1,60 @@
+"""The runtime's meshes: a layout's mesh puts each plan rank on the process of its device (the
+DeviceMap), with every axis's group ordered as the mesh (torch would sort it by rank), and equals
+torch's own ``init_device_mesh`` under the identity map."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import run_ranks
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+
+from planner.schemas import DeviceMap, Layout
+from planner.schemas.geometry import MESH_AXES, MeshAxis, coordinates
+from runtime import device_grid, group_mesh, layout_mesh
+
+
+def _layout(p: int = 1, **kw: object) -> Layout:
+    return Layout(
+        data_parallel_degree=2, tensor_parallel_degree=2, pipeline_parallel_degree=p, micro_batch_size=1, **kw
+    )  # type: ignore[arg-type]
+
+
+MAPS = [(2, 3, 0, 1), (1, 0, 3, 2), (3, 1, 2, 0)]
+"""Devices of ranks 0..3: dp axis reversed; tp axis reversed; both axes out of order."""
+
+
+def test_device_grid_holds_each_plan_ranks_device() -> None:
+    layout = _layout(device_map=DeviceMap(devices=(2, 3, 0, 1)))
+    assert device_grid(layout).tolist() == [[[2, 3], [0, 1]]]
+    identity = _layout(2)
+    assert device_grid(identity).flatten().tolist() == list(range(8))
+
+
+def _check_meshes() -> bool:
+    """On every rank: the identity mesh is torch's; under each map this process sits at its plan
+    rank's coordinates, and a tensor-parallel gather follows the mesh's order."""
+    me = dist.get_rank()
+    identity = _layout()
+    assert layout_mesh(identity, "cpu") == init_device_mesh("cpu", (1, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+    for devices in MAPS:
+        layout = _layout(device_map=DeviceMap(devices=devices))
+        mesh = layout_mesh(layout, "cpu")
+        plan_rank = devices.index(me)
+        expected = coordinates(layout, plan_rank)
+        assert tuple(mesh.get_coordinate() or ()) == expected, (devices, me)
+        assert tuple(mesh[a].get_local_rank() for a in MESH_AXES) == expected, (devices, me)
+        shard = torch.full((1,), float(plan_rank))
+        gathered = DTensor.from_local(shard, mesh[MeshAxis.TP], [Shard(0)]).full_tensor()
+        replica = expected[1]
+        assert gathered.tolist() == [float(2 * replica), float(2 * replica + 1)], (devices, me, gathered)
+    pair = group_mesh("cpu", dist.get_world_size(), 2, MeshAxis.PP)
+    assert pair.get_local_rank() == me % 2 and pair.mesh.tolist() == [me - me % 2, me - me % 2 + 1]
+    return True
+
+
+@pytest.mark.distributed
+def test_layout_mesh_places_plan_ranks_on_their_devices(tmp_path: Path) -> None:
+    assert run_ranks(4, _check_meshes, workdir=tmp_path) is True
