@@ -15,6 +15,7 @@ through a callback; the CLI renders. torch is imported only inside the functions
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
@@ -38,7 +39,8 @@ from planner.schemas import (
 from planner.schemas.errors import SchemaError
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
-from planner.search_engine.runner import SearchOutcome, run_search
+from planner.search_engine.refiner import Refiner
+from planner.search_engine.runner import DEFAULT_REFINERS, SearchOutcome, run_search
 from planner.search_engine.strategy import Budget, Progress, SearchStrategy
 from planner.tuning.settings import Selection, TuneSettings
 
@@ -110,6 +112,7 @@ def search_outcome(
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
     storage: str | None = None,
     progress: Progress | None = None,
+    refiners: Sequence[Refiner] = DEFAULT_REFINERS,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -123,6 +126,7 @@ def search_outcome(
         memory_margin: share of device memory kept free (allocator fragmentation).
         storage: Optuna study storage URL (e.g. sqlite:///search.db) for a resumable search.
         progress: called as progress(done, total) while searching.
+        refiners: applied in order to the strategy's finalists (default: the CP-SAT layer split).
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -145,6 +149,7 @@ def search_outcome(
         seed=seed,
         memory_margin=memory_margin,
         progress=progress,
+        refiners=refiners,
     )
     ranked = outcome.ranked
     plans = tuple(

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from planner import api
 from planner.inputs import load_cluster, load_model
 from planner.schemas import Layout, TrainingSpec
 from planner.search_engine import ExhaustiveSearch
@@ -72,3 +73,9 @@ def test_the_layer_split_refiner_is_a_default_and_splits_a_pipeline_unevenly_whe
     )
     flat_candidate = Candidate(flat, evaluate(flat))
     assert LayerSplitRefiner().refine(flat_candidate, evaluate, Budget(), seed=0) is flat_candidate
+
+
+def test_the_python_api_passes_refiners_through() -> None:
+    recording = Recording()
+    api.search(MODEL, CLUSTER, TRAINING, top_k=2, seed=5, refiners=(recording,))
+    assert len(recording.seen) == 10
