@@ -181,12 +181,13 @@ def search(
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
     storage: str | None = None,
     progress: Progress | None = None,
+    refiners: Sequence[Refiner] = DEFAULT_REFINERS,
 ) -> tuple[Plan, ...]:
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
-        model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress:
-            as for :func:`search_outcome`.
+        model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress,
+            refiners: as for :func:`search_outcome`.
 
     Returns:
         Up to ``top_k`` plans, fastest first.
@@ -205,6 +206,7 @@ def search(
         memory_margin=memory_margin,
         storage=storage,
         progress=progress,
+        refiners=refiners,
     )
     return plans
 
