@@ -9,10 +9,11 @@ import pytest
 from conftest import cpu_cluster
 
 from cost_models import groups as grp
+from cost_models.comm import slowest_collective_s
 from cost_models.estimate import estimate
-from cost_models.memory import stage_memory, stage_params
+from cost_models.memory import stage_memory
+from cost_models.params import stage_params
 from cost_models.pipeline import defers_gradient_reduction
-from cost_models.timing import slowest_collective_s
 from planner.inputs import load_model
 from planner.schemas import (
     ClusterProfile,
