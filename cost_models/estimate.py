@@ -18,6 +18,7 @@ from cost_models.data_parallel import data_parallel_time
 from cost_models.layer_work import hardware_flop_ratio, model_flops_per_sequence
 from cost_models.memory import all_stage_memory
 from cost_models.optimizer import optimizer_step_s
+from cost_models.params import stage_params
 from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.shared_cores import shared_core_factor
 from cost_models.timing import StageTime, stage_times
@@ -32,7 +33,7 @@ from planner.schemas import (
     TimeBreakdown,
     TrainingSpec,
 )
-from planner.schemas.geometry import holds_embedding, holds_output_layer, num_micro_batches, stage_layers
+from planner.schemas.geometry import num_micro_batches, stage_layers
 
 
 def estimate(
@@ -106,16 +107,17 @@ def _stage_estimates(
 ) -> tuple[StageEstimate, ...]:
     """Each pipeline stage's layers, vocabulary layers, memory and compute per micro-batch."""
     layers = stage_layers(model, layout)
+    held = (stage_params(model, layout, i) for i in range(layout.pipeline_parallel_degree))
     return tuple(
         StageEstimate(
             stage=i,
             layers=layers[i],
-            holds_embedding=holds_embedding(layout, i),
-            holds_output_layer=holds_output_layer(layout, i),
+            holds_embedding=params.holds_embedding,
+            holds_output_layer=params.holds_output_layer,
             memory=memories[i],
             compute_per_micro_batch_s=times[i].compute_s + times[i].recompute_s,
         )
-        for i in range(layout.pipeline_parallel_degree)
+        for i, params in enumerate(held)
     )
 
 

@@ -46,8 +46,6 @@ from planner.schemas import (
 )
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
-    holds_embedding,
-    holds_output_layer,
     in_flight_micro_batches,
     num_micro_batches,
     stage_layers,
@@ -59,17 +57,28 @@ GRAD_BUCKET_ELEMENT_BYTES: Final = 4
 GRAD_BUCKETS: Final = 2
 
 
-def stage_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int) -> float:
+def stage_activation_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int, params: StageParams
+) -> float:
     """Activation bytes one rank of stage ``stage`` holds at its peak.
 
-    Per-layer bytes (``kept_bytes`` of ``layer_activations``, with ``training.attention_kernel``) x the
-    stage's layers x micro-batches in flight
-    (``in_flight_micro_batches``, whole-stage units, so interleaving needs no further factor),
-    plus one layer's recompute working set; the stage holding the embedding adds its ids and
-    dropout mask per in-flight micro-batch (Korthikanti sec. 4.3); the stage holding the output
-    layer adds the final norm and
+    Per-layer bytes (``kept_bytes`` of ``layer_activations``, with ``training.attention_kernel``)
+    x the stage's layers x micro-batches in flight (``in_flight_micro_batches``, whole-stage
+    units, so interleaving needs no further factor), plus one layer's recompute working set; the
+    stage holding the embedding adds its ids and dropout mask per in-flight micro-batch
+    (Korthikanti sec. 4.3); the stage holding the output layer adds the final norm and
     output-projection inputs of the micro-batches whose loss awaits its backward: all m under
     GPipe, one otherwise (the last chunk runs its backward right after its forward).
+
+    Args:
+        model: the model.
+        training: sequence length, precision, attention kernel.
+        layout: degrees, micro-batch size, schedule, recompute.
+        stage: pipeline rank.
+        params: what the rank holds (``params.stage_params``): which vocabulary layers.
+
+    Returns:
+        Bytes.
     """
     check_stage(layout, stage)
     m = _micro_batches(training, layout)
@@ -90,12 +99,12 @@ def stage_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
         )
         per_layer, working = kept_bytes(terms, recompute), rematerialized_bytes(terms, recompute)
         total += per_layer * layers_here * in_flight + working
-    if holds_embedding(layout, stage):
+    if params.holds_embedding:
         embedding = embedding_activation_bytes(
             model, seq_len=s, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp
         )
         total += embedding * in_flight
-    if holds_output_layer(layout, stage):
+    if params.holds_output_layer:
         output = output_layer_activation_bytes(
             model, seq_len=s, micro_batch_size=b, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
         )
@@ -103,16 +112,21 @@ def stage_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
     return total
 
 
-def stage_logits_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int) -> float:
+def stage_logits_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int, params: StageParams
+) -> float:
     """fp32 logits on the stage holding the output layer: one copy per micro-batch awaiting its
     backward, plus one.
 
     Each kept micro-batch holds its fp32 logits / softmax (4 s b V / t); the extra copy is the
     fp32 gradient of the logits built during the backward of one micro-batch. Under 1F1B this is
-    2 x 4 s b V / t. Zero on other stages.
+    2 x 4 s b V / t. Zero on other stages (``params.holds_output_layer``).
+
+    Returns:
+        Bytes.
     """
     check_stage(layout, stage)
-    if not holds_output_layer(layout, stage):
+    if not params.holds_output_layer:
         return 0.0
     one = logits_bytes(
         model,
@@ -172,9 +186,10 @@ def stage_memory(
         weights_bytes=states.weights_bytes,
         gradients_bytes=states.gradients_bytes,
         optimizer_states_bytes=states.optimizer_states_bytes,
-        activations_bytes=stage_activation_bytes(model, training, layout, stage)
+        activations_bytes=stage_activation_bytes(model, training, layout, stage, params)
         * (cal.activation_memory_scale if cal else 1.0),
-        logits_bytes=stage_logits_bytes(model, training, layout, stage) * (cal.logits_memory_scale if cal else 1.0),
+        logits_bytes=stage_logits_bytes(model, training, layout, stage, params)
+        * (cal.logits_memory_scale if cal else 1.0),
         communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params)
         * (cal.buffer_memory_scale if cal else 1.0),
         workspace_bytes=workspace_bytes(cluster) + (cal.memory_overhead_bytes if cal else 0.0),

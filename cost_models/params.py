@@ -119,6 +119,11 @@ class StageParams:
     largest_unit: float
     """Parameters of the largest module ZeRO-3 gathers at once (a layer's sharded part, the
     embedding or the output layer)."""
+    holds_embedding: bool
+    """Whether the stage holds the input embedding (``geometry.holds_embedding``)."""
+    holds_output_layer: bool
+    """Whether the stage holds the final norm, the output layer and the loss
+    (``geometry.holds_output_layer``)."""
     units: int = 1
     """Modules sharded and gathered one at a time under ZeRO 2-3: one per transformer layer, and
     one for the embedding, final norm and output layer the stage holds (FSDP's wrapping of each
@@ -169,5 +174,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         dense=dense,
         expert=layers_here * expert_per_layer,
         largest_unit=max(units, default=0.0),
+        holds_embedding=embedding_here,
+        holds_output_layer=output_here,
         units=max(1, layers_here + (1 if embedding_here or output_here else 0)),
     )

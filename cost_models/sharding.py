@@ -221,8 +221,44 @@ class StepCollectives:
         return micro_batches * self.per_micro_batch.time_s(run_s) + self.per_step.time_s(run_s)
 
 
+WITHOUT_PIPELINE: Final = {
+    # One all-reduce of the accumulated gradients, bucket by bucket in the last backward.
+    ZeroStage.NONE: StepCollectives(
+        per_micro_batch=Collectives(),
+        per_step=Collectives(all_reduce=1),
+        unit_by_unit=False,
+        window=OverlapWindow.LAST_BACKWARD,
+    ),
+    # One reduce-scatter of the accumulated gradients, one all-gather of the updated weights.
+    ZeroStage.OPTIMIZER: StepCollectives(
+        per_micro_batch=Collectives(),
+        per_step=Collectives(reduce_scatter=1, all_gather=1),
+        unit_by_unit=False,
+        window=OverlapWindow.LAST_BACKWARD,
+    ),
+    # Every micro-batch's gradients reduce-scattered in its backward; the weights gathered once.
+    ZeroStage.GRADIENTS: StepCollectives(
+        per_micro_batch=Collectives(reduce_scatter=1),
+        per_step=Collectives(all_gather=1),
+        unit_by_unit=True,
+        window=OverlapWindow.EVERY_BACKWARD,
+    ),
+    # Weights gathered for every forward and backward, prefetched behind all the compute.
+    ZeroStage.PARAMETERS: StepCollectives(
+        per_micro_batch=Collectives(reduce_scatter=1, all_gather=2),
+        per_step=Collectives(),
+        unit_by_unit=True,
+        window=OverlapWindow.ALL_COMPUTE,
+    ),
+}
+"""What each ZeRO stage runs in a step where no pipeline defers the reduction."""
+
+
 def step_collectives(layout: Layout, micro_batches: int) -> StepCollectives:
-    """What ZeRO runs over the data-parallel group in one step (module docstring).
+    """What ZeRO runs over the data-parallel group in one step (module docstring):
+    ``WITHOUT_PIPELINE``, or under a pipeline that defers ZeRO 2-3's reduction one reduce-scatter
+    after the last backward, hidden by nothing, and one all-gather (ZeRO-2) or m + 1, one for
+    every backward and one for the first forward, behind all the compute (ZeRO-3).
 
     Args:
         layout: ZeRO stage and degrees (whether a pipeline defers the reduction).
@@ -232,39 +268,11 @@ def step_collectives(layout: Layout, micro_batches: int) -> StepCollectives:
         The collectives per micro-batch and per step, whether unit by unit, and their window.
     """
     zero = layout.zero_stage
-    if zero is ZeroStage.NONE:
-        return StepCollectives(
-            per_micro_batch=Collectives(),
-            per_step=Collectives(all_reduce=1),
-            unit_by_unit=False,
-            window=OverlapWindow.LAST_BACKWARD,
-        )
-    if not zero.shards_gradients:
-        return StepCollectives(
-            per_micro_batch=Collectives(),
-            per_step=Collectives(reduce_scatter=1, all_gather=1),
-            unit_by_unit=False,
-            window=OverlapWindow.LAST_BACKWARD,
-        )
-    window = OverlapWindow.ALL_COMPUTE if zero.shards_parameters else OverlapWindow.EVERY_BACKWARD
-    if defers_gradient_reduction(layout):  # one reduction; ZeRO-3 gathers for each backward and once more
-        gathers = micro_batches + 1 if zero.shards_parameters else 1
-        return StepCollectives(
-            per_micro_batch=Collectives(),
-            per_step=Collectives(reduce_scatter=1, all_gather=gathers),
-            unit_by_unit=True,
-            window=window if zero.shards_parameters else OverlapWindow.NONE,
-        )
-    if zero.shards_parameters:
-        return StepCollectives(
-            per_micro_batch=Collectives(reduce_scatter=1, all_gather=2),
-            per_step=Collectives(),
-            unit_by_unit=True,
-            window=window,
-        )
+    if not defers_gradient_reduction(layout):
+        return WITHOUT_PIPELINE[zero]
     return StepCollectives(
-        per_micro_batch=Collectives(reduce_scatter=1),
-        per_step=Collectives(all_gather=1),
+        per_micro_batch=Collectives(),
+        per_step=Collectives(reduce_scatter=1, all_gather=micro_batches + 1 if zero.shards_parameters else 1),
         unit_by_unit=True,
-        window=window,
+        window=OverlapWindow.ALL_COMPUTE if zero.shards_parameters else OverlapWindow.NONE,
     )

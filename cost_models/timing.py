@@ -15,8 +15,8 @@ timed this model's own layer (``compute.measured_layer_s``), that time replaces 
 kernels: it holds every small op and launch the kernel sum leaves out.
 The output layer (final norm, head, loss) likewise, where the profile timed the runtime's own,
 vocabulary-parallel under tensor parallelism, its collectives counted as its compute; it runs on
-the stage that holds it (``geometry.holds_output_layer``), the embedding on the stage that holds
-that. Under ZeRO 2-3 each sharded unit (``StageParams.units``) adds, every micro-batch, what the
+the stage that holds it (``StageParams.holds_output_layer``), the embedding on the stage that
+holds that. Under ZeRO 2-3 each sharded unit (``StageParams.units``) adds, every micro-batch, what the
 profiler timed FSDP spending of its own (``sharding.sharded_unit_s``; its collectives are priced
 in cost_models.data_parallel).
 Units: seconds.
@@ -40,7 +40,7 @@ from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import tensor_parallel_layer_s
 from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
-from planner.schemas.geometry import holds_embedding, holds_output_layer, stage_layers
+from planner.schemas.geometry import stage_layers
 
 
 def grad_accumulation_bytes_per_param(dtype: DType) -> int:
@@ -133,10 +133,8 @@ def stage_times(
     unit_s = sharded_unit_s(dev, layout, dt)
     out = []
     for stage, n in enumerate(stage_layers(model, layout)):
-        extra = (embed_s if holds_embedding(layout, stage) else 0.0) + (
-            output_s if holds_output_layer(layout, stage) else 0.0
-        )
         held = stage_params(model, layout, stage)
+        extra = (embed_s if held.holds_embedding else 0.0) + (output_s if held.holds_output_layer else 0.0)
         extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
         extra += held.units * unit_s
         out.append(
