@@ -14,6 +14,7 @@ moves 1/k of the data over its own network rail. Units: bytes, seconds, bytes/s.
 
 import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkMatrix, LinkProfile, Placement
@@ -121,6 +122,36 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
     intra_phases = 2 if op is CollectiveOp.ALL_REDUCE else 1
     intra_s = _flat_time_s(cluster, intra_op, message_bytes, k, Placement.INTRA_NODE, intra_link)
     return intra_phases * intra_s + inter_s
+
+
+def has_uniform_links(cluster: ClusterProfile) -> bool:
+    """Whether every link of a class is the same, so one group stands for all of its axis."""
+    return cluster.intra_node_links.uniform is not None and cluster.inter_node_links.uniform is not None
+
+
+def slowest_collective_s(
+    op: CollectiveOp, message_bytes: float, groups: Iterable[Group], cluster: ClusterProfile
+) -> float:
+    """The slowest group's time: groups of one axis run at once and the step waits for all.
+
+    On a cluster with uniform links every group of an axis costs the same, so one is priced.
+
+    Args:
+        op: the collective.
+        message_bytes: the full buffer of each group (nccl-tests convention), bytes.
+        groups: the axis's groups (devices), as ``cost_models.groups`` yields them.
+        cluster: links and collective records.
+
+    Returns:
+        Seconds of the slowest group's collective; 0 without groups.
+    """
+    uniform = has_uniform_links(cluster)
+    worst = 0.0
+    for group in groups:
+        worst = max(worst, collective_time_s(op, message_bytes, group, cluster))
+        if uniform:
+            break
+    return worst
 
 
 def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:

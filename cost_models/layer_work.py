@@ -18,7 +18,7 @@ Units: elements for shapes, bytes for traffic.
 from dataclasses import dataclass
 
 from cost_models.compute import Gemm
-from planner.schemas import AttentionKernel, Layout, ModelSpec, PositionEmbedding, TrainingSpec
+from planner.schemas import AttentionKernel, Layout, ModelSpec, PositionEmbedding, Recompute, TrainingSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,6 +133,32 @@ PROFILED_TENSOR_PARALLEL = (1, 2, 4, 8)
 """Tensor-parallel degrees whose GEMM shapes ``planner profile --model`` times."""
 PROFILED_MICRO_BATCHES = (1, 2)
 """Micro-batch sizes whose GEMM shapes ``planner profile --model`` times."""
+
+
+def hardware_flop_ratio(model: ModelSpec, seq_len: int, recompute: Recompute) -> float:
+    """Hardware FLOPs / model FLOPs of one training step.
+
+    Full recompute adds one forward of every transformer layer (Narayanan et al. eq. 3: 96 vs
+    72 B s l h^2); selective adds the attention core's forward; none adds nothing.
+
+    Args:
+        model: the model.
+        seq_len: tokens per sequence.
+        recompute: what the backward recomputes.
+
+    Returns:
+        The ratio, >= 1.
+    """
+    if recompute is Recompute.NONE:
+        return 1.0
+    h, s, l = model.hidden_size, seq_len, model.num_hidden_layers
+    per_seq = model_flops_per_sequence(model, s)
+    logits = 3 * 2 * s * h * model.vocab_size
+    layer_fwd = (per_seq - logits) / 3
+    if recompute is Recompute.FULL:
+        return (per_seq + layer_fwd) / per_seq
+    attention_fwd = l * 2 * 2 * s * s * model.num_attention_heads * model.head_size
+    return (per_seq + attention_fwd) / per_seq
 
 
 def profile_gemm_shapes(model: ModelSpec, seq_len: int, max_tensor_parallel: int) -> tuple[tuple[int, int, int], ...]:

@@ -1,7 +1,13 @@
-"""Pipeline schedules' costs: bubbles, and when sharded gradients are reduced. (The split of
-layers into chunks and the micro-batches in flight are layout geometry: ``schemas.geometry``.)
+"""Pipeline parallelism's step cost: the bubble, the transfers between stages, the schedule's own
+bookkeeping, and when sharded gradients are reduced. (The split of layers into chunks and the
+micro-batches in flight are layout geometry: ``schemas.geometry``.)
 
-Sources: Narayanan et al. (SC21) sec. 2.2 for bubble fractions (p-1)/m and (p-1)/(v m).
+Sources: Narayanan et al. (SC21) sec. 2.2 for bubble fractions (p-1)/m and (p-1)/(v m), and
+sec. 3 for the transfers: an activation forward and a gradient backward per micro-batch and
+model chunk, and 2 (p - 1) more while the pipeline fills and drains, over the boundary links;
+under tensor parallelism each rank sends its 1/t slice (Megatron-LM's scatter/gather). Where the
+profile timed a tiny schedule's slot, what it took beyond its two transfers (the schedule's
+bookkeeping) is added once per slot of the critical path (``micro_batch_slots``).
 
 ZeRO 2-3 under a pipeline (``defers_gradient_reduction``): torch.distributed.pipelining runs
 every backward of a sharded (FSDP) stage without gradient sync and without resharding, and
@@ -10,10 +16,16 @@ torchtitan runs pipeline with FSDP). The stage then holds its whole gradient dur
 and, after each backward, its gathered weights: ZeRO 2-3 save only the optimizer shard, as
 ZeRO-1 does (DeepSpeed refuses ZeRO 2-3 with a pipeline; Megatron-LM offers ZeRO-1 alone).
 Measured on tiny-gpt, dp 2 x pp 2, 8 micro-batches: each unit reduce-scattered once a step,
-gathered once under ZeRO-2 and 9 (m + 1) times under ZeRO-3.
+gathered once under ZeRO-2 and 9 (m + 1) times under ZeRO-3 (``cost_models.sharding``).
+Units: seconds, bytes.
 """
 
-from planner.schemas import Layout, ZeroStage
+from itertools import islice
+
+from cost_models import groups as grp
+from cost_models.comm import has_uniform_links, p2p_time_s
+from cost_models.compute import measured_pipeline_slot_s
+from planner.schemas import ClusterProfile, Layout, ModelSpec, TrainingSpec
 
 
 def bubble_fraction(layout: Layout, micro_batches: int) -> float:
@@ -22,11 +34,55 @@ def bubble_fraction(layout: Layout, micro_batches: int) -> float:
     return (p - 1) / (v * micro_batches)
 
 
+def bubble_s(layout: Layout, micro_batches: int, slowest_stage_s: float) -> float:
+    """Seconds the pipeline idles per step: the bubble fraction of m micro-batches on the slowest
+    stage (``slowest_stage_s`` seconds each; SC21 sec. 2.2)."""
+    return bubble_fraction(layout, micro_batches) * micro_batches * slowest_stage_s
+
+
+def micro_batch_slots(layout: Layout, micro_batches: int) -> int:
+    """Units of the schedule's critical path: m, or with p > 1 stages m x v chunk steps plus the
+    p - 1 that fill the pipeline."""
+    p = layout.pipeline_parallel_degree
+    return micro_batches if p == 1 else micro_batches * layout.virtual_stages + p - 1
+
+
+def pipeline_comm_s(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, micro_batches: int
+) -> float:
+    """Point-to-point time of one step on the critical path, with the schedule's own cost per slot
+    where the profile timed it (module docstring); 0 without a pipeline.
+
+    Args:
+        model: hidden size of the activations sent.
+        training: sequence length and precision.
+        cluster: links between stages, and the profiled pipeline slot if any.
+        layout: degrees, micro-batch size, virtual stages, device map.
+        micro_batches: micro-batches per step on one replica (m).
+
+    Returns:
+        Seconds: (2 m v + 2 (p - 1)) hops over the slowest stage boundary, plus per slot what the
+        profiled slot took beyond its two transfers' latency.
+    """
+    p, v, t = layout.pipeline_parallel_degree, layout.virtual_stages, layout.tensor_parallel_degree
+    if p == 1:
+        return 0.0
+    act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * training.dtype.bytes / t
+    boundaries = grp.stage_boundaries(layout)
+    pairs = list(islice(boundaries, 1) if has_uniform_links(cluster) else boundaries)
+    hop_s = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
+    transfers_s = (2 * micro_batches * v + 2 * (p - 1)) * hop_s
+    slot_s = measured_pipeline_slot_s(cluster.device)
+    if slot_s is None:
+        return transfers_s
+    # The schedule's own cost: the tiny slot beyond its two transfers.
+    latency_s = max(p2p_time_s(0.0, a, b, cluster) for a, b in pairs)
+    return transfers_s + micro_batch_slots(layout, micro_batches) * max(0.0, slot_s - 2 * latency_s)
+
+
 def defers_gradient_reduction(layout: Layout) -> bool:
     """Whether sharded gradients are kept whole and reduced once a step, after the last backward:
     ZeRO 2-3 with a pipeline and data-parallel peers (module docstring)."""
     return (
-        layout.pipeline_parallel_degree > 1
-        and layout.data_parallel_degree > 1
-        and layout.zero_stage >= ZeroStage.GRADIENTS
+        layout.pipeline_parallel_degree > 1 and layout.data_parallel_degree > 1 and layout.zero_stage.shards_gradients
     )

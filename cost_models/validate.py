@@ -5,7 +5,7 @@ fit is not checked here: the Estimate says whether the layout fits.
 """
 
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
-from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import chunk_layers
 
 
@@ -56,3 +56,11 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
         raise InfeasibleConfigError(f"ep={ep} needs a mixture-of-experts model; {model.name!r} is dense")
     if model.num_local_experts % ep:
         raise InfeasibleConfigError(f"ep={ep} does not divide num_local_experts={model.num_local_experts}")
+
+
+def check_stage(layout: Layout, stage: int) -> None:
+    """Raise SchemaError if ``stage`` is not a pipeline rank of ``layout``."""
+    if not 0 <= stage < layout.pipeline_parallel_degree:
+        raise SchemaError(
+            f"stage={stage} is not a pipeline rank; it must be in 0..{layout.pipeline_parallel_degree - 1}"
+        )

@@ -90,6 +90,21 @@ class ZeroStage(IntEnum):
     GRADIENTS = 2
     PARAMETERS = 3
 
+    @property
+    def shards_optimizer_states(self) -> bool:
+        """Stages 1-3 split the optimizer states over the data-parallel ranks (P_os)."""
+        return self >= ZeroStage.OPTIMIZER
+
+    @property
+    def shards_gradients(self) -> bool:
+        """Stages 2-3 also split the gradients (P_os+g)."""
+        return self >= ZeroStage.GRADIENTS
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Stage 3 also splits the parameters, gathered module by module when used (P_os+g+p)."""
+        return self >= ZeroStage.PARAMETERS
+
 
 class CollectiveOp(StrEnum):
     """Collective operations the cost models price."""

@@ -23,13 +23,9 @@ from datetime import UTC, datetime
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear, nnls
 
-from cost_models.estimate import (
-    COMMUNICATION_TERMS,
-    COMPUTE_TERMS,
-    TENSOR_PARALLEL_TERMS,
-    estimate,
-    micro_batch_slots,
-)
+from cost_models.calibration import COMMUNICATION_TERMS, COMPUTE_TERMS, TENSOR_PARALLEL_TERMS
+from cost_models.estimate import estimate
+from cost_models.pipeline import micro_batch_slots
 from planner.schemas import Calibration, ClusterProfile, Estimate, MemoryBreakdown, Plan, RunReport
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import num_micro_batches

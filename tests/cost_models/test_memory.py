@@ -17,13 +17,11 @@ from cost_models.activations import (
 from cost_models.memory import (
     CUDA_WORKSPACE_BYTES,
     all_stage_memory,
-    model_state_bytes,
     peak_stage_memory,
     stage_memory,
-    stage_params,
-    zero3_gather_buffer_bytes,
 )
-from cost_models.params import total_params
+from cost_models.params import stage_params, total_params
+from cost_models.sharding import model_state_bytes, zero3_gather_buffer_bytes
 from planner.schemas import (
     Activation,
     AttentionKernel,

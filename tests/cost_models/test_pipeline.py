@@ -1,11 +1,13 @@
-"""Layer split, in-flight micro-batches and bubbles of the pipeline schedules."""
+"""Layer split, in-flight micro-batches, bubbles, slots and transfers of the pipeline schedules."""
 
 import pytest
+from conftest import make_cluster
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cost_models.pipeline import bubble_fraction
-from planner.schemas import Layout, ModelSpec, Schedule
+from cost_models.pipeline import bubble_fraction, bubble_s, micro_batch_slots, pipeline_comm_s
+from planner.inputs import load_model
+from planner.schemas import DType, Layout, ModelSpec, Schedule, TrainingSpec
 from planner.schemas.geometry import chunk_layers, in_flight_micro_batches, stage_layers
 
 MODEL = ModelSpec(hidden_size=64, num_hidden_layers=10, num_attention_heads=4, vocab_size=100)
@@ -50,3 +52,26 @@ def test_more_micro_batches_never_raise_the_bubble(p: int, m: int, v: int) -> No
     lay = layout(p, v=v)
     assert bubble_fraction(lay, m + 1) <= bubble_fraction(lay, m)
     assert bubble_fraction(lay, m) == pytest.approx((p - 1) / (v * m))
+
+
+def test_slots_of_the_critical_path() -> None:
+    assert micro_batch_slots(layout(1), 8) == 8
+    assert micro_batch_slots(layout(4), 8) == 8 + 3
+    assert micro_batch_slots(layout(4, v=2), 8) == 2 * 8 + 3
+
+
+def test_bubble_seconds_are_the_fraction_of_the_slowest_stages_micro_batches() -> None:
+    assert bubble_s(layout(4, v=2), 8, 0.5) == pytest.approx(3 / 16 * 8 * 0.5)
+
+
+def test_pipeline_transfers_hand_worked() -> None:
+    # tiny-gpt, pp 2 on one node (100 GB/s, 1 us): each hop sends one micro-batch's activation,
+    # 1 x 128 x 128 x 2 bytes = 32,768 bytes, in 1 us + 0.32768 us. m = 8 micro-batches and one
+    # chunk a stage: 2 x 8 x 1 sends plus 2 x (2 - 1) to fill and drain the pipeline.
+    tiny = load_model("tiny-gpt")
+    training = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
+    two = Layout(data_parallel_degree=2, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1)
+    cluster = make_cluster(per_node=4)
+    assert pipeline_comm_s(tiny, training, cluster, two, 8) == pytest.approx(18 * (1e-6 + 32_768 / 100e9))
+    flat = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    assert pipeline_comm_s(tiny, training, cluster, flat, 4) == 0.0

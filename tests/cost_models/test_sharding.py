@@ -5,14 +5,25 @@ its last backward, so the stage holds what ZeRO-1 holds and ZeRO-3 gathers m + 1
 (cost_models.pipeline.defers_gradient_reduction). FSDP's own cost per unit and micro-batch is
 what the profiler timed (compute.measured_sharded_unit_s)."""
 
+from dataclasses import replace
+
 import pytest
 from conftest import cpu_cluster
 
 from cost_models import groups as grp
+from cost_models.comm import slowest_collective_s
 from cost_models.estimate import estimate
-from cost_models.memory import stage_memory, stage_params
+from cost_models.memory import stage_memory
+from cost_models.params import stage_params
 from cost_models.pipeline import defers_gradient_reduction
-from cost_models.timing import slowest_collective_s
+from cost_models.sharding import (
+    Collectives,
+    OverlapWindow,
+    StepCollectives,
+    held_zero_stage,
+    optimizer_shard_params,
+    step_collectives,
+)
 from planner.inputs import load_model
 from planner.schemas import (
     ClusterProfile,
@@ -136,3 +147,95 @@ def test_a_pipelined_stage_takes_the_deferred_cost() -> None:
 def test_unsharded_layouts_take_no_fsdp_cost() -> None:
     for layout in (_layout(1, ZeroStage.OPTIMIZER), _layout(2, ZeroStage.NONE)):
         assert estimate(MODEL, TRAINING, _with_sharded_units(TIMED), layout) == estimate(MODEL, TRAINING, CPU, layout)
+
+
+def test_what_each_zero_stage_shards() -> None:
+    # Rajbhandari et al. (SC20) fig. 1: P_os, P_os+g, P_os+g+p.
+    table = {zero: (zero.shards_optimizer_states, zero.shards_gradients, zero.shards_parameters) for zero in ZeroStage}
+    assert table == {
+        ZeroStage.NONE: (False, False, False),
+        ZeroStage.OPTIMIZER: (True, False, False),
+        ZeroStage.GRADIENTS: (True, True, False),
+        ZeroStage.PARAMETERS: (True, True, True),
+    }
+
+
+def test_a_pipeline_holds_zero_1s_states_under_zero_2_and_3() -> None:
+    assert held_zero_stage(_layout(2, ZeroStage.PARAMETERS)) is ZeroStage.OPTIMIZER
+    assert held_zero_stage(_layout(2, ZeroStage.GRADIENTS)) is ZeroStage.OPTIMIZER
+    assert held_zero_stage(_layout(1, ZeroStage.PARAMETERS)) is ZeroStage.PARAMETERS
+    assert held_zero_stage(_layout(2, ZeroStage.NONE)) is ZeroStage.NONE
+
+
+@pytest.mark.parametrize(
+    ("p", "zero", "per_micro_batch", "per_step", "unit_by_unit", "window"),
+    [
+        (1, ZeroStage.NONE, Collectives(), Collectives(all_reduce=1), False, OverlapWindow.LAST_BACKWARD),
+        (2, ZeroStage.NONE, Collectives(), Collectives(all_reduce=1), False, OverlapWindow.LAST_BACKWARD),
+        (
+            1,
+            ZeroStage.OPTIMIZER,
+            Collectives(),
+            Collectives(reduce_scatter=1, all_gather=1),
+            False,
+            OverlapWindow.LAST_BACKWARD,
+        ),
+        (
+            1,
+            ZeroStage.GRADIENTS,
+            Collectives(reduce_scatter=1),
+            Collectives(all_gather=1),
+            True,
+            OverlapWindow.EVERY_BACKWARD,
+        ),
+        (
+            1,
+            ZeroStage.PARAMETERS,
+            Collectives(reduce_scatter=1, all_gather=2),
+            Collectives(),
+            True,
+            OverlapWindow.ALL_COMPUTE,
+        ),
+        # Pipelined, m = 8: one reduction after the last backward, nothing left to hide it ...
+        (2, ZeroStage.GRADIENTS, Collectives(), Collectives(reduce_scatter=1, all_gather=1), True, OverlapWindow.NONE),
+        # ... while ZeRO-3's m + 1 gathers still run behind the compute.
+        (
+            2,
+            ZeroStage.PARAMETERS,
+            Collectives(),
+            Collectives(reduce_scatter=1, all_gather=9),
+            True,
+            OverlapWindow.ALL_COMPUTE,
+        ),
+    ],
+)
+def test_the_collectives_each_zero_stage_runs_per_step(
+    p: int,
+    zero: ZeroStage,
+    per_micro_batch: Collectives,
+    per_step: Collectives,
+    unit_by_unit: bool,
+    window: OverlapWindow,
+) -> None:
+    m = 16 // (4 // p)
+    assert step_collectives(_layout(p, zero), m) == StepCollectives(
+        per_micro_batch=per_micro_batch, per_step=per_step, unit_by_unit=unit_by_unit, window=window
+    )
+
+
+def test_the_optimizer_steps_the_ranks_shard() -> None:
+    # tiny-moe at dp 4, ep 2: 461,952 dense parameters and 786,432 of the rank's experts; ZeRO 1-3
+    # shard the dense ones over 4 ranks and the experts over the 4 / 2 ranks holding the same.
+    moe = load_model("tiny-moe")
+    layout = Layout(
+        data_parallel_degree=4,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        expert_parallel_degree=2,
+        micro_batch_size=1,
+    )
+    held = stage_params(moe, layout, 0)
+    assert (held.dense, held.expert) == (461_952, 786_432)
+    assert optimizer_shard_params(held, layout) == 461_952 + 786_432
+    for zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
+        assert optimizer_shard_params(held, replace(layout, zero_stage=zero)) == 461_952 / 4 + 786_432 / 2

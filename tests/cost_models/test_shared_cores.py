@@ -2,7 +2,7 @@
 
 import pytest
 
-from cost_models.estimate import shared_core_factor
+from cost_models.shared_cores import shared_core_factor
 from cost_models.timing import StageTime
 
 

@@ -1,0 +1,161 @@
+"""Data parallelism's step cost: the gradient reduction, or ZeRO's collectives
+(``cost_models.sharding``), over the data-parallel groups, and the share of it compute hides.
+
+Gradients are reduced in training precision (2 bytes per parameter in mixed precision, the ZeRO
+paper's 2 psi) over the d ranks of a stage's data-parallel group; expert gradients over the
+d / ep ranks that hold the same experts (``groups.expert_data_groups``). Which collectives run,
+how often and behind which compute is ZeRO's rule (``sharding.step_collectives``); only what
+exceeds that window is exposed. The step waits for the stage whose reduction is exposed the
+most. On a CPU device nothing is hidden (``hides_communication``).
+Units: seconds, bytes.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from cost_models import groups as grp
+from cost_models.comm import Group, has_uniform_links, slowest_collective_s
+from cost_models.params import stage_params
+from cost_models.sharding import OverlapWindow, step_collectives
+from cost_models.timing import StageTime
+from planner.schemas import ClusterProfile, DeviceKind, Layout, ModelSpec, TrainingSpec
+from planner.schemas.geometry import stage_layers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataParallelTime:
+    """Data-parallel communication of one step, on the stage that exposes the most of it."""
+
+    exposed_s: float
+    """What compute does not hide: on the step's critical path."""
+    total_s: float
+    """All of it, hidden or not."""
+
+    @property
+    def overlapped_s(self) -> float:
+        """What runs behind compute."""
+        return self.total_s - self.exposed_s
+
+
+def hides_communication(cluster: ClusterProfile) -> bool:
+    """Whether data-parallel communication can run behind compute. On GPUs it can: NCCL runs on
+    its own streams and copy engines. On a CPU it cannot: gloo's collectives run on the cores that
+    compute (measured on the local 4-rank cluster: ZeRO-3 adds its gathers in full, 0.13 s a
+    micro-batch of tiny-gpt at dp 4)."""
+    return cluster.device.kind is not DeviceKind.CPU
+
+
+def stage_data_parallel_comm_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    stage: int,
+    micro_batches: int,
+) -> float:
+    """Data-parallel communication of one rank of ``stage`` in one step, before any overlap.
+
+    Args:
+        model: the model (the stage's parameters, dense and expert).
+        training: precision of the gradients and gathered parameters.
+        cluster: links and collective records.
+        layout: degrees, ZeRO stage, device map.
+        stage: pipeline rank.
+        micro_batches: micro-batches per step on one replica (m).
+
+    Returns:
+        Seconds of every collective ZeRO runs (``sharding.step_collectives``) over the stage's
+        dense parameters and over its experts', each on its slowest group.
+    """
+    e = training.dtype.bytes
+    held = stage_params(model, layout, stage)
+    d, ep = layout.data_parallel_degree, layout.expert_parallel_degree
+    layers = stage_layers(model, layout)[stage]
+    plan = step_collectives(layout, micro_batches)
+    shares: list[tuple[float, Iterator[Group], int, int]] = [
+        (held.dense, grp.data_groups(layout, stage), d, held.units)
+    ]
+    if held.expert:
+        shares.append((held.expert, grp.expert_data_groups(layout, stage), d // ep, max(1, layers)))
+    total = 0.0
+    for params, groups, size, units in shares:
+        if size <= 1:
+            continue
+        # With uniform links every group of the axis costs the same: price one.
+        group_list = list(islice(groups, 1) if has_uniform_links(cluster) else groups)
+        pieces = units if plan.unit_by_unit else 1  # ZeRO 2-3: each unit its own collective
+        nbytes = params * e
+        run_s = {op: pieces * slowest_collective_s(op, nbytes / pieces, group_list, cluster) for op in plan.ops}
+        total += plan.time_s(run_s, micro_batches)
+    return total
+
+
+def overlap_window_s(window: OverlapWindow, stage_time: StageTime, micro_batches: int) -> float:
+    """Seconds of compute behind which the data-parallel collectives run, for one stage.
+
+    Args:
+        window: which compute (``sharding.step_collectives``).
+        stage_time: the stage's times per micro-batch.
+        micro_batches: micro-batches per step on one replica (m).
+
+    Returns:
+        The last backward, m backwards, m forwards and backwards (recompute included), or 0.
+    """
+    if window is OverlapWindow.ALL_COMPUTE:
+        return micro_batches * (stage_time.compute_s + stage_time.recompute_s)
+    if window is OverlapWindow.EVERY_BACKWARD:
+        return micro_batches * stage_time.backward_s
+    if window is OverlapWindow.LAST_BACKWARD:
+        return stage_time.backward_s
+    return 0.0
+
+
+def data_parallel_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    times: tuple[StageTime, ...],
+    micro_batches: int,
+    *,
+    compute_scale: float = 1.0,
+    communication_scale: float = 1.0,
+) -> DataParallelTime:
+    """Data-parallel communication of one step: every stage's, less what its window hides, on the
+    stage that exposes the most (module docstring).
+
+    A calibration's scales apply here, before the overlap is decided: the scaled reduction against
+    the scaled compute (``cost_models.calibration``).
+
+    Args:
+        model: the model.
+        training: precision.
+        cluster: links, collective records, device kind.
+        layout: degrees, ZeRO stage, device map.
+        times: every stage's times per micro-batch (``timing.stage_times``).
+        micro_batches: micro-batches per step on one replica (m).
+        compute_scale: factor on the compute that hides the communication.
+        communication_scale: factor on the communication.
+
+    Returns:
+        The exposed and the total seconds of the stage whose exposed part is the largest (the
+        last such stage on ties).
+    """
+    plan = step_collectives(layout, micro_batches)
+    hides = hides_communication(cluster)
+    uniform = has_uniform_links(cluster)
+    exposed_s, total_s = 0.0, 0.0
+    # On uniform links a stage's reduction depends only on the parameters it holds.
+    comm_by_params: dict[tuple[float, float], float] = {}
+    for stage, stage_time in enumerate(times):
+        held = stage_params(model, layout, stage)
+        key = (held.dense, held.expert) if uniform else (float(stage), -1.0)
+        if key not in comm_by_params:
+            comm_by_params[key] = stage_data_parallel_comm_s(model, training, cluster, layout, stage, micro_batches)
+        comm_s = comm_by_params[key] * communication_scale
+        window_s = compute_scale * overlap_window_s(plan.window, stage_time, micro_batches) if hides else 0.0
+        exposed = max(0.0, comm_s - window_s)
+        if exposed >= exposed_s:
+            exposed_s, total_s = exposed, comm_s
+    return DataParallelTime(exposed_s=exposed_s, total_s=total_s)

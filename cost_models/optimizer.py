@@ -1,0 +1,40 @@
+"""The optimizer step's time: Adam over the parameters whose states a rank holds.
+
+Adam reads and writes 28 bytes per parameter of the rank's optimizer shard (fp32 weight, two
+moments, gradient, and the training-precision copy), memory-bound; or it runs at the rate the
+profiler timed on the model's own layer (``compute.measured_optimizer_s``). Under ZeRO 1-3 the
+shard is 1/d of the dense parameters and 1/(d / ep) of the experts' (``sharding``). Every
+pipeline stage steps at once; the step waits for the slowest. Units: seconds, bytes.
+"""
+
+from typing import Final
+
+from cost_models.compute import elementwise_time_s, measured_optimizer_s
+from cost_models.params import stage_params
+from cost_models.sharding import optimizer_shard_params
+from planner.schemas import ClusterProfile, Layout, ModelSpec
+
+ADAM_BYTES_PER_PARAM: Final = 28
+"""Bytes Adam reads and writes per parameter in one step (see module docstring)."""
+
+
+def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout) -> float:
+    """Seconds of one optimizer step on the slowest pipeline stage.
+
+    Args:
+        model: the model (the stages' parameters; its name for the profiled rate).
+        cluster: the device (memory bandwidth, profiled optimizer record).
+        layout: degrees and ZeRO stage.
+
+    Returns:
+        The largest stage's optimizer time, in seconds.
+    """
+    optimizer_s = 0.0
+    for stage in range(layout.pipeline_parallel_degree):
+        params = optimizer_shard_params(stage_params(model, layout, stage), layout)
+        measured = measured_optimizer_s(cluster.device, model.name, params)
+        stage_s = (
+            measured if measured is not None else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.device)
+        )
+        optimizer_s = max(optimizer_s, stage_s)
+    return optimizer_s

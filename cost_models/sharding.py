@@ -1,0 +1,278 @@
+"""ZeRO (Rajbhandari et al. SC20): what the data-parallel ranks shard, which collectives that
+costs them each step, and which compute hides those collectives.
+
+This is the one module that reads ``Layout.zero_stage``: memory (``cost_models.memory``), stage
+times (``cost_models.timing``), data-parallel communication (``cost_models.data_parallel``) and
+the optimizer step (``cost_models.optimizer``) ask it. What each stage shards is a property of
+``ZeroStage`` (``shards_optimizer_states``, ``shards_gradients``, ``shards_parameters``).
+
+Model states (SC20 sec. 5): stage 1 shards the optimizer states, stage 2 also the gradients,
+stage 3 also the weights, over the d ranks of the data-parallel group (experts over its d / ep
+ranks). ZeRO-3 gathers its parameters module by module: ``ZERO3_GATHERED_UNITS`` = 2 units (the
+one in use and the next, prefetched), a unit being the largest module gathered at once on the
+stage (a transformer layer, the embedding or the output layer on this rank's tensor-parallel
+shard), in training precision; as DeepSpeed's estimator, whose 4 x largest_layer_params bytes
+is the same term.
+
+Collectives per step (each over the gradients' or parameters' bytes in training precision, the
+ZeRO paper's 2 psi in mixed precision): without ZeRO one all-reduce, bucket by bucket during the
+last micro-batch's backward. ZeRO-1 reduce-scatters the accumulated gradients once and
+all-gathers the updated parameters (the same volume), hidden the same way. ZeRO-2 keeps no full
+gradient, so it reduce-scatters every micro-batch's gradients during that micro-batch's backward
+(as DeepSpeed stage 2 and FSDP with gradient sync do). ZeRO-3 also gathers parameters for every
+forward and backward of every micro-batch (3 psi per micro-batch), prefetched behind all of the
+compute. ZeRO 2-3 shard module by module (``StageParams.units``), one collective per unit each.
+Under a pipeline (``pipeline.defers_gradient_reduction``) ZeRO 2-3 reduce once, after the last
+backward, and ZeRO-3 gathers for every backward and for the first forward, m + 1 times; the
+single reduction has no backward left to hide behind, and the stage holds what ZeRO-1 holds.
+Units: parameters (elements), bytes, seconds.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from cost_models.compute import measured_sharded_unit_s
+from cost_models.params import StageParams
+from cost_models.pipeline import defers_gradient_reduction
+from planner.schemas import CollectiveOp, DeviceProfile, DType, Layout, ModelSpec, ZeroStage
+from planner.schemas.errors import SchemaError
+
+ZERO3_GATHERED_UNITS: Final = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelStates:
+    """Bytes of model states one rank holds (Rajbhandari et al. SC20, sec. 5)."""
+
+    weights_bytes: float
+    """Parameters in training precision."""
+    gradients_bytes: float
+    """Gradients in training precision."""
+    optimizer_states_bytes: float
+    """Adam: fp32 master copy (mixed precision only) and two fp32 moments."""
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of the three."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_states_bytes
+
+
+def model_state_bytes(params: float, shard_degree: int, zero_stage: ZeroStage, dtype: DType) -> ModelStates:
+    """Weights, gradients and Adam states of ``params`` parameters on one rank under ZeRO.
+
+    Source: Rajbhandari et al. (SC20) sec. 5. Mixed precision (bf16/fp16): 2 bytes of weights,
+    2 of gradients and K = 12 of optimizer states (fp32 master weights and two moments) per
+    parameter; fp32 training: 4, 4 and K = 8 (no master copy). Each term is divided by
+    ``shard_degree`` where ``zero_stage`` shards it. The gathered-parameter buffer of stage 3 is
+    ``zero3_gather_buffer_bytes``, not included here.
+
+    Args:
+        params: parameters this rank holds without ZeRO (elements).
+        shard_degree: ranks that share these parameters' states (d, or d / ep for experts).
+        zero_stage: what is sharded.
+        dtype: training precision.
+
+    Returns:
+        The three model-state terms, in bytes.
+    """
+    if shard_degree < 1:
+        raise SchemaError(f"shard_degree={shard_degree} must be >= 1")
+    element_bytes = dtype.bytes
+    optimizer_bytes_per_param = 8 if dtype is DType.FP32 else 12
+    d = shard_degree
+    return ModelStates(
+        weights_bytes=element_bytes * params / (d if zero_stage.shards_parameters else 1),
+        gradients_bytes=element_bytes * params / (d if zero_stage.shards_gradients else 1),
+        optimizer_states_bytes=optimizer_bytes_per_param * params / (d if zero_stage.shards_optimizer_states else 1),
+    )
+
+
+def zero3_gather_buffer_bytes(largest_unit_params: float, dtype: DType) -> float:
+    """Bytes of the parameters ZeRO-3 gathers at once: 2 units in training precision.
+
+    One unit is in use while the next is prefetched (DeepSpeed ``stage3.py`` estimator:
+    4 x largest_layer_params bytes for 2-byte weights; FSDP's default backward prefetch).
+    """
+    return ZERO3_GATHERED_UNITS * largest_unit_params * dtype.bytes
+
+
+def held_zero_stage(layout: Layout) -> ZeroStage:
+    """The ZeRO stage whose states a rank holds through the step: ZeRO-1's where a pipeline keeps
+    ZeRO 2-3's gradients and gathered weights whole (``pipeline.defers_gradient_reduction``),
+    else the layout's."""
+    return ZeroStage.OPTIMIZER if defers_gradient_reduction(layout) else layout.zero_stage
+
+
+def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dtype: DType) -> ModelStates:
+    """Model states of one rank holding ``params``, under the layout's ZeRO stage.
+
+    Dense parameters are sharded over d, experts over d / ep (``model_state_bytes`` with
+    ``held_zero_stage``); under ZeRO-3 with d > 1 the weights add the gathered buffer of 2 units
+    (``zero3_gather_buffer_bytes``); with d = 1 nothing is sharded or gathered (FSDP then falls
+    back to no sharding).
+
+    Args:
+        model: the model (whether it has experts).
+        layout: degrees and ZeRO stage.
+        params: what the rank holds before sharding (``params.stage_params``).
+        dtype: training precision.
+
+    Returns:
+        Weights (gathered buffer included), gradients and optimizer states, in bytes.
+    """
+    d = layout.data_parallel_degree
+    ep = layout.expert_parallel_degree if model.is_moe else 1
+    zero = held_zero_stage(layout)
+    dense = model_state_bytes(params.dense, d, zero, dtype)
+    expert = model_state_bytes(params.expert, d // ep, zero, dtype)
+    gathered = zero3_gather_buffer_bytes(params.largest_unit, dtype) if zero.shards_parameters and d > 1 else 0.0
+    return ModelStates(
+        weights_bytes=dense.weights_bytes + expert.weights_bytes + gathered,
+        gradients_bytes=dense.gradients_bytes + expert.gradients_bytes,
+        optimizer_states_bytes=dense.optimizer_states_bytes + expert.optimizer_states_bytes,
+    )
+
+
+def optimizer_shard_params(params: StageParams, layout: Layout) -> float:
+    """Parameters whose optimizer step one rank runs: all it holds, or under ZeRO 1-3 its shard,
+    1/d of the dense parameters and 1/(d / ep) of the experts' (elements)."""
+    shard = layout.data_parallel_degree if layout.zero_stage.shards_optimizer_states else 1
+    expert_shard = max(1, shard // layout.expert_parallel_degree)
+    return params.dense / shard + params.expert / expert_shard
+
+
+def sharded_unit_s(device: DeviceProfile, layout: Layout, dtype: DType) -> float:
+    """Seconds FSDP spends of its own on one sharded unit and micro-batch under ZeRO 2-3 with
+    d > 1 (hooks, casts, copies, beyond compute and collectives), as the profiler timed it
+    (``compute.measured_sharded_unit_s``); 0 without sharded units or without the record."""
+    if not (layout.zero_stage.shards_gradients and layout.data_parallel_degree > 1):
+        return 0.0
+    measured = measured_sharded_unit_s(device, layout.zero_stage, defers_gradient_reduction(layout), dtype)
+    return measured or 0.0
+
+
+class OverlapWindow(StrEnum):
+    """The compute behind which a rank's data-parallel collectives run."""
+
+    LAST_BACKWARD = "last_backward"
+    """The last micro-batch's backward: bucket by bucket as its gradients are ready."""
+    EVERY_BACKWARD = "every_backward"
+    """Every micro-batch's backward: each reduces its own gradients."""
+    ALL_COMPUTE = "all_compute"
+    """Every forward and backward: gathers are prefetched behind the module before."""
+    NONE = "none"
+    """Nothing: one reduction after the last backward."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collectives:
+    """How many times each collective runs, each over every parameter (or gradient) held."""
+
+    all_reduce: int = 0
+    reduce_scatter: int = 0
+    all_gather: int = 0
+
+    @property
+    def ops(self) -> tuple[CollectiveOp, ...]:
+        """The collectives that run at least once."""
+        counts = (
+            (CollectiveOp.ALL_REDUCE, self.all_reduce),
+            (CollectiveOp.REDUCE_SCATTER, self.reduce_scatter),
+            (CollectiveOp.ALL_GATHER, self.all_gather),
+        )
+        return tuple(op for op, count in counts if count)
+
+    def time_s(self, run_s: Mapping[CollectiveOp, float]) -> float:
+        """Seconds of all the runs, ``run_s[op]`` each (an op absent from it must not run)."""
+        return (
+            self.all_reduce * run_s.get(CollectiveOp.ALL_REDUCE, 0.0)
+            + self.reduce_scatter * run_s.get(CollectiveOp.REDUCE_SCATTER, 0.0)
+            + self.all_gather * run_s.get(CollectiveOp.ALL_GATHER, 0.0)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepCollectives:
+    """The data-parallel collectives of one rank in one step, and what hides them."""
+
+    per_micro_batch: Collectives
+    """Run for every micro-batch."""
+    per_step: Collectives
+    """Run once a step (counts already multiplied where they depend on the micro-batches)."""
+    unit_by_unit: bool
+    """Whether each collective runs once per sharded unit (``StageParams.units``) on 1/units of
+    the bytes, each paying its own latency, rather than once on all of them."""
+    window: OverlapWindow
+
+    @property
+    def ops(self) -> tuple[CollectiveOp, ...]:
+        """The collectives that run at least once a step."""
+        return tuple(dict.fromkeys(self.per_micro_batch.ops + self.per_step.ops))
+
+    def time_s(self, run_s: Mapping[CollectiveOp, float], micro_batches: int) -> float:
+        """Seconds of one step's collectives, ``run_s[op]`` each run (over all the bytes).
+
+        Args:
+            run_s: seconds of one run of each op in ``ops``, unit by unit where ``unit_by_unit``.
+            micro_batches: micro-batches per step on one replica (m).
+        """
+        return micro_batches * self.per_micro_batch.time_s(run_s) + self.per_step.time_s(run_s)
+
+
+WITHOUT_PIPELINE: Final = {
+    # One all-reduce of the accumulated gradients, bucket by bucket in the last backward.
+    ZeroStage.NONE: StepCollectives(
+        per_micro_batch=Collectives(),
+        per_step=Collectives(all_reduce=1),
+        unit_by_unit=False,
+        window=OverlapWindow.LAST_BACKWARD,
+    ),
+    # One reduce-scatter of the accumulated gradients, one all-gather of the updated weights.
+    ZeroStage.OPTIMIZER: StepCollectives(
+        per_micro_batch=Collectives(),
+        per_step=Collectives(reduce_scatter=1, all_gather=1),
+        unit_by_unit=False,
+        window=OverlapWindow.LAST_BACKWARD,
+    ),
+    # Every micro-batch's gradients reduce-scattered in its backward; the weights gathered once.
+    ZeroStage.GRADIENTS: StepCollectives(
+        per_micro_batch=Collectives(reduce_scatter=1),
+        per_step=Collectives(all_gather=1),
+        unit_by_unit=True,
+        window=OverlapWindow.EVERY_BACKWARD,
+    ),
+    # Weights gathered for every forward and backward, prefetched behind all the compute.
+    ZeroStage.PARAMETERS: StepCollectives(
+        per_micro_batch=Collectives(reduce_scatter=1, all_gather=2),
+        per_step=Collectives(),
+        unit_by_unit=True,
+        window=OverlapWindow.ALL_COMPUTE,
+    ),
+}
+"""What each ZeRO stage runs in a step where no pipeline defers the reduction."""
+
+
+def step_collectives(layout: Layout, micro_batches: int) -> StepCollectives:
+    """What ZeRO runs over the data-parallel group in one step (module docstring):
+    ``WITHOUT_PIPELINE``, or under a pipeline that defers ZeRO 2-3's reduction one reduce-scatter
+    after the last backward, hidden by nothing, and one all-gather (ZeRO-2) or m + 1, one for
+    every backward and one for the first forward, behind all the compute (ZeRO-3).
+
+    Args:
+        layout: ZeRO stage and degrees (whether a pipeline defers the reduction).
+        micro_batches: micro-batches per step on one replica (m).
+
+    Returns:
+        The collectives per micro-batch and per step, whether unit by unit, and their window.
+    """
+    zero = layout.zero_stage
+    if not defers_gradient_reduction(layout):
+        return WITHOUT_PIPELINE[zero]
+    return StepCollectives(
+        per_micro_batch=Collectives(),
+        per_step=Collectives(reduce_scatter=1, all_gather=micro_batches + 1 if zero.shards_parameters else 1),
+        unit_by_unit=True,
+        window=OverlapWindow.ALL_COMPUTE if zero.shards_parameters else OverlapWindow.NONE,
+    )
