@@ -100,14 +100,19 @@ def output_chunk(layout: Layout) -> int:
     return layout.num_chunks - 1
 
 
+def chunk_stage(layout: Layout, chunk: int) -> int:
+    """The pipeline rank that holds model chunk ``chunk`` (the inverse of ``stage_chunks``)."""
+    return chunk % layout.pipeline_parallel_degree
+
+
 def holds_embedding(layout: Layout, stage: int) -> bool:
     """Whether pipeline rank ``stage`` holds the input embedding."""
-    return embedding_chunk(layout) in stage_chunks(layout, stage)
+    return chunk_stage(layout, embedding_chunk(layout)) == stage
 
 
 def holds_output_layer(layout: Layout, stage: int) -> bool:
     """Whether pipeline rank ``stage`` holds the output layer and the loss."""
-    return output_chunk(layout) in stage_chunks(layout, stage)
+    return chunk_stage(layout, output_chunk(layout)) == stage
 
 
 def _pinned(layout: Layout) -> None:

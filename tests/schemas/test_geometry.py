@@ -17,6 +17,7 @@ from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import (
     MESH_AXES,
     chunk_layer_range,
+    chunk_stage,
     coordinates,
     holds_embedding,
     holds_output_layer,
@@ -38,6 +39,13 @@ def test_rank_order_is_pp_dp_tp_with_tp_fastest() -> None:
     assert rank_of(layout, 0, 0, 3) == 3  # a tensor-parallel group is consecutive
     assert rank_of(layout, 0, 1, 0) == 4  # data-parallel peers are t apart
     assert rank_of(layout, 2, 1, 2) == 2 * 8 + 4 + 2
+
+
+@given(p=st.integers(2, 6), v=st.integers(1, 4))
+def test_chunk_stage_inverts_stage_chunks(p: int, v: int) -> None:
+    layout = _layout(1, 1, p, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
+    for stage in range(p):
+        assert all(chunk_stage(layout, c) == stage for c in stage_chunks(layout, stage))
 
 
 @given(d=st.integers(1, 4), t=st.integers(1, 4), p=st.integers(1, 4), data=st.data())
