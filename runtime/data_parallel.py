@@ -36,7 +36,7 @@ class DataParallel:
         """ZeRO-2/3 shard with FSDP; over one replica there is nothing to shard, and FSDP would
         still gather and reduce every unit of every micro-batch (as the cost model says, ZeRO is
         then ZeRO-0)."""
-        return self.layout.zero_stage >= ZeroStage.GRADIENTS and self.layout.data_parallel_degree > 1
+        return self.layout.zero_stage.shards_gradients and self.layout.data_parallel_degree > 1
 
     def parameter_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """The precision the model is built in: ZeRO-0/1 keep it in the plan's precision (fp32
@@ -71,7 +71,7 @@ class DataParallel:
     def before_micro_batch(self, chunk: nn.Module, index: int, micro_batches: int) -> None:
         """Without a pipeline: ZeRO-2 keeps the gathered weights until the step's last backward
         (the cost model's m reduce-scatters and one all-gather); ZeRO-3 gathers them each time."""
-        if self.shards_with_fsdp and self.layout.zero_stage is ZeroStage.GRADIENTS:
+        if self.shards_with_fsdp and not self.layout.zero_stage.shards_parameters:
             cast(FSDPModule, chunk).set_reshard_after_backward(index == micro_batches - 1)
 
 
@@ -86,7 +86,7 @@ def shard_units(
     """ZeRO-2/3 as the runtime shards (FSDP2): each unit, then the root with what remains, over
     ``dp_mesh``; fp32 shards gathered, computed and reduced in ``dtype``; ZeRO-3 reshards after
     each forward. The profiler times its own cost this way."""
-    reshard = zero_stage is ZeroStage.PARAMETERS
+    reshard = zero_stage.shards_parameters
     # fp32 shards are the master weights; layers gather, compute and reduce in the plan's
     # precision (as ZeRO-0/1 reduce: measured, an fp32 reduce-scatter doubled the bytes).
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
