@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from cost_models.comm import Group
 from planner.schemas import Layout
-from planner.schemas.geometry import rank_of
+from planner.schemas.geometry import MeshAxis, axis_stride, rank_of
 
 
 def device_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
@@ -19,11 +19,21 @@ def device_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
     return layout.device_map.device_of(rank_of(layout, stage, replica, shard))
 
 
+def _group(layout: Layout, first: int, axis: MeshAxis, size: int, step: int = 1) -> Group:
+    """The devices of ``size`` ranks from rank ``first`` along ``axis``, every ``step``-th one.
+    (Ranks by stride, not one call per member: a search builds these groups thousands of times.)"""
+    stride = step * axis_stride(layout, axis)
+    ranks = range(first, first + size * stride, stride)
+    devices = layout.device_map.devices
+    return Group(tuple(devices[r] for r in ranks) if devices else tuple(ranks))
+
+
 def tensor_groups(layout: Layout) -> Iterator[Group]:
     """Every tensor-parallel group."""
+    t = layout.tensor_parallel_degree
     for s in range(layout.pipeline_parallel_degree):
         for r in range(layout.data_parallel_degree):
-            yield Group(tuple(device_of(layout, s, r, j) for j in range(layout.tensor_parallel_degree)))
+            yield _group(layout, rank_of(layout, s, r, 0), MeshAxis.TP, t)
 
 
 def _stages(layout: Layout, stage: int | None) -> range:
@@ -34,7 +44,7 @@ def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
     """Every data-parallel group (dense parameters' gradient reduction), or those of one stage."""
     for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
-            yield Group(tuple(device_of(layout, s, r, j) for r in range(layout.data_parallel_degree)))
+            yield _group(layout, rank_of(layout, s, 0, j), MeshAxis.DP, layout.data_parallel_degree)
 
 
 def expert_groups(layout: Layout) -> Iterator[Group]:
@@ -43,7 +53,7 @@ def expert_groups(layout: Layout) -> Iterator[Group]:
     for s in range(layout.pipeline_parallel_degree):
         for j in range(layout.tensor_parallel_degree):
             for g in range(layout.data_parallel_degree // ep):
-                yield Group(tuple(device_of(layout, s, g * ep + i, j) for i in range(ep)))
+                yield _group(layout, rank_of(layout, s, g * ep, j), MeshAxis.DP, ep)
 
 
 def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
@@ -52,8 +62,7 @@ def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Gro
     for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
             for i in range(ep):
-                replicas = range(layout.data_parallel_degree // ep)
-                yield Group(tuple(device_of(layout, s, g * ep + i, j) for g in replicas))
+                yield _group(layout, rank_of(layout, s, i, j), MeshAxis.DP, layout.data_parallel_degree // ep, ep)
 
 
 def stage_boundaries(layout: Layout) -> Iterator[tuple[int, int]]:

@@ -43,6 +43,12 @@ def rank_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
     return stage * d * t + replica * t + shard
 
 
+def axis_stride(layout: Layout, axis: MeshAxis) -> int:
+    """Ranks between neighbours along ``axis``: d * t for pp, t for dp, 1 for tp."""
+    _, d, t = mesh_shape(layout)
+    return {MeshAxis.PP: d * t, MeshAxis.DP: t, MeshAxis.TP: 1}[axis]
+
+
 def coordinates(layout: Layout, rank: int) -> tuple[int, int, int]:
     """Mesh coordinate (stage, replica, shard) of ``rank``."""
     d, t = layout.data_parallel_degree, layout.tensor_parallel_degree

@@ -102,3 +102,26 @@ def test_the_launch_export_says_which_plan_ranks_each_node_runs() -> None:
     layout = _layout(2, 2, 1, device_map=DeviceMap(devices=(2, 3, 0, 1)))
     plan = make_plan(model, training, cluster, "test", layout, estimate(model, training, cluster, layout))
     assert node_ranks(plan) == ((2, 3), (0, 1))
+
+
+@given(d=st.sampled_from([1, 2, 4]), t=st.integers(1, 3), p=st.integers(1, 3), data=st.data())
+def test_groups_hold_the_devices_of_their_mesh_coordinates(d: int, t: int, p: int, data: st.DataObject) -> None:
+    ep = data.draw(st.sampled_from([e for e in (1, 2, 4) if d % e == 0]))
+    devices = tuple(data.draw(st.permutations(range(d * t * p))))
+    layout = _layout(d, t, p, expert_parallel_degree=ep, device_map=DeviceMap(devices=devices))
+
+    def at(s: int, r: int, j: int) -> int:
+        return devices[rank_of(layout, s, r, j)]
+
+    assert [g.devices for g in grp.tensor_groups(layout)] == [
+        tuple(at(s, r, j) for j in range(t)) for s in range(p) for r in range(d)
+    ]
+    assert [g.devices for g in grp.data_groups(layout)] == [
+        tuple(at(s, r, j) for r in range(d)) for s in range(p) for j in range(t)
+    ]
+    assert [g.devices for g in grp.expert_groups(layout)] == [
+        tuple(at(s, g * ep + i, j) for i in range(ep)) for s in range(p) for j in range(t) for g in range(d // ep)
+    ]
+    assert [g.devices for g in grp.expert_data_groups(layout)] == [
+        tuple(at(s, g * ep + i, j) for g in range(d // ep)) for s in range(p) for j in range(t) for i in range(ep)
+    ]
