@@ -7,12 +7,14 @@ memory, no initialization), counted parameter by parameter (tied weights once).
 """
 
 import json
+from importlib import resources
 from typing import Any
 
 import pytest
+import yaml
 
 from cost_models.params import active_params, total_params
-from planner.inputs import model_from_dict
+from planner.inputs import load_model, model_from_dict
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -167,3 +169,28 @@ def test_active_params_count_the_top_k_experts_of_each_moe_layer() -> None:
     unrouted = (kwargs["n_routed_experts"] - kwargs["num_experts_per_tok"]) / kwargs["n_routed_experts"]
     assert len(experts) == ours.num_moe_layers == 2
     assert active_params(ours) == total - len(experts) * per_layer_expert_params * unrouted
+
+
+@pytest.mark.parametrize(
+    ("preset", "class_name", "published_total", "published_active"),
+    [
+        # DeepSeek-V3 technical report, sec. 4.2: 671B total, 37B activated (MTP module apart).
+        ("deepseek-v3", "DeepseekV3Config", 671e9, 37e9),
+        # Qwen3-235B-A22B model card: 235B total, 22B activated.
+        ("qwen3-235b-a22b", "Qwen3MoeConfig", 235e9, 22e9),
+        # Mixtral paper, Table 1: 46.7B total, 12.9B active.
+        ("mixtral-8x7b", "MixtralConfig", 46.7e9, 12.9e9),
+    ],
+)
+def test_presets_count_as_transformers_builds_them_and_as_published(
+    preset: str, class_name: str, published_total: float, published_active: float
+) -> None:
+    """The full-size preset on the meta device (about 2 s for DeepSeek-V3's 671B), and the
+    published figures to their stated precision."""
+    raw = yaml.safe_load((resources.files("planner") / "presets" / "models" / f"{preset}.yaml").read_text())
+    config = getattr(transformers, class_name)(**{k: v for k, v in raw.items() if k != "model_type"})
+    expected, _ = _hf_count(config)
+    ours = load_model(preset)
+    assert total_params(ours) == expected
+    assert total_params(ours) == pytest.approx(published_total, rel=0.005)
+    assert active_params(ours) == pytest.approx(published_active, rel=0.03)
