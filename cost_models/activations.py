@@ -64,6 +64,7 @@ def layer_activations(
     tensor_parallel_degree: int = 1,
     sequence_parallel: bool = False,
     attention_kernel: AttentionKernel = AttentionKernel.EAGER,
+    moe: bool | None = None,
 ) -> LayerActivations:
     """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized).
 
@@ -92,9 +93,16 @@ def layer_activations(
     MLP block, MoE (balanced routing, capacity factor 1, so a rank's experts see s b k tokens):
       - router input ........................ act s b h /sp
       - router logits ....................... 4 s b E /sp            (fp32)
-      - per routed copy (x k): expert input act s b h /sp, intermediates as dense, expert output
-        (kept by the probability-weighted combine) act s b h /sp
+      - per routed copy (x k): expert input act s b h /sp, intermediates as dense (expert width),
+        expert output (kept by the probability-weighted combine) act s b h /sp
+      - shared experts (every token): intermediates as dense at their width; with Qwen2-MoE's
+        sigmoid gate also the shared output act s b h /sp and the gate value act s b
       - dropout mask after the MLP .......... 1 s b h /sp
+    Multi-head latent attention (DeepSeek) replaces Q, K, V above: the latent down-projection
+    outputs (each its RMSNorm's input) and the normalized latents (the up-projections' inputs),
+    2 act s b (rq + rkv), and the rope key, act s b dr, all whole on every rank; Q and K,
+    2 act s b a dqk /t; V and the output-projection input, 2 act s b a dv /t.
+    Qwen3's q/k norms keep their inputs: act s b (q + k_v) /t more.
     Norms: each of the two keeps its input, act s b h /sp (LayerNorm and RMSNorm alike).
 
     Args:
@@ -105,6 +113,8 @@ def layer_activations(
         tensor_parallel_degree: t.
         sequence_parallel: whether norm/dropout regions are split along the sequence over t.
         attention_kernel: eager (Korthikanti's accounting, the default) or FlashAttention.
+        moe: which kind of layer (``ModelSpec.is_moe_layer``); None means the model's MoE layer
+            if it has any, else its dense layer.
 
     Returns:
         The layer's activations by group, in bytes, before any recomputation.
@@ -116,13 +126,26 @@ def layer_activations(
     q, kv = a * model.head_size, model.kv_heads * model.head_size
     hidden_mask = MASK_BYTES * tokens * h / sp if model.hidden_dropout > 0 else 0.0
 
-    attention = (
-        act * tokens * h / sp  # QKV-projection input
-        + act * tokens * (q + kv) / t  # Q and K
-        + act * tokens * kv / t  # V
-        + act * tokens * q / t  # output-projection input
-        + hidden_mask
-    )
+    if model.is_mla:
+        qk, v = a * model.qk_head_size, a * model.v_head_size
+        rq, rkv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+        attention = (
+            act * tokens * h / sp  # down-projection input
+            + act * tokens * (2 * (rq + rkv) + rope)  # latents before and after their norms, rope key
+            + 2 * act * tokens * qk / t  # Q and K
+            + 2 * act * tokens * v / t  # V and the output-projection input
+            + hidden_mask
+        )
+    else:
+        attention = (
+            act * tokens * h / sp  # QKV-projection input
+            + act * tokens * (q + kv) / t  # Q and K
+            + act * tokens * kv / t  # V
+            + act * tokens * q / t  # output-projection input
+            + hidden_mask
+        )
+        if model.qk_norm:
+            attention += act * tokens * (q + kv) / t
     if attention_kernel is AttentionKernel.FLASH:
         scores = SOFTMAX_STAT_BYTES * a * tokens / t  # log-sum-exp; the dropout mask is regenerated
     else:
@@ -131,12 +154,19 @@ def layer_activations(
         if model.attention_dropout > 0:
             scores += MASK_BYTES * scores_elements + act * scores_elements  # mask, dropout output
 
-    intermediates = (3 if model.hidden_act.gated else 2) * act * tokens * model.ffn_size / t
-    if model.is_moe:
+    def intermediates_at(width: int) -> float:
+        return (3 if model.hidden_act.gated else 2) * act * tokens * width / t
+
+    if model.is_moe if moe is None else moe:
         k = model.num_experts_per_tok
         router = act * tokens * h / sp + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
-        mlp = router + k * (2 * act * tokens * h / sp + intermediates) + hidden_mask
+        mlp = router + k * (2 * act * tokens * h / sp + intermediates_at(model.expert_ffn_size)) + hidden_mask
+        if model.shared_ffn_size:
+            mlp += intermediates_at(model.shared_ffn_size)
+        if model.has_shared_expert_gate:
+            mlp += act * tokens * h / sp + act * tokens
     else:
+        intermediates = intermediates_at(model.ffn_size)
         mlp = act * tokens * h / sp + intermediates + hidden_mask
 
     return LayerActivations(

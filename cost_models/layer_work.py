@@ -11,7 +11,14 @@ twice as much), with T = b s tokens, e bytes per element, T' = T / t under seque
 - rotary embedding: reads and writes the q and k slices;
 - eager attention: scale-mask-softmax reads and writes b (a/t) s^2 e, attention dropout reads
   and writes it again plus a 1-byte mask; FlashAttention keeps scores on chip and moves nothing;
-- MoE: permuting tokens to experts and back reads and writes T k h e twice.
+- MoE: permuting tokens to experts and back reads and writes T k h e twice; routed experts
+  are moe_intermediate_size wide, shared experts see all T tokens, split over t as a dense MLP;
+- Qwen3's q/k norms read and write the q and k slices;
+- MLA (DeepSeek-V2/V3, as Megatron-Core's MultiLatentAttention): down-projections q_a, kv_a
+  whole on every rank, up-projections q_b, kv_b split by heads, o by rows; its two latent
+  RMSNorms read and write T (rq + rkv) e; rotary covers the query's rope part and the one
+  shared rope key; scores are dqk = nope + rope wide, values dv.
+Dense and MoE layers of one model differ only in the MLP (``ModelSpec.is_moe_layer``).
 Units: elements for shapes, bytes for traffic.
 """
 
@@ -37,45 +44,63 @@ class LayerWork:
     """Whether the attention core is one fused FlashAttention kernel."""
 
 
-def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout) -> LayerWork:
-    """Forward GEMMs and elementwise traffic of one transformer layer (see module docstring)."""
+def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe: bool | None = None) -> LayerWork:
+    """Forward GEMMs and elementwise traffic of one transformer layer (see module docstring).
+
+    ``moe`` says which kind of layer (``ModelSpec.is_moe_layer``); None means the model's MoE
+    layer if it has any, else its dense layer.
+    """
     t, b, s = layout.tensor_parallel_degree, layout.micro_batch_size, training.seq_len
     h, e = model.hidden_size, training.dtype.bytes
     tokens = b * s
     seq_tokens = tokens // t if layout.sequence_parallel else tokens
-    q_dim = model.num_attention_heads * model.head_size
-    kv_dim = model.kv_heads * model.head_size
     heads = model.num_attention_heads // t
-    f = model.ffn_size
     dropout_mask = 1 if model.hidden_dropout > 0 else 0
+    sparse = model.is_moe if moe is None else moe
 
-    dense = [Gemm(tokens, (q_dim + 2 * kv_dim) // t, h), Gemm(tokens, h, q_dim // t)]
-    mlp_in = (2 if model.hidden_act.gated else 1) * f // t
-    if model.is_moe:
-        k, experts = model.num_experts_per_tok, model.num_local_experts
+    if model.is_mla:
+        dense, attention_side_bytes = _mla_gemms(model, tokens, t), _mla_elementwise_bytes(model, tokens, t, e)
+    else:
+        q_dim = model.num_attention_heads * model.head_size
+        kv_dim = model.kv_heads * model.head_size
+        dense = [Gemm(tokens, (q_dim + 2 * kv_dim) // t, h), Gemm(tokens, h, q_dim // t)]
+        rotary = (
+            2 * tokens * (q_dim + kv_dim) // t * e if model.position_embedding_type is PositionEmbedding.ROPE else 0
+        )
+        attention_side_bytes = rotary + (2 * 2 * tokens * (q_dim + kv_dim) // t * e if model.qk_norm else 0)
+    in_factor, act_factor = (2, 3) if model.hidden_act.gated else (1, 2)
+    if sparse:
+        k, experts, f = model.num_experts_per_tok, model.num_local_experts, model.expert_ffn_size
         ep = layout.expert_parallel_degree
         tokens_per_expert = max(1, tokens * ep * k // experts)
         local = experts // ep
         dense += [
             Gemm(tokens, experts, h),
-            Gemm(tokens_per_expert, mlp_in, h, batch=local),
+            Gemm(tokens_per_expert, in_factor * f // t, h, batch=local),
             Gemm(tokens_per_expert, h, f // t, batch=local),
         ]
         routed_tokens = tokens * k
+        act_bytes = act_factor * routed_tokens * (f // t) * e
+        shared = model.shared_ffn_size
+        if shared:  # every token passes through the shared experts, split over t as a dense MLP
+            dense += [Gemm(tokens, in_factor * shared // t, h), Gemm(tokens, h, shared // t)]
+            act_bytes += act_factor * tokens * (shared // t) * e
+        if model.has_shared_expert_gate:
+            dense.append(Gemm(tokens, 1, h))
     else:
-        dense += [Gemm(tokens, mlp_in, h), Gemm(tokens, h, f // t)]
+        f = model.ffn_size
+        dense += [Gemm(tokens, in_factor * f // t, h), Gemm(tokens, h, f // t)]
         routed_tokens = tokens
+        act_bytes = act_factor * routed_tokens * (f // t) * e
 
     attention = (
-        Gemm(s, s, model.head_size, batch=b * heads),
-        Gemm(s, model.head_size, s, batch=b * heads),
+        Gemm(s, s, model.qk_head_size, batch=b * heads),
+        Gemm(s, model.v_head_size, s, batch=b * heads),
     )
 
-    act_bytes = (3 if model.hidden_act.gated else 2) * routed_tokens * (f // t) * e
     norms = 2 * 2 * seq_tokens * h * e
     residuals = 2 * (3 * e + dropout_mask) * seq_tokens * h
-    rotary = 2 * tokens * (q_dim + kv_dim) // t * e if model.position_embedding_type is PositionEmbedding.ROPE else 0
-    permute = 2 * 2 * routed_tokens * h * e if model.is_moe else 0
+    permute = 2 * 2 * routed_tokens * h * e if sparse else 0
 
     flash = training.attention_kernel is AttentionKernel.FLASH
     scores = b * heads * s * s
@@ -84,10 +109,64 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout) -> Laye
     return LayerWork(
         dense_gemms=tuple(dense),
         attention_gemms=attention,
-        elementwise_bytes=float(act_bytes + norms + residuals + rotary + permute),
+        elementwise_bytes=float(act_bytes + norms + residuals + attention_side_bytes + permute),
         attention_elementwise_bytes=float(attention_bytes),
         flash_attention=flash,
     )
+
+
+def _mla_gemms(model: ModelSpec, tokens: int, t: int) -> list[Gemm]:
+    """MLA's projections as Megatron-Core splits them: the down-projections (q_a, kv_a) whole on
+    every tensor-parallel rank, the up-projections (q_b, kv_b) by heads, o by rows."""
+    h, a = model.hidden_size, model.num_attention_heads
+    rq, rkv, rope = model.q_lora_rank, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+    q_out = a * model.qk_head_size // t
+    query = [Gemm(tokens, q_out, h)] if rq is None else [Gemm(tokens, rq, h), Gemm(tokens, q_out, rq)]
+    kv_up = a * ((model.qk_nope_head_dim or 0) + model.v_head_size) // t
+    return [
+        *query,
+        Gemm(tokens, rkv + rope, h),
+        Gemm(tokens, kv_up, rkv),
+        Gemm(tokens, h, a * model.v_head_size // t),
+    ]
+
+
+def _mla_elementwise_bytes(model: ModelSpec, tokens: int, t: int, e: int) -> int:
+    """MLA's two latent RMSNorms (read and write rq + rkv per token) and rotary embedding of the
+    query's rope part (a/t heads) and the one shared rope key."""
+    rq, rkv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+    norms = 2 * tokens * (rq + rkv) * e
+    rotary = 2 * tokens * (model.num_attention_heads // t * rope + rope) * e
+    return norms + rotary
+
+
+def attention_macs_per_token(model: ModelSpec) -> int:
+    """Multiply-accumulates of one layer's attention projections for one token (weights only)."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.is_mla:
+        rq, rkv, rope = model.q_lora_rank, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+        q_dim = a * model.qk_head_size
+        query = h * q_dim if rq is None else h * rq + rq * q_dim
+        kv = h * (rkv + rope) + rkv * a * ((model.qk_nope_head_dim or 0) + model.v_head_size)
+        return query + kv + a * model.v_head_size * h
+    q_dim, kv_dim = a * model.head_size, model.kv_heads * model.head_size
+    return h * (q_dim + 2 * kv_dim) + q_dim * h
+
+
+def mlp_macs_per_token(model: ModelSpec, *, moe: bool) -> int:
+    """Multiply-accumulates of one layer's MLP for one token: the dense MLP, or the top-k routed
+    experts, the shared experts (and their gate) and the router."""
+    h, matrices = model.hidden_size, 3 if model.hidden_act.gated else 2
+    if not moe:
+        return matrices * h * model.ffn_size
+    routed = matrices * h * model.expert_ffn_size * model.num_experts_per_tok
+    shared = matrices * h * model.shared_ffn_size + (h if model.has_shared_expert_gate else 0)
+    return routed + shared + h * model.num_local_experts
+
+
+def attention_core_flops_per_sequence(model: ModelSpec, seq_len: int) -> int:
+    """Forward FLOPs of one layer's Q K^T and probabilities x V over the full s x s."""
+    return 2 * seq_len * seq_len * model.num_attention_heads * (model.qk_head_size + model.v_head_size)
 
 
 def output_layer_gemm(model: ModelSpec, training: TrainingSpec, layout: Layout) -> Gemm:
@@ -112,21 +191,20 @@ def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
     """Model FLOPs of forward + backward for one sequence, no recomputation.
 
     3 x forward FLOPs of every GEMM (dense and attention, attention over the full s x s as
-    Narayanan et al. and Korthikanti et al. count it; MoE counts only the top-k experts).
+    Narayanan et al. and Korthikanti et al. count it; MoE layers count only the top-k routed
+    experts, plus the shared experts and the router; dense layers of an MoE model their MLP).
     For a GPT block this is 72 s l h^2 (1 + s/(6h) + V/(12 h l)) per sequence (Korthikanti et
     al. 2022, appendix).
     """
     h, s = model.hidden_size, seq_len
-    q_dim = model.num_attention_heads * model.head_size
-    kv_dim = model.kv_heads * model.head_size
-    f = model.ffn_size
-    mlp = (3 if model.hidden_act.gated else 2) * h * f * model.num_experts_per_tok
-    router = h * model.num_local_experts if model.is_moe else 0
-    dense_per_token = 2 * (h * (q_dim + 2 * kv_dim) + q_dim * h + mlp + router)
-    attention_per_seq = 2 * 2 * s * s * q_dim
-    per_layer = dense_per_token * s + attention_per_seq
+    attention = attention_macs_per_token(model)
+    core = attention_core_flops_per_sequence(model, s)
+    moe_layers = model.num_moe_layers
+    dense_layers = model.num_hidden_layers - moe_layers
+    dense_layer = 2 * (attention + mlp_macs_per_token(model, moe=False)) * s + core
+    moe_layer = 2 * (attention + mlp_macs_per_token(model, moe=True)) * s + core if moe_layers else 0
     logits = 2 * s * h * model.vocab_size
-    return 3.0 * (model.num_hidden_layers * per_layer + logits)
+    return 3.0 * (dense_layers * dense_layer + moe_layers * moe_layer + logits)
 
 
 PROFILED_TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -157,7 +235,7 @@ def hardware_flop_ratio(model: ModelSpec, seq_len: int, recompute: Recompute) ->
     layer_fwd = (per_seq - logits) / 3
     if recompute is Recompute.FULL:
         return (per_seq + layer_fwd) / per_seq
-    attention_fwd = l * 2 * 2 * s * s * model.num_attention_heads * model.head_size
+    attention_fwd = l * attention_core_flops_per_sequence(model, s)
     return (per_seq + attention_fwd) / per_seq
 
 
@@ -174,8 +252,9 @@ def profile_gemm_shapes(model: ModelSpec, seq_len: int, max_tensor_parallel: int
             layout = Layout(
                 data_parallel_degree=1, tensor_parallel_degree=tp, pipeline_parallel_degree=1, micro_batch_size=mb
             )
-            work = layer_work(model, training, layout)
-            for g in (*work.dense_gemms, output_layer_gemm(model, training, layout)):
+            kinds = {model.is_moe_layer(i) for i in range(model.num_hidden_layers)}
+            gemms = [g for moe in sorted(kinds) for g in layer_work(model, training, layout, moe=moe).dense_gemms]
+            for g in (*gemms, output_layer_gemm(model, training, layout)):
                 for shape in (g, *g.backward()):
                     shapes.add((shape.m, shape.n, shape.k))
     return tuple(sorted(shapes))

@@ -32,7 +32,7 @@ from cost_models.activations import (
     output_layer_activation_bytes,
     rematerialized_bytes,
 )
-from cost_models.params import StageParams, stage_params
+from cost_models.params import StageParams, stage_moe_layers, stage_params
 from cost_models.sharding import stage_model_states
 from cost_models.validate import check_stage
 from planner.schemas import (
@@ -62,9 +62,10 @@ def stage_activation_bytes(
 ) -> float:
     """Activation bytes one rank of stage ``stage`` holds at its peak.
 
-    Per-layer bytes (``kept_bytes`` of ``layer_activations``, with ``training.attention_kernel``)
-    x the stage's layers x micro-batches in flight (``in_flight_micro_batches``, whole-stage
-    units, so interleaving needs no further factor), plus one layer's recompute working set; the
+    Per-layer bytes (``kept_bytes`` of ``layer_activations``, with ``training.attention_kernel``,
+    for its dense and its MoE layers, ``params.stage_moe_layers``) x the stage's layers of each
+    kind x micro-batches in flight (``in_flight_micro_batches``, whole-stage units, so
+    interleaving needs no further factor), plus the larger kind's one-layer recompute working set; the
     stage holding the embedding adds its ids and dropout mask per in-flight micro-batch
     (Korthikanti sec. 4.3); the stage holding the output layer adds the final norm and
     output-projection inputs of the micro-batches whose loss awaits its backward: all m under
@@ -86,8 +87,12 @@ def stage_activation_bytes(
     sp, dtype, recompute = layout.sequence_parallel, training.dtype, layout.recompute
     in_flight = in_flight_micro_batches(layout, stage, m)
     layers_here = stage_layers(model, layout)[stage]
+    moe_here = stage_moe_layers(model, layout)[stage]
     total = 0.0
-    if layers_here:
+    kept, working = [], [0.0]
+    for moe, count in ((False, layers_here - moe_here), (True, moe_here)):
+        if not count:
+            continue
         terms = layer_activations(
             model,
             seq_len=s,
@@ -96,9 +101,12 @@ def stage_activation_bytes(
             tensor_parallel_degree=t,
             sequence_parallel=sp,
             attention_kernel=training.attention_kernel,
+            moe=moe,
         )
-        per_layer, working = kept_bytes(terms, recompute), rematerialized_bytes(terms, recompute)
-        total += per_layer * layers_here * in_flight + working
+        kept.append(kept_bytes(terms, recompute) * count)
+        working.append(rematerialized_bytes(terms, recompute))
+    if kept:
+        total += sum(kept) * in_flight + max(working)
     if params.holds_embedding:
         embedding = embedding_activation_bytes(
             model, seq_len=s, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp

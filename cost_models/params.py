@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 from cost_models.validate import check_stage
 from planner.schemas import Layout, ModelSpec, NormKind, PositionEmbedding
-from planner.schemas.geometry import holds_embedding, holds_output_layer, stage_layers
+from planner.schemas.geometry import (
+    chunk_layer_range,
+    holds_embedding,
+    holds_output_layer,
+    stage_chunks,
+    stage_layers,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,18 +25,21 @@ class LayerParams:
     """Parameters of one transformer layer on one tensor-parallel rank."""
 
     attention: float
-    """q, k, v, output projections (and biases), split over the tensor-parallel group."""
+    """Attention projections (and biases, q/k norms), the head-split part divided by the
+    tensor-parallel group, MLA's down-projections and their norms replicated."""
     mlp: float
-    """Dense MLP, or all experts this rank holds, split over tensor and expert parallelism."""
+    """Dense MLP, or all routed experts this rank holds, split over tensor and expert parallelism."""
     router: float
     """MoE gate, replicated."""
     norms: float
     """The two norms, replicated over the tensor-parallel group."""
+    shared: float = 0.0
+    """Shared experts of an MoE layer, split over the tensor-parallel group, and their gate."""
 
     @property
     def total(self) -> float:
         """All parameters of the layer on this rank."""
-        return self.attention + self.mlp + self.router + self.norms
+        return self.attention + self.mlp + self.router + self.norms + self.shared
 
 
 def norm_params(model: ModelSpec) -> int:
@@ -39,39 +48,90 @@ def norm_params(model: ModelSpec) -> int:
 
 
 def attention_params(model: ModelSpec) -> int:
-    """q and o are h x (a*hd); k and v are h x (kv*hd) each (grouped-query attention)."""
-    h, q_dim, kv_dim = (
-        model.hidden_size,
-        model.num_attention_heads * model.head_size,
-        model.kv_heads * model.head_size,
-    )
+    """Standard: q and o are h x (a*hd), k and v h x (kv*hd) each (grouped-query attention),
+    plus Qwen3's q/k RMSNorm weights (hd each). MLA (transformers' ``DeepseekV3Attention``):
+    q = h x a*dqk, or q_a (h x rq) + its RMSNorm (rq) + q_b (rq x a*dqk); kv_a h x (rkv + dr) +
+    its RMSNorm (rkv); kv_b rkv x a*(dn + dv); o (a*dv) x h; attention_bias on q_a, kv_a and o."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.is_mla:
+        rkv, rope = model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+        q_dim, v_dim = a * model.qk_head_size, a * model.v_head_size
+        rq = model.q_lora_rank
+        query = h * q_dim if rq is None else h * rq + rq + rq * q_dim
+        kv = h * (rkv + rope) + rkv + rkv * (a * (model.qk_nope_head_dim or 0) + v_dim)
+        biases = ((rq or 0) + rkv + rope + h) if model.attention_bias else 0
+        return query + kv + v_dim * h + biases
+    q_dim, kv_dim = a * model.head_size, model.kv_heads * model.head_size
     weights = 2 * h * q_dim + 2 * h * kv_dim
-    biases = (q_dim + 2 * kv_dim + h) if model.attention_bias else 0
-    return weights + biases
+    qkv_bias = model.attention_bias if model.qkv_bias is None else model.qkv_bias
+    biases = (q_dim + 2 * kv_dim if qkv_bias else 0) + (h if model.attention_bias else 0)
+    return weights + biases + attention_replicated_params(model)
+
+
+def attention_replicated_params(model: ModelSpec) -> int:
+    """Attention parameters every tensor-parallel rank holds whole: MLA's down-projections
+    (q_a, kv_a), their norms and biases (Megatron-Core's MLA keeps them duplicated), and Qwen3's
+    per-head q/k norm weights."""
+    h = model.hidden_size
+    if model.is_mla:
+        rq, rkv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+        biases = (rq + rkv + rope) if model.attention_bias else 0
+        return h * rq + rq + h * (rkv + rope) + rkv + biases
+    return 2 * model.head_size if model.qk_norm else 0
+
+
+def _mlp_params(model: ModelSpec, width: int) -> int:
+    h, matrices = model.hidden_size, 3 if model.hidden_act.gated else 2
+    biases = ((matrices - 1) * width + h) if model.mlp_bias else 0
+    return matrices * h * width + biases
+
+
+def dense_mlp_params(model: ModelSpec) -> int:
+    """The MLP of a dense layer, f = intermediate_size wide: gated SwiGLU has 3 h x f matrices, GELU 2."""
+    return _mlp_params(model, model.ffn_size)
 
 
 def expert_mlp_params(model: ModelSpec) -> int:
-    """One MLP (one expert): gated SwiGLU has 3 h x f matrices, GELU 2."""
-    h, f = model.hidden_size, model.ffn_size
-    matrices = 3 if model.hidden_act.gated else 2
-    biases = ((matrices - 1) * f + h) if model.mlp_bias else 0
-    return matrices * h * f + biases
+    """One routed expert, moe_intermediate_size (else f) wide."""
+    return _mlp_params(model, model.expert_ffn_size)
+
+
+def shared_expert_params(model: ModelSpec) -> int:
+    """Shared experts of one MoE layer as one MLP (``ModelSpec.shared_ffn_size``), plus Qwen2-MoE's
+    h x 1 gate; 0 without shared experts."""
+    if not model.shared_ffn_size:
+        return 0
+    return _mlp_params(model, model.shared_ffn_size) + (model.hidden_size if model.has_shared_expert_gate else 0)
 
 
 def router_params(model: ModelSpec) -> int:
-    """MoE gate: h x E; none for a dense model."""
+    """MoE gate of one MoE layer: E x h (DeepSeek-V3's e_score_correction_bias is a buffer, not a
+    parameter); none for a dense model."""
     return model.hidden_size * model.num_local_experts if model.is_moe else 0
 
 
-def layer_params(model: ModelSpec, *, tensor_parallel_degree: int = 1, expert_parallel_degree: int = 1) -> LayerParams:
-    """One layer's parameters on one rank: matrices split by t, experts split by ep, norms replicated."""
+def layer_params(
+    model: ModelSpec, *, tensor_parallel_degree: int = 1, expert_parallel_degree: int = 1, moe: bool | None = None
+) -> LayerParams:
+    """One layer's parameters on one rank: matrices split by t, experts split by ep, norms replicated.
+
+    ``moe`` says which kind of layer (``ModelSpec.is_moe_layer``); None means the model's MoE
+    layer if it has any, else its dense layer.
+    """
     t = tensor_parallel_degree
-    experts_here = model.num_local_experts / expert_parallel_degree if model.is_moe else 1
+    replicated = attention_replicated_params(model)
+    attention = (attention_params(model) - replicated) / t + replicated
+    norms = 2 * norm_params(model)
+    if not (model.is_moe if moe is None else moe):
+        return LayerParams(attention=attention, mlp=dense_mlp_params(model) / t, router=0, norms=norms)
+    experts_here = model.num_local_experts / expert_parallel_degree
+    gate = model.hidden_size if model.has_shared_expert_gate else 0
     return LayerParams(
-        attention=attention_params(model) / t,
+        attention=attention,
         mlp=experts_here * expert_mlp_params(model) / t,
         router=router_params(model),
-        norms=2 * norm_params(model),
+        norms=norms,
+        shared=(shared_expert_params(model) - gate) / t + gate,
     )
 
 
@@ -92,20 +152,30 @@ def output_params(model: ModelSpec) -> int:
 
 
 def total_params(model: ModelSpec) -> int:
-    """Every parameter of the model."""
-    per_layer = (
-        attention_params(model)
-        + model.num_local_experts * expert_mlp_params(model)
-        + router_params(model)
-        + 2 * norm_params(model)
-    )
-    return model.num_hidden_layers * per_layer + embedding_params(model) + output_params(model)
+    """Every parameter of the model, as transformers builds it (DeepSeek-V3's multi-token
+    prediction layers, which transformers leaves out, are not counted)."""
+    common = attention_params(model) + 2 * norm_params(model)
+    moe_layers = model.num_moe_layers
+    moe_layer = model.num_local_experts * expert_mlp_params(model) + shared_expert_params(model) + router_params(model)
+    dense_layers = model.num_hidden_layers - moe_layers
+    layers = model.num_hidden_layers * common + dense_layers * dense_mlp_params(model) + moe_layers * moe_layer
+    return layers + embedding_params(model) + output_params(model)
 
 
 def active_params(model: ModelSpec) -> int:
-    """Parameters one token passes through: only top-k experts of each MoE layer."""
+    """Parameters one token passes through: only the top-k routed experts of each MoE layer."""
     inactive = (model.num_local_experts - model.num_experts_per_tok) * expert_mlp_params(model)
-    return total_params(model) - model.num_hidden_layers * inactive
+    return total_params(model) - model.num_moe_layers * inactive
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_moe_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """MoE layers held by each pipeline rank (``ModelSpec.is_moe_layer`` over its chunks' layers);
+    the rest of ``geometry.stage_layers`` are dense."""
+    return tuple(
+        sum(model.moe_layers_in(chunk_layer_range(model, layout, c)) for c in stage_chunks(layout, stage))
+        for stage in range(layout.pipeline_parallel_degree)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,7 +210,8 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
     """Parameters one rank of pipeline stage ``stage`` holds (memoized: memory, time and the
     optimizer all ask, and the inputs are immutable).
 
-    Its transformer layers (``stage_layers``) split over t and, for experts, over ep; the stage
+    Its transformer layers (``stage_layers``, of which ``stage_moe_layers`` are MoE) split over t
+    and, for routed experts, over ep; the stage
     holding the embedding (``geometry.holds_embedding``) the word embedding split over t
     (vocabulary-parallel) plus learned positions, replicated; the stage holding the output layer
     the final norm and the output layer split over t. With tied embeddings a stage that holds the
@@ -153,13 +224,22 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
     check_stage(layout, stage)
     t = layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    layer = layer_params(model, tensor_parallel_degree=t, expert_parallel_degree=ep)
-    layers_here = stage_layers(model, layout)[stage]
-    expert_per_layer = layer.mlp if model.is_moe else 0.0
-    dense = layers_here * (layer.total - expert_per_layer)
-    # Experts replicated over d / ep = 1 ranks are not sharded, so ZeRO-3 gathers none of them.
-    experts_gathered = expert_per_layer if layout.data_parallel_degree // ep > 1 else 0.0
-    units = [layer.total - expert_per_layer + experts_gathered] if layers_here else []
+    layers_here, moe_here = stage_layers(model, layout)[stage], stage_moe_layers(model, layout)[stage]
+    dense_here = layers_here - moe_here
+    units: list[float] = []
+    dense = 0.0
+    if dense_here:
+        dense_layer = layer_params(model, tensor_parallel_degree=t, moe=False)
+        dense += dense_here * dense_layer.total
+        units.append(dense_layer.total)
+    expert_per_layer = 0.0
+    if moe_here:
+        moe_layer = layer_params(model, tensor_parallel_degree=t, expert_parallel_degree=ep, moe=True)
+        expert_per_layer = moe_layer.mlp
+        dense += moe_here * (moe_layer.total - expert_per_layer)
+        # Experts replicated over d / ep = 1 ranks are not sharded, so ZeRO-3 gathers none of them.
+        experts_gathered = expert_per_layer if layout.data_parallel_degree // ep > 1 else 0.0
+        units.append(moe_layer.total - expert_per_layer + experts_gathered)
     word_embedding = model.vocab_size * model.hidden_size / t
     embedding_here, output_here = holds_embedding(layout, stage), holds_output_layer(layout, stage)
     if embedding_here:
@@ -172,7 +252,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         units.append(norm_params(model) + head)
     return StageParams(
         dense=dense,
-        expert=layers_here * expert_per_layer,
+        expert=moe_here * expert_per_layer,
         largest_unit=max(units, default=0.0),
         holds_embedding=embedding_here,
         holds_output_layer=output_here,

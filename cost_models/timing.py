@@ -36,7 +36,7 @@ from cost_models.compute import (
     measured_output_layer_s,
 )
 from cost_models.expert_parallel import expert_parallel_layer_s
-from cost_models.params import stage_params
+from cost_models.params import stage_moe_layers, stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import tensor_parallel_layer_s
 from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
@@ -88,29 +88,10 @@ def stage_times(
         One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch.
     """
     dev, dt = cluster.device, training.dtype
-    work = lw.layer_work(model, training, layout)
-    elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
-    dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
-    dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
-    if work.flash_attention:
-        attn_fwd = 0.5 * gemms_time_s(work.attention_gemms, dev, dt)
-        attn_bwd = 2.5 * attn_fwd
-    else:
-        attn_elem = elementwise_time_s(work.attention_elementwise_bytes, dev)
-        attn_fwd = gemms_time_s(work.attention_gemms, dev, dt) + attn_elem
-        attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, dt) + 2 * attn_elem
-    layer_fwd = dense_fwd + attn_fwd + elem_fwd
-    layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
     measured = measured_layer_s(
         dev, model.name, dt, layout.tensor_parallel_degree, layout.micro_batch_size, training.seq_len
     )
-    if measured is not None:  # the profiler timed this model's own layer: everything it launches
-        layer_fwd, layer_bwd = measured
-    recompute = {
-        Recompute.NONE: 0.0,
-        Recompute.SELECTIVE: 0.0 if work.flash_attention else attn_fwd,
-        Recompute.FULL: layer_fwd,
-    }[layout.recompute]
+    kinds = {moe: _layer_time(model, training, cluster, layout, measured, moe=moe) for moe in _layer_kinds(model)}
 
     tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, measured)
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
@@ -132,18 +113,67 @@ def stage_times(
 
     unit_s = sharded_unit_s(dev, layout, dt)
     out = []
+    moe_layers = stage_moe_layers(model, layout)
     for stage, n in enumerate(stage_layers(model, layout)):
         held = stage_params(model, layout, stage)
         extra = (embed_s if held.holds_embedding else 0.0) + (output_s if held.holds_output_layer else 0.0)
         extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
         extra += held.units * unit_s
+        counts = {False: n - moe_layers[stage], True: moe_layers[stage]}
+        here = [(counts[moe], kinds[moe]) for moe in kinds if counts[moe]]
         out.append(
             StageTime(
-                compute_s=n * (layer_fwd + layer_bwd) + extra,
-                recompute_s=n * recompute,
+                compute_s=sum((c * (k.forward_s + k.backward_s) for c, k in here), 0.0) + extra,
+                recompute_s=sum((c * k.recompute_s for c, k in here), 0.0),
                 tensor_parallel_comm_s=n * tp_layer,
-                expert_parallel_comm_s=n * ep_layer,
-                backward_s=n * layer_bwd,
+                expert_parallel_comm_s=counts[True] * ep_layer,
+                backward_s=sum((c * k.backward_s for c, k in here), 0.0),
             )
         )
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _LayerTime:
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+
+
+def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
+    """Which kinds of layer the model has: dense (False), MoE (True) or both."""
+    return tuple(sorted({model.is_moe_layer(i) for i in range(model.num_hidden_layers)}))
+
+
+def _layer_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    measured: tuple[float, float] | None,
+    *,
+    moe: bool,
+) -> _LayerTime:
+    """Forward, backward and recompute seconds of one dense or MoE layer and micro-batch."""
+    dev, dt = cluster.device, training.dtype
+    work = lw.layer_work(model, training, layout, moe=moe)
+    elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
+    dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
+    dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
+    if work.flash_attention:
+        attn_fwd = 0.5 * gemms_time_s(work.attention_gemms, dev, dt)
+        attn_bwd = 2.5 * attn_fwd
+    else:
+        attn_elem = elementwise_time_s(work.attention_elementwise_bytes, dev)
+        attn_fwd = gemms_time_s(work.attention_gemms, dev, dt) + attn_elem
+        attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, dt) + 2 * attn_elem
+    layer_fwd = dense_fwd + attn_fwd + elem_fwd
+    layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
+    if measured is not None:  # the profiler timed this model's own layer: everything it launches
+        layer_fwd, layer_bwd = measured
+    recompute = {
+        Recompute.NONE: 0.0,
+        Recompute.SELECTIVE: 0.0 if work.flash_attention else attn_fwd,
+        Recompute.FULL: layer_fwd,
+    }[layout.recompute]
+    return _LayerTime(forward_s=layer_fwd, backward_s=layer_bwd, recompute_s=recompute)

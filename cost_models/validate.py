@@ -27,8 +27,10 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             f"{cluster.world_size} ({cluster.num_nodes} nodes x {cluster.devices_per_node}); "
             "choose degrees whose product is the cluster's size"
         )
-    if model.ffn_size % t:
-        raise InfeasibleConfigError(f"tp={t} does not divide intermediate_size={model.ffn_size}")
+    for width in model.mlp_widths:  # dense, routed-expert and shared-expert widths alike
+        if width % t:
+            key = "intermediate_size" if width == model.ffn_size else "the MoE MLP width (experts or shared experts)"
+            raise InfeasibleConfigError(f"tp={t} does not divide {key}={width}")
     if layout.sequence_parallel and training.seq_len % t:
         raise InfeasibleConfigError(f"sequence parallel needs tp={t} to divide seq_len={training.seq_len}")
     replica_batch = d * layout.micro_batch_size

@@ -22,7 +22,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
-from typing import TypeVar, get_args
+from typing import TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -58,6 +58,7 @@ _ALIASES = MappingProxyType(
         "attn_pdrop": "attention_dropout",
         "attention_probs_dropout_prob": "attention_dropout",
         "num_experts": "num_local_experts",  # Qwen-MoE
+        "n_routed_experts": "num_local_experts",  # DeepSeek
     }
 )
 # Keys whose presence tells the norm; an explicit norm_type wins.
@@ -68,9 +69,23 @@ _NORM_HINTS = MappingProxyType(
         "layer_norm_epsilon": NormKind.LAYERNORM,
     }
 )
-_MOE_FFN_KEY = "moe_intermediate_size"  # Qwen-MoE: the per-expert width, which ModelSpec calls f
-_SHARED_EXPERT_KEYS = ("shared_expert_intermediate_size", "n_shared_experts")
-_READ_KEYS = tuple(sorted({*_SPEC_KEYS, *_ALIASES, *_NORM_HINTS, "rope_theta", _MOE_FFN_KEY, *_SHARED_EXPERT_KEYS}))
+# What a model_type implies that its config.json has no key for (transformers' modeling files):
+# Qwen2 puts biases on q, k, v only; Qwen3 normalizes each q and k head.
+_MODEL_TYPE_DEFAULTS = MappingProxyType(
+    {
+        "qwen2": {"qkv_bias": True},
+        "qwen2_moe": {"qkv_bias": True},
+        "qwen3": {"qk_norm": True},
+        "qwen3_moe": {"qk_norm": True},
+    }
+)
+# DeepSeek-V3's multi-token-prediction layers: trained beside the model by DeepSeek, absent from
+# transformers' model; the planner plans the model without them.
+_MTP_KEY = "num_nextn_predict_layers"
+# Hugging Face keys derived from ones we read (qk_head_dim = qk_nope_head_dim + qk_rope_head_dim):
+# known, so not taken for misspellings.
+_DERIVED_KEYS = ("qk_head_dim",)
+_READ_KEYS = tuple(sorted({*_SPEC_KEYS, *_ALIASES, *_NORM_HINTS, "rope_theta", "model_type", _MTP_KEY, *_DERIVED_KEYS}))
 _MISSPELLING_CUTOFF = 0.85
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -93,8 +108,11 @@ def model_from_dict(raw: Mapping[str, object], *, name: str) -> ModelSpec:
     ``layer_norm_eps``/``layer_norm_epsilon`` LayerNorm (an explicit ``norm_type`` wins);
     ``rope_theta`` means rotary positions unless ``position_embedding_type`` says otherwise;
     ``resid_pdrop``/``hidden_dropout_prob`` and ``attn_pdrop``/``attention_probs_dropout_prob`` are the
-    dropouts; ``num_experts`` and ``moe_intermediate_size`` (Qwen-MoE) are the experts and their width.
-    Other keys are logged at DEBUG and ignored, unless one looks like a misspelling of a key we read.
+    dropouts; ``num_experts`` (Qwen-MoE) and ``n_routed_experts`` (DeepSeek) are ``num_local_experts``;
+    ``model_type`` qwen2/qwen2_moe means q/k/v biases and qwen3/qwen3_moe per-head q/k norms (what
+    transformers builds for them); DeepSeek's ``num_nextn_predict_layers`` (multi-token prediction,
+    not part of transformers' model) is logged and left out. Other keys are logged at DEBUG and
+    ignored, unless one looks like a misspelling of a key we read.
 
     Args:
         raw: the parsed file.
@@ -113,7 +131,18 @@ def model_from_dict(raw: Mapping[str, object], *, name: str) -> ModelSpec:
     for alias, key in _ALIASES.items():
         if alias in raw and key not in values:
             values[key] = raw[alias]
-    _resolve_moe_width(raw, values, name)
+    model_type = raw.get("model_type")
+    for key, value in _MODEL_TYPE_DEFAULTS.get(model_type, {}).items() if isinstance(model_type, str) else ():
+        values.setdefault(key, value)
+    if values.get("mlp_only_layers") is None:
+        values.pop("mlp_only_layers", None)  # Qwen writes null for "none"
+    if raw.get(_MTP_KEY):
+        logger.info(
+            "model %r: %s=%r multi-token-prediction layers left out (transformers' model has none)",
+            name,
+            _MTP_KEY,
+            raw[_MTP_KEY],
+        )
     _reject_coercions(values, name)
     if "norm_type" not in values:
         hinted = {_NORM_HINTS[key] for key in _NORM_HINTS if key in raw}
@@ -230,6 +259,10 @@ def _reject_coercions(values: Mapping[str, object], name: str) -> None:
     """pydantic would read true as 1 and "yes" as true; a model file must say what it means."""
     for key, value in values.items():
         annotation = ModelSpec.model_fields[key].annotation
+        if get_origin(annotation) is tuple:  # a list of whole numbers (mlp_only_layers)
+            if isinstance(value, list | tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                continue
+            raise SchemaError(f"model {name!r}: {key}={value!r} must be a list of whole numbers")
         kinds = set(get_args(annotation)) or {annotation}
         if value is None and type(None) in kinds:
             continue
@@ -242,21 +275,6 @@ def _reject_coercions(values: Mapping[str, object], name: str) -> None:
         else:
             continue
         raise SchemaError(f"model {name!r}: {key}={value!r} must be {expected}")
-
-
-def _resolve_moe_width(raw: Mapping[str, object], values: dict[str, object], name: str) -> None:
-    """Qwen-MoE keeps the dense width in intermediate_size and the expert width elsewhere."""
-    experts = values.get("num_local_experts", 1)
-    if _MOE_FFN_KEY in raw and isinstance(experts, int) and experts > 1:
-        values["intermediate_size"] = raw[_MOE_FFN_KEY]
-    for key in _SHARED_EXPERT_KEYS:
-        if raw.get(key):
-            logger.warning(
-                "model %r: %s=%r ignored; shared experts are not modeled, so parameter and FLOP counts will be low",
-                name,
-                key,
-                raw[key],
-            )
 
 
 # --- clusters -------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 Field names are those of a Hugging Face ``config.json`` so that a real one is a valid
 model file; ``planner.inputs.model_from_dict`` decides which of a file's keys are read.
+The MoE and multi-head latent attention (MLA) fields follow transformers' Mixtral, Qwen2-MoE,
+Qwen3-MoE, DeepSeek-V2 and DeepSeek-V3 models (``modeling_*.py``): every one defaults to what
+a dense Llama/GPT-style model means, so a dense config reads as before.
 """
 
 from typing import Self
@@ -25,7 +28,10 @@ class ModelSpec(FrozenModel):
     )
     head_dim: int | None = Field(default=None, ge=1, description="Defaults to hidden_size / heads.")
     intermediate_size: int | None = Field(
-        default=None, ge=1, description="MLP width f (per expert for MoE); defaults to 4h."
+        default=None,
+        ge=1,
+        description="MLP width f of dense layers, and of each expert unless moe_intermediate_size is set; "
+        "defaults to 4h.",
     )
     vocab_size: int = Field(ge=1, description="Vocabulary size V.")
     hidden_act: Activation = Field(default=Activation.GELU, description="'silu'/'swiglu' mean a gated (SwiGLU) MLP.")
@@ -46,6 +52,43 @@ class ModelSpec(FrozenModel):
     )
     num_local_experts: int = Field(default=1, ge=1, description="Experts per MoE layer; 1 is dense.")
     num_experts_per_tok: int = Field(default=1, ge=1, description="Experts each token is routed to (top-k).")
+    moe_intermediate_size: int | None = Field(
+        default=None, ge=1, description="Width of each routed expert (Qwen-MoE, DeepSeek); defaults to f."
+    )
+    n_shared_experts: int | None = Field(
+        default=None,
+        ge=0,
+        description="DeepSeek: shared experts every token passes through, one MLP n x moe_intermediate_size wide.",
+    )
+    shared_expert_intermediate_size: int | None = Field(
+        default=None,
+        ge=0,
+        description="Qwen2-MoE: width of the shared expert, whose output a sigmoid gate (h x 1) scales.",
+    )
+    first_k_dense_replace: int = Field(default=0, ge=0, description="DeepSeek: the first k layers have a dense MLP.")
+    mlp_only_layers: tuple[int, ...] = Field(default=(), description="Qwen-MoE: indices of layers with a dense MLP.")
+    decoder_sparse_step: int = Field(
+        default=1, ge=1, description="Qwen-MoE: layer i is MoE when (i + 1) % decoder_sparse_step == 0."
+    )
+    n_group: int | None = Field(
+        default=None, ge=1, description="DeepSeek: expert groups a token's routing is confined to (no parameters)."
+    )
+    topk_group: int | None = Field(default=None, ge=1, description="DeepSeek: groups each token may use.")
+    q_lora_rank: int | None = Field(
+        default=None, ge=1, description="MLA: rank of the query's down-projection; null projects q directly."
+    )
+    kv_lora_rank: int | None = Field(
+        default=None, ge=1, description="MLA: rank of the compressed key/value; null means standard attention."
+    )
+    qk_rope_head_dim: int | None = Field(default=None, ge=1, description="MLA: rotary part of a q/k head.")
+    qk_nope_head_dim: int | None = Field(default=None, ge=0, description="MLA: non-rotary part of a q/k head.")
+    v_head_dim: int | None = Field(default=None, ge=1, description="MLA: value head width.")
+    qkv_bias: bool | None = Field(
+        default=None, description="Biases on q, k, v only (Qwen2); defaults to attention_bias."
+    )
+    qk_norm: bool = Field(
+        default=False, description="RMSNorm over each q and k head (Qwen3); read from model_type, no HF key."
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Self:
@@ -63,6 +106,24 @@ class ModelSpec(FrozenModel):
             raise SchemaError(
                 f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_local_experts={self.num_local_experts}"
             )
+        if self.kv_lora_rank is not None and (self.qk_rope_head_dim is None or self.v_head_dim is None):
+            raise SchemaError(
+                f"kv_lora_rank={self.kv_lora_rank} (multi-head latent attention) needs qk_rope_head_dim and "
+                "v_head_dim; set both, or drop kv_lora_rank for standard attention"
+            )
+        if self.n_group is not None and self.num_local_experts % self.n_group:
+            raise SchemaError(
+                f"n_group={self.n_group} does not divide num_local_experts={self.num_local_experts}; "
+                "use a group count that divides the experts"
+            )
+        if self.topk_group is not None and self.topk_group > (self.n_group or 1):
+            raise SchemaError(f"topk_group={self.topk_group} exceeds n_group={self.n_group}; lower topk_group")
+        if self.is_moe and self.num_moe_layers == 0:
+            raise SchemaError(
+                f"model has {self.num_local_experts} experts but no MoE layer (first_k_dense_replace="
+                f"{self.first_k_dense_replace}, mlp_only_layers, decoder_sparse_step={self.decoder_sparse_step}); "
+                "fix the layer keys or set num_local_experts: 1"
+            )
         return self
 
     @property
@@ -77,10 +138,79 @@ class ModelSpec(FrozenModel):
 
     @property
     def ffn_size(self) -> int:
-        """MLP width f, resolving the default 4h."""
+        """MLP width f of a dense layer, resolving the default 4h."""
         return self.intermediate_size or 4 * self.hidden_size
 
     @property
+    def expert_ffn_size(self) -> int:
+        """Width of one routed expert: moe_intermediate_size, else f (Mixtral)."""
+        return self.moe_intermediate_size or self.ffn_size
+
+    @property
+    def shared_ffn_size(self) -> int:
+        """Width of the shared-expert MLP every token of an MoE layer passes through; 0 if none.
+
+        DeepSeek: n_shared_experts experts of moe_intermediate_size, built as one MLP
+        (transformers' ``DeepseekV3MoE.shared_experts``); Qwen2-MoE: shared_expert_intermediate_size.
+        """
+        deepseek = (self.n_shared_experts or 0) * self.expert_ffn_size
+        return deepseek + (self.shared_expert_intermediate_size or 0)
+
+    @property
+    def has_shared_expert_gate(self) -> bool:
+        """Qwen2-MoE scales its shared expert by sigmoid(h x 1 gate); DeepSeek's has no gate."""
+        return bool(self.shared_expert_intermediate_size)
+
+    @property
     def is_moe(self) -> bool:
-        """Whether the MLP is a mixture of experts."""
+        """Whether the MLP is a mixture of experts (in at least one layer)."""
         return self.num_local_experts > 1
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether transformer layer ``layer`` (0-based) has a mixture-of-experts MLP.
+
+        The single rule params, memory and time all use: DeepSeek's first_k_dense_replace and
+        Qwen-MoE's mlp_only_layers / decoder_sparse_step, as transformers builds the layers.
+        """
+        return (
+            self.is_moe
+            and layer >= self.first_k_dense_replace
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    def moe_layers_in(self, layers: range) -> int:
+        """How many of ``layers`` are MoE layers."""
+        return sum(1 for i in layers if self.is_moe_layer(i))
+
+    @property
+    def num_moe_layers(self) -> int:
+        """MoE layers in the whole model; the other num_hidden_layers - this are dense."""
+        return self.moe_layers_in(range(self.num_hidden_layers))
+
+    @property
+    def mlp_widths(self) -> tuple[int, ...]:
+        """Every MLP width the model's layers use (tensor parallelism must divide each)."""
+        widths = {self.expert_ffn_size} if self.num_moe_layers else set()
+        if self.num_moe_layers < self.num_hidden_layers:
+            widths.add(self.ffn_size)
+        if self.num_moe_layers and self.shared_ffn_size:
+            widths.add(self.shared_ffn_size)
+        return tuple(sorted(widths))
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is DeepSeek's multi-head latent attention."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_size(self) -> int:
+        """Width of one query/key head in the score product: nope + rope under MLA, else head_size."""
+        if self.is_mla:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+        return self.head_size
+
+    @property
+    def v_head_size(self) -> int:
+        """Width of one value head: v_head_dim under MLA, else head_size."""
+        return (self.v_head_dim or self.head_size) if self.is_mla else self.head_size

@@ -77,7 +77,7 @@ def _tp(space: "SearchSpace", _: Assignment) -> list[int]:
     return [
         t
         for t in divisors(space.world_size)
-        if t <= t_max and not (m.num_attention_heads % t or m.kv_heads % t or m.ffn_size % t)
+        if t <= t_max and not (m.num_attention_heads % t or m.kv_heads % t or any(w % t for w in m.mlp_widths))
     ]
 
 

@@ -163,7 +163,57 @@ def test_two_norm_hints_without_norm_type_are_refused() -> None:
 def test_qwen_moe_keys_map_to_experts_and_their_width() -> None:
     raw = {**LLAMA3_8B_CONFIG, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1408}
     model = model_from_dict(raw, name="qwen-moe-like")
-    assert (model.num_local_experts, model.num_experts_per_tok, model.ffn_size) == (8, 2, 1408)
+    assert (model.num_local_experts, model.num_experts_per_tok) == (8, 2)
+    # The expert width is its own; intermediate_size stays the dense layers' width.
+    assert (model.expert_ffn_size, model.ffn_size) == (1408, 14336)
+
+
+def test_deepseek_keys_map_to_experts_shared_experts_dense_layers_and_mla() -> None:
+    raw = {
+        **LLAMA3_8B_CONFIG,
+        "n_routed_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 512,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 3,
+        "n_group": 4,
+        "topk_group": 2,
+        "q_lora_rank": None,
+        "kv_lora_rank": 128,
+        "qk_rope_head_dim": 32,
+        "qk_nope_head_dim": 64,
+        "v_head_dim": 64,
+        "num_nextn_predict_layers": 1,
+    }
+    model = model_from_dict(raw, name="deepseek-like")
+    assert (model.num_local_experts, model.shared_ffn_size, model.num_moe_layers) == (16, 1024, 32 - 3)
+    assert [model.is_moe_layer(i) for i in range(4)] == [False, False, False, True]
+    assert model.is_mla and model.q_lora_rank is None and (model.qk_head_size, model.v_head_size) == (96, 64)
+    assert model.mlp_widths == (512, 1024, 14336)
+
+
+def test_qwen_layer_keys_choose_the_moe_layers() -> None:
+    raw = {**LLAMA3_8B_CONFIG, "num_experts": 8, "mlp_only_layers": [0, 5], "decoder_sparse_step": 2}
+    model = model_from_dict(raw, name="qwen-sparse-step")
+    assert [i for i in range(8) if model.is_moe_layer(i)] == [1, 3, 7]
+    assert model_from_dict({**raw, "mlp_only_layers": None}, name="null").mlp_only_layers == ()
+    with pytest.raises(SchemaError, match=r"mlp_only_layers=.*list of whole numbers"):
+        model_from_dict({**raw, "mlp_only_layers": [1.5]}, name="bad")
+
+
+def test_model_type_says_what_qwen_has_without_a_key() -> None:
+    qwen3 = model_from_dict({**LLAMA3_8B_CONFIG, "model_type": "qwen3_moe", "num_experts": 4}, name="q3")
+    qwen2 = model_from_dict({**LLAMA3_8B_CONFIG, "model_type": "qwen2_moe", "num_experts": 4}, name="q2")
+    assert (qwen3.qk_norm, qwen3.qkv_bias, qwen2.qk_norm, qwen2.qkv_bias) == (True, None, False, True)
+
+
+def test_mla_without_its_head_widths_and_experts_without_moe_layers_are_refused() -> None:
+    with pytest.raises(SchemaError, match=r"kv_lora_rank=64 .*qk_rope_head_dim and v_head_dim"):
+        model_from_dict({**LLAMA3_8B_CONFIG, "kv_lora_rank": 64}, name="half-mla")
+    with pytest.raises(SchemaError, match="no MoE layer"):
+        model_from_dict({**LLAMA3_8B_CONFIG, "num_experts": 4, "first_k_dense_replace": 32}, name="all-dense")
+    with pytest.raises(SchemaError, match="n_group=3 does not divide num_local_experts=8"):
+        model_from_dict({**LLAMA3_8B_CONFIG, "num_experts": 8, "n_group": 3}, name="groups")
 
 
 def test_a_misspelled_key_is_refused_with_a_suggestion() -> None:
