@@ -49,6 +49,8 @@ def read_trace(path: Path | str, model: ModelSpec | None = None) -> tuple[IntArr
             if missing:
                 raise SchemaError(f"{where} lacks {missing}; a trace holds {list(KEYS)} (see planner.routing_trace)")
             ids, experts, name = data["expert_ids"], data["num_experts"], data["model"]
+    except FileNotFoundError as e:
+        raise SchemaError(f"{where} does not exist; give the path of a trace file (planner run --trace-routing)") from e
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise SchemaError(f"{where} is not a NumPy .npz file ({e}); write one with planner run --trace-routing") from e
     if experts.ndim != 0 or not np.issubdtype(experts.dtype, np.integer) or int(experts) < 1:

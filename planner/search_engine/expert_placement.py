@@ -7,16 +7,16 @@ What is optimized (all counts in routed tokens; ``placement_metrics`` computes t
 - **Load** of rank r in layer l: the tokens its experts receive, an expert's tokens split evenly
   over its replicas, sum_e n[l, e] * copies of e on r / copies of e. The *hottest-rank load* is
   sum over layers of max over ranks: layers run one after another, each as slow as its hottest
-  rank. Every layer's hottest rank is held under a cap: (1 + ``load_tolerance``) x the mean (but
-  never above round-robin's hottest rank), or the greedy placement's hottest rank if that is
-  higher, and never below the lower bound max(mean, the heaviest replica).
+  rank. Each layer has a target: (1 + ``load_tolerance``) x the mean, but never above
+  round-robin's hottest rank nor below the lower bound max(mean, the heaviest replica).
 - **Cross-rank tokens**: a token whose expert i in layer l and expert j in layer l + 1 sit on
   different ranks must move between them (ExFlow's inter-layer affinity: the token stays where
   its expert computed it and goes straight on, Yao et al. 2024). For each co-activated pair the
   share that moves is 1 - sum_r share[i, r] * share[j, r], so cross-rank tokens =
   sum_l sum_{i,j} C[l, i, j] * (1 - sum_r share_l[i, r] * share_{l+1}[j, r]). *Cross-node tokens*
   likewise with each node's share (ranks map to nodes through the layout's geometry and device
-  map). Under the cap, the solver minimizes cross-rank + ``cross_node_weight`` x cross-node tokens.
+  map). The solver minimizes, lexicographically, the tokens by which the layers' hottest ranks
+  exceed their targets, then cross-rank + ``cross_node_weight`` x cross-node tokens.
 
 Replicas: ``spare_slots`` extra slots per rank per layer hold replicas of hot experts. How many
 copies each expert gets is the apportionment (D'Hondt) that minimizes the heaviest replica's
@@ -27,7 +27,7 @@ CP-SAT model over all layers (exact: ``tests/search/test_expert_placement.py`` c
 enumeration); larger ones are solved layer by layer with the previous layer fixed, which makes
 the traffic term linear, and beyond ``_FULL_CANDIDATES`` (experts x ranks) each expert may only
 go to its greedy rank or a rank hosting one of its strongest predecessors. A greedy placement
-(hottest expert first, to the rank that keeps most of its tokens local, within the cap) is the
+(hottest expert first, to the rank that keeps most of its tokens local, within the target) is the
 hint and the fallback. Model sections: data -> variables -> constraints -> objective -> solve.
 """
 
@@ -132,7 +132,7 @@ class _Layer:
     load: npt.NDArray[np.int64]
     """Scaled tokens one copy of each expert receives."""
     target: int
-    """Scaled cap on a rank's tokens that the greedy aims for."""
+    """Scaled tokens a rank may carry before the excess counts (module docstring)."""
 
 
 def _layers(stats: RoutingStats, ranks: int, spare_slots: int, tolerance: float) -> tuple[list[_Layer], int]:
@@ -143,7 +143,7 @@ def _layers(stats: RoutingStats, ranks: int, spare_slots: int, tolerance: float)
     round_robin = ExpertPlacement.round_robin(stats.num_experts, ranks, 1).share(0)
     layers = []
     for n, c in zip(stats.expert_tokens, copies, strict=True):
-        load = -(-n * scale // c)  # rounded up, so that the cap is never broken by rounding
+        load = -(-n * scale // c)  # rounded up, so that rounding never hides an excess
         mean = math.ceil(int(load @ c) / ranks)
         lower = max(mean, int(load.max()))
         target = max(lower, min(math.floor((1 + tolerance) * mean), int(np.ceil((n * scale) @ round_robin).max())))
@@ -219,13 +219,13 @@ def _solve(
     # Data.
     window, (experts, ranks) = range(len(layers)), hints[0].shape
     slots = int(hints[0][:, 0].sum())
-    caps = [max(layer.target, int((layer.load @ hint).max())) for layer, hint in zip(layers, hints, strict=True)]
     allowed = [candidates[e] if candidates else range(ranks) for e in range(experts)]
     nodes = range(int(node_of_rank.max()) + 1)
     model = cp_model.CpModel()
 
     # Variables: whether rank r hosts expert e in window layer w; copies of e on node n.
     x = {(w, e, r): model.new_bool_var(f"x[{w},{e},{r}]") for w in window for e in range(experts) for r in allowed[e]}
+    excess = {w: model.new_int_var(0, int(layers[w].load @ layers[w].copies), f"excess[{w}]") for w in window}
     on_node = {}
     if len(nodes) > 1 and len(layers) > 1:
         for w in window:
@@ -245,12 +245,14 @@ def _solve(
     for w in window:
         for r in range(ranks):
             model.add(sum(x[w, e, r] for e in by_rank[r]) == slots)
-            # No rank above the layer's cap.
-            model.add(sum(int(layers[w].load[e]) * x[w, e, r] for e in by_rank[r]) <= caps[w])
+            # The layer's excess bounds every rank's tokens above the target.
+            model.add(sum(int(layers[w].load[e]) * x[w, e, r] for e in by_rank[r]) <= layers[w].target + excess[w])
 
     # Objective: tokens kept on their rank (and, weighted, their node) between consecutive layers.
     kept: list[cp_model.LinearExprT] = []
+    most = 0  # the most that kept can be
     if fixed_kept is not None:
+        most += int(fixed_kept.sum())
         kept += [int(fixed_kept[e, r]) * x[0, e, r] for e in range(experts) for r in allowed[e] if fixed_kept[e, r]]
     for w in window[:-1]:
         c_now, c_next = layers[w].copies, layers[w + 1].copies
@@ -261,12 +263,16 @@ def _solve(
                 model.add_implication(same, x[w, i, r])
                 model.add_implication(same, x[w + 1, j, r])
                 kept.append(round(weight) * same)
+                most += round(weight)
             for n in nodes if on_node else ():
                 # Copies of i and of j that share node n: the product of their counts there.
                 both = model.new_int_var(0, ranks * ranks, f"same_node[{w},{i},{j},{n}]")
                 model.add_multiplication_equality(both, [on_node[w, i, n], on_node[w + 1, j, n]])
                 kept.append(round(node_weight * weight) * both)
-    model.maximize(sum(kept))
+                most += round(node_weight * weight) * ranks * ranks
+    # Any excess outweighs all the traffic there is: lexicographic.
+    over = cp_model.LinearExpr.sum(list(excess.values()))
+    model.maximize(cp_model.LinearExpr.sum(kept) - (most + 1) * over)
     for w in window:
         for e in range(experts):
             for r in allowed[e]:
@@ -343,8 +349,13 @@ def place_experts(
         solved = _solve(
             [layers[layer]], [hint], kept, [], nodes, cross_node_weight, scale, candidates, per_layer, seed
         )[0]
-        placed.append(solved if np.sum(kept * solved) >= np.sum(kept * hint) else hint)
+        placed.append(max((hint, solved), key=lambda h: _score(layers[layer], kept, h)))
     return _placement(placed)
+
+
+def _score(layer: _Layer, kept: npt.NDArray[np.int64], hosted: Hosted) -> tuple[int, int]:
+    """(-excess over the target, tokens kept local): what the per-layer model maximizes."""
+    return -max(0, int((layer.load @ hosted).max()) - layer.target), int(np.sum(kept * hosted))
 
 
 def _candidates(hint: Hosted, prev: Hosted, together: npt.NDArray[np.int64]) -> list[list[int]]:
