@@ -43,7 +43,7 @@ from planner.schemas.op_records import (
 )
 from planner.schemas.plan import Alternative, ClusterRef, Plan
 from planner.schemas.report import RankMemory, RunReport
-from planner.schemas.routing import ExpertPlacement, RoutingStats, num_moe_layers
+from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats, num_moe_layers
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
@@ -79,6 +79,7 @@ __all__ = [
     "OptimizerRecord",
     "PipelineSlotRecord",
     "Placement",
+    "PlacementMetrics",
     "Plan",
     "PositionEmbedding",
     "Provenance",

@@ -21,6 +21,7 @@ from planner.schemas.errors import SchemaError
 from planner.schemas.model import ModelSpec
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 def num_moe_layers(model: ModelSpec) -> int:
@@ -93,13 +94,13 @@ class ExpertPlacement:
         """Experts each rank hosts per layer: E / ep, plus its replica slots."""
         return len(self.slots[0][0])
 
-    def share(self, layer: int) -> npt.NDArray[np.float64]:
+    def share(self, layer: int) -> FloatArray:
         """(E, ep) share of each expert's tokens each rank receives in ``layer``: 1 / copies on
         each rank that hosts it, 0 elsewhere."""
         hosted = np.zeros((self.num_experts, self.num_ranks))
         for r, rank in enumerate(self.slots[layer]):
             hosted[list(rank), r] = 1.0
-        copies: npt.NDArray[np.float64] = hosted.sum(axis=1, keepdims=True)
+        copies: FloatArray = hosted.sum(axis=1, keepdims=True)
         return hosted / copies
 
     @classmethod
@@ -186,3 +187,59 @@ class RoutingStats:
             expert_tokens=tokens,
             coactivation=tuple(pairs),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementMetrics:
+    """Predicted routing cost of a placement on a trace, in routed tokens.
+
+    share_l[e, r] is the share of expert e's tokens rank r receives in layer l (``share``);
+    C_l[i, j] the co-activation of layers l and l + 1. A co-activated pair moves between ranks
+    unless both experts' copies meet on one rank: cross-rank tokens =
+    sum_l sum_{i,j} C_l[i, j] (1 - sum_r share_l[i, r] share_{l+1}[j, r]), the tokens that must
+    leave the rank of their layer-l expert to reach their layer-(l + 1) expert (ExFlow's
+    inter-layer affinity). Cross-node tokens likewise with each node's share.
+    """
+
+    hottest_rank_tokens: float
+    """Sum over MoE layers of the hottest rank's routed tokens, sum_l max_r sum_e n_l[e] share_l[e, r]:
+    layers run one after another, each as slow as its hottest rank."""
+    mean_rank_tokens: float
+    """Sum over MoE layers of the mean rank's routed tokens (the floor of the above)."""
+    cross_rank_tokens: float
+    """Co-activated token pairs of consecutive layers whose experts sit on different ranks."""
+    cross_node_tokens: float
+    """... on different nodes."""
+
+
+def _shares(placement: ExpertPlacement, node_of_rank: tuple[int, ...]) -> tuple[list[FloatArray], list[FloatArray]]:
+    nodes = np.zeros((placement.num_ranks, max(node_of_rank) + 1))
+    nodes[np.arange(placement.num_ranks), node_of_rank] = 1.0
+    ranks = [placement.share(layer) for layer in range(placement.num_layers)]
+    return ranks, [share @ nodes for share in ranks]
+
+
+def placement_metrics(
+    stats: RoutingStats, placement: ExpertPlacement, node_of_rank: tuple[int, ...]
+) -> PlacementMetrics:
+    """Hottest-rank load and cross-rank/cross-node tokens of ``placement`` on ``stats``.
+
+    Args:
+        stats: the trace's routing statistics (same layers and experts as the placement).
+        placement: the experts of every rank.
+        node_of_rank: the node of each expert-parallel rank.
+    """
+    rank_share, node_share = _shares(placement, node_of_rank)
+    loads = [stats.expert_tokens[layer] @ rank_share[layer] for layer in range(stats.num_layers)]
+    cross_rank = cross_node = 0.0
+    for layer in range(stats.num_layers - 1):
+        together = stats.coactivation_matrix(layer)
+        total = float(together.sum())
+        cross_rank += total - float(np.sum((rank_share[layer].T @ together) * rank_share[layer + 1].T))
+        cross_node += total - float(np.sum((node_share[layer].T @ together) * node_share[layer + 1].T))
+    return PlacementMetrics(
+        hottest_rank_tokens=float(sum(load.max() for load in loads)),
+        mean_rank_tokens=float(sum(load.mean() for load in loads)),
+        cross_rank_tokens=cross_rank,
+        cross_node_tokens=cross_node,
+    )

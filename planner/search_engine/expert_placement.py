@@ -2,7 +2,7 @@
 MoE layer, from a routing trace's ``RoutingStats``; ``ExpertPlacementRefiner`` applies it to a
 finalist (``refiner``).
 
-What is optimized (all counts in routed tokens; ``placement_metrics`` computes them):
+What is optimized (all counts in routed tokens; ``schemas.routing.placement_metrics`` computes them):
 
 - **Load** of rank r in layer l: the tokens its experts receive, an expert's tokens split evenly
   over its replicas, sum_e n[l, e] * copies of e on r / copies of e. The *hottest-rank load* is
@@ -44,6 +44,7 @@ from ortools.sat.python import cp_model
 from planner.schemas import ExpertPlacement, Layout, RoutingStats, num_moe_layers
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import rank_of
+from planner.schemas.routing import placement_metrics
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Budget, Candidate
 
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 
 Hosted = npt.NDArray[np.bool_]
 """(E, ep): whether rank r hosts expert e in one layer."""
-Floats = npt.NDArray[np.float64]
 _EXACT_SIZE = 256
 """Up to layers x experts x ranks this large, one CP-SAT model over all layers (exact)."""
 _FULL_CANDIDATES = 4096
@@ -60,53 +60,6 @@ _PREDECESSORS = 4
 """Beyond that, an expert may go to the ranks of its this many strongest predecessors."""
 _MAX_SCALE = 3600
 """CP-SAT works in integers: token counts times the lcm of the copy counts, squared, at most this."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlacementMetrics:
-    """Predicted routing cost of a placement on a trace (module docstring: definitions)."""
-
-    hottest_rank_tokens: float
-    """Sum over MoE layers of the hottest rank's routed tokens."""
-    mean_rank_tokens: float
-    """Sum over MoE layers of the mean rank's routed tokens (the floor of the above)."""
-    cross_rank_tokens: float
-    """Co-activated token pairs of consecutive layers whose experts sit on different ranks."""
-    cross_node_tokens: float
-    """... on different nodes."""
-
-
-def _shares(placement: ExpertPlacement, node_of_rank: tuple[int, ...]) -> tuple[list[Floats], list[Floats]]:
-    nodes = np.zeros((placement.num_ranks, max(node_of_rank) + 1))
-    nodes[np.arange(placement.num_ranks), node_of_rank] = 1.0
-    ranks = [placement.share(layer) for layer in range(placement.num_layers)]
-    return ranks, [share @ nodes for share in ranks]
-
-
-def placement_metrics(
-    stats: RoutingStats, placement: ExpertPlacement, node_of_rank: tuple[int, ...]
-) -> PlacementMetrics:
-    """Hottest-rank load and cross-rank/cross-node tokens of ``placement`` on ``stats``.
-
-    Args:
-        stats: the trace's routing statistics (same layers and experts as the placement).
-        placement: the experts of every rank.
-        node_of_rank: the node of each expert-parallel rank.
-    """
-    rank_share, node_share = _shares(placement, node_of_rank)
-    loads = [stats.expert_tokens[layer] @ rank_share[layer] for layer in range(stats.num_layers)]
-    cross_rank = cross_node = 0.0
-    for layer in range(stats.num_layers - 1):
-        together = stats.coactivation_matrix(layer)
-        total = float(together.sum())
-        cross_rank += total - float(np.sum((rank_share[layer].T @ together) * rank_share[layer + 1].T))
-        cross_node += total - float(np.sum((node_share[layer].T @ together) * node_share[layer + 1].T))
-    return PlacementMetrics(
-        hottest_rank_tokens=float(sum(load.max() for load in loads)),
-        mean_rank_tokens=float(sum(load.mean() for load in loads)),
-        cross_rank_tokens=cross_rank,
-        cross_node_tokens=cross_node,
-    )
 
 
 def replica_counts(expert_tokens: npt.NDArray[np.int64], total_slots: int, ranks: int) -> npt.NDArray[np.int64]:

@@ -16,12 +16,12 @@ from planner.inputs import load_cluster, load_model
 from planner.routing_trace import summarize, synthetic_trace
 from planner.schemas import ExpertPlacement, Layout, RoutingStats, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
+from planner.schemas.routing import placement_metrics
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.expert_placement import (
     ExpertPlacementRefiner,
     expert_rank_nodes,
     place_experts,
-    placement_metrics,
     replica_counts,
 )
 from planner.search_engine.strategy import Budget, Candidate
