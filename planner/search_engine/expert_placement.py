@@ -192,21 +192,27 @@ def _solve(
     # Constraints: each expert has its copies, at most one per rank.
     for w in window:
         for e in range(experts):
-            model.add(sum(x[w, e, r] for r in allowed[e]) == int(layers[w].copies[e]))
+            model.add(cp_model.LinearExpr.sum([x[w, e, r] for r in allowed[e]]) == int(layers[w].copies[e]))
     # Every rank fills its slots.
-    by_rank = {r: [e for e in range(experts) if r in allowed[e]] for r in range(ranks)}
+    by_rank: dict[int, list[int]] = {r: [] for r in range(ranks)}
+    for e in range(experts):
+        for r in allowed[e]:
+            by_rank[r].append(e)
     for w in window:
         for r in range(ranks):
-            model.add(sum(x[w, e, r] for e in by_rank[r]) == slots)
+            hosted = [x[w, e, r] for e in by_rank[r]]
+            model.add(cp_model.LinearExpr.sum(hosted) == slots)
             # The layer's excess bounds every rank's tokens above the target.
-            model.add(sum(int(layers[w].load[e]) * x[w, e, r] for e in by_rank[r]) <= layers[w].target + excess[w])
+            tokens = cp_model.LinearExpr.weighted_sum(hosted, [int(layers[w].load[e]) for e in by_rank[r]])
+            model.add(tokens <= layers[w].target + excess[w])
 
     # Objective: tokens kept on their rank (and, weighted, their node) between consecutive layers.
     kept: list[cp_model.LinearExprT] = []
     most = 0  # the most that kept can be
     if fixed_kept is not None:
         most += int(fixed_kept.sum())
-        kept += [int(fixed_kept[e, r]) * x[0, e, r] for e in range(experts) for r in allowed[e] if fixed_kept[e, r]]
+        terms = [(x[0, e, r], int(fixed_kept[e, r])) for e in range(experts) for r in allowed[e] if fixed_kept[e, r]]
+        kept.append(cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [c for _, c in terms]))
     for w in window[:-1]:
         c_now, c_next = layers[w].copies, layers[w + 1].copies
         for i, j in zip(*np.nonzero(together[w]), strict=True):
@@ -285,15 +291,16 @@ def place_experts(
             together[layer - 1], prev, layers[layer], layers[layer - 1].copies, nodes, cross_node_weight, scale
         )
 
-    hints: list[Hosted] = []
-    for layer in range(stats.num_layers):
-        kept = kept_after(layer, hints[-1]) if layer else np.zeros((experts, ranks), dtype=np.int64)
-        hints.append(_greedy(layers[layer], kept, slots))
     if stats.num_layers * experts * ranks <= _EXACT_SIZE:
+        hints: list[Hosted] = []
+        for layer in range(stats.num_layers):
+            kept = kept_after(layer, hints[-1]) if layer else np.zeros((experts, ranks), dtype=np.int64)
+            hints.append(_greedy(layers[layer], kept, slots))
         placed = _solve(layers, hints, None, together, nodes, cross_node_weight, scale, None, budget, seed)
         return _placement(placed)
     per_layer = Budget(max_time_s=(budget.max_time_s or 10.0) / stats.num_layers, workers=budget.workers)
-    placed = [hints[0]]
+    # The first layer has no predecessor: only its load matters, and the greedy balances it.
+    placed = [_greedy(layers[0], np.zeros((experts, ranks), dtype=np.int64), slots)]
     for layer in range(1, stats.num_layers):
         prev = placed[-1]
         kept = kept_after(layer, prev)
