@@ -34,7 +34,7 @@ hint and the fallback. Model sections: data -> variables -> constraints -> objec
 import heapq
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -354,6 +354,8 @@ class ExpertPlacementRefiner:
     """Spare slots per expert-parallel rank per layer, for replicas of hot experts."""
     max_time_s: float = 5.0
     """CP-SAT wall time per finalist at most (less if the search's budget is smaller)."""
+    _placed: dict[tuple[tuple[int, ...], float, int], ExpertPlacement] = field(default_factory=dict, repr=False)
+    """Placements already solved: finalists sharing ep and its nodes share them."""
 
     def refine(self, candidate: Candidate, evaluate: Evaluator, budget: Budget, *, seed: int) -> Candidate:
         """The candidate with its experts placed, when that fits and is no slower."""
@@ -369,7 +371,10 @@ class ExpertPlacementRefiner:
         placement_budget = Budget(
             max_time_s=min(budget.max_time_s or self.max_time_s, self.max_time_s), workers=budget.workers
         )
-        placement = place_experts(self.stats, nodes, placement_budget, spare_slots=self.replicas, seed=seed)
+        key = (nodes, placement_budget.max_time_s or self.max_time_s, seed)
+        if key not in self._placed:
+            self._placed[key] = place_experts(self.stats, nodes, placement_budget, spare_slots=self.replicas, seed=seed)
+        placement = self._placed[key]
         placed = replace(layout, expert_placement=placement)
         try:
             est = evaluate(placed)

@@ -1,5 +1,7 @@
 """Routing traces: the file format, its checks, the summary and the synthetic generator."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +117,35 @@ def test_affinity_is_the_share_of_tokens_following_their_partner() -> None:
 def test_bad_generator_settings_are_refused() -> None:
     with pytest.raises(SchemaError, match=r"affinity=1\.5"):
         synthetic_trace(tokens=1, layers=1, num_experts=4, experts_per_token=1, skew=1.0, affinity=1.5, seed=0)
+
+
+def test_search_with_a_routing_trace_writes_a_plan_with_its_placement(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.plans import load_plan
+    from planner.schemas import ExpertPlacement
+    from planner.schemas.routing import placement_metrics
+    from planner.search_engine.expert_placement import expert_rank_nodes
+
+    trace, out = tmp_path / "trace.npz", tmp_path / "plan.json"
+    ids = _mixtral_trace(tokens=2000)
+    write_trace(trace, ids, 8, "mixtral-8x7b")
+    args = ["search", "-m", "mixtral-8x7b", "-c", "dgx-h100:2", "--global-batch-size", "64", "--seq-len", "1024"]
+    result = CliRunner().invoke(app, [*args, "--routing-trace", str(trace), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    placement = plan.layout.expert_placement
+    assert placement is not None and placement.num_ranks == plan.layout.expert_parallel_degree > 1
+    stats = summarize(ids, 8, "mixtral-8x7b")
+    nodes = expert_rank_nodes(plan.layout, plan.cluster.devices_per_node)
+    base = ExpertPlacement.round_robin(8, placement.num_ranks, 32)
+    ours, theirs = placement_metrics(stats, placement, nodes), placement_metrics(stats, base, nodes)
+    assert ours.cross_rank_tokens < theirs.cross_rank_tokens
+    # A trace of another model: one line naming the file and the fix, exit 2.
+    write_trace(trace, ids[:, :4], 8, "other")
+    done = subprocess.run(
+        [sys.executable, "-m", "planner", *args, "--routing-trace", str(trace)], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and str(trace) in done.stderr + done.stdout
+    assert "has 4 MoE layers" in done.stderr + done.stdout and "Traceback" not in done.stderr
