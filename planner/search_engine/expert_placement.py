@@ -115,11 +115,15 @@ def _kept(
 ) -> npt.NDArray[np.int64]:
     """(E, ep) scaled tokens a copy of expert j keeps local (rank, and node with its weight) on
     rank r, given the previous layer's placement: the linear traffic term."""
-    share = prev / prev_copies[:, None]
-    to_rank = together.T @ share
-    nodes = np.zeros((len(node_of_rank), int(node_of_rank.max()) + 1))
-    nodes[np.arange(len(node_of_rank)), node_of_rank] = 1.0
-    to_node = (together.T @ (share @ nodes))[:, node_of_rank]
+    # Each expert sits on a few ranks: sum its successors' rows into those ranks' columns rather
+    # than multiply by a mostly-zero (E, ep) share matrix.
+    source, rank = np.nonzero(prev)
+    rows = together[source] / prev_copies[source, None]
+    to_rank = np.zeros((prev.shape[1], together.shape[1]))
+    np.add.at(to_rank, rank, rows)
+    to_node = np.zeros((int(node_of_rank.max()) + 1, together.shape[1]))
+    np.add.at(to_node, node_of_rank[rank], rows)
+    to_rank, to_node = to_rank.T, to_node[node_of_rank].T
     return np.rint(scale * (to_rank + node_weight * to_node) / layer.copies[:, None]).astype(np.int64)
 
 
