@@ -26,7 +26,7 @@ Decomposition (to place 256 experts x 61 layers on 256 ranks in seconds): small 
 CP-SAT model over all layers (exact: ``tests/search/test_expert_placement.py`` checks it against
 enumeration); larger ones are solved layer by layer with the previous layer fixed, which makes
 the traffic term linear, and beyond ``_FULL_CANDIDATES`` (experts x ranks) each expert may only
-go to its greedy rank or a rank hosting one of its strongest predecessors. A greedy placement
+go to its greedy ranks or the few ranks where it keeps most tokens local. A greedy placement
 (hottest expert first, to the rank that keeps most of its tokens local, within the target) is the
 hint and the fallback. Model sections: data -> variables -> constraints -> objective -> solve.
 """
@@ -56,8 +56,9 @@ _EXACT_SIZE = 256
 """Up to layers x experts x ranks this large, one CP-SAT model over all layers (exact)."""
 _FULL_CANDIDATES = 4096
 """Up to experts x ranks this large, every expert may go to every rank in the per-layer models."""
-_PREDECESSORS = 4
-"""Beyond that, an expert may go to the ranks of its this many strongest predecessors."""
+_BEST_RANKS = 8
+"""Beyond that, an expert may go to its greedy ranks and the this many ranks where it keeps most
+tokens local."""
 _MAX_SCALE = 3600
 """CP-SAT works in integers: token counts times the lcm of the copy counts, squared, at most this."""
 
@@ -309,7 +310,7 @@ def place_experts(
         prev = placed[-1]
         kept = kept_after(layer, prev)
         hint = _greedy(layers[layer], kept, slots)  # again: the previous layer may have moved
-        candidates = None if experts * ranks <= _FULL_CANDIDATES else _candidates(hint, prev, together[layer - 1])
+        candidates = None if experts * ranks <= _FULL_CANDIDATES else _candidates(hint, kept)
         solved = _solve(
             [layers[layer]], [hint], kept, [], nodes, cross_node_weight, scale, candidates, per_layer, seed
         )[0]
@@ -322,13 +323,11 @@ def _score(layer: _Layer, kept: npt.NDArray[np.int64], hosted: Hosted) -> tuple[
     return -max(0, int((layer.load @ hosted).max()) - layer.target), int(np.sum(kept * hosted))
 
 
-def _candidates(hint: Hosted, prev: Hosted, together: npt.NDArray[np.int64]) -> list[list[int]]:
-    """Ranks each expert may go to: its greedy ranks and those of its strongest predecessors."""
-    strongest = np.argsort(-together, axis=0)[:_PREDECESSORS].T
-    return [
-        sorted(set(np.flatnonzero(hint[e]).tolist()) | set(np.flatnonzero(prev[strongest[e]].any(axis=0)).tolist()))
-        for e in range(hint.shape[0])
-    ]
+def _candidates(hint: Hosted, kept: npt.NDArray[np.int64]) -> list[list[int]]:
+    """Ranks each expert may go to: its greedy ranks and the ranks where a copy keeps most
+    tokens local (its strongest predecessors' ranks and their nodes)."""
+    best = np.argpartition(-kept, _BEST_RANKS - 1, axis=1)[:, :_BEST_RANKS]
+    return [sorted(set(np.flatnonzero(hint[e]).tolist()) | set(best[e].tolist())) for e in range(hint.shape[0])]
 
 
 def _placement(placed: list[Hosted]) -> ExpertPlacement:
