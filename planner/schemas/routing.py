@@ -143,6 +143,8 @@ class RoutingStats:
     routed to expert i in layer l and to expert j in layer l + 1 (k^2 pairs per token)."""
 
     def __post_init__(self) -> None:
+        for array in (self.expert_tokens, *(a for pair in self.coactivation for a in pair)):
+            array.setflags(write=False)  # frozen, like the dataclass
         layers = self.expert_tokens.shape[0]
         if self.expert_tokens.shape != (layers, self.num_experts) or len(self.coactivation) != max(layers - 1, 0):
             raise SchemaError(
