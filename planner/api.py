@@ -25,6 +25,7 @@ from cost_models.estimate import estimate as _estimate
 from cost_models.layer_work import profile_gemm_shapes
 from planner.inputs import load_cluster, load_model, save_cluster
 from planner.plans import load_plan, make_plan, save_plan
+from planner.routing_trace import load_routing_stats
 from planner.schemas import (
     Alternative,
     ClusterProfile,
@@ -39,6 +40,7 @@ from planner.schemas import (
 from planner.schemas.errors import SchemaError
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
+from planner.search_engine.expert_placement import ExpertPlacementRefiner
 from planner.search_engine.refiner import Refiner
 from planner.search_engine.runner import DEFAULT_REFINERS, SearchOutcome, run_search
 from planner.search_engine.strategy import Budget, Progress, SearchStrategy
@@ -113,6 +115,7 @@ def search_outcome(
     storage: str | None = None,
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
+    routing_trace: Path | str | None = None,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -127,6 +130,8 @@ def search_outcome(
         storage: Optuna study storage URL (e.g. sqlite:///search.db) for a resumable search.
         progress: called as progress(done, total) while searching.
         refiners: applied in order to the strategy's finalists (default: the CP-SAT layer split).
+        routing_trace: a routing trace file (``planner.routing_trace``) of the model: the experts of
+            finalists with expert parallelism are then placed from it (``ExpertPlacementRefiner``).
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -139,6 +144,8 @@ def search_outcome(
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
+    if routing_trace is not None:
+        refiners = (*refiners, ExpertPlacementRefiner(stats=load_routing_stats(routing_trace, model_spec)))
     outcome = run_search(
         model_spec,
         training,
@@ -182,12 +189,13 @@ def search(
     storage: str | None = None,
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
+    routing_trace: Path | str | None = None,
 ) -> tuple[Plan, ...]:
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
         model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress,
-            refiners: as for :func:`search_outcome`.
+            refiners, routing_trace: as for :func:`search_outcome`.
 
     Returns:
         Up to ``top_k`` plans, fastest first.
@@ -207,6 +215,7 @@ def search(
         storage=storage,
         progress=progress,
         refiners=refiners,
+        routing_trace=routing_trace,
     )
     return plans
 

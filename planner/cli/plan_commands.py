@@ -108,6 +108,9 @@ def search(
     verify: Annotated[
         bool, typer.Option(help="Dry-run the best plan's first and last pipeline stage beside the estimate.")
     ] = False,
+    routing_trace: Annotated[
+        Path | None, typer.Option(help="A routing trace (.npz) of the model: place the experts from it.")
+    ] = None,
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
@@ -127,6 +130,7 @@ def search(
             memory_margin=memory_margin,
             storage=storage if strategy is StrategyName.OPTUNA else None,
             progress=progress,
+            routing_trace=routing_trace,
         )
     Console().print(ranked_table(outcome, plans))
     if output is not None:

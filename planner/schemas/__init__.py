@@ -43,6 +43,7 @@ from planner.schemas.op_records import (
 )
 from planner.schemas.plan import Alternative, ClusterRef, Plan
 from planner.schemas.report import RankMemory, RunReport
+from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats, num_moe_layers
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "DeviceProfile",
     "ElementwiseRecord",
     "Estimate",
+    "ExpertPlacement",
     "LayerNormRecord",
     "LayerRecord",
     "Layout",
@@ -77,11 +79,13 @@ __all__ = [
     "OptimizerRecord",
     "PipelineSlotRecord",
     "Placement",
+    "PlacementMetrics",
     "Plan",
     "PositionEmbedding",
     "Provenance",
     "RankMemory",
     "Recompute",
+    "RoutingStats",
     "RunReport",
     "Schedule",
     "ShardedUnitRecord",
@@ -90,4 +94,5 @@ __all__ = [
     "TrainingSpec",
     "VocabularyLayout",
     "ZeroStage",
+    "num_moe_layers",
 ]

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from planner.schemas.device_map import DeviceMap
 from planner.schemas.enums import Recompute, Schedule, VocabularyLayout, ZeroStage
 from planner.schemas.errors import SchemaError
+from planner.schemas.routing import ExpertPlacement
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,9 +41,9 @@ class Layout:
     """Transformer layers per model chunk in pipeline order (p * v entries); None splits evenly."""
     vocabulary_layout: VocabularyLayout = VocabularyLayout.PINNED
     """Where the embedding, output layer and loss sit (schemas.geometry)."""
-    expert_placement: tuple[int, ...] | None = None
-    """Expert-parallel rank of each expert, in expert order; None places them in contiguous
-    blocks: expert e of E on rank e // (E / ep)."""
+    expert_placement: ExpertPlacement | None = None
+    """Which experts each expert-parallel rank hosts in each MoE layer (``schemas.routing``);
+    None places them in contiguous blocks: expert e of E on rank e // (E / ep)."""
     device_map: DeviceMap = field(default_factory=DeviceMap)
     """Which device runs each rank; the identity by default."""
 
@@ -67,15 +68,13 @@ class Layout:
         if isinstance(self.device_map, dict):  # read from a file
             object.__setattr__(self, "device_map", DeviceMap(**self.device_map))
         self.device_map.check(self.world_size)
-        if self.expert_placement is not None:
-            object.__setattr__(self, "expert_placement", tuple(self.expert_placement))
-            ep = self.expert_parallel_degree
-            counts = [self.expert_placement.count(r) for r in range(ep)]
-            if any(not isinstance(r, int) or not 0 <= r < ep for r in self.expert_placement) or len(set(counts)) > 1:
-                raise SchemaError(
-                    f"expert_placement {list(self.expert_placement)} must give each of the ep={ep} expert-parallel "
-                    "ranks (0..ep-1) the same number of experts"
-                )
+        if isinstance(self.expert_placement, dict):  # read from a file
+            object.__setattr__(self, "expert_placement", ExpertPlacement(**self.expert_placement))
+        if self.expert_placement is not None and self.expert_placement.num_ranks != self.expert_parallel_degree:
+            raise SchemaError(
+                f"expert_placement places experts on {self.expert_placement.num_ranks} ranks, but "
+                f"expert_parallel_degree={self.expert_parallel_degree}; give one entry per expert-parallel rank"
+            )
         if self.virtual_stages > 1 and self.schedule is not Schedule.INTERLEAVED:
             raise SchemaError(
                 f"virtual_stages={self.virtual_stages} needs schedule='interleaved', not {self.schedule!s}"
