@@ -25,15 +25,8 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def num_moe_layers(model: ModelSpec) -> int:
-    """MoE layers of ``model``: every layer of an MoE model but its first dense ones.
-
-    DeepSeek's ``first_k_dense_replace`` (dense first layers) is honoured when the model states
-    it; a dense model has none.
-    """
-    if not model.is_moe:
-        return 0
-    first_dense = getattr(model, "first_k_dense_replace", None) or 0
-    return model.num_hidden_layers - int(first_dense)
+    """MoE layers of ``model`` (``ModelSpec.is_moe_layer`` decides which); a dense model has none."""
+    return model.num_moe_layers if model.is_moe else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
