@@ -26,6 +26,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from planner.schemas import AttentionKernel, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
+from runtime.expert_parallel import JointOptimizer
 from runtime.mesh import layout_mesh
 from runtime.model import loss_fn
 from runtime.optim import DataParallelOptimizer
@@ -131,7 +132,7 @@ def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
     ZeRO-0/1's fp32 master weights are no module's parameters: they count as "oth"."""
     tracker = _RankPeakTracker()
     opt = trainer.optimizer
-    external = opt.tracked() if isinstance(opt, DataParallelOptimizer) else [opt]
+    external = opt.tracked() if isinstance(opt, DataParallelOptimizer | JointOptimizer) else [opt]
     tracker.track_external(*trainer.chunks, *external)
     trainer.fresh_roots = True
     try:

@@ -4,7 +4,9 @@ q/k/v and gate/up are split column-wise, o and down row-wise; the embedding is s
 vocabulary, the output layer column-wise with a vocabulary-parallel loss (torch's
 ``loss_parallel``). With sequence parallelism the norms and the residual stream hold 1/t of the
 sequence, gathered before attention and the MLP and reduce-scattered after them (Korthikanti et
-al. 2022, sec. 4.2.2).
+al. 2022, sec. 4.2.2). A mixture-of-experts MLP is not split: each tensor-parallel rank holds its
+router and experts whole and routes the same tokens (expert-tensor parallelism of 1, as
+Megatron-LM's default), so their gradients agree across the group without a reduction.
 """
 
 from contextlib import AbstractContextManager, nullcontext
@@ -22,7 +24,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from runtime.model import Decoder
+from runtime.model import MLP, Decoder
 
 
 def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
@@ -38,8 +40,11 @@ def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: b
     for i, block in chunk.layers.items():
         plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
         plan[f"layers.{i}.attn.o"] = RowwiseParallel(output_layouts=seq)
-        plan |= {f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None}
-        plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
+        if isinstance(block.mlp, MLP):
+            plan |= {
+                f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None
+            }
+            plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
         if sequence_parallel:
             plan |= {f"layers.{i}.{n}": SequenceParallel() for n in ("norm1", "norm2")}
             gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))

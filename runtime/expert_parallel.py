@@ -1,0 +1,190 @@
+"""Expert parallelism: each expert-parallel rank holds some experts of every MoE layer, and tokens
+travel to the ranks holding their experts and back (GShard, Lepikhin et al. 2020; the dispatch /
+combine of Megatron-LM's ``MoEAlltoAllTokenDispatcher``).
+
+An expert-parallel group is ep consecutive data-parallel replicas (``schemas.geometry``'s
+(edp, ep) split of the data axis, ``runtime.mesh.expert_mesh``). Which experts a rank holds is a
+placement table: for each MoE layer, the expert ids each expert-parallel rank hosts. Per layer and
+micro-batch, each rank sends each routed (token, expert) pair to the expert's rank with one
+all-to-all of variable splits, runs its experts on what it received, and returns the outputs with
+a second all-to-all; the backward runs the same exchanges in reverse. Dropless: every routed token
+is served.
+
+Gradients: an expert's gradient on its rank sums the contributions of its whole expert-parallel
+group, so experts are summed over the expert-data-parallel group (same place, other groups) and
+divided by d, as dense parameters are averaged over all d replicas (``runtime.data_parallel``).
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.schemas import Layout, ModelSpec
+from planner.schemas.errors import InfeasibleConfigError
+from runtime.model import Decoder, MoE, moe_layers
+from runtime.optim import DataParallelOptimizer
+
+PlacementTable = tuple[tuple[tuple[int, ...], ...], ...]
+"""For each MoE layer in model order, the expert ids each expert-parallel rank hosts."""
+
+
+def placement_table(model: ModelSpec, layout: Layout) -> PlacementTable:
+    """The layout's placement as a table: ``layout.expert_placement`` (expert e on rank
+    placement[e]) for every MoE layer, or contiguous blocks (expert e on rank e // (E / ep))."""
+    ep, num_experts = layout.expert_parallel_degree, model.num_local_experts
+    ranks = layout.expert_placement or tuple(e * ep // num_experts for e in range(num_experts))
+    hosts = tuple(tuple(e for e, r in enumerate(ranks) if r == q) for q in range(ep))
+    return tuple(hosts for _ in moe_layers(model))
+
+
+def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> None:
+    """Refuse a table the runtime cannot run: one row per MoE layer, one entry per
+    expert-parallel rank, each layer's experts hosted exactly once.
+
+    Raises:
+        InfeasibleConfigError: naming the layer, the value and the fix.
+    """
+    ep, num_experts = layout.expert_parallel_degree, model.num_local_experts
+    if num_experts % ep:
+        raise InfeasibleConfigError(
+            f"expert_parallel_degree={ep} does not divide the {num_experts} experts of {model.name!r}; "
+            "choose an expert-parallel degree that divides them"
+        )
+    layers = moe_layers(model)
+    if len(table) != len(layers):
+        raise InfeasibleConfigError(
+            f"the expert placement has {len(table)} layer(s); {model.name!r} has {len(layers)} MoE layers: "
+            "give one row per MoE layer"
+        )
+    for layer, hosts in zip(layers, table, strict=True):
+        hosted = sorted(e for rank in hosts for e in rank)
+        if len(hosts) != ep or hosted != list(range(num_experts)):
+            raise InfeasibleConfigError(
+                f"the expert placement of layer {layer} is {[list(r) for r in hosts]}: it must give each of the "
+                f"ep={ep} ranks its experts, hosting each of the {num_experts} experts exactly once "
+                "(replicated experts are not run yet)"
+            )
+
+
+def check_expert_layout(model: ModelSpec, layout: Layout) -> None:
+    """Refuse, before any work, what the expert-parallel runtime does not run yet."""
+    if not model.is_moe:
+        if layout.expert_parallel_degree > 1:
+            raise InfeasibleConfigError(
+                f"expert_parallel_degree={layout.expert_parallel_degree} but {model.name!r} has no experts; "
+                "set expert_parallel_degree=1"
+            )
+        return
+    if layout.sequence_parallel:
+        raise InfeasibleConfigError(
+            f"sequence_parallel with the mixture of experts {model.name!r} is not run yet; turn sequence_parallel off"
+        )
+
+
+def hosted_experts(model: ModelSpec, table: PlacementTable, place: int) -> dict[int, tuple[int, ...]]:
+    """The experts expert-parallel rank ``place`` holds, by model layer."""
+    return {layer: hosts[place] for layer, hosts in zip(moe_layers(model), table, strict=True)}
+
+
+class _AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` with variable splits whose backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        ctx.send, ctx.receive, ctx.group = send, receive, group
+        out = x.new_empty((sum(receive), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), receive, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.receive, group=ctx.group)
+        return out, None, None, None
+
+
+def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+    """Rows of ``x`` split by ``send`` to each rank of ``group``; rows from each by ``receive``."""
+    out: torch.Tensor = _AllToAll.apply(x, send, receive, group)  # type: ignore[no-untyped-call]
+    return out
+
+
+class ExpertExchange:
+    """The dispatch of one MoE layer over its expert-parallel group (a ``runtime.model.Dispatch``).
+
+    Routed pairs are sorted by their expert's slot, the experts listed rank by rank as the table
+    hosts them, so each rank's share is one contiguous run and, inside it, grouped by expert.
+    """
+
+    def __init__(self, hosts: tuple[tuple[int, ...], ...], group: dist.ProcessGroup) -> None:
+        self.group, self.place = group, dist.get_rank(group)
+        order = [e for rank in hosts for e in rank]
+        self.slot = torch.empty(len(order), dtype=torch.long)
+        self.slot[torch.tensor(order)] = torch.arange(len(order))
+        self.per_rank = [len(rank) for rank in hosts]
+        self.mine = hosts[self.place]
+
+    def __call__(
+        self, experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        k, ep = expert_ids.shape[1], len(self.per_rank)
+        slots = self.slot.to(expert_ids.device)[expert_ids.reshape(-1)]
+        order = torch.argsort(slots, stable=True)
+        token = order // k
+        # 1. how many pairs go to each expert: each rank learns its experts' counts from every rank
+        counts = torch.bincount(slots, minlength=sum(self.per_rank))
+        incoming = counts.new_empty(len(self.mine) * ep)
+        dist.all_to_all_single(incoming, counts, [len(self.mine)] * ep, self.per_rank, group=self.group)
+        send = [int(part.sum()) for part in torch.split(counts, self.per_rank)]
+        receive = incoming.view(ep, len(self.mine)).sum(dim=1).tolist()
+        # 2. dispatch, run the experts held here, combine
+        received = all_to_all(tokens[token], send, receive, self.group)
+        local = torch.arange(len(self.mine), device=tokens.device).repeat(ep).repeat_interleave(incoming)
+        outputs = torch.zeros_like(received)
+        for i, e in enumerate(self.mine):
+            rows = (local == i).nonzero().squeeze(1)
+            outputs = outputs.index_add(0, rows, experts[str(e)](received[rows]))
+        back = all_to_all(outputs, receive, send, self.group)
+        weight = weights.reshape(-1)[order]
+        return torch.zeros_like(tokens).index_add(0, token, back * weight[:, None])
+
+
+def expert_parallel(chunk: Decoder, model: ModelSpec, table: PlacementTable, ep_group: dist.ProcessGroup) -> None:
+    """Make ``chunk``'s MoE layers exchange tokens over ``ep_group`` as ``table`` places experts."""
+    hosts = dict(zip(moe_layers(model), table, strict=True))
+    for name, block in chunk.layers.items():
+        if isinstance(block.mlp, MoE):
+            block.mlp.dispatch = ExpertExchange(hosts[int(name)], ep_group)
+
+
+def expert_parameters(chunks: Iterable[nn.Module]) -> list[nn.Parameter]:
+    """The experts' parameters of ``chunks``, in order (the router is a dense parameter)."""
+    return [p for chunk in chunks for m in chunk.modules() if isinstance(m, MoE) for p in m.experts.parameters()]
+
+
+class JointOptimizer:
+    """Optimizers of disjoint parameter sets (dense, experts) stepped as one."""
+
+    def __init__(self, parts: Sequence[DataParallelOptimizer | torch.optim.Optimizer]) -> None:
+        self.parts = list(parts)
+
+    def zero_grad(self) -> None:
+        """Drop every gradient."""
+        for part in self.parts:
+            part.zero_grad()
+
+    def step(self) -> None:
+        """Reduce and step each part, in order (every rank steps them in the same order)."""
+        for part in self.parts:
+            part.step()
+
+    def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
+        """What memory tracking must be told of (see ``DataParallelOptimizer.tracked``)."""
+        return [
+            t for part in self.parts for t in (part.tracked() if isinstance(part, DataParallelOptimizer) else [part])
+        ]

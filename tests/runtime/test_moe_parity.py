@@ -1,0 +1,132 @@
+"""Mixture of experts: routing by hand-worked values, placement tables, and expert-parallel layouts
+that train like the single-process reference (losses within the dense parity tests' 1e-5; SGD,
+float32 on CPU). One 4-rank launch checks every layout (each launch costs seconds)."""
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from harness import run_ranks
+
+from planner.inputs import load_model
+from planner.schemas import Layout
+from planner.schemas.errors import InfeasibleConfigError
+from runtime.data import synthetic_batch
+from runtime.expert_parallel import PlacementTable, check_placement, placement_table
+from runtime.model import Decoder, MoE, local_experts, route
+from runtime.reference import reference_losses
+from runtime.trainer import Trainer
+
+TOLERANCE = 1e-5
+BATCH, SEQ, STEPS, SEED, LR = 8, 16, 3, 0, 0.1
+MOE = load_model("tiny-moe")  # 4 layers, 4 experts, top-2
+
+
+def test_route_renormalizes_the_top_k_softmax() -> None:
+    # softmax of (0, ln 2, ln 4) is (1, 2, 4) / 7; the top two, renormalized: (4, 2) / 6
+    weights, ids = route(torch.tensor([[0.0, math.log(2), math.log(4)]]), 2)
+    assert ids.tolist() == [[2, 1]]
+    assert weights[0].tolist() == pytest.approx([2 / 3, 1 / 3], abs=1e-6)
+
+
+def test_local_experts_sum_each_tokens_weighted_experts() -> None:
+    moe = Decoder(MOE, seed=1).layers["0"].mlp
+    assert isinstance(moe, MoE)
+    tokens = torch.randn(5, MOE.hidden_size, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[0, 3], [1, 2], [3, 0], [2, 1], [0, 1]])
+    weights = torch.rand(5, 2, generator=torch.Generator().manual_seed(1))
+    out = local_experts(moe.experts, tokens, ids, weights)
+    for n in range(5):
+        expected = sum(weights[n, j] * moe.experts[str(int(ids[n, j]))](tokens[n]) for j in range(2))
+        assert torch.allclose(out[n], expected, atol=1e-6)
+
+
+def test_a_chunk_holding_some_experts_holds_the_references_values() -> None:
+    whole = dict(Decoder(MOE, seed=3).named_parameters())
+    part = dict(Decoder(MOE, seed=3, experts={0: (1, 3), 2: (0,)}).named_parameters())
+    assert "layers.0.mlp.experts.1.up.weight" in part and "layers.0.mlp.experts.0.up.weight" not in part
+    assert "layers.1.mlp.experts.0.up.weight" in part  # layers not listed hold every expert
+    assert all(torch.equal(p, whole[name]) for name, p in part.items())
+
+
+def _layout(ep: int, **kw: Any) -> Layout:
+    return Layout(
+        data_parallel_degree=4,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        micro_batch_size=1,
+        expert_parallel_degree=ep,
+        **kw,
+    )
+
+
+def test_placement_table_contiguous_or_the_layouts() -> None:
+    assert placement_table(MOE, _layout(2)) == (((0, 1), (2, 3)),) * 4
+    assert placement_table(MOE, _layout(4)) == (((0,), (1,), (2,), (3,)),) * 4
+    assert placement_table(MOE, _layout(2, expert_placement=(1, 0, 0, 1))) == (((1, 2), (0, 3)),) * 4
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        ((((0, 1), (2, 3)),) * 3, "3 layer"),
+        ((((0, 1), (1, 3)),) * 4, "exactly once"),
+        ((((0, 1, 2, 3),),) * 4, "each of the ep=2 ranks"),
+    ],
+)
+def test_placement_tables_the_runtime_cannot_run_are_refused(table: PlacementTable, match: str) -> None:
+    with pytest.raises(InfeasibleConfigError, match=match):
+        check_placement(MOE, _layout(2), table)
+
+
+def test_an_expert_parallel_degree_that_does_not_divide_the_experts_is_refused() -> None:
+    model = MOE.model_copy(update={"num_local_experts": 6})
+    with pytest.raises(InfeasibleConfigError, match="does not divide the 6 experts"):
+        check_placement(model, _layout(4), placement_table(model, _layout(4)))
+
+
+SHUFFLED: PlacementTable = (((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3)), ((3, 0), (2, 1)))
+"""Every layer its own non-contiguous placement over ep=2, experts out of order within a rank."""
+
+LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
+    (dict(data_parallel_degree=4, expert_parallel_degree=2), None),
+    (dict(data_parallel_degree=4, expert_parallel_degree=4, micro_batch_size=2), None),
+    (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1, expert_placement=(1, 0, 0, 1)), None),
+    (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED),
+    (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2), None),
+]
+
+
+def train(layouts: list[tuple[dict[str, Any], PlacementTable | None]]) -> list[list[float]]:
+    """Each layout's losses for STEPS steps (runs on every rank)."""
+    results = []
+    for kw, table in layouts:
+        layout = Layout(**{"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "micro_batch_size": 1, **kw})
+        trainer = Trainer(
+            MOE,
+            layout,
+            global_batch_size=BATCH,
+            seed=SEED,
+            optimizer="sgd",
+            lr=LR,
+            device=torch.device("cpu"),
+            placement=table,
+        )
+        steps = [synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=s, seed=SEED) for s in range(STEPS)]
+        results.append([trainer.step(x, y) for x, y in steps])
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_four_ranks_expert_parallel_layouts_match_the_reference(tmp_path: Path) -> None:
+    reference = reference_losses(
+        MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
+    )
+    assert len(set(reference)) == STEPS  # the steps do update the parameters
+    results = run_ranks(4, train, LAYOUTS, workdir=tmp_path)
+    for (kw, table), losses in zip(LAYOUTS, results, strict=True):
+        assert losses == pytest.approx(reference, abs=TOLERANCE), (kw, table)
