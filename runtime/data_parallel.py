@@ -69,22 +69,22 @@ class DataParallel:
         """
         experts = expert_parameters(chunks) if self.expert_data_mesh is not None else []
         held = {id(p) for p in experts}
-        dense = [p for p in parameters(chunks) if id(p) not in held]
-        shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
         main: DataParallelOptimizer | torch.optim.Optimizer
-        if experts and self.shards_with_fsdp and compute_dtype != torch.float32:
-            raise InfeasibleConfigError(
-                f"zero_stage={int(self.layout.zero_stage)} with expert parallelism runs in fp32 only so far (the "
-                "experts stay out of FSDP's mixed precision); train in fp32 or use zero_stage 0 or 1"
-            )
         if self.shards_with_fsdp:
+            if experts and compute_dtype != torch.float32:
+                raise InfeasibleConfigError(
+                    f"zero_stage={int(self.layout.zero_stage)} with expert parallelism runs in fp32 only so far (the "
+                    "experts stay out of FSDP's mixed precision); train in fp32 or use zero_stage 0 or 1"
+                )
             stage, ignored = self.layout.zero_stage, set(experts) or None
             for chunk in chunks:
-                shard_units(
-                    chunk.layers.values(), chunk, self.mesh, zero_stage=stage, dtype=compute_dtype, ignored=ignored
-                )
-            main = make_optimizer(optimizer, dense, lr)
+                units = chunk.layers.values()
+                shard_units(units, chunk, self.mesh, zero_stage=stage, dtype=compute_dtype, ignored=ignored)
+            # read after sharding: FSDP replaces each parameter it shards by a new one
+            main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
         else:
+            dense = [p for p in parameters(chunks) if id(p) not in held]
+            shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
             main = DataParallelOptimizer(optimizer, dense, lr, self.mesh.get_group(), shard=shard)
         if self.expert_data_mesh is None:
             return main

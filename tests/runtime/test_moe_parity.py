@@ -1,6 +1,7 @@
 """Mixture of experts: routing by hand-worked values, placement tables, and expert-parallel layouts
 that train like the single-process reference (losses within the dense parity tests' 1e-5; SGD,
-float32 on CPU). One 4-rank launch checks every layout (each launch costs seconds)."""
+float32 on CPU): ep 2 and 4, ZeRO-1/2/3, a per-layer non-contiguous placement, tp x dp x ep and
+pp x dp x ep. One 4-rank launch checks every layout (each launch costs seconds)."""
 
 import math
 from pathlib import Path
@@ -96,6 +97,10 @@ LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1, expert_placement=(1, 0, 0, 1)), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2), None),
+    (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=3), None),
+    (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, zero_stage=2), None),
+    (dict(data_parallel_degree=2, pipeline_parallel_degree=2, expert_parallel_degree=2), None),
+    (dict(data_parallel_degree=2, pipeline_parallel_degree=2, zero_stage=1), None),
 ]
 
 
