@@ -51,6 +51,11 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
+    if plan.model.is_moe:
+        raise InfeasibleConfigError(
+            f"a dry run cannot trace the mixture of experts {plan.model.name!r}: its routing depends on the "
+            "tokens' values, which fake tensors do not have; measure its memory with a real run (planner run)"
+        )
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:

@@ -12,7 +12,7 @@ import torch
 from harness import run_ranks
 
 from planner.inputs import load_model
-from planner.schemas import Layout
+from planner.schemas import DType, Layout
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.data import synthetic_batch
 from runtime.expert_parallel import PlacementTable, check_placement, placement_table
@@ -91,6 +91,12 @@ def test_an_expert_parallel_degree_that_does_not_divide_the_experts_is_refused()
 SHUFFLED: PlacementTable = (((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3)), ((3, 0), (2, 1)))
 """Every layer its own non-contiguous placement over ep=2, experts out of order within a rank."""
 
+MIXED = [
+    dict(data_parallel_degree=4, expert_parallel_degree=2),
+    dict(data_parallel_degree=4, expert_parallel_degree=4, zero_stage=1),
+]
+"""Layouts trained in bf16 mixed precision (within bf16 rounding, 1e-3, as the dense test)."""
+
 LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=4, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=4, micro_batch_size=2), None),
@@ -104,10 +110,13 @@ LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
 ]
 
 
-def train(layouts: list[tuple[dict[str, Any], PlacementTable | None]]) -> list[list[float]]:
-    """Each layout's losses for STEPS steps (runs on every rank)."""
+def train(
+    layouts: list[tuple[dict[str, Any], PlacementTable | None]], mixed: list[dict[str, Any]]
+) -> list[list[float]]:
+    """Each layout's losses for STEPS steps, fp32 then ``mixed`` in bf16 (runs on every rank)."""
     results = []
-    for kw, table in layouts:
+    cases = [(kw, table, DType.FP32) for kw, table in layouts] + [(kw, None, DType.BF16) for kw in mixed]
+    for kw, table, dtype in cases:
         layout = Layout(**{"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "micro_batch_size": 1, **kw})
         trainer = Trainer(
             MOE,
@@ -118,6 +127,7 @@ def train(layouts: list[tuple[dict[str, Any], PlacementTable | None]]) -> list[l
             lr=LR,
             device=torch.device("cpu"),
             placement=table,
+            dtype=dtype,
         )
         steps = [synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=s, seed=SEED) for s in range(STEPS)]
         results.append([trainer.step(x, y) for x, y in steps])
@@ -132,6 +142,8 @@ def test_four_ranks_expert_parallel_layouts_match_the_reference(tmp_path: Path) 
         MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
     )
     assert len(set(reference)) == STEPS  # the steps do update the parameters
-    results = run_ranks(4, train, LAYOUTS, workdir=tmp_path)
-    for (kw, table), losses in zip(LAYOUTS, results, strict=True):
+    results = run_ranks(4, train, LAYOUTS, MIXED, workdir=tmp_path)
+    for (kw, table), losses in zip(LAYOUTS, results[: len(LAYOUTS)], strict=True):
         assert losses == pytest.approx(reference, abs=TOLERANCE), (kw, table)
+    for kw, losses in zip(MIXED, results[len(LAYOUTS) :], strict=True):
+        assert losses == pytest.approx(reference, abs=1e-3), kw
