@@ -70,17 +70,11 @@ def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> 
 
 
 def check_expert_layout(model: ModelSpec, layout: Layout) -> None:
-    """Refuse, before any work, what the expert-parallel runtime does not run yet."""
-    if not model.is_moe:
-        if layout.expert_parallel_degree > 1:
-            raise InfeasibleConfigError(
-                f"expert_parallel_degree={layout.expert_parallel_degree} but {model.name!r} has no experts; "
-                "set expert_parallel_degree=1"
-            )
-        return
-    if layout.sequence_parallel:
+    """Refuse, before any work, expert parallelism of a model without experts."""
+    if not model.is_moe and layout.expert_parallel_degree > 1:
         raise InfeasibleConfigError(
-            f"sequence_parallel with the mixture of experts {model.name!r} is not run yet; turn sequence_parallel off"
+            f"expert_parallel_degree={layout.expert_parallel_degree} but {model.name!r} has no experts; "
+            "set expert_parallel_degree=1"
         )
 
 

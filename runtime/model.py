@@ -153,10 +153,16 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         weights, expert_ids = route(self.router(tokens), self.top_k)
-        if self.routing_trace is not None:
+        if self.routing_trace is not None and _first_pass(x):
             self.routing_trace.append(expert_ids.detach().clone())
         combine = self.dispatch or local_experts
         return combine(self.experts, tokens, expert_ids, weights).view_as(x)
+
+
+def _first_pass(x: torch.Tensor) -> bool:
+    """Whether this forward routes tokens for the first time: not a full recompute's rerun inside
+    the backward (same tokens again), nor a pipeline stage's shape inference on meta tensors."""
+    return not x.is_meta and torch._C._current_graph_task_id() == -1
 
 
 def moe_layers(model: ModelSpec) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from harness import run_ranks
@@ -15,9 +16,10 @@ from planner.inputs import load_model
 from planner.schemas import DType, Layout
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.data import synthetic_batch
-from runtime.expert_parallel import PlacementTable, check_placement, placement_table
+from runtime.expert_parallel import PlacementTable, check_expert_layout, check_placement, placement_table
 from runtime.model import Decoder, MoE, local_experts, route
 from runtime.reference import reference_losses
+from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.trainer import Trainer
 
 TOLERANCE = 1e-5
@@ -88,6 +90,11 @@ def test_an_expert_parallel_degree_that_does_not_divide_the_experts_is_refused()
         check_placement(model, _layout(4), placement_table(model, _layout(4)))
 
 
+def test_expert_parallelism_of_a_dense_model_is_refused() -> None:
+    with pytest.raises(InfeasibleConfigError, match="has no experts; set expert_parallel_degree=1"):
+        check_expert_layout(load_model("tiny-gpt"), _layout(2))
+
+
 SHUFFLED: PlacementTable = (((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3)), ((3, 0), (2, 1)))
 """Every layer its own non-contiguous placement over ep=2, experts out of order within a rank."""
 
@@ -104,10 +111,52 @@ LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=3), None),
+    (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, sequence_parallel=True), None),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, zero_stage=2), None),
     (dict(data_parallel_degree=2, pipeline_parallel_degree=2, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=2, pipeline_parallel_degree=2, zero_stage=1), None),
 ]
+
+
+TRACED = [
+    dict(data_parallel_degree=2, pipeline_parallel_degree=2, expert_parallel_degree=2),
+    dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, recompute="full"),
+]
+"""Layouts whose first step's routing trace is compared with the reference's routing."""
+
+
+def _layout_of(kw: dict[str, Any]) -> Layout:
+    return Layout(**{"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "micro_batch_size": 1, **kw})
+
+
+def _trainer(kw: dict[str, Any], table: PlacementTable | None = None, dtype: DType = DType.FP32) -> Trainer:
+    return Trainer(
+        MOE,
+        _layout_of(kw),
+        global_batch_size=BATCH,
+        seed=SEED,
+        optimizer="sgd",
+        lr=LR,
+        device=torch.device("cpu"),
+        placement=table,
+        dtype=dtype,
+    )
+
+
+def train_and_trace(
+    layouts: list[tuple[dict[str, Any], PlacementTable | None]],
+    mixed: list[dict[str, Any]],
+    traced: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Losses of ``train``, and the routing trace of each of ``traced`` over one step."""
+    traces = []
+    for kw in traced:
+        trainer = _trainer(kw)
+        record_routing(trainer)
+        trainer.step(*synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=0, seed=SEED))
+        ids = gather_routing(trainer, BATCH // kw["data_parallel_degree"] * SEQ)
+        traces.append(None if ids is None else ids.tolist())
+    return {"losses": train(layouts, mixed), "traces": traces}
 
 
 def train(
@@ -117,18 +166,7 @@ def train(
     results = []
     cases = [(kw, table, DType.FP32) for kw, table in layouts] + [(kw, None, DType.BF16) for kw in mixed]
     for kw, table, dtype in cases:
-        layout = Layout(**{"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "micro_batch_size": 1, **kw})
-        trainer = Trainer(
-            MOE,
-            layout,
-            global_batch_size=BATCH,
-            seed=SEED,
-            optimizer="sgd",
-            lr=LR,
-            device=torch.device("cpu"),
-            placement=table,
-            dtype=dtype,
-        )
+        trainer = _trainer(kw, table, dtype)
         steps = [synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=s, seed=SEED) for s in range(STEPS)]
         results.append([trainer.step(x, y) for x, y in steps])
     return results
@@ -142,8 +180,26 @@ def test_four_ranks_expert_parallel_layouts_match_the_reference(tmp_path: Path) 
         MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
     )
     assert len(set(reference)) == STEPS  # the steps do update the parameters
-    results = run_ranks(4, train, LAYOUTS, MIXED, workdir=tmp_path)
+    out = run_ranks(4, train_and_trace, LAYOUTS, MIXED, TRACED, workdir=tmp_path)
+    results = out["losses"]
     for (kw, table), losses in zip(LAYOUTS, results[: len(LAYOUTS)], strict=True):
         assert losses == pytest.approx(reference, abs=TOLERANCE), (kw, table)
     for kw, losses in zip(MIXED, results[len(LAYOUTS) :], strict=True):
         assert losses == pytest.approx(reference, abs=1e-3), kw
+    # the trace: every layer's top-k of every token of the step, as the reference routes them
+    net = Decoder(MOE, seed=SEED)
+    for block in net.layers.values():
+        block.mlp.routing_trace = []
+    net(synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=0, seed=SEED)[0])
+    routed = np.stack([torch.cat(block.mlp.routing_trace).numpy() for block in net.layers.values()], axis=1)
+    assert routed.shape == (BATCH * SEQ, MOE.num_hidden_layers, MOE.num_experts_per_tok)
+    for kw, trace in zip(TRACED, out["traces"], strict=True):
+        assert np.array_equal(np.array(trace), routed), kw
+
+
+def test_a_routing_trace_file_holds_ids_experts_and_model(tmp_path: Path) -> None:
+    ids = np.array([[[0, 3], [1, 2]], [[2, 1], [3, 0]], [[1, 0], [0, 1]]])
+    save_routing_trace(tmp_path / "trace.npz", ids, MOE)
+    with np.load(tmp_path / "trace.npz") as f:
+        assert f["expert_ids"].tolist() == ids.tolist() and f["expert_ids"].dtype == np.int64
+        assert int(f["num_experts"]) == 4 and str(f["model"]) == "tiny-moe"

@@ -1,0 +1,44 @@
+"""`planner run --trace-routing FILE` writes the routing trace of a mixture-of-experts run in the
+format the placement search reads: expert ids (tokens, MoE layers, k), the expert count, the
+model's name."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.inputs import save_cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import cpu_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(300)]
+
+STEPS, BATCH, SEQ = 2, 8, 16
+
+
+def test_planner_run_writes_every_tokens_experts(tmp_path: Path) -> None:
+    save_cluster(cpu_cluster(4), tmp_path / "cluster.json")
+    plan = tmp_path / "plan.json"
+    args = ["search", "-m", "tiny-moe", "-c", str(tmp_path / "cluster.json"), "--output", str(plan)]
+    args += ["--global-batch-size", str(BATCH), "--seq-len", str(SEQ)]
+    searched = CliRunner().invoke(app, args)
+    assert searched.exit_code == 0, searched.output
+    trace = tmp_path / "trace.npz"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "planner"]
+    cmd += ["run", str(plan), "--steps", str(STEPS), "--report", str(tmp_path / "r.json")]
+    cmd += ["--trace-routing", str(trace)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    layout = json.loads(plan.read_text())["layout"]
+    with np.load(trace) as f:
+        ids, experts, model = f["expert_ids"], int(f["num_experts"]), str(f["model"])
+    assert (model, experts) == ("tiny-moe", 4), layout
+    assert ids.shape == (STEPS * BATCH * SEQ, 4, 2) and ids.dtype == np.int64, layout
+    assert ids.min() >= 0 and ids.max() < experts
+    assert (ids[:, :, 0] != ids[:, :, 1]).all()  # top-2: two different experts per token and layer
