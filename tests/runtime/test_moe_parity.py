@@ -13,7 +13,7 @@ import torch
 from harness import run_ranks
 
 from planner.inputs import load_model
-from planner.schemas import DType, Layout
+from planner.schemas import DeviceMap, DType, Layout
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.data import synthetic_batch
 from runtime.expert_parallel import PlacementTable, check_expert_layout, check_placement, placement_table
@@ -111,6 +111,8 @@ LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=3), None),
+    # a DeviceMap listing the ep and edp axes' devices out of order (ordered groups, runtime.mesh)
+    (dict(data_parallel_degree=4, expert_parallel_degree=2, device_map=DeviceMap(devices=(3, 1, 0, 2))), None),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, sequence_parallel=True), None),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, zero_stage=2), None),
     (dict(data_parallel_degree=2, pipeline_parallel_degree=2, expert_parallel_degree=2), None),
