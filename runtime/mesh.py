@@ -6,6 +6,9 @@ torch rank is ``layout.device_map.device_of(rank)`` (torchrun numbers processes 
 DeviceMap numbers devices, node by node). With the identity map this is the mesh
 ``init_device_mesh(device, (p, d, t))`` builds.
 
+Under expert parallelism a second mesh, ``expert_mesh``, splits the data axis into
+(edp, ep) (``schemas.geometry.EXPERT_MESH_AXES``) over the same grid of devices.
+
 torch orders the members of a process group by their rank, and a process's place on a mesh
 axis is its rank in that axis's group. A map under which some axis lists its devices out of
 increasing order would then give processes other coordinates than the plan's (measured on

@@ -161,7 +161,7 @@ class MoE(nn.Module):
 
 def _first_pass(x: torch.Tensor) -> bool:
     """Whether this forward routes tokens for the first time: not a full recompute's rerun inside
-    the backward (same tokens again), nor a pipeline stage's shape inference on meta tensors."""
+    the backward (the same tokens again), nor a forward on meta tensors (no values)."""
     return not x.is_meta and torch._C._current_graph_task_id() == -1
 
 
