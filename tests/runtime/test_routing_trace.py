@@ -22,13 +22,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(300
 STEPS, BATCH, SEQ = 2, 8, 16
 
 
-def test_planner_run_writes_every_tokens_experts(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def moe_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A searched plan of tiny-moe for a one-node CPU cluster of 4 ranks."""
+    tmp_path = tmp_path_factory.mktemp("moe_plan")
     save_cluster(cpu_cluster(4), tmp_path / "cluster.json")
     plan = tmp_path / "plan.json"
     args = ["search", "-m", "tiny-moe", "-c", str(tmp_path / "cluster.json"), "--output", str(plan)]
     args += ["--global-batch-size", str(BATCH), "--seq-len", str(SEQ)]
     searched = CliRunner().invoke(app, args)
     assert searched.exit_code == 0, searched.output
+    return plan
+
+
+def test_a_dry_run_of_a_mixture_of_experts_is_refused(moe_plan: Path) -> None:
+    cmd = [sys.executable, "-m", "planner", "run", str(moe_plan), "--dry-run"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "fake tensors do not have" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_planner_run_writes_every_tokens_experts(moe_plan: Path, tmp_path: Path) -> None:
+    plan = moe_plan
     trace = tmp_path / "trace.npz"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "planner"]
     cmd += ["run", str(plan), "--steps", str(STEPS), "--report", str(tmp_path / "r.json")]
