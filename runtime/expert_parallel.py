@@ -113,6 +113,9 @@ class ExpertExchange:
 
     Routed pairs are sorted by their expert's slot, the experts listed rank by rank as the table
     hosts them, so each rank's share is one contiguous run and, inside it, grouped by expert.
+    ``sent_pairs`` measures the traffic: routed (token, expert) pairs this rank sent to each rank
+    of its group (itself included) over every forward, recomputations too; the combine returns as
+    many, and the backward moves the same counts again (each pair: hidden_size elements).
     """
 
     def __init__(self, hosts: tuple[tuple[int, ...], ...], group: dist.ProcessGroup) -> None:
@@ -122,6 +125,7 @@ class ExpertExchange:
         self.slot[torch.tensor(order)] = torch.arange(len(order))
         self.per_rank = [len(rank) for rank in hosts]
         self.mine = hosts[self.place]
+        self.sent_pairs = [0] * len(hosts)
 
     def __call__(
         self, experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
@@ -136,6 +140,7 @@ class ExpertExchange:
         dist.all_to_all_single(incoming, counts, [len(self.mine)] * ep, self.per_rank, group=self.group)
         send = [int(part.sum()) for part in torch.split(counts, self.per_rank)]
         receive = incoming.view(ep, len(self.mine)).sum(dim=1).tolist()
+        self.sent_pairs = [total + n for total, n in zip(self.sent_pairs, send, strict=True)]
         # 2. dispatch, run the experts held here, combine
         received = all_to_all(tokens[token], send, receive, self.group)
         local = torch.arange(len(self.mine), device=tokens.device).repeat(ep).repeat_interleave(incoming)

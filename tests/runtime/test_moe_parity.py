@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from harness import run_ranks
 
 from planner.inputs import load_model
@@ -126,6 +127,9 @@ TRACED = [
 ]
 """Layouts whose first step's routing trace is compared with the reference's routing."""
 
+MEASURED = (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED)
+"""A layout whose measured all-to-all traffic is compared with the reference's routing."""
+
 
 def _layout_of(kw: dict[str, Any]) -> Layout:
     return Layout(**{"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "micro_batch_size": 1, **kw})
@@ -145,12 +149,24 @@ def _trainer(kw: dict[str, Any], table: PlacementTable | None = None, dtype: DTy
     )
 
 
+def measure_traffic(kw: dict[str, Any], table: PlacementTable) -> list[dict[int, list[int]]]:
+    """Pairs each data-parallel replica sent to each expert-parallel rank, by layer, in one step."""
+    trainer = _trainer(kw, table)
+    trainer.step(*synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=0, seed=SEED))
+    sent = {int(i): block.mlp.dispatch.sent_pairs for i, block in trainer.chunks[0].layers.items()}
+    everyone: list[tuple[int, dict[int, list[int]]]] = [(0, {})] * dist.get_world_size()
+    dist.all_gather_object(everyone, (trainer.dp_rank, sent))
+    return [layers for _, layers in sorted(everyone)]
+
+
 def train_and_trace(
     layouts: list[tuple[dict[str, Any], PlacementTable | None]],
     mixed: list[dict[str, Any]],
     traced: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Losses of ``train``, and the routing trace of each of ``traced`` over one step."""
+    """Losses of ``train``, the routing trace of each of ``traced`` over one step, and the
+    traffic of ``MEASURED``."""
+    traffic = measure_traffic(*MEASURED)
     traces = []
     for kw in traced:
         trainer = _trainer(kw)
@@ -158,7 +174,7 @@ def train_and_trace(
         trainer.step(*synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=0, seed=SEED))
         ids = gather_routing(trainer, BATCH // kw["data_parallel_degree"] * SEQ)
         traces.append(None if ids is None else ids.tolist())
-    return {"losses": train(layouts, mixed), "traces": traces}
+    return {"losses": train(layouts, mixed), "traces": traces, "traffic": traffic}
 
 
 def train(
@@ -197,6 +213,15 @@ def test_four_ranks_expert_parallel_layouts_match_the_reference(tmp_path: Path) 
     assert routed.shape == (BATCH * SEQ, MOE.num_hidden_layers, MOE.num_experts_per_tok)
     for kw, trace in zip(TRACED, out["traces"], strict=True):
         assert np.array_equal(np.array(trace), routed), kw
+    # the traffic: each replica's pairs (its rows' tokens x k) to the rank hosting each expert
+    kw, table = MEASURED
+    rows = BATCH // kw["data_parallel_degree"] * SEQ
+    assert len(out["traffic"]) == kw["data_parallel_degree"]
+    for replica, measured in enumerate(out["traffic"]):
+        mine = routed[replica * rows : (replica + 1) * rows]
+        for layer, hosts in enumerate(table):
+            expected = [int(np.isin(mine[:, layer], hosted).sum()) for hosted in hosts]
+            assert measured[str(layer)] == expected, (replica, layer)
 
 
 def test_a_routing_trace_file_holds_ids_experts_and_model(tmp_path: Path) -> None:
