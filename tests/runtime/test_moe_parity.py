@@ -105,11 +105,15 @@ MIXED = [
 ]
 """Layouts trained in bf16 mixed precision (within bf16 rounding, 1e-3, as the dense test)."""
 
+UNEVEN: PlacementTable = (((0, 1, 2), (3,)), ((1,), (0, 2, 3)), ((3, 2), (1, 0)), ((2, 0, 3), (1,)))
+"""Ranks hosting different numbers of experts in some layers."""
+
 LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=4, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=4, micro_batch_size=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1, expert_placement=(1, 0, 0, 1)), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED),
+    (dict(data_parallel_degree=4, expert_parallel_degree=2), UNEVEN),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=3), None),
     # a DeviceMap listing the ep and edp axes' devices out of order (ordered groups, runtime.mesh)
