@@ -10,6 +10,10 @@ all-to-all of variable splits, runs its experts on what it received, and returns
 a second all-to-all; the backward runs the same exchanges in reverse. Dropless: every routed token
 is served.
 
+An expert the table lists on several ranks is replicated (as DeepSeek's EPLB places redundant
+experts): its copies share its pairs (``ExpertExchange``) and sum their gradients
+(``ReplicaGradients``).
+
 Gradients: an expert's gradient on its rank sums the contributions of its whole expert-parallel
 group, so experts are summed over the expert-data-parallel group (same place, other groups) and
 divided by d, as dense parameters are averaged over all d replicas (``runtime.data_parallel``).
@@ -24,7 +28,7 @@ from torch import nn
 
 from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
-from runtime.model import Decoder, MoE, moe_layers
+from runtime.model import MLP, Decoder, MoE, moe_layers
 from runtime.optim import DataParallelOptimizer
 
 PlacementTable = tuple[tuple[tuple[int, ...], ...], ...]
@@ -42,7 +46,8 @@ def placement_table(model: ModelSpec, layout: Layout) -> PlacementTable:
 
 def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> None:
     """Refuse a table the runtime cannot run: one row per MoE layer, one entry per
-    expert-parallel rank, each layer's experts hosted exactly once.
+    expert-parallel rank, each layer's experts hosted at least once and at most once per rank
+    (an expert on several ranks is replicated).
 
     Raises:
         InfeasibleConfigError: naming the layer, the value and the fix.
@@ -60,12 +65,12 @@ def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> 
             "give one row per MoE layer"
         )
     for layer, hosts in zip(layers, table, strict=True):
-        hosted = sorted(e for rank in hosts for e in rank)
-        if len(hosts) != ep or hosted != list(range(num_experts)):
+        hosted = {e for rank in hosts for e in rank}
+        if len(hosts) != ep or hosted != set(range(num_experts)) or any(len(set(r)) != len(r) for r in hosts):
             raise InfeasibleConfigError(
                 f"the expert placement of layer {layer} is {[list(r) for r in hosts]}: it must give each of the "
-                f"ep={ep} ranks its experts, hosting each of the {num_experts} experts exactly once "
-                "(replicated experts are not run yet)"
+                f"ep={ep} ranks its experts, hosting each of the {num_experts} experts at least once and no "
+                "expert twice on one rank"
             )
 
 
@@ -112,7 +117,9 @@ class ExpertExchange:
     """The dispatch of one MoE layer over its expert-parallel group (a ``runtime.model.Dispatch``).
 
     Routed pairs are sorted by their expert's slot, the experts listed rank by rank as the table
-    hosts them, so each rank's share is one contiguous run and, inside it, grouped by expert.
+    hosts them, so each rank's share is one contiguous run and, inside it, grouped by expert. A
+    replicated expert serves its pairs here when this rank holds a copy, else the copies take
+    the pairs in turn (pair i to copy i mod copies).
     ``sent_pairs`` measures the traffic: routed (token, expert) pairs this rank sent to each rank
     of its group (itself included) over every forward, recomputations too; the combine returns as
     many, and the backward moves the same counts again (each pair: hidden_size elements).
@@ -120,9 +127,20 @@ class ExpertExchange:
 
     def __init__(self, hosts: tuple[tuple[int, ...], ...], group: dist.ProcessGroup) -> None:
         self.group, self.place = group, dist.get_rank(group)
-        order = [e for rank in hosts for e in rank]
-        self.slot = torch.empty(len(order), dtype=torch.long)
-        self.slot[torch.tensor(order)] = torch.arange(len(order))
+        slots: dict[int, list[int]] = {}  # expert -> its copies' slots, in rank order
+        for slot, e in enumerate(e for rank in hosts for e in rank):
+            slots.setdefault(e, []).append(slot)
+        first_mine = sum(len(rank) for rank in hosts[: self.place])
+        mine = {e: first_mine + i for i, e in enumerate(hosts[self.place])}
+        copies = max(len(v) for v in slots.values())
+        # slot of pair i routed to expert e: column i mod copies[e]; a copy held here takes all
+        self.slots = torch.tensor(
+            [
+                [mine[e]] * copies if e in mine else [slots[e][i % len(slots[e])] for i in range(copies)]
+                for e in range(len(slots))
+            ]
+        )
+        self.copies = torch.tensor([1 if e in mine else len(slots[e]) for e in range(len(slots))])
         self.per_rank = [len(rank) for rank in hosts]
         self.mine = hosts[self.place]
         self.sent_pairs = [0] * len(hosts)
@@ -131,7 +149,9 @@ class ExpertExchange:
         self, experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         k, ep = expert_ids.shape[1], len(self.per_rank)
-        slots = self.slot.to(expert_ids.device)[expert_ids.reshape(-1)]
+        ids = expert_ids.reshape(-1)
+        turn = torch.arange(len(ids), device=ids.device) % self.copies.to(ids.device)[ids]
+        slots = self.slots.to(ids.device)[ids, turn]
         order = torch.argsort(slots, stable=True)
         token = order // k
         # 1. how many pairs go to each expert: each rank learns its experts' counts from every rank
@@ -166,10 +186,64 @@ def expert_parameters(chunks: Iterable[nn.Module]) -> list[nn.Parameter]:
     return [p for chunk in chunks for m in chunk.modules() if isinstance(m, MoE) for p in m.experts.parameters()]
 
 
-class JointOptimizer:
-    """Optimizers of disjoint parameter sets (dense, experts) stepped as one."""
+class ReplicaGradients:
+    """Sums the gradients of replicated experts over their copies in the expert-parallel group,
+    before the expert-data-parallel reduction: every copy then holds the whole expert's gradient
+    and takes the same update. One all-reduce over the group of every replicated expert's
+    gradients (zeros where this rank holds no copy): replicas are few (EPLB's redundant experts).
+    """
 
-    def __init__(self, parts: Sequence[DataParallelOptimizer | torch.optim.Optimizer]) -> None:
+    def __init__(
+        self, chunks: Sequence[Decoder], model: ModelSpec, table: PlacementTable, ep_group: dist.ProcessGroup
+    ) -> None:
+        self.group = ep_group
+        with torch.device("meta"):
+            self.shapes = [p.shape for p in MLP(model).parameters()]
+        some = next(p for chunk in chunks for p in chunk.parameters())
+        self.dtype, self.device = some.dtype, some.device
+        moe = {int(i): b.mlp for c in chunks for i, b in c.layers.items() if isinstance(b.mlp, MoE)}
+        self.copies: list[list[nn.Parameter] | None] = [
+            list(moe[layer].experts[str(e)].parameters()) if str(e) in moe[layer].experts else None
+            for layer, hosts in zip(moe_layers(model), table, strict=True)
+            if layer in moe  # the group's ranks hold the same layers (one pipeline stage)
+            for e in range(model.num_local_experts)
+            if sum(e in rank for rank in hosts) > 1
+        ]
+
+    def zero_grad(self) -> None:
+        """Nothing: the experts' optimizer drops their gradients."""
+
+    def step(self) -> None:
+        """Sum each replicated expert's gradient over its copies."""
+        if not self.copies:
+            return
+        grads = [
+            [p.grad if p.grad is not None else torch.zeros_like(p) for p in params] if params else None
+            for params in self.copies
+        ]
+        flat = torch.cat(
+            [
+                g.reshape(-1)
+                for held in grads
+                for g in (held or [torch.zeros(s, dtype=self.dtype, device=self.device) for s in self.shapes])
+            ]
+        )
+        dist.all_reduce(flat, group=self.group)
+        offset = 0
+        for params in self.copies:
+            for i, shape in enumerate(self.shapes):
+                if params is not None:
+                    params[i].grad = flat[offset : offset + shape.numel()].view(shape).clone()
+                offset += shape.numel()
+
+
+class JointOptimizer:
+    """Optimizers of disjoint parameter sets (dense, experts) stepped as one, after any
+    reduction (replicated experts' gradients) that must precede them."""
+
+    def __init__(
+        self, parts: Sequence["DataParallelOptimizer | torch.optim.Optimizer | ReplicaGradients | JointOptimizer"]
+    ) -> None:
         self.parts = list(parts)
 
     def zero_grad(self) -> None:
@@ -184,6 +258,15 @@ class JointOptimizer:
 
     def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
         """What memory tracking must be told of (see ``DataParallelOptimizer.tracked``)."""
-        return [
-            t for part in self.parts for t in (part.tracked() if isinstance(part, DataParallelOptimizer) else [part])
-        ]
+        inner: list[torch.optim.Optimizer | torch.Tensor] = []
+        for part in self.parts:
+            if isinstance(part, DataParallelOptimizer | JointOptimizer):
+                inner += part.tracked()
+            elif isinstance(part, torch.optim.Optimizer):
+                inner.append(part)
+        return inner
+
+
+def replicated(table: PlacementTable) -> bool:
+    """Whether some layer of ``table`` hosts an expert on several ranks."""
+    return any(len({e for rank in hosts for e in rank}) < sum(map(len, hosts)) for hosts in table)

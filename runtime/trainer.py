@@ -24,12 +24,15 @@ from planner.schemas import DType, Layout, ModelSpec
 from planner.schemas.geometry import ExpertMeshAxis, MeshAxis, expert_coordinates, num_micro_batches
 from runtime.data_parallel import DataParallel, Optimizer, parameters
 from runtime.expert_parallel import (
+    JointOptimizer,
     PlacementTable,
+    ReplicaGradients,
     check_expert_layout,
     check_placement,
     expert_parallel,
     hosted_experts,
     placement_table,
+    replicated,
 )
 from runtime.mesh import expert_mesh, layout_mesh
 from runtime.model import TORCH_DTYPES, default_dtype, loss_fn, set_recompute
@@ -90,6 +93,10 @@ class Trainer:
         self.optimizer: Optimizer = self.data_parallel.share(
             self.chunks, optimizer=optimizer, lr=lr, compute_dtype=compute
         )
+        if experts_mesh is not None and replicated(self.placement):
+            ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
+            copies = ReplicaGradients(self.chunks, model, self.placement, ep_group)
+            self.optimizer = JointOptimizer([copies, self.optimizer])
         self.params = parameters(self.chunks)
         self.report_loss = True
         """False in a dry run: reading a loss's value needs real tensors."""

@@ -76,7 +76,8 @@ def test_placement_table_contiguous_or_the_layouts() -> None:
     ("table", "match"),
     [
         ((((0, 1), (2, 3)),) * 3, "3 layer"),
-        ((((0, 1), (1, 3)),) * 4, "exactly once"),
+        ((((0, 1), (1, 3)),) * 4, "at least once"),
+        ((((0, 1, 2), (3, 3)),) * 4, "no expert twice"),
         ((((0, 1, 2, 3),),) * 4, "each of the ep=2 ranks"),
     ],
 )
@@ -105,6 +106,9 @@ MIXED = [
 ]
 """Layouts trained in bf16 mixed precision (within bf16 rounding, 1e-3, as the dense test)."""
 
+REPLICATED: PlacementTable = (((0, 1, 2), (0, 3)), ((1, 3), (2, 0, 3)), ((0, 1), (2, 3)), ((3, 2, 1), (0, 1)))
+"""Some layers with an expert on both ranks (and uneven counts), one layer without replicas."""
+
 UNEVEN: PlacementTable = (((0, 1, 2), (3,)), ((1,), (0, 2, 3)), ((3, 2), (1, 0)), ((2, 0, 3), (1,)))
 """Ranks hosting different numbers of experts in some layers."""
 
@@ -114,6 +118,8 @@ LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1, expert_placement=(1, 0, 0, 1)), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED),
     (dict(data_parallel_degree=4, expert_parallel_degree=2), UNEVEN),
+    (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1), REPLICATED),
+    (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, zero_stage=3), REPLICATED),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=3), None),
     # a DeviceMap listing the ep and edp axes' devices out of order (ordered groups, runtime.mesh)
