@@ -290,6 +290,7 @@ def run(
     lr: float = 1e-3,
     data: str | Path | None = None,
     timeout_s: float = 300.0,
+    trace_routing: str | Path | None = None,
 ) -> RunReport | None:
     """Train with a plan file for a few steps; call it on every rank under torchrun.
 
@@ -303,6 +304,8 @@ def run(
         lr: learning rate.
         data: a token file (uint16); None: synthetic tokens.
         timeout_s: seconds a rank waits for a peer.
+        trace_routing: where rank 0 writes the run's routing trace (an MoE model's expert ids per
+            token and layer, ``runtime.routing_trace``); None: no trace.
 
     Returns:
         On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
@@ -327,6 +330,7 @@ def run(
         lr=lr,
         data=Path(data) if data is not None else None,
         timeout_s=timeout_s,
+        trace_routing=Path(trace_routing) if trace_routing is not None else None,
     )
     return run_plan(settings, load_plan(plan))
 

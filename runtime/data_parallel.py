@@ -7,6 +7,8 @@ state and parameters are shared across replicas.
   plan's precision over fp32 shards. Gradients are reduced in the plan's precision (the cost
   model's 2 bytes per parameter in bf16). Under a pipeline, torch.distributed.pipelining has
   FSDP keep each micro-batch's gradient whole and reduce once, after the stage's last backward.
+- Experts under expert parallelism (``runtime.expert_parallel``): their own ZeRO-0/1 optimizer
+  over the expert-data-parallel group; under ZeRO-2/3 they stay out of FSDP (ZeRO-1 for them).
 """
 
 from collections.abc import Iterable, Sequence
@@ -19,8 +21,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from planner.schemas import Layout, ZeroStage
+from planner.schemas.errors import InfeasibleConfigError
+from runtime.expert_parallel import JointOptimizer, expert_parameters
 from runtime.model import Decoder
 from runtime.optim import DataParallelOptimizer, make_optimizer
+
+Optimizer = DataParallelOptimizer | JointOptimizer | torch.optim.Optimizer
+"""What ``DataParallel.share`` returns: zero_grad, step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +37,8 @@ class DataParallel:
     layout: Layout
     mesh: DeviceMesh
     """The 1-D mesh of this rank's data-parallel group."""
+    expert_data_mesh: DeviceMesh | None = None
+    """Under expert parallelism: the 1-D mesh of the replicas holding this rank's experts."""
 
     @property
     def shards_with_fsdp(self) -> bool:
@@ -49,9 +58,7 @@ class DataParallel:
         replica = self.mesh.get_local_rank()
         return slice(replica * per_replica, (replica + 1) * per_replica)
 
-    def share(
-        self, chunks: Sequence[Decoder], *, optimizer: str, lr: float, compute_dtype: torch.dtype
-    ) -> DataParallelOptimizer | torch.optim.Optimizer:
+    def share(self, chunks: Sequence[Decoder], *, optimizer: str, lr: float, compute_dtype: torch.dtype) -> Optimizer:
         """Shard ``chunks`` (ZeRO-2/3) and return the optimizer of this rank's parameters.
 
         Args:
@@ -60,13 +67,36 @@ class DataParallel:
             lr: learning rate.
             compute_dtype: the plan's precision.
         """
+        experts = expert_parameters(chunks) if self.expert_data_mesh is not None else []
+        held = {id(p) for p in experts}
+        main: DataParallelOptimizer | torch.optim.Optimizer
         if self.shards_with_fsdp:
+            if experts and compute_dtype != torch.float32:
+                raise InfeasibleConfigError(
+                    f"zero_stage={int(self.layout.zero_stage)} with expert parallelism runs in fp32 only so far (the "
+                    "experts stay out of FSDP's mixed precision); train in fp32 or use zero_stage 0 or 1"
+                )
+            stage, ignored = self.layout.zero_stage, set(experts) or None
             for chunk in chunks:
                 units = chunk.layers.values()
-                shard_units(units, chunk, self.mesh, zero_stage=self.layout.zero_stage, dtype=compute_dtype)
-            return make_optimizer(optimizer, parameters(chunks), lr)
-        shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
-        return DataParallelOptimizer(optimizer, parameters(chunks), lr, self.mesh.get_group(), shard=shard)
+                shard_units(units, chunk, self.mesh, zero_stage=stage, dtype=compute_dtype, ignored=ignored)
+            # read after sharding: FSDP replaces each parameter it shards by a new one
+            main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
+        else:
+            dense = [p for p in parameters(chunks) if id(p) not in held]
+            shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
+            main = DataParallelOptimizer(optimizer, dense, lr, self.mesh.get_group(), shard=shard)
+        if self.expert_data_mesh is None:
+            return main
+        expert = DataParallelOptimizer(
+            optimizer,
+            experts,
+            lr,
+            self.expert_data_mesh.get_group(),
+            shard=self.layout.zero_stage is not ZeroStage.NONE,
+            grad_divisor=self.layout.data_parallel_degree,
+        )
+        return JointOptimizer([main, expert])
 
     def before_micro_batch(self, chunk: nn.Module, index: int, micro_batches: int) -> None:
         """Without a pipeline: ZeRO-2 keeps the gathered weights until the step's last backward
@@ -81,15 +111,22 @@ def parameters(chunks: Iterable[nn.Module]) -> list[nn.Parameter]:
 
 
 def shard_units(
-    units: Iterable[nn.Module], root: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: ZeroStage, dtype: torch.dtype
+    units: Iterable[nn.Module],
+    root: nn.Module,
+    dp_mesh: DeviceMesh,
+    *,
+    zero_stage: ZeroStage,
+    dtype: torch.dtype,
+    ignored: set[nn.Parameter] | None = None,
 ) -> None:
     """ZeRO-2/3 as the runtime shards (FSDP2): each unit, then the root with what remains, over
     ``dp_mesh``; fp32 shards gathered, computed and reduced in ``dtype``; ZeRO-3 reshards after
-    each forward. The profiler times its own cost this way."""
+    each forward. ``ignored`` parameters stay whole and unreduced (experts, reduced over their
+    own group). The profiler times its own cost this way."""
     reshard = zero_stage.shards_parameters
     # fp32 shards are the master weights; layers gather, compute and reduce in the plan's
     # precision (as ZeRO-0/1 reduce: measured, an fp32 reduce-scatter doubled the bytes).
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
     for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)
+    fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)

@@ -26,6 +26,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from planner.schemas import AttentionKernel, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
+from runtime.expert_parallel import JointOptimizer
 from runtime.mesh import layout_mesh
 from runtime.model import loss_fn
 from runtime.optim import DataParallelOptimizer
@@ -50,6 +51,11 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
+    if plan.model.is_moe:
+        raise InfeasibleConfigError(
+            f"a dry run cannot trace the mixture of experts {plan.model.name!r}: its routing depends on the "
+            "tokens' values, which fake tensors do not have; measure its memory with a real run (planner run)"
+        )
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:
@@ -131,7 +137,7 @@ def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
     ZeRO-0/1's fp32 master weights are no module's parameters: they count as "oth"."""
     tracker = _RankPeakTracker()
     opt = trainer.optimizer
-    external = opt.tracked() if isinstance(opt, DataParallelOptimizer) else [opt]
+    external = opt.tracked() if isinstance(opt, DataParallelOptimizer | JointOptimizer) else [opt]
     tracker.track_external(*trainer.chunks, *external)
     trainer.fresh_roots = True
     try:

@@ -6,6 +6,9 @@ torch rank is ``layout.device_map.device_of(rank)`` (torchrun numbers processes 
 DeviceMap numbers devices, node by node). With the identity map this is the mesh
 ``init_device_mesh(device, (p, d, t))`` builds.
 
+Under expert parallelism a second mesh, ``expert_mesh``, splits the data axis into
+(edp, ep) (``schemas.geometry.EXPERT_MESH_AXES``) over the same grid of devices.
+
 torch orders the members of a process group by their rank, and a process's place on a mesh
 axis is its rank in that axis's group. A map under which some axis lists its devices out of
 increasing order would then give processes other coordinates than the plan's (measured on
@@ -21,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from planner.schemas import Layout
-from planner.schemas.geometry import MESH_AXES, MeshAxis, mesh_shape, rank_of
+from planner.schemas.geometry import EXPERT_MESH_AXES, MESH_AXES, MeshAxis, expert_mesh_shape, mesh_shape, rank_of
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +52,26 @@ def layout_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     Returns:
         The mesh; index it by ``MeshAxis`` (``mesh[MeshAxis.TP]``).
     """
-    grid = device_grid(layout)
-    names = tuple(MESH_AXES)
+    return _mesh(device_grid(layout), device_type, tuple(MESH_AXES), layout)
+
+
+def expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """The (pp, edp, ep, tp) mesh of ``layout``: its mesh with the data axis split into
+    expert-data-parallel and expert-parallel axes (``schemas.geometry.EXPERT_MESH_AXES``); every
+    process keeps its coordinates on pp and tp. Every rank calls it, in the same order.
+
+    Args:
+        layout: the plan's layout; expert_parallel_degree divides data_parallel_degree.
+        device_type: "cpu" or "cuda".
+
+    Returns:
+        The mesh; index it by ``ExpertMeshAxis`` (``mesh[ExpertMeshAxis.EP]``).
+    """
+    grid = device_grid(layout).view(expert_mesh_shape(layout))
+    return _mesh(grid, device_type, tuple(EXPERT_MESH_AXES), layout)
+
+
+def _mesh(grid: torch.Tensor, device_type: str, names: tuple[str, ...], layout: Layout) -> DeviceMesh:
     if all(_increasing(fiber) for axis in range(grid.ndim) for fiber in _fibers(grid, axis)):
         return DeviceMesh(device_type, mesh=grid, mesh_dim_names=names)
     logger.info("mesh of %s: devices out of rank order on some axis; building order-keeping groups", layout.describe())

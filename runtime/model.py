@@ -4,12 +4,13 @@ GELU or SwiGLU MLP, multi-head or grouped-query attention, LayerNorm or RMSNorm,
 rotary positions, tied or untied output layer; deterministic initialisation from a seed. Layers
 live in a ModuleDict keyed by their index, so a pipeline stage keeps the reference's parameter
 names when the layers it does not hold are deleted. Projections are separate Linear modules so
-tensor parallelism can split them by name. Dense models only (mixture-of-experts layers come with
-the expert-parallel runtime).
+tensor parallelism can split them by name. A mixture-of-experts model's layers hold an ``MoE``
+(Mixtral's sparse block: a router and experts that are the model's MLPs); a chunk may hold only
+some of its experts, which expert parallelism (``runtime.expert_parallel``) feeds.
 """
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 
@@ -19,7 +20,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recompute
-from planner.schemas.errors import InfeasibleConfigError
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
@@ -98,13 +98,86 @@ class MLP(nn.Module):
         return out
 
 
+Dispatch = Callable[[nn.ModuleDict, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""How an MoE layer's tokens reach its experts: (experts, tokens (n, h), expert ids (n, k),
+weights (n, k)) to the weighted sum of the experts' outputs (n, h)."""
+
+
+def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixtral's routing (Jiang et al. 2024; transformers' ``MixtralSparseMoeBlock``): softmax over
+    the experts in fp32, the top-k, their weights renormalized to sum to 1.
+
+    Args:
+        logits: router scores (n, E).
+        top_k: experts per token.
+
+    Returns:
+        (weights (n, k) in the logits' precision, expert ids (n, k)).
+    """
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, expert_ids = torch.topk(probs, top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), expert_ids
+
+
+def local_experts(
+    experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Every expert of ``experts`` (keyed by expert id) run on the tokens routed to it, outputs
+    weighted and summed per token. Dropless: an expert takes all its tokens. An expert with none
+    still runs (on zero rows) so that every rank has a gradient for every expert it holds."""
+    out = torch.zeros_like(tokens)
+    for name, expert in experts.items():
+        token, slot = (expert_ids == int(name)).nonzero(as_tuple=True)
+        out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
+    return out
+
+
+class MoE(nn.Module):
+    """Mixture-of-experts MLP: a bias-free router, top-k routing (``route``) and experts that are
+    the model's MLPs of width ``intermediate_size``; no capacity limit (dropless).
+
+    ``dispatch`` is set by expert parallelism (tokens go to the ranks holding their experts);
+    unset, the experts held here serve every token. ``routing_trace``, when a list, receives
+    each forward's expert ids (n, k).
+    """
+
+    def __init__(self, model: ModelSpec, experts: Sequence[int]) -> None:
+        super().__init__()
+        self.top_k = model.num_experts_per_tok
+        self.router = nn.Linear(model.hidden_size, model.num_local_experts, bias=False)
+        self.experts = nn.ModuleDict({str(e): MLP(model) for e in experts})
+        self.dispatch: Dispatch | None = None
+        self.routing_trace: list[torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, expert_ids = route(self.router(tokens), self.top_k)
+        if self.routing_trace is not None and _first_pass(x):
+            self.routing_trace.append(expert_ids.detach().clone())
+        combine = self.dispatch or local_experts
+        return combine(self.experts, tokens, expert_ids, weights).view_as(x)
+
+
+def _first_pass(x: torch.Tensor) -> bool:
+    """Whether this forward routes tokens for the first time: not a full recompute's rerun inside
+    the backward (the same tokens again), nor a forward on meta tensors (no values)."""
+    return not x.is_meta and torch._C._current_graph_task_id() == -1
+
+
+def moe_layers(model: ModelSpec) -> tuple[int, ...]:
+    """The layers whose MLP is a mixture of experts, in model order: all of an MoE model's."""
+    return tuple(range(model.num_hidden_layers)) if model.is_moe else ()
+
+
 class Block(nn.Module):
     """Pre-norm transformer layer; ``recompute_all`` keeps only its input for the backward (full
-    recompute)."""
+    recompute). ``experts``: an MoE layer's experts held here (None: a dense MLP)."""
 
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, model: ModelSpec, experts: Sequence[int] | None = None) -> None:
         super().__init__()
-        self.norm1, self.attn, self.norm2, self.mlp = _norm(model), Attention(model), _norm(model), MLP(model)
+        self.norm1, self.attn, self.norm2 = _norm(model), Attention(model), _norm(model)
+        self.mlp: MLP | MoE = MLP(model) if experts is None else MoE(model, experts)
         self.recompute_all = False
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,15 +204,13 @@ class Decoder(nn.Module):
         layers: range | None = None,
         embedding: bool = True,
         output: bool = True,
+        experts: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         """The whole model, or a pipeline chunk of it: ``layers`` (default all), with or without the
-        embedding and the output layer. Every parameter is initialised from its own generator,
-        seeded by ``seed`` and its name, so a chunk holds exactly the reference's values."""
+        embedding and the output layer; an MoE layer i holds experts ``experts[i]`` (default all).
+        Every parameter is initialised from its own generator, seeded by ``seed`` and its name, so
+        a chunk holds exactly the reference's values."""
         super().__init__()
-        if model.is_moe:
-            raise InfeasibleConfigError(
-                f"{model.name!r} is a mixture of experts; the runtime trains dense models so far"
-            )
         h = model.hidden_size
         self.tok_emb: nn.Embedding | None = (
             nn.Embedding(model.vocab_size, h) if embedding or (output and model.tie_word_embeddings) else None
@@ -149,7 +220,8 @@ class Decoder(nn.Module):
             nn.Embedding(model.max_position_embeddings, h) if embedding and absolute else None
         )
         kept = range(model.num_hidden_layers) if layers is None else layers
-        self.layers = nn.ModuleDict({str(i): Block(model) for i in kept})
+        held = {i: (experts or {}).get(i, range(model.num_local_experts)) for i in moe_layers(model)}
+        self.layers = nn.ModuleDict({str(i): Block(model, held.get(i)) for i in kept})
         self.norm: nn.Module | None = _norm(model) if output else None
         self.head: nn.Linear | None = nn.Linear(h, model.vocab_size, bias=False) if output else None
         with torch.no_grad():

@@ -62,10 +62,21 @@ class DataParallelOptimizer:
     """ZeRO-0 (``shard=False``) or ZeRO-1 (``shard=True``) over ``group``, any parameter precision."""
 
     def __init__(
-        self, name: str, params: list[torch.nn.Parameter], lr: float, group: dist.ProcessGroup, *, shard: bool
+        self,
+        name: str,
+        params: list[torch.nn.Parameter],
+        lr: float,
+        group: dist.ProcessGroup,
+        *,
+        shard: bool,
+        grad_divisor: int | None = None,
     ) -> None:
+        """``grad_divisor``: what the gradients' sum over ``group`` is divided by (default the
+        group's size: their mean); experts' sums over their expert-data-parallel group are divided
+        by the whole data-parallel degree (``runtime.expert_parallel``)."""
         self.params, self.group = params, group
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.divisor = self.size if grad_divisor is None else grad_divisor
         parts = self.size if shard else 1
         loads = [0] * parts
         self.owner: list[int] = []
@@ -90,7 +101,9 @@ class DataParallelOptimizer:
         """Average gradients over the group, step the owned parameters, broadcast their updates."""
         grads = [g for g in (local_grad(p) for p in self.params) if g is not None]
         if self.size > 1:
-            _flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.size)))
+            _flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.divisor)))
+        elif self.divisor != 1:
+            _flat_apply(grads, lambda flat: flat.div_(self.divisor))
         if self.mixed:
             for p in self.mine:
                 g = local_grad(p)

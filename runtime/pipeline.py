@@ -7,7 +7,7 @@ GPipe, 1F1B or interleaved 1F1B. A tied output layer on another stage than the e
 copy whose gradient is summed with the embedding's after each backward (as Megatron-LM does).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,9 +31,12 @@ from runtime.optim import local
 PipelineSchedule = ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B
 
 
-def build_chunks(model: ModelSpec, layout: Layout, stage: int, *, seed: int) -> list[Decoder]:
+def build_chunks(
+    model: ModelSpec, layout: Layout, stage: int, *, seed: int, experts: Mapping[int, Sequence[int]] | None = None
+) -> list[Decoder]:
     """Pipeline rank ``stage``'s model chunks: each its layers, with the embedding and the output
-    layer where the layout places them (every parameter seeded by its name, as the reference)."""
+    layer where the layout places them (every parameter seeded by its name, as the reference);
+    ``experts``: the experts each MoE layer holds here (default all)."""
     return [
         Decoder(
             model,
@@ -41,6 +44,7 @@ def build_chunks(model: ModelSpec, layout: Layout, stage: int, *, seed: int) -> 
             layers=chunk_layer_range(model, layout, c),
             embedding=c == embedding_chunk(layout),
             output=c == output_chunk(layout),
+            experts=experts,
         )
         for c in stage_chunks(layout, stage)
     ]

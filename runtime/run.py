@@ -25,6 +25,7 @@ from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
+from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
 
@@ -43,6 +44,8 @@ class RunSettings:
     data: Path | None = None
     """A token file (uint16); None means synthetic tokens."""
     timeout_s: float = 300.0
+    trace_routing: Path | None = None
+    """Where rank 0 writes the run's routing trace (``runtime.routing_trace``); None: no trace."""
 
 
 def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
@@ -74,6 +77,11 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     check_world(plan, world, cuda)
+    if settings.trace_routing is not None and not plan.model.is_moe:
+        raise InfeasibleConfigError(
+            f"--trace-routing records which experts tokens go to, but {plan.model.name!r} has no experts; "
+            "drop the option"
+        )
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -91,6 +99,8 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         device=device,
         dtype=training.dtype,
     )
+    if settings.trace_routing is not None:
+        record_routing(trainer)
     tokens = TokenFile(settings.data) if settings.data else None
     times, losses = [], []
     memory: tuple[int, str, dict[str, int]] | None = None
@@ -113,6 +123,11 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         times.append(time.perf_counter() - start)
         losses.append(loss)
     assert memory is not None
+    if settings.trace_routing is not None:
+        rows = training.global_batch_size // plan.layout.data_parallel_degree
+        expert_ids = gather_routing(trainer, settings.steps * rows * training.seq_len)
+        if expert_ids is not None:  # rank 0
+            save_routing_trace(settings.trace_routing, expert_ids, plan.model)
     stage = trainer.pp_rank
     rank_memory = RankMemory(
         rank=rank,

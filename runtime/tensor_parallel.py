@@ -4,7 +4,10 @@ q/k/v and gate/up are split column-wise, o and down row-wise; the embedding is s
 vocabulary, the output layer column-wise with a vocabulary-parallel loss (torch's
 ``loss_parallel``). With sequence parallelism the norms and the residual stream hold 1/t of the
 sequence, gathered before attention and the MLP and reduce-scattered after them (Korthikanti et
-al. 2022, sec. 4.2.2).
+al. 2022, sec. 4.2.2). A mixture-of-experts MLP is not split: each tensor-parallel rank holds its
+router and experts whole and routes the same tokens (expert-tensor parallelism of 1, as
+Megatron-LM's default), so their gradients agree across the group without a reduction; under
+sequence parallelism it routes the gathered sequence and keeps its rank's share of the output.
 """
 
 from contextlib import AbstractContextManager, nullcontext
@@ -16,13 +19,14 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
 
-from runtime.model import Decoder
+from runtime.model import MLP, Decoder, MoE
 
 
 def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
@@ -38,12 +42,23 @@ def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: b
     for i, block in chunk.layers.items():
         plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
         plan[f"layers.{i}.attn.o"] = RowwiseParallel(output_layouts=seq)
-        plan |= {f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None}
-        plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
+        if isinstance(block.mlp, MLP):
+            plan |= {
+                f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None
+            }
+            plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
         if sequence_parallel:
             plan |= {f"layers.{i}.{n}": SequenceParallel() for n in ("norm1", "norm2")}
             gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
             plan |= {f"layers.{i}.attn": gather, f"layers.{i}.mlp": gather}
+            if isinstance(block.mlp, MoE):  # whole on every rank: takes the gathered sequence, keeps its share
+                plan[f"layers.{i}.mlp"] = PrepareModuleInputOutput(
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_input=True,
+                    output_layouts=(Replicate(),),
+                    desired_output_layouts=(Shard(1),),
+                )
     if chunk.tok_emb is not None:
         plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
         if sequence_parallel:

@@ -5,6 +5,8 @@ with a step that returns the global mean loss on every rank.
   which rank.
 - ``runtime.pipeline``: this rank's model chunks, their schedule and the tied embedding's copy.
 - ``runtime.tensor_parallel``: each chunk's tensor (and sequence) parallel split.
+- ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
+  placement table) and their token exchange over the (pp, edp, ep, tp) expert mesh.
 - ``runtime.data_parallel``: the replica's rows of the batch, ZeRO's sharing and the optimizer.
 - Gradient accumulation: micro-batches of the plan; each loss is divided by their count.
 """
@@ -19,11 +21,21 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
-from planner.schemas.geometry import MeshAxis, num_micro_batches
-from runtime.data_parallel import DataParallel, parameters
-from runtime.mesh import layout_mesh
+from planner.schemas.geometry import ExpertMeshAxis, MeshAxis, expert_coordinates, num_micro_batches
+from runtime.data_parallel import DataParallel, Optimizer, parameters
+from runtime.expert_parallel import (
+    JointOptimizer,
+    PlacementTable,
+    ReplicaGradients,
+    check_expert_layout,
+    check_placement,
+    expert_parallel,
+    hosted_experts,
+    placement_table,
+    replicated,
+)
+from runtime.mesh import expert_mesh, layout_mesh
 from runtime.model import TORCH_DTYPES, default_dtype, loss_fn, set_recompute
-from runtime.optim import DataParallelOptimizer
 from runtime.pipeline import TiedEmbedding, build_chunks, build_schedule, pipeline_step
 from runtime.tensor_parallel import loss_context, tensor_parallel
 
@@ -44,30 +56,47 @@ class Trainer:
         mesh: DeviceMesh | None = None,
         pipeline_schedule: bool = True,
         dtype: DType = DType.FP32,
+        placement: PlacementTable | None = None,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
         ``dtype``: bf16/fp16 train mixed precision: weights, gradients and activations in that
-        precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3).
+        precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3);
+        ``placement``: an MoE model's experts on each expert-parallel rank, by MoE layer (default
+        the layout's, ``runtime.expert_parallel.placement_table``).
         """
+        check_expert_layout(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.micro_batches = num_micro_batches(global_batch_size, layout)
         self.mesh: DeviceMesh = mesh or layout_mesh(layout, device.type)
         self.pp_rank = self.mesh[MeshAxis.PP].get_local_rank()
-        self.data_parallel = DataParallel(layout, self.mesh[MeshAxis.DP])
+        self.placement = placement or placement_table(model, layout)
+        check_placement(model, layout, self.placement)
+        experts_mesh = expert_mesh(layout, device.type) if layout.expert_parallel_degree > 1 else None
+        self.data_parallel = DataParallel(
+            layout, self.mesh[MeshAxis.DP], experts_mesh[ExpertMeshAxis.EDP] if experts_mesh else None
+        )
+        place = expert_coordinates(layout, self.data_parallel.mesh.get_local_rank())[1]
         compute = TORCH_DTYPES[dtype]
         with default_dtype(self.data_parallel.parameter_dtype(compute)):
-            self.chunks = build_chunks(model, layout, self.pp_rank, seed=seed)
+            held = hosted_experts(model, self.placement, place) if experts_mesh else None
+            self.chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
         for chunk in self.chunks:
             set_recompute(chunk, layout.recompute)
+            if experts_mesh is not None:
+                expert_parallel(chunk, model, self.placement, experts_mesh[ExpertMeshAxis.EP].get_group())
             if layout.tensor_parallel_degree > 1:
                 tensor_parallel(chunk, self.mesh[MeshAxis.TP], sequence_parallel=layout.sequence_parallel)
             if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
                 chunk.to(device)
         self.tied = TiedEmbedding(model, layout, self.mesh)
-        self.optimizer: DataParallelOptimizer | torch.optim.Optimizer = self.data_parallel.share(
+        self.optimizer: Optimizer = self.data_parallel.share(
             self.chunks, optimizer=optimizer, lr=lr, compute_dtype=compute
         )
+        if experts_mesh is not None and replicated(self.placement):
+            ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
+            copies = ReplicaGradients(self.chunks, model, self.placement, ep_group)
+            self.optimizer = JointOptimizer([copies, self.optimizer])
         self.params = parameters(self.chunks)
         self.report_loss = True
         """False in a dry run: reading a loss's value needs real tensors."""

@@ -82,6 +82,9 @@ def run(
         bool, typer.Option(help="Trace one rank's step with fake tensors and a fake process group (no torchrun).")
     ] = False,
     rank: Annotated[int, typer.Option(min=0, help="The rank a dry run traces.")] = 0,
+    trace_routing: Annotated[
+        Path | None, typer.Option(help="Write the experts each token was routed to (.npz; MoE models).")
+    ] = None,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
 
@@ -105,6 +108,7 @@ def run(
         lr=lr,
         data=data,
         timeout_s=timeout,
+        trace_routing=trace_routing,
     )
     if measured is not None:  # rank 0
         typer.echo(run_summary(measured), err=True)

@@ -7,6 +7,11 @@ rank = stage * (d * t) + replica * t + shard, so a tensor-parallel group is t co
 (one node, when it fits) and a data-parallel group is strided by t. Which device runs each rank
 is the layout's ``DeviceMap`` (identity by default).
 
+Expert parallelism splits the data axis into (edp, ep), ep fastest: an expert-parallel group is
+ep consecutive replicas (g * ep .. g * ep + ep - 1), and the replicas at the same place of every
+group (edp of them, strided by ep) hold the same experts. The dense mesh and rank order are
+unchanged by it.
+
 Model chunks: p * v of them in pipeline order; pipeline rank ``s`` holds chunks s, s + p, ...
 (Megatron-LM's interleaved schedule). Vocabulary layers (``VocabularyLayout.PINNED``): the input
 embedding with the first chunk, the final norm, output layer and loss with the last.
@@ -30,6 +35,37 @@ class MeshAxis(StrEnum):
 
 MESH_AXES: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.TP)
 """The mesh's axes, slowest first: the rank order of every layout."""
+
+
+class ExpertMeshAxis(StrEnum):
+    """The two axes the data axis splits into under expert parallelism, slowest first."""
+
+    EDP = "edp"
+    """Replicas holding the same experts, one per expert-parallel group (d / ep)."""
+    EP = "ep"
+    """Replicas of one expert-parallel group, exchanging tokens (ep)."""
+
+
+EXPERT_MESH_AXES: tuple[MeshAxis | ExpertMeshAxis, ...] = (
+    MeshAxis.PP,
+    ExpertMeshAxis.EDP,
+    ExpertMeshAxis.EP,
+    MeshAxis.TP,
+)
+"""The expert mesh's axes, slowest first: the dense mesh with its data axis split."""
+
+
+def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
+    """Sizes of the expert mesh's axes in ``EXPERT_MESH_AXES`` order: (p, d / ep, ep, t)."""
+    p, d, t = mesh_shape(layout)
+    ep = layout.expert_parallel_degree
+    return p, d // ep, ep, t
+
+
+def expert_coordinates(layout: Layout, replica: int) -> tuple[int, int]:
+    """(expert-parallel group, place in it) of data-parallel ``replica``."""
+    group, place = divmod(replica, layout.expert_parallel_degree)
+    return group, place
 
 
 def mesh_shape(layout: Layout) -> tuple[int, int, int]:

@@ -11,8 +11,16 @@ from harness import run_ranks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from cost_models.groups import expert_data_groups, expert_groups
 from planner.schemas import DeviceMap, Layout
-from planner.schemas.geometry import MESH_AXES, MeshAxis, coordinates
+from planner.schemas.geometry import (
+    EXPERT_MESH_AXES,
+    MESH_AXES,
+    ExpertMeshAxis,
+    MeshAxis,
+    coordinates,
+    expert_mesh_shape,
+)
 from runtime import device_grid, group_mesh, layout_mesh
 
 
@@ -58,3 +66,30 @@ def _check_meshes() -> bool:
 @pytest.mark.distributed
 def test_layout_mesh_places_plan_ranks_on_their_devices(tmp_path: Path) -> None:
     assert run_ranks(4, _check_meshes, workdir=tmp_path) is True
+
+
+@pytest.mark.parametrize(
+    ("d", "t", "p", "ep", "devices"),
+    [(4, 1, 1, 2, ()), (4, 2, 2, 2, ()), (8, 1, 1, 4, ()), (4, 2, 1, 4, ()), (4, 1, 1, 2, (3, 1, 0, 2))],
+)
+def test_expert_mesh_groups_are_the_cost_models(d: int, t: int, p: int, ep: int, devices: tuple[int, ...]) -> None:
+    """The runtime's expert mesh and the cost model's expert groups name the same devices: its ep
+    axis the expert-parallel groups (runs of ep replicas), its edp axis the expert-data-parallel
+    ones (replicas holding the same experts)."""
+    layout = Layout(
+        data_parallel_degree=d,
+        tensor_parallel_degree=t,
+        pipeline_parallel_degree=p,
+        micro_batch_size=1,
+        expert_parallel_degree=ep,
+        device_map=DeviceMap(devices=devices),
+    )
+    grid = device_grid(layout).view(expert_mesh_shape(layout))
+    axis = {name: i for i, name in enumerate(EXPERT_MESH_AXES)}
+
+    def fibers(name: ExpertMeshAxis) -> set[tuple[int, ...]]:
+        lines = grid.movedim(axis[name], -1).reshape(-1, grid.shape[axis[name]]).tolist()
+        return {tuple(line) for line in lines}
+
+    assert fibers(ExpertMeshAxis.EP) == {g.devices for g in expert_groups(layout)}
+    assert fibers(ExpertMeshAxis.EDP) == {g.devices for g in expert_data_groups(layout)}

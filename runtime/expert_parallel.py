@@ -1,0 +1,272 @@
+"""Expert parallelism: each expert-parallel rank holds some experts of every MoE layer, and tokens
+travel to the ranks holding their experts and back (GShard, Lepikhin et al. 2020; the dispatch /
+combine of Megatron-LM's ``MoEAlltoAllTokenDispatcher``).
+
+An expert-parallel group is ep consecutive data-parallel replicas (``schemas.geometry``'s
+(edp, ep) split of the data axis, ``runtime.mesh.expert_mesh``). Which experts a rank holds is a
+placement table: for each MoE layer, the expert ids each expert-parallel rank hosts. Per layer and
+micro-batch, each rank sends each routed (token, expert) pair to the expert's rank with one
+all-to-all of variable splits, runs its experts on what it received, and returns the outputs with
+a second all-to-all; the backward runs the same exchanges in reverse. Dropless: every routed token
+is served.
+
+An expert the table lists on several ranks is replicated (as DeepSeek's EPLB places redundant
+experts): its copies share its pairs (``ExpertExchange``) and sum their gradients
+(``ReplicaGradients``).
+
+Gradients: an expert's gradient on its rank sums the contributions of its whole expert-parallel
+group, so experts are summed over the expert-data-parallel group (same place, other groups) and
+divided by d, as dense parameters are averaged over all d replicas (``runtime.data_parallel``).
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.schemas import Layout, ModelSpec
+from planner.schemas.errors import InfeasibleConfigError
+from runtime.model import MLP, Decoder, MoE, moe_layers
+from runtime.optim import DataParallelOptimizer
+
+PlacementTable = tuple[tuple[tuple[int, ...], ...], ...]
+"""For each MoE layer in model order, the expert ids each expert-parallel rank hosts."""
+
+
+def placement_table(model: ModelSpec, layout: Layout) -> PlacementTable:
+    """The layout's placement as a table: ``layout.expert_placement`` (expert e on rank
+    placement[e]) for every MoE layer, or contiguous blocks (expert e on rank e // (E / ep))."""
+    ep, num_experts = layout.expert_parallel_degree, model.num_local_experts
+    ranks = layout.expert_placement or tuple(e * ep // num_experts for e in range(num_experts))
+    hosts = tuple(tuple(e for e, r in enumerate(ranks) if r == q) for q in range(ep))
+    return tuple(hosts for _ in moe_layers(model))
+
+
+def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> None:
+    """Refuse a table the runtime cannot run: one row per MoE layer, one entry per
+    expert-parallel rank, each layer's experts hosted at least once and at most once per rank
+    (an expert on several ranks is replicated).
+
+    Raises:
+        InfeasibleConfigError: naming the layer, the value and the fix.
+    """
+    ep, num_experts = layout.expert_parallel_degree, model.num_local_experts
+    if num_experts % ep:
+        raise InfeasibleConfigError(
+            f"expert_parallel_degree={ep} does not divide the {num_experts} experts of {model.name!r}; "
+            "choose an expert-parallel degree that divides them"
+        )
+    layers = moe_layers(model)
+    if len(table) != len(layers):
+        raise InfeasibleConfigError(
+            f"the expert placement has {len(table)} layer(s); {model.name!r} has {len(layers)} MoE layers: "
+            "give one row per MoE layer"
+        )
+    for layer, hosts in zip(layers, table, strict=True):
+        hosted = {e for rank in hosts for e in rank}
+        if len(hosts) != ep or hosted != set(range(num_experts)) or any(len(set(r)) != len(r) for r in hosts):
+            raise InfeasibleConfigError(
+                f"the expert placement of layer {layer} is {[list(r) for r in hosts]}: it must give each of the "
+                f"ep={ep} ranks its experts, hosting each of the {num_experts} experts at least once and no "
+                "expert twice on one rank"
+            )
+
+
+def check_expert_layout(model: ModelSpec, layout: Layout) -> None:
+    """Refuse, before any work, expert parallelism of a model without experts."""
+    if not model.is_moe and layout.expert_parallel_degree > 1:
+        raise InfeasibleConfigError(
+            f"expert_parallel_degree={layout.expert_parallel_degree} but {model.name!r} has no experts; "
+            "set expert_parallel_degree=1"
+        )
+
+
+def hosted_experts(model: ModelSpec, table: PlacementTable, place: int) -> dict[int, tuple[int, ...]]:
+    """The experts expert-parallel rank ``place`` holds, by model layer."""
+    return {layer: hosts[place] for layer, hosts in zip(moe_layers(model), table, strict=True)}
+
+
+class _AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` with variable splits whose backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        ctx.send, ctx.receive, ctx.group = send, receive, group
+        out = x.new_empty((sum(receive), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), receive, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.receive, group=ctx.group)
+        return out, None, None, None
+
+
+def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+    """Rows of ``x`` split by ``send`` to each rank of ``group``; rows from each by ``receive``."""
+    out: torch.Tensor = _AllToAll.apply(x, send, receive, group)  # type: ignore[no-untyped-call]
+    return out
+
+
+class ExpertExchange:
+    """The dispatch of one MoE layer over its expert-parallel group (a ``runtime.model.Dispatch``).
+
+    Routed pairs are sorted by their expert's slot, the experts listed rank by rank as the table
+    hosts them, so each rank's share is one contiguous run and, inside it, grouped by expert. A
+    replicated expert serves its pairs here when this rank holds a copy, else the copies take
+    the pairs in turn (pair i to copy i mod copies).
+    ``sent_pairs`` measures the traffic: routed (token, expert) pairs this rank sent to each rank
+    of its group (itself included) over every forward, recomputations too; the combine returns as
+    many, and the backward moves the same counts again (each pair: hidden_size elements).
+    """
+
+    def __init__(self, hosts: tuple[tuple[int, ...], ...], group: dist.ProcessGroup) -> None:
+        self.group, self.place = group, dist.get_rank(group)
+        slots: dict[int, list[int]] = {}  # expert -> its copies' slots, in rank order
+        for slot, e in enumerate(e for rank in hosts for e in rank):
+            slots.setdefault(e, []).append(slot)
+        first_mine = sum(len(rank) for rank in hosts[: self.place])
+        mine = {e: first_mine + i for i, e in enumerate(hosts[self.place])}
+        copies = max(len(v) for v in slots.values())
+        # slot of pair i routed to expert e: column i mod copies[e]; a copy held here takes all
+        self.slots = torch.tensor(
+            [
+                [mine[e]] * copies if e in mine else [slots[e][i % len(slots[e])] for i in range(copies)]
+                for e in range(len(slots))
+            ]
+        )
+        self.copies = torch.tensor([1 if e in mine else len(slots[e]) for e in range(len(slots))])
+        self.per_rank = [len(rank) for rank in hosts]
+        self.mine = hosts[self.place]
+        self.sent_pairs = [0] * len(hosts)
+
+    def __call__(
+        self, experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        k, ep = expert_ids.shape[1], len(self.per_rank)
+        ids = expert_ids.reshape(-1)
+        turn = torch.arange(len(ids), device=ids.device) % self.copies.to(ids.device)[ids]
+        slots = self.slots.to(ids.device)[ids, turn]
+        order = torch.argsort(slots, stable=True)
+        token = order // k
+        # 1. how many pairs go to each expert: each rank learns its experts' counts from every rank
+        counts = torch.bincount(slots, minlength=sum(self.per_rank))
+        incoming = counts.new_empty(len(self.mine) * ep)
+        dist.all_to_all_single(incoming, counts, [len(self.mine)] * ep, self.per_rank, group=self.group)
+        send = [int(part.sum()) for part in torch.split(counts, self.per_rank)]
+        receive = incoming.view(ep, len(self.mine)).sum(dim=1).tolist()
+        self.sent_pairs = [total + n for total, n in zip(self.sent_pairs, send, strict=True)]
+        # 2. dispatch, run the experts held here, combine
+        received = all_to_all(tokens[token], send, receive, self.group)
+        local = torch.arange(len(self.mine), device=tokens.device).repeat(ep).repeat_interleave(incoming)
+        outputs = torch.zeros_like(received)
+        for i, e in enumerate(self.mine):
+            rows = (local == i).nonzero().squeeze(1)
+            outputs = outputs.index_add(0, rows, experts[str(e)](received[rows]))
+        back = all_to_all(outputs, receive, send, self.group)
+        weight = weights.reshape(-1)[order]
+        return torch.zeros_like(tokens).index_add(0, token, back * weight[:, None])
+
+
+def expert_parallel(chunk: Decoder, model: ModelSpec, table: PlacementTable, ep_group: dist.ProcessGroup) -> None:
+    """Make ``chunk``'s MoE layers exchange tokens over ``ep_group`` as ``table`` places experts."""
+    hosts = dict(zip(moe_layers(model), table, strict=True))
+    for name, block in chunk.layers.items():
+        if isinstance(block.mlp, MoE):
+            block.mlp.dispatch = ExpertExchange(hosts[int(name)], ep_group)
+
+
+def expert_parameters(chunks: Iterable[nn.Module]) -> list[nn.Parameter]:
+    """The experts' parameters of ``chunks``, in order (the router is a dense parameter)."""
+    return [p for chunk in chunks for m in chunk.modules() if isinstance(m, MoE) for p in m.experts.parameters()]
+
+
+class ReplicaGradients:
+    """Sums the gradients of replicated experts over their copies in the expert-parallel group,
+    before the expert-data-parallel reduction: every copy then holds the whole expert's gradient
+    and takes the same update. One all-reduce over the group of every replicated expert's
+    gradients (zeros where this rank holds no copy): replicas are few (EPLB's redundant experts).
+    """
+
+    def __init__(
+        self, chunks: Sequence[Decoder], model: ModelSpec, table: PlacementTable, ep_group: dist.ProcessGroup
+    ) -> None:
+        self.group = ep_group
+        with torch.device("meta"):
+            self.shapes = [p.shape for p in MLP(model).parameters()]
+        some = next(p for chunk in chunks for p in chunk.parameters())
+        self.dtype, self.device = some.dtype, some.device
+        moe = {int(i): b.mlp for c in chunks for i, b in c.layers.items() if isinstance(b.mlp, MoE)}
+        self.copies: list[list[nn.Parameter] | None] = [
+            list(moe[layer].experts[str(e)].parameters()) if str(e) in moe[layer].experts else None
+            for layer, hosts in zip(moe_layers(model), table, strict=True)
+            if layer in moe  # the group's ranks hold the same layers (one pipeline stage)
+            for e in range(model.num_local_experts)
+            if sum(e in rank for rank in hosts) > 1
+        ]
+
+    def zero_grad(self) -> None:
+        """Nothing: the experts' optimizer drops their gradients."""
+
+    def step(self) -> None:
+        """Sum each replicated expert's gradient over its copies."""
+        if not self.copies:
+            return
+        grads = [
+            [p.grad if p.grad is not None else torch.zeros_like(p) for p in params] if params else None
+            for params in self.copies
+        ]
+        flat = torch.cat(
+            [
+                g.reshape(-1)
+                for held in grads
+                for g in (held or [torch.zeros(s, dtype=self.dtype, device=self.device) for s in self.shapes])
+            ]
+        )
+        dist.all_reduce(flat, group=self.group)
+        offset = 0
+        for params in self.copies:
+            for i, shape in enumerate(self.shapes):
+                if params is not None:
+                    params[i].grad = flat[offset : offset + shape.numel()].view(shape).clone()
+                offset += shape.numel()
+
+
+class JointOptimizer:
+    """Optimizers of disjoint parameter sets (dense, experts) stepped as one, after any
+    reduction (replicated experts' gradients) that must precede them."""
+
+    def __init__(
+        self, parts: Sequence["DataParallelOptimizer | torch.optim.Optimizer | ReplicaGradients | JointOptimizer"]
+    ) -> None:
+        self.parts = list(parts)
+
+    def zero_grad(self) -> None:
+        """Drop every gradient."""
+        for part in self.parts:
+            part.zero_grad()
+
+    def step(self) -> None:
+        """Reduce and step each part, in order (every rank steps them in the same order)."""
+        for part in self.parts:
+            part.step()
+
+    def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
+        """What memory tracking must be told of (see ``DataParallelOptimizer.tracked``)."""
+        inner: list[torch.optim.Optimizer | torch.Tensor] = []
+        for part in self.parts:
+            if isinstance(part, DataParallelOptimizer | JointOptimizer):
+                inner += part.tracked()
+            elif isinstance(part, torch.optim.Optimizer):
+                inner.append(part)
+        return inner
+
+
+def replicated(table: PlacementTable) -> bool:
+    """Whether some layer of ``table`` hosts an expert on several ranks."""
+    return any(len({e for rank in hosts for e in rank}) < sum(map(len, hosts)) for hosts in table)

@@ -1,0 +1,59 @@
+"""`planner run --trace-routing FILE` writes the routing trace of a mixture-of-experts run in the
+format the placement search reads: expert ids (tokens, MoE layers, k), the expert count, the
+model's name."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.inputs import save_cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import cpu_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(300)]
+
+STEPS, BATCH, SEQ = 2, 8, 16
+
+
+@pytest.fixture(scope="module")
+def moe_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A searched plan of tiny-moe for a one-node CPU cluster of 4 ranks."""
+    tmp_path = tmp_path_factory.mktemp("moe_plan")
+    save_cluster(cpu_cluster(4), tmp_path / "cluster.json")
+    plan = tmp_path / "plan.json"
+    args = ["search", "-m", "tiny-moe", "-c", str(tmp_path / "cluster.json"), "--output", str(plan)]
+    args += ["--global-batch-size", str(BATCH), "--seq-len", str(SEQ)]
+    searched = CliRunner().invoke(app, args)
+    assert searched.exit_code == 0, searched.output
+    return plan
+
+
+def test_a_dry_run_of_a_mixture_of_experts_is_refused(moe_plan: Path) -> None:
+    cmd = [sys.executable, "-m", "planner", "run", str(moe_plan), "--dry-run"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "fake tensors do not have" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_planner_run_writes_every_tokens_experts(moe_plan: Path, tmp_path: Path) -> None:
+    plan = moe_plan
+    trace = tmp_path / "trace.npz"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "planner"]
+    cmd += ["run", str(plan), "--steps", str(STEPS), "--report", str(tmp_path / "r.json")]
+    cmd += ["--trace-routing", str(trace)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    layout = json.loads(plan.read_text())["layout"]
+    with np.load(trace) as f:
+        ids, experts, model = f["expert_ids"], int(f["num_experts"]), str(f["model"])
+    assert (model, experts) == ("tiny-moe", 4), layout
+    assert ids.shape == (STEPS * BATCH * SEQ, 4, 2) and ids.dtype == np.int64, layout
+    assert ids.min() >= 0 and ids.max() < experts
+    assert (ids[:, :, 0] != ids[:, :, 1]).all()  # top-2: two different experts per token and layer
