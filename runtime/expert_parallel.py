@@ -36,10 +36,12 @@ PlacementTable = tuple[tuple[tuple[int, ...], ...], ...]
 
 
 def placement_table(model: ModelSpec, layout: Layout) -> PlacementTable:
-    """The layout's placement as a table: ``layout.expert_placement`` (expert e on rank
-    placement[e]) for every MoE layer, or contiguous blocks (expert e on rank e // (E / ep))."""
+    """The layout's placement as a table: ``layout.expert_placement.slots`` (the plan's, replicas
+    included), or contiguous blocks (expert e on rank e // (E / ep)) in every MoE layer."""
+    if layout.expert_placement is not None:
+        return layout.expert_placement.slots
     ep, num_experts = layout.expert_parallel_degree, model.num_local_experts
-    ranks = layout.expert_placement or tuple(e * ep // num_experts for e in range(num_experts))
+    ranks = tuple(e * ep // num_experts for e in range(num_experts))
     hosts = tuple(tuple(e for e, r in enumerate(ranks) if r == q) for q in range(ep))
     return tuple(hosts for _ in moe_layers(model))
 

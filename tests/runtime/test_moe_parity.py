@@ -16,6 +16,7 @@ from harness import run_ranks
 from planner.inputs import load_model
 from planner.schemas import DeviceMap, DType, Layout
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.routing import ExpertPlacement
 from runtime.data import synthetic_batch
 from runtime.expert_parallel import PlacementTable, check_expert_layout, check_placement, placement_table
 from runtime.model import Decoder, MoE, local_experts, route
@@ -69,7 +70,7 @@ def _layout(ep: int, **kw: Any) -> Layout:
 def test_placement_table_contiguous_or_the_layouts() -> None:
     assert placement_table(MOE, _layout(2)) == (((0, 1), (2, 3)),) * 4
     assert placement_table(MOE, _layout(4)) == (((0,), (1,), (2,), (3,)),) * 4
-    assert placement_table(MOE, _layout(2, expert_placement=(1, 0, 0, 1))) == (((1, 2), (0, 3)),) * 4
+    assert placement_table(MOE, _layout(2, expert_placement=PLACED)) == PLACED.slots
 
 
 @pytest.mark.parametrize(
@@ -106,6 +107,9 @@ MIXED = [
 ]
 """Layouts trained in bf16 mixed precision (within bf16 rounding, 1e-3, as the dense test)."""
 
+PLACED = ExpertPlacement(slots=(((1, 2), (0, 3)), ((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3))))
+"""A plan's placement (schemas.routing), not contiguous, differing by layer."""
+
 REPLICATED: PlacementTable = (((0, 1, 2), (0, 3)), ((1, 3), (2, 0, 3)), ((0, 1), (2, 3)), ((3, 2, 1), (0, 1)))
 """Some layers with an expert on both ranks (and uneven counts), one layer without replicas."""
 
@@ -115,7 +119,7 @@ UNEVEN: PlacementTable = (((0, 1, 2), (3,)), ((1,), (0, 2, 3)), ((3, 2), (1, 0))
 LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=4, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=4, micro_batch_size=2), None),
-    (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1, expert_placement=(1, 0, 0, 1)), None),
+    (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1, expert_placement=PLACED), None),
     (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED),
     (dict(data_parallel_degree=4, expert_parallel_degree=2), UNEVEN),
     (dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1), REPLICATED),
