@@ -46,6 +46,7 @@ from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import rank_of
 from planner.schemas.routing import placement_metrics
 from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.refiner import cp_sat_solver
 from planner.search_engine.strategy import Budget, Candidate
 
 log = logging.getLogger(__name__)
@@ -243,10 +244,7 @@ def _solve(
                 model.add_hint(x[w, e, r], bool(hints[w][e, r]))
 
     # Solve.
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = budget.max_time_s if budget.max_time_s is not None else 10.0
-    solver.parameters.num_workers = budget.workers
-    solver.parameters.random_seed = seed
+    solver = cp_sat_solver(budget, seed=seed)
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return hints

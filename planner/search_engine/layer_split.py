@@ -16,6 +16,7 @@ from ortools.sat.python import cp_model
 
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator, SplitCosts
+from planner.search_engine.refiner import cp_sat_solver
 from planner.search_engine.strategy import Budget, Candidate
 
 TIME_UNIT_S = 1e-7
@@ -64,10 +65,7 @@ def balance_layers(
         model.add_hint(layers[s], base + (1 if 1 <= s <= extra else 0))
 
     # Solve.
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = budget.max_time_s if budget.max_time_s is not None else 10.0
-    solver.parameters.num_workers = budget.workers
-    solver.parameters.random_seed = seed
+    solver = cp_sat_solver(budget, seed=seed)
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

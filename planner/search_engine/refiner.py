@@ -14,6 +14,8 @@ CP-SAT model and a class satisfying ``Refiner`` (see ``layer_split``), added to 
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
+from ortools.sat.python import cp_model
+
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Budget, Candidate
 
@@ -39,3 +41,16 @@ def refine_all(
             candidate = refiner.refine(candidate, evaluate, budget, seed=seed)
         refined.append(candidate)
     return refined
+
+
+DEFAULT_SOLVE_TIME_S = 10.0
+"""A refiner's CP-SAT time limit when the budget sets none."""
+
+
+def cp_sat_solver(budget: Budget, *, seed: int) -> cp_model.CpSolver:
+    """A CP-SAT solver limited by ``budget`` (time, workers) and seeded: every refiner solves with one."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = budget.max_time_s if budget.max_time_s is not None else DEFAULT_SOLVE_TIME_S
+    solver.parameters.num_workers = budget.workers
+    solver.parameters.random_seed = seed
+    return solver
