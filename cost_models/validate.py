@@ -4,7 +4,7 @@ Each failure raises InfeasibleConfigError naming the values and what would fix t
 fit is not checked here: the Estimate says whether the layout fits.
 """
 
-from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec, num_moe_layers
+from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import chunk_layers
 
@@ -60,12 +60,12 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
         raise InfeasibleConfigError(f"ep={ep} does not divide num_local_experts={model.num_local_experts}")
     placement = layout.expert_placement
     if placement is not None and (placement.num_layers, placement.num_experts) != (
-        num_moe_layers(model),
+        model.num_moe_layers,
         model.num_local_experts,
     ):
         raise InfeasibleConfigError(
             f"expert_placement places {placement.num_experts} experts in {placement.num_layers} MoE layers, but "
-            f"{model.name!r} has {model.num_local_experts} experts in {num_moe_layers(model)} MoE layers; "
+            f"{model.name!r} has {model.num_local_experts} experts in {model.num_moe_layers} MoE layers; "
             "place the model's own experts (a placement from a trace of this model)"
         )
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.schemas import ModelSpec, RoutingStats, num_moe_layers
+from planner.schemas import ModelSpec, RoutingStats
 from planner.schemas.errors import SchemaError
 from planner.schemas.routing import IntArray
 
@@ -82,7 +82,7 @@ def check_expert_ids(ids: np.ndarray, num_experts: int, where: str) -> None:
 def check_trace_model(ids: np.ndarray, num_experts: int, model: ModelSpec, where: str) -> None:
     """Raise SchemaError unless the trace's layers, experts and k are ``model``'s."""
     _, layers, k = ids.shape
-    expected = (num_moe_layers(model), model.num_local_experts, model.num_experts_per_tok)
+    expected = (model.num_moe_layers, model.num_local_experts, model.num_experts_per_tok)
     if (layers, num_experts, k) != expected:
         raise SchemaError(
             f"{where} has {layers} MoE layers, {num_experts} experts and top-{k}, but {model.name!r} has "

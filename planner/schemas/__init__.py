@@ -43,7 +43,7 @@ from planner.schemas.op_records import (
 )
 from planner.schemas.plan import Alternative, ClusterRef, Plan
 from planner.schemas.report import RankMemory, RunReport
-from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats, num_moe_layers
+from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
@@ -94,5 +94,4 @@ __all__ = [
     "TrainingSpec",
     "VocabularyLayout",
     "ZeroStage",
-    "num_moe_layers",
 ]

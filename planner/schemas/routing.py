@@ -18,15 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from planner.schemas.errors import SchemaError
-from planner.schemas.model import ModelSpec
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-
-
-def num_moe_layers(model: ModelSpec) -> int:
-    """MoE layers of ``model`` (``ModelSpec.is_moe_layer`` decides which); a dense model has none."""
-    return model.num_moe_layers if model.is_moe else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from ortools.sat.python import cp_model
 
-from planner.schemas import ExpertPlacement, Layout, RoutingStats, num_moe_layers
+from planner.schemas import ExpertPlacement, Layout, RoutingStats
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import rank_of
 from planner.schemas.routing import placement_metrics
@@ -363,10 +363,10 @@ class ExpertPlacementRefiner:
         layout, model = candidate.layout, evaluate.model
         if layout.expert_parallel_degree == 1 or not model.is_moe:
             return candidate
-        if (self.stats.num_layers, self.stats.num_experts) != (num_moe_layers(model), model.num_local_experts):
+        if (self.stats.num_layers, self.stats.num_experts) != (model.num_moe_layers, model.num_local_experts):
             raise SchemaError(
                 f"the routing trace has {self.stats.num_layers} MoE layers of {self.stats.num_experts} experts, but "
-                f"{model.name!r} has {num_moe_layers(model)} of {model.num_local_experts}; use a trace of this model"
+                f"{model.name!r} has {model.num_moe_layers} of {model.num_local_experts}; use a trace of this model"
             )
         nodes = expert_rank_nodes(layout, evaluate.cluster.devices_per_node)
         placement_budget = Budget(
