@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from harness import run_ranks
 
+from profiler import context
 from profiler.context import Context
 from profiler.settings import ProfileSettings
 from runtime import threads
@@ -37,15 +38,27 @@ def test_lockstep_counts_the_slowest_rank(tmp_path: Path) -> None:
     assert result["lockstep"] >= SLOW_S  # rank 1's
 
 
+class _Clock:
+    """A clock that only the timed op moves: the counts below do not depend on how long a sleep
+    lasts on a busy machine (on a loaded CI machine a 1 ms sleep lasted 2.5 ms)."""
+
+    now_s = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+
 def _count_calls() -> dict[str, Any]:
     rank = dist.get_rank()
-    settings = ProfileSettings(min_sample_s=0.02)
+    clock = _Clock()
+    context.time = clock  # type: ignore[attr-defined]  # in this rank's process only
+    settings = ProfileSettings(min_sample_s=2**-6)  # 15.6 ms
     ctx = Context(rank, 2, rank, 2, torch.device("cpu"), settings, store=None)
     calls = [0]
 
     def work() -> None:
         calls[0] += 1
-        time.sleep(0.005 if rank == 0 else 0.001)
+        clock.now_s += 2**-8 if rank == 0 else 2**-10  # 3.9 ms on rank 0, 0.98 ms on rank 1
 
     timing = ctx.time(work, warmup=1, repeats=3, lockstep=True)
     every = [None, None]
@@ -56,12 +69,11 @@ def _count_calls() -> dict[str, Any]:
 @pytest.mark.distributed
 def test_lockstep_calls_a_short_op_until_a_sample_lasts_long_enough(tmp_path: Path) -> None:
     result = run_ranks(2, _count_calls, workdir=tmp_path)
-    # Rank 1's op (1 ms) needs about 20 calls to last 20 ms; rank 0 makes as many: 1 warm-up
-    # call, then 3 repeats of the same count on both ranks.
-    first, second = result["calls"]
-    assert first == second and (first - 1) % 3 == 0 and (first - 1) // 3 >= 10
-    # A sample is one call's share of the slowest rank's loop: rank 0's 5 ms, not the loop's.
-    assert 0.005 <= result["median_s"] < 0.010
+    # Rank 1's op needs 16 calls to last 15.6 ms (rank 0's, 4); both make the larger count:
+    # 1 warm-up call, then 3 repeats of 16 calls.
+    assert result["calls"] == [1 + 3 * 16, 1 + 3 * 16]
+    # A sample is one call's share of the slowest rank's loop: rank 0's 3.9 ms.
+    assert result["median_s"] == 2**-8
 
 
 @pytest.mark.parametrize(
