@@ -65,6 +65,7 @@ def layer_activations(
     sequence_parallel: bool = False,
     attention_kernel: AttentionKernel = AttentionKernel.EAGER,
     moe: bool | None = None,
+    expert_load: float = 1.0,
 ) -> LayerActivations:
     """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized).
 
@@ -115,6 +116,8 @@ def layer_activations(
         attention_kernel: eager (Korthikanti's accounting, the default) or FlashAttention.
         moe: which kind of layer (``ModelSpec.is_moe_layer``); None means the model's MoE layer
             if it has any, else its dense layer.
+        expert_load: the rank's routed copies over a balanced rank's k s b (a hot rank's
+            ``expert_parallel.ExpertLoad.compute_factor``); scales the routed experts' terms.
 
     Returns:
         The layer's activations by group, in bytes, before any recomputation.
@@ -160,7 +163,8 @@ def layer_activations(
     if model.is_moe if moe is None else moe:
         k = model.num_experts_per_tok
         router = act * tokens * h / sp + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
-        mlp = router + k * (2 * act * tokens * h / sp + intermediates_at(model.expert_ffn_size)) + hidden_mask
+        routed = expert_load * k * (2 * act * tokens * h / sp + intermediates_at(model.expert_ffn_size))
+        mlp = router + routed + hidden_mask
         if model.shared_ffn_size:
             mlp += intermediates_at(model.shared_ffn_size)
         if model.has_shared_expert_gate:

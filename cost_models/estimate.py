@@ -34,6 +34,7 @@ from planner.schemas import (
     TrainingSpec,
 )
 from planner.schemas.geometry import num_micro_batches, stage_layers
+from planner.schemas.routing import RoutingStats
 
 
 def estimate(
@@ -43,6 +44,7 @@ def estimate(
     layout: Layout,
     *,
     memories: tuple[MemoryBreakdown, ...] | None = None,
+    routing: RoutingStats | None = None,
 ) -> Estimate:
     """Predict per-rank memory and step time of ``layout`` (module docstring).
 
@@ -53,6 +55,9 @@ def estimate(
         layout: the candidate.
         memories: ``all_stage_memory`` of the same inputs, when already computed (a search
             checks memory first and prices time only for layouts that fit).
+        routing: a routing trace's statistics of an MoE model: each MoE layer then costs what
+            its busiest rank carries under the layout's placement (``expert_parallel``); None
+            assumes uniform routing.
 
     Returns:
         Memory per stage, the step time's breakdown, throughput, FLOPs and utilization.
@@ -69,9 +74,10 @@ def estimate(
         layout,
         tensor_groups=grp.tensor_groups(layout),
         expert_groups=grp.expert_groups(layout),
+        routing=routing,
     )
     if memories is None:
-        memories = all_stage_memory(model, training, cluster, layout)
+        memories = all_stage_memory(model, training, cluster, layout, routing)
     slowest = max(times, key=lambda st: st.total_s)
     bubble = bubble_s(layout, m, slowest.total_s)
     shared = shared_core_factor(times, m, bubble, cluster.device.core_share)

@@ -1,15 +1,161 @@
-"""Expert parallelism's time per layer and micro-batch: moving tokens to their experts and back.
+"""Expert parallelism: moving tokens to their experts and back, and the load of the busiest rank.
 
-An MoE layer sends each micro-batch's routed tokens (k per token) to the experts with an
-all-to-all and back with another, forward and again backward (GShard, Lepikhin et al. 2020;
-Megatron-LM's token dispatcher); full recomputation repeats the forward's two. Units: seconds,
-bytes.
+An MoE layer sends each micro-batch's routed (token, expert) pairs, k per token, to the ranks
+holding their experts with an all-to-all and back with another, forward and again backward
+(GShard, Lepikhin et al. 2020; Megatron-LM's token dispatcher); full recomputation repeats the
+forward's two. A layer runs as fast as its busiest rank, so what counts is the hottest rank's
+load, not the average (``ExpertLoad``).
+
+Where the pairs go (per MoE layer, expert-parallel group of ep ranks, P pairs of its own on each
+rank, expert e receiving a share n_e of all pairs):
+- with a routing trace (``schemas.routing.RoutingStats``) n_e is the trace's share of expert e;
+  without one, routing is assumed uniform: n_e = 1/E (dropless, no capacity factor);
+- each rank's own tokens route like the trace's, whatever the rank (its tokens are a sample of
+  the data);
+- the layout's placement (``ExpertPlacement``; contiguous blocks without one) hosts expert e on
+  c_e ranks. A rank keeps the pairs of an expert it hosts; the other ranks split theirs evenly
+  over its c_e copies (as ``runtime.expert_parallel.ExpertExchange`` does).
+Then rank q computes L_q = ep P sum_{e on q} n_e / c_e pairs (the mean rank P), keeps
+K_q = P sum_{e on q} n_e of its own, sends P - K_q to other ranks and receives L_q - K_q from
+them. A balanced layer has L_q = P and sends and receives P (ep - 1)/ep.
+
+The hottest rank's expert GEMMs scale with its L_q (linear in tokens, an approximation for
+small GEMMs); the all-to-all with the busiest rank's larger of sent and received pairs. Units:
+seconds, bytes, pairs.
 """
 
+import functools
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
 
 from cost_models.comm import Group, slowest_collective_s
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas.errors import SchemaError
+from planner.schemas.geometry import chunk_layer_range, stage_chunks
+from planner.schemas.routing import ExpertPlacement, RoutingStats
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertLoad:
+    """One MoE layer's routed pairs on its busiest expert-parallel rank, against a balanced layer."""
+
+    compute_factor: float
+    """Hottest rank's pairs (those its experts compute) over the mean rank's: max_q L_q / P >= 1."""
+    exchange_factor: float
+    """Busiest rank's pairs over the links, sent or received, over a balanced rank's
+    P (ep - 1)/ep; 1 for a balanced layer, 0 with one rank."""
+    sent_share: float
+    """Mean rank's pairs sent to other ranks over its own pairs: 1 - mean_q K_q / P."""
+
+
+BALANCED = ExpertLoad(compute_factor=1.0, exchange_factor=1.0, sent_share=0.0)
+"""What every MoE layer of a layout without expert parallelism, or routed uniformly over
+contiguous blocks, carries relative to itself (sent_share aside, which ``layer_loads`` sets)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageExpertLoad:
+    """The MoE layers of one pipeline stage, their loads summed (they run one after another)."""
+
+    moe_layers: int
+    compute_sum: float
+    """Sum of the stage's MoE layers' compute factors (= moe_layers when balanced)."""
+    exchange_sum: float
+    """Sum of their exchange factors."""
+    compute_max: float
+    """The largest compute factor among them (1 without MoE layers): sizes the receive buffer."""
+    sent_pairs_share: float
+    """Sum of their sent shares: pairs sent to other ranks per own routed pair of one layer."""
+
+
+def layer_loads(model: ModelSpec, layout: Layout, routing: RoutingStats | None = None) -> tuple[ExpertLoad, ...]:
+    """``ExpertLoad`` of every MoE layer in model order (module docstring).
+
+    Args:
+        model: the MoE model (none for a dense one).
+        layout: the expert-parallel degree and placement.
+        routing: a routing trace's statistics of this model; None assumes uniform routing.
+
+    Raises:
+        SchemaError: the trace's layers or experts are not the model's.
+    """
+    ep, layers, experts = layout.expert_parallel_degree, model.num_moe_layers, model.num_local_experts
+    if not layers:
+        return ()
+    if routing is not None and (routing.num_layers, routing.num_experts) != (layers, experts):
+        raise SchemaError(
+            f"the routing trace has {routing.num_layers} MoE layers of {routing.num_experts} experts; "
+            f"{model.name!r} has {layers} of {experts}: use a trace of this model"
+        )
+    if ep == 1:
+        return (BALANCED,) * layers
+    placement = layout.expert_placement
+    if placement is None:
+        if routing is None:
+            uniform = ExpertLoad(compute_factor=1.0, exchange_factor=1.0, sent_share=(ep - 1) / ep)
+            return (uniform,) * layers
+        placement = ExpertPlacement.contiguous(experts, ep, layers)
+    return _loads(routing, placement)
+
+
+@functools.lru_cache(maxsize=512)
+def _loads(routing: RoutingStats | None, placement: ExpertPlacement) -> tuple[ExpertLoad, ...]:
+    ep, experts = placement.num_ranks, placement.num_experts
+    if routing is None:
+        shares = np.full((placement.num_layers, experts), 1.0 / experts)
+    else:
+        counts = routing.expert_tokens.astype(np.float64)
+        shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+    balanced = (ep - 1) / ep
+    out = []
+    for layer in range(placement.num_layers):
+        hosted = np.zeros((experts, ep))
+        for rank, ids in enumerate(placement.slots[layer]):
+            hosted[list(ids), rank] = 1.0
+        kept = shares[layer] @ hosted  # K_q / P
+        load = ep * (shares[layer] @ (hosted / hosted.sum(axis=1, keepdims=True)))  # L_q / P
+        busiest = max(float((1.0 - kept).max()), float((load - kept).max()))
+        out.append(
+            ExpertLoad(
+                compute_factor=float(load.max()),
+                exchange_factor=busiest / balanced,
+                sent_share=float(1.0 - kept.mean()),
+            )
+        )
+    return tuple(out)
+
+
+def stage_expert_loads(
+    model: ModelSpec, layout: Layout, routing: RoutingStats | None = None
+) -> tuple[StageExpertLoad, ...]:
+    """Every pipeline stage's MoE layers (its chunks' layers, ``ModelSpec.is_moe_layer``) and their loads."""
+    loads = layer_loads(model, layout, routing)
+    ordinal = {layer: i for i, layer in enumerate(i for i in range(model.num_hidden_layers) if model.is_moe_layer(i))}
+    out = []
+    for stage in range(layout.pipeline_parallel_degree):
+        mine = [
+            loads[ordinal[i]]
+            for chunk in stage_chunks(layout, stage)
+            for i in chunk_layer_range(model, layout, chunk)
+            if i in ordinal
+        ]
+        out.append(
+            StageExpertLoad(
+                moe_layers=len(mine),
+                compute_sum=sum(x.compute_factor for x in mine),
+                exchange_sum=sum(x.exchange_factor for x in mine),
+                compute_max=max((x.compute_factor for x in mine), default=1.0),
+                sent_pairs_share=sum(x.sent_share for x in mine),
+            )
+        )
+    return tuple(out)
+
+
+def routed_pairs(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
+    """P: (token, expert) pairs one rank routes per MoE layer and micro-batch, k s b."""
+    return layout.micro_batch_size * training.seq_len * model.num_experts_per_tok
 
 
 def expert_parallel_layer_s(
@@ -19,7 +165,7 @@ def expert_parallel_layer_s(
     layout: Layout,
     expert_groups: Iterable[Group],
 ) -> float:
-    """Expert-parallel seconds of one MoE layer and micro-batch; 0 for a dense model or ep = 1.
+    """Expert-parallel seconds of one balanced MoE layer and micro-batch; 0 for a dense model or ep = 1.
 
     Args:
         model: hidden size, experts per token.
@@ -29,11 +175,30 @@ def expert_parallel_layer_s(
         expert_groups: the expert-parallel groups (devices).
 
     Returns:
-        Seconds: 4 all-to-alls of k s b h elements (6 under full recomputation).
+        Seconds: 4 all-to-alls of k s b h elements (6 under full recomputation); a layer's
+        ``ExpertLoad.exchange_factor`` scales it.
     """
     if not (model.is_moe and layout.expert_parallel_degree > 1):
         return 0.0
-    routed = layout.micro_batch_size * training.seq_len * model.num_experts_per_tok
-    a2a_bytes = routed * model.hidden_size * training.dtype.bytes
+    a2a_bytes = routed_pairs(model, training, layout) * model.hidden_size * training.dtype.bytes
     a2a_s = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, expert_groups, cluster)
-    return (4 + (2 if layout.recompute is Recompute.FULL else 0)) * a2a_s
+    return exchanges_per_micro_batch(layout) * a2a_s
+
+
+def exchanges_per_micro_batch(layout: Layout) -> int:
+    """All-to-alls of one MoE layer and micro-batch: dispatch and combine, forward and backward,
+    and the forward's two again under full recomputation."""
+    return 4 + (2 if layout.recompute is Recompute.FULL else 0)
+
+
+def sent_bytes_per_step(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, micro_batches: int, routing: RoutingStats | None = None
+) -> tuple[float, ...]:
+    """Bytes one rank of each pipeline stage sends to other ranks of its expert-parallel group
+    in one step (every all-to-all, mean rank): P x sent share x h x dtype per exchange, summed
+    over the stage's MoE layers, exchanges and micro-batches. 0 without expert parallelism."""
+    if not (model.is_moe and layout.expert_parallel_degree > 1):
+        return (0.0,) * layout.pipeline_parallel_degree
+    pair_bytes = model.hidden_size * training.dtype.bytes
+    per_layer = routed_pairs(model, training, layout) * pair_bytes * exchanges_per_micro_batch(layout) * micro_batches
+    return tuple(per_layer * stage.sent_pairs_share for stage in stage_expert_loads(model, layout, routing))

@@ -44,6 +44,23 @@ class LayerWork:
     """Whether the attention core is one fused FlashAttention kernel."""
 
 
+def expert_gemms(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[Gemm, Gemm]:
+    """The routed experts' up and down projections on one rank of a balanced MoE layer, one
+    micro-batch: the rank's E / ep experts batched, each seeing ep k s b / E tokens (its share of
+    the group's routed pairs), split over t. A rank hotter than the mean
+    (``expert_parallel.ExpertLoad``) scales their time."""
+    t, tokens, h = layout.tensor_parallel_degree, layout.micro_batch_size * training.seq_len, model.hidden_size
+    k, experts, f = model.num_experts_per_tok, model.num_local_experts, model.expert_ffn_size
+    ep = layout.expert_parallel_degree
+    tokens_per_expert = max(1, tokens * ep * k // experts)
+    in_factor = 2 if model.hidden_act.gated else 1
+    local = experts // ep
+    return (
+        Gemm(tokens_per_expert, in_factor * f // t, h, batch=local),
+        Gemm(tokens_per_expert, h, f // t, batch=local),
+    )
+
+
 def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe: bool | None = None) -> LayerWork:
     """Forward GEMMs and elementwise traffic of one transformer layer (see module docstring).
 
@@ -70,15 +87,8 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         attention_side_bytes = rotary + (2 * 2 * tokens * (q_dim + kv_dim) // t * e if model.qk_norm else 0)
     in_factor, act_factor = (2, 3) if model.hidden_act.gated else (1, 2)
     if sparse:
-        k, experts, f = model.num_experts_per_tok, model.num_local_experts, model.expert_ffn_size
-        ep = layout.expert_parallel_degree
-        tokens_per_expert = max(1, tokens * ep * k // experts)
-        local = experts // ep
-        dense += [
-            Gemm(tokens, experts, h),
-            Gemm(tokens_per_expert, in_factor * f // t, h, batch=local),
-            Gemm(tokens_per_expert, h, f // t, batch=local),
-        ]
+        k, f = model.num_experts_per_tok, model.expert_ffn_size
+        dense += [Gemm(tokens, model.num_local_experts, h), *expert_gemms(model, training, layout)]
         routed_tokens = tokens * k
         act_bytes = act_factor * routed_tokens * (f // t) * e
         shared = model.shared_ffn_size

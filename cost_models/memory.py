@@ -32,6 +32,7 @@ from cost_models.activations import (
     output_layer_activation_bytes,
     rematerialized_bytes,
 )
+from cost_models.expert_parallel import StageExpertLoad, stage_expert_loads
 from cost_models.params import StageParams, stage_moe_layers, stage_params
 from cost_models.sharding import stage_model_states
 from cost_models.validate import check_stage
@@ -50,6 +51,7 @@ from planner.schemas.geometry import (
     num_micro_batches,
     stage_layers,
 )
+from planner.schemas.routing import RoutingStats
 
 CUDA_WORKSPACE_BYTES: Final = 1 << 30
 GRAD_BUCKET_ELEMENTS: Final = 25_000_000
@@ -58,7 +60,12 @@ GRAD_BUCKETS: Final = 2
 
 
 def stage_activation_bytes(
-    model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int, params: StageParams
+    model: ModelSpec,
+    training: TrainingSpec,
+    layout: Layout,
+    stage: int,
+    params: StageParams,
+    load: StageExpertLoad | None = None,
 ) -> float:
     """Activation bytes one rank of stage ``stage`` holds at its peak.
 
@@ -77,6 +84,8 @@ def stage_activation_bytes(
         layout: degrees, micro-batch size, schedule, recompute.
         stage: pipeline rank.
         params: what the rank holds (``params.stage_params``): which vocabulary layers.
+        load: the stage's MoE layers' loads (``expert_parallel.stage_expert_loads``): the hottest
+            rank keeps its routed copies, the mean compute factor times the balanced rank's; None: balanced.
 
     Returns:
         Bytes.
@@ -102,6 +111,7 @@ def stage_activation_bytes(
             sequence_parallel=sp,
             attention_kernel=training.attention_kernel,
             moe=moe,
+            expert_load=load.compute_sum / load.moe_layers if moe and load and load.moe_layers else 1.0,
         )
         kept.append(kept_bytes(terms, recompute) * count)
         working.append(rematerialized_bytes(terms, recompute))
@@ -145,12 +155,16 @@ def stage_logits_bytes(
     return one * (_loss_micro_batches(layout, _micro_batches(training, layout)) + 1)
 
 
-def communication_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, params: StageParams) -> float:
+def communication_buffer_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, params: StageParams, compute_max: float = 1.0
+) -> float:
     """Gradient buckets and collective staging buffers of one rank (conventions in the module doc).
 
     Data parallel: min(2 x 25 M, gradients reduced) fp32 elements, counting dense gradients when
     d > 1 and expert gradients when d / ep > 1. Tensor parallel: s b h x dtype when t > 1.
-    Expert parallel: 2 x k s b h x dtype (/t with sequence parallelism) when ep > 1 on an MoE.
+    Expert parallel: 2 x k s b h x dtype (/t with sequence parallelism) when ep > 1 on an MoE,
+    times ``compute_max``, the hottest rank's load in its hottest MoE layer
+    (``expert_parallel.StageExpertLoad``): what it receives.
     """
     d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
@@ -162,7 +176,7 @@ def communication_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout:
     if ep > 1:
         sp = t if layout.sequence_parallel else 1
         routed = model.num_experts_per_tok * tokens * model.hidden_size / sp
-        total += 2 * routed * training.dtype.bytes
+        total += 2 * routed * training.dtype.bytes * compute_max
     return total
 
 
@@ -172,7 +186,12 @@ def workspace_bytes(cluster: ClusterProfile) -> float:
 
 
 def stage_memory(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, stage: int
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    stage: int,
+    routing: RoutingStats | None = None,
 ) -> MemoryBreakdown:
     """Peak bytes of one rank of pipeline stage ``stage``, by term.
 
@@ -188,34 +207,45 @@ def stage_memory(
         InfeasibleConfigError: the global batch gives no whole micro-batch per replica.
     """
     params = stage_params(model, layout, stage)
+    load = stage_expert_loads(model, layout, routing)[stage]
     states = stage_model_states(model, layout, params, training.dtype)
     cal = cluster.calibration
     return MemoryBreakdown(
         weights_bytes=states.weights_bytes,
         gradients_bytes=states.gradients_bytes,
         optimizer_states_bytes=states.optimizer_states_bytes,
-        activations_bytes=stage_activation_bytes(model, training, layout, stage, params)
+        activations_bytes=stage_activation_bytes(model, training, layout, stage, params, load)
         * (cal.activation_memory_scale if cal else 1.0),
         logits_bytes=stage_logits_bytes(model, training, layout, stage, params)
         * (cal.logits_memory_scale if cal else 1.0),
-        communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params)
+        communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params, load.compute_max)
         * (cal.buffer_memory_scale if cal else 1.0),
         workspace_bytes=workspace_bytes(cluster) + (cal.memory_overhead_bytes if cal else 0.0),
     )
 
 
 def all_stage_memory(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    routing: RoutingStats | None = None,
 ) -> tuple[MemoryBreakdown, ...]:
     """``stage_memory`` of every pipeline stage, in pipeline order."""
-    return tuple(stage_memory(model, training, cluster, layout, s) for s in range(layout.pipeline_parallel_degree))
+    return tuple(
+        stage_memory(model, training, cluster, layout, s, routing) for s in range(layout.pipeline_parallel_degree)
+    )
 
 
 def peak_stage_memory(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    routing: RoutingStats | None = None,
 ) -> MemoryBreakdown:
     """The breakdown of the stage whose rank needs the most memory (the first such stage on ties)."""
-    return max(all_stage_memory(model, training, cluster, layout), key=lambda mem: mem.total_bytes)
+    return max(all_stage_memory(model, training, cluster, layout, routing), key=lambda mem: mem.total_bytes)
 
 
 def _micro_batches(training: TrainingSpec, layout: Layout) -> int:

@@ -111,12 +111,18 @@ def router_params(model: ModelSpec) -> int:
 
 
 def layer_params(
-    model: ModelSpec, *, tensor_parallel_degree: int = 1, expert_parallel_degree: int = 1, moe: bool | None = None
+    model: ModelSpec,
+    *,
+    tensor_parallel_degree: int = 1,
+    expert_parallel_degree: int = 1,
+    moe: bool | None = None,
+    experts_per_rank: int | None = None,
 ) -> LayerParams:
     """One layer's parameters on one rank: matrices split by t, experts split by ep, norms replicated.
 
     ``moe`` says which kind of layer (``ModelSpec.is_moe_layer``); None means the model's MoE
-    layer if it has any, else its dense layer.
+    layer if it has any, else its dense layer. ``experts_per_rank``: the experts a rank hosts
+    when a placement gives it replica slots (``ExpertPlacement.slots_per_rank``); None: E / ep.
     """
     t = tensor_parallel_degree
     replicated = attention_replicated_params(model)
@@ -124,7 +130,7 @@ def layer_params(
     norms = 2 * norm_params(model)
     if not (model.is_moe if moe is None else moe):
         return LayerParams(attention=attention, mlp=dense_mlp_params(model) / t, router=0, norms=norms)
-    experts_here = model.num_local_experts / expert_parallel_degree
+    experts_here = experts_per_rank or model.num_local_experts / expert_parallel_degree
     gate = model.hidden_size if model.has_shared_expert_gate else 0
     return LayerParams(
         attention=attention,
@@ -234,7 +240,10 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         units.append(dense_layer.total)
     expert_per_layer = 0.0
     if moe_here:
-        moe_layer = layer_params(model, tensor_parallel_degree=t, expert_parallel_degree=ep, moe=True)
+        slots = layout.expert_placement.slots_per_rank if layout.expert_placement is not None else None
+        moe_layer = layer_params(
+            model, tensor_parallel_degree=t, expert_parallel_degree=ep, moe=True, experts_per_rank=slots
+        )
         expert_per_layer = moe_layer.mlp
         dense += moe_here * (moe_layer.total - expert_per_layer)
         # Experts replicated over d / ep = 1 ranks are not sharded, so ZeRO-3 gathers none of them.

@@ -24,6 +24,7 @@ Units: seconds.
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from cost_models import layer_work as lw
 from cost_models.comm import Group
@@ -35,12 +36,13 @@ from cost_models.compute import (
     measured_layer_s,
     measured_output_layer_s,
 )
-from cost_models.expert_parallel import expert_parallel_layer_s
-from cost_models.params import stage_moe_layers, stage_params
+from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
+from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import tensor_parallel_layer_s
 from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import stage_layers
+from planner.schemas.routing import RoutingStats
 
 
 def grad_accumulation_bytes_per_param(dtype: DType) -> int:
@@ -73,6 +75,7 @@ def stage_times(
     *,
     tensor_groups: Iterable[Group],
     expert_groups: Iterable[Group],
+    routing: RoutingStats | None = None,
 ) -> tuple[StageTime, ...]:
     """Per-micro-batch time of every pipeline stage (module docstring).
 
@@ -83,6 +86,9 @@ def stage_times(
         layout: degrees, micro-batch size, recompute, ZeRO stage.
         tensor_groups: the tensor-parallel groups (devices).
         expert_groups: the expert-parallel groups (devices).
+        routing: a routing trace's statistics; None assumes uniform routing. Each MoE layer's
+            expert GEMMs and all-to-alls scale with its busiest rank's load
+            (``expert_parallel.ExpertLoad``).
 
     Returns:
         One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch.
@@ -112,22 +118,27 @@ def stage_times(
     embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
     unit_s = sharded_unit_s(dev, layout, dt)
+    experts = _expert_gemms_time(model, training, cluster, layout) if True in kinds else _LayerTime.ZERO
     out = []
-    moe_layers = stage_moe_layers(model, layout)
-    for stage, n in enumerate(stage_layers(model, layout)):
+    for stage, (n, load) in enumerate(
+        zip(stage_layers(model, layout), stage_expert_loads(model, layout, routing), strict=True)
+    ):
         held = stage_params(model, layout, stage)
         extra = (embed_s if held.holds_embedding else 0.0) + (output_s if held.holds_output_layer else 0.0)
         extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
         extra += held.units * unit_s
-        counts = {False: n - moe_layers[stage], True: moe_layers[stage]}
+        counts = {False: n - load.moe_layers, True: load.moe_layers}
         here = [(counts[moe], kinds[moe]) for moe in kinds if counts[moe]]
+        hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
         out.append(
             StageTime(
-                compute_s=sum((c * (k.forward_s + k.backward_s) for c, k in here), 0.0) + extra,
-                recompute_s=sum((c * k.recompute_s for c, k in here), 0.0),
+                compute_s=sum((c * (k.forward_s + k.backward_s) for c, k in here), 0.0)
+                + hot * (experts.forward_s + experts.backward_s)
+                + extra,
+                recompute_s=sum((c * k.recompute_s for c, k in here), 0.0) + hot * experts.recompute_s,
                 tensor_parallel_comm_s=n * tp_layer,
-                expert_parallel_comm_s=counts[True] * ep_layer,
-                backward_s=sum((c * k.backward_s for c, k in here), 0.0),
+                expert_parallel_comm_s=load.exchange_sum * ep_layer,
+                backward_s=sum((c * k.backward_s for c, k in here), 0.0) + hot * experts.backward_s,
             )
         )
     return tuple(out)
@@ -138,6 +149,24 @@ class _LayerTime:
     forward_s: float
     backward_s: float
     recompute_s: float
+
+    ZERO: ClassVar["_LayerTime"]
+
+
+_LayerTime.ZERO = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0)
+
+
+def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _LayerTime:
+    """Forward, backward and recompute seconds of one rank's routed experts in a balanced MoE
+    layer (``layer_work.expert_gemms``); full recomputation repeats the forward."""
+    gemms = lw.expert_gemms(model, training, layout)
+    forward = gemms_time_s(gemms, cluster.device, training.dtype)
+    recompute = forward if layout.recompute is Recompute.FULL else 0.0
+    return _LayerTime(
+        forward_s=forward,
+        backward_s=backward_gemms_time_s(gemms, cluster.device, training.dtype),
+        recompute_s=recompute,
+    )
 
 
 def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:

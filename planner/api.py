@@ -130,8 +130,10 @@ def search_outcome(
         storage: Optuna study storage URL (e.g. sqlite:///search.db) for a resumable search.
         progress: called as progress(done, total) while searching.
         refiners: applied in order to the strategy's finalists (default: the CP-SAT layer split).
-        routing_trace: a routing trace file (``planner.routing_trace``) of the model: the experts of
-            finalists with expert parallelism are then placed from it (``ExpertPlacementRefiner``).
+        routing_trace: a routing trace file (``planner.routing_trace``) of the model: every MoE
+            layer is then priced at its busiest rank's load, and the experts of finalists with
+            expert parallelism are placed from it (``ExpertPlacementRefiner``). Without one,
+            routing is assumed uniform.
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -144,8 +146,9 @@ def search_outcome(
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
-    if routing_trace is not None:
-        refiners = (*refiners, ExpertPlacementRefiner(stats=load_routing_stats(routing_trace, model_spec)))
+    routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
+    if routing is not None:
+        refiners = (*refiners, ExpertPlacementRefiner(stats=routing))
     outcome = run_search(
         model_spec,
         training,
@@ -157,6 +160,7 @@ def search_outcome(
         memory_margin=memory_margin,
         progress=progress,
         refiners=refiners,
+        routing=routing,
     )
     ranked = outcome.ranked
     plans = tuple(

@@ -13,7 +13,7 @@ from cost_models.estimate import estimate
 from cost_models.memory import all_stage_memory, stage_memory
 from cost_models.timing import stage_times
 from cost_models.validate import check_layout
-from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, TrainingSpec
+from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
 from planner.schemas.errors import DoesNotFitError
 
 DEFAULT_MEMORY_MARGIN = 0.05
@@ -49,8 +49,11 @@ class Evaluator:
         cluster: ClusterProfile,
         *,
         memory_margin: float = DEFAULT_MEMORY_MARGIN,
+        routing: RoutingStats | None = None,
     ) -> None:
         self.model, self.training, self.cluster = model, training, cluster
+        self.routing = routing
+        """A routing trace's statistics: every MoE layer is priced at its busiest rank's load."""
         self.usable_memory_bytes = cluster.device.memory_bytes * (1.0 - memory_margin)
         self.memory_margin = memory_margin
         self.evaluations = 0
@@ -63,9 +66,9 @@ class Evaluator:
         alone first: most layouts that do not fit fail there, without pricing the other stages.
         """
         check_layout(self.model, self.training, self.cluster, layout)
-        first = stage_memory(self.model, self.training, self.cluster, layout, 0)
+        first = stage_memory(self.model, self.training, self.cluster, layout, 0, self.routing)
         if first.total_bytes <= self.usable_memory_bytes or self._closer(first):
-            memories = all_stage_memory(self.model, self.training, self.cluster, layout)
+            memories = all_stage_memory(self.model, self.training, self.cluster, layout, self.routing)
             peak = max(memories, key=lambda mem: mem.total_bytes)
             if peak.total_bytes <= self.usable_memory_bytes:
                 return memories
@@ -87,7 +90,7 @@ class Evaluator:
         """The estimate of a layout that fits; raises InfeasibleConfigError otherwise."""
         self.evaluations += 1
         memories = self.memory(layout)
-        return estimate(self.model, self.training, self.cluster, layout, memories=memories)
+        return estimate(self.model, self.training, self.cluster, layout, memories=memories, routing=self.routing)
 
     def split_costs(self, layout: Layout) -> SplitCosts:
         """Per-stage affine time and memory in the stage's layer count, for the CP-SAT split.
@@ -109,8 +112,9 @@ class Evaluator:
                 trial,
                 tensor_groups=grp.tensor_groups(trial),
                 expert_groups=grp.expert_groups(trial),
+                routing=self.routing,
             )
-            memories = all_stage_memory(self.model, self.training, self.cluster, trial)
+            memories = all_stage_memory(self.model, self.training, self.cluster, trial, self.routing)
             samples.append(([t.total_s for t in times], [m.total_bytes for m in memories]))
         (t1, m1), (t2, m2) = samples
         return SplitCosts(

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.schemas import ClusterProfile, ModelSpec, Recompute, TrainingSpec, ZeroStage
+from planner.schemas import ClusterProfile, ModelSpec, Recompute, RoutingStats, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
 from planner.search_engine.layer_split import LayerSplitRefiner
@@ -47,11 +47,14 @@ def run_search(
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
+    routing: RoutingStats | None = None,
 ) -> SearchOutcome:
     """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
 
     The strategy searches the space; its fastest finalists then pass through ``refiners`` in
-    order (the CP-SAT layer split by default), and the refined layouts are ranked.
+    order (the CP-SAT layer split by default), and the refined layouts are ranked. With
+    ``routing`` (a routing trace's statistics) every layout's MoE layers are priced at their
+    busiest rank's load; without, routing is assumed uniform.
 
     Raises:
         InfeasibleConfigError: no layout fits; the message says why and what would help.
@@ -61,7 +64,7 @@ def run_search(
     space = SearchSpace(
         model=model, training=training, world_size=cluster.world_size, devices_per_node=cluster.devices_per_node
     )
-    evaluate = Evaluator(model, training, cluster, memory_margin=memory_margin)
+    evaluate = Evaluator(model, training, cluster, memory_margin=memory_margin, routing=routing)
     result = strategy.search(space, evaluate, budget, seed=seed, progress=progress)
     if not result.feasible:
         raise InfeasibleConfigError(explain_infeasible(space, evaluate))
