@@ -15,6 +15,7 @@ _API = (
     "StrategyName",
     "TuneSettings",
     "dry_run",
+    "expert_traffic",
     "estimate",
     "load_cluster",
     "load_model",

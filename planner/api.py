@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cost_models.estimate import estimate as _estimate
+from cost_models.expert_parallel import sent_bytes_per_step
 from cost_models.layer_work import profile_gemm_shapes
 from planner.inputs import load_cluster, load_model, save_cluster
 from planner.plans import load_plan, make_plan, save_plan
@@ -38,6 +39,7 @@ from planner.schemas import (
     TrainingSpec,
 )
 from planner.schemas.errors import SchemaError
+from planner.schemas.geometry import num_micro_batches
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
@@ -60,6 +62,7 @@ __all__ = [
     "TuneSettings",
     "dry_run",
     "estimate",
+    "expert_traffic",
     "load_cluster",
     "load_model",
     "load_plan",
@@ -337,6 +340,28 @@ def run(
         trace_routing=Path(trace_routing) if trace_routing is not None else None,
     )
     return run_plan(settings, load_plan(plan))
+
+
+def expert_traffic(plan: Plan | str | Path, routing_trace: str | Path | None = None) -> tuple[float, ...]:
+    """What one rank of each pipeline stage is predicted to send to other expert-parallel ranks
+    in one step (``cost_models.expert_parallel.sent_bytes_per_step``), as a RunReport's
+    ``expert_sent_bytes_per_step`` measures it.
+
+    Args:
+        plan: a plan (or its file) of an MoE model; all zeros without expert parallelism.
+        routing_trace: a routing trace of the model (e.g. the one ``run`` captured); None
+            assumes uniform routing.
+
+    Returns:
+        Bytes per step, one entry per pipeline stage, in stage order.
+
+    Raises:
+        SchemaError: the plan or the trace cannot be read, or the trace is of another model.
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    routing = load_routing_stats(routing_trace, loaded.model) if routing_trace is not None else None
+    m = num_micro_batches(loaded.training.global_batch_size, loaded.layout)
+    return sent_bytes_per_step(loaded.model, loaded.training, loaded.layout, m, routing)
 
 
 def dry_run(

@@ -134,8 +134,11 @@ def comparison_view(plan: Plan) -> Table:
     return table
 
 
-def run_summary(report: RunReport) -> str:
-    """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes)."""
+def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routing: str = "uniform routing") -> str:
+    """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes),
+    and a fifth for expert parallelism: the bytes a rank's all-to-alls sent to other ranks per
+    step, measured (mean rank) beside ``expert_traffic`` (per stage, ``api.expert_traffic``;
+    ``routing`` names what it assumed)."""
     lines = [
         f"{report.model} {report.layout.describe()} on {report.world_size} {report.device} ranks, {report.steps} steps",
         f"  step time   measured {report.measured_step_time_s:.4f} s   predicted {report.predicted_step_time_s:.4f} s"
@@ -147,6 +150,13 @@ def run_summary(report: RunReport) -> str:
         f"  peak memory measured {worst.peak_bytes / MIB:.1f} MiB (rank {worst.rank}, {worst.method})   "
         f"predicted {worst.predicted_bytes / MIB:.1f} MiB"
     )
+    if report.expert_sent_bytes_per_step and expert_traffic:
+        measured = sum(report.expert_sent_bytes_per_step) / len(report.expert_sent_bytes_per_step)
+        predicted = sum(expert_traffic) / len(expert_traffic)  # every stage has as many ranks
+        lines.append(
+            f"  all-to-all  measured {measured / MIB:.2f} MiB a step per rank   predicted {predicted / MIB:.2f} MiB"
+            f"   ratio {measured / predicted:.2f} ({routing})"
+        )
     return "\n".join(lines)
 
 

@@ -90,28 +90,44 @@ def hosted_experts(model: ModelSpec, table: PlacementTable, place: int) -> dict[
     return {layer: hosts[place] for layer, hosts in zip(moe_layers(model), table, strict=True)}
 
 
+class Traffic:
+    """Bytes this rank's all-to-alls sent to the other ranks of their group (its own rows left out)."""
+
+    def __init__(self) -> None:
+        self.sent_bytes = 0
+
+    def count(self, rows: torch.Tensor, splits: list[int], place: int) -> None:
+        row_bytes = rows[0].numel() * rows.element_size() if len(rows) else 0
+        self.sent_bytes += (sum(splits) - splits[place]) * row_bytes
+
+
 class _AllToAll(torch.autograd.Function):
     """``dist.all_to_all_single`` with variable splits whose backward is the reverse exchange."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup
+        ctx: Any, x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup, traffic: Traffic
     ) -> torch.Tensor:
-        ctx.send, ctx.receive, ctx.group = send, receive, group
+        ctx.send, ctx.receive, ctx.group, ctx.traffic = send, receive, group, traffic
         out = x.new_empty((sum(receive), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), receive, send, group=group)
+        traffic.count(x, send, dist.get_rank(group))
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
         dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.receive, group=ctx.group)
-        return out, None, None, None
+        ctx.traffic.count(grad, ctx.receive, dist.get_rank(ctx.group))
+        return out, None, None, None, None
 
 
-def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup) -> torch.Tensor:
-    """Rows of ``x`` split by ``send`` to each rank of ``group``; rows from each by ``receive``."""
-    out: torch.Tensor = _AllToAll.apply(x, send, receive, group)  # type: ignore[no-untyped-call]
+def all_to_all(
+    x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup, traffic: Traffic
+) -> torch.Tensor:
+    """Rows of ``x`` split by ``send`` to each rank of ``group``; rows from each by ``receive``;
+    ``traffic`` counts what the exchange and its backward send to other ranks."""
+    out: torch.Tensor = _AllToAll.apply(x, send, receive, group, traffic)  # type: ignore[no-untyped-call]
     return out
 
 
@@ -122,9 +138,9 @@ class ExpertExchange:
     hosts them, so each rank's share is one contiguous run and, inside it, grouped by expert. A
     replicated expert serves its pairs here when this rank holds a copy, else the copies take
     the pairs in turn (pair i to copy i mod copies).
-    ``sent_pairs`` measures the traffic: routed (token, expert) pairs this rank sent to each rank
-    of its group (itself included) over every forward, recomputations too; the combine returns as
-    many, and the backward moves the same counts again (each pair: hidden_size elements).
+    ``sent_pairs`` counts routed (token, expert) pairs this rank sent to each rank of its group
+    (itself included) over every forward, recomputations too; ``traffic`` the bytes the dispatch
+    and the combine, forward and backward, sent to the other ranks.
     """
 
     def __init__(self, hosts: tuple[tuple[int, ...], ...], group: dist.ProcessGroup) -> None:
@@ -146,6 +162,7 @@ class ExpertExchange:
         self.per_rank = [len(rank) for rank in hosts]
         self.mine = hosts[self.place]
         self.sent_pairs = [0] * len(hosts)
+        self.traffic = Traffic()
 
     def __call__(
         self, experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
@@ -164,13 +181,13 @@ class ExpertExchange:
         receive = incoming.view(ep, len(self.mine)).sum(dim=1).tolist()
         self.sent_pairs = [total + n for total, n in zip(self.sent_pairs, send, strict=True)]
         # 2. dispatch, run the experts held here, combine
-        received = all_to_all(tokens[token], send, receive, self.group)
+        received = all_to_all(tokens[token], send, receive, self.group, self.traffic)
         local = torch.arange(len(self.mine), device=tokens.device).repeat(ep).repeat_interleave(incoming)
         outputs = torch.zeros_like(received)
         for i, e in enumerate(self.mine):
             rows = (local == i).nonzero().squeeze(1)
             outputs = outputs.index_add(0, rows, experts[str(e)](received[rows]))
-        back = all_to_all(outputs, receive, send, self.group)
+        back = all_to_all(outputs, receive, send, self.group, self.traffic)
         weight = weights.reshape(-1)[order]
         return torch.zeros_like(tokens).index_add(0, token, back * weight[:, None])
 
@@ -181,6 +198,17 @@ def expert_parallel(chunk: Decoder, model: ModelSpec, table: PlacementTable, ep_
     for name, block in chunk.layers.items():
         if isinstance(block.mlp, MoE):
             block.mlp.dispatch = ExpertExchange(hosts[int(name)], ep_group)
+
+
+def expert_sent_bytes(chunks: Iterable[nn.Module]) -> int:
+    """Bytes the MoE layers of ``chunks`` have sent to other expert-parallel ranks so far (0
+    without expert parallelism): every dispatch and combine, forward and backward."""
+    return sum(
+        m.dispatch.traffic.sent_bytes
+        for chunk in chunks
+        for m in chunk.modules()
+        if isinstance(m, MoE) and isinstance(m.dispatch, ExpertExchange)
+    )
 
 
 def expert_parameters(chunks: Iterable[nn.Module]) -> list[nn.Parameter]:

@@ -25,6 +25,7 @@ from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
+from runtime.expert_parallel import expert_sent_bytes
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
@@ -102,7 +103,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     if settings.trace_routing is not None:
         record_routing(trainer)
     tokens = TokenFile(settings.data) if settings.data else None
-    times, losses = [], []
+    times, losses, sent = [], [], []
     memory: tuple[int, str, dict[str, int]] | None = None
     for step in range(settings.steps):
         inputs, targets = (
@@ -114,6 +115,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         )
         track = step == tracked_step(settings)
         dist.barrier()
+        sent_before = expert_sent_bytes(trainer.chunks)
         start = time.perf_counter()
         if track:
             loss, memory = _tracked_step(trainer, inputs, targets, device)
@@ -122,6 +124,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         dist.barrier()
         times.append(time.perf_counter() - start)
         losses.append(loss)
+        sent.append(expert_sent_bytes(trainer.chunks) - sent_before)
     assert memory is not None
     if settings.trace_routing is not None:
         rows = training.global_batch_size // plan.layout.data_parallel_degree
@@ -141,10 +144,14 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     dist.gather_object(rank_memory, everyone, dst=0)
     hosts: list[str] | None = [""] * world if rank == 0 else None
     dist.gather_object(socket.gethostname(), hosts, dst=0)
+    # A pipeline stage's first step also forwards placeholders (shape inference): leave it out.
+    steady_sent = statistics.mean(sent[1:] or sent)
+    sent_by_rank: list[float] | None = [0.0] * world if rank == 0 else None
+    dist.gather_object(steady_sent, sent_by_rank, dst=0)
     report = None
     if rank == 0:
-        assert everyone is not None and hosts is not None
-        report = _report(settings, plan, times, losses, everyone, hosts, device, world)
+        assert everyone is not None and hosts is not None and sent_by_rank is not None
+        report = _report(settings, plan, times, losses, everyone, hosts, device, world, sent_by_rank)
         settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
     dist.barrier()
     dist.destroy_process_group()
@@ -179,6 +186,7 @@ def _report(
     hosts: list[str],
     device: torch.device,
     world: int,
+    sent_by_rank: list[float],
 ) -> RunReport:
     # Tracking memory slows its step several times over: it is not a step to time.
     tracked = tracked_step(settings)
@@ -205,4 +213,5 @@ def _report(
         measured_tokens_per_s=plan.training.tokens_per_step / measured,
         predicted_tokens_per_s=plan.estimate.tokens_per_s,
         memory=tuple(memory),
+        expert_sent_bytes_per_step=tuple(sent_by_rank) if plan.layout.expert_parallel_degree > 1 else (),
     )

@@ -111,7 +111,12 @@ def run(
         trace_routing=trace_routing,
     )
     if measured is not None:  # rank 0
-        typer.echo(run_summary(measured), err=True)
+        traffic: tuple[float, ...] = ()
+        routing = "uniform routing"
+        if measured.expert_sent_bytes_per_step:
+            traffic = api.expert_traffic(plan, trace_routing)
+            routing = "the captured routing" if trace_routing is not None else "uniform routing"
+        typer.echo(run_summary(measured, traffic, routing), err=True)
     _exit_now(0)
 
 

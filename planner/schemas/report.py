@@ -48,3 +48,8 @@ class RunReport(FrozenModel):
     measured_tokens_per_s: float
     predicted_tokens_per_s: float
     memory: tuple[RankMemory, ...]
+    expert_sent_bytes_per_step: tuple[float, ...] = Field(
+        default=(),
+        description="Per rank, in rank order: bytes its MoE all-to-alls sent to other ranks in a step (dispatch "
+        "and combine, forward and backward), mean over the steps after the first; empty without expert parallelism.",
+    )

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from planner.api import expert_traffic
 from planner.cli import app
 from planner.inputs import save_cluster
+from planner.schemas import RunReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import cpu_cluster
@@ -24,14 +26,15 @@ STEPS, BATCH, SEQ = 2, 8, 16
 
 @pytest.fixture(scope="module")
 def moe_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A searched plan of tiny-moe for a one-node CPU cluster of 4 ranks."""
+    """A plan of tiny-moe for a one-node CPU cluster of 4 ranks: dp 4, two expert-parallel
+    groups of 2 ranks."""
     tmp_path = tmp_path_factory.mktemp("moe_plan")
     save_cluster(cpu_cluster(4), tmp_path / "cluster.json")
     plan = tmp_path / "plan.json"
-    args = ["search", "-m", "tiny-moe", "-c", str(tmp_path / "cluster.json"), "--output", str(plan)]
-    args += ["--global-batch-size", str(BATCH), "--seq-len", str(SEQ)]
-    searched = CliRunner().invoke(app, args)
-    assert searched.exit_code == 0, searched.output
+    args = ["estimate", "-m", "tiny-moe", "-c", str(tmp_path / "cluster.json"), "--output", str(plan)]
+    args += ["--global-batch-size", str(BATCH), "--seq-len", str(SEQ), "--dp", "4", "--ep", "2"]
+    made = CliRunner().invoke(app, args)
+    assert made.exit_code == 0, made.output
     return plan
 
 
@@ -57,3 +60,9 @@ def test_planner_run_writes_every_tokens_experts(moe_plan: Path, tmp_path: Path)
     assert ids.shape == (STEPS * BATCH * SEQ, 4, 2) and ids.dtype == np.int64, layout
     assert ids.min() >= 0 and ids.max() < experts
     assert (ids[:, :, 0] != ids[:, :, 1]).all()  # top-2: two different experts per token and layer
+    # The bytes the all-to-alls sent to other ranks, against the cost model's for the captured trace.
+    report = RunReport.model_validate_json((tmp_path / "r.json").read_text())
+    measured = sum(report.expert_sent_bytes_per_step) / 4
+    (predicted,) = expert_traffic(plan, trace)
+    assert len(report.expert_sent_bytes_per_step) == 4 and measured == pytest.approx(predicted, rel=0.10)
+    assert "all-to-all  measured" in proc.stderr and "(the captured routing)" in proc.stderr, proc.stderr
