@@ -345,8 +345,12 @@ def expert_rank_nodes(layout: Layout, devices_per_node: int) -> tuple[int, ...]:
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class ExpertPlacementRefiner:
     """Places a finalist's experts from a routing trace (``place_experts``); keeps the finalist's
-    layout when the placed one does not fit or is estimated slower. The cost model does not yet
-    price the placement, so the estimate is the evaluator's for the placed layout."""
+    layout when the placed one does not fit or is estimated slower. The evaluator prices the
+    placed layout at its busiest rank under the same trace (``cost_models.expert_parallel``):
+    what the placement changes there is that rank's expert work and all-to-all bytes and the
+    memory of replica slots; the inter-layer cross-rank tokens the solver also cuts are what a
+    dispatcher that keeps tokens at their expert between layers would save (ExFlow), not the
+    training runtime, which returns every token to its own rank after each MoE layer."""
 
     name: ClassVar[str] = "expert-placement"
     stats: RoutingStats
