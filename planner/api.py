@@ -84,7 +84,14 @@ class OptimizerName(StrEnum):
     SGD = "sgd"
 
 
-def estimate(model: ModelSpec | str, cluster: ClusterProfile | str, training: TrainingSpec, layout: Layout) -> Estimate:
+def estimate(
+    model: ModelSpec | str,
+    cluster: ClusterProfile | str,
+    training: TrainingSpec,
+    layout: Layout,
+    *,
+    routing_trace: Path | str | None = None,
+) -> Estimate:
     """Predict per-rank memory and step time of ``layout`` for ``model`` on ``cluster``.
 
     Args:
@@ -92,6 +99,8 @@ def estimate(model: ModelSpec | str, cluster: ClusterProfile | str, training: Tr
         cluster: a ClusterProfile, a preset ``NAME:NODES`` (``dgx-a100-80g:16``) or a profile path.
         training: global batch (sequences), sequence length (tokens), dtype, optimizer.
         layout: parallel degrees, ZeRO stage, micro-batch, recompute, schedule.
+        routing_trace: a routing trace file of an MoE model: its MoE layers are priced at their
+            busiest expert-parallel rank under the layout's placement; None assumes uniform routing.
 
     Returns:
         The Estimate: seconds per step, tokens/s, FLOPs, MFU, bytes per rank by category.
@@ -102,7 +111,8 @@ def estimate(model: ModelSpec | str, cluster: ClusterProfile | str, training: Tr
     """
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    return _estimate(model_spec, training, cluster_profile, layout)
+    routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
+    return _estimate(model_spec, training, cluster_profile, layout, routing=routing)
 
 
 def search_outcome(
