@@ -38,6 +38,7 @@ from planner.schemas import (
     TrainingSpec,
 )
 from planner.schemas.errors import SchemaError
+from planner.schemas.layout import check_experts
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
@@ -99,6 +100,7 @@ def estimate(model: ModelSpec | str, cluster: ClusterProfile | str, training: Tr
     """
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    check_experts(model_spec, layout)  # first: its messages say which expert-parallel degrees would do
     return _estimate(model_spec, training, cluster_profile, layout)
 
 
@@ -317,6 +319,7 @@ def run(
     """
     if "RANK" not in os.environ:
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
+    loaded = load_plan(plan)  # a bad plan is refused before torch is imported
     from runtime.run import RunSettings
     from runtime.run import run as run_plan
 
@@ -332,7 +335,7 @@ def run(
         timeout_s=timeout_s,
         trace_routing=Path(trace_routing) if trace_routing is not None else None,
     )
-    return run_plan(settings, load_plan(plan))
+    return run_plan(settings, loaded)
 
 
 def dry_run(
@@ -354,9 +357,9 @@ def dry_run(
     Raises:
         InfeasibleConfigError: ``rank`` is outside the plan's world.
     """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)  # a bad plan is refused before torch is imported
     from runtime.dry_run import dry_run as trace
 
-    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
     return trace(loaded, rank, optimizer=str(optimizer))
 
 
