@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from cost_models.estimate import estimate as _estimate
 from cost_models.layer_work import profile_gemm_shapes
 from planner.inputs import load_cluster, load_model, save_cluster
+from planner.placement_comparison import PlacementComparison
+from planner.placement_comparison import compare_placements as _compare_placements
 from planner.plans import load_plan, make_plan, save_plan
 from planner.routing_trace import load_routing_stats
 from planner.schemas import (
@@ -59,6 +61,7 @@ __all__ = [
     "Selection",
     "StrategyName",
     "TuneSettings",
+    "compare_placements",
     "dry_run",
     "estimate",
     "load_cluster",
@@ -220,6 +223,27 @@ def search(
         routing_trace=routing_trace,
     )
     return plans
+
+
+def compare_placements(plan: Plan | str | Path, routing_trace: Path | str) -> PlacementComparison | None:
+    """A plan's expert placement beside round-robin on a routing trace: the hottest rank's and the
+    mean rank's routed tokens, and the tokens that cross ranks and nodes between MoE layers.
+
+    Args:
+        plan: a Plan or a plan file; without a placement its experts sit in contiguous blocks.
+        routing_trace: a routing trace file (``planner.routing_trace``) of the plan's model.
+
+    Returns:
+        Both placements' figures, cross-node tokens for the expert-parallel group that sends the
+        most (``planner.placement_comparison``); None when the plan places no experts (a dense
+        model, or ep = 1).
+
+    Raises:
+        SchemaError: the plan or the trace cannot be read, or the trace is of another model.
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    stats = load_routing_stats(routing_trace, loaded.model)
+    return _compare_placements(stats, loaded.model, loaded.layout, loaded.cluster.devices_per_node)
 
 
 def profile(

@@ -28,7 +28,15 @@ from planner.cli.options import (
 )
 from planner.export.torchrun import launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets
-from planner.render import comparison_view, estimate_view, ranked_table
+from planner.placement_comparison import placement_applies
+from planner.render import (
+    NO_PLACEMENT,
+    comparison_view,
+    estimate_view,
+    placement_hint,
+    placement_view,
+    ranked_table,
+)
 from planner.schemas import AttentionKernel, DType, Plan, Recompute, Schedule
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
@@ -140,16 +148,32 @@ def search(
         _verify(plans[0])
 
 
-def explain(plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")]) -> None:
+def explain(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    routing_trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="A routing trace (.npz) of the plan's model: compare the plan's expert placement with "
+            "round-robin on it (hottest and mean rank's tokens, tokens crossing ranks and nodes)."
+        ),
+    ] = None,
+) -> None:
     """Show a plan's memory and time breakdowns, and why it beat the runner-up.
 
-    Example: planner explain plan.json
+    Example: planner explain plan.json --routing-trace routing.npz
     """
     loaded = api.load_plan(plan)
     cluster = api.load_cluster(loaded.cluster.spec)
+    placement = api.compare_placements(loaded, routing_trace) if routing_trace is not None else None
     console = Console()
     console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
     console.print(comparison_view(loaded))
+    if placement is not None:
+        console.print(placement_view(placement))
+    elif routing_trace is not None:
+        typer.echo(NO_PLACEMENT)
+    elif placement_applies(loaded.model, loaded.layout):
+        typer.echo(placement_hint(str(plan)))
 
 
 def launch(
