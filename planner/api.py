@@ -121,6 +121,7 @@ def search_outcome(
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing_trace: Path | str | None = None,
+    expert_replicas: int = 0,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -137,6 +138,8 @@ def search_outcome(
         refiners: applied in order to the strategy's finalists (default: the CP-SAT layer split).
         routing_trace: a routing trace file (``planner.routing_trace``) of the model: the experts of
             finalists with expert parallelism are then placed from it (``ExpertPlacementRefiner``).
+        expert_replicas: with ``routing_trace``, spare expert slots per expert-parallel rank and
+            MoE layer, filled with replicas of the hottest experts (DeepSeek's EPLB redundant experts).
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -145,12 +148,20 @@ def search_outcome(
         SchemaError: an input could not be read or is invalid.
         InfeasibleConfigError: no layout fits; the message says how close one came and what would help.
     """
+    if expert_replicas < 0:
+        raise SchemaError(f"--expert-replicas {expert_replicas} must be 0 or more: spare expert slots per rank")
+    if expert_replicas and routing_trace is None:
+        raise SchemaError(
+            f"--expert-replicas {expert_replicas} needs a routing trace (--routing-trace): it shows which experts are "
+            "hot enough to replicate"
+        )
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
     if routing_trace is not None:
-        refiners = (*refiners, ExpertPlacementRefiner(stats=load_routing_stats(routing_trace, model_spec)))
+        stats = load_routing_stats(routing_trace, model_spec)
+        refiners = (*refiners, ExpertPlacementRefiner(stats=stats, replicas=expert_replicas))
     outcome = run_search(
         model_spec,
         training,
@@ -195,12 +206,13 @@ def search(
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing_trace: Path | str | None = None,
+    expert_replicas: int = 0,
 ) -> tuple[Plan, ...]:
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
         model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress,
-            refiners, routing_trace: as for :func:`search_outcome`.
+            refiners, routing_trace, expert_replicas: as for :func:`search_outcome`.
 
     Returns:
         Up to ``top_k`` plans, fastest first.
@@ -221,6 +233,7 @@ def search(
         progress=progress,
         refiners=refiners,
         routing_trace=routing_trace,
+        expert_replicas=expert_replicas,
     )
     return plans
 

@@ -119,6 +119,16 @@ def search(
     routing_trace: Annotated[
         Path | None, typer.Option(help="A routing trace (.npz) of the model: place the experts from it.")
     ] = None,
+    expert_replicas: Annotated[
+        int,
+        typer.Option(
+            help="Replica slots per expert-parallel rank and MoE layer (needs --routing-trace): the placement "
+            "puts copies of the hottest experts in them and splits their tokens over the copies, as DeepSeek's "
+            "EPLB redundant experts even out the ranks' load. 0 to E - E/ep (a rank hosts an expert once). Each "
+            "slot costs every rank one more expert's weights, gradients and optimizer states in each of its MoE "
+            "layers, which the memory estimate does not count yet."
+        ),
+    ] = 0,
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
@@ -139,6 +149,7 @@ def search(
             storage=storage if strategy is StrategyName.OPTUNA else None,
             progress=progress,
             routing_trace=routing_trace,
+            expert_replicas=expert_replicas,
         )
     Console().print(ranked_table(outcome, plans))
     if output is not None:

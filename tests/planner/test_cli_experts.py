@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -196,3 +197,45 @@ def test_a_trace_that_is_not_one_of_the_model_exits_2_with_one_line(
     code, out, err = main([*args, "--routing-trace", str(trace)], capsys, monkeypatch)
     one_line(code, err, needle)
     assert f"routing trace {str(trace)!r}" in err and out == ""  # refused before any output
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--expert-replicas", "-1"], "--expert-replicas -1 must be 0 or more"),
+        (["--expert-replicas", "2"], "--expert-replicas 2 needs a routing trace (--routing-trace)"),
+    ],
+)
+def test_bad_expert_replicas_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, extra: list[str], needle: str
+) -> None:
+    code, out, err = main([*SEARCH, *extra], capsys, monkeypatch)
+    one_line(code, err, needle)
+    assert out == ""
+
+
+def test_search_hands_the_replicas_to_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def search_outcome(*args: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise api.SchemaError("stop here")
+
+    monkeypatch.setattr(api, "search_outcome", search_outcome)
+    trace = _hot_trace(tmp_path / "t.npz")
+    result = CliRunner().invoke(app, [*SEARCH, "--routing-trace", str(trace), "--expert-replicas", "1"])
+    assert "stop here" in str(result.exception)
+    assert seen["expert_replicas"] == 1 and seen["routing_trace"] == trace
+
+
+def test_the_searched_placements_have_the_replica_slots(tmp_path: Path) -> None:
+    trace = _hot_trace(tmp_path / "t.npz", tokens=50)
+    plans = api.search(MODEL, make_cluster(per_node=4), TRAINING, top_k=20, routing_trace=trace, expert_replicas=1)
+    placements = [(p.layout.expert_parallel_degree, p.layout.expert_placement) for p in plans]
+    placed = [(ep, placement) for ep, placement in placements if placement is not None]
+    assert placed
+    for ep, placement in placed:
+        assert placement.slots_per_rank == 4 // ep + 1  # E / ep experts and one replica per rank
+        # The replicas go to the hot experts 0 and 1, the only ones that receive tokens.
+        copies = [sum(e in rank for rank in placement.slots[0]) for e in range(4)]
+        assert copies[0] + copies[1] == 2 + ep and copies[2] == copies[3] == 1
