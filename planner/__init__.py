@@ -14,6 +14,7 @@ _API = (
     "Selection",
     "StrategyName",
     "TuneSettings",
+    "compare_placements",
     "dry_run",
     "expert_traffic",
     "estimate",

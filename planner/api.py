@@ -25,6 +25,8 @@ from cost_models.estimate import estimate as _estimate
 from cost_models.expert_parallel import sent_bytes_per_step
 from cost_models.layer_work import profile_gemm_shapes
 from planner.inputs import load_cluster, load_model, save_cluster
+from planner.placement_comparison import PlacementComparison
+from planner.placement_comparison import compare_placements as _compare_placements
 from planner.plans import load_plan, make_plan, save_plan
 from planner.routing_trace import load_routing_stats
 from planner.schemas import (
@@ -40,6 +42,7 @@ from planner.schemas import (
 )
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import num_micro_batches
+from planner.schemas.layout import check_experts
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
@@ -60,6 +63,7 @@ __all__ = [
     "Selection",
     "StrategyName",
     "TuneSettings",
+    "compare_placements",
     "dry_run",
     "estimate",
     "expert_traffic",
@@ -111,6 +115,7 @@ def estimate(
     """
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    check_experts(model_spec, layout)  # first: its messages say which expert-parallel degrees would do
     routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
     return _estimate(model_spec, training, cluster_profile, layout, routing=routing)
 
@@ -129,6 +134,7 @@ def search_outcome(
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing_trace: Path | str | None = None,
+    expert_replicas: int = 0,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -147,6 +153,8 @@ def search_outcome(
             layer is then priced at its busiest rank's load, and the experts of finalists with
             expert parallelism are placed from it (``ExpertPlacementRefiner``). Without one,
             routing is assumed uniform.
+        expert_replicas: with ``routing_trace``, spare expert slots per expert-parallel rank and
+            MoE layer, filled with replicas of the hottest experts (DeepSeek's EPLB redundant experts).
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -155,13 +163,20 @@ def search_outcome(
         SchemaError: an input could not be read or is invalid.
         InfeasibleConfigError: no layout fits; the message says how close one came and what would help.
     """
+    if expert_replicas < 0:
+        raise SchemaError(f"--expert-replicas {expert_replicas} must be 0 or more: spare expert slots per rank")
+    if expert_replicas and routing_trace is None:
+        raise SchemaError(
+            f"--expert-replicas {expert_replicas} needs a routing trace (--routing-trace): it shows which experts are "
+            "hot enough to replicate"
+        )
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
     routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
     if routing is not None:
-        refiners = (*refiners, ExpertPlacementRefiner(stats=routing))
+        refiners = (*refiners, ExpertPlacementRefiner(stats=routing, replicas=expert_replicas))
     outcome = run_search(
         model_spec,
         training,
@@ -207,12 +222,13 @@ def search(
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing_trace: Path | str | None = None,
+    expert_replicas: int = 0,
 ) -> tuple[Plan, ...]:
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
         model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress,
-            refiners, routing_trace: as for :func:`search_outcome`.
+            refiners, routing_trace, expert_replicas: as for :func:`search_outcome`.
 
     Returns:
         Up to ``top_k`` plans, fastest first.
@@ -233,8 +249,30 @@ def search(
         progress=progress,
         refiners=refiners,
         routing_trace=routing_trace,
+        expert_replicas=expert_replicas,
     )
     return plans
+
+
+def compare_placements(plan: Plan | str | Path, routing_trace: Path | str) -> PlacementComparison | None:
+    """A plan's expert placement beside round-robin on a routing trace: the hottest rank's and the
+    mean rank's routed tokens, and the tokens that cross ranks and nodes between MoE layers.
+
+    Args:
+        plan: a Plan or a plan file; without a placement its experts sit in contiguous blocks.
+        routing_trace: a routing trace file (``planner.routing_trace``) of the plan's model.
+
+    Returns:
+        Both placements' figures, cross-node tokens for the expert-parallel group that sends the
+        most (``planner.placement_comparison``); None when the plan places no experts (a dense
+        model, or ep = 1).
+
+    Raises:
+        SchemaError: the plan or the trace cannot be read, or the trace is of another model.
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    stats = load_routing_stats(routing_trace, loaded.model)
+    return _compare_placements(stats, loaded.model, loaded.layout, loaded.cluster.devices_per_node)
 
 
 def profile(
@@ -334,6 +372,7 @@ def run(
     """
     if "RANK" not in os.environ:
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
+    loaded = load_plan(plan)  # a bad plan is refused before torch is imported
     from runtime.run import RunSettings
     from runtime.run import run as run_plan
 
@@ -349,7 +388,7 @@ def run(
         timeout_s=timeout_s,
         trace_routing=Path(trace_routing) if trace_routing is not None else None,
     )
-    return run_plan(settings, load_plan(plan))
+    return run_plan(settings, loaded)
 
 
 def expert_traffic(plan: Plan | str | Path, routing_trace: str | Path | None = None) -> tuple[float, ...]:
@@ -393,9 +432,9 @@ def dry_run(
     Raises:
         InfeasibleConfigError: ``rank`` is outside the plan's world.
     """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)  # a bad plan is refused before torch is imported
     from runtime.dry_run import dry_run as trace
 
-    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
     return trace(loaded, rank, optimizer=str(optimizer))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from planner.schemas import Alternative, ClusterProfile, ClusterRef, Estimate, Layout, ModelSpec, Plan, TrainingSpec
-from planner.schemas.errors import SchemaError
+from planner.schemas.errors import PlannerError, SchemaError
 from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def load_plan(path: str | Path) -> Plan:
         )
     try:
         return Plan.model_validate(upgrade(raw))
-    except SchemaError as e:
+    except PlannerError as e:  # a bad value, or a layout that cannot split the plan's model
         raise SchemaError(f"{where}: not a valid plan: {e}") from e
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())

@@ -7,6 +7,7 @@ from typing import Protocol
 from rich.console import Group
 from rich.table import Table
 
+from planner.placement_comparison import PlacementComparison
 from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, RunReport, TrainingSpec
 from planner.search_engine.runner import SearchOutcome
 
@@ -132,6 +133,60 @@ def comparison_view(plan: Plan) -> Table:
         f"{(ours.peak_memory_bytes - theirs.peak_memory_bytes) / 2**30:+.2f} GiB",
     )
     return table
+
+
+def placement_view(comparison: PlacementComparison) -> Table:
+    """The plan's expert placement beside round-robin on a routing trace: routed tokens summed
+    over the MoE layers, and the ratio of the two."""
+    c = comparison
+    ours = "contiguous (default)" if c.contiguous else "placed"
+    table = Table(
+        title=f"expert placement on the routing trace: {c.routed_tokens:,} tokens, ep={c.expert_parallel_degree}, "
+        f"{c.groups} group(s) on up to {c.nodes_per_group} node(s) each"
+    )
+    table.add_column("routed tokens (sum over MoE layers)")
+    for name in (ours, "round-robin", f"{ours} / round-robin"):
+        table.add_column(name, justify="right")
+    a, b = c.placed, c.round_robin
+    for name, x, y in (
+        ("hottest rank", a.hottest_rank_tokens, b.hottest_rank_tokens),
+        ("mean rank", a.mean_rank_tokens, b.mean_rank_tokens),
+    ):
+        table.add_row(name, f"{x:,.0f}", f"{y:,.0f}", _ratio(x, y))
+    skew_a = _quotient(a.hottest_rank_tokens, a.mean_rank_tokens)
+    skew_b = _quotient(b.hottest_rank_tokens, b.mean_rank_tokens)
+    table.add_row("hottest / mean rank", _number(skew_a), _number(skew_b), _ratio(skew_a, skew_b))
+    for name, x, y in (
+        ("cross-rank, between consecutive layers", a.cross_rank_tokens, b.cross_rank_tokens),
+        ("cross-node (the busiest group's)", a.cross_node_tokens, b.cross_node_tokens),
+    ):
+        table.add_row(name, f"{x:,.0f}", f"{y:,.0f}", _ratio(x, y))
+    return table
+
+
+def placement_hint(plan: str) -> str:
+    """How to see the placement table of an MoE plan, in one line."""
+    return (
+        f"expert placement: `planner explain {plan} --routing-trace TRACE.npz` compares it with round-robin "
+        "on a routing trace (`planner run --trace-routing` writes one)"
+    )
+
+
+NO_PLACEMENT = "expert placement: ep=1, every rank hosts every expert; there is no placement to compare"
+"""What explain says of a routing trace for a plan that places no experts."""
+
+
+def _quotient(x: float, y: float) -> float | None:
+    return x / y if y else None
+
+
+def _number(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _ratio(x: float | None, y: float | None) -> str:
+    """x / y, or "-" where it has no value (a zero round-robin figure)."""
+    return "-" if x is None or y is None else _number(_quotient(x, y))
 
 
 def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routing: str = "uniform routing") -> str:

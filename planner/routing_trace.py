@@ -44,11 +44,19 @@ def read_trace(path: Path | str, model: ModelSpec | None = None) -> tuple[IntArr
     """
     where = f"routing trace {str(path)!r}"
     try:
-        with np.load(path, allow_pickle=False) as data:
-            missing = [k for k in KEYS if k not in data.files]
-            if missing:
-                raise SchemaError(f"{where} lacks {missing}; a trace holds {list(KEYS)} (see planner.routing_trace)")
-            ids, experts, name = data["expert_ids"], data["num_experts"], data["model"]
+        with open(path, "rb") as file:
+            if not zipfile.is_zipfile(file):  # np.load would return a .npy's array, or unpickle a text file
+                raise SchemaError(
+                    f"{where} is not a NumPy .npz file (a zip of arrays); write one with planner run --trace-routing"
+                )
+            file.seek(0)
+            with np.load(file, allow_pickle=False) as data:
+                missing = [k for k in KEYS if k not in data.files]
+                if missing:
+                    raise SchemaError(
+                        f"{where} lacks {missing}; a trace holds {list(KEYS)} (see planner.routing_trace)"
+                    )
+                ids, experts, name = data["expert_ids"], data["num_experts"], data["model"]
     except FileNotFoundError as e:
         raise SchemaError(f"{where} does not exist; give the path of a trace file (planner run --trace-routing)") from e
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
@@ -81,6 +89,8 @@ def check_expert_ids(ids: np.ndarray, num_experts: int, where: str) -> None:
 
 def check_trace_model(ids: np.ndarray, num_experts: int, model: ModelSpec, where: str) -> None:
     """Raise SchemaError unless the trace's layers, experts and k are ``model``'s."""
+    if not model.is_moe:
+        raise SchemaError(f"{where} routes tokens to experts, but {model.name!r} has none; drop the routing trace")
     _, layers, k = ids.shape
     expected = (model.num_moe_layers, model.num_local_experts, model.num_experts_per_tok)
     if (layers, num_experts, k) != expected:

@@ -28,7 +28,15 @@ from planner.cli.options import (
 )
 from planner.export.torchrun import launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets
-from planner.render import comparison_view, estimate_view, ranked_table
+from planner.placement_comparison import placement_applies
+from planner.render import (
+    NO_PLACEMENT,
+    comparison_view,
+    estimate_view,
+    placement_hint,
+    placement_view,
+    ranked_table,
+)
 from planner.schemas import AttentionKernel, DType, Plan, Recompute, Schedule
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
@@ -109,8 +117,22 @@ def search(
         bool, typer.Option(help="Dry-run the best plan's first and last pipeline stage beside the estimate.")
     ] = False,
     routing_trace: Annotated[
-        Path | None, typer.Option(help="A routing trace (.npz) of the model: place the experts from it.")
+        Path | None,
+        typer.Option(
+            help="A routing trace (.npz) of the model: price each MoE layer at its busiest rank and place the "
+            "experts from it (without one, routing is assumed uniform)."
+        ),
     ] = None,
+    expert_replicas: Annotated[
+        int,
+        typer.Option(
+            help="Replica slots per expert-parallel rank and MoE layer (needs --routing-trace): the placement "
+            "puts copies of the hottest experts in them and splits their tokens over the copies, as DeepSeek's "
+            "EPLB redundant experts even out the ranks' load. 0 to E - E/ep (a rank hosts an expert once). Each "
+            "slot costs every rank one more expert's weights, gradients and optimizer states in each of its MoE "
+            "layers; the estimate counts them."
+        ),
+    ] = 0,
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
@@ -131,6 +153,7 @@ def search(
             storage=storage if strategy is StrategyName.OPTUNA else None,
             progress=progress,
             routing_trace=routing_trace,
+            expert_replicas=expert_replicas,
         )
     Console().print(ranked_table(outcome, plans))
     if output is not None:
@@ -140,16 +163,32 @@ def search(
         _verify(plans[0])
 
 
-def explain(plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")]) -> None:
+def explain(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    routing_trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="A routing trace (.npz) of the plan's model: compare the plan's expert placement with "
+            "round-robin on it (hottest and mean rank's tokens, tokens crossing ranks and nodes)."
+        ),
+    ] = None,
+) -> None:
     """Show a plan's memory and time breakdowns, and why it beat the runner-up.
 
-    Example: planner explain plan.json
+    Example: planner explain plan.json --routing-trace routing.npz
     """
     loaded = api.load_plan(plan)
     cluster = api.load_cluster(loaded.cluster.spec)
+    placement = api.compare_placements(loaded, routing_trace) if routing_trace is not None else None
     console = Console()
     console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
     console.print(comparison_view(loaded))
+    if placement is not None:
+        console.print(placement_view(placement))
+    elif routing_trace is not None:
+        typer.echo(NO_PLACEMENT)
+    elif placement_applies(loaded.model, loaded.layout):
+        typer.echo(placement_hint(str(plan)))
 
 
 def launch(

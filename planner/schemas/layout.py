@@ -4,12 +4,14 @@ The rank order, stages, chunks and the vocabulary layers' place are ``schemas.ge
 which device runs each rank is ``device_map``'s.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from planner.schemas.device_map import DeviceMap
 from planner.schemas.enums import Recompute, Schedule, VocabularyLayout, ZeroStage
-from planner.schemas.errors import SchemaError
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
+from planner.schemas.model import ModelSpec
 from planner.schemas.routing import ExpertPlacement
 
 
@@ -128,6 +130,34 @@ class Layout:
         if not self.device_map.is_identity:
             parts.append("mapped")
         return " ".join(parts)
+
+
+def check_experts(model: ModelSpec, layout: Layout) -> None:
+    """Raise InfeasibleConfigError unless ``layout``'s expert parallelism and placement fit
+    ``model``'s experts: ep > 1 only for a mixture of experts, ep divides its experts, and a
+    placement places its MoE layers and experts. (What a layout needs of a model beyond that
+    needs the cluster too: ``cost_models.validate``.)"""
+    ep, d, experts = layout.expert_parallel_degree, layout.data_parallel_degree, model.num_local_experts
+    if ep > 1 and not model.is_moe:
+        raise InfeasibleConfigError(
+            f"expert_parallel_degree={ep} needs a mixture-of-experts model, but {model.name!r} is dense; set it to 1"
+        )
+    if experts % ep:
+        choices = [n for n in range(1, experts + 1) if math.gcd(experts, d) % n == 0]
+        raise InfeasibleConfigError(
+            f"expert_parallel_degree={ep} does not divide the {experts} experts of {model.name!r}; use an ep that "
+            f"divides both {experts} and data_parallel_degree={d}: {', '.join(map(str, choices))}"
+        )
+    placement = layout.expert_placement
+    if placement is not None and (placement.num_layers, placement.num_experts) != (
+        model.num_moe_layers,
+        experts,
+    ):
+        raise InfeasibleConfigError(
+            f"expert_placement places {placement.num_experts} experts in {placement.num_layers} MoE layers, but "
+            f"{model.name!r} has {experts} experts in {model.num_moe_layers} MoE layers; place the model's own "
+            "experts (from a routing trace of this model)"
+        )
 
 
 _E = TypeVar("_E", ZeroStage, Recompute, Schedule, VocabularyLayout)

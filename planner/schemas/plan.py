@@ -8,14 +8,14 @@ Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expe
 """
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
 from planner.schemas.cluster import DeviceKind, device_kind_of_v1_name
 from planner.schemas.estimate import Estimate
-from planner.schemas.layout import Layout
+from planner.schemas.layout import Layout, check_experts
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
@@ -53,6 +53,14 @@ class Plan(FrozenModel):
     layout: Layout
     estimate: Estimate
     runner_up: Alternative | None = Field(default=None, description="The next-best layout of the search.")
+
+    @model_validator(mode="after")
+    def _layouts_fit_the_model(self) -> Self:
+        """A plan's layouts split its own model's experts (a hand-edited plan may not)."""
+        check_experts(self.model, self.layout)
+        if self.runner_up is not None:
+            check_experts(self.model, self.runner_up.layout)
+        return self
 
 
 PLAN_SCHEMA_VERSION = 2

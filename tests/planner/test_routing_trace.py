@@ -82,6 +82,16 @@ def test_a_file_that_is_not_an_npz_is_refused(tmp_path: Path) -> None:
         read_trace(path)
     with pytest.raises(SchemaError, match="does not exist"):
         read_trace(tmp_path / "missing.npz")
+    # One array saved with np.save: np.load returns the array itself, not the archive of a trace.
+    np.save(tmp_path / "ids.npy", _mixtral_trace())
+    with pytest.raises(SchemaError, match=r"ids\.npy' is not a NumPy \.npz file"):
+        read_trace(tmp_path / "ids.npy")
+
+
+def test_a_trace_for_a_dense_model_is_refused(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t.npz", _mixtral_trace(), 8, "mixtral-8x7b")
+    with pytest.raises(SchemaError, match="'tiny-gpt' has none; drop the routing trace"):
+        read_trace(tmp_path / "t.npz", load_model("tiny-gpt"))
 
 
 def test_the_generator_is_seeded_and_routes_k_distinct_experts() -> None:
