@@ -373,6 +373,8 @@ class ExpertPlacementRefiner:
                 f"{model.name!r} has {model.num_moe_layers} of {model.num_local_experts}; use a trace of this model"
             )
         nodes = expert_rank_nodes(layout, evaluate.cluster.devices_per_node)
+        if self.replicas > model.num_local_experts - model.num_local_experts // len(nodes):
+            return candidate  # this ep has fewer free slots per rank than replicas asked: others may hold them
         placement_budget = Budget(
             max_time_s=min(budget.max_time_s or self.max_time_s, self.max_time_s), workers=budget.workers
         )

@@ -239,3 +239,11 @@ def test_the_searched_placements_have_the_replica_slots(tmp_path: Path) -> None:
         # The replicas go to the hot experts 0 and 1, the only ones that receive tokens.
         copies = [sum(e in rank for rank in placement.slots[0]) for e in range(4)]
         assert copies[0] + copies[1] == 2 + ep and copies[2] == copies[3] == 1
+
+
+def test_an_ep_with_too_few_free_slots_keeps_its_experts_and_the_search_goes_on(tmp_path: Path) -> None:
+    # 3 replicas: ep 2 has 4 - 2 = 2 free slots per rank, too few (the search used to stop there).
+    trace = _hot_trace(tmp_path / "t.npz", tokens=50)
+    plans = api.search(MODEL, make_cluster(per_node=4), TRAINING, top_k=20, routing_trace=trace, expert_replicas=3)
+    assert plans
+    assert not [p for p in plans if p.layout.expert_parallel_degree == 2 and p.layout.expert_placement is not None]
