@@ -7,6 +7,7 @@ fit is not checked here: the Estimate says whether the layout fits.
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import chunk_layers
+from planner.schemas.layout import check_experts
 
 
 def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> None:
@@ -53,21 +54,7 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
         raise InfeasibleConfigError(
             f"{model.num_hidden_layers} layers cannot fill pp x v = {layout.num_chunks} model chunks"
         )
-    ep = layout.expert_parallel_degree
-    if ep > 1 and not model.is_moe:
-        raise InfeasibleConfigError(f"ep={ep} needs a mixture-of-experts model; {model.name!r} is dense")
-    if model.num_local_experts % ep:
-        raise InfeasibleConfigError(f"ep={ep} does not divide num_local_experts={model.num_local_experts}")
-    placement = layout.expert_placement
-    if placement is not None and (placement.num_layers, placement.num_experts) != (
-        model.num_moe_layers,
-        model.num_local_experts,
-    ):
-        raise InfeasibleConfigError(
-            f"expert_placement places {placement.num_experts} experts in {placement.num_layers} MoE layers, but "
-            f"{model.name!r} has {model.num_local_experts} experts in {model.num_moe_layers} MoE layers; "
-            "place the model's own experts (a placement from a trace of this model)"
-        )
+    check_experts(model, layout)
 
 
 def check_stage(layout: Layout, stage: int) -> None:
