@@ -12,7 +12,9 @@ expert-parallel communication per layer come from ``cost_models.tensor_parallel`
 weight gradients are accumulated into fp32 buffers (Megatron-LM's main_grad, PyTorch AMP's
 fp32 .grad): read the new gradient and the sum, write the sum, memory-bound. Where the profile
 timed this model's own layer (``compute.measured_layer_s``), that time replaces the layer's
-kernels: it holds every small op and launch the kernel sum leaves out.
+kernels: it holds every small op and launch the kernel sum leaves out. The profiler times the
+layer with a dense MLP; an MoE layer adds the modeled difference between its MLP (router,
+routed and shared experts, permutation) and that dense one.
 The output layer (final norm, head, loss) likewise, where the profile timed the runtime's own,
 vocabulary-parallel under tensor parallelism, its collectives counted as its compute; it runs on
 the stage that holds it (``StageParams.holds_output_layer``), the embedding on the stage that
@@ -199,7 +201,11 @@ def _layer_time(
     layer_fwd = dense_fwd + attn_fwd + elem_fwd
     layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
     if measured is not None:  # the profiler timed this model's own layer: everything it launches
-        layer_fwd, layer_bwd = measured
+        fwd, bwd = measured
+        if moe:  # it timed a dense MLP (profiler.layer): add what the experts, router and routing cost beyond it
+            dense = _layer_time(model, training, cluster, layout, None, moe=False)
+            fwd, bwd = fwd + layer_fwd - dense.forward_s, bwd + layer_bwd - dense.backward_s
+        layer_fwd, layer_bwd = fwd, bwd
     recompute = {
         Recompute.NONE: 0.0,
         Recompute.SELECTIVE: 0.0 if work.flash_attention else attn_fwd,

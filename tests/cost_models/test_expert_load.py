@@ -131,3 +131,18 @@ def test_pipeline_stages_sum_their_own_layers() -> None:
     first, second = stage_expert_loads(MOE, layout, _stats(counts))
     assert (first.moe_layers, first.compute_sum, first.compute_max) == (2, pytest.approx(2.0), pytest.approx(1.0))
     assert (second.compute_sum, second.exchange_sum, second.compute_max) == pytest.approx((2.8, 2.8, 1.4))
+
+
+def test_a_measured_layer_gets_the_moe_layers_extra_work() -> None:
+    # The profiler times a layer with a dense MLP (here 1 ms forward, 2 ms backward); an MoE layer
+    # adds the modeled difference of its router, experts and routing over that dense MLP.
+    from cost_models.timing import _layer_time
+
+    layout = _layout(ep=1)
+    dense, moe = (_layer_time(MOE, TRAINING, CLUSTER, layout, None, moe=kind) for kind in (False, True))
+    assert moe.forward_s > dense.forward_s and moe.backward_s > dense.backward_s
+    timed_dense = _layer_time(MOE, TRAINING, CLUSTER, layout, (1e-3, 2e-3), moe=False)
+    timed_moe = _layer_time(MOE, TRAINING, CLUSTER, layout, (1e-3, 2e-3), moe=True)
+    assert (timed_dense.forward_s, timed_dense.backward_s) == (1e-3, 2e-3)
+    assert timed_moe.forward_s == pytest.approx(1e-3 + moe.forward_s - dense.forward_s)
+    assert timed_moe.backward_s == pytest.approx(2e-3 + moe.backward_s - dense.backward_s)
