@@ -7,12 +7,13 @@ final LayerNorm (2h) that the equation leaves out. What one rank of a pipeline s
 """
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 from cost_models.validate import check_stage
 from planner.schemas import Layout, ModelSpec, NormKind, PositionEmbedding
 from planner.schemas.geometry import (
-    chunk_layer_range,
+    chunk_layers,
     holds_embedding,
     holds_output_layer,
     stage_chunks,
@@ -172,10 +173,18 @@ def active_params(model: ModelSpec) -> int:
 def stage_moe_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """MoE layers held by each pipeline rank (``ModelSpec.is_moe_layer`` over its chunks' layers);
     the rest of ``geometry.stage_layers`` are dense."""
-    return tuple(
-        sum(model.moe_layers_in(chunk_layer_range(model, layout, c)) for c in stage_chunks(layout, stage))
-        for stage in range(layout.pipeline_parallel_degree)
-    )
+    chunks = tuple(stage_chunks(layout, stage) for stage in range(layout.pipeline_parallel_degree))
+    return _moe_layers_per_stage(model, chunk_layers(model, layout), chunks)
+
+
+@functools.lru_cache(maxsize=1024)
+def _moe_layers_per_stage(
+    model: ModelSpec, per_chunk: tuple[int, ...], chunks: tuple[tuple[int, ...], ...]
+) -> tuple[int, ...]:
+    """MoE layers of each pipeline rank, given the layers of every chunk and each rank's chunks.
+    Memoized on those: the layouts of a search share a few splits."""
+    first = (0, *itertools.accumulate(per_chunk))  # each chunk's first layer, then the end
+    return tuple(sum(model.moe_layers_in(range(first[c], first[c + 1])) for c in held) for held in chunks)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,9 +231,33 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
     """
     check_stage(layout, stage)
-    t = layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    layers_here, moe_here = stage_layers(model, layout)[stage], stage_moe_layers(model, layout)[stage]
+    return _stage_params(
+        model,
+        layout.tensor_parallel_degree,
+        ep,
+        layout.data_parallel_degree // ep > 1,
+        stage_layers(model, layout)[stage],
+        stage_moe_layers(model, layout)[stage],
+        holds_embedding(layout, stage),
+        holds_output_layer(layout, stage),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params(
+    model: ModelSpec,
+    t: int,
+    ep: int,
+    experts_sharded: bool,
+    layers_here: int,
+    moe_here: int,
+    embedding_here: bool,
+    output_here: bool,
+) -> StageParams:
+    """``stage_params`` of what it reads of the layout: t, ep, whether d / ep > 1, the stage's
+    layers and MoE layers, and which vocabulary layers it holds. Memoized on those: the many
+    layouts of a search that differ in anything else (micro-batch, ZeRO, recompute, ...) share it."""
     dense_here = layers_here - moe_here
     units: list[float] = []
     dense = 0.0
@@ -238,10 +271,9 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         expert_per_layer = moe_layer.mlp
         dense += moe_here * (moe_layer.total - expert_per_layer)
         # Experts replicated over d / ep = 1 ranks are not sharded, so ZeRO-3 gathers none of them.
-        experts_gathered = expert_per_layer if layout.data_parallel_degree // ep > 1 else 0.0
+        experts_gathered = expert_per_layer if experts_sharded else 0.0
         units.append(moe_layer.total - expert_per_layer + experts_gathered)
     word_embedding = model.vocab_size * model.hidden_size / t
-    embedding_here, output_here = holds_embedding(layout, stage), holds_output_layer(layout, stage)
     if embedding_here:
         embedding = word_embedding + (embedding_params(model) - model.vocab_size * model.hidden_size)
         dense += embedding
