@@ -60,12 +60,14 @@ class Evaluator:
         """Per-stage memory of a valid layout; raises InfeasibleConfigError if it cannot run or fit.
 
         The first stage holds the most micro-batches in flight and the embedding, so it is checked
-        alone first: most layouts that do not fit fail there, without pricing the other stages.
+        alone first: most layouts that do not fit fail there, without pricing the other stages
+        (and it is not priced twice: the tuple is ``all_stage_memory``'s, its first entry reused).
         """
         check_layout(self.model, self.training, self.cluster, layout)
         first = stage_memory(self.model, self.training, self.cluster, layout, 0)
         if first.total_bytes <= self.usable_memory_bytes or self._closer(first):
-            memories = all_stage_memory(self.model, self.training, self.cluster, layout)
+            others = range(1, layout.pipeline_parallel_degree)
+            memories = (first, *(stage_memory(self.model, self.training, self.cluster, layout, s) for s in others))
             peak = max(memories, key=lambda mem: mem.total_bytes)
             if peak.total_bytes <= self.usable_memory_bytes:
                 return memories
