@@ -61,6 +61,21 @@ def _curve_time_s(records: list[CollectiveRecord], op: CollectiveOp, message_byt
     return op.volume_factor(n) * message_bytes / busbw
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _Records:
+    """A cluster's collective records as a memo key compared by identity: hashing the records
+    themselves costs more than most of the pricing it saves. Sound because the tuple is immutable
+    and the key holds it, so its identity cannot pass to other records while it is cached."""
+
+    records: tuple[CollectiveRecord, ...]
+
+    def __hash__(self) -> int:
+        return id(self.records)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Records) and other.records is self.records
+
+
 def _matching_records(
     collectives: tuple[CollectiveRecord, ...], op: CollectiveOp, placement: Placement, n: int, per_node: int
 ) -> list[CollectiveRecord]:
@@ -78,7 +93,7 @@ def _matching_records(
 
 @functools.lru_cache(maxsize=4096)
 def _flat_time_s(
-    collectives: tuple[CollectiveRecord, ...],
+    collectives: _Records,
     op: CollectiveOp,
     message_bytes: float,
     n: int,
@@ -86,10 +101,11 @@ def _flat_time_s(
     link: LinkProfile,
 ) -> float:
     """One phase of a collective over ``n`` members at ``placement``: from the profile's records
-    (``collectives``), else a ring over ``link``. Memoized (all inputs are hashable): a search
-    prices the same gradients over the same groups for the many layouts that differ only in
-    micro-batch, recompute or sequence parallelism."""
-    records = _matching_records(collectives, op, placement, n, n if placement is Placement.INTRA_NODE else 1)
+    (``collectives``), else a ring over ``link``. Memoized: a search prices the same gradients
+    over the same groups for the many layouts that differ only in micro-batch, recompute or
+    sequence parallelism."""
+    per_node = n if placement is Placement.INTRA_NODE else 1
+    records = _matching_records(collectives.records, op, placement, n, per_node)
     if records:
         return _curve_time_s(records, op, message_bytes, n)
     steps = 2 * (n - 1) if op is CollectiveOp.ALL_REDUCE else n - 1
@@ -114,9 +130,10 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
     if n <= 1 or message_bytes <= 0:
         return 0.0
     nodes, first_members, k = _node_spread(group.devices, cluster.devices_per_node)
+    records = _Records(cluster.collectives)
     if len(nodes) == 1:
         link = _ring_slowest(cluster.intra_node_links, first_members)
-        return _flat_time_s(cluster.collectives, op, message_bytes, n, Placement.INTRA_NODE, link)
+        return _flat_time_s(records, op, message_bytes, n, Placement.INTRA_NODE, link)
     inter_link = _ring_slowest(cluster.inter_node_links, nodes)
     if op is CollectiveOp.ALL_TO_ALL:
         # Each rank sends (n - k)/n of its buffer off-node over its own rail, the rest over
@@ -125,7 +142,7 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
         off_node_s = (n - k) / n * message_bytes / inter_link.bandwidth_bytes_per_s
         on_node_s = (k - 1) / n * message_bytes / intra_link.bandwidth_bytes_per_s
         return (len(nodes) - 1) * inter_link.latency_s + max(off_node_s, on_node_s)
-    inter_s = _flat_time_s(cluster.collectives, op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link)
+    inter_s = _flat_time_s(records, op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link)
     if k == 1:
         return inter_s
     intra_link = _ring_slowest(cluster.intra_node_links, first_members)
@@ -133,7 +150,7 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
     # all-gather and reduce-scatter need one intra-node phase; all-to-all one as well.
     intra_op = CollectiveOp.REDUCE_SCATTER if op is CollectiveOp.ALL_REDUCE else op
     intra_phases = 2 if op is CollectiveOp.ALL_REDUCE else 1
-    intra_s = _flat_time_s(cluster.collectives, intra_op, message_bytes, k, Placement.INTRA_NODE, intra_link)
+    intra_s = _flat_time_s(records, intra_op, message_bytes, k, Placement.INTRA_NODE, intra_link)
     return intra_phases * intra_s + inter_s
 
 
