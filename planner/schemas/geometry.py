@@ -101,8 +101,13 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """
     if layout.layer_split is not None:
         return layout.layer_split
-    chunks = layout.num_chunks
-    base, extra = divmod(model.num_hidden_layers, chunks)
+    return _even_split(model.num_hidden_layers, layout.num_chunks)
+
+
+@functools.lru_cache(maxsize=256)
+def _even_split(layers: int, chunks: int) -> tuple[int, ...]:
+    """``chunk_layers`` without an explicit split (memoized: a search asks it for every layout)."""
+    base, extra = divmod(layers, chunks)
     receivers = set(range(1, extra + 1)) if extra < chunks else set(range(chunks))
     return tuple(base + (1 if c in receivers else 0) for c in range(chunks))
 
