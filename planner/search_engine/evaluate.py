@@ -10,6 +10,7 @@ the evaluator remembers the closest miss, to explain a search in which nothing f
 recompute and sequence parallelism share: the exhaustive strategy skips what it rules out.
 """
 
+import operator
 from dataclasses import dataclass, fields, replace
 
 from cost_models import groups as grp
@@ -34,7 +35,7 @@ class Miss:
 
 FLOOR_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "sequence_parallel"})
 """Layout fields ``stage_memory_floor`` does not read: layouts differing only in them share a floor."""
-_FLOOR_KEY_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS)
+_floor_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ class Evaluator:
         self.closest_miss: Miss | None = None
         self.ruled_out = 0
         """Layouts ``cannot_fit`` ruled out."""
-        self._floors: dict[tuple[object, ...], float] = {}
+        self._floors: dict[object, float] = {}
 
     def memory(self, layout: Layout) -> tuple[MemoryBreakdown, ...]:
         """Per-stage memory of a valid layout; raises InfeasibleConfigError if it cannot run or fit.
@@ -100,7 +101,7 @@ class Evaluator:
         Memoized over layouts that differ only in ``FLOOR_FREE_FIELDS`` (the inputs are fixed for
         the evaluator's life, and the cost model is pure).
         """
-        key = tuple(getattr(layout, name) for name in _FLOOR_KEY_FIELDS)
+        key = _floor_key(layout)
         floor = self._floors.get(key)
         if floor is None:
             floor = max(
