@@ -14,9 +14,9 @@ from cost_models.validate import check_stage
 from planner.schemas import Layout, ModelSpec, NormKind, PositionEmbedding
 from planner.schemas.geometry import (
     chunk_layers,
+    chunks_of_stage,
     holds_embedding,
     holds_output_layer,
-    stage_chunks,
     stage_layers,
 )
 
@@ -169,22 +169,22 @@ def active_params(model: ModelSpec) -> int:
     return total_params(model) - model.num_moe_layers * inactive
 
 
-@functools.lru_cache(maxsize=4096)
 def stage_moe_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """MoE layers held by each pipeline rank (``ModelSpec.is_moe_layer`` over its chunks' layers);
-    the rest of ``geometry.stage_layers`` are dense."""
-    chunks = tuple(stage_chunks(layout, stage) for stage in range(layout.pipeline_parallel_degree))
-    return _moe_layers_per_stage(model, chunk_layers(model, layout), chunks)
+    the rest of ``geometry.stage_layers`` are dense. Memoized on the split (layouts share a few)."""
+    p, v = layout.pipeline_parallel_degree, layout.virtual_stages
+    return _moe_layers_per_stage(model, chunk_layers(model, layout), p, v)
 
 
 @functools.lru_cache(maxsize=1024)
 def _moe_layers_per_stage(
-    model: ModelSpec, per_chunk: tuple[int, ...], chunks: tuple[tuple[int, ...], ...]
+    model: ModelSpec, per_chunk: tuple[int, ...], stages: int, chunks_per_stage: int
 ) -> tuple[int, ...]:
-    """MoE layers of each pipeline rank, given the layers of every chunk and each rank's chunks.
-    Memoized on those: the layouts of a search share a few splits."""
     first = (0, *itertools.accumulate(per_chunk))  # each chunk's first layer, then the end
-    return tuple(sum(model.moe_layers_in(range(first[c], first[c + 1])) for c in held) for held in chunks)
+    return tuple(
+        sum(model.moe_layers_in(range(first[c], first[c + 1])) for c in chunks_of_stage(stages, chunks_per_stage, s))
+        for s in range(stages)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

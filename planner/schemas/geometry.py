@@ -114,8 +114,12 @@ def _even_split(layers: int, chunks: int) -> tuple[int, ...]:
 
 def stage_chunks(layout: Layout, stage: int) -> tuple[int, ...]:
     """Chunks held by pipeline rank ``stage``: stage, stage + p, stage + 2p, ..."""
-    p = layout.pipeline_parallel_degree
-    return tuple(stage + i * p for i in range(layout.virtual_stages))
+    return chunks_of_stage(layout.pipeline_parallel_degree, layout.virtual_stages, stage)
+
+
+def chunks_of_stage(stages: int, chunks_per_stage: int, stage: int) -> tuple[int, ...]:
+    """``stage_chunks`` of a pipeline of ``stages`` ranks (p) holding ``chunks_per_stage`` (v) each."""
+    return tuple(stage + i * stages for i in range(chunks_per_stage))
 
 
 def chunk_layer_range(model: ModelSpec, layout: Layout, chunk: int) -> range:
@@ -125,14 +129,18 @@ def chunk_layer_range(model: ModelSpec, layout: Layout, chunk: int) -> range:
     return range(first, first + counts[chunk])
 
 
-@functools.lru_cache(maxsize=4096)
 def stage_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """Transformer layers held by each pipeline rank (all its chunks).
 
-    Memoized: every stage's memory and time asks for it, and inputs are immutable.
+    Memoized on the split (every stage's memory and time asks for it, for every layout a search
+    checks, and layouts share a few splits).
     """
-    per_chunk = chunk_layers(model, layout)
-    return tuple(sum(per_chunk[c] for c in stage_chunks(layout, s)) for s in range(layout.pipeline_parallel_degree))
+    return _stage_layers(chunk_layers(model, layout), layout.pipeline_parallel_degree, layout.virtual_stages)
+
+
+@functools.lru_cache(maxsize=1024)
+def _stage_layers(per_chunk: tuple[int, ...], stages: int, chunks_per_stage: int) -> tuple[int, ...]:
+    return tuple(sum(per_chunk[c] for c in chunks_of_stage(stages, chunks_per_stage, s)) for s in range(stages))
 
 
 def embedding_chunk(layout: Layout) -> int:
