@@ -14,6 +14,7 @@ k_v = kv_heads * head_dim, f MLP width, E experts, k experts per token, t tensor
 per element in every dtype. Everything is per rank, per micro-batch, in bytes.
 """
 
+import functools
 from dataclasses import dataclass
 
 from planner.schemas import AttentionKernel, DType, ModelSpec, Recompute
@@ -55,6 +56,7 @@ class LayerActivations:
         return self.norm_inputs_bytes + self.attention_bytes + self.attention_scores_bytes + self.mlp_bytes
 
 
+@functools.lru_cache(maxsize=1024)
 def layer_activations(
     model: ModelSpec,
     *,
@@ -120,7 +122,8 @@ def layer_activations(
             ``expert_parallel.ExpertLoad.compute_factor``); scales the routed experts' terms.
 
     Returns:
-        The layer's activations by group, in bytes, before any recomputation.
+        The layer's activations by group, in bytes, before any recomputation. Memoized (the
+        inputs are immutable): every stage of every layout a search checks asks for it.
     """
     act, t = dtype.bytes, tensor_parallel_degree
     sp = t if sequence_parallel else 1

@@ -13,6 +13,7 @@ moves 1/k of the data over its own network rail. Units: bytes, seconds, bytes/s.
 """
 
 import bisect
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,12 +61,27 @@ def _curve_time_s(records: list[CollectiveRecord], op: CollectiveOp, message_byt
     return op.volume_factor(n) * message_bytes / busbw
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _Records:
+    """A cluster's collective records as a memo key compared by identity: hashing the records
+    themselves costs more than most of the pricing it saves. Sound because the tuple is immutable
+    and the key holds it, so its identity cannot pass to other records while it is cached."""
+
+    records: tuple[CollectiveRecord, ...]
+
+    def __hash__(self) -> int:
+        return id(self.records)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Records) and other.records is self.records
+
+
 def _matching_records(
-    cluster: ClusterProfile, op: CollectiveOp, placement: Placement, n: int, per_node: int
+    collectives: tuple[CollectiveRecord, ...], op: CollectiveOp, placement: Placement, n: int, per_node: int
 ) -> list[CollectiveRecord]:
     """Records of ``op`` (else all-reduce) at ``placement`` for the nearest group shape."""
     for candidate_op in (op, CollectiveOp.ALL_REDUCE):
-        recs = [r for r in cluster.collectives if r.op is candidate_op and r.placement is placement]
+        recs = [r for r in collectives if r.op is candidate_op and r.placement is placement]
         if recs:
             best = min(
                 {(r.group_size, r.members_per_node) for r in recs},
@@ -75,19 +91,37 @@ def _matching_records(
     return []
 
 
+@functools.lru_cache(maxsize=4096)
 def _flat_time_s(
-    cluster: ClusterProfile,
+    collectives: _Records,
     op: CollectiveOp,
     message_bytes: float,
     n: int,
     placement: Placement,
     link: LinkProfile,
 ) -> float:
-    records = _matching_records(cluster, op, placement, n, n if placement is Placement.INTRA_NODE else 1)
+    """One phase of a collective over ``n`` members at ``placement``: from the profile's records
+    (``collectives``), else a ring over ``link``. Memoized: a search prices the same gradients
+    over the same groups for the many layouts that differ only in micro-batch, recompute or
+    sequence parallelism."""
+    per_node = n if placement is Placement.INTRA_NODE else 1
+    records = _matching_records(collectives.records, op, placement, n, per_node)
     if records:
         return _curve_time_s(records, op, message_bytes, n)
     steps = 2 * (n - 1) if op is CollectiveOp.ALL_REDUCE else n - 1
     return steps * link.latency_s + op.volume_factor(n) * message_bytes / link.bandwidth_bytes_per_s
+
+
+@functools.lru_cache(maxsize=16)
+def _node_spread(devices: tuple[int, ...], per_node: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """The nodes a group spans (in ring order), its members' local indices on the first of them,
+    and the most members on any one node. Memoized, few entries (a group can hold thousands of
+    devices): a search prices the same few groups for runs of consecutive layouts."""
+    by_node: dict[int, list[int]] = {}
+    for r in devices:
+        by_node.setdefault(r // per_node, []).append(r % per_node)
+    nodes = tuple(by_node)
+    return nodes, tuple(by_node[nodes[0]]), max(len(v) for v in by_node.values())
 
 
 def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, cluster: ClusterProfile) -> float:
@@ -95,32 +129,28 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
     n = group.size
     if n <= 1 or message_bytes <= 0:
         return 0.0
-    per_node = cluster.devices_per_node
-    by_node: dict[int, list[int]] = {}
-    for r in group.devices:
-        by_node.setdefault(r // per_node, []).append(r % per_node)
-    nodes = tuple(by_node)
-    k = max(len(v) for v in by_node.values())
+    nodes, first_members, k = _node_spread(group.devices, cluster.devices_per_node)
+    records = _Records(cluster.collectives)
     if len(nodes) == 1:
-        link = _ring_slowest(cluster.intra_node_links, tuple(by_node[nodes[0]]))
-        return _flat_time_s(cluster, op, message_bytes, n, Placement.INTRA_NODE, link)
+        link = _ring_slowest(cluster.intra_node_links, first_members)
+        return _flat_time_s(records, op, message_bytes, n, Placement.INTRA_NODE, link)
     inter_link = _ring_slowest(cluster.inter_node_links, nodes)
     if op is CollectiveOp.ALL_TO_ALL:
         # Each rank sends (n - k)/n of its buffer off-node over its own rail, the rest over
         # intra-node links; both proceed at once.
-        intra_link = _ring_slowest(cluster.intra_node_links, tuple(by_node[nodes[0]])) if k > 1 else inter_link
+        intra_link = _ring_slowest(cluster.intra_node_links, first_members) if k > 1 else inter_link
         off_node_s = (n - k) / n * message_bytes / inter_link.bandwidth_bytes_per_s
         on_node_s = (k - 1) / n * message_bytes / intra_link.bandwidth_bytes_per_s
         return (len(nodes) - 1) * inter_link.latency_s + max(off_node_s, on_node_s)
-    inter_s = _flat_time_s(cluster, op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link)
+    inter_s = _flat_time_s(records, op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link)
     if k == 1:
         return inter_s
-    intra_link = _ring_slowest(cluster.intra_node_links, tuple(by_node[nodes[0]]))
+    intra_link = _ring_slowest(cluster.intra_node_links, first_members)
     # All-reduce = reduce-scatter + all-gather inside the node around the inter-node phase;
     # all-gather and reduce-scatter need one intra-node phase; all-to-all one as well.
     intra_op = CollectiveOp.REDUCE_SCATTER if op is CollectiveOp.ALL_REDUCE else op
     intra_phases = 2 if op is CollectiveOp.ALL_REDUCE else 1
-    intra_s = _flat_time_s(cluster, intra_op, message_bytes, k, Placement.INTRA_NODE, intra_link)
+    intra_s = _flat_time_s(records, intra_op, message_bytes, k, Placement.INTRA_NODE, intra_link)
     return intra_phases * intra_s + inter_s
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.comm import Group, slowest_collective_s
+from cost_models.params import stage_moe_layers
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import chunk_layer_range, stage_chunks
@@ -131,6 +132,18 @@ def stage_expert_loads(
     model: ModelSpec, layout: Layout, routing: RoutingStats | None = None
 ) -> tuple[StageExpertLoad, ...]:
     """Every pipeline stage's MoE layers (its chunks' layers, ``ModelSpec.is_moe_layer``) and their loads."""
+    if routing is None and layout.expert_placement is None:  # uniform: every layer balanced (a search's usual case)
+        ep = layout.expert_parallel_degree
+        return tuple(
+            StageExpertLoad(
+                moe_layers=n,
+                compute_sum=float(n),
+                exchange_sum=float(n),
+                compute_max=1.0,
+                sent_pairs_share=n * (ep - 1) / ep,
+            )
+            for n in stage_moe_layers(model, layout)
+        )
     loads = layer_loads(model, layout, routing)
     ordinal = {layer: i for i, layer in enumerate(i for i in range(model.num_hidden_layers) if model.is_moe_layer(i))}
     out = []

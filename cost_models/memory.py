@@ -220,8 +220,39 @@ def stage_memory(
         * (cal.logits_memory_scale if cal else 1.0),
         communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params, load.compute_max)
         * (cal.buffer_memory_scale if cal else 1.0),
-        workspace_bytes=workspace_bytes(cluster) + (cal.memory_overhead_bytes if cal else 0.0),
+        workspace_bytes=_calibrated_workspace_bytes(cluster),
     )
+
+
+def stage_memory_floor(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, stage: int
+) -> MemoryBreakdown:
+    """The terms of ``stage_memory`` that no micro-batch size, recompute or sequence parallelism
+    changes: model states and workspace, the other terms 0.
+
+    Its total is at most ``stage_memory``'s (the terms left at 0 are never negative, and rounding
+    a sum of floats is monotone in each term), so a layout whose floor does not fit does not fit
+    with any micro-batch size, recompute or sequence parallelism: a search prunes with it.
+
+    Raises:
+        SchemaError: ``stage`` is not a pipeline rank of ``layout``.
+    """
+    states = stage_model_states(model, layout, stage_params(model, layout, stage), training.dtype)
+    return MemoryBreakdown(
+        weights_bytes=states.weights_bytes,
+        gradients_bytes=states.gradients_bytes,
+        optimizer_states_bytes=states.optimizer_states_bytes,
+        activations_bytes=0.0,
+        logits_bytes=0.0,
+        communication_buffers_bytes=0.0,
+        workspace_bytes=_calibrated_workspace_bytes(cluster),
+    )
+
+
+def _calibrated_workspace_bytes(cluster: ClusterProfile) -> float:
+    """``workspace_bytes`` plus a calibrated cluster's memory overhead (which may be negative)."""
+    cal = cluster.calibration
+    return workspace_bytes(cluster) + (cal.memory_overhead_bytes if cal else 0.0)
 
 
 def all_stage_memory(

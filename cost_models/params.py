@@ -7,15 +7,16 @@ final LayerNorm (2h) that the equation leaves out. What one rank of a pipeline s
 """
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 from cost_models.validate import check_stage
 from planner.schemas import Layout, ModelSpec, NormKind, PositionEmbedding
 from planner.schemas.geometry import (
-    chunk_layer_range,
+    chunk_layers,
+    chunks_of_stage,
     holds_embedding,
     holds_output_layer,
-    stage_chunks,
     stage_layers,
 )
 
@@ -174,13 +175,21 @@ def active_params(model: ModelSpec) -> int:
     return total_params(model) - model.num_moe_layers * inactive
 
 
-@functools.lru_cache(maxsize=4096)
 def stage_moe_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """MoE layers held by each pipeline rank (``ModelSpec.is_moe_layer`` over its chunks' layers);
-    the rest of ``geometry.stage_layers`` are dense."""
+    the rest of ``geometry.stage_layers`` are dense. Memoized on the split (layouts share a few)."""
+    p, v = layout.pipeline_parallel_degree, layout.virtual_stages
+    return _moe_layers_per_stage(model, chunk_layers(model, layout), p, v)
+
+
+@functools.lru_cache(maxsize=1024)
+def _moe_layers_per_stage(
+    model: ModelSpec, per_chunk: tuple[int, ...], stages: int, chunks_per_stage: int
+) -> tuple[int, ...]:
+    first = (0, *itertools.accumulate(per_chunk))  # each chunk's first layer, then the end
     return tuple(
-        sum(model.moe_layers_in(chunk_layer_range(model, layout, c)) for c in stage_chunks(layout, stage))
-        for stage in range(layout.pipeline_parallel_degree)
+        sum(model.moe_layers_in(range(first[c], first[c + 1])) for c in chunks_of_stage(stages, chunks_per_stage, s))
+        for s in range(stages)
     )
 
 
@@ -228,9 +237,36 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
     """
     check_stage(layout, stage)
-    t = layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    layers_here, moe_here = stage_layers(model, layout)[stage], stage_moe_layers(model, layout)[stage]
+    return _stage_params(
+        model,
+        layout.tensor_parallel_degree,
+        ep,
+        layout.data_parallel_degree // ep > 1,
+        stage_layers(model, layout)[stage],
+        stage_moe_layers(model, layout)[stage],
+        holds_embedding(layout, stage),
+        holds_output_layer(layout, stage),
+        layout.expert_placement.slots_per_rank if layout.expert_placement is not None else None,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params(
+    model: ModelSpec,
+    t: int,
+    ep: int,
+    experts_sharded: bool,
+    layers_here: int,
+    moe_here: int,
+    embedding_here: bool,
+    output_here: bool,
+    slots: int | None,
+) -> StageParams:
+    """``stage_params`` of what it reads of the layout: t, ep, whether d / ep > 1, the stage's
+    layers and MoE layers, which vocabulary layers it holds, and the expert slots per rank of its
+    placement (None: E / ep). Memoized on those: the many layouts of a search that differ in
+    anything else (micro-batch, ZeRO, recompute, ...) share it."""
     dense_here = layers_here - moe_here
     units: list[float] = []
     dense = 0.0
@@ -240,17 +276,15 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         units.append(dense_layer.total)
     expert_per_layer = 0.0
     if moe_here:
-        slots = layout.expert_placement.slots_per_rank if layout.expert_placement is not None else None
         moe_layer = layer_params(
             model, tensor_parallel_degree=t, expert_parallel_degree=ep, moe=True, experts_per_rank=slots
         )
         expert_per_layer = moe_layer.mlp
         dense += moe_here * (moe_layer.total - expert_per_layer)
         # Experts replicated over d / ep = 1 ranks are not sharded, so ZeRO-3 gathers none of them.
-        experts_gathered = expert_per_layer if layout.data_parallel_degree // ep > 1 else 0.0
+        experts_gathered = expert_per_layer if experts_sharded else 0.0
         units.append(moe_layer.total - expert_per_layer + experts_gathered)
     word_embedding = model.vocab_size * model.hidden_size / t
-    embedding_here, output_here = holds_embedding(layout, stage), holds_output_layer(layout, stage)
     if embedding_here:
         embedding = word_embedding + (embedding_params(model) - model.vocab_size * model.hidden_size)
         dense += embedding

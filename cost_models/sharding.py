@@ -28,6 +28,7 @@ single reduction has no backward left to hide behind, and the stage holds what Z
 Units: parameters (elements), bytes, seconds.
 """
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -122,9 +123,14 @@ def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dt
     Returns:
         Weights (gathered buffer included), gradients and optimizer states, in bytes.
     """
-    d = layout.data_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    zero = held_zero_stage(layout)
+    return _model_states(params, layout.data_parallel_degree, ep, held_zero_stage(layout), dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _model_states(params: StageParams, d: int, ep: int, zero: ZeroStage, dtype: DType) -> ModelStates:
+    """``stage_model_states`` of what it reads of the model and layout (memoized on those: the
+    layouts of a search that differ in micro-batch, recompute, schedule, ... share it)."""
     dense = model_state_bytes(params.dense, d, zero, dtype)
     expert = model_state_bytes(params.expert, d // ep, zero, dtype)
     gathered = zero3_gather_buffer_bytes(params.largest_unit, dtype) if zero.shards_parameters and d > 1 else 0.0

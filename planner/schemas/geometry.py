@@ -101,16 +101,25 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """
     if layout.layer_split is not None:
         return layout.layer_split
-    chunks = layout.num_chunks
-    base, extra = divmod(model.num_hidden_layers, chunks)
+    return _even_split(model.num_hidden_layers, layout.num_chunks)
+
+
+@functools.lru_cache(maxsize=256)
+def _even_split(layers: int, chunks: int) -> tuple[int, ...]:
+    """``chunk_layers`` without an explicit split (memoized: a search asks it for every layout)."""
+    base, extra = divmod(layers, chunks)
     receivers = set(range(1, extra + 1)) if extra < chunks else set(range(chunks))
     return tuple(base + (1 if c in receivers else 0) for c in range(chunks))
 
 
 def stage_chunks(layout: Layout, stage: int) -> tuple[int, ...]:
     """Chunks held by pipeline rank ``stage``: stage, stage + p, stage + 2p, ..."""
-    p = layout.pipeline_parallel_degree
-    return tuple(stage + i * p for i in range(layout.virtual_stages))
+    return chunks_of_stage(layout.pipeline_parallel_degree, layout.virtual_stages, stage)
+
+
+def chunks_of_stage(stages: int, chunks_per_stage: int, stage: int) -> tuple[int, ...]:
+    """``stage_chunks`` of a pipeline of ``stages`` ranks (p) holding ``chunks_per_stage`` (v) each."""
+    return tuple(stage + i * stages for i in range(chunks_per_stage))
 
 
 def chunk_layer_range(model: ModelSpec, layout: Layout, chunk: int) -> range:
@@ -120,14 +129,18 @@ def chunk_layer_range(model: ModelSpec, layout: Layout, chunk: int) -> range:
     return range(first, first + counts[chunk])
 
 
-@functools.lru_cache(maxsize=4096)
 def stage_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """Transformer layers held by each pipeline rank (all its chunks).
 
-    Memoized: every stage's memory and time asks for it, and inputs are immutable.
+    Memoized on the split (every stage's memory and time asks for it, for every layout a search
+    checks, and layouts share a few splits).
     """
-    per_chunk = chunk_layers(model, layout)
-    return tuple(sum(per_chunk[c] for c in stage_chunks(layout, s)) for s in range(layout.pipeline_parallel_degree))
+    return _stage_layers(chunk_layers(model, layout), layout.pipeline_parallel_degree, layout.virtual_stages)
+
+
+@functools.lru_cache(maxsize=1024)
+def _stage_layers(per_chunk: tuple[int, ...], stages: int, chunks_per_stage: int) -> tuple[int, ...]:
+    return tuple(sum(per_chunk[c] for c in chunks_of_stage(stages, chunks_per_stage, s)) for s in range(stages))
 
 
 def embedding_chunk(layout: Layout) -> int:

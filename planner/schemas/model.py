@@ -7,6 +7,7 @@ Qwen3-MoE, DeepSeek-V2 and DeepSeek-V3 models (``modeling_*.py``): every one def
 a dense Llama/GPT-style model means, so a dense config reads as before.
 """
 
+import functools
 from typing import Self
 
 from pydantic import Field, model_validator
@@ -118,7 +119,7 @@ class ModelSpec(FrozenModel):
             )
         if self.topk_group is not None and self.topk_group > (self.n_group or 1):
             raise SchemaError(f"topk_group={self.topk_group} exceeds n_group={self.n_group}; lower topk_group")
-        if self.is_moe and self.num_moe_layers == 0:
+        if self.is_moe and not any(self.is_moe_layer(i) for i in range(self.num_hidden_layers)):
             raise SchemaError(
                 f"model has {self.num_local_experts} experts but no MoE layer (first_k_dense_replace="
                 f"{self.first_k_dense_replace}, mlp_only_layers, decoder_sparse_step={self.decoder_sparse_step}); "
@@ -181,6 +182,9 @@ class ModelSpec(FrozenModel):
 
     def moe_layers_in(self, layers: range) -> int:
         """How many of ``layers`` are MoE layers."""
+        if layers.step == 1 and layers.start >= 0 and layers.stop <= self.num_hidden_layers:
+            before = _moe_layers_before(self)
+            return before[layers.stop] - before[layers.start] if layers.start < layers.stop else 0
         return sum(1 for i in layers if self.is_moe_layer(i))
 
     @property
@@ -191,10 +195,11 @@ class ModelSpec(FrozenModel):
     @property
     def mlp_widths(self) -> tuple[int, ...]:
         """Every MLP width the model's layers use (tensor parallelism must divide each)."""
-        widths = {self.expert_ffn_size} if self.num_moe_layers else set()
-        if self.num_moe_layers < self.num_hidden_layers:
+        moe_layers = self.num_moe_layers
+        widths = {self.expert_ffn_size} if moe_layers else set()
+        if moe_layers < self.num_hidden_layers:
             widths.add(self.ffn_size)
-        if self.num_moe_layers and self.shared_ffn_size:
+        if moe_layers and self.shared_ffn_size:
             widths.add(self.shared_ffn_size)
         return tuple(sorted(widths))
 
@@ -214,3 +219,16 @@ class ModelSpec(FrozenModel):
     def v_head_size(self) -> int:
         """Width of one value head: v_head_dim under MLA, else head_size."""
         return (self.v_head_dim or self.head_size) if self.is_mla else self.head_size
+
+
+@functools.lru_cache(maxsize=64)
+def _moe_layers_before(model: ModelSpec) -> tuple[int, ...]:
+    """MoE layers among layers 0 .. i - 1, for i = 0 .. num_hidden_layers (``is_moe_layer``).
+
+    Memoized per model (it is immutable and hashable): a search counts the MoE layers of every
+    stage of tens of thousands of layouts, and ``moe_layers_in`` is then two lookups.
+    """
+    before = [0]
+    for i in range(model.num_hidden_layers):
+        before.append(before[-1] + model.is_moe_layer(i))
+    return tuple(before)

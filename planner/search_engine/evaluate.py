@@ -4,13 +4,18 @@ An Evaluator checks a layout against the model and cluster, checks memory first 
 prices time only for layouts that fit within the usable memory (capacity less a stated safety
 margin for allocator fragmentation). A layout that does not fit raises InfeasibleConfigError;
 the evaluator remembers the closest miss, to explain a search in which nothing fits.
+
+``Evaluator.cannot_fit`` answers cheaper still, from the model states and workspace alone
+(``cost_models.memory.stage_memory_floor``), which layouts differing only in micro-batch size,
+recompute and sequence parallelism share: the exhaustive strategy skips what it rules out.
 """
 
+import operator
 from dataclasses import dataclass, fields, replace
 
 from cost_models import groups as grp
 from cost_models.estimate import estimate
-from cost_models.memory import all_stage_memory, stage_memory
+from cost_models.memory import all_stage_memory, stage_memory, stage_memory_floor
 from cost_models.timing import stage_times
 from cost_models.validate import check_layout
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
@@ -26,6 +31,11 @@ class Miss:
 
     layout: Layout
     memory: MemoryBreakdown
+
+
+FLOOR_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "sequence_parallel"})
+"""Layout fields ``stage_memory_floor`` does not read: layouts differing only in them share a floor."""
+_floor_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +68,25 @@ class Evaluator:
         self.memory_margin = memory_margin
         self.evaluations = 0
         self.closest_miss: Miss | None = None
+        self.ruled_out = 0
+        """Layouts ``cannot_fit`` ruled out."""
+        self._floors: dict[object, float] = {}
 
     def memory(self, layout: Layout) -> tuple[MemoryBreakdown, ...]:
         """Per-stage memory of a valid layout; raises InfeasibleConfigError if it cannot run or fit.
 
         The first stage holds the most micro-batches in flight and the embedding, so it is checked
-        alone first: most layouts that do not fit fail there, without pricing the other stages.
+        alone first: most layouts that do not fit fail there, without pricing the other stages
+        (and it is not priced twice: the tuple is ``all_stage_memory``'s, its first entry reused).
         """
         check_layout(self.model, self.training, self.cluster, layout)
         first = stage_memory(self.model, self.training, self.cluster, layout, 0, self.routing)
         if first.total_bytes <= self.usable_memory_bytes or self._closer(first):
-            memories = all_stage_memory(self.model, self.training, self.cluster, layout, self.routing)
+            others = range(1, layout.pipeline_parallel_degree)
+            memories = (
+                first,
+                *(stage_memory(self.model, self.training, self.cluster, layout, s, self.routing) for s in others),
+            )
             peak = max(memories, key=lambda mem: mem.total_bytes)
             if peak.total_bytes <= self.usable_memory_bytes:
                 return memories
@@ -82,6 +100,37 @@ class Evaluator:
             needed_bytes=peak.total_bytes,
             usable_bytes=self.usable_memory_bytes,
         )
+
+    def memory_floor_bytes(self, layout: Layout) -> float:
+        """The largest stage's ``stage_memory_floor`` total: a lower bound of the layout's peak memory.
+
+        Memoized over layouts that differ only in ``FLOOR_FREE_FIELDS`` (the inputs are fixed for
+        the evaluator's life, and the cost model is pure).
+        """
+        key = _floor_key(layout)
+        floor = self._floors.get(key)
+        if floor is None:
+            floor = max(
+                stage_memory_floor(self.model, self.training, self.cluster, layout, s).total_bytes
+                for s in range(layout.pipeline_parallel_degree)
+            )
+            self._floors[key] = floor
+        return floor
+
+    def cannot_fit(self, layout: Layout) -> bool:
+        """Whether the layout certainly does not fit, and evaluating it would not change the
+        closest miss either: its memory floor exceeds the usable memory and is no less than the
+        closest miss so far (none yet: False). Evaluating such a layout would raise
+        DoesNotFitError and change nothing, so a strategy may skip it; this is cheap (model
+        states only, memoized). Counts what it rules out in ``ruled_out``.
+        """
+        if self.closest_miss is None:
+            return False
+        floor = self.memory_floor_bytes(layout)
+        if floor > self.usable_memory_bytes and floor >= self.closest_miss.memory.total_bytes:
+            self.ruled_out += 1
+            return True
+        return False
 
     def _closer(self, memory: MemoryBreakdown) -> bool:
         return self.closest_miss is None or memory.total_bytes < self.closest_miss.memory.total_bytes

@@ -3,7 +3,9 @@
 Every candidate group of the space's axes (``SearchSpace.groups``: layouts that differ only in
 recomputation) is tried in order of increasing recomputation; the first that fits dominates the
 rest of its group (same layout, more time, less memory), so they are not priced. Memory is
-checked before time.
+checked before time, and before memory the model states alone (``Evaluator.cannot_fit``): a
+layout they rule out is counted as asked, as if evaluated, but costs a memoized look-up, so the
+result (the closest miss included) and the budget's meaning are those of evaluating it.
 """
 
 import time
@@ -33,6 +35,8 @@ class ExhaustiveSearch:
                     complete = False
                     break
                 asked += 1
+                if evaluate.cannot_fit(layout):
+                    continue
                 try:
                     found.append(Candidate(layout, evaluate(layout)))
                     break

@@ -239,5 +239,6 @@ class SearchSpace:
             yield from group
 
     def size(self) -> int:
-        """Number of candidates."""
-        return sum(len(g) for g in self.groups())
+        """Number of candidates (counted from the choices, without building the layouts)."""
+        *outer, last = AXES
+        return sum(len(last.choices(self, chosen)) for chosen in self.assignments(outer))
