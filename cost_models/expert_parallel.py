@@ -133,17 +133,7 @@ def stage_expert_loads(
 ) -> tuple[StageExpertLoad, ...]:
     """Every pipeline stage's MoE layers (its chunks' layers, ``ModelSpec.is_moe_layer``) and their loads."""
     if routing is None and layout.expert_placement is None:  # uniform: every layer balanced (a search's usual case)
-        ep = layout.expert_parallel_degree
-        return tuple(
-            StageExpertLoad(
-                moe_layers=n,
-                compute_sum=float(n),
-                exchange_sum=float(n),
-                compute_max=1.0,
-                sent_pairs_share=n * (ep - 1) / ep,
-            )
-            for n in stage_moe_layers(model, layout)
-        )
+        return _uniform_loads(stage_moe_layers(model, layout), layout.expert_parallel_degree)
     loads = layer_loads(model, layout, routing)
     ordinal = {layer: i for i, layer in enumerate(i for i in range(model.num_hidden_layers) if model.is_moe_layer(i))}
     out = []
@@ -164,6 +154,21 @@ def stage_expert_loads(
             )
         )
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _uniform_loads(moe_layers: tuple[int, ...], ep: int) -> tuple[StageExpertLoad, ...]:
+    """Balanced MoE layers, ``moe_layers[s]`` of them on stage s."""
+    return tuple(
+        StageExpertLoad(
+            moe_layers=n,
+            compute_sum=float(n),
+            exchange_sum=float(n),
+            compute_max=1.0,
+            sent_pairs_share=n * (ep - 1) / ep,
+        )
+        for n in moe_layers
+    )
 
 
 def routed_pairs(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
