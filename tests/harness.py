@@ -1,6 +1,9 @@
-"""Run a function on N gloo ranks forked from the test process (FileStore rendezvous: no ports),
-collect rank 0's JSON result, and on failure show every rank's output."""
+"""Test harnesses: run a function on N gloo ranks forked from the test process (FileStore
+rendezvous: no ports), collect rank 0's JSON result, and on failure show every rank's output;
+run the ``planner`` command line in the test process, as its console script runs it."""
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -10,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -49,3 +53,26 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, workdir: Path) -> 
         )
         raise AssertionError(f"a rank failed: {e}\n{logs}") from e
     return json.loads((workdir / "result.json").read_text())
+
+
+def planner_main(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``planner ARGS`` run by ``planner.cli.main`` in this process,
+    as the console script runs it (a PlannerError: one line on stderr, exit code 2), without the
+    seconds a fresh interpreter takes to import torch. Any other exception propagates, traceback
+    and all. The commands that end with ``os._exit`` (profile, run) raise SystemExit here instead,
+    so that a command that should have refused its input cannot end the test process. The logging
+    setup is left out (it changes the process's loggers; tests/planner/test_cli.py checks it)."""
+    import planner.cli
+    import planner.cli.cluster_commands
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(planner.cli.cluster_commands, "_exit_now", exit_now)
+    monkeypatch.setattr(planner.cli, "_configure_logging", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["planner", *args])
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exited:
+        planner.cli.main()
+    code = exited.value.code
+    return code if isinstance(code, int) else (0 if code is None else 1), out.getvalue(), err.getvalue()
