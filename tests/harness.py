@@ -1,15 +1,20 @@
-"""Run a function on N gloo ranks forked from the test process (FileStore rendezvous: no ports),
-collect rank 0's JSON result, and on failure show every rank's output."""
+"""Test harnesses: run a function on N gloo ranks forked from the test process (FileStore
+rendezvous: no ports), collect rank 0's JSON result, and on failure show every rank's output;
+run the ``planner`` command line in the test process, as its console script runs it."""
 
+import contextlib
+import io
 import json
+import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -49,3 +54,53 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, workdir: Path) -> 
         )
         raise AssertionError(f"a rank failed: {e}\n{logs}") from e
     return json.loads((workdir / "result.json").read_text())
+
+
+@contextlib.contextmanager
+def _cli_logging() -> Iterator[None]:
+    """Let ``planner.cli.main`` set up logging as it does in its own process (its handler then
+    writes to the redirected stderr), and put this process's logging back afterwards."""
+    import optuna
+
+    root, names = logging.getLogger(), ("planner", "profiler", "runtime")
+    handlers, level, levels = root.handlers[:], root.level, [logging.getLogger(n).level for n in names]
+    verbosity = optuna.logging.get_verbosity()
+    root.handlers.clear()  # basicConfig configures only a root without handlers
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, was in zip(names, levels, strict=True):
+            logging.getLogger(name).setLevel(was)
+        optuna.logging.set_verbosity(verbosity)
+
+
+def planner_main(args: list[str], monkeypatch: pytest.MonkeyPatch, *, cwd: Path | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``planner ARGS`` run by ``planner.cli.main`` in this process
+    (in ``cwd``, on a 200-column terminal), as the console script runs it: a PlannerError is one
+    line on stderr and exit code 2, the library's log lines are on stderr. It saves the seconds a
+    fresh interpreter takes to import torch. Any other exception propagates, traceback and all.
+    The commands that end with ``os._exit`` (profile, run) raise SystemExit here instead, so that
+    a command that should have refused its input cannot end the test process."""
+    import planner.cli
+    import planner.cli.cluster_commands
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(planner.cli.cluster_commands, "_exit_now", exit_now)
+    monkeypatch.setattr(sys, "argv", ["planner", *args])
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        _cli_logging(),
+        pytest.raises(SystemExit) as exited,
+    ):
+        planner.cli.main()
+    code = exited.value.code
+    return code if isinstance(code, int) else (0 if code is None else 1), out.getvalue(), err.getvalue()

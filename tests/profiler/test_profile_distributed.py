@@ -1,8 +1,10 @@
 """`planner profile` under torchrun on 4 gloo ranks: a complete profile that the cost models
 use, an injected slow link found, and faults that end every rank with the culprit named.
 
-Each test launches one torchrun job (standalone rendezvous on a free port); on failure it prints
-the whole job's output, every rank's lines labelled by torchrun's --tee.
+Each torchrun job (standalone rendezvous on a free port) costs seconds of start-up, so one job
+serves the complete profile and the slow link on one node (``quick_profile``); each other test
+launches its own. On failure a test prints the whole job's output, every rank's lines labelled by
+torchrun's --tee.
 """
 
 import json
@@ -14,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from harness import planner_main
 
 from cost_models.estimate import estimate
 from planner.inputs import load_cluster, load_model
@@ -51,13 +54,22 @@ def _profile(tmp_path: Path, *extra: str) -> tuple[ClusterProfile, str]:
     return load_cluster(str(out)), output
 
 
-def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> None:
-    profile, output = _profile(tmp_path, "--model", "tiny-gpt", "--seq-len", "128", "--dtype", "bf16")
+@pytest.fixture(scope="module")
+def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClusterProfile, str]:
+    """One quick profile with tiny-gpt's layers in bf16 and the link between ranks 1 and 2 slowed
+    (the delay is in the link phase's transfers only: collectives and ops are as measured)."""
+    model = ("--model", "tiny-gpt", "--seq-len", "128", "--dtype", "bf16")
+    return _profile(tmp_path_factory.mktemp("quick"), *model, "--inject-link-delay", "1,2,0.05")
+
+
+def test_quick_profile_is_complete_and_drives_the_estimate(quick_profile: tuple[ClusterProfile, str]) -> None:
+    profile, output = quick_profile
     assert profile.world_size == 4 and profile.provenance.kind == "measured", output
     links = [profile.intra_node_links.link(i, j) for i in range(4) for j in range(4) if i != j]
     assert all(link.bandwidth_bytes_per_s > 0 and link.latency_s > 0 for link in links)
     # At the large size, moving the bytes takes longer than the latency (on the typical link: one
-    # link's latency can be an outlier when the machine is busy, seen at 1.8 ms against 1.6 ms).
+    # link's latency can be an outlier when the machine is busy, seen at 1.8 ms against 1.6 ms;
+    # the slowed link's two directions are 2 of the 12).
     size = float(profile.provenance.settings["bandwidth_bytes"])
     assert statistics.median(link.latency_s for link in links) < statistics.median(
         size / link.bandwidth_bytes_per_s for link in links
@@ -111,16 +123,19 @@ def test_quick_profile_is_complete_and_drives_the_estimate(tmp_path: Path) -> No
 
 
 def test_injected_slow_link_is_the_slowest_pair(tmp_path: Path) -> None:
-    profile, output = _profile(tmp_path, "--inject-link-delay", "1,2,0.05", "--simulate-nodes", "2")
+    # Ops in fp32 only (half the op phase; the quick profile above times bf16): the links and
+    # collectives are what this test reads.
+    profile, output = _profile(tmp_path, "--inject-link-delay", "1,2,0.05", "--simulate-nodes", "2", "--dtype", "fp32")
     assert (profile.num_nodes, profile.devices_per_node) == (2, 2), output
     # Ranks 1 and 2 sit on different (simulated) nodes, so the node link keeps their slowness.
     inter = profile.inter_node_links.link(0, 1).bandwidth_bytes_per_s
     assert inter < profile.intra_node_links.link(0, 1).bandwidth_bytes_per_s, output
     assert any(r.members_per_node == 1 and r.placement == "inter_node" for r in profile.collectives)
+    assert {r.dtype for r in profile.device.matmul_records} == {DType.FP32}
 
 
-def test_injected_slow_link_on_one_node(tmp_path: Path) -> None:
-    profile, output = _profile(tmp_path, "--inject-link-delay", "1,2,0.05")
+def test_injected_slow_link_on_one_node(quick_profile: tuple[ClusterProfile, str]) -> None:
+    profile, output = quick_profile
     links = profile.intra_node_links
     pairs = {(i, j): links.link(i, j).bandwidth_bytes_per_s for i in range(4) for j in range(4) if i != j}
     slowest = sorted(pairs, key=lambda p: pairs[p])[:2]
@@ -142,7 +157,9 @@ def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, fault: str, ph
         load_cluster(str(out))
 
 
-def test_outside_torchrun_is_a_clear_error() -> None:
-    proc = subprocess.run([sys.executable, "-m", "planner", "profile"], capture_output=True, text=True, check=False)
-    assert proc.returncode == 2
-    assert "torchrun --nproc-per-node N -m planner profile" in proc.stderr and "Traceback" not in proc.stderr
+def test_outside_torchrun_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    code, _, err = planner_main(["profile"], monkeypatch)
+    assert code == 2
+    assert "torchrun --nproc-per-node N -m planner profile" in err and "Traceback" not in err

@@ -3,6 +3,7 @@ match within 1e-5 (SGD, so parameters stay in step exactly; float32 on CPU).
 
 One launch per world size checks many layouts, amortizing process start-up (field notes)."""
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ def L(d: int, t: int, p: int, b: int, **kw: Any) -> dict[str, Any]:
     return dict(data_parallel_degree=d, tensor_parallel_degree=t, pipeline_parallel_degree=p, micro_batch_size=b, **kw)
 
 
+@functools.cache
+def reference_of(model: ModelSpec) -> list[float]:
+    """The single-process reference's losses (computed once per model: several tests compare with them)."""
+    return reference_losses(model, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR)
+
+
 def train(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
     """Each layout's losses for STEPS steps (runs on every rank)."""
     results = []
@@ -56,9 +63,7 @@ def train(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
 
 
 def check(model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path) -> None:
-    reference = reference_losses(
-        model, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
-    )
+    reference = reference_of(model)
     results = run_ranks(world, train, model, layouts, workdir=tmp_path)
     for kw, losses in zip(layouts, results, strict=True):
         assert losses == pytest.approx(reference, abs=TOLERANCE), kw
@@ -161,9 +166,7 @@ def test_four_ranks_device_map_trains_as_the_identity(tmp_path: Path) -> None:
     ]
     identity = [{**kw, "device_map": DeviceMap()} for kw in mapped]
     results = run_ranks(4, train_placed, GPT, identity + mapped, workdir=tmp_path)
-    reference = reference_losses(
-        GPT, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
-    )
+    reference = reference_of(GPT)
     for kw, same, placed in zip(mapped, results[: len(mapped)], results[len(mapped) :], strict=True):
         assert placed == pytest.approx(same, abs=1e-6), kw
         assert placed == pytest.approx(reference, abs=TOLERANCE), kw
@@ -189,9 +192,7 @@ def train_mixed(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[fl
 
 
 def test_mixed_precision_stays_within_bf16_rounding_of_the_reference(tmp_path: Path) -> None:
-    reference = reference_losses(
-        GPT, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
-    )
+    reference = reference_of(GPT)
     layouts = [
         L(4, 1, 1, 2),
         L(4, 1, 1, 2, zero_stage=1),

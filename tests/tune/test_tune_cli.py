@@ -1,9 +1,11 @@
 """`planner tune` end to end on a local 2-rank CPU cluster: real jobs, one made to crash; the
 crash is recorded and the tuner goes on; the calibration lands in the profile; a second tune
-runs nothing; `planner validate` shows the stored study."""
+runs nothing; `planner validate` shows the stored study.
+
+The `planner` commands run in the test process (harness.planner_main, in the test's directory):
+the plans' jobs are the real processes, the launcher starts them."""
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -11,19 +13,19 @@ from pathlib import Path
 
 import pytest
 from conftest import cpu_cluster
+from harness import planner_main
 
 from planner.inputs import load_cluster, save_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(300)]
-PLANNER = [sys.executable, "-m", "planner"]
 
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([*PLANNER, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=280, check=False)
+def _run(args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
+    code, out, err = planner_main(args, monkeypatch, cwd=cwd)
+    return subprocess.CompletedProcess(["planner", *args], code, out, err)
 
 
-def test_tune_records_a_crash_calibrates_and_resumes(tmp_path: Path) -> None:
+def test_tune_records_a_crash_calibrates_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save_cluster(cpu_cluster(2), tmp_path / "cluster.json")
     save_cluster(cpu_cluster(2), tmp_path / "measured.json")  # the same profile, to stay uncalibrated
     # The second job crashes; the others run torchrun of this interpreter on this machine.
@@ -38,7 +40,7 @@ def test_tune_records_a_crash_calibrates_and_resumes(tmp_path: Path) -> None:
         *("-m", "tiny-gpt", "-c", "cluster.json", "--global-batch-size", "8", "--seq-len", "32"),
         *("--top-k", "4", "--steps", "3", "--launcher", launcher, "--output", "best.json"),
     ]
-    first = _run(args, tmp_path)
+    first = _run(args, tmp_path, monkeypatch)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "failed: exit code 7: RuntimeError: injected crash" in first.stdout
     assert "4 plans run now, 4 in all" in first.stdout
@@ -55,18 +57,18 @@ def test_tune_records_a_crash_calibrates_and_resumes(tmp_path: Path) -> None:
     # The same tune again (on the uncalibrated copy, so that the search ranks as before) finds
     # every plan finished, the crashed one included, and runs nothing.
     again = [a if a != "cluster.json" else "measured.json" for a in args]
-    second = _run([*again, "--no-calibrate"], tmp_path)
+    second = _run([*again, "--no-calibrate"], tmp_path, monkeypatch)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "0 plans run now, 4 in all" in second.stdout
     assert (tmp_path / "jobs").read_text().strip() == "4"
 
-    shown = _run(["validate", "--plot", "again.png"], tmp_path)
+    shown = _run(["validate", "--plot", "again.png"], tmp_path, monkeypatch)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "Spearman rank correlation" in shown.stdout and (tmp_path / "again.png").exists()
 
 
-def test_tune_on_a_preset_needs_a_place_for_the_calibration(tmp_path: Path) -> None:
+def test_tune_on_a_preset_needs_a_place_for_the_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = ["tune", "-m", "tiny-gpt", "-c", "dgx-h100:1", "--global-batch-size", "8", "--seq-len", "32"]
-    result = _run(args, tmp_path)
+    result = _run(args, tmp_path, monkeypatch)
     assert result.returncode == 2
     assert "--save-calibration PATH" in result.stderr and not (tmp_path / "tune.db").exists()
