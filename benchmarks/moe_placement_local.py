@@ -9,10 +9,12 @@
    each, their ratio, and the predicted ratio; beside it the hottest rank's routed tokens of each.
 
 The target (issue 13) is a lower measured step time for the placed plan. An untrained router on
-synthetic tokens routes close to uniformly, so the gain here is bounded by how hot round-robin's
-hottest rank is on the captured trace (printed); this benchmark reports what it measures.
+uniform random tokens routes close to uniformly, so no placement can gain there; with
+``--zipf S`` the runs train on tokens drawn with Zipf exponent S over the vocabulary (text's
+token frequencies are Zipf-like, S about 1), which the router turns into hot experts. The gain
+is bounded by how hot round-robin's hottest rank is on the captured trace (printed).
 
-Run: .venv/bin/python benchmarks/moe_placement_local.py [--cluster out/cluster.json] [--repeats 3]
+Run: .venv/bin/python benchmarks/moe_placement_local.py [--cluster out/cluster.json] [--repeats 3] [--zipf 1.2]
 (without --cluster it profiles the machine first, as the README's main job does; keep the
 machine otherwise idle). Writes out/moe-placement/.
 """
@@ -25,6 +27,8 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from planner import api
 from planner.plans import make_plan, save_plan
@@ -45,9 +49,10 @@ LAYOUT = Layout(
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "planner"]
 
 
-def _run(plan: Path, report: Path, steps: int, trace: Path | None = None) -> float:
+def _run(plan: Path, report: Path, steps: int, data: Path | None, trace: Path | None = None) -> float:
     cmd = [*TORCHRUN, "run", str(plan), "--steps", str(steps), "--report", str(report)]
     cmd += ["--trace-routing", str(trace)] if trace else []
+    cmd += ["--data", str(data)] if data else []
     subprocess.run(cmd, check=True, capture_output=True)
     return float(json.loads(report.read_text())["measured_step_time_s"])
 
@@ -58,6 +63,7 @@ def main() -> None:
     parser.add_argument("--cluster", help="a profile of this machine as 4 ranks (default: measure one)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--zipf", type=float, default=0.0, help="token frequency exponent (0: uniform tokens)")
     args = parser.parse_args()
     workdir = Path("out/moe-placement")
     shutil.rmtree(workdir, ignore_errors=True)
@@ -67,6 +73,12 @@ def main() -> None:
         profile = ["profile", "--output", cluster_path, "--quick", "--model", "tiny-moe", "--seq-len", "128"]
         subprocess.run([*TORCHRUN, *profile, "--dtype", "bf16"], check=True, capture_output=True)
     model, cluster = api.load_model("tiny-moe"), api.load_cluster(cluster_path)
+    data = None
+    if args.zipf > 0:
+        data = workdir / "tokens.u16"
+        weights = np.arange(1, model.vocab_size + 1, dtype=np.float64) ** -args.zipf
+        rng = np.random.default_rng(0)
+        rng.choice(model.vocab_size, size=400_000, p=weights / weights.sum()).astype(np.uint16).tofile(data)
 
     def plan_of(layout: Layout, name: str, routing_trace: Path | None = None) -> Path:
         estimate = api.estimate(model, cluster, TRAINING, layout, routing_trace=routing_trace)
@@ -75,7 +87,7 @@ def main() -> None:
         return path
 
     trace = workdir / "routing.npz"
-    _run(plan_of(LAYOUT, "contiguous"), workdir / "capture.json", 4, trace)
+    _run(plan_of(LAYOUT, "contiguous"), workdir / "capture.json", 4, data, trace)
     stats = load_routing_stats(trace, model)
     nodes = expert_rank_nodes(LAYOUT, cluster.devices_per_node)
     placements = {
@@ -86,8 +98,10 @@ def main() -> None:
     measured: dict[str, list[float]] = {name: [] for name in plans}
     for r in range(args.repeats):
         for name in plans if r % 2 == 0 else reversed(list(plans)):
-            measured[name].append(_run(plans[name], workdir / f"{name}-{r}.json", args.steps))
-    print(f"tiny-moe dp4 ep2, gbs {TRAINING.global_batch_size}, seq {TRAINING.seq_len}, {args.repeats} runs each")
+            measured[name].append(_run(plans[name], workdir / f"{name}-{r}.json", args.steps, data))
+    tokens = f"Zipf {args.zipf} tokens" if data else "uniform random tokens"
+    batch = f"gbs {TRAINING.global_batch_size}, seq {TRAINING.seq_len}"
+    print(f"tiny-moe dp4 ep2, {batch}, {tokens}, {args.repeats} runs each")
     for name, placement in placements.items():
         metrics = placement_metrics(stats, placement, nodes)
         predicted = json.loads(plans[name].read_text())["estimate"]["step_time_s"]
