@@ -42,7 +42,7 @@ from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_lo
 from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import tensor_parallel_layer_s
-from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import ClusterProfile, DeviceProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import stage_layers
 from planner.schemas.routing import RoutingStats
 
@@ -99,7 +99,7 @@ def stage_times(
     measured = measured_layer_s(
         dev, model.name, dt, layout.tensor_parallel_degree, layout.micro_batch_size, training.seq_len
     )
-    kinds = {moe: _layer_time(model, training, cluster, layout, measured, moe=moe) for moe in _layer_kinds(model)}
+    kinds = {moe: _shared_layer_time(model, training, cluster, layout, measured, moe) for moe in _layer_kinds(model)}
 
     tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, measured)
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
@@ -174,6 +174,43 @@ def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
 def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
     """Which kinds of layer the model has: dense (False), MoE (True) or both."""
     return tuple(sorted({model.is_moe_layer(i) for i in range(model.num_hidden_layers)}))
+
+
+_LAYER_TIMES: dict[tuple[object, ...], tuple[DeviceProfile, "_LayerTime"]] = {}
+"""``_layer_time`` by what it reads: a search's many layouts share few (t, b, sp, ep, recompute)."""
+
+
+def _shared_layer_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    measured: tuple[float, float] | None,
+    moe: bool,
+) -> "_LayerTime":
+    """``_layer_time``, memoized on what it reads of the layout and on the device object (held in
+    the entry, so its id is not reused while the entry lives)."""
+    device = cluster.device
+    key = (
+        model,
+        training,
+        id(device),
+        layout.tensor_parallel_degree,
+        layout.micro_batch_size,
+        layout.sequence_parallel,
+        layout.expert_parallel_degree,
+        layout.recompute,
+        measured,
+        moe,
+    )
+    hit = _LAYER_TIMES.get(key)
+    if hit is not None and hit[0] is device:
+        return hit[1]
+    value = _layer_time(model, training, cluster, layout, measured, moe=moe)
+    if len(_LAYER_TIMES) >= 4096:
+        _LAYER_TIMES.clear()
+    _LAYER_TIMES[key] = (device, value)
+    return value
 
 
 def _layer_time(
