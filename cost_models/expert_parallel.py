@@ -33,7 +33,6 @@ import numpy as np
 from cost_models.comm import Group, slowest_collective_s
 from cost_models.params import stage_moe_layers
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
-from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import chunk_layer_range, stage_chunks
 from planner.schemas.routing import ExpertPlacement, RoutingStats
 
@@ -85,11 +84,8 @@ def layer_loads(model: ModelSpec, layout: Layout, routing: RoutingStats | None =
     ep, layers, experts = layout.expert_parallel_degree, model.num_moe_layers, model.num_local_experts
     if not layers:
         return ()
-    if routing is not None and (routing.num_layers, routing.num_experts) != (layers, experts):
-        raise SchemaError(
-            f"the routing trace has {routing.num_layers} MoE layers of {routing.num_experts} experts; "
-            f"{model.name!r} has {layers} of {experts}: use a trace of this model"
-        )
+    if routing is not None:
+        routing.check_model(model)
     if ep == 1:
         return (BALANCED,) * layers
     placement = layout.expert_placement
@@ -112,11 +108,9 @@ def _loads(routing: RoutingStats | None, placement: ExpertPlacement) -> tuple[Ex
     balanced = (ep - 1) / ep
     out = []
     for layer in range(placement.num_layers):
-        hosted = np.zeros((experts, ep))
-        for rank, ids in enumerate(placement.slots[layer]):
-            hosted[list(ids), rank] = 1.0
-        kept = shares[layer] @ hosted  # K_q / P
-        load = ep * (shares[layer] @ (hosted / hosted.sum(axis=1, keepdims=True)))  # L_q / P
+        share = placement.share(layer)  # (E, ep): 1 / c_e on each rank hosting e
+        kept = shares[layer] @ (share > 0)  # K_q / P
+        load = ep * (shares[layer] @ share)  # L_q / P
         busiest = max(float((1.0 - kept).max()), float((load - kept).max()))
         out.append(
             ExpertLoad(

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from cost_models.groups import expert_groups
 from planner.schemas import ExpertPlacement, Layout, ModelSpec, PlacementMetrics, RoutingStats
-from planner.schemas.errors import SchemaError
 from planner.schemas.routing import placement_metrics
 
 
@@ -63,11 +62,7 @@ def compare_placements(
     """
     if not placement_applies(model, layout):
         return None
-    if (stats.num_layers, stats.num_experts) != (model.num_moe_layers, model.num_local_experts):
-        raise SchemaError(
-            f"the routing trace has {stats.num_layers} MoE layers of {stats.num_experts} experts, but "
-            f"{model.name!r} has {model.num_moe_layers} of {model.num_local_experts}; use a trace of this model"
-        )
+    stats.check_model(model)
     ep, experts, layers = layout.expert_parallel_degree, model.num_local_experts, stats.num_layers
     ours = layout.expert_placement or ExpertPlacement.contiguous(experts, ep, layers)
     every_group = expert_group_nodes(layout, devices_per_node)

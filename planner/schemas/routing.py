@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from planner.schemas.errors import SchemaError
+from planner.schemas.model import ModelSpec
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -143,6 +144,14 @@ class RoutingStats:
     def num_layers(self) -> int:
         """MoE layers in the trace."""
         return int(self.expert_tokens.shape[0])
+
+    def check_model(self, model: ModelSpec) -> None:
+        """Raise SchemaError unless these are the MoE layers and experts of ``model``."""
+        if (self.num_layers, self.num_experts) != (model.num_moe_layers, model.num_local_experts):
+            raise SchemaError(
+                f"the routing trace has {self.num_layers} MoE layers of {self.num_experts} experts, but "
+                f"{model.name!r} has {model.num_moe_layers} of {model.num_local_experts}; use a trace of this model"
+            )
 
     def coactivation_matrix(self, layer: int) -> IntArray:
         """Dense (E, E) co-activation between MoE layer ``layer`` and the next."""

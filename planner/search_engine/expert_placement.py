@@ -367,11 +367,7 @@ class ExpertPlacementRefiner:
         layout, model = candidate.layout, evaluate.model
         if layout.expert_parallel_degree == 1 or not model.is_moe:
             return candidate
-        if (self.stats.num_layers, self.stats.num_experts) != (model.num_moe_layers, model.num_local_experts):
-            raise SchemaError(
-                f"the routing trace has {self.stats.num_layers} MoE layers of {self.stats.num_experts} experts, but "
-                f"{model.name!r} has {model.num_moe_layers} of {model.num_local_experts}; use a trace of this model"
-            )
+        self.stats.check_model(model)
         nodes = expert_rank_nodes(layout, evaluate.cluster.devices_per_node)
         if self.replicas > model.num_local_experts - model.num_local_experts // len(nodes):
             return candidate  # this ep has fewer free slots per rank than replicas asked: others may hold them
