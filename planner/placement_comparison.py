@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from cost_models.groups import expert_groups
 from planner.schemas import ExpertPlacement, Layout, ModelSpec, PlacementMetrics, RoutingStats
+from planner.schemas.device_map import node_numbers
 from planner.schemas.routing import placement_metrics
 
 
@@ -44,11 +45,7 @@ def placement_applies(model: ModelSpec, layout: Layout) -> bool:
 def expert_group_nodes(layout: Layout, devices_per_node: int) -> tuple[tuple[int, ...], ...]:
     """For every expert-parallel group, the node of each of its ranks (by place in the group),
     nodes numbered from 0 in the order the group meets them."""
-    nodes = []
-    for group in expert_groups(layout):
-        first: dict[int, int] = {}
-        nodes.append(tuple(first.setdefault(device // devices_per_node, len(first)) for device in group.devices))
-    return tuple(nodes)
+    return tuple(node_numbers(group.devices, devices_per_node) for group in expert_groups(layout))
 
 
 def compare_placements(

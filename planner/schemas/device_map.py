@@ -7,6 +7,7 @@ coordinates of its mesh (``schemas.geometry``); the map says where each one runs
 10,000 devices stays small unless a mapping was chosen.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.schemas.errors import SchemaError
@@ -49,3 +50,10 @@ class DeviceMap:
                 f"device_map names {len(self.devices)} devices, but the layout has {world_size} ranks; "
                 "give one device per rank, or none for the identity"
             )
+
+
+def node_numbers(devices: Iterable[int], devices_per_node: int) -> tuple[int, ...]:
+    """The node of each of ``devices``, nodes numbered from 0 in the order the devices meet them
+    (a placement cares which ranks share a node, not which node it is)."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(device // devices_per_node, len(first)) for device in devices)

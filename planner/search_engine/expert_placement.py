@@ -42,6 +42,7 @@ import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from planner.schemas import ExpertPlacement, Layout, RoutingStats
+from planner.schemas.device_map import node_numbers
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import rank_of
 from planner.schemas.routing import placement_metrics
@@ -337,9 +338,8 @@ def _placement(placed: list[Hosted]) -> ExpertPlacement:
 def expert_rank_nodes(layout: Layout, devices_per_node: int) -> tuple[int, ...]:
     """The node of each expert-parallel rank of the layout's first expert-parallel group (first
     stage, first tensor shard), numbered from 0 in order of appearance."""
-    devices = [layout.device_map.device_of(rank_of(layout, 0, i, 0)) for i in range(layout.expert_parallel_degree)]
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(d // devices_per_node, len(first)) for d in devices)
+    devices = (layout.device_map.device_of(rank_of(layout, 0, i, 0)) for i in range(layout.expert_parallel_degree))
+    return node_numbers(devices, devices_per_node)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
