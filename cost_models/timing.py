@@ -26,7 +26,6 @@ Units: seconds.
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
 
 from cost_models import layer_work as lw
 from cost_models.comm import Group
@@ -120,7 +119,8 @@ def stage_times(
     embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
     unit_s = sharded_unit_s(dev, layout, dt)
-    experts = _expert_gemms_time(model, training, cluster, layout) if True in kinds else _LayerTime.ZERO
+    none = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0)
+    experts = _expert_gemms_time(model, training, cluster, layout) if True in kinds else none
     out = []
     for stage, (n, load) in enumerate(
         zip(stage_layers(model, layout), stage_expert_loads(model, layout, routing), strict=True)
@@ -151,11 +151,6 @@ class _LayerTime:
     forward_s: float
     backward_s: float
     recompute_s: float
-
-    ZERO: ClassVar["_LayerTime"]
-
-
-_LayerTime.ZERO = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0)
 
 
 def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _LayerTime:
