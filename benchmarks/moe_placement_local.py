@@ -1,6 +1,6 @@
-"""Placed against round-robin experts, run for real on the local 4-rank CPU cluster.
+"""Placed against round-robin experts, run for real on the local CPU cluster.
 
-1. Run tiny-moe at dp 4, ep 2 (two of its 4 experts per rank; with one per rank no placement
+1. Run tiny-moe at dp ``--ranks`` (4 or 2), ep 2 (two of its 4 experts per rank; with one per rank no placement
    changes the hottest rank) with contiguous experts for a few steps and capture its routing
    (``planner run --trace-routing``).
 2. From that trace, place the experts with the CP-SAT refiner (``place_experts``) and build the
@@ -14,7 +14,12 @@ uniform random tokens routes close to uniformly, so no placement can gain there;
 token frequencies are Zipf-like, S about 1), which the router turns into hot experts. The gain
 is bounded by how hot round-robin's hottest rank is on the captured trace (printed).
 
-Run: .venv/bin/python benchmarks/moe_placement_local.py [--cluster out/cluster.json] [--repeats 3] [--zipf 1.2]
+With 4 ranks on this machine's 2 cores, a rank that waits for the hottest one gives its core
+to the others, so the step is bound by the ranks' total work more than by the hottest rank
+(``cost_models.shared_cores``); ``--ranks 2`` gives each rank a core of its own, where the
+hottest rank sets the pace as on GPUs.
+
+Run: .venv/bin/python benchmarks/moe_placement_local.py [--cluster F] [--ranks 2] [--repeats 3] [--zipf 1.2]
 (without --cluster it profiles the machine first, as the README's main job does; keep the
 machine otherwise idle). Writes out/moe-placement/.
 """
@@ -39,18 +44,23 @@ from planner.search_engine.expert_placement import expert_rank_nodes, place_expe
 from planner.search_engine.strategy import Budget
 
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
-LAYOUT = Layout(
-    data_parallel_degree=4,
-    tensor_parallel_degree=1,
-    pipeline_parallel_degree=1,
-    micro_batch_size=2,
-    expert_parallel_degree=2,
-)
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "planner"]
 
 
-def _run(plan: Path, report: Path, steps: int, data: Path | None, trace: Path | None = None) -> float:
-    cmd = [*TORCHRUN, "run", str(plan), "--steps", str(steps), "--report", str(report)]
+def _torchrun(ranks: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "-m",
+        "planner",
+    ]
+
+
+def _run(plan: Path, report: Path, ranks: int, steps: int, data: Path | None, trace: Path | None = None) -> float:
+    cmd = [*_torchrun(ranks), "run", str(plan), "--steps", str(steps), "--report", str(report)]
     cmd += ["--trace-routing", str(trace)] if trace else []
     cmd += ["--data", str(data)] if data else []
     subprocess.run(cmd, check=True, capture_output=True)
@@ -60,18 +70,26 @@ def _run(plan: Path, report: Path, steps: int, data: Path | None, trace: Path | 
 def main() -> None:
     """Capture, place, run both placements alternately, print the ratios."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cluster", help="a profile of this machine as 4 ranks (default: measure one)")
+    parser.add_argument("--cluster", help="a profile of this machine as --ranks ranks (default: measure one)")
+    parser.add_argument("--ranks", type=int, default=4, choices=(2, 4), help="data-parallel ranks (ep 2 either way)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--zipf", type=float, default=0.0, help="token frequency exponent (0: uniform tokens)")
     args = parser.parse_args()
+    layout = Layout(
+        data_parallel_degree=args.ranks,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        micro_batch_size=2,
+        expert_parallel_degree=2,
+    )
     workdir = Path("out/moe-placement")
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     cluster_path = args.cluster or str(workdir / "cluster.json")
     if args.cluster is None:
         profile = ["profile", "--output", cluster_path, "--quick", "--model", "tiny-moe", "--seq-len", "128"]
-        subprocess.run([*TORCHRUN, *profile, "--dtype", "bf16"], check=True, capture_output=True)
+        subprocess.run([*_torchrun(args.ranks), *profile, "--dtype", "bf16"], check=True, capture_output=True)
     model, cluster = api.load_model("tiny-moe"), api.load_cluster(cluster_path)
     data = None
     if args.zipf > 0:
@@ -87,21 +105,21 @@ def main() -> None:
         return path
 
     trace = workdir / "routing.npz"
-    _run(plan_of(LAYOUT, "contiguous"), workdir / "capture.json", 4, data, trace)
+    _run(plan_of(layout, "contiguous"), workdir / "capture.json", args.ranks, 4, data, trace)
     stats = load_routing_stats(trace, model)
-    nodes = expert_rank_nodes(LAYOUT, cluster.devices_per_node)
+    nodes = expert_rank_nodes(layout, cluster.devices_per_node)
     placements = {
         "placed": place_experts(stats, nodes, Budget(max_time_s=10.0)),
         "round-robin": ExpertPlacement.round_robin(model.num_local_experts, 2, stats.num_layers),
     }
-    plans = {name: plan_of(replace(LAYOUT, expert_placement=p), name, trace) for name, p in placements.items()}
+    plans = {name: plan_of(replace(layout, expert_placement=p), name, trace) for name, p in placements.items()}
     measured: dict[str, list[float]] = {name: [] for name in plans}
     for r in range(args.repeats):
         for name in plans if r % 2 == 0 else reversed(list(plans)):
-            measured[name].append(_run(plans[name], workdir / f"{name}-{r}.json", args.steps, data))
+            measured[name].append(_run(plans[name], workdir / f"{name}-{r}.json", args.ranks, args.steps, data))
     tokens = f"Zipf {args.zipf} tokens" if data else "uniform random tokens"
     batch = f"gbs {TRAINING.global_batch_size}, seq {TRAINING.seq_len}"
-    print(f"tiny-moe dp4 ep2, {batch}, {tokens}, {args.repeats} runs each")
+    print(f"tiny-moe dp{args.ranks} ep2, {batch}, {tokens}, {args.repeats} runs each")
     for name, placement in placements.items():
         metrics = placement_metrics(stats, placement, nodes)
         predicted = json.loads(plans[name].read_text())["estimate"]["step_time_s"]

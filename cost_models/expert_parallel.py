@@ -9,15 +9,19 @@ load, not the average (``ExpertLoad``).
 Where the pairs go (per MoE layer, expert-parallel group of ep ranks, P pairs of its own on each
 rank, expert e receiving a share n_e of all pairs):
 - with a routing trace (``schemas.routing.RoutingStats``) n_e is the trace's share of expert e;
-  without one, routing is assumed uniform: n_e = 1/E (dropless, no capacity factor);
+  without one, routing is assumed uniform: n_e = 1/E;
+- dropless by default; under a capacity factor c (``TrainingSpec.moe_capacity_factor``) each
+  rank sends expert e at most c/E of its pairs and drops the rest, n_e -> min(n_e, c/E), as
+  Megatron-LM drops per rank before dispatch; padded to capacity every expert takes c/E;
 - each rank's own tokens route like the trace's, whatever the rank (its tokens are a sample of
   the data);
 - the layout's placement (``ExpertPlacement``; contiguous blocks without one) hosts expert e on
   c_e ranks. A rank keeps the pairs of an expert it hosts; the other ranks split theirs evenly
   over its c_e copies (as ``runtime.expert_parallel.ExpertExchange`` does).
-Then rank q computes L_q = ep P sum_{e on q} n_e / c_e pairs (the mean rank P), keeps
-K_q = P sum_{e on q} n_e of its own, sends P - K_q to other ranks and receives L_q - K_q from
-them. A balanced layer has L_q = P and sends and receives P (ep - 1)/ep.
+Then rank q computes L_q = ep P sum_{e on q} n_e / c_e pairs (the mean rank P, dropless), keeps
+K_q = P sum_{e on q} n_e of its own, sends P N - K_q to other ranks (N = sum_e n_e, 1 dropless)
+and receives L_q - K_q from them. A balanced dropless layer has L_q = P and sends and receives
+P (ep - 1)/ep.
 
 The hottest rank's expert GEMMs scale with its L_q (linear in tokens, an approximation for
 small GEMMs); the all-to-all with the busiest rank's larger of sent and received pairs. Units:
@@ -26,7 +30,7 @@ seconds, bytes, pairs.
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,12 +46,15 @@ class ExpertLoad:
     """One MoE layer's routed pairs on its busiest expert-parallel rank, against a balanced layer."""
 
     compute_factor: float
-    """Hottest rank's pairs (those its experts compute) over the mean rank's: max_q L_q / P >= 1."""
+    """Hottest rank's pairs (those its experts compute) over the mean rank's when dropless: max_q L_q / P
+    (>= 1 dropless; a capacity factor can drop it below 1 or, padded, raise it to the factor)."""
     exchange_factor: float
     """Busiest rank's pairs over the links, sent or received, over a balanced rank's
     P (ep - 1)/ep; 1 for a balanced layer, 0 with one rank."""
     sent_share: float
-    """Mean rank's pairs sent to other ranks over its own pairs: 1 - mean_q K_q / P."""
+    """Mean rank's pairs sent to other ranks over its own pairs: N - mean_q K_q / P."""
+    dropped_share: float = 0.0
+    """Routed pairs a capacity factor drops, over all routed pairs: 1 - N (0 when padded or dropless)."""
 
 
 BALANCED = ExpertLoad(compute_factor=1.0, exchange_factor=1.0, sent_share=0.0)
@@ -70,11 +77,14 @@ class StageExpertLoad:
     """Sum of their sent shares: pairs sent to other ranks per own routed pair of one layer."""
 
 
-def layer_loads(model: ModelSpec, layout: Layout, routing: RoutingStats | None = None) -> tuple[ExpertLoad, ...]:
+def layer_loads(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, routing: RoutingStats | None = None
+) -> tuple[ExpertLoad, ...]:
     """``ExpertLoad`` of every MoE layer in model order (module docstring).
 
     Args:
         model: the MoE model (none for a dense one).
+        training: its capacity factor (None: dropless) and padding.
         layout: the expert-parallel degree and placement.
         routing: a routing trace's statistics of this model; None assumes uniform routing.
 
@@ -86,49 +96,66 @@ def layer_loads(model: ModelSpec, layout: Layout, routing: RoutingStats | None =
         return ()
     if routing is not None:
         routing.check_model(model)
-    if ep == 1:
-        return (BALANCED,) * layers
+    capacity = _Capacity(training.moe_capacity_factor, training.moe_pad_to_capacity)
     placement = layout.expert_placement
     if placement is None:
-        if routing is None:
-            uniform = ExpertLoad(compute_factor=1.0, exchange_factor=1.0, sent_share=(ep - 1) / ep)
-            return (uniform,) * layers
+        if routing is None and capacity.factor is None:
+            sent = (ep - 1) / ep
+            return (BALANCED if ep == 1 else replace(BALANCED, sent_share=sent),) * layers
         placement = ExpertPlacement.contiguous(experts, ep, layers)
-    return _loads(routing, placement)
+    return _loads(routing, placement, capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class _Capacity:
+    factor: float | None
+    """c; None: dropless."""
+    padded: bool
+
+    def shares(self, routed: np.ndarray) -> np.ndarray:
+        """Each expert's share n_e of a rank's routed pairs, as computed: capped at c/E, or c/E padded."""
+        if self.factor is None:
+            return routed
+        cap = self.factor / routed.shape[-1]
+        return np.full_like(routed, cap) if self.padded else np.minimum(routed, cap)
 
 
 @functools.lru_cache(maxsize=512)
-def _loads(routing: RoutingStats | None, placement: ExpertPlacement) -> tuple[ExpertLoad, ...]:
+def _loads(routing: RoutingStats | None, placement: ExpertPlacement, capacity: _Capacity) -> tuple[ExpertLoad, ...]:
     ep, experts = placement.num_ranks, placement.num_experts
     if routing is None:
-        shares = np.full((placement.num_layers, experts), 1.0 / experts)
+        routed = np.full((placement.num_layers, experts), 1.0 / experts)
     else:
         counts = routing.expert_tokens.astype(np.float64)
-        shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+        routed = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+    shares = capacity.shares(routed)
     balanced = (ep - 1) / ep
     out = []
     for layer in range(placement.num_layers):
         share = placement.share(layer)  # (E, ep): 1 / c_e on each rank hosting e
         kept = shares[layer] @ (share > 0)  # K_q / P
         load = ep * (shares[layer] @ share)  # L_q / P
-        busiest = max(float((1.0 - kept).max()), float((load - kept).max()))
+        computed = float(shares[layer].sum())  # N
+        busiest = max(float((computed - kept).max()), float((load - kept).max()))
         out.append(
             ExpertLoad(
                 compute_factor=float(load.max()),
-                exchange_factor=busiest / balanced,
-                sent_share=float(1.0 - kept.mean()),
+                exchange_factor=busiest / balanced if ep > 1 else 1.0,
+                sent_share=float(computed - kept.mean()),
+                dropped_share=max(0.0, 1.0 - computed) if not capacity.padded else 0.0,
             )
         )
     return tuple(out)
 
 
 def stage_expert_loads(
-    model: ModelSpec, layout: Layout, routing: RoutingStats | None = None
+    model: ModelSpec, training: TrainingSpec, layout: Layout, routing: RoutingStats | None = None
 ) -> tuple[StageExpertLoad, ...]:
     """Every pipeline stage's MoE layers (its chunks' layers, ``ModelSpec.is_moe_layer``) and their loads."""
-    if routing is None and layout.expert_placement is None:  # uniform: every layer balanced (a search's usual case)
+    if routing is None and layout.expert_placement is None and training.moe_capacity_factor is None:
+        # uniform and dropless: every layer balanced (a search's usual case)
         return _uniform_loads(stage_moe_layers(model, layout), layout.expert_parallel_degree)
-    loads = layer_loads(model, layout, routing)
+    loads = layer_loads(model, training, layout, routing)
     ordinal = {layer: i for i, layer in enumerate(i for i in range(model.num_hidden_layers) if model.is_moe_layer(i))}
     out = []
     for stage in range(layout.pipeline_parallel_degree):
@@ -163,6 +190,15 @@ def _uniform_loads(moe_layers: tuple[int, ...], ep: int) -> tuple[StageExpertLoa
         )
         for n in moe_layers
     )
+
+
+def dropped_share(model: ModelSpec, training: TrainingSpec, routing: RoutingStats | None = None) -> float:
+    """Share of all routed pairs that the capacity factor drops, over the model's MoE layers (any
+    placement: every rank drops its own pairs before dispatch). 0 dropless, padded, or under
+    uniform routing with a factor of at least 1."""
+    one_rank = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    loads = layer_loads(model, training, one_rank, routing)
+    return sum(x.dropped_share for x in loads) / len(loads) if loads else 0.0
 
 
 def routed_pairs(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
@@ -213,4 +249,4 @@ def sent_bytes_per_step(
         return (0.0,) * layout.pipeline_parallel_degree
     pair_bytes = model.hidden_size * training.dtype.bytes
     per_layer = routed_pairs(model, training, layout) * pair_bytes * exchanges_per_micro_batch(layout) * micro_batches
-    return tuple(per_layer * stage.sent_pairs_share for stage in stage_expert_loads(model, layout, routing))
+    return tuple(per_layer * stage.sent_pairs_share for stage in stage_expert_loads(model, training, layout, routing))

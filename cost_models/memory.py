@@ -207,7 +207,7 @@ def stage_memory(
         InfeasibleConfigError: the global batch gives no whole micro-batch per replica.
     """
     params = stage_params(model, layout, stage)
-    load = stage_expert_loads(model, layout, routing)[stage]
+    load = stage_expert_loads(model, training, layout, routing)[stage]
     states = stage_model_states(model, layout, params, training.dtype)
     cal = cluster.calibration
     return MemoryBreakdown(

@@ -123,7 +123,7 @@ def stage_times(
     experts = _expert_gemms_time(model, training, cluster, layout) if True in kinds else none
     out = []
     for stage, (n, load) in enumerate(
-        zip(stage_layers(model, layout), stage_expert_loads(model, layout, routing), strict=True)
+        zip(stage_layers(model, layout), stage_expert_loads(model, training, layout, routing), strict=True)
     ):
         held = stage_params(model, layout, stage)
         extra = (embed_s if held.holds_embedding else 0.0) + (output_s if held.holds_output_layer else 0.0)

@@ -15,6 +15,7 @@ _API = (
     "StrategyName",
     "TuneSettings",
     "compare_placements",
+    "dropped_token_share",
     "dry_run",
     "expert_traffic",
     "estimate",

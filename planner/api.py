@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cost_models.estimate import estimate as _estimate
-from cost_models.expert_parallel import sent_bytes_per_step
+from cost_models.expert_parallel import dropped_share, sent_bytes_per_step
 from cost_models.layer_work import profile_gemm_shapes
 from planner.inputs import load_cluster, load_model, save_cluster
 from planner.placement_comparison import PlacementComparison
@@ -64,6 +64,7 @@ __all__ = [
     "StrategyName",
     "TuneSettings",
     "compare_placements",
+    "dropped_token_share",
     "dry_run",
     "estimate",
     "expert_traffic",
@@ -411,6 +412,29 @@ def expert_traffic(plan: Plan | str | Path, routing_trace: str | Path | None = N
     routing = load_routing_stats(routing_trace, loaded.model) if routing_trace is not None else None
     m = num_micro_batches(loaded.training.global_batch_size, loaded.layout)
     return sent_bytes_per_step(loaded.model, loaded.training, loaded.layout, m, routing)
+
+
+def dropped_token_share(
+    model: ModelSpec | str, training: TrainingSpec, routing_trace: Path | str | None = None
+) -> float:
+    """Share of the routed (token, expert) pairs that ``training``'s capacity factor drops
+    (``cost_models.expert_parallel.dropped_share``).
+
+    Args:
+        model: a preset name or a model spec.
+        training: its ``moe_capacity_factor`` (None: dropless) and ``moe_pad_to_capacity``.
+        routing_trace: a routing trace file of the model; None assumes uniform routing.
+
+    Returns:
+        The dropped share of all routed pairs, over the MoE layers: 0 dropless, padded, or for a
+        dense model.
+
+    Raises:
+        SchemaError: an unknown model, or a trace that cannot be read or is of another model.
+    """
+    model_spec = load_model(model) if isinstance(model, str) else model
+    routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
+    return dropped_share(model_spec, training, routing)
 
 
 def dry_run(

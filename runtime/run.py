@@ -65,6 +65,11 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
             "the global batch (planner search never proposes this)"
         )
+    if plan.training.moe_capacity_factor is not None:
+        raise InfeasibleConfigError(
+            f"the plan drops tokens over a capacity factor of {plan.training.moe_capacity_factor}, but the runtime "
+            "routes every token to its experts (dropless); plan without --capacity-factor to run it"
+        )
     if not cuda and plan.cluster.device_kind is not DeviceKind.CPU:
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "

@@ -48,6 +48,21 @@ GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Sequences per o
 SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")]
 DTypeOpt = Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
 AttentionOpt = Annotated[AttentionKernel, typer.Option(help="Attention kernel.")]
+CapacityOpt = Annotated[
+    float | None,
+    typer.Option(
+        min=0.01,
+        help="MoE: each expert takes at most this many times its even share of a rank's routed tokens and drops "
+        "the rest (e.g. 1.25; Megatron-LM's --moe-expert-capacity-factor) [default: dropless].",
+    ),
+]
+PadOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--pad-to-capacity/--no-pad-to-capacity",
+        help="MoE, with --capacity-factor: every expert computes and exchanges its full capacity [default: off].",
+    ),
+]
 
 
 def search_inputs(
@@ -57,6 +72,8 @@ def search_inputs(
     seq_len: int | None,
     dtype: DType,
     attention: AttentionKernel,
+    capacity_factor: float | None = None,
+    pad_to_capacity: bool | None = None,
 ) -> tuple[str, str, TrainingSpec]:
     """Model, cluster and training of a command that searches; all four inputs are required."""
     required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
@@ -64,7 +81,14 @@ def search_inputs(
         raise SchemaError(f"{', '.join(missing)} required")
     assert model is not None and cluster is not None
     training = TrainingSpec.model_validate(
-        {"global_batch_size": global_batch_size, "seq_len": seq_len, "dtype": dtype, "attention_kernel": attention}
+        {
+            "global_batch_size": global_batch_size,
+            "seq_len": seq_len,
+            "dtype": dtype,
+            "attention_kernel": attention,
+            "moe_capacity_factor": capacity_factor,
+            "moe_pad_to_capacity": bool(pad_to_capacity),
+        }
     )
     return model, cluster, training
 
@@ -74,6 +98,8 @@ TRAINING_OPTIONS = {
     "seq_len": "seq_len",
     "dtype": "dtype",
     "attention": "attention_kernel",
+    "capacity_factor": "moe_capacity_factor",
+    "pad_to_capacity": "moe_pad_to_capacity",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""
 LAYOUT_OPTIONS = {

@@ -14,11 +14,13 @@ from planner import api
 from planner.api import StrategyName
 from planner.cli.options import (
     AttentionOpt,
+    CapacityOpt,
     ClusterOpt,
     DTypeOpt,
     GlobalBatchOpt,
     ModelOpt,
     OutputFormat,
+    PadOpt,
     SeqLenOpt,
     layout_fields,
     progress_bar,
@@ -70,6 +72,8 @@ def estimate(
     layer_split: Annotated[str | None, typer.Option(help="Layers per model chunk, e.g. 7,9,9,7.")] = None,
     dtype: Annotated[DType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")] = None,
     attention: Annotated[AttentionKernel | None, typer.Option(help="Attention kernel [default: flash].")] = None,
+    capacity_factor: CapacityOpt = None,
+    pad_to_capacity: PadOpt = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="table for people, json for tools.")
     ] = OutputFormat.TABLE,
@@ -101,6 +105,8 @@ def search(
     seq_len: SeqLenOpt = None,
     dtype: DTypeOpt = DType.BF16,
     attention: AttentionOpt = AttentionKernel.FLASH,
+    capacity_factor: CapacityOpt = None,
+    pad_to_capacity: PadOpt = None,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
     strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (
         StrategyName.EXHAUSTIVE
@@ -139,7 +145,9 @@ def search(
     Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
     --output plan.json
     """
-    model, cluster, training = search_inputs(model, cluster, global_batch_size, seq_len, dtype, attention)
+    model, cluster, training = search_inputs(
+        model, cluster, global_batch_size, seq_len, dtype, attention, capacity_factor, pad_to_capacity
+    )
     with progress_bar("searching", transient=True) as progress:
         outcome, plans = api.search_outcome(
             model,
@@ -156,6 +164,13 @@ def search(
             expert_replicas=expert_replicas,
         )
     Console().print(ranked_table(outcome, plans))
+    if training.moe_capacity_factor is not None and not training.moe_pad_to_capacity:
+        dropped = api.dropped_token_share(model, training, routing_trace)
+        routing = "the routing trace" if routing_trace is not None else "uniform routing"
+        typer.echo(
+            f"capacity factor {training.moe_capacity_factor:g} drops {dropped:.1%} of the routed tokens on {routing}; "
+            "the estimates do not compute them"
+        )
     if output is not None:
         api.save_plan(plans[0], output)
         typer.echo(f"wrote the best plan to {output}")

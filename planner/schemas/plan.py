@@ -4,7 +4,9 @@ Written to disk as JSON (``planner.plans.save_plan``); a schema change bumps ``s
 and keeps a reader for the old one (``upgrade``).
 
 Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expert_placement`` and
-``device_map``, whose defaults mean what a version-1 plan meant, and the cluster's ``device_kind``.
+``device_map``, whose defaults mean what a version-1 plan meant, and the cluster's ``device_kind``;
+3 adds the training's ``moe_capacity_factor`` and ``moe_pad_to_capacity``, whose defaults (dropless)
+mean what a version-2 plan meant.
 """
 
 from datetime import datetime
@@ -45,7 +47,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -63,9 +65,9 @@ class Plan(FrozenModel):
         return self
 
 
-PLAN_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSION = 3
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 """The versions ``upgrade`` reads."""
 
 
@@ -76,11 +78,14 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     the first and last chunks, experts in contiguous blocks, the identity device map) are what a
     version-1 plan ran. The cluster's device kind is derived from its device name
     (``device_kind_of_v1_name``), as version 1 did wherever it needed it.
+    Version 2 -> 3: the training's new fields are absent, and their defaults (dropless experts)
+    are what a version-2 plan ran.
     """
-    if raw.get("schema_version") != 1:
-        return raw
-    raw = {**raw, "schema_version": 2}
-    cluster = raw.get("cluster")
-    if isinstance(cluster, dict) and isinstance(cluster.get("device_name"), str):
-        raw["cluster"] = {**cluster, "device_kind": device_kind_of_v1_name(cluster["device_name"])}
+    if raw.get("schema_version") == 1:
+        raw = {**raw, "schema_version": 2}
+        cluster = raw.get("cluster")
+        if isinstance(cluster, dict) and isinstance(cluster.get("device_name"), str):
+            raw["cluster"] = {**cluster, "device_kind": device_kind_of_v1_name(cluster["device_name"])}
+    if raw.get("schema_version") == 2:
+        raw = {**raw, "schema_version": 3}
     return raw

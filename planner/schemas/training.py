@@ -1,9 +1,12 @@
 """TrainingSpec: what one optimizer step processes and in which precision."""
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
 from planner.schemas.enums import AttentionKernel, DType, Optimizer
+from planner.schemas.errors import SchemaError
 
 
 class TrainingSpec(FrozenModel):
@@ -17,6 +20,28 @@ class TrainingSpec(FrozenModel):
         default=AttentionKernel.FLASH,
         description="'flash' never stores the s x s scores; 'eager' does (as Megatron-LM did in 2021).",
     )
+
+    moe_capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Mixture of experts: each expert takes at most this many times its even share of a rank's routed "
+            "tokens and drops the rest (GShard, Switch; Megatron-LM's --moe-expert-capacity-factor). "
+            "None: dropless, every routed token is computed."
+        ),
+    )
+    moe_pad_to_capacity: bool = Field(
+        default=False,
+        description="With a capacity factor, every expert computes and exchanges its full capacity, padded.",
+    )
+
+    @model_validator(mode="after")
+    def _padding_needs_capacity(self) -> Self:
+        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
+            raise SchemaError(
+                "moe_pad_to_capacity needs a moe_capacity_factor (e.g. 1.25); give one or drop the padding"
+            )
+        return self
 
     @property
     def tokens_per_step(self) -> int:

@@ -9,7 +9,13 @@ from conftest import make_cluster
 from cost_models import groups as grp
 from cost_models.compute import backward_gemms_time_s, gemms_time_s
 from cost_models.estimate import estimate
-from cost_models.expert_parallel import layer_loads, routed_pairs, sent_bytes_per_step, stage_expert_loads
+from cost_models.expert_parallel import (
+    dropped_share,
+    layer_loads,
+    routed_pairs,
+    sent_bytes_per_step,
+    stage_expert_loads,
+)
 from cost_models.layer_work import expert_gemms
 from cost_models.memory import stage_memory
 from cost_models.params import expert_mlp_params, stage_params
@@ -46,14 +52,14 @@ def _slots(*ranks: tuple[int, ...]) -> ExpertPlacement:
 
 def test_contiguous_blocks_balance_this_trace() -> None:
     # rank 0 hosts {0, 1}: 50% of the pairs, rank 1 {2, 3}: 50%; each keeps half its own pairs.
-    (load, *_) = layer_loads(MOE, _layout(), _stats())
+    (load, *_) = layer_loads(MOE, TRAINING, _layout(), _stats())
     assert (load.compute_factor, load.exchange_factor, load.sent_share) == pytest.approx((1.0, 1.0, 0.5))
 
 
 def test_round_robin_makes_a_hot_rank() -> None:
     # rank 0 hosts {0, 2}: 70% of the group's pairs, L = 2 x 0.7 = 1.4 P; it keeps 0.7 P of its own,
     # sends 0.3 P and receives 1.4 - 0.7 = 0.7 P; rank 1 sends 0.7 P. Balanced: 0.5 P each way.
-    (load, *_) = layer_loads(MOE, _layout(_slots((0, 2), (1, 3))), _stats())
+    (load, *_) = layer_loads(MOE, TRAINING, _layout(_slots((0, 2), (1, 3))), _stats())
     assert (load.compute_factor, load.exchange_factor, load.sent_share) == pytest.approx((1.4, 1.4, 0.5))
 
 
@@ -61,22 +67,70 @@ def test_replicas_cut_load_and_traffic() -> None:
     # rank 0 hosts (0, 1, 2), rank 1 (3, 2, 0): experts 0 and 2 have two copies.
     # L0 = 2 (0.4/2 + 0.1 + 0.3/2) = 0.9, L1 = 2 (0.2 + 0.15 + 0.2) = 1.1; kept K0 = 0.8, K1 = 0.9;
     # sent 0.2 / 0.1, received 0.1 / 0.2: busiest 0.2 against a balanced 0.5.
-    (load, *_) = layer_loads(MOE, _layout(_slots((0, 1, 2), (3, 2, 0))), _stats())
+    (load, *_) = layer_loads(MOE, TRAINING, _layout(_slots((0, 1, 2), (3, 2, 0))), _stats())
     assert (load.compute_factor, load.exchange_factor, load.sent_share) == pytest.approx((1.1, 0.4, 0.15))
 
 
 def test_without_a_trace_routing_is_uniform() -> None:
-    assert {(x.compute_factor, x.exchange_factor) for x in layer_loads(MOE, _layout(), None)} == {(1.0, 1.0)}
+    assert {(x.compute_factor, x.exchange_factor) for x in layer_loads(MOE, TRAINING, _layout(), None)} == {(1.0, 1.0)}
     # replicas under uniform routing: rank 0 (0, 1, 2), rank 1 (3, 2, 0): L = 2 (1/8 + 1/4 + 1/8) = 1 on
     # both; each keeps 3/4 of its own pairs and sends and receives 1/4, half a balanced rank's 1/2.
-    (load, *_) = layer_loads(MOE, _layout(_slots((0, 1, 2), (3, 2, 0))), None)
+    (load, *_) = layer_loads(MOE, TRAINING, _layout(_slots((0, 1, 2), (3, 2, 0))), None)
     assert (load.compute_factor, load.exchange_factor, load.sent_share) == pytest.approx((1.0, 0.5, 0.25))
-    assert layer_loads(MOE, _layout(ep=1), _stats()) == layer_loads(MOE, _layout(ep=1), None)
+    assert layer_loads(MOE, TRAINING, _layout(ep=1), _stats()) == layer_loads(MOE, TRAINING, _layout(ep=1), None)
+
+
+def _capacity(factor: float, padded: bool = False) -> TrainingSpec:
+    return TRAINING.model_copy(update={"moe_capacity_factor": factor, "moe_pad_to_capacity": padded})
+
+
+def test_a_capacity_factor_drops_the_hot_experts_pairs() -> None:
+    # c = 1: each rank sends expert e at most 1/4 of its pairs: shares 0.25, 0.1, 0.25, 0.2 (N = 0.8).
+    # Round robin: rank 0 hosts {0, 2}: L0 = 2 x 0.5 = 1.0 P, keeps 0.5, sends 0.8 - 0.5 = 0.3 and
+    # receives 1.0 - 0.5 = 0.5; rank 1 {1, 3}: L1 = 0.6, keeps 0.3, sends 0.5. Busiest 0.5 of a balanced 0.5.
+    (load, *_) = layer_loads(MOE, _capacity(1.0), _layout(_slots((0, 2), (1, 3))), _stats())
+    assert (load.compute_factor, load.exchange_factor, load.sent_share, load.dropped_share) == pytest.approx(
+        (1.0, 1.0, 0.4, 0.2)
+    )
+    assert dropped_share(MOE, _capacity(1.0), _stats()) == pytest.approx(0.2)
+    assert dropped_share(MOE, _capacity(1.0), None) == dropped_share(MOE, TRAINING, _stats()) == 0.0
+    # a generous factor drops nothing: the dropless loads
+    roomy = layer_loads(MOE, _capacity(2.0), _layout(_slots((0, 2), (1, 3))), _stats())
+    assert roomy == layer_loads(MOE, TRAINING, _layout(_slots((0, 2), (1, 3))), _stats())
+
+
+def test_padding_to_capacity_computes_and_sends_the_full_capacity() -> None:
+    # c = 1.25 padded: every expert takes 1.25/4 of each rank's pairs, whatever the routing.
+    for routing in (_stats(), None):
+        (load, *_) = layer_loads(MOE, _capacity(1.25, padded=True), _layout(), routing)
+        assert (load.compute_factor, load.exchange_factor, load.sent_share, load.dropped_share) == pytest.approx(
+            (1.25, 1.25, 0.625, 0.0)
+        )
+    # without expert parallelism the experts still compute the padding
+    (alone, *_) = layer_loads(MOE, _capacity(1.25, padded=True), _layout(ep=1), None)
+    assert alone.compute_factor == pytest.approx(1.25)
+
+
+def test_capacity_prices_the_expert_work() -> None:
+    layout = _layout()
+    kw = {"tensor_groups": list(grp.tensor_groups(layout)), "expert_groups": list(grp.expert_groups(layout))}
+    (padded,) = stage_times(MOE, _capacity(1.25, padded=True), CLUSTER, layout, **kw)  # type: ignore[arg-type]
+    (dropless,) = stage_times(MOE, TRAINING, CLUSTER, layout, **kw)  # type: ignore[arg-type]
+    assert padded.expert_parallel_comm_s == pytest.approx(1.25 * dropless.expert_parallel_comm_s)
+    gemms = expert_gemms(MOE, TRAINING, layout)
+    dev = CLUSTER.device
+    extra = 4 * 0.25 * (gemms_time_s(gemms, dev, DType.BF16) + backward_gemms_time_s(gemms, dev, DType.BF16))
+    assert padded.compute_s - dropless.compute_s == pytest.approx(extra)
+
+
+def test_padding_needs_a_capacity_factor() -> None:
+    with pytest.raises(SchemaError, match="needs a moe_capacity_factor"):
+        TrainingSpec(global_batch_size=16, seq_len=64, moe_pad_to_capacity=True)
 
 
 def test_a_trace_of_another_shape_is_refused() -> None:
     with pytest.raises(SchemaError, match="use a trace of this model"):
-        layer_loads(MOE, _layout(), _stats([[40, 10, 30, 20]] * 3))
+        layer_loads(MOE, TRAINING, _layout(), _stats([[40, 10, 30, 20]] * 3))
 
 
 def test_the_hot_rank_sets_the_stage_time() -> None:
@@ -128,7 +182,7 @@ def test_pipeline_stages_sum_their_own_layers() -> None:
     # layers 0-1 on stage 0 and 2-3 on stage 1; hot rank only in layers 2 and 3
     counts = [[25, 25, 25, 25]] * 2 + [[40, 10, 30, 20]] * 2
     layout = replace(_layout(_slots((0, 2), (1, 3))), pipeline_parallel_degree=2, data_parallel_degree=2)
-    first, second = stage_expert_loads(MOE, layout, _stats(counts))
+    first, second = stage_expert_loads(MOE, TRAINING, layout, _stats(counts))
     assert (first.moe_layers, first.compute_sum, first.compute_max) == (2, pytest.approx(2.0), pytest.approx(1.0))
     assert (second.compute_sum, second.exchange_sum, second.compute_max) == pytest.approx((2.8, 2.8, 1.4))
 

@@ -247,3 +247,35 @@ def test_an_ep_with_too_few_free_slots_keeps_its_experts_and_the_search_goes_on(
     plans = api.search(MODEL, make_cluster(per_node=4), TRAINING, top_k=20, routing_trace=trace, expert_replicas=3)
     assert plans
     assert not [p for p in plans if p.layout.expert_parallel_degree == 2 and p.layout.expert_placement is not None]
+
+
+def test_a_capacity_factor_prices_padding_and_the_runtime_refuses_to_drop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = ["estimate", "-m", MODEL, "-c", CLUSTER, "--global-batch-size", "64", "--seq-len", "128", "--dp", "16"]
+    base += ["--ep", "4", "--format", "json"]
+    code, dropless, err = main(base, capsys, monkeypatch)
+    assert code == 0, err
+    plan = tmp_path / "padded.json"
+    code, padded, err = main(
+        [*base, "--capacity-factor", "1.5", "--pad-to-capacity", "--output", str(plan)], capsys, monkeypatch
+    )
+    assert code == 0, err
+    expert_s = [json.loads(out)["time_breakdown_s"]["expert_parallel_comm"] for out in (dropless, padded)]
+    assert expert_s[1] == pytest.approx(1.5 * expert_s[0])  # the all-to-all carries the padding
+    # the runtime is dropless: it refuses the plan before any work, on every rank
+    for name, value in {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "16"}.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = main(["run", str(plan), "--steps", "1"], capsys, monkeypatch)
+    one_line(code, err, "drops tokens over a capacity factor of 1.5")
+    monkeypatch.delenv("RANK")
+    code, _, err = main([*base, "--pad-to-capacity"], capsys, monkeypatch)
+    one_line(code, err, "moe_pad_to_capacity needs a moe_capacity_factor")
+
+
+def test_search_says_what_a_capacity_factor_drops_on_the_trace(tmp_path: Path) -> None:
+    # Every token goes to experts 0 and 1 (half the pairs each); at capacity 1 each takes a quarter.
+    trace = _hot_trace(tmp_path / "t.npz", tokens=50)
+    result = CliRunner().invoke(app, [*SEARCH, "--routing-trace", str(trace), "--capacity-factor", "1"])
+    assert result.exit_code == 0, result.output
+    assert "capacity factor 1 drops 50.0% of the routed tokens on the routing trace" in result.output

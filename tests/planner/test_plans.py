@@ -16,7 +16,7 @@ from planner.plans import load_plan, make_plan, save_plan
 from planner.schemas import DeviceKind, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError, SchemaError
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v2.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v3.json"
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster("dgx-a100-80g:1")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
@@ -75,7 +75,7 @@ def _plan(tmp_path: Path) -> Path:
 def test_invalid_plans_name_the_file_and_problem(tmp_path: Path) -> None:
     raw = json.loads(_plan(tmp_path).read_text())
     cases = {
-        "version.json": {**raw, "schema_version": 3},
+        "version.json": {**raw, "schema_version": 99},
         "layout.json": {**raw, "layout": {**raw["layout"], "tensor_parallel_degree": 0}},
         "extra.json": {**raw, "surprise": 1},
     }
