@@ -79,7 +79,25 @@ class VocabularyLayout(StrEnum):
     """Where the vocabulary layers (input embedding; final norm, output layer and loss) sit."""
 
     PINNED = "pinned"
-    """The embedding with the first model chunk, the output layer and loss with the last."""
+    """The embedding with the first model chunk, the output layer and loss with the last (split
+    over the tensor-parallel group, with a vocabulary-parallel loss, when t > 1)."""
+    VOCAB_1 = "vocab-1"
+    """Vocabulary Parallelism (Yeung et al., MLSys 2025), its Algorithm 1: the embedding, output
+    layer and loss split by vocabulary over every pipeline rank; two all-reduce barriers per
+    micro-batch, overlapped with the transformer layers, at two more micro-batches of
+    activations in flight (p + 2 under 1F1B)."""
+    VOCAB_2 = "vocab-2"
+    """As ``VOCAB_1``, its Algorithm 2: one barrier, one more micro-batch in flight (p + 1)."""
+
+    @property
+    def over_pipeline(self) -> bool:
+        """Whether every pipeline rank holds a vocabulary shard of the embedding and output layer."""
+        return self is not VocabularyLayout.PINNED
+
+    @property
+    def extra_in_flight(self) -> int:
+        """Micro-batches of activations held beyond the schedule's own, on every stage."""
+        return {VocabularyLayout.PINNED: 0, VocabularyLayout.VOCAB_1: 2, VocabularyLayout.VOCAB_2: 1}[self]
 
 
 class ZeroStage(IntEnum):

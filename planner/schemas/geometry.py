@@ -13,14 +13,18 @@ group (edp of them, strided by ep) hold the same experts. The dense mesh and ran
 unchanged by it.
 
 Model chunks: p * v of them in pipeline order; pipeline rank ``s`` holds chunks s, s + p, ...
-(Megatron-LM's interleaved schedule). Vocabulary layers (``VocabularyLayout.PINNED``): the input
-embedding with the first chunk, the final norm, output layer and loss with the last.
+(Megatron-LM's interleaved schedule). Vocabulary layers: the token ids enter the pipeline at the
+first chunk and its hidden states leave it at the last (``embedding_chunk``, ``output_chunk``).
+Pinned (``VocabularyLayout.PINNED``), the input embedding sits with the first chunk and the final
+norm, output layer and loss with the last. Split over the pipeline (``VOCAB_1``, ``VOCAB_2``),
+every pipeline rank holds the rows ``vocabulary_rows`` of the embedding and of the output layer,
+and the last rank the final norm and the loss's reduction.
 """
 
 import functools
 from enum import StrEnum
 
-from planner.schemas.enums import Schedule, VocabularyLayout
+from planner.schemas.enums import Schedule
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
 
@@ -144,14 +148,12 @@ def _stage_layers(per_chunk: tuple[int, ...], stages: int, chunks_per_stage: int
 
 
 def embedding_chunk(layout: Layout) -> int:
-    """The model chunk that holds the input embedding."""
-    _pinned(layout)
+    """The model chunk whose input is the embedding's output."""
     return 0
 
 
 def output_chunk(layout: Layout) -> int:
-    """The model chunk that holds the final norm, the output layer and the loss."""
-    _pinned(layout)
+    """The model chunk whose output goes to the final norm, the output layer and the loss."""
     return layout.num_chunks - 1
 
 
@@ -161,18 +163,33 @@ def chunk_stage(layout: Layout, chunk: int) -> int:
 
 
 def holds_embedding(layout: Layout, stage: int) -> bool:
-    """Whether pipeline rank ``stage`` holds the input embedding."""
-    return chunk_stage(layout, embedding_chunk(layout)) == stage
+    """Whether pipeline rank ``stage`` holds the whole input embedding (pinned layouts only)."""
+    return not layout.vocabulary_layout.over_pipeline and chunk_stage(layout, embedding_chunk(layout)) == stage
 
 
 def holds_output_layer(layout: Layout, stage: int) -> bool:
-    """Whether pipeline rank ``stage`` holds the output layer and the loss."""
-    return chunk_stage(layout, output_chunk(layout)) == stage
+    """Whether pipeline rank ``stage`` holds the whole output layer and the loss (pinned layouts only)."""
+    return not layout.vocabulary_layout.over_pipeline and chunk_stage(layout, output_chunk(layout)) == stage
 
 
-def _pinned(layout: Layout) -> None:
-    # The one vocabulary layout so far; the next ones are placed here, and only here.
-    assert layout.vocabulary_layout is VocabularyLayout.PINNED, layout.vocabulary_layout
+def vocabulary_share(layout: Layout, stage: int) -> tuple[float, float]:
+    """(embedding, output layer) shares pipeline rank ``stage`` holds of the vocabulary layers'
+    weights and work: all or nothing pinned, 1/p each split over the pipeline."""
+    if layout.vocabulary_layout.over_pipeline:
+        share = 1.0 / layout.pipeline_parallel_degree
+        return share, share
+    return float(holds_embedding(layout, stage)), float(holds_output_layer(layout, stage))
+
+
+def vocabulary_rows(vocab_size: int, layout: Layout, stage: int) -> range:
+    """The vocabulary rows pipeline rank ``stage`` holds of the embedding and the output layer
+    when they are split over the pipeline: contiguous blocks, the first V mod p one row longer;
+    every row when pinned."""
+    if not layout.vocabulary_layout.over_pipeline:
+        return range(vocab_size)
+    base, extra = divmod(vocab_size, layout.pipeline_parallel_degree)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
 
 
 def num_micro_batches(global_batch_size: int, layout: Layout) -> int:

@@ -83,6 +83,14 @@ class Layout:
             )
         if self.schedule is Schedule.INTERLEAVED and self.pipeline_parallel_degree < 2:
             raise SchemaError("schedule='interleaved' needs pipeline_parallel_degree >= 2")
+        if self.vocabulary_layout.over_pipeline and (
+            self.pipeline_parallel_degree < 2 or self.schedule is not Schedule.ONE_F_ONE_B
+        ):
+            raise SchemaError(
+                f"vocabulary_layout={self.vocabulary_layout!s} splits the vocabulary over the pipeline ranks: it needs "
+                "pipeline_parallel_degree >= 2 and schedule='1f1b' (Vocabulary Parallelism's schedule); use 'pinned' "
+                "otherwise"
+            )
         if self.sequence_parallel and self.tensor_parallel_degree == 1:
             raise SchemaError("sequence_parallel needs tensor_parallel_degree > 1; turn it off or raise tp")
         if self.data_parallel_degree % self.expert_parallel_degree:
@@ -125,6 +133,8 @@ class Layout:
         if self.pipeline_parallel_degree > 1:
             sched = str(self.schedule)
             parts.append(f"{sched}x{self.virtual_stages}" if self.virtual_stages > 1 else sched)
+        if self.vocabulary_layout.over_pipeline:
+            parts.append(str(self.vocabulary_layout))
         if self.expert_placement is not None:
             parts.append("placed-experts")
         if not self.device_map.is_identity:

@@ -6,7 +6,7 @@ and keeps a reader for the old one (``upgrade``).
 Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expert_placement`` and
 ``device_map``, whose defaults mean what a version-1 plan meant, and the cluster's ``device_kind``;
 3 adds the training's ``moe_capacity_factor`` and ``moe_pad_to_capacity``, whose defaults (dropless)
-mean what a version-2 plan meant.
+mean what a version-2 plan meant, and the vocabulary layouts ``vocab-1`` and ``vocab-2``.
 """
 
 from datetime import datetime

@@ -12,7 +12,7 @@ from cost_models.estimate import estimate
 from planner.export.torchrun import node_ranks
 from planner.inputs import load_model
 from planner.plans import make_plan
-from planner.schemas import DeviceMap, Layout, TrainingSpec
+from planner.schemas import DeviceMap, Layout, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import (
     MESH_AXES,
@@ -24,6 +24,8 @@ from planner.schemas.geometry import (
     mesh_shape,
     rank_of,
     stage_chunks,
+    vocabulary_rows,
+    vocabulary_share,
 )
 
 
@@ -125,3 +127,33 @@ def test_groups_hold_the_devices_of_their_mesh_coordinates(d: int, t: int, p: in
     assert [g.devices for g in grp.expert_data_groups(layout)] == [
         tuple(at(s, g * ep + i, j) for g in range(d // ep)) for s in range(p) for j in range(t) for i in range(ep)
     ]
+
+
+def test_vocabulary_rows_split_the_vocabulary_over_the_pipeline() -> None:
+    split = Layout(
+        data_parallel_degree=1,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=3,
+        micro_batch_size=1,
+        vocabulary_layout=VocabularyLayout.VOCAB_2,
+    )
+    rows = [vocabulary_rows(10, split, s) for s in range(3)]
+    assert rows == [range(0, 4), range(4, 7), range(7, 10)]
+    assert [vocabulary_share(split, s) for s in range(3)] == [(1 / 3, 1 / 3)] * 3
+    assert not any(holds_output_layer(split, s) for s in range(3))
+    pinned = replace(split, vocabulary_layout=VocabularyLayout.PINNED)
+    assert vocabulary_rows(10, pinned, 1) == range(10)
+    assert [vocabulary_share(pinned, s) for s in range(3)] == [(1.0, 0.0), (0.0, 0.0), (0.0, 1.0)]
+
+
+@pytest.mark.parametrize("change", [{"pipeline_parallel_degree": 1}, {"schedule": "gpipe"}])
+def test_a_vocabulary_split_over_the_pipeline_needs_a_1f1b_pipeline(change: dict[str, object]) -> None:
+    fields: dict[str, object] = {
+        "data_parallel_degree": 1,
+        "tensor_parallel_degree": 1,
+        "pipeline_parallel_degree": 2,
+        "micro_batch_size": 1,
+        "vocabulary_layout": VocabularyLayout.VOCAB_1,
+    }
+    with pytest.raises(SchemaError, match="vocab-1 splits the vocabulary over the pipeline ranks"):
+        Layout(**{**fields, **change})  # type: ignore[arg-type]
