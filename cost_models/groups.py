@@ -65,6 +65,13 @@ def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Gro
                 yield _group(layout, rank_of(layout, s, i, j), MeshAxis.DP, layout.data_parallel_degree // ep, ep)
 
 
+def pipeline_groups(layout: Layout) -> Iterator[Group]:
+    """Every pipeline group: the p stages of one (replica, shard) coordinate."""
+    for r in range(layout.data_parallel_degree):
+        for j in range(layout.tensor_parallel_degree):
+            yield _group(layout, rank_of(layout, 0, r, j), MeshAxis.PP, layout.pipeline_parallel_degree)
+
+
 def stage_boundaries(layout: Layout) -> Iterator[tuple[int, int]]:
     """(sender, receiver) device pairs between consecutive pipeline stages."""
     for s in range(layout.pipeline_parallel_degree - 1):

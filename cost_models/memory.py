@@ -36,6 +36,7 @@ from cost_models.expert_parallel import StageExpertLoad, stage_expert_loads
 from cost_models.params import StageParams, stage_moe_layers, stage_params
 from cost_models.sharding import stage_model_states
 from cost_models.validate import check_stage
+from cost_models.vocabulary import vocabulary_activation_bytes, vocabulary_logits_bytes
 from planner.schemas import (
     ClusterProfile,
     DeviceKind,
@@ -47,8 +48,10 @@ from planner.schemas import (
 )
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
+    chunk_stage,
     in_flight_micro_batches,
     num_micro_batches,
+    output_chunk,
     stage_layers,
 )
 from planner.schemas.routing import RoutingStats
@@ -76,7 +79,9 @@ def stage_activation_bytes(
     stage holding the embedding adds its ids and dropout mask per in-flight micro-batch
     (Korthikanti sec. 4.3); the stage holding the output layer adds the final norm and
     output-projection inputs of the micro-batches whose loss awaits its backward: all m under
-    GPipe, one otherwise (the last chunk runs its backward right after its forward).
+    GPipe, one otherwise (the last chunk runs its backward right after its forward). Split over
+    the pipeline, every stage keeps the ids and its vocabulary passes' tensors
+    (``vocabulary.vocabulary_activation_bytes``), and the last the final norm's input.
 
     Args:
         model: the model.
@@ -117,16 +122,19 @@ def stage_activation_bytes(
         working.append(rematerialized_bytes(terms, recompute))
     if kept:
         total += sum(kept) * in_flight + max(working)
-    if params.holds_embedding:
+    if params.embedding_share:  # its token ids (every rank of a vocabulary split looks them up)
         embedding = embedding_activation_bytes(
             model, seq_len=s, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp
         )
         total += embedding * in_flight
+    output = output_layer_activation_bytes(
+        model, seq_len=s, micro_batch_size=b, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
+    )
     if params.holds_output_layer:
-        output = output_layer_activation_bytes(
-            model, seq_len=s, micro_batch_size=b, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
-        )
         total += output * _loss_micro_batches(layout, m)
+    elif params.output_share:  # split over the pipeline: the last stage keeps its final norm's input
+        total += vocabulary_activation_bytes(model, training, layout)
+        total += output / 2 if stage == chunk_stage(layout, output_chunk(layout)) else 0.0
     return total
 
 
@@ -134,7 +142,8 @@ def stage_logits_bytes(
     model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int, params: StageParams
 ) -> float:
     """fp32 logits on the stage holding the output layer: one copy per micro-batch awaiting its
-    backward, plus one.
+    backward, plus one. Split over the pipeline, every stage's softmax shards
+    (``vocabulary.vocabulary_logits_bytes``).
 
     Each kept micro-batch holds its fp32 logits / softmax (4 s b V / t); the extra copy is the
     fp32 gradient of the logits built during the backward of one micro-batch. Under 1F1B this is
@@ -145,7 +154,7 @@ def stage_logits_bytes(
     """
     check_stage(layout, stage)
     if not params.holds_output_layer:
-        return 0.0
+        return vocabulary_logits_bytes(model, training, layout)
     one = logits_bytes(
         model,
         seq_len=training.seq_len,

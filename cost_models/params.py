@@ -14,10 +14,12 @@ from cost_models.validate import check_stage
 from planner.schemas import Layout, ModelSpec, NormKind, PositionEmbedding
 from planner.schemas.geometry import (
     chunk_layers,
+    chunk_stage,
     chunks_of_stage,
-    holds_embedding,
-    holds_output_layer,
+    embedding_chunk,
+    output_chunk,
     stage_layers,
+    vocabulary_share,
 )
 
 
@@ -209,6 +211,11 @@ class StageParams:
     holds_output_layer: bool
     """Whether the stage holds the final norm, the output layer and the loss
     (``geometry.holds_output_layer``)."""
+    embedding_share: float = 0.0
+    """Share of the word embedding's rows the stage holds (``geometry.vocabulary_share``): 1 on
+    the embedding's stage when pinned, 1/p everywhere when split over the pipeline."""
+    output_share: float = 0.0
+    """Share of the output layer's rows (and of its and the loss's work) the stage holds."""
     units: int = 1
     """Modules sharded and gathered one at a time under ZeRO 2-3: one per transformer layer, and
     one for the embedding, final norm and output layer the stage holds (FSDP's wrapping of each
@@ -245,8 +252,9 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         layout.data_parallel_degree // ep > 1,
         stage_layers(model, layout)[stage],
         stage_moe_layers(model, layout)[stage],
-        holds_embedding(layout, stage),
-        holds_output_layer(layout, stage),
+        *vocabulary_share(layout, stage),
+        chunk_stage(layout, embedding_chunk(layout)) == stage,
+        chunk_stage(layout, output_chunk(layout)) == stage,
         layout.expert_placement.slots_per_rank if layout.expert_placement is not None else None,
     )
 
@@ -259,14 +267,17 @@ def _stage_params(
     experts_sharded: bool,
     layers_here: int,
     moe_here: int,
-    embedding_here: bool,
-    output_here: bool,
+    embedding_share: float,
+    output_share: float,
+    first: bool,
+    last: bool,
     slots: int | None,
 ) -> StageParams:
     """``stage_params`` of what it reads of the layout: t, ep, whether d / ep > 1, the stage's
-    layers and MoE layers, which vocabulary layers it holds, and the expert slots per rank of its
-    placement (None: E / ep). Memoized on those: the many layouts of a search that differ in
-    anything else (micro-batch, ZeRO, recompute, ...) share it."""
+    layers and MoE layers, its shares of the vocabulary layers, whether it is the first (learned
+    positions) and the last stage (final norm), and the expert slots per rank of its placement
+    (None: E / ep). Memoized on those: the many layouts of a search that differ in anything else
+    (micro-batch, ZeRO, recompute, ...) share it."""
     dense_here = layers_here - moe_here
     units: list[float] = []
     dense = 0.0
@@ -285,19 +296,25 @@ def _stage_params(
         experts_gathered = expert_per_layer if experts_sharded else 0.0
         units.append(moe_layer.total - expert_per_layer + experts_gathered)
     word_embedding = model.vocab_size * model.hidden_size / t
-    if embedding_here:
-        embedding = word_embedding + (embedding_params(model) - model.vocab_size * model.hidden_size)
+    positions = embedding_params(model) - model.vocab_size * model.hidden_size
+    embedding = embedding_share * word_embedding + (positions if first else 0.0)
+    if embedding:
         dense += embedding
         units.append(embedding)
-    if output_here:
-        head = word_embedding if (not model.tie_word_embeddings or not embedding_here) else 0.0
-        dense += norm_params(model) + head
-        units.append(norm_params(model) + head)
+    # A tied output layer reuses the embedding rows held on the same rank.
+    head = output_share * word_embedding if not (model.tie_word_embeddings and embedding_share) else 0.0
+    output = head + (norm_params(model) if last else 0.0)
+    if output_share:
+        dense += output
+        units.append(output)
+    pinned_embedding, pinned_output = embedding_share == 1.0, output_share == 1.0
     return StageParams(
         dense=dense,
         expert=moe_here * expert_per_layer,
         largest_unit=max(units, default=0.0),
-        holds_embedding=embedding_here,
-        holds_output_layer=output_here,
-        units=max(1, layers_here + (1 if embedding_here or output_here else 0)),
+        holds_embedding=pinned_embedding,
+        holds_output_layer=pinned_output,
+        embedding_share=embedding_share,
+        output_share=output_share,
+        units=max(1, layers_here + (1 if embedding_share or output_share else 0)),
     )

@@ -16,17 +16,20 @@ kernels: it holds every small op and launch the kernel sum leaves out. The profi
 layer with a dense MLP; an MoE layer adds the modeled difference between its MLP (router,
 routed and shared experts, permutation) and that dense one.
 The output layer (final norm, head, loss) likewise, where the profile timed the runtime's own,
-vocabulary-parallel under tensor parallelism, its collectives counted as its compute; it runs on
-the stage that holds it (``StageParams.holds_output_layer``), the embedding on the stage that
-holds that. Under ZeRO 2-3 each sharded unit (``StageParams.units``) adds, every micro-batch, what the
-profiler timed FSDP spending of its own (``sharding.sharded_unit_s``; its collectives are priced
-in cost_models.data_parallel).
+vocabulary-parallel under tensor parallelism, its collectives counted as its compute; each stage
+does its share of it and of the embedding (``StageParams.output_share``, ``embedding_share``):
+all on the stage holding it when pinned, 1/p on every stage when the vocabulary is split over
+the pipeline, which then waits for the part of its vocabulary collectives that its layers'
+compute does not hide (``cost_models.vocabulary``). Under ZeRO 2-3 each sharded unit
+(``StageParams.units``) adds, every micro-batch, what the profiler timed FSDP spending of its
+own (``sharding.sharded_unit_s``; its collectives are priced in cost_models.data_parallel).
 Units: seconds.
 """
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cost_models import groups as grp
 from cost_models import layer_work as lw
 from cost_models.comm import Group
 from cost_models.compute import (
@@ -41,6 +44,7 @@ from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_lo
 from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import tensor_parallel_layer_s
+from cost_models.vocabulary import NO_COMM, vocabulary_comm
 from planner.schemas import ClusterProfile, DeviceProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import stage_layers
 from planner.schemas.routing import RoutingStats
@@ -61,11 +65,20 @@ class StageTime:
     expert_parallel_comm_s: float
     backward_s: float
     """Backward compute alone: the window in which gradient reduction can overlap."""
+    vocabulary_comm_s: float = 0.0
+    """The vocabulary collectives over the pipeline group the stage waits for, when the
+    vocabulary is split over it (``vocabulary.VocabularyComm.exposed_s``)."""
 
     @property
     def total_s(self) -> float:
         """Everything the stage spends on one micro-batch."""
-        return self.compute_s + self.recompute_s + self.tensor_parallel_comm_s + self.expert_parallel_comm_s
+        return (
+            self.compute_s
+            + self.recompute_s
+            + self.tensor_parallel_comm_s
+            + self.expert_parallel_comm_s
+            + self.vocabulary_comm_s
+        )
 
 
 def stage_times(
@@ -118,6 +131,11 @@ def stage_times(
         output_s = gemm_time_s(out_gemm, dev, dt) + backward_gemms_time_s((out_gemm,), dev, dt) + out_elem
     embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
+    vocabulary = (
+        vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
+        if layout.vocabulary_layout.over_pipeline
+        else NO_COMM
+    )
     unit_s = sharded_unit_s(dev, layout, dt)
     none = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0)
     experts = _expert_gemms_time(model, training, cluster, layout) if True in kinds else none
@@ -126,21 +144,21 @@ def stage_times(
         zip(stage_layers(model, layout), stage_expert_loads(model, training, layout, routing), strict=True)
     ):
         held = stage_params(model, layout, stage)
-        extra = (embed_s if held.holds_embedding else 0.0) + (output_s if held.holds_output_layer else 0.0)
+        extra = held.embedding_share * embed_s + held.output_share * output_s
         extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
         extra += held.units * unit_s
         counts = {False: n - load.moe_layers, True: load.moe_layers}
         here = [(counts[moe], kinds[moe]) for moe in kinds if counts[moe]]
         hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
+        layers_s = sum((c * (k.forward_s + k.backward_s) for c, k in here), 0.0)
         out.append(
             StageTime(
-                compute_s=sum((c * (k.forward_s + k.backward_s) for c, k in here), 0.0)
-                + hot * (experts.forward_s + experts.backward_s)
-                + extra,
+                compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
                 recompute_s=sum((c * k.recompute_s for c, k in here), 0.0) + hot * experts.recompute_s,
                 tensor_parallel_comm_s=n * tp_layer,
                 expert_parallel_comm_s=load.exchange_sum * ep_layer,
                 backward_s=sum((c * k.backward_s for c, k in here), 0.0) + hot * experts.backward_s,
+                vocabulary_comm_s=vocabulary.exposed_s(layers_s),
             )
         )
     return tuple(out)

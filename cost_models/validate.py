@@ -55,8 +55,6 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             f"{model.num_hidden_layers} layers cannot fill pp x v = {layout.num_chunks} model chunks"
         )
     check_experts(model, layout)
-    if layout.vocabulary_layout.over_pipeline:
-        raise InfeasibleConfigError(f"vocabulary_layout={layout.vocabulary_layout!s} is not priced yet; use 'pinned'")
 
 
 def check_stage(layout: Layout, stage: int) -> None:

@@ -39,6 +39,7 @@ from planner.schemas import (
     Plan,
     RunReport,
     TrainingSpec,
+    VocabularyLayout,
 )
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import num_micro_batches
@@ -136,6 +137,7 @@ def search_outcome(
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing_trace: Path | str | None = None,
     expert_replicas: int = 0,
+    vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -156,6 +158,8 @@ def search_outcome(
             routing is assumed uniform.
         expert_replicas: with ``routing_trace``, spare expert slots per expert-parallel rank and
             MoE layer, filled with replicas of the hottest experts (DeepSeek's EPLB redundant experts).
+        vocabulary_layouts: where the vocabulary layers may go (default: pinned, or split over
+            the pipeline by Vocabulary Parallelism's Algorithm 2).
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -190,6 +194,7 @@ def search_outcome(
         progress=progress,
         refiners=refiners,
         routing=routing,
+        vocabulary_layouts=vocabulary_layouts,
     )
     ranked = outcome.ranked
     plans = tuple(
@@ -224,12 +229,13 @@ def search(
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing_trace: Path | str | None = None,
     expert_replicas: int = 0,
+    vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
 ) -> tuple[Plan, ...]:
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
         model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress,
-            refiners, routing_trace, expert_replicas: as for :func:`search_outcome`.
+            refiners, routing_trace, expert_replicas, vocabulary_layouts: as for :func:`search_outcome`.
 
     Returns:
         Up to ``top_k`` plans, fastest first.
@@ -251,6 +257,7 @@ def search(
         refiners=refiners,
         routing_trace=routing_trace,
         expert_replicas=expert_replicas,
+        vocabulary_layouts=vocabulary_layouts,
     )
     return plans
 

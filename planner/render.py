@@ -135,6 +135,29 @@ def comparison_view(plan: Plan) -> Table:
     return table
 
 
+def vocabulary_view(chosen: Estimate, layout: Layout, other: Estimate, other_layout: Layout) -> Table:
+    """Per pipeline stage, compute per micro-batch and peak memory under the plan's vocabulary
+    layout and another (pinned against split over the pipeline), with the step time of each."""
+    a, b = str(layout.vocabulary_layout), str(other_layout.vocabulary_layout)
+    table = Table(
+        title=f"vocabulary layers: {a} (chosen) against {b}",
+        caption=f"step time {chosen.step_time_s:.4g} s against {other.step_time_s:.4g} s; peak memory per rank "
+        f"{gib(chosen.peak_memory_bytes)} against {gib(other.peak_memory_bytes)} GiB",
+    )
+    for name in ("stage", "layers", f"ms / micro-batch {a}", b, f"GiB {a}", b):
+        table.add_column(name, justify="right")
+    for ours, theirs in zip(chosen.stages, other.stages, strict=True):
+        table.add_row(
+            str(ours.stage),
+            str(ours.layers),
+            f"{ours.compute_per_micro_batch_s * 1e3:.4g}",
+            f"{theirs.compute_per_micro_batch_s * 1e3:.4g}",
+            gib(ours.memory.total_bytes),
+            gib(theirs.memory.total_bytes),
+        )
+    return table
+
+
 def placement_view(comparison: PlacementComparison) -> Table:
     """The plan's expert placement beside round-robin on a routing trace: routed tokens summed
     over the MoE layers, and the ratio of the two."""

@@ -114,6 +114,7 @@ LAYOUT_OPTIONS = {
     "schedule": "schedule",
     "virtual_stages": "virtual_stages",
     "layer_split": "layer_split",
+    "vocabulary_layout": "vocabulary_layout",
 }
 """estimate's options that set a Layout field: option parameter -> field."""
 

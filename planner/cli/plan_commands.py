@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -38,8 +39,9 @@ from planner.render import (
     placement_hint,
     placement_view,
     ranked_table,
+    vocabulary_view,
 )
-from planner.schemas import AttentionKernel, DType, Plan, Recompute, Schedule
+from planner.schemas import AttentionKernel, DType, Layout, Plan, Recompute, Schedule, VocabularyLayout
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
 
@@ -70,6 +72,14 @@ def estimate(
         int | None, typer.Option(min=1, help="Model chunks per pipeline rank (interleaved) [default: 1].")
     ] = None,
     layer_split: Annotated[str | None, typer.Option(help="Layers per model chunk, e.g. 7,9,9,7.")] = None,
+    vocabulary_layout: Annotated[
+        VocabularyLayout | None,
+        typer.Option(
+            help="Where the embedding, output layer and loss go: pinned to the first and last stage, or split by "
+            "vocabulary over every pipeline rank (vocab-1, vocab-2: Vocabulary Parallelism's two algorithms; "
+            "1f1b pipelines) [default: pinned]."
+        ),
+    ] = None,
     dtype: Annotated[DType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")] = None,
     attention: Annotated[AttentionKernel | None, typer.Option(help="Attention kernel [default: flash].")] = None,
     capacity_factor: CapacityOpt = None,
@@ -129,6 +139,14 @@ def search(
             "experts from it (without one, routing is assumed uniform)."
         ),
     ] = None,
+    vocabulary_layout: Annotated[
+        list[VocabularyLayout] | None,
+        typer.Option(
+            help="A vocabulary layout the search may choose; repeat for several (e.g. --vocabulary-layout pinned "
+            "to keep the embedding and output layer on the first and last stage, for a training framework without "
+            "Vocabulary Parallelism) [default: pinned].",
+        ),
+    ] = None,
     expert_replicas: Annotated[
         int,
         typer.Option(
@@ -162,6 +180,7 @@ def search(
             progress=progress,
             routing_trace=routing_trace,
             expert_replicas=expert_replicas,
+            vocabulary_layouts=vocabulary_layout,
         )
     Console().print(ranked_table(outcome, plans))
     if training.moe_capacity_factor is not None and not training.moe_pad_to_capacity:
@@ -198,12 +217,26 @@ def explain(
     console = Console()
     console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
     console.print(comparison_view(loaded))
+    other = _other_vocabulary(loaded.layout)
+    if other is not None:
+        estimate = api.estimate(loaded.model, cluster, loaded.training, other)
+        console.print(vocabulary_view(loaded.estimate, loaded.layout, estimate, other))
     if placement is not None:
         console.print(placement_view(placement))
     elif routing_trace is not None:
         typer.echo(NO_PLACEMENT)
     elif placement_applies(loaded.model, loaded.layout):
         typer.echo(placement_hint(str(plan)))
+
+
+def _other_vocabulary(layout: Layout) -> Layout | None:
+    """The layout with its vocabulary layers the other way (pinned against split over the
+    pipeline), where a pipeline allows both; None otherwise."""
+    if layout.pipeline_parallel_degree < 2 or layout.schedule is not Schedule.ONE_F_ONE_B:
+        return None
+    pinned = VocabularyLayout.PINNED
+    other = VocabularyLayout.VOCAB_2 if layout.vocabulary_layout is pinned else pinned
+    return replace(layout, vocabulary_layout=other)
 
 
 def launch(

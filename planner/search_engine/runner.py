@@ -6,9 +6,17 @@ how close the best attempt came, what dominated its memory and what would make i
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from planner.schemas import ClusterProfile, ModelSpec, Recompute, RoutingStats, TrainingSpec, ZeroStage
+from planner.schemas import (
+    ClusterProfile,
+    ModelSpec,
+    Recompute,
+    RoutingStats,
+    TrainingSpec,
+    VocabularyLayout,
+    ZeroStage,
+)
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
 from planner.search_engine.layer_split import LayerSplitRefiner
@@ -48,13 +56,15 @@ def run_search(
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing: RoutingStats | None = None,
+    vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
 ) -> SearchOutcome:
     """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
 
     The strategy searches the space; its fastest finalists then pass through ``refiners`` in
     order (the CP-SAT layer split by default), and the refined layouts are ranked. With
     ``routing`` (a routing trace's statistics) every layout's MoE layers are priced at their
-    busiest rank's load; without, routing is assumed uniform.
+    busiest rank's load; without, routing is assumed uniform. ``vocabulary_layouts`` narrows or
+    widens where the vocabulary layers may go (default: ``SearchSpace.vocabulary_layouts``).
 
     Raises:
         InfeasibleConfigError: no layout fits; the message says why and what would help.
@@ -64,6 +74,8 @@ def run_search(
     space = SearchSpace(
         model=model, training=training, world_size=cluster.world_size, devices_per_node=cluster.devices_per_node
     )
+    if vocabulary_layouts:
+        space = replace(space, vocabulary_layouts=tuple(vocabulary_layouts))
     evaluate = Evaluator(model, training, cluster, memory_margin=memory_margin, routing=routing)
     result = strategy.search(space, evaluate, budget, seed=seed, progress=progress)
     if not result.feasible:

@@ -14,6 +14,8 @@ combination they produce is a layout the cost models can price (memory fit aside
 - Schedules: 1F1B, and interleaved when pp divides the micro-batch count, with every v whose
   pp x v chunks each get a layer.
 - Sequence parallelism needs tp > 1 dividing the sequence length.
+- The vocabulary layers pinned to the first and last stage, or split over the pipeline ranks
+  (Vocabulary Parallelism) when there are two or more stages under 1F1B.
 - ZeRO stages that can differ (``zero_stages_for``): over one replica nothing is sharded, so
   only the lowest stage; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds and take longer
   (cost_models.pipeline.defers_gradient_reduction), so none above ZeRO-1.
@@ -21,15 +23,15 @@ combination they produce is a layout the cost models can price (memory fit aside
   strategy's pruning relies on it (``groups``).
 
 The layer split starts even; refiners improve it on the finalists (``refiner``). A new axis
-(context parallelism, the vocabulary layout, ...) is one more ``Axis`` in ``AXES``.
+(context parallelism, ...) is one more ``Axis`` in ``AXES``.
 """
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, VocabularyLayout, ZeroStage
 
-Choice = int | bool | Schedule | Recompute | ZeroStage
+Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout
 """A value one axis takes: what the matching Layout field holds."""
 Assignment = Mapping[str, Choice]
 """Values chosen so far, by axis name."""
@@ -136,6 +138,12 @@ def _sequence_parallel(space: "SearchSpace", chosen: Assignment) -> list[bool]:
     return [sp for sp in space.sequence_parallel if not (sp and space.training.seq_len % tp)]
 
 
+def _vocabulary(space: "SearchSpace", chosen: Assignment) -> list[VocabularyLayout]:
+    """Pinned always; split over the pipeline with two or more stages under 1F1B."""
+    split = int(chosen["pp"]) > 1 and chosen["schedule"] is Schedule.ONE_F_ONE_B
+    return [v for v in space.vocabulary_layouts if split or not v.over_pipeline]
+
+
 def _zero_stage(space: "SearchSpace", chosen: Assignment) -> tuple[ZeroStage, ...]:
     return space.zero_stages_for(int(chosen["dp"]), int(chosen["pp"]))
 
@@ -153,6 +161,7 @@ AXES: tuple[Axis, ...] = (
     Axis(name="schedule", field="schedule", depends_on=("dp", "pp", "micro_batch_size"), rule=_schedule),
     Axis(name="virtual_stages", field="virtual_stages", depends_on=("pp", "schedule"), rule=_virtual_stages),
     Axis(name="sequence_parallel", field="sequence_parallel", depends_on=("tp",), rule=_sequence_parallel),
+    Axis(name="vocabulary", field="vocabulary_layout", depends_on=("pp", "schedule"), rule=_vocabulary),
     Axis(name="zero_stage", field="zero_stage", depends_on=("dp", "pp"), rule=_zero_stage),
     Axis(name="recompute", field="recompute", rule=_recompute),
 )
@@ -173,6 +182,11 @@ class SearchSpace:
     """In increasing order of time (and decreasing memory): strategies rely on it."""
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
     sequence_parallel: tuple[bool, ...] = (True, False)
+    vocabulary_layouts: tuple[VocabularyLayout, ...] = (VocabularyLayout.PINNED,)
+    """Where the vocabulary layers may go (``schemas.geometry``). Algorithm 1 (``VOCAB_1``) is
+    priced but not searched by default: it holds one more micro-batch in flight than Algorithm 2
+    and waits on one more barrier, so the cost model never prefers it (the paper measured the two
+    within 0.5% MFU of each other, Algorithm 2 with less memory)."""
     max_tensor_parallel: int | None = None
     """Largest tensor-parallel degree; None means one node's devices."""
     max_virtual_stages: int = 8

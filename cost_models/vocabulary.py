@@ -1,0 +1,124 @@
+"""The vocabulary layers split over the pipeline ranks: what every rank holds, keeps and sends.
+
+Vocabulary Parallelism (Yeung, Qi, Lin, Wan, "Balancing Pipeline Parallelism with Vocabulary
+Parallelism", MLSys 2025; its code, github.com/sail-sg/VocabularyParallelism) splits the input
+embedding and the output layer by vocabulary rows over all p pipeline ranks
+(``schemas.geometry.vocabulary_rows``), so each rank holds V/(p t) rows of each and does 1/p of
+their work (``geometry.vocabulary_share``). Per micro-batch, over the pipeline group:
+
+- output layer: the last stage broadcasts its final hidden states X in fp32 with one more
+  column (the previous micro-batch's per-token loss gradient), s b (h + 1) x 4 bytes; every
+  rank all-reduces three per-token fp32 statistics (max, target logit, sum of exp), 3 s b x 4
+  bytes; the input gradient dX, s b h x 4 bytes, is summed with an all-reduce;
+- input embedding: the partial lookups, s b h x dtype, are summed with an all-reduce; the
+  gradient of the embedding's output, as many bytes, is broadcast back.
+
+The collectives run on their own stream beside the transformer layers (the paper's Fig. 5), so
+only what does not fit behind a stage's layers is exposed, plus each all-reduce barrier the
+next step waits on: Algorithm 1 (``VOCAB_1``) waits twice (statistics, then dX), Algorithm 2
+(``VOCAB_2``) once; to keep the pipeline busy meanwhile they run 2 and 1 more micro-batches in
+flight (``VocabularyLayout.extra_in_flight``; the paper's p + 2 and p + 1 under 1F1B). A
+broadcast moves what an all-gather of the same buffer moves per rank ((n - 1)/n of it, a
+pipelined ring), and is priced as one.
+
+Every rank keeps, for each micro-batch between its two vocabulary passes (one awaiting its
+gradient pass while the next is computed: two), its fp32 softmax shard (``logits_bytes`` / p),
+X in fp32, and under Algorithm 2 the two fp32 dX partials of the fused reduction.
+Units: seconds, bytes.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cost_models.activations import logits_bytes
+from cost_models.comm import Group, slowest_collective_s
+from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec, VocabularyLayout
+
+FP32_BYTES = 4
+STATISTICS = 3
+"""Per-token fp32 values all-reduced in the output layer's forward: max, target logit, sum of exp."""
+KEPT_MICRO_BATCHES = 2
+"""Micro-batches whose vocabulary state a rank keeps at once: one awaiting its gradient pass,
+one being computed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VocabularyComm:
+    """One micro-batch's vocabulary collectives on one rank of the pipeline group."""
+
+    total_s: float
+    """All of them, back to back."""
+    barrier_s: float
+    """The all-reduces the next computation waits on (statistics; and dX under Algorithm 1)."""
+
+    def exposed_s(self, overlap_window_s: float) -> float:
+        """What a stage waits: the barriers, and whatever of the rest its layers' compute of
+        one micro-batch (``overlap_window_s``) does not hide."""
+        return self.barrier_s + max(0.0, self.total_s - self.barrier_s - overlap_window_s)
+
+
+NO_COMM = VocabularyComm(total_s=0.0, barrier_s=0.0)
+
+
+def vocabulary_comm(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    pipeline_groups: Iterable[Group],
+) -> VocabularyComm:
+    """The vocabulary collectives of one micro-batch (module docstring); none when pinned.
+
+    Args:
+        model: hidden size.
+        training: sequence length and precision.
+        cluster: links and collective records.
+        layout: the vocabulary layout and micro-batch size.
+        pipeline_groups: the pipeline groups (devices), the slowest of which is priced.
+    """
+    if not layout.vocabulary_layout.over_pipeline:
+        return NO_COMM
+    groups = tuple(pipeline_groups)
+    tokens = training.seq_len * layout.micro_batch_size
+    hidden = tokens * model.hidden_size
+
+    def cost(op: CollectiveOp, message_bytes: float) -> float:
+        return slowest_collective_s(op, message_bytes, groups, cluster)
+
+    statistics_s = cost(CollectiveOp.ALL_REDUCE, STATISTICS * tokens * FP32_BYTES)
+    input_grad_s = cost(CollectiveOp.ALL_REDUCE, hidden * FP32_BYTES)
+    total = (
+        cost(CollectiveOp.ALL_GATHER, tokens * (model.hidden_size + 1) * FP32_BYTES)  # broadcast X and dloss
+        + statistics_s
+        + input_grad_s
+        + cost(CollectiveOp.ALL_REDUCE, hidden * training.dtype.bytes)  # the embedding's partial lookups
+        + cost(CollectiveOp.ALL_GATHER, hidden * training.dtype.bytes)  # broadcast of its output's gradient
+    )
+    barrier = statistics_s + (input_grad_s if layout.vocabulary_layout is VocabularyLayout.VOCAB_1 else 0.0)
+    return VocabularyComm(total_s=total, barrier_s=barrier)
+
+
+def vocabulary_logits_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """The fp32 softmax shards one rank keeps for its vocabulary passes, ``KEPT_MICRO_BATCHES`` x
+    4 s b V/(t p) (module docstring); 0 when pinned."""
+    if not layout.vocabulary_layout.over_pipeline:
+        return 0.0
+    one = logits_bytes(
+        model,
+        seq_len=training.seq_len,
+        micro_batch_size=layout.micro_batch_size,
+        tensor_parallel_degree=layout.tensor_parallel_degree,
+    )
+    return KEPT_MICRO_BATCHES * one / layout.pipeline_parallel_degree
+
+
+def vocabulary_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """The other fp32 tensors one rank keeps for its vocabulary passes (module docstring): X for
+    ``KEPT_MICRO_BATCHES`` micro-batches, 4 s b h each, and under Algorithm 2 the two dX
+    partials, 2 x 4 s b h; 0 when pinned."""
+    vocabulary = layout.vocabulary_layout
+    if not vocabulary.over_pipeline:
+        return 0.0
+    hidden = FP32_BYTES * training.seq_len * layout.micro_batch_size * model.hidden_size
+    partials = 2 * hidden if vocabulary is VocabularyLayout.VOCAB_2 else 0.0
+    return KEPT_MICRO_BATCHES * hidden + partials

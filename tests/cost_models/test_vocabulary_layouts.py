@@ -1,0 +1,128 @@
+"""The vocabulary layers pinned or split over the pipeline ranks (Vocabulary Parallelism):
+hand-worked shares, kept bytes and waits, and what the split does to the estimate and the search."""
+
+from dataclasses import replace
+
+import pytest
+from conftest import make_cluster
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cost_models import groups as grp
+from cost_models.estimate import estimate
+from cost_models.memory import stage_activation_bytes, stage_logits_bytes
+from cost_models.params import stage_params
+from cost_models.timing import stage_times
+from cost_models.vocabulary import VocabularyComm, vocabulary_activation_bytes, vocabulary_comm
+from planner import api
+from planner.inputs import load_model
+from planner.schemas import DType, Layout, TrainingSpec, VocabularyLayout
+from planner.schemas.geometry import in_flight_micro_batches
+
+PINNED, VOCAB_1, VOCAB_2 = VocabularyLayout.PINNED, VocabularyLayout.VOCAB_1, VocabularyLayout.VOCAB_2
+# llama3-8b's shape with 32 layers, untied 128k vocabulary
+MODEL = load_model("llama3-8b")
+TRAINING = TrainingSpec(global_batch_size=64, seq_len=4096, dtype=DType.BF16)
+CLUSTER = make_cluster(per_node=8)
+
+
+def _layout(vocabulary: VocabularyLayout = VOCAB_2, p: int = 4) -> Layout:
+    return Layout(
+        data_parallel_degree=8 // p,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=p,
+        micro_batch_size=1,
+        vocabulary_layout=vocabulary,
+    )
+
+
+def test_every_stage_holds_a_pth_of_both_vocabulary_matrices() -> None:
+    v, h = MODEL.vocab_size, MODEL.hidden_size
+    pinned = [stage_params(MODEL, _layout(PINNED), s) for s in range(4)]
+    split = [stage_params(MODEL, _layout(VOCAB_2), s) for s in range(4)]
+    # pinned: V h of embedding on stage 0, V h of output layer (+ final norm) on stage 3
+    assert split[1].dense - pinned[1].dense == pytest.approx(2 * v * h / 4)
+    assert pinned[0].dense - split[0].dense == pytest.approx(v * h - 2 * v * h / 4)
+    assert sum(x.dense for x in split) == pytest.approx(sum(x.dense for x in pinned))
+    assert [(x.embedding_share, x.output_share) for x in split] == [(0.25, 0.25)] * 4
+
+
+@given(p=st.sampled_from([2, 4, 8]), tied=st.booleans())
+def test_the_split_moves_parameters_and_loses_none(p: int, tied: bool) -> None:
+    model = MODEL.model_copy(update={"tie_word_embeddings": tied})
+    totals = {
+        vocabulary: sum(stage_params(model, _layout(vocabulary, p), s).dense for s in range(p))
+        for vocabulary in (PINNED, VOCAB_2)
+    }
+    # Pinned and tied, the last stage keeps a copy of the embedding (Megatron-LM); split, each
+    # rank's output rows are its embedding rows.
+    copy = model.vocab_size * model.hidden_size if tied else 0.0
+    assert totals[PINNED] == pytest.approx(totals[VOCAB_2] + copy)
+
+
+def test_one_and_two_more_micro_batches_in_flight() -> None:
+    m = 8
+    assert [in_flight_micro_batches(_layout(PINNED), s, m) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight_micro_batches(_layout(VOCAB_2), s, m) for s in range(4)] == [5, 4, 3, 2]
+    assert [in_flight_micro_batches(_layout(VOCAB_1), s, m) for s in range(4)] == [6, 5, 4, 3]
+
+
+def test_every_stage_keeps_two_softmax_shards_and_its_hidden_states() -> None:
+    s, v, h = TRAINING.seq_len, MODEL.vocab_size, MODEL.hidden_size
+    layout = _layout(VOCAB_2)
+    for stage in range(4):
+        params = stage_params(MODEL, layout, stage)
+        assert stage_logits_bytes(MODEL, TRAINING, layout, stage, params) == pytest.approx(2 * 4 * s * v / 4)
+    # X for two micro-batches and two dX partials, fp32; Algorithm 1 keeps no partials
+    assert vocabulary_activation_bytes(MODEL, TRAINING, layout) == pytest.approx(4 * 4 * s * h)
+    assert vocabulary_activation_bytes(MODEL, TRAINING, _layout(VOCAB_1)) == pytest.approx(2 * 4 * s * h)
+    # the pinned last stage keeps two fp32 copies of the full logits (one awaiting backward, one gradient)
+    last = stage_params(MODEL, _layout(PINNED), 3)
+    assert stage_logits_bytes(MODEL, TRAINING, _layout(PINNED), 3, last) == pytest.approx(2 * 4 * s * v)
+    # the first stage holds one more micro-batch of layers under the split than pinned
+    extra = stage_activation_bytes(MODEL, TRAINING, layout, 0, stage_params(MODEL, layout, 0)) - (
+        stage_activation_bytes(MODEL, TRAINING, _layout(PINNED), 0, stage_params(MODEL, _layout(PINNED), 0))
+    )
+    assert extra > vocabulary_activation_bytes(MODEL, TRAINING, layout)
+
+
+def test_a_stage_waits_for_its_barriers_and_what_its_layers_do_not_hide() -> None:
+    comm = VocabularyComm(total_s=5.0, barrier_s=1.0)
+    assert comm.exposed_s(overlap_window_s=10.0) == 1.0
+    assert comm.exposed_s(overlap_window_s=3.0) == 2.0
+    # Algorithm 1 also waits on the input gradient's all-reduce
+    groups = list(grp.pipeline_groups(_layout()))
+    one = vocabulary_comm(MODEL, TRAINING, CLUSTER, _layout(VOCAB_1), groups)
+    two = vocabulary_comm(MODEL, TRAINING, CLUSTER, _layout(VOCAB_2), groups)
+    assert one.total_s == two.total_s and one.barrier_s > two.barrier_s > 0
+    assert vocabulary_comm(MODEL, TRAINING, CLUSTER, _layout(PINNED), groups).total_s == 0.0
+
+
+def test_the_split_evens_out_the_last_stage() -> None:
+    def times(vocabulary: VocabularyLayout) -> list[float]:
+        layout = _layout(vocabulary)
+        kw = {"tensor_groups": grp.tensor_groups(layout), "expert_groups": grp.expert_groups(layout)}
+        return [st.compute_s for st in stage_times(MODEL, TRAINING, CLUSTER, layout, **kw)]  # type: ignore[arg-type]
+
+    pinned, split = times(PINNED), times(VOCAB_2)
+    assert pinned[3] > pinned[1] and pinned[0] > pinned[1]
+    assert split[0] == pytest.approx(split[3]) and split[1] == pytest.approx(split[3])
+    # the vocabulary work is spread, not lost: every stage does a quarter of it
+    assert sum(split) == pytest.approx(sum(pinned))
+    assert estimate(MODEL, TRAINING, CLUSTER, _layout(VOCAB_2)).step_time_s < (
+        estimate(MODEL, TRAINING, CLUSTER, _layout(PINNED)).step_time_s
+    )
+
+
+def test_search_splits_a_256k_vocabulary_over_the_pipeline_when_it_pays() -> None:
+    # llama3-70b with a 256k vocabulary on 32 H100s: the best plan pipelines, and the vocabulary
+    # split beats pinning it, even with the CP-SAT layer split that prices the vocabulary layers.
+    model = load_model("llama3-70b").model_copy(update={"name": "llama3-70b-256k", "vocab_size": 256_000})
+    training = TrainingSpec(global_batch_size=256, seq_len=4096)
+    plans = api.search(model, "dgx-h100:4", training, top_k=5, vocabulary_layouts=(PINNED, VOCAB_2))
+    best = plans[0].layout
+    assert best.pipeline_parallel_degree > 1 and best.vocabulary_layout is VOCAB_2
+    pinned = [p for p in plans if p.layout.pipeline_parallel_degree > 1 and p.layout.vocabulary_layout is PINNED]
+    assert pinned and pinned[0].estimate.step_time_s > plans[0].estimate.step_time_s
+    even = api.estimate(model, "dgx-h100:4", training, replace(best, vocabulary_layout=PINNED))
+    assert even.step_time_s > 1.02 * plans[0].estimate.step_time_s
