@@ -116,6 +116,18 @@ def _even_split(layers: int, chunks: int) -> tuple[int, ...]:
     return tuple(base + (1 if c in receivers else 0) for c in range(chunks))
 
 
+def accounted_split(layers: int, chunks: int, *, embedding: bool = True, loss: bool = True) -> tuple[int, ...]:
+    """Transformer layers per chunk when the embedding and the loss each count as one layer of
+    the split (Megatron-LM's ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split``): L + e + l slots split evenly (Megatron requires them
+    to divide; the remainder goes to the middle chunks here), the first chunk's slot taken by the
+    embedding, the last chunk's by the loss."""
+    slots = list(_even_split(layers + int(embedding) + int(loss), chunks))
+    slots[0] -= int(embedding)
+    slots[-1] -= int(loss)
+    return tuple(slots)
+
+
 def stage_chunks(layout: Layout, stage: int) -> tuple[int, ...]:
     """Chunks held by pipeline rank ``stage``: stage, stage + p, stage + 2p, ..."""
     return chunks_of_stage(layout.pipeline_parallel_degree, layout.virtual_stages, stage)

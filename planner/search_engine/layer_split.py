@@ -14,7 +14,9 @@ from typing import ClassVar
 
 from ortools.sat.python import cp_model
 
+from planner.schemas import Layout
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.geometry import accounted_split
 from planner.search_engine.evaluate import Evaluator, SplitCosts
 from planner.search_engine.refiner import cp_sat_solver
 from planner.search_engine.strategy import Budget, Candidate
@@ -82,10 +84,14 @@ class LayerSplitRefiner:
     """CP-SAT wall time per finalist at most (less if the search's budget is smaller)."""
 
     def refine(self, candidate: Candidate, evaluate: Evaluator, budget: Budget, *, seed: int) -> Candidate:
-        """The candidate with its layers split by CP-SAT, when that is faster and fits."""
+        """The candidate with its layers split by CP-SAT, or with the embedding and loss counted
+        as layers (``geometry.accounted_split``), whichever is fastest and fits, when faster."""
         layout = candidate.layout
         if layout.pipeline_parallel_degree == 1 or layout.virtual_stages > 1:
             return candidate
+        accounted = accounted_split(evaluate.model.num_hidden_layers, layout.pipeline_parallel_degree)
+        if min(accounted) >= 1:
+            candidate = _faster(candidate, replace(layout, layer_split=accounted), evaluate)
         split_budget = Budget(
             max_time_s=min(budget.max_time_s or self.max_time_s, self.max_time_s), workers=budget.workers
         )
@@ -98,9 +104,13 @@ class LayerSplitRefiner:
         )
         if split is None:
             return candidate
-        balanced = replace(layout, layer_split=split)
-        try:
-            est = evaluate(balanced)
-        except InfeasibleConfigError:
-            return candidate
-        return Candidate(balanced, est) if est.step_time_s < candidate.estimate.step_time_s else candidate
+        return _faster(candidate, replace(layout, layer_split=split), evaluate)
+
+
+def _faster(candidate: Candidate, layout: Layout, evaluate: Evaluator) -> Candidate:
+    """``layout`` evaluated, if it fits and is faster than ``candidate``; else ``candidate``."""
+    try:
+        est = evaluate(layout)
+    except InfeasibleConfigError:
+        return candidate
+    return Candidate(layout, est) if est.step_time_s < candidate.estimate.step_time_s else candidate

@@ -16,6 +16,7 @@ from planner.schemas import DeviceMap, Layout, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import (
     MESH_AXES,
+    accounted_split,
     chunk_layer_range,
     chunk_stage,
     coordinates,
@@ -157,3 +158,11 @@ def test_a_vocabulary_split_over_the_pipeline_needs_a_1f1b_pipeline(change: dict
     }
     with pytest.raises(SchemaError, match="vocab-1 splits the vocabulary over the pipeline ranks"):
         Layout(**{**fields, **change})  # type: ignore[arg-type]
+
+
+def test_megatron_counts_the_embedding_and_the_loss_as_layers() -> None:
+    # Megatron-LM's own example: 30 layers, 8 stages, both flags: 32 / 8 = 4 slots a stage.
+    assert accounted_split(30, 8) == (3, 4, 4, 4, 4, 4, 4, 3)
+    assert accounted_split(31, 8, loss=False) == (3, 4, 4, 4, 4, 4, 4, 4)
+    assert accounted_split(32, 8, embedding=False, loss=False) == (4,) * 8
+    assert sum(accounted_split(32, 8)) == 32
