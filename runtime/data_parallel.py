@@ -58,7 +58,15 @@ class DataParallel:
         replica = self.mesh.get_local_rank()
         return slice(replica * per_replica, (replica + 1) * per_replica)
 
-    def share(self, chunks: Sequence[Decoder], *, optimizer: str, lr: float, compute_dtype: torch.dtype) -> Optimizer:
+    def share(
+        self,
+        chunks: Sequence[Decoder],
+        *,
+        optimizer: str,
+        lr: float,
+        compute_dtype: torch.dtype,
+        outside: Sequence[nn.Parameter] = (),
+    ) -> Optimizer:
         """Shard ``chunks`` (ZeRO-2/3) and return the optimizer of this rank's parameters.
 
         Args:
@@ -66,11 +74,18 @@ class DataParallel:
             optimizer: "adamw" or "sgd" (``runtime.optim.OPTIMIZERS``).
             lr: learning rate.
             compute_dtype: the plan's precision.
+            outside: parameters outside the chunks (vocabulary shards split over the pipeline),
+                averaged over the data-parallel group with the others; ZeRO-0/1 only.
         """
         experts = expert_parameters(chunks) if self.expert_data_mesh is not None else []
         held = {id(p) for p in experts}
         main: DataParallelOptimizer | torch.optim.Optimizer
         if self.shards_with_fsdp:
+            if outside:
+                raise InfeasibleConfigError(
+                    f"zero_stage={int(self.layout.zero_stage)} shards only the model chunks, not the vocabulary shards "
+                    "split over the pipeline; use zero_stage 0 or 1"
+                )
             if experts and compute_dtype != torch.float32:
                 raise InfeasibleConfigError(
                     f"zero_stage={int(self.layout.zero_stage)} with expert parallelism runs in fp32 only so far (the "
@@ -83,7 +98,7 @@ class DataParallel:
             # read after sharding: FSDP replaces each parameter it shards by a new one
             main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
         else:
-            dense = [p for p in parameters(chunks) if id(p) not in held]
+            dense = [p for p in parameters(chunks) if id(p) not in held] + list(outside)
             shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
             main = DataParallelOptimizer(optimizer, dense, lr, self.mesh.get_group(), shard=shard)
         if self.expert_data_mesh is None:
