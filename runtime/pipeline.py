@@ -54,8 +54,8 @@ def build_chunks(
     ]
 
 
-StageActivations = Callable[[int], dict[str, torch.Tensor]]
-"""A chunk's example input and output (meta tensors) as PipelineStage's input_args/output_args."""
+StageActivations = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+"""A chunk's example input and output (meta tensors), PipelineStage's input_args and output_args."""
 
 
 def build_schedule(
@@ -74,10 +74,10 @@ def build_schedule(
     given up front, so that the schedule runs no forward and backward of its own to infer them
     (the vocabulary-parallel passes would take part in those, and the other ranks would not)."""
     n = layout.num_chunks
-    stages: list[_PipelineStageBase] = [
-        PipelineStage(chunk, c, n, device, group=pp_mesh.get_group(), **(activations(c) if activations else {}))
-        for chunk, c in zip(chunks, stage_chunks(layout, stage), strict=True)
-    ]
+    stages: list[_PipelineStageBase] = []
+    for chunk, c in zip(chunks, stage_chunks(layout, stage), strict=True):
+        inputs, outputs = activations(c) if activations else (None, None)
+        stages.append(PipelineStage(chunk, c, n, device, inputs, outputs, group=pp_mesh.get_group()))
     if layout.schedule is Schedule.INTERLEAVED:
         return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss)
     cls = ScheduleGPipe if layout.schedule is Schedule.GPIPE else Schedule1F1B
@@ -93,14 +93,11 @@ def stage_activations(
     vocabulary layout split over the pipeline)."""
     hidden = (micro_batch_size, seq_len, model.hidden_size)
 
-    def activations(chunk: int) -> dict[str, torch.Tensor]:
+    def activations(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = chunk == embedding_chunk(layout)
-        inputs = (
-            torch.empty(micro_batch_size, seq_len, dtype=torch.long, device="meta")
-            if first
-            else torch.empty(hidden, dtype=dtype, device="meta", requires_grad=True)
-        )
-        return {"input_args": inputs, "output_args": torch.empty(hidden, dtype=dtype, device="meta", requires_grad=True)}
+        states = torch.empty(hidden, dtype=dtype, device="meta", requires_grad=True)
+        ids = torch.empty(micro_batch_size, seq_len, dtype=torch.long, device="meta")
+        return (ids if first else states), states
 
     return activations
 

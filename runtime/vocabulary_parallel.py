@@ -192,13 +192,13 @@ class VocabularyParallel:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The first stage's token embedding of a micro-batch (b, s) -> (b, s, h), summed over the
         pipeline ranks' rows; its backward runs the embedding backward pass."""
-        out: torch.Tensor = _EmbedTokens.apply(ids, self.shards.embedding, self)
+        out: torch.Tensor = _EmbedTokens.apply(ids, self.shards.embedding, self)  # type: ignore[no-untyped-call]
         return out
 
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The last stage's loss of a micro-batch: mean cross-entropy of the final-normed hidden
         states (b, s, h) over the vocabulary split across the pipeline ranks."""
-        out: torch.Tensor = _VocabularyLoss.apply(hidden, targets, self)
+        out: torch.Tensor = _VocabularyLoss.apply(hidden, targets, self)  # type: ignore[no-untyped-call]
         return out
 
     # ---- the passes (every rank runs each, the root from its schedule)
@@ -314,4 +314,3 @@ class _VocabularyLoss(torch.autograd.Function):
         dx: torch.Tensor = ctx.dx.to(ctx.dtype)
         ctx.dx = None
         return dx, None, None
-
