@@ -33,6 +33,10 @@ on every rank while the ranks' own schedules go on. The threads serve one step's
 and are joined before the optimizer step. Weight gradients are accumulated by hand (one buffer
 per kind of pass, so no two threads write one tensor), already divided by the micro-batch count
 as the schedule divides its stages' gradients.
+
+Memory tracking on CPU (torch's MemTracker, a dispatch mode, which is per thread) sees what a
+rank runs from its schedule, not its service threads' transient tensors: on a rank other than the
+last, an output pass's fp32 logits shard (b s V/p) and what is derived from it go uncounted.
 """
 
 import threading
@@ -146,9 +150,11 @@ class VocabularyParallel:
         self._ids = list(torch.tensor_split(inputs, micro_batches))
         labels = list(torch.tensor_split(targets, micro_batches))
         self._scale = 1.0 / micro_batches
-        # allocated here, in the step's thread, where memory tracking sees them
-        self._embedding_grad = torch.zeros_like(self.shards.embedding)
+        # allocated here, in the step's thread, where memory tracking sees them (as gradients)
+        self._embedding_grad = self.shards.embedding.grad = torch.zeros_like(self.shards.embedding)
         self._output_grad = torch.zeros_like(self.shards.output)
+        if self.shards.output is not self.shards.embedding:
+            self.shards.output.grad = self._output_grad
         self._errors = []
         passes: list[Callable[[], object]] = []
         if not self.first:
@@ -170,7 +176,8 @@ class VocabularyParallel:
             self._errors.append(e)
 
     def end_step(self) -> None:
-        """After the schedule's step, before the update: join the threads, set the gradients."""
+        """After the schedule's step, before the update: join the threads; a tied shard's
+        gradient sums its embedding's and its output layer's."""
         for thread in self._threads:
             thread.join()
         self._threads = []
@@ -178,9 +185,7 @@ class VocabularyParallel:
             raise self._errors[0]
         assert self._embedding_grad is not None and self._output_grad is not None
         if self.shards.output is self.shards.embedding:
-            self.shards.embedding.grad = self._embedding_grad.add_(self._output_grad)
-        else:
-            self.shards.embedding.grad, self.shards.output.grad = self._embedding_grad, self._output_grad
+            self._embedding_grad.add_(self._output_grad)
         self._embedding_grad = self._output_grad = None
 
     def parameters(self) -> list[nn.Parameter]:
