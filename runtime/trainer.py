@@ -110,7 +110,7 @@ class Trainer:
                     "(its passes need every pipeline rank); measure it with a real run (planner run)"
                 )
             with default_dtype(self.data_parallel.parameter_dtype(compute)):
-                self.vocabulary = VocabularyParallel(model, layout, self.mesh, seed=seed)
+                self.vocabulary = VocabularyParallel(model, layout, self.mesh, seed=seed, compute_dtype=compute)
             for chunk in self.chunks:
                 if chunk.takes_tokens:
                     chunk.embed_tokens = self.vocabulary.embed

@@ -32,7 +32,8 @@ up front in the same order on every rank), so each group's collectives run in mi
 on every rank while the ranks' own schedules go on. The threads serve one step's micro-batches
 and are joined before the optimizer step. Weight gradients are accumulated by hand (one buffer
 per kind of pass, so no two threads write one tensor), already divided by the micro-batch count
-as the schedule divides its stages' gradients.
+as the schedule divides its stages' gradients. The data-parallel replicas average the shards'
+gradients with the others' (``runtime.data_parallel``).
 
 Memory tracking on CPU (torch's MemTracker, a dispatch mode, which is per thread) sees what a
 rank runs from its schedule, not its service threads' transient tensors: on a rank other than the
@@ -65,11 +66,6 @@ def check_vocabulary_layout(layout: Layout) -> None:
         raise InfeasibleConfigError(
             f"vocabulary_layout={layout.vocabulary_layout!s} runs with tensor_parallel_degree=1 only so far, not "
             f"{layout.tensor_parallel_degree}; use vocabulary_layout 'pinned' or no tensor parallelism"
-        )
-    if layout.zero_stage.shards_gradients and layout.data_parallel_degree > 1:
-        raise InfeasibleConfigError(
-            f"vocabulary_layout={layout.vocabulary_layout!s} runs with zero_stage 0 or 1 only so far, not "
-            f"{int(layout.zero_stage)}; lower zero_stage or use vocabulary_layout 'pinned'"
         )
 
 
@@ -126,8 +122,14 @@ class VocabularyParallel:
     the service threads, the schedule calls ``embed`` (first stage) and ``loss`` (last stage),
     ``end_step`` joins the threads and sets the shards' gradients."""
 
-    def __init__(self, model: ModelSpec, layout: Layout, mesh: DeviceMesh, *, seed: int) -> None:
+    def __init__(
+        self, model: ModelSpec, layout: Layout, mesh: DeviceMesh, *, seed: int, compute_dtype: torch.dtype
+    ) -> None:
+        """Build the shards in the default dtype (the chunks' parameter precision); the passes
+        compute in ``compute_dtype``, the activations' precision (below fp32 shards under
+        ZeRO-2/3, as FSDP computes its chunks), logits and their statistics in fp32."""
         check_vocabulary_layout(layout)
+        self.compute_dtype = compute_dtype
         self.model, self.layout = model, layout
         stage = mesh[MeshAxis.PP].get_local_rank()
         self.rows = vocabulary_rows(model.vocab_size, layout, stage)
@@ -217,7 +219,7 @@ class VocabularyParallel:
     @torch.no_grad()
     def _embedding_forward(self, ids: torch.Tensor) -> torch.Tensor:
         local, held = self._local(ids)
-        out = F.embedding(local, self.shards.embedding) * held[..., None].to(self.shards.embedding.dtype)
+        out = F.embedding(local, self.shards.embedding).to(self.compute_dtype) * held[..., None]
         dist.reduce(out, dst=self.groups.first_rank, group=self.groups.embedding_forward)
         return out
 
@@ -225,7 +227,7 @@ class VocabularyParallel:
     def _embedding_backward(self, ids: torch.Tensor, grad: torch.Tensor | None) -> None:
         weight = self.shards.embedding
         if grad is None:
-            grad = torch.empty(*ids.shape, weight.shape[1], dtype=weight.dtype)
+            grad = torch.empty(*ids.shape, weight.shape[1], dtype=self.compute_dtype)
         dist.broadcast(grad, src=self.groups.first_rank, group=self.groups.embedding_backward)
         local, held = self._local(ids)
         assert self._embedding_grad is not None
@@ -234,9 +236,9 @@ class VocabularyParallel:
     @torch.no_grad()
     def _output_pass(self, hidden: torch.Tensor | None, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the micro-batch's mean loss, the summed dX in fp32): both meaningful on the last stage."""
-        weight, group = self.shards.output, self.groups.output
+        weight, group = self.shards.output.to(self.compute_dtype), self.groups.output
         if hidden is None:
-            hidden = torch.empty(*targets.shape, weight.shape[1], dtype=weight.dtype)
+            hidden = torch.empty(*targets.shape, weight.shape[1], dtype=self.compute_dtype)
         dist.broadcast(hidden, src=self.groups.last_rank, group=group)
         x = hidden.flatten(0, 1)  # (n, h)
         local, held = self._local(targets.flatten())
@@ -274,7 +276,10 @@ class VocabularyParallel:
             probs.mul_(share[:, None])
             grad_logits = _minus_onehot(probs, local, held).div_(n).to(weight.dtype)
         assert self._output_grad is not None
-        self._output_grad.addmm_(grad_logits.T, x.to(weight.dtype), alpha=self._scale)
+        if self._output_grad.dtype == weight.dtype:
+            self._output_grad.addmm_(grad_logits.T, x, alpha=self._scale)
+        else:  # fp32 shards under ZeRO-2/3
+            self._output_grad.add_(grad_logits.T @ x, alpha=self._scale)
         dist.reduce(dx, dst=self.groups.last_rank, group=group)
         loss = (total.log() + maximum - target).mean()
         return loss, dx.view(*targets.shape, -1)

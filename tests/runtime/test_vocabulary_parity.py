@@ -107,8 +107,20 @@ def test_two_ranks_tied_untied_and_mixed_precision(tmp_path: Path) -> None:
     check(GPT_32K, 2, [L(1, 2, 2, "vocab-1"), L(1, 2, 2, "vocab-2")], tmp_path / "bf16", DType.BF16)
 
 
-def test_four_ranks_pipeline_and_data_parallel(tmp_path: Path) -> None:
-    check(GPT_32K, 4, [L(1, 4, 1, "vocab-2"), L(2, 2, 1, "vocab-1"), L(2, 2, 1, "vocab-2", zero_stage=1)], tmp_path)
+def test_four_ranks_pipeline_data_parallel_and_zero(tmp_path: Path) -> None:
+    layouts = [
+        L(1, 4, 1, "vocab-2"),
+        L(2, 2, 1, "vocab-1"),
+        L(2, 2, 1, "vocab-2", zero_stage=1),
+        L(2, 2, 1, "vocab-1", zero_stage=2),
+        L(2, 2, 1, "vocab-2", zero_stage=3),
+    ]
+    check(GPT_32K, 4, layouts, tmp_path)
+
+
+def test_four_ranks_zero_3_mixed_precision(tmp_path: Path) -> None:
+    """FSDP's fp32 shards computing in bf16; the vocabulary shards fp32 too, computing in bf16."""
+    check(GPT_32K, 4, [L(2, 2, 1, "vocab-2", zero_stage=3)], tmp_path, DType.BF16)
 
 
 def test_tensor_parallelism_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
