@@ -62,10 +62,10 @@ def check_vocabulary_layout(layout: Layout) -> None:
     """Refuse, in one line, what the vocabulary-parallel runtime does not run."""
     if not layout.vocabulary_layout.over_pipeline:
         return
-    if layout.tensor_parallel_degree > 1:
+    if layout.sequence_parallel:
         raise InfeasibleConfigError(
-            f"vocabulary_layout={layout.vocabulary_layout!s} runs with tensor_parallel_degree=1 only so far, not "
-            f"{layout.tensor_parallel_degree}; use vocabulary_layout 'pinned' or no tensor parallelism"
+            f"vocabulary_layout={layout.vocabulary_layout!s} runs without sequence parallelism only so far; turn "
+            "sequence_parallel off or use vocabulary_layout 'pinned'"
         )
 
 
@@ -130,7 +130,7 @@ class VocabularyParallel:
         ZeRO-2/3, as FSDP computes its chunks), logits and their statistics in fp32."""
         check_vocabulary_layout(layout)
         self.compute_dtype = compute_dtype
-        self.model, self.layout = model, layout
+        self.layout = layout
         stage = mesh[MeshAxis.PP].get_local_rank()
         self.rows = vocabulary_rows(model.vocab_size, layout, stage)
         self.shards = VocabularyShards(model, self.rows, seed=seed)
@@ -142,15 +142,13 @@ class VocabularyParallel:
         self._scale = 1.0
         self._embedding_grad: torch.Tensor | None = None
         self._output_grad: torch.Tensor | None = None
-        self._ids: list[torch.Tensor] = []
 
     # ---- one step
 
     def begin_step(self, inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int) -> None:
         """Before the schedule's step: this replica's ``inputs`` and ``targets`` (b m, s), split
         into micro-batches as the schedule splits them; start the service threads."""
-        self._ids = list(torch.tensor_split(inputs, micro_batches))
-        labels = list(torch.tensor_split(targets, micro_batches))
+        ids, labels = torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)
         self._scale = 1.0 / micro_batches
         # allocated here, in the step's thread, where memory tracking sees them (as gradients)
         self._embedding_grad = self.shards.embedding.grad = torch.zeros_like(self.shards.embedding)
@@ -158,13 +156,12 @@ class VocabularyParallel:
         if self.shards.output is not self.shards.embedding:
             self.shards.output.grad = self._output_grad
         self._errors = []
-        passes: list[Callable[[], object]] = []
+        kinds: list[list[Callable[[], object]]] = []  # one service thread each
         if not self.first:
-            passes += [partial(self._embedding_forward, ids) for ids in self._ids]
-            passes += [partial(self._embedding_backward, ids, None) for ids in self._ids]
+            kinds.append([partial(self._embedding_forward, x) for x in ids])
+            kinds.append([partial(self._embedding_backward, x, None) for x in ids])
         if not self.last:
-            passes += [partial(self._output_pass, None, y) for y in labels]
-        kinds = [passes[i : i + micro_batches] for i in range(0, len(passes), micro_batches)]
+            kinds.append([partial(self._output_pass, None, y) for y in labels])
         self._threads = [threading.Thread(target=self._serve, args=(kind,), daemon=True) for kind in kinds]
         for thread in self._threads:
             thread.start()

@@ -17,7 +17,7 @@ from harness import planner_main, run_ranks
 from planner.inputs import load_model
 from planner.plans import load_plan, save_plan
 from planner.schemas import DType, Layout, ModelSpec
-from planner.schemas.geometry import vocabulary_rows
+from planner.schemas.geometry import MeshAxis, vocabulary_rows
 from runtime.data import synthetic_batch
 from runtime.reference import reference_training
 from runtime.trainer import Trainer
@@ -34,10 +34,10 @@ GPT_32K = load_model("tiny-gpt").model_copy(update={"vocab_size": 32000})
 UNTIED_32K = GPT_32K.model_copy(update={"tie_word_embeddings": False})
 
 
-def L(d: int, p: int, b: int, vocabulary: str, **kw: Any) -> dict[str, Any]:
+def L(d: int, p: int, b: int, vocabulary: str, t: int = 1, **kw: Any) -> dict[str, Any]:
     return dict(
         data_parallel_degree=d,
-        tensor_parallel_degree=1,
+        tensor_parallel_degree=t,
         pipeline_parallel_degree=p,
         micro_batch_size=b,
         vocabulary_layout=vocabulary,
@@ -47,7 +47,7 @@ def L(d: int, p: int, b: int, vocabulary: str, **kw: Any) -> dict[str, Any]:
 
 def train(model: ModelSpec, layouts: list[dict[str, Any]], out: str, dtype: DType) -> list[list[float]]:
     """Each layout's losses for STEPS steps (runs on every rank); rank 0 saves each layout's
-    embedding and output layer, gathered from the first replica's pipeline ranks."""
+    embedding and output layer, gathered from the pipeline ranks of the first (dp, tp) coordinate."""
     results = []
     for i, kw in enumerate(layouts):
         layout = Layout(**kw)
@@ -68,11 +68,12 @@ def train(model: ModelSpec, layouts: list[dict[str, Any]], out: str, dtype: DTyp
         results.append(losses)
         assert trainer.vocabulary is not None
         shards = trainer.vocabulary.shards
-        mine = (trainer.pp_rank, trainer.dp_rank, shards.embedding.detach(), shards.output.detach())
+        first_line = trainer.dp_rank == 0 and trainer.mesh[MeshAxis.TP].get_local_rank() == 0
+        mine = (trainer.pp_rank, first_line, shards.embedding.detach(), shards.output.detach())
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         if dist.get_rank() == 0:
-            held = sorted(((s, e, o) for s, r, e, o in everyone if r == 0), key=lambda t: t[0])
+            held = sorted(((s, e, o) for s, first, e, o in everyone if first), key=lambda t: t[0])
             rows = [len(vocabulary_rows(model.vocab_size, layout, s)) for s, _, _ in held]
             assert [len(e) for _, e, _ in held] == rows
             embedding = torch.cat([e for _, e, _ in held])
@@ -114,6 +115,7 @@ def test_four_ranks_pipeline_data_parallel_and_zero(tmp_path: Path) -> None:
         L(2, 2, 1, "vocab-2", zero_stage=1),
         L(2, 2, 1, "vocab-1", zero_stage=2),
         L(2, 2, 1, "vocab-2", zero_stage=3),
+        L(1, 2, 1, "vocab-2", t=2),  # each tensor-parallel rank of a stage holds its stage's rows
     ]
     check(GPT_32K, 4, layouts, tmp_path)
 
@@ -123,15 +125,15 @@ def test_four_ranks_zero_3_mixed_precision(tmp_path: Path) -> None:
     check(GPT_32K, 4, [L(2, 2, 1, "vocab-2", zero_stage=3)], tmp_path, DType.BF16)
 
 
-def test_tensor_parallelism_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sequence_parallelism_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan_path = _local_plan(tmp_path, ranks=4)
     plan = load_plan(plan_path)
-    vocab = Layout(**L(1, 2, 1, "vocab-2") | {"tensor_parallel_degree": 2})
+    vocab = Layout(**L(1, 2, 1, "vocab-2", t=2, sequence_parallel=True))
     save_plan(plan.model_copy(update={"layout": vocab}), plan_path)
     _torchrun_env(monkeypatch, rank=0, world=4)
     code, _, err = planner_main(["run", str(plan_path), "--steps", "1"], monkeypatch)
     assert code == 2, err
-    assert "tensor_parallel_degree=1 only" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "without sequence parallelism only" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_dry_run_refuses_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
