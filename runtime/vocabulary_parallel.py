@@ -246,7 +246,7 @@ class VocabularyParallel:
             # Algorithm 1: statistics, then the gradient of the logits, then dX (2nd barrier)
             maximum = logits.max(dim=1).values
             dist.all_reduce(maximum, op=dist.ReduceOp.MAX, group=group)
-            probs = (logits - maximum[:, None]).exp_()
+            probs = logits.sub_(maximum[:, None]).exp_()  # in place: the logits are not needed again
             stats = torch.stack((probs.sum(dim=1), target_logit))
             dist.all_reduce(stats, group=group)
             total, target = stats
@@ -257,7 +257,7 @@ class VocabularyParallel:
             # Algorithm 2: dX of the locally normalised softmax before the statistics' reduction,
             # rescaled by each token's share of the global sum of exp after it
             local_max = logits.max(dim=1).values
-            probs = (logits - local_max[:, None]).exp_()
+            probs = logits.sub_(local_max[:, None]).exp_()
             local_sum = probs.sum(dim=1)
             probs.div_(local_sum[:, None])
             dx_local = (probs.to(weight.dtype) @ weight).float()
