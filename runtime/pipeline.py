@@ -90,8 +90,10 @@ def stage_activations(
     """Every chunk's input and output of a micro-batch of ``micro_batch_size`` x ``seq_len``
     tokens: token ids into the embedding's chunk, hidden states of ``dtype`` elsewhere and out
     of every chunk (the output layer's chunk returns its final-normed hidden states, as under a
-    vocabulary layout split over the pipeline)."""
-    hidden = (micro_batch_size, seq_len, model.hidden_size)
+    vocabulary layout split over the pipeline); under sequence parallelism, this rank's 1/t of
+    the sequence."""
+    shards = layout.tensor_parallel_degree if layout.sequence_parallel else 1
+    hidden = (micro_batch_size, seq_len // shards, model.hidden_size)
 
     def activations(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = chunk == embedding_chunk(layout)

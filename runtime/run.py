@@ -29,7 +29,6 @@ from runtime.expert_parallel import expert_sent_bytes
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
-from runtime.vocabulary_parallel import check_vocabulary_layout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +70,6 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             f"the plan drops tokens over a capacity factor of {plan.training.moe_capacity_factor}, but the runtime "
             "routes every token to its experts (dropless); plan without --capacity-factor to run it"
         )
-    check_vocabulary_layout(layout)
     if not cuda and plan.cluster.device_kind is not DeviceKind.CPU:
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "

@@ -53,20 +53,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from planner.schemas import Layout, ModelSpec, VocabularyLayout
-from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import MeshAxis, chunk_stage, embedding_chunk, output_chunk, vocabulary_rows
 from runtime.model import initial_value
-
-
-def check_vocabulary_layout(layout: Layout) -> None:
-    """Refuse, in one line, what the vocabulary-parallel runtime does not run."""
-    if not layout.vocabulary_layout.over_pipeline:
-        return
-    if layout.sequence_parallel:
-        raise InfeasibleConfigError(
-            f"vocabulary_layout={layout.vocabulary_layout!s} runs without sequence parallelism only so far; turn "
-            "sequence_parallel off or use vocabulary_layout 'pinned'"
-        )
 
 
 class VocabularyShards(nn.Module):
@@ -128,13 +116,17 @@ class VocabularyParallel:
         """Build the shards in the default dtype (the chunks' parameter precision); the passes
         compute in ``compute_dtype``, the activations' precision (below fp32 shards under
         ZeRO-2/3, as FSDP computes its chunks), logits and their statistics in fp32."""
-        check_vocabulary_layout(layout)
         self.compute_dtype = compute_dtype
         self.layout = layout
         stage = mesh[MeshAxis.PP].get_local_rank()
         self.rows = vocabulary_rows(model.vocab_size, layout, stage)
         self.shards = VocabularyShards(model, self.rows, seed=seed)
         self.groups = _groups(layout, mesh)
+        self.tp_group = mesh[MeshAxis.TP].get_group() if layout.sequence_parallel else None
+        self.sequence_shards = layout.tensor_parallel_degree if layout.sequence_parallel else 1
+        """Under sequence parallelism the last stage's tensor-parallel ranks each hold 1/t of the
+        sequence: each runs the output passes of its shard, with its share of the targets."""
+        self.sequence_shard = mesh[MeshAxis.TP].get_local_rank() if layout.sequence_parallel else 0
         self.first = stage == chunk_stage(layout, embedding_chunk(layout))
         self.last = stage == chunk_stage(layout, output_chunk(layout))
         self._threads: list[threading.Thread] = []
@@ -161,7 +153,7 @@ class VocabularyParallel:
             kinds.append([partial(self._embedding_forward, x) for x in ids])
             kinds.append([partial(self._embedding_backward, x, None) for x in ids])
         if not self.last:
-            kinds.append([partial(self._output_pass, None, y) for y in labels])
+            kinds.append([partial(self._output_pass, None, self._my_targets(y)) for y in labels])
         self._threads = [threading.Thread(target=self._serve, args=(kind,), daemon=True) for kind in kinds]
         for thread in self._threads:
             thread.start()
@@ -183,6 +175,8 @@ class VocabularyParallel:
         if self._errors:
             raise self._errors[0]
         assert self._embedding_grad is not None and self._output_grad is not None
+        if self.sequence_shards > 1:  # each tensor-parallel rank's output passes saw its shard of the sequence
+            dist.all_reduce(self._output_grad, group=self.tp_group)
         if self.shards.output is self.shards.embedding:
             self._embedding_grad.add_(self._output_grad)
         self._embedding_grad = self._output_grad = None
@@ -201,9 +195,15 @@ class VocabularyParallel:
 
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The last stage's loss of a micro-batch: mean cross-entropy of the final-normed hidden
-        states (b, s, h) over the vocabulary split across the pipeline ranks."""
-        out: torch.Tensor = _VocabularyLoss.apply(hidden, targets, self)  # type: ignore[no-untyped-call]
+        states (b, s, h) over the vocabulary split across the pipeline ranks. Under sequence
+        parallelism the mean over this rank's 1/t of the sequence (the tensor-parallel ranks'
+        mean is the micro-batch's), whose backward gives the gradient of the micro-batch's mean."""
+        out: torch.Tensor = _VocabularyLoss.apply(hidden, self._my_targets(targets), self)  # type: ignore[no-untyped-call]
         return out
+
+    def _my_targets(self, targets: torch.Tensor) -> torch.Tensor:
+        """This rank's share of a micro-batch's targets (b, s): all, or its shard of the sequence."""
+        return targets.tensor_split(self.sequence_shards, dim=1)[self.sequence_shard]
 
     # ---- the passes (every rank runs each, the root from its schedule)
 
@@ -241,7 +241,7 @@ class VocabularyParallel:
         local, held = self._local(targets.flatten())
         logits = (x @ weight.T).float()  # (n, V/p): as loss_fn casts the logits
         target_logit = torch.where(held, logits.gather(1, local[:, None]).squeeze(1), 0.0)
-        n = x.shape[0]
+        n = x.shape[0] * self.sequence_shards  # tokens of the micro-batch: the loss's mean is over all of them
         if self.layout.vocabulary_layout is VocabularyLayout.VOCAB_1:
             # Algorithm 1: statistics, then the gradient of the logits, then dX (2nd barrier)
             maximum = logits.max(dim=1).values

@@ -23,7 +23,7 @@ from runtime.reference import reference_training
 from runtime.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_run_cli import _local_plan, _torchrun_env
+from test_run_cli import _local_plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -116,24 +116,16 @@ def test_four_ranks_pipeline_data_parallel_and_zero(tmp_path: Path) -> None:
         L(2, 2, 1, "vocab-1", zero_stage=2),
         L(2, 2, 1, "vocab-2", zero_stage=3),
         L(1, 2, 1, "vocab-2", t=2),  # each tensor-parallel rank of a stage holds its stage's rows
+        L(1, 2, 1, "vocab-1", t=2, sequence_parallel=True),
     ]
     check(GPT_32K, 4, layouts, tmp_path)
 
 
-def test_four_ranks_zero_3_mixed_precision(tmp_path: Path) -> None:
-    """FSDP's fp32 shards computing in bf16; the vocabulary shards fp32 too, computing in bf16."""
-    check(GPT_32K, 4, [L(2, 2, 1, "vocab-2", zero_stage=3)], tmp_path, DType.BF16)
-
-
-def test_sequence_parallelism_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plan_path = _local_plan(tmp_path, ranks=4)
-    plan = load_plan(plan_path)
-    vocab = Layout(**L(1, 2, 1, "vocab-2", t=2, sequence_parallel=True))
-    save_plan(plan.model_copy(update={"layout": vocab}), plan_path)
-    _torchrun_env(monkeypatch, rank=0, world=4)
-    code, _, err = planner_main(["run", str(plan_path), "--steps", "1"], monkeypatch)
-    assert code == 2, err
-    assert "without sequence parallelism only" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+def test_four_ranks_zero_3_and_sequence_parallel_mixed_precision(tmp_path: Path) -> None:
+    """FSDP's fp32 shards computing in bf16 (the vocabulary shards fp32 too, computing in bf16),
+    and bf16 under tensor and sequence parallelism."""
+    layouts = [L(2, 2, 1, "vocab-2", zero_stage=3), L(1, 2, 1, "vocab-2", t=2, sequence_parallel=True)]
+    check(GPT_32K, 4, layouts, tmp_path, DType.BF16)
 
 
 def test_the_dry_run_refuses_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
