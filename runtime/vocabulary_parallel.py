@@ -22,8 +22,9 @@ pass runs when the stage that needs it reaches it, per micro-batch:
   last stage (in fp32), whose loss returns them from its backward. vocab-1 (Algorithm 1) forms g
   after the statistics' all-reduce; vocab-2 (Algorithm 2) multiplies the locally normalised
   softmax by W_r before it and rescales that by each token's share of the global sum after
-  (paper sec. "Algorithm 2"; the repository's ``vocab_output.py``): same values and FLOPs, and
-  here neither overlaps the transformer, so the two differ only in rounding.
+  (the paper's Algorithm 2; its authors' sail-sg/VocabularyParallelism, ``vocab_output.py``):
+  same values and FLOPs, and here neither overlaps the transformer, so the two differ only in
+  rounding.
 
 The rank whose schedule triggers a pass (the first stage for the embedding, the last for the
 output layer) joins it from its schedule; every other pipeline rank joins from a service thread,
@@ -34,6 +35,12 @@ and are joined before the optimizer step. Weight gradients are accumulated by ha
 per kind of pass, so no two threads write one tensor), already divided by the micro-batch count
 as the schedule divides its stages' gradients. The data-parallel replicas average the shards'
 gradients with the others' (``runtime.data_parallel``).
+
+Under tensor parallelism every tensor-parallel rank of a stage holds that stage's rows (the split
+is over the pipeline only, as ``vocabulary_rows`` says; the paper splits over p t ranks), so each
+(dp, tp) coordinate's pipeline ranks repeat the vocabulary work of the others. Under sequence
+parallelism each tensor-parallel rank of the last stage runs the output passes of its 1/t of the
+sequence, and the shards' output-layer gradients are summed over the tensor-parallel group.
 
 Memory tracking on CPU (torch's MemTracker, a dispatch mode, which is per thread) sees what a
 rank runs from its schedule, not its service threads' transient tensors: on a rank other than the
