@@ -9,6 +9,9 @@ state and parameters are shared across replicas.
   FSDP keep each micro-batch's gradient whole and reduce once, after the stage's last backward.
 - Experts under expert parallelism (``runtime.expert_parallel``): their own ZeRO-0/1 optimizer
   over the expert-data-parallel group; under ZeRO-2/3 they stay out of FSDP (ZeRO-1 for them).
+- Vocabulary shards split over the pipeline (``runtime.vocabulary_parallel``) live outside the
+  chunks: averaged with the chunks' gradients under ZeRO-0/1; under ZeRO-2/3 fp32, outside FSDP,
+  with a ZeRO-1 optimizer of their own over the data-parallel group.
 """
 
 from collections.abc import Iterable, Sequence
@@ -58,7 +61,15 @@ class DataParallel:
         replica = self.mesh.get_local_rank()
         return slice(replica * per_replica, (replica + 1) * per_replica)
 
-    def share(self, chunks: Sequence[Decoder], *, optimizer: str, lr: float, compute_dtype: torch.dtype) -> Optimizer:
+    def share(
+        self,
+        chunks: Sequence[Decoder],
+        *,
+        optimizer: str,
+        lr: float,
+        compute_dtype: torch.dtype,
+        outside: Sequence[nn.Parameter] = (),
+    ) -> Optimizer:
         """Shard ``chunks`` (ZeRO-2/3) and return the optimizer of this rank's parameters.
 
         Args:
@@ -66,10 +77,13 @@ class DataParallel:
             optimizer: "adamw" or "sgd" (``runtime.optim.OPTIMIZERS``).
             lr: learning rate.
             compute_dtype: the plan's precision.
+            outside: parameters outside the chunks (vocabulary shards split over the pipeline),
+                averaged over the data-parallel group with the others (under ZeRO-2/3 by an
+                optimizer of their own, ZeRO-1, in their fp32).
         """
         experts = expert_parameters(chunks) if self.expert_data_mesh is not None else []
         held = {id(p) for p in experts}
-        main: DataParallelOptimizer | torch.optim.Optimizer
+        main: DataParallelOptimizer | torch.optim.Optimizer | JointOptimizer
         if self.shards_with_fsdp:
             if experts and compute_dtype != torch.float32:
                 raise InfeasibleConfigError(
@@ -82,8 +96,11 @@ class DataParallel:
                 shard_units(units, chunk, self.mesh, zero_stage=stage, dtype=compute_dtype, ignored=ignored)
             # read after sharding: FSDP replaces each parameter it shards by a new one
             main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
+            if outside:  # ZeRO-1 for them, as for experts, reduced in their fp32
+                vocabulary = DataParallelOptimizer(optimizer, list(outside), lr, self.mesh.get_group(), shard=True)
+                main = JointOptimizer([main, vocabulary])
         else:
-            dense = [p for p in parameters(chunks) if id(p) not in held]
+            dense = [p for p in parameters(chunks) if id(p) not in held] + list(outside)
             shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
             main = DataParallelOptimizer(optimizer, dense, lr, self.mesh.get_group(), shard=shard)
         if self.expert_data_mesh is None:

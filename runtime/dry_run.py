@@ -56,6 +56,11 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
             f"a dry run cannot trace the mixture of experts {plan.model.name!r}: its routing depends on the "
             "tokens' values, which fake tensors do not have; measure its memory with a real run (planner run)"
         )
+    if layout.vocabulary_layout.over_pipeline:
+        raise InfeasibleConfigError(
+            f"a dry run cannot trace vocabulary_layout={layout.vocabulary_layout!s}: its passes need every pipeline "
+            "rank at once, which a fake process group does not have; measure its memory with a real run (planner run)"
+        )
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:
@@ -138,7 +143,7 @@ def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
     tracker = _RankPeakTracker()
     opt = trainer.optimizer
     external = opt.tracked() if isinstance(opt, DataParallelOptimizer | JointOptimizer) else [opt]
-    tracker.track_external(*trainer.chunks, *external)
+    tracker.track_external(*trainer.modules(), *external)
     trainer.fresh_roots = True
     try:
         with tracker:

@@ -204,16 +204,25 @@ class Decoder(nn.Module):
         layers: range | None = None,
         embedding: bool = True,
         output: bool = True,
+        vocabulary: bool = True,
         experts: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         """The whole model, or a pipeline chunk of it: ``layers`` (default all), with or without the
         embedding and the output layer; an MoE layer i holds experts ``experts[i]`` (default all).
-        Every parameter is initialised from its own generator, seeded by ``seed`` and its name, so
-        a chunk holds exactly the reference's values."""
+        ``vocabulary`` False leaves out the token embedding's and the output layer's matrices (split
+        over the pipeline by ``runtime.vocabulary_parallel``): the chunk holding the embedding
+        embeds tokens with ``embed_tokens``, the one holding the output layer returns the
+        final-normed hidden states. Every parameter is initialised from its own generator, seeded
+        by ``seed`` and its name (``initial_value``), so a chunk holds exactly the reference's values."""
         super().__init__()
         h = model.hidden_size
+        self.takes_tokens = embedding
+        self.embed_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Set when ``vocabulary`` is False on the embedding's chunk: token ids (b, s) to (b, s, h)."""
         self.tok_emb: nn.Embedding | None = (
-            nn.Embedding(model.vocab_size, h) if embedding or (output and model.tie_word_embeddings) else None
+            nn.Embedding(model.vocab_size, h)
+            if vocabulary and (embedding or (output and model.tie_word_embeddings))
+            else None
         )
         absolute = model.position_embedding_type is PositionEmbedding.ABSOLUTE
         self.pos_emb: nn.Embedding | None = (
@@ -223,12 +232,11 @@ class Decoder(nn.Module):
         held = {i: (experts or {}).get(i, range(model.num_local_experts)) for i in moe_layers(model)}
         self.layers = nn.ModuleDict({str(i): Block(model, held.get(i)) for i in kept})
         self.norm: nn.Module | None = _norm(model) if output else None
-        self.head: nn.Linear | None = nn.Linear(h, model.vocab_size, bias=False) if output else None
+        self.head: nn.Linear | None = nn.Linear(h, model.vocab_size, bias=False) if output and vocabulary else None
         with torch.no_grad():
             for name, p in self.named_parameters():
-                gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
                 if p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                    p.copy_(initial_value(seed, name, p.shape))
                 elif name.endswith("bias"):
                     p.zero_()
         self.tied = model.tie_word_embeddings
@@ -245,8 +253,10 @@ class Decoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (b, s) to logits (b, s, V); a stage without the embedding takes hidden states,
         one without the output layer returns them."""
-        if self.tok_emb is not None:
-            h = self.tok_emb(x)
+        if self.takes_tokens:
+            embed = self.tok_emb if self.tok_emb is not None else self.embed_tokens
+            assert embed is not None, "a chunk without its token embedding needs embed_tokens"
+            h = embed(x)
             if self.pos_emb is not None:
                 h = h + self.pos_emb(torch.arange(x.shape[1], device=x.device))
             if self.to_sequence_shards is not None:
@@ -261,6 +271,13 @@ class Decoder(nn.Module):
             h = self.head(h)
         result: torch.Tensor = h
         return result
+
+
+def initial_value(seed: int, name: str, shape: Sequence[int]) -> torch.Tensor:
+    """A matrix parameter's initial value: N(0, 0.02^2) drawn in the default dtype from a
+    generator seeded by ``seed`` and the parameter's name in the whole model (``head.weight``)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+    return torch.randn(tuple(shape), generator=gen) * 0.02
 
 
 def set_recompute(net: "Decoder", recompute: Recompute) -> None:

@@ -5,9 +5,11 @@ keeping the layers of the plan's split, so parameters match the reference exactl
 vocabulary layers go where ``schemas.geometry`` places them. torch.distributed.pipelining runs
 GPipe, 1F1B or interleaved 1F1B. A tied output layer on another stage than the embedding is a
 copy whose gradient is summed with the embedding's after each backward (as Megatron-LM does).
+Under a vocabulary layout split over the pipeline the chunks hold neither matrix: the first
+embeds tokens and the last computes its loss through ``runtime.vocabulary_parallel``.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,7 @@ from torch.distributed.tensor import DTensor
 from planner.schemas import Layout, ModelSpec, Schedule
 from planner.schemas.geometry import (
     chunk_layer_range,
+    chunk_stage,
     embedding_chunk,
     holds_embedding,
     holds_output_layer,
@@ -44,38 +47,74 @@ def build_chunks(
             layers=chunk_layer_range(model, layout, c),
             embedding=c == embedding_chunk(layout),
             output=c == output_chunk(layout),
+            vocabulary=not layout.vocabulary_layout.over_pipeline,
             experts=experts,
         )
         for c in stage_chunks(layout, stage)
     ]
 
 
+StageActivations = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+"""A chunk's example input and output (meta tensors), PipelineStage's input_args and output_args."""
+
+
 def build_schedule(
-    chunks: Sequence[Decoder], layout: Layout, stage: int, device: torch.device, pp_mesh: DeviceMesh, micro_batches: int
+    chunks: Sequence[Decoder],
+    layout: Layout,
+    stage: int,
+    device: torch.device,
+    pp_mesh: DeviceMesh,
+    micro_batches: int,
+    *,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
+    activations: StageActivations | None = None,
 ) -> PipelineSchedule:
-    """The layout's schedule over this rank's ``chunks`` on the pipeline group ``pp_mesh``."""
+    """The layout's schedule over this rank's ``chunks`` on the pipeline group ``pp_mesh``;
+    ``loss``: the last stage's loss function; ``activations``: the stages' inputs and outputs
+    given up front, so that the schedule runs no forward and backward of its own to infer them
+    (the vocabulary-parallel passes would take part in those, and the other ranks would not)."""
     n = layout.num_chunks
-    stages: list[_PipelineStageBase] = [
-        PipelineStage(chunk, c, n, device, group=pp_mesh.get_group())
-        for chunk, c in zip(chunks, stage_chunks(layout, stage), strict=True)
-    ]
+    stages: list[_PipelineStageBase] = []
+    for chunk, c in zip(chunks, stage_chunks(layout, stage), strict=True):
+        inputs, outputs = activations(c) if activations else (None, None)
+        stages.append(PipelineStage(chunk, c, n, device, inputs, outputs, group=pp_mesh.get_group()))
     if layout.schedule is Schedule.INTERLEAVED:
-        return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss_fn)
+        return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss)
     cls = ScheduleGPipe if layout.schedule is Schedule.GPIPE else Schedule1F1B
-    return cls(stages[0], n_microbatches=micro_batches, loss_fn=loss_fn)
+    return cls(stages[0], n_microbatches=micro_batches, loss_fn=loss)
+
+
+def stage_activations(
+    layout: Layout, model: ModelSpec, micro_batch_size: int, seq_len: int, dtype: torch.dtype
+) -> StageActivations:
+    """Every chunk's input and output of a micro-batch of ``micro_batch_size`` x ``seq_len``
+    tokens: token ids into the embedding's chunk, hidden states of ``dtype`` elsewhere and out
+    of every chunk (the output layer's chunk returns its final-normed hidden states, as under a
+    vocabulary layout split over the pipeline); under sequence parallelism, this rank's 1/t of
+    the sequence."""
+    shards = layout.tensor_parallel_degree if layout.sequence_parallel else 1
+    hidden = (micro_batch_size, seq_len // shards, model.hidden_size)
+
+    def activations(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = chunk == embedding_chunk(layout)
+        states = torch.empty(hidden, dtype=dtype, device="meta", requires_grad=True)
+        ids = torch.empty(micro_batch_size, seq_len, dtype=torch.long, device="meta")
+        return (ids if first else states), states
+
+    return activations
 
 
 def pipeline_step(
     schedule: PipelineSchedule, layout: Layout, stage: int, x: torch.Tensor, y: torch.Tensor
 ) -> list[torch.Tensor]:
-    """Run one step of the schedule; the micro-batches' losses on the stage holding the output
-    layer, nothing elsewhere."""
-    holds_last = holds_output_layer(layout, stage)
+    """Run one step of the schedule; the micro-batches' losses on the stage where the hidden
+    states leave the pipeline, nothing elsewhere."""
+    holds_last = chunk_stage(layout, output_chunk(layout)) == stage
     losses: list[torch.Tensor] = []
     target, sink = (y, losses) if holds_last else (None, None)
     # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
     # until the step ends (measured: 23.0 MiB instead of 12.4 on tiny-gpt's last of 4 stages).
-    if holds_embedding(layout, stage):
+    if chunk_stage(layout, embedding_chunk(layout)) == stage:
         schedule.step(x, target=target, losses=sink, return_outputs=False)
     else:
         schedule.step(target=target, losses=sink, return_outputs=False)
@@ -90,7 +129,11 @@ class TiedEmbedding:
         """Every rank calls this (it creates process groups); ``mesh`` is the layout's (pp, dp, tp) mesh."""
         self.group: dist.ProcessGroup | None = None
         """The (embedding rank, output-layer rank) pair of this rank's (dp, tp) coordinate, or None."""
-        if not model.tie_word_embeddings or embedding_chunk(layout) == output_chunk(layout):
+        if (
+            not model.tie_word_embeddings
+            or embedding_chunk(layout) == output_chunk(layout)
+            or layout.vocabulary_layout.over_pipeline  # each rank's rows serve both (runtime.vocabulary_parallel)
+        ):
             return
         p = layout.pipeline_parallel_degree
         if p == 1:

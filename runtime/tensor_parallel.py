@@ -4,10 +4,12 @@ q/k/v and gate/up are split column-wise, o and down row-wise; the embedding is s
 vocabulary, the output layer column-wise with a vocabulary-parallel loss (torch's
 ``loss_parallel``). With sequence parallelism the norms and the residual stream hold 1/t of the
 sequence, gathered before attention and the MLP and reduce-scattered after them (Korthikanti et
-al. 2022, sec. 4.2.2). A mixture-of-experts MLP is not split: each tensor-parallel rank holds its
-router and experts whole and routes the same tokens (expert-tensor parallelism of 1, as
-Megatron-LM's default), so their gradients agree across the group without a reduction; under
-sequence parallelism it routes the gathered sequence and keeps its rank's share of the output.
+al. 2022, sec. 4.2.2); a chunk whose embedding and output layer are split over the pipeline
+instead (``runtime.vocabulary_parallel``) splits its embedded tokens and returns its shard. A
+mixture-of-experts MLP is not split: each tensor-parallel rank holds its router and experts
+whole and routes the same tokens (expert-tensor parallelism of 1, as Megatron-LM's default), so
+their gradients agree across the group without a reduction; under sequence parallelism it routes
+the gathered sequence and keeps its rank's share of the output.
 """
 
 from contextlib import AbstractContextManager, nullcontext
@@ -61,10 +63,11 @@ def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: b
                 )
     if chunk.tok_emb is not None:
         plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
-        if sequence_parallel:
-            chunk.to_sequence_shards = partial(_scatter_sequence, mesh=tp_mesh)
+    if chunk.takes_tokens and sequence_parallel:
+        chunk.to_sequence_shards = partial(_scatter_sequence, mesh=tp_mesh)
     if chunk.norm is not None and sequence_parallel:
-        plan["norm"] = SequenceParallel()
+        # without the output layer (split over the pipeline), the chunk returns its sequence shard
+        plan["norm"] = SequenceParallel(use_local_output=chunk.head is None)
     if chunk.head is not None:
         plan["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
     tied = chunk.tok_emb is not None and chunk.head is not None and chunk.head.weight is chunk.tok_emb.weight

@@ -5,6 +5,8 @@ with a step that returns the global mean loss on every rank.
   which rank.
 - ``runtime.pipeline``: this rank's model chunks, their schedule and the tied embedding's copy.
 - ``runtime.tensor_parallel``: each chunk's tensor (and sequence) parallel split.
+- ``runtime.vocabulary_parallel``: under ``vocab-1``/``vocab-2``, this rank's rows of the
+  embedding and output layer and the passes every pipeline rank joins.
 - ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
   placement table) and their token exchange over the (pp, edp, ep, tp) expert mesh.
 - ``runtime.data_parallel``: the replica's rows of the batch, ZeRO's sharing and the optimizer.
@@ -21,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
+from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import ExpertMeshAxis, MeshAxis, expert_coordinates, num_micro_batches
 from runtime.data_parallel import DataParallel, Optimizer, parameters
 from runtime.expert_parallel import (
@@ -36,8 +39,16 @@ from runtime.expert_parallel import (
 )
 from runtime.mesh import expert_mesh, layout_mesh
 from runtime.model import TORCH_DTYPES, default_dtype, loss_fn, set_recompute
-from runtime.pipeline import TiedEmbedding, build_chunks, build_schedule, pipeline_step
+from runtime.pipeline import (
+    PipelineSchedule,
+    TiedEmbedding,
+    build_chunks,
+    build_schedule,
+    pipeline_step,
+    stage_activations,
+)
 from runtime.tensor_parallel import loss_context, tensor_parallel
+from runtime.vocabulary_parallel import VocabularyParallel
 
 
 class Trainer:
@@ -90,24 +101,41 @@ class Trainer:
             if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
                 chunk.to(device)
         self.tied = TiedEmbedding(model, layout, self.mesh)
+        self.vocabulary: VocabularyParallel | None = None
+        """Under a vocabulary layout split over the pipeline: this rank's shards and passes."""
+        if layout.vocabulary_layout.over_pipeline:
+            if not pipeline_schedule:
+                raise InfeasibleConfigError(
+                    f"vocabulary_layout={layout.vocabulary_layout!s} runs under the pipeline schedule only "
+                    "(its passes need every pipeline rank); measure it with a real run (planner run)"
+                )
+            with default_dtype(self.data_parallel.parameter_dtype(compute)):
+                self.vocabulary = VocabularyParallel(model, layout, self.mesh, seed=seed, compute_dtype=compute)
+            for chunk in self.chunks:
+                if chunk.takes_tokens:
+                    chunk.embed_tokens = self.vocabulary.embed
         self.optimizer: Optimizer = self.data_parallel.share(
-            self.chunks, optimizer=optimizer, lr=lr, compute_dtype=compute
+            self.chunks,
+            optimizer=optimizer,
+            lr=lr,
+            compute_dtype=compute,
+            outside=self.vocabulary.parameters() if self.vocabulary else (),
         )
         if experts_mesh is not None and replicated(self.placement):
             ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
             copies = ReplicaGradients(self.chunks, model, self.placement, ep_group)
             self.optimizer = JointOptimizer([copies, self.optimizer])
-        self.params = parameters(self.chunks)
+        self.params = parameters(self.chunks) + (self.vocabulary.parameters() if self.vocabulary else [])
         self.report_loss = True
         """False in a dry run: reading a loss's value needs real tensors."""
         self.fresh_roots = False
         """True while memory is tracked: each micro-batch calls its chunk through a new wrapper
         module, because torch's MemTracker refuses a root module called twice in one step."""
-        self.schedule = (
-            build_schedule(self.chunks, layout, self.pp_rank, device, self.mesh[MeshAxis.PP], self.micro_batches)
-            if layout.pipeline_parallel_degree > 1 and pipeline_schedule
-            else None
-        )
+        self.schedule: PipelineSchedule | None = None
+        self._schedule_seq_len = 0
+        """The sequence length the schedule was built for (vocabulary layouts give theirs up front)."""
+        if layout.pipeline_parallel_degree > 1 and pipeline_schedule and self.vocabulary is None:
+            self.schedule = self._build_schedule()
 
     @property
     def dp_rank(self) -> int:
@@ -119,9 +147,15 @@ class Trainer:
         mine = self.data_parallel.rows(inputs.shape[0])
         x, y = inputs[mine].to(self.device), targets[mine].to(self.device)
         self.optimizer.zero_grad()
+        if self.vocabulary is not None and self._schedule_seq_len != x.shape[1]:
+            self.schedule, self._schedule_seq_len = self._build_schedule(x.shape[1]), x.shape[1]
         with self.loss_context():
             if self.schedule is not None:
+                if self.vocabulary is not None:
+                    self.vocabulary.begin_step(x, y, self.micro_batches)
                 losses = pipeline_step(self.schedule, self.layout, self.pp_rank, x, y)
+                if self.vocabulary is not None:
+                    self.vocabulary.end_step()
                 # only the output layer's stage has losses
                 loss = sum(_value(part) for part in losses) / len(losses) if losses else 0.0
             else:
@@ -133,6 +167,31 @@ class Trainer:
         total = torch.tensor([loss], dtype=torch.float64)
         dist.all_reduce(total)  # every (dp, tp) copy of the output layer's stage reports its replica's loss
         return float(total.item()) / (self.layout.data_parallel_degree * self.layout.tensor_parallel_degree)
+
+    def _build_schedule(self, seq_len: int | None = None) -> PipelineSchedule:
+        """The pipeline schedule; under a vocabulary layout split over the pipeline, with its loss
+        and the stages' activations for sequences of ``seq_len`` given up front."""
+        pp_mesh = self.mesh[MeshAxis.PP]
+        if self.vocabulary is None:
+            return build_schedule(self.chunks, self.layout, self.pp_rank, self.device, pp_mesh, self.micro_batches)
+        assert seq_len is not None
+        activations = stage_activations(
+            self.layout, self.model, self.layout.micro_batch_size, seq_len, TORCH_DTYPES[self.dtype]
+        )
+        return build_schedule(
+            self.chunks,
+            self.layout,
+            self.pp_rank,
+            self.device,
+            pp_mesh,
+            self.micro_batches,
+            loss=self.vocabulary.loss,
+            activations=activations,
+        )
+
+    def modules(self) -> list[nn.Module]:
+        """The modules holding this rank's parameters: its chunks and any vocabulary shards."""
+        return [*self.chunks, *([self.vocabulary.shards] if self.vocabulary else [])]
 
     def _local_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         m = self.micro_batches
