@@ -238,7 +238,9 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
     (vocabulary-parallel) plus learned positions, replicated; the stage holding the output layer
     the final norm and the output layer split over t. With tied embeddings a stage that holds the
     output layer but not the embedding keeps its own copy of the embedding matrix (Megatron-LM);
-    where one stage holds both, the one copy serves both.
+    where one stage holds both, the one copy serves both. With the vocabulary split over the
+    pipeline every stage holds V/p rows of each (not split over t: ``cost_models.vocabulary``),
+    one set of rows serving both when tied, the first stage the positions, the last the norm.
 
     Raises:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
@@ -253,6 +255,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         stage_layers(model, layout)[stage],
         stage_moe_layers(model, layout)[stage],
         *vocabulary_share(layout, stage),
+        1 if layout.vocabulary_layout.over_pipeline else layout.tensor_parallel_degree,
         chunk_stage(layout, embedding_chunk(layout)) == stage,
         chunk_stage(layout, output_chunk(layout)) == stage,
         layout.expert_placement.slots_per_rank if layout.expert_placement is not None else None,
@@ -269,12 +272,14 @@ def _stage_params(
     moe_here: int,
     embedding_share: float,
     output_share: float,
+    vocabulary_t: int,
     first: bool,
     last: bool,
     slots: int | None,
 ) -> StageParams:
     """``stage_params`` of what it reads of the layout: t, ep, whether d / ep > 1, the stage's
-    layers and MoE layers, its shares of the vocabulary layers, whether it is the first (learned
+    layers and MoE layers, its shares of the vocabulary layers and the tensor-parallel ranks that
+    split their rows (t pinned, 1 split over the pipeline), whether it is the first (learned
     positions) and the last stage (final norm), and the expert slots per rank of its placement
     (None: E / ep). Memoized on those: the many layouts of a search that differ in anything else
     (micro-batch, ZeRO, recompute, ...) share it."""
@@ -295,7 +300,7 @@ def _stage_params(
         # Experts replicated over d / ep = 1 ranks are not sharded, so ZeRO-3 gathers none of them.
         experts_gathered = expert_per_layer if experts_sharded else 0.0
         units.append(moe_layer.total - expert_per_layer + experts_gathered)
-    word_embedding = model.vocab_size * model.hidden_size / t
+    word_embedding = model.vocab_size * model.hidden_size / vocabulary_t
     positions = embedding_params(model) - model.vocab_size * model.hidden_size
     embedding = embedding_share * word_embedding + (positions if first else 0.0)
     if embedding:

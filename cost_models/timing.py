@@ -27,7 +27,7 @@ Units: seconds.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models import groups as grp
 from cost_models import layer_work as lw
@@ -44,7 +44,7 @@ from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_lo
 from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import tensor_parallel_layer_s
-from cost_models.vocabulary import NO_COMM, vocabulary_comm
+from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
 from planner.schemas import ClusterProfile, DeviceProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import stage_layers
 from planner.schemas.routing import RoutingStats
@@ -130,6 +130,11 @@ def stage_times(
         out_elem = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, layout), dev)
         output_s = gemm_time_s(out_gemm, dev, dt) + backward_gemms_time_s((out_gemm,), dev, dt) + out_elem
     embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
+    if layout.vocabulary_layout.over_pipeline:  # every tp rank does its stage's share (cost_models.vocabulary)
+        output_s, embed_s = (
+            x * vocabulary_tokens(training, layout) / (training.seq_len * layout.micro_batch_size)
+            for x in _unsplit_vocabulary_s(model, training, cluster, layout)
+        )
 
     vocabulary = (
         vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
@@ -162,6 +167,26 @@ def stage_times(
             )
         )
     return tuple(out)
+
+
+def _unsplit_vocabulary_s(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
+) -> tuple[float, float]:
+    """(output layer, embedding) seconds of one micro-batch on one rank without tensor
+    parallelism: what a split over the pipeline shares out, 1/p to each stage."""
+    if layout.tensor_parallel_degree == 1:
+        alone = layout
+    else:
+        alone = replace(layout, tensor_parallel_degree=1, sequence_parallel=False)
+    dev, dt = cluster.device, training.dtype
+    measured = measured_output_layer_s(
+        dev, model.name, dt, 1, layout.micro_batch_size, training.seq_len, sequence_parallel=False
+    )
+    if measured is None:
+        gemm = lw.output_layer_gemm(model, training, alone)
+        elementwise = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, alone), dev)
+        measured = gemm_time_s(gemm, dev, dt) + backward_gemms_time_s((gemm,), dev, dt) + elementwise
+    return measured, 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, alone), dev)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

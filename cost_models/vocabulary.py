@@ -24,6 +24,11 @@ pipelined ring), and is priced as one.
 Every rank keeps, for each micro-batch between its two vocabulary passes (one awaiting its
 gradient pass while the next is computed: two), its fp32 softmax shard (``logits_bytes`` / p),
 X in fp32, and under Algorithm 2 the two fp32 dX partials of the fused reduction.
+
+Under tensor parallelism the vocabulary is split over the pipeline only, as the runtime runs it
+(``runtime.vocabulary_parallel``; the paper splits it over p t ranks): every tensor-parallel rank
+of a stage holds that stage's V/p rows and repeats its vocabulary passes, over its whole
+sequence, or over its 1/t of it with sequence parallelism (``vocabulary_tokens``).
 Units: seconds, bytes.
 """
 
@@ -60,6 +65,13 @@ class VocabularyComm:
 NO_COMM = VocabularyComm(total_s=0.0, barrier_s=0.0)
 
 
+def vocabulary_tokens(training: TrainingSpec, layout: Layout) -> float:
+    """Tokens of one micro-batch whose vocabulary passes one rank takes part in: s b, or s b / t
+    with sequence parallelism (each tensor-parallel rank its part of the sequence)."""
+    tokens = training.seq_len * layout.micro_batch_size
+    return tokens / layout.tensor_parallel_degree if layout.sequence_parallel else tokens
+
+
 def vocabulary_comm(
     model: ModelSpec,
     training: TrainingSpec,
@@ -79,7 +91,7 @@ def vocabulary_comm(
     if not layout.vocabulary_layout.over_pipeline:
         return NO_COMM
     groups = tuple(pipeline_groups)
-    tokens = training.seq_len * layout.micro_batch_size
+    tokens = vocabulary_tokens(training, layout)
     hidden = tokens * model.hidden_size
 
     def cost(op: CollectiveOp, message_bytes: float) -> float:
@@ -100,25 +112,20 @@ def vocabulary_comm(
 
 def vocabulary_logits_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """The fp32 softmax shards one rank keeps for its vocabulary passes, ``KEPT_MICRO_BATCHES`` x
-    4 s b V/(t p) (module docstring); 0 when pinned."""
+    4 x ``vocabulary_tokens`` x V/p (module docstring); 0 when pinned."""
     if not layout.vocabulary_layout.over_pipeline:
         return 0.0
-    one = logits_bytes(
-        model,
-        seq_len=training.seq_len,
-        micro_batch_size=layout.micro_batch_size,
-        tensor_parallel_degree=layout.tensor_parallel_degree,
-    )
+    one = logits_bytes(model, seq_len=1, micro_batch_size=1) * vocabulary_tokens(training, layout)
     return KEPT_MICRO_BATCHES * one / layout.pipeline_parallel_degree
 
 
 def vocabulary_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """The other fp32 tensors one rank keeps for its vocabulary passes (module docstring): X for
-    ``KEPT_MICRO_BATCHES`` micro-batches, 4 s b h each, and under Algorithm 2 the two dX
-    partials, 2 x 4 s b h; 0 when pinned."""
+    ``KEPT_MICRO_BATCHES`` micro-batches, 4 x tokens x h each (``vocabulary_tokens``), and under
+    Algorithm 2 the two dX partials, twice that; 0 when pinned."""
     vocabulary = layout.vocabulary_layout
     if not vocabulary.over_pipeline:
         return 0.0
-    hidden = FP32_BYTES * training.seq_len * layout.micro_batch_size * model.hidden_size
+    hidden = FP32_BYTES * vocabulary_tokens(training, layout) * model.hidden_size
     partials = 2 * hidden if vocabulary is VocabularyLayout.VOCAB_2 else 0.0
     return KEPT_MICRO_BATCHES * hidden + partials

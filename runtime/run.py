@@ -65,11 +65,6 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
             "the global batch (planner search never proposes this)"
         )
-    if layout.vocabulary_layout.over_pipeline:
-        raise InfeasibleConfigError(
-            f"the runtime does not split the vocabulary over the pipeline yet ({layout.vocabulary_layout!s}); "
-            "plan with --vocabulary-layout pinned"
-        )
     if plan.training.moe_capacity_factor is not None:
         raise InfeasibleConfigError(
             f"the plan drops tokens over a capacity factor of {plan.training.moe_capacity_factor}, but the runtime "

@@ -144,7 +144,7 @@ def search(
         typer.Option(
             help="A vocabulary layout the search may choose; repeat for several (e.g. --vocabulary-layout pinned "
             "to keep the embedding and output layer on the first and last stage, for a training framework without "
-            "Vocabulary Parallelism) [default: pinned].",
+            "Vocabulary Parallelism) [default: pinned and vocab-2].",
         ),
     ] = None,
     expert_replicas: Annotated[

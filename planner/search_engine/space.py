@@ -182,7 +182,7 @@ class SearchSpace:
     """In increasing order of time (and decreasing memory): strategies rely on it."""
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
     sequence_parallel: tuple[bool, ...] = (True, False)
-    vocabulary_layouts: tuple[VocabularyLayout, ...] = (VocabularyLayout.PINNED,)
+    vocabulary_layouts: tuple[VocabularyLayout, ...] = (VocabularyLayout.PINNED, VocabularyLayout.VOCAB_2)
     """Where the vocabulary layers may go (``schemas.geometry``). Algorithm 1 (``VOCAB_1``) is
     priced but not searched by default: it holds one more micro-batch in flight than Algorithm 2
     and waits on one more barrier, so the cost model never prefers it (the paper measured the two

@@ -47,6 +47,20 @@ def test_every_stage_holds_a_pth_of_both_vocabulary_matrices() -> None:
     assert [(x.embedding_share, x.output_share) for x in split] == [(0.25, 0.25)] * 4
 
 
+def test_tensor_parallel_ranks_each_hold_their_stages_rows() -> None:
+    # The runtime splits the vocabulary over the pipeline only: every tp rank holds V/p rows.
+    v, h = MODEL.vocab_size, MODEL.hidden_size
+    layout = replace(_layout(VOCAB_2), tensor_parallel_degree=2, data_parallel_degree=1)
+    pinned = replace(layout, vocabulary_layout=PINNED)
+    assert stage_params(MODEL, layout, 1).dense - stage_params(MODEL, pinned, 1).dense == pytest.approx(2 * v * h / 4)
+    s = TRAINING.seq_len
+    params = stage_params(MODEL, layout, 1)
+    assert stage_logits_bytes(MODEL, TRAINING, layout, 1, params) == pytest.approx(2 * 4 * s * v / 4)
+    # with sequence parallelism each takes its half of the sequence
+    sp = replace(layout, sequence_parallel=True)
+    assert stage_logits_bytes(MODEL, TRAINING, sp, 1, params) == pytest.approx(2 * 4 * s * v / 4 / 2)
+
+
 @given(p=st.sampled_from([2, 4, 8]), tied=st.booleans())
 def test_the_split_moves_parameters_and_loses_none(p: int, tied: bool) -> None:
     model = MODEL.model_copy(update={"tie_word_embeddings": tied})
