@@ -107,6 +107,18 @@ def measured_layer_s(
     return _measured_s(device, op, model_name, dtype, tensor_parallel, seq_len, sequence_parallel, micro_batch)
 
 
+def measured_moe_layer_s(
+    device: DeviceProfile, model_name: str, dtype: DType, tensor_parallel: int, micro_batch: int, seq_len: int
+) -> tuple[float, float] | None:
+    """Forward and backward seconds of one of an MoE model's layers as the runtime builds it
+    (attention, router, top-k routing and every expert on the rank: expert-parallel degree 1),
+    as the profiler timed it (``planner profile --model``, cluster profile version 3). Between
+    micro-batch sizes as ``measured_layer_s``. None without a record: a version-2 profile, a
+    dense model, a model whose MoE layer the runtime does not build as it is, or tensor
+    parallelism (timed at degree 1 only)."""
+    return _measured_s(device, OpKind.MOE_LAYER, model_name, dtype, tensor_parallel, seq_len, None, micro_batch)
+
+
 def measured_output_layer_s(
     device: DeviceProfile,
     model_name: str,

@@ -12,9 +12,16 @@ expert-parallel communication per layer come from ``cost_models.tensor_parallel`
 weight gradients are accumulated into fp32 buffers (Megatron-LM's main_grad, PyTorch AMP's
 fp32 .grad): read the new gradient and the sum, write the sum, memory-bound. Where the profile
 timed this model's own layer (``compute.measured_layer_s``), that time replaces the layer's
-kernels: it holds every small op and launch the kernel sum leaves out. The profiler times the
-layer with a dense MLP; an MoE layer adds the modeled difference between its MLP (router,
-routed and shared experts, permutation) and that dense one.
+kernels: it holds every small op and launch the kernel sum leaves out. An MoE layer is priced
+from the profile's timing of the runtime's own MoE layer (``compute.measured_moe_layer_s``:
+router, top-k routing and every expert on one rank, uniform routing as untrained routers on
+random inputs give) where there is one. Under expert parallelism each rank computes about the
+same routed pairs as there (P = k s b, ``cost_models.expert_parallel``) over fewer experts, so
+that layer is the base for every ep; the all-to-alls are priced on their own, and the hottest
+rank's pairs beyond the mean add the modeled expert GEMMs (``_expert_gemms_time``). Without
+that record (a version-2 profile, tensor parallelism, a model the runtime does not build as it
+is) an MoE layer is the measured dense layer (``profiler.layer``) plus the modeled difference
+between its MLP (router, routed and shared experts, permutation) and that dense one.
 The output layer (final norm, head, loss) likewise, where the profile timed the runtime's own,
 vocabulary-parallel under tensor parallelism, its collectives counted as its compute; each stage
 does its share of it and of the embedding (``StageParams.output_share``, ``embedding_share``):
@@ -38,6 +45,7 @@ from cost_models.compute import (
     gemm_time_s,
     gemms_time_s,
     measured_layer_s,
+    measured_moe_layer_s,
     measured_output_layer_s,
 )
 from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
@@ -108,10 +116,13 @@ def stage_times(
         One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch.
     """
     dev, dt = cluster.device, training.dtype
-    measured = measured_layer_s(
-        dev, model.name, dt, layout.tensor_parallel_degree, layout.micro_batch_size, training.seq_len
-    )
-    kinds = {moe: _shared_layer_time(model, training, cluster, layout, measured, moe) for moe in _layer_kinds(model)}
+    t, b = layout.tensor_parallel_degree, layout.micro_batch_size
+    measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len)
+    measured_moe = measured_moe_layer_s(dev, model.name, dt, t, b, training.seq_len) if model.is_moe else None
+    kinds = {
+        moe: _shared_layer_time(model, training, cluster, layout, measured, measured_moe if moe else None, moe)
+        for moe in _layer_kinds(model)
+    }
 
     tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, measured)
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
@@ -224,6 +235,7 @@ def _shared_layer_time(
     cluster: ClusterProfile,
     layout: Layout,
     measured: tuple[float, float] | None,
+    measured_moe: tuple[float, float] | None,
     moe: bool,
 ) -> "_LayerTime":
     """``_layer_time``, memoized on what it reads of the layout and on the device object (held in
@@ -239,12 +251,13 @@ def _shared_layer_time(
         layout.expert_parallel_degree,
         layout.recompute,
         measured,
+        measured_moe,
         moe,
     )
     hit = _LAYER_TIMES.get(key)
     if hit is not None and hit[0] is device:
         return hit[1]
-    value = _layer_time(model, training, cluster, layout, measured, moe=moe)
+    value = _layer_time(model, training, cluster, layout, measured, measured_moe, moe=moe)
     if len(_LAYER_TIMES) >= 4096:
         _LAYER_TIMES.clear()
     _LAYER_TIMES[key] = (device, value)
@@ -257,10 +270,14 @@ def _layer_time(
     cluster: ClusterProfile,
     layout: Layout,
     measured: tuple[float, float] | None,
+    measured_moe: tuple[float, float] | None = None,
     *,
     moe: bool,
 ) -> _LayerTime:
-    """Forward, backward and recompute seconds of one dense or MoE layer and micro-batch."""
+    """Forward, backward and recompute seconds of one dense or MoE layer and micro-batch:
+    ``measured_moe`` (the runtime's MoE layer, timed) for an MoE layer where there is one, else
+    ``measured`` (the dense local layer, timed; an MoE layer adds its modeled difference), else
+    the modeled kernels."""
     dev, dt = cluster.device, training.dtype
     work = lw.layer_work(model, training, layout, moe=moe)
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
@@ -275,7 +292,9 @@ def _layer_time(
         attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, dt) + 2 * attn_elem
     layer_fwd = dense_fwd + attn_fwd + elem_fwd
     layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
-    if measured is not None:  # the profiler timed this model's own layer: everything it launches
+    if moe and measured_moe is not None:  # the profiler timed the runtime's own MoE layer: everything it launches
+        layer_fwd, layer_bwd = measured_moe
+    elif measured is not None:  # the profiler timed this model's own layer: everything it launches
         fwd, bwd = measured
         if moe:  # it timed a dense MLP (profiler.layer): add what the experts, router and routing cost beyond it
             dense = _layer_time(model, training, cluster, layout, None, moe=False)

@@ -36,6 +36,7 @@ from profiler.stats import Timing
 from runtime import (
     TORCH_DTYPES,
     Decoder,
+    builds_moe_layer,
     default_dtype,
     group_mesh,
     loss_context,
@@ -152,21 +153,47 @@ def _attention_and_norm(ctx: Context) -> list[OpRecord]:
 
 
 def _layers(ctx: Context) -> list[OpRecord]:
-    """Forward + backward of one layer at each (tp, micro-batch) a plan may use (with ``model``)."""
+    """Forward + backward of one layer at each (tp, micro-batch) a plan may use (with ``model``):
+    the local layer with a dense MLP (``profiler.layer``), and for an MoE model the runtime
+    builds, its own MoE layer at tp 1 (``_moe_layers``), which then stands for the dense one
+    there when every layer is MoE (the cost model reads the dense one at tp 1 for dense layers
+    only)."""
     model = ctx.settings.model
     if model is None:
         return []
+    moe = _moe_layers(ctx)
+    only_moe = bool(moe) and all(model.is_moe_layer(i) for i in range(model.num_hidden_layers))
     out = []
     for dtype, tp in itertools.product(
         ctx.settings.gemm_dtypes,
         (
             t
             for t in (1, 2, 4, 8)
-            if t <= ctx.world_size and model.num_attention_heads % t == 0 and model.kv_heads % t == 0
+            if t <= ctx.world_size
+            and model.num_attention_heads % t == 0
+            and model.kv_heads % t == 0
+            and not (only_moe and t == 1)
         ),
     ):
         layer = LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
         out += _time_layer(ctx, layer, OpKind.LAYER, tp, None, dtype, ctx.settings.seq_len)
+    return out + moe
+
+
+def _moe_layers(ctx: Context) -> list[OpRecord]:
+    """Forward + backward of the runtime's own MoE layer (attention, router, top-k routing and
+    every expert on the rank: expert-parallel degree 1) at tensor-parallel degree 1 and every
+    micro-batch size, for an MoE ``model`` whose MoE layer the runtime builds as specified
+    (``runtime.builds_moe_layer``). Its router is untrained and its inputs random, so tokens
+    route close to uniformly over the experts, as the cost model assumes without a routing trace."""
+    model = ctx.settings.model
+    if model is None or not builds_moe_layer(model):
+        return []
+    out = []
+    for dtype in ctx.settings.gemm_dtypes:
+        with default_dtype(TORCH_DTYPES[dtype]):
+            chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
+        out += _time_layer(ctx, chunk, OpKind.MOE_LAYER, 1, None, dtype, ctx.settings.seq_len)
     return out
 
 
@@ -381,7 +408,8 @@ def _time_layer(
 ) -> list[OpRecord]:
     """Forward and forward + backward of ``layer`` on (micro-batch, ``local_seq_len``, hidden)
     inputs at every micro-batch size of the settings, timed in rounds over all of them: ``op``
-    records at tensor-parallel degree ``tp``, sequence parallel ``sp`` (None for ``layer``)."""
+    records at tensor-parallel degree ``tp``, sequence parallel ``sp`` (None for ``layer`` and
+    ``moe_layer``)."""
     model = ctx.settings.model
     assert model is not None
     sizes = ctx.settings.layer_micro_batches

@@ -8,7 +8,7 @@ torch; the CLI imports it only inside the commands that need it.
 
 from runtime.data_parallel import shard_units
 from runtime.mesh import device_grid, group_mesh, layout_mesh
-from runtime.model import TORCH_DTYPES, Decoder, default_dtype, loss_fn
+from runtime.model import TORCH_DTYPES, Decoder, builds_moe_layer, default_dtype, loss_fn
 from runtime.tensor_parallel import loss_context, tensor_parallel
 from runtime.threads import core_share, cpu_threads_per_rank
 from runtime.trainer import Trainer
@@ -17,6 +17,7 @@ __all__ = [
     "TORCH_DTYPES",
     "Decoder",
     "Trainer",
+    "builds_moe_layer",
     "core_share",
     "cpu_threads_per_rank",
     "default_dtype",

@@ -165,6 +165,13 @@ def _first_pass(x: torch.Tensor) -> bool:
     return not x.is_meta and torch._C._current_graph_task_id() == -1
 
 
+def builds_moe_layer(model: ModelSpec) -> bool:
+    """Whether ``MoE`` is this model's MoE layer as specified: an MoE model whose experts are as
+    wide as its f and that has no shared experts (Mixtral's block; DeepSeek's and Qwen-MoE's
+    shared experts and narrower experts are not built here)."""
+    return model.is_moe and not model.shared_ffn_size and model.expert_ffn_size == model.ffn_size
+
+
 def moe_layers(model: ModelSpec) -> tuple[int, ...]:
     """The layers whose MLP is a mixture of experts, in model order: all of an MoE model's."""
     return tuple(range(model.num_hidden_layers)) if model.is_moe else ()

@@ -7,7 +7,9 @@ Written to disk as JSON (``planner.inputs.save_cluster``); a schema change bumps
 ``schema_version`` and keeps a reader for the old one (``upgrade``).
 
 Versions: 1, the device known by its name and op records with a positional ``shape``; 2 adds
-the device's ``kind`` and names each op record's fields (``planner.schemas.op_records``).
+the device's ``kind`` and names each op record's fields (``planner.schemas.op_records``); 3 adds
+the ``moe_layer`` record (an MoE model's layer as the runtime builds it), which a version-2
+profile lacks: its MoE layers are priced as before, from the dense ``layer`` record.
 """
 
 from collections.abc import Mapping
@@ -185,7 +187,7 @@ class Provenance(FrozenModel):
 class ClusterProfile(FrozenModel):
     """A homogeneous cluster of ``num_nodes`` x ``devices_per_node`` ranks."""
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1)
@@ -219,9 +221,9 @@ class ClusterProfile(FrozenModel):
         return self.num_nodes * self.devices_per_node
 
 
-CLUSTER_SCHEMA_VERSION = 2
+CLUSTER_SCHEMA_VERSION = 3
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 """The versions ``upgrade`` reads."""
 
 
@@ -230,11 +232,15 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
 
     Version 1 -> 2: the device's kind, derived once from its name (``device_kind_of_v1_name``),
     and each op record's positional shape as named fields (``op_records.record_from_v1``).
+    Version 2 -> 3: nothing to change; a version-2 profile holds no ``moe_layer`` record.
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
-    if raw.get("schema_version", 1) != 1:
+    version = raw.get("schema_version", 1)
+    if version == 2:
+        return {**raw, "schema_version": 3}
+    if version != 1:
         return dict(raw)
     device = raw.get("device")
     if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
@@ -247,4 +253,4 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
         "kind": device_kind_of_v1_name(device["name"]),
         "op_records": [record_from_v1(r, f"device.op_records[{i}]") for i, r in enumerate(records)],
     }
-    return {**raw, "schema_version": 2, "device": upgraded}
+    return upgrade({**raw, "schema_version": 2, "device": upgraded})

@@ -30,6 +30,7 @@ class OpKind(StrEnum):
     LAYERNORM = "layernorm"
     ELEMENTWISE = "elementwise"
     LAYER = "layer"
+    MOE_LAYER = "moe_layer"
     TP_LAYER = "tp_layer"
     OUTPUT_LAYER = "output_layer"
     OPTIMIZER = "optimizer"
@@ -87,23 +88,29 @@ class LayerRecord(_ForwardBackward):
     """One of the model's own layers on one tensor-parallel rank, at one micro-batch size.
 
     ``layer``: the local layer of one tensor-parallel rank (its share of the heads and the MLP),
-    without collectives. ``tp_layer``: the runtime's real tensor-parallel layer, collectives
-    included, sequence parallel or not. ``output_layer``: the final norm, head and loss, split
-    over the vocabulary under tensor parallelism, sequence parallel or not.
+    without collectives; a dense MLP also for a mixture-of-experts model. ``moe_layer`` (schema
+    version 3): an MoE model's layer as the runtime builds it, router and every expert on the
+    rank (expert-parallel degree 1), tensor-parallel degree 1. ``tp_layer``: the runtime's real
+    tensor-parallel layer, collectives included, sequence parallel or not. ``output_layer``: the
+    final norm, head and loss, split over the vocabulary under tensor parallelism, sequence
+    parallel or not.
     """
 
-    op: Literal[OpKind.LAYER, OpKind.TP_LAYER, OpKind.OUTPUT_LAYER]
+    op: Literal[OpKind.LAYER, OpKind.MOE_LAYER, OpKind.TP_LAYER, OpKind.OUTPUT_LAYER]
     model: str = Field(description="The name of the model whose layer was timed.")
     tensor_parallel_degree: int = Field(ge=1)
     micro_batch_size: int = Field(ge=1)
     seq_len: int = Field(ge=1, description="The full sequence length, also when sequence parallelism splits it.")
-    sequence_parallel: bool | None = Field(default=None, description="tp_layer and output_layer; None for layer.")
+    sequence_parallel: bool | None = Field(
+        default=None, description="tp_layer and output_layer; None for layer and moe_layer."
+    )
 
     @model_validator(mode="after")
     def _check_sequence_parallel(self) -> Self:
-        if (self.sequence_parallel is None) != (self.op is OpKind.LAYER):
+        local = self.op in (OpKind.LAYER, OpKind.MOE_LAYER)
+        if (self.sequence_parallel is None) != local:
             raise SchemaError(
-                f"a {self.op} record {'has no' if self.op is OpKind.LAYER else 'needs a'} sequence_parallel "
+                f"a {self.op} record {'has no' if local else 'needs a'} sequence_parallel "
                 f"(got {self.sequence_parallel!r}); only tp_layer and output_layer records say it"
             )
         return self
@@ -158,7 +165,8 @@ V1_SHAPES: Mapping[OpKind, tuple[str, ...]] = MappingProxyType(
         OpKind.SHARDED_UNIT: ("zero_stage", "deferred"),
     }
 )
-"""The named fields of each version-1 record's positional ``shape``, in order."""
+"""The named fields of each version-1 record's positional ``shape``, in order: the ops a
+version-1 profile can hold."""
 _V1_FLAGS = ("sequence_parallel", "deferred")
 _TIMED_ONCE = frozenset({OpKind.ELEMENTWISE, OpKind.OPTIMIZER, OpKind.PIPELINE_SLOT, OpKind.SHARDED_UNIT})
 
@@ -174,11 +182,10 @@ def record_from_v1(raw: object, where: str) -> dict[str, object]:
     if not isinstance(raw, Mapping):
         raise SchemaError(f"{where}: an op record must be a mapping, not {raw!r}")
     record = {str(k): v for k, v in raw.items() if k != "shape" and not (k == "model" and v is None)}
-    try:
-        op = OpKind(str(raw.get("op")))
-    except ValueError as e:
-        kinds = ", ".join(OpKind)
-        raise SchemaError(f"{where}: op {raw.get('op')!r} is not one of {kinds}") from e
+    op = next((kind for kind in V1_SHAPES if kind == raw.get("op")), None)
+    if op is None:
+        kinds = ", ".join(V1_SHAPES)
+        raise SchemaError(f"{where}: op {raw.get('op')!r} is not one of a version-1 profile's: {kinds}")
     names, shape = V1_SHAPES[op], raw.get("shape")
     if not isinstance(shape, list | tuple) or len(shape) != len(names):
         raise SchemaError(

@@ -26,9 +26,10 @@ from planner.schemas import (
 )
 from planner.schemas.cluster import device_kind_of_v1_name, upgrade
 from planner.schemas.errors import SchemaError
+from planner.schemas.op_records import V1_SHAPES
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-SCHEMA = GOLDEN / "cluster_profile_schema_v2.json"
+SCHEMA = GOLDEN / "cluster_profile_schema_v3.json"
 V1_CPU = GOLDEN / "cluster_profile_v1_cpu.json"
 """A version-1 profile written by hand in the form the version-1 profiler wrote: 4 CPU ranks of
 one node, op records of every kind with positional shapes."""
@@ -51,10 +52,10 @@ def test_presets_are_cuda_devices() -> None:
 
 def test_a_version_1_profile_loads_with_its_device_kind_and_named_fields() -> None:
     profile = load_cluster(str(V1_CPU))
-    assert profile.schema_version == 2 and profile.device.kind is DeviceKind.CPU
+    assert profile.schema_version == 3 and profile.device.kind is DeviceKind.CPU
     records = profile.device.op_records
     assert len(records) == len(json.loads(V1_CPU.read_text())["device"]["op_records"])
-    assert {r.op for r in records} == set(OpKind)
+    assert {r.op for r in records} == set(V1_SHAPES) == set(OpKind) - {OpKind.MOE_LAYER}
     by_type = {type(r): r for r in records}
     assert by_type[ElementwiseRecord] == ElementwiseRecord(
         num_elements=4194304, dtype=DType.FP32, time_s=2.1e-3, spread=0.05
@@ -149,7 +150,7 @@ def test_an_upgraded_profile_saves_as_the_current_version_and_loads_the_same(tmp
     path = tmp_path / "cluster.json"
     save_cluster(profile, path)
     raw = json.loads(path.read_text())
-    assert raw["schema_version"] == 2 and raw["device"]["kind"] == "cpu"
+    assert raw["schema_version"] == 3 and raw["device"]["kind"] == "cpu"
     assert raw["device"]["op_records"][0] == {
         "op": "elementwise",
         "dtype": "fp32",
@@ -182,8 +183,8 @@ def test_a_version_1_record_of_the_wrong_shape_is_named() -> None:
 def test_an_unknown_profile_version_is_refused_with_the_fix(tmp_path: Path) -> None:
     raw = json.loads(cluster_preset("dgx-h100", 1).model_dump_json())
     path = tmp_path / "cluster.json"
-    path.write_text(json.dumps({**raw, "schema_version": 3}))
-    with pytest.raises(SchemaError, match=r"schema_version 3 is not one this planner reads \(1, 2.*planner profile"):
+    path.write_text(json.dumps({**raw, "schema_version": 4}))
+    with pytest.raises(SchemaError, match=r"schema_version 4 is not one this planner reads \(1, 2, 3.*planner profile"):
         load_cluster(str(path))
 
 
@@ -194,3 +195,12 @@ def test_a_layer_record_says_sequence_parallel_exactly_when_its_op_has_it() -> N
         LayerRecord(op=OpKind.TP_LAYER, **shape, **times)  # type: ignore[arg-type]
     with pytest.raises(SchemaError, match="a layer record has no sequence_parallel"):
         LayerRecord(op=OpKind.LAYER, **shape, **times, sequence_parallel=True)  # type: ignore[arg-type]
+    with pytest.raises(SchemaError, match="a moe_layer record has no sequence_parallel"):
+        LayerRecord(op=OpKind.MOE_LAYER, **shape, **times, sequence_parallel=False)  # type: ignore[arg-type]
+
+
+def test_a_version_1_profile_cannot_hold_a_moe_layer_record() -> None:
+    raw = json.loads(V1_CPU.read_text())
+    raw["device"]["op_records"][3]["op"] = "moe_layer"
+    with pytest.raises(SchemaError, match=r"op_records\[3\]: op 'moe_layer' is not one of a version-1 profile's"):
+        upgrade(raw)

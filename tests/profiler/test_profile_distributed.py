@@ -122,6 +122,45 @@ def test_quick_profile_is_complete_and_drives_the_estimate(quick_profile: tuple[
     assert doubled.time.data_parallel_comm_s == pytest.approx(2 * base.time.data_parallel_comm_s, rel=1e-6)
 
 
+def test_an_moe_model_profile_times_the_runtime_moe_layer(tmp_path: Path) -> None:
+    # tiny-moe on 2 ranks: the runtime's MoE layer at tp 1 and every micro-batch size stands for
+    # the dense one there (every layer is MoE); the dense local layer stays at tp 2, where the
+    # tensor-parallel layer is priced beyond it. The estimate's MoE layers are the record's.
+    out = tmp_path / "cluster.json"
+    model_args = ["--model", "tiny-moe", "--seq-len", "128", "--dtype", "bf16"]
+    code, output, _ = torchrun(["--output", str(out), "--quick", *model_args], ranks=2)
+    assert code == 0, output
+    profile = load_cluster(str(out))
+    layers = {
+        (r.op, r.tensor_parallel_degree, r.micro_batch_size): r
+        for r in profile.device.op_records
+        if isinstance(r, LayerRecord) and r.op in (OpKind.LAYER, OpKind.MOE_LAYER)
+    }
+    sizes = (1, 2, 4, 8)
+    assert set(layers) == {(op, tp, mb) for op, tp in ((OpKind.MOE_LAYER, 1), (OpKind.LAYER, 2)) for mb in sizes}
+    assert all(r.model == "tiny-moe" and r.fwd_bwd_time_s > r.fwd_time_s for r in layers.values())
+    moe = layers[OpKind.MOE_LAYER, 1, 2]
+    model, training = load_model("tiny-moe"), TrainingSpec(global_batch_size=8, seq_len=128)
+    layout = Layout(data_parallel_degree=2, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=2)
+    doubled = profile.model_copy(
+        update={
+            "device": profile.device.model_copy(
+                update={
+                    "op_records": tuple(
+                        r.model_copy(update={"fwd_time_s": 2 * r.fwd_time_s, "fwd_bwd_time_s": 2 * r.fwd_bwd_time_s})
+                        if r is moe
+                        else r
+                        for r in profile.device.op_records
+                    )
+                }
+            )
+        }
+    )
+    base, more = estimate(model, training, profile, layout), estimate(model, training, doubled, layout)
+    # 4 layers x 2 micro-batches, each the record's forward + backward more.
+    assert more.time.compute_s - base.time.compute_s == pytest.approx(4 * 2 * moe.fwd_bwd_time_s, rel=1e-6)
+
+
 def test_injected_slow_link_is_the_slowest_pair(tmp_path: Path) -> None:
     # Ops in fp32 only (half the op phase; the quick profile above times bf16): the links and
     # collectives are what this test reads.
