@@ -518,7 +518,10 @@ def tune(
         check_template(settings.launcher)
     model_spec = load_model(model) if isinstance(model, str) else model
     profile = load_cluster(cluster)
-    plans = select_plans(search(model_spec, cluster, training, top_k=pool_size(settings)), settings)
+    ranked = search(
+        model_spec, cluster, training, top_k=pool_size(settings), vocabulary_layouts=settings.vocabulary_layouts
+    )
+    plans = select_plans(ranked, settings)
     name = settings.study_name or study_name(model_spec.name, training, profile)
     records, ran = run_trials(plans, settings, name, run_trial=run_trial or run_trial_job, progress=progress)
     result = summarize(study_name=name, records=records, cluster=profile, source=f"{settings.storage} {name}", ran=ran)

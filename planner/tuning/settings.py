@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from planner.schemas import Plan
+from planner.schemas import Plan, VocabularyLayout
 
 
 class Selection(StrEnum):
@@ -35,6 +35,8 @@ class TuneSettings:
     trial_timeout_s: float = 600.0
     workdir: Path = Path("tune")
     """Plans, reports and job logs of the trials."""
+    vocabulary_layouts: tuple[VocabularyLayout, ...] | None = None
+    """Where the searched plans may put the vocabulary layers; None: the search's default."""
 
 
 def pool_size(settings: TuneSettings) -> int:

@@ -13,7 +13,7 @@ from fakes import TRUE, FakeRunner, true_machine
 
 import planner
 from planner.inputs import save_cluster
-from planner.schemas import TrainingSpec
+from planner.schemas import TrainingSpec, VocabularyLayout
 from planner.tuning.calibrate import MEMORY_SCALES, Observation, fit_calibration
 from planner.tuning.settings import Selection, TuneSettings
 from planner.tuning.study import INTERRUPTED
@@ -39,8 +39,13 @@ def tune(model: str, cluster: str, training: TrainingSpec, settings: TuneSetting
 
 
 def settings(tmp_path: Path, top_k: int = 5, select: Selection = Selection.TOP) -> TuneSettings:
+    # Vocabulary pinned: the spread of plans then keeps tp and pp above 1 among few plans.
     return TuneSettings(
-        top_k=top_k, select=select, storage=f"sqlite:///{tmp_path / 'tune.db'}", workdir=tmp_path / "trials"
+        top_k=top_k,
+        select=select,
+        storage=f"sqlite:///{tmp_path / 'tune.db'}",
+        workdir=tmp_path / "trials",
+        vocabulary_layouts=(VocabularyLayout.PINNED,),
     )
 
 
