@@ -26,6 +26,7 @@ from planner.schemas.geometry import (
     holds_embedding,
     holds_output_layer,
     output_chunk,
+    rank_of,
     stage_chunks,
 )
 from runtime.model import Decoder, loss_fn
@@ -140,9 +141,10 @@ class TiedEmbedding:
             return  # one rank holds every chunk: both copies are local
         first = next(s for s in range(p) if holds_embedding(layout, s))
         last = next(s for s in range(p) if holds_output_layer(layout, s))
-        grid = mesh.mesh  # torch ranks at (pp, dp, tp) coordinates, schemas.geometry.MESH_AXES
+        # Ranks from the geometry, not from the mesh's tensor: under the dry run's fake tensors
+        # that tensor has no values to read.
         pairs = [
-            sorted({int(grid[first, d, t]), int(grid[last, d, t])})
+            sorted({rank_of(layout, first, d, t), rank_of(layout, last, d, t)})
             for d in range(layout.data_parallel_degree)
             for t in range(layout.tensor_parallel_degree)
         ]

@@ -40,3 +40,17 @@ def test_dry_run_of_a_large_plan_allocates_nothing(tmp_path: Path) -> None:
     child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     assert traced_mib * 2**20 > 4 * 2**30
     assert max(before, child_peak) < 2 * 2**30  # the process never held what it traced
+
+
+def test_dry_run_of_a_pipeline_with_tied_embeddings(tmp_path: Path) -> None:
+    # tiny-gpt ties its embeddings: with a pipeline the first and last stage pair up to sum the
+    # copies' gradients, a group built from the rank order (once read from the fake mesh tensor,
+    # which has no values under the dry run: it failed with a traceback).
+    model, cluster = load_model("tiny-gpt"), load_cluster("dgx-h100:1")
+    training = TrainingSpec(global_batch_size=8, seq_len=64)
+    layout = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1)
+    plan_path = tmp_path / "plan.json"
+    estimated = estimate(model, training, cluster, layout)
+    save_plan(make_plan(model, training, cluster, "dgx-h100:1", layout, estimated), plan_path)
+    for rank in (0, 7):
+        assert _dry(plan_path, rank) > 0
