@@ -126,8 +126,8 @@ class TiedEmbedding:
     """The tied embedding matrix when the embedding and the output layer sit on different
     pipeline ranks: each holds a copy, and their gradients are summed before every update."""
 
-    def __init__(self, model: ModelSpec, layout: Layout, mesh: DeviceMesh) -> None:
-        """Every rank calls this (it creates process groups); ``mesh`` is the layout's (pp, dp, tp) mesh."""
+    def __init__(self, model: ModelSpec, layout: Layout) -> None:
+        """Every rank calls this (it creates process groups)."""
         self.group: dist.ProcessGroup | None = None
         """The (embedding rank, output-layer rank) pair of this rank's (dp, tp) coordinate, or None."""
         if (
@@ -141,10 +141,11 @@ class TiedEmbedding:
             return  # one rank holds every chunk: both copies are local
         first = next(s for s in range(p) if holds_embedding(layout, s))
         last = next(s for s in range(p) if holds_output_layer(layout, s))
-        # Ranks from the geometry, not from the mesh's tensor: under the dry run's fake tensors
-        # that tensor has no values to read.
+        # Torch ranks from the geometry and the device map (as runtime.mesh.device_grid), not
+        # from the mesh's tensor: under the dry run's fake tensors that tensor has no values.
+        torch_rank = layout.device_map.device_of
         pairs = [
-            sorted({rank_of(layout, first, d, t), rank_of(layout, last, d, t)})
+            sorted({torch_rank(rank_of(layout, first, d, t)), torch_rank(rank_of(layout, last, d, t))})
             for d in range(layout.data_parallel_degree)
             for t in range(layout.tensor_parallel_degree)
         ]

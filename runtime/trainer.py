@@ -100,7 +100,7 @@ class Trainer:
                 tensor_parallel(chunk, self.mesh[MeshAxis.TP], sequence_parallel=layout.sequence_parallel)
             if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
                 chunk.to(device)
-        self.tied = TiedEmbedding(model, layout, self.mesh)
+        self.tied = TiedEmbedding(model, layout)
         self.vocabulary: VocabularyParallel | None = None
         """Under a vocabulary layout split over the pipeline: this rank's shards and passes."""
         if layout.vocabulary_layout.over_pipeline:
