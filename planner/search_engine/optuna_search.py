@@ -1,7 +1,8 @@
 """Optuna TPE over the search space, for spaces too large to enumerate.
 
 Driven through ``study.ask()`` / ``study.tell()`` with a seeded sampler. Each axis of the space
-(``space.AXES``, the same declaration the exhaustive strategy iterates) is one parameter; a
+(``space.AXES``, the same declaration the exhaustive strategy iterates) is one parameter, but
+an axis ``tried_in_full``, whose every value a trial evaluates, keeping the fastest; a
 combination that is not a valid layout is told as failed, one that does not fit as penalized. With a
 storage URL (SQLite by default from the CLI) the study is resumable: every finished trial is
 committed as it ends, and a search started again on the same inputs continues the same study.
@@ -15,7 +16,7 @@ from typing import ClassVar
 
 import optuna
 
-from planner.schemas import Layout
+from planner.schemas import Estimate, Layout
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError, SchemaError
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.space import Choice, SearchSpace
@@ -55,8 +56,7 @@ class OptunaSearch:
             trial = study.ask()
             asked += 1
             try:
-                layout = _suggest(trial, space)
-                est = evaluate(layout)
+                layout, est = _fastest(_suggest(trial, space), evaluate)
             except DoesNotFitError as e:
                 # Worse than any layout that fits, and the more so the further it is from fitting,
                 # so the sampler learns where memory runs out.
@@ -96,24 +96,44 @@ def study_name_for(space: SearchSpace, evaluate: Evaluator) -> str:
     return f"planner-{space.model.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> Layout:
+def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> list[Layout]:
     """Sample a layout from the space's axes, each conditional on the ones before it
     (define-by-run), so that nearly every trial is a valid layout. An axis with one valid value
-    is not a parameter; the others are named after the choices they offer (``Axis.parameter_name``)."""
-    chosen: dict[str, Choice] = {}
+    is not a parameter; the others are named after the choices they offer (``Axis.parameter_name``).
+    An axis ``tried_in_full`` is not sampled: the trial holds one layout per valid value of it."""
+    partial: list[dict[str, Choice]] = [{}]
     for axis in space.axes:
-        options = axis.choices(space, chosen)
+        options = axis.choices(space, partial[0])  # tried-in-full axes are no axis's dependency
         if not options:
-            given = ", ".join(f"{name}={chosen[name]}" for name in axis.depends_on)
+            given = ", ".join(f"{name}={partial[0][name]}" for name in axis.depends_on)
             raise InfeasibleConfigError(f"no valid {axis.name} given {given}")
-        if len(options) == 1:
-            chosen[axis.name] = options[0]
+        if axis.tried_in_full:
+            partial = [{**chosen, axis.name: value} for chosen in partial for value in options]
             continue
-        # Optuna stores plain values; enums go in as their int or str and come back by position.
-        plain: list[bool | int | float | str | None] = [_plain(value) for value in options]
-        picked = trial.suggest_categorical(axis.parameter_name(options), plain)
-        chosen[axis.name] = options[plain.index(picked)]
-    return space.layout(chosen)
+        if len(options) == 1:
+            picked_value = options[0]
+        else:
+            # Optuna stores plain values; enums go in as their int or str and come back by position.
+            plain: list[bool | int | float | str | None] = [_plain(value) for value in options]
+            picked = trial.suggest_categorical(axis.parameter_name(options), plain)
+            picked_value = options[plain.index(picked)]
+        partial = [{**chosen, axis.name: picked_value} for chosen in partial]
+    return [space.layout(chosen) for chosen in partial]
+
+
+def _fastest(layouts: list[Layout], evaluate: Evaluator) -> tuple[Layout, Estimate]:
+    """The fastest of a trial's layouts that fits; raises the nearest miss's DoesNotFitError
+    when none fits."""
+    fits: list[tuple[Layout, Estimate]] = []
+    misses: list[DoesNotFitError] = []
+    for layout in layouts:
+        try:
+            fits.append((layout, evaluate(layout)))
+        except DoesNotFitError as e:
+            misses.append(e)
+    if fits:
+        return min(fits, key=lambda pair: pair[1].step_time_s)
+    raise min(misses, key=lambda e: e.needed_bytes)
 
 
 def _plain(value: Choice) -> bool | int | str:

@@ -55,6 +55,10 @@ class Axis:
     """Earlier axes whose values the valid choices depend on; the rule sees only those."""
     rule: Callable[["SearchSpace", Assignment], Sequence[Choice]]
     """The valid values, in search order, given the space and the values of ``depends_on``."""
+    tried_in_full: bool = False
+    """A sampling strategy evaluates every valid value of this axis in one trial and keeps the
+    fastest that fits, instead of sampling it: for axes whose values are cheap to compare and
+    change little else (the vocabulary layout)."""
 
     def choices(self, space: "SearchSpace", chosen: Assignment) -> Sequence[Choice]:
         """The valid values of this axis once ``chosen`` holds (at least) the axes it depends on."""
@@ -161,7 +165,13 @@ AXES: tuple[Axis, ...] = (
     Axis(name="schedule", field="schedule", depends_on=("dp", "pp", "micro_batch_size"), rule=_schedule),
     Axis(name="virtual_stages", field="virtual_stages", depends_on=("pp", "schedule"), rule=_virtual_stages),
     Axis(name="sequence_parallel", field="sequence_parallel", depends_on=("tp",), rule=_sequence_parallel),
-    Axis(name="vocabulary", field="vocabulary_layout", depends_on=("pp", "schedule"), rule=_vocabulary),
+    Axis(
+        name="vocabulary",
+        field="vocabulary_layout",
+        depends_on=("pp", "schedule"),
+        rule=_vocabulary,
+        tried_in_full=True,
+    ),
     Axis(name="zero_stage", field="zero_stage", depends_on=("dp", "pp"), rule=_zero_stage),
     Axis(name="recompute", field="recompute", rule=_recompute),
 )
