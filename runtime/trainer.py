@@ -47,7 +47,7 @@ from runtime.pipeline import (
     pipeline_step,
     stage_activations,
 )
-from runtime.tensor_parallel import loss_context, tensor_parallel
+from runtime.tensor_parallel import RouterGradients, loss_context, tensor_parallel
 from runtime.vocabulary_parallel import VocabularyParallel
 
 
@@ -121,9 +121,19 @@ class Trainer:
             compute_dtype=compute,
             outside=self.vocabulary.parameters() if self.vocabulary else (),
         )
+        tp_mesh = self.mesh[MeshAxis.TP]
+        if model.is_moe and layout.tensor_parallel_degree > 1:  # partial router gradients (runtime.tensor_parallel)
+            self.optimizer = JointOptimizer([RouterGradients(self.chunks, tp_mesh.get_group()), self.optimizer])
         if experts_mesh is not None and replicated(self.placement):
             ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
-            copies = ReplicaGradients(self.chunks, model, self.placement, ep_group)
+            copies = ReplicaGradients(
+                self.chunks,
+                model,
+                self.placement,
+                ep_group,
+                tensor_rank=tp_mesh.get_local_rank(),
+                tensor_degree=tp_mesh.size(),
+            )
             self.optimizer = JointOptimizer([copies, self.optimizer])
         self.params = parameters(self.chunks) + (self.vocabulary.parameters() if self.vocabulary else [])
         self.report_loss = True
