@@ -4,7 +4,8 @@ with a step that returns the global mean loss on every rank.
 - ``runtime.mesh``: the (pp, dp, tp) mesh, the layout's DeviceMap deciding which process plays
   which rank.
 - ``runtime.pipeline``: this rank's model chunks, their schedule and the tied embedding's copy.
-- ``runtime.tensor_parallel``: each chunk's tensor (and sequence) parallel split.
+- ``runtime.tensor_parallel``: each chunk's tensor (and sequence) parallel split, every
+  expert's too, and the routers' partial gradients summed over the tensor-parallel group.
 - ``runtime.vocabulary_parallel``: under ``vocab-1``/``vocab-2``, this rank's rows of the
   embedding and output layer and the passes every pipeline rank joins.
 - ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
