@@ -166,7 +166,7 @@ def _gather_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     shard = x.transpose(0, 1).contiguous()
     out = shard.new_empty((shard.shape[0] * dist.get_world_size(group), *shard.shape[1:]))
     if not out.is_meta:
-        dist.all_gather_into_tensor(out, shard, group=group)
+        dist.all_gather_single(out, shard, group=group)
     return out.transpose(0, 1)
 
 
@@ -175,7 +175,7 @@ def _reduce_scatter_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch
     whole = x.transpose(0, 1).contiguous()
     out = whole.new_empty((whole.shape[0] // dist.get_world_size(group), *whole.shape[1:]))
     if not out.is_meta:
-        dist.reduce_scatter_tensor(out, whole, group=group)
+        dist.reduce_scatter_single(out, whole, group=group)
     return out.transpose(0, 1)
 
 
