@@ -10,6 +10,11 @@ all-to-all of variable splits, runs its experts on what it received, and returns
 a second all-to-all; the backward runs the same exchanges in reverse. Dropless: every routed token
 is served.
 
+Under tensor parallelism the group is the ranks of one tensor-parallel coordinate, whose experts
+are all that coordinate's part (``runtime.tensor_parallel``): tokens travel whole (h wide), the
+experts' partial outputs come back, and the layer's tensor-parallel region sums them after the
+combine.
+
 An expert the table lists on several ranks is replicated (as DeepSeek's EPLB places redundant
 experts): its copies share its pairs (``ExpertExchange``) and sum their gradients
 (``ReplicaGradients``).
