@@ -15,13 +15,13 @@ from harness import run_ranks
 from torch.distributed.tensor import DTensor
 
 from planner.inputs import load_model
-from planner.schemas import DType, Layout
+from planner.schemas import Activation, DType, Layout
 from planner.schemas.geometry import MeshAxis
 from runtime.data import synthetic_batch
+from runtime.model import MLP
 from runtime.reference import reference_training
+from runtime.tensor_parallel import split_expert
 from runtime.trainer import Trainer
-
-pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
 TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-6
@@ -109,6 +109,32 @@ def _reassemble(everyone: list[tuple[int, int, dict[str, torch.Tensor]]]) -> dic
     return whole
 
 
+@pytest.mark.parametrize("act", [Activation.SILU, Activation.GELU])
+def test_the_parts_of_a_split_expert_sum_to_the_whole_expert(act: Activation) -> None:
+    # gated (gate, up, down) and ungated (up, down) experts with biases, split over 4 ranks: the
+    # parts' outputs sum to the whole expert's (down's bias counted once, by rank 0)
+    model = MOE.model_copy(update={"hidden_act": act, "mlp_bias": True})
+    torch.manual_seed(0)
+    whole = MLP(model).double()  # float64: only the order of the sums differs
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.normal_()
+    x = torch.randn(5, model.hidden_size, dtype=torch.float64)
+    parts = []
+    for rank in range(4):
+        part = MLP(model).double()
+        part.load_state_dict(whole.state_dict())
+        split_expert(part, rank, 4)
+        assert part.up.weight.shape == (model.intermediate_size // 4, model.hidden_size)
+        assert part.down.weight.shape == (model.hidden_size, model.intermediate_size // 4)
+        assert (part.down.bias is not None) == (rank == 0)
+        parts.append(part(x))
+    torch.testing.assert_close(sum(parts), whole(x), atol=1e-9, rtol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
 def test_four_ranks_experts_split_over_tensor_parallel_ranks_match_the_reference(tmp_path: Path) -> None:
     reference, net = reference_training(
         MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
