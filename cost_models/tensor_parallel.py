@@ -5,7 +5,10 @@ backward per layer; with sequence parallelism 2 all-gathers and 2 reduce-scatter
 (Korthikanti et al. 2022, sec. 4.2.2). Full recomputation repeats the forward's collectives.
 Where the profile timed this model's real tensor-parallel layer (``compute.measured_layer_s``
 with ``sequence_parallel``), what it takes beyond the local layer is the tensor-parallel time:
-its collectives and the framework's cost of sharding. Units: seconds, bytes.
+its collectives and the framework's cost of sharding. An MoE layer whose experts are split over
+the group (expert-tensor parallelism equal to tp, as the runtime runs it) reduces its output
+once, where the dense MLP's row-parallel projection does: the same collectives. Units: seconds,
+bytes.
 """
 
 from collections.abc import Iterable
@@ -33,7 +36,8 @@ def tensor_parallel_layer_s(
         cluster: links, collective and layer records.
         layout: tensor-parallel degree, micro-batch size, sequence parallel, recompute.
         tensor_groups: the tensor-parallel groups (devices).
-        local: the profiled local layer's (forward, backward) seconds, or None if not profiled.
+        local: the (forward, backward) seconds of the local layer the real one's record holds
+            (for an MoE model, its MoE layer: ``cost_models.timing``), or None if not profiled.
 
     Returns:
         Seconds per layer and micro-batch.

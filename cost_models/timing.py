@@ -30,6 +30,11 @@ the pipeline, which then waits for the part of its vocabulary collectives that i
 compute does not hide (``cost_models.vocabulary``). Under ZeRO 2-3 each sharded unit
 (``StageParams.units``) adds, every micro-batch, what the profiler timed FSDP spending of its
 own (``sharding.sharded_unit_s``; its collectives are priced in cost_models.data_parallel).
+Under tensor parallelism, the profile's real tensor-parallel layer (``tp_layer``) is the
+runtime's first layer, an MoE layer for an MoE model (experts split over the group): its time
+beyond that layer's own local time (for an MoE layer, the measured dense local layer plus the
+modeled MoE difference) is the tensor-parallel time, so that the layer's compute and its
+tensor-parallel time add up to the record, the MoE part counted once.
 Units: seconds.
 """
 
@@ -124,7 +129,13 @@ def stage_times(
         for moe in _layer_kinds(model)
     }
 
-    tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, measured)
+    # The profiler's real tensor-parallel layer is the runtime's layer 0, an MoE layer for an MoE
+    # model: what it takes beyond the same layer's local time is tensor-parallel time.
+    timed = kinds.get(model.is_moe) or _shared_layer_time(
+        model, training, cluster, layout, measured, measured_moe, model.is_moe
+    )
+    local = None if measured is None else (timed.forward_s, timed.backward_s)
+    tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, local)
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
 
     output_s = measured_output_layer_s(

@@ -221,7 +221,8 @@ def _optimizer(ctx: Context) -> list[OpRecord]:
 def _tensor_parallel_layers(ctx: Context) -> list[OpRecord]:
     """Forward + backward of the runtime's own tensor-parallel layer (DTensor, with and without
     sequence parallelism), on every group of t consecutive ranks at once (with ``model``): its
-    collectives and the framework's cost of sharding, which the local layer leaves out."""
+    collectives and the framework's cost of sharding, which the local layer leaves out. For an
+    MoE model, the runtime's MoE layer with every expert split over the group."""
     model = ctx.settings.model
     if model is None or ctx.world_size < 2:
         return []

@@ -10,6 +10,11 @@ all-to-all of variable splits, runs its experts on what it received, and returns
 a second all-to-all; the backward runs the same exchanges in reverse. Dropless: every routed token
 is served.
 
+Under tensor parallelism the group is the ranks of one tensor-parallel coordinate, whose experts
+are all that coordinate's part (``runtime.tensor_parallel``): tokens travel whole (h wide), the
+experts' partial outputs come back, and the layer's tensor-parallel region sums them after the
+combine.
+
 An expert the table lists on several ranks is replicated (as DeepSeek's EPLB places redundant
 experts): its copies share its pairs (``ExpertExchange``) and sum their gradients
 (``ReplicaGradients``).
@@ -30,6 +35,7 @@ from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.model import MLP, Decoder, MoE, moe_layers
 from runtime.optim import DataParallelOptimizer
+from runtime.tensor_parallel import RouterGradients, split_expert
 
 PlacementTable = tuple[tuple[tuple[int, ...], ...], ...]
 """For each MoE layer in model order, the expert ids each expert-parallel rank hosts."""
@@ -224,11 +230,23 @@ class ReplicaGradients:
     """
 
     def __init__(
-        self, chunks: Sequence[Decoder], model: ModelSpec, table: PlacementTable, ep_group: dist.ProcessGroup
+        self,
+        chunks: Sequence[Decoder],
+        model: ModelSpec,
+        table: PlacementTable,
+        ep_group: dist.ProcessGroup,
+        *,
+        tensor_rank: int = 0,
+        tensor_degree: int = 1,
     ) -> None:
+        """``tensor_rank`` of ``tensor_degree``: this rank's tensor-parallel part of each expert
+        (``runtime.tensor_parallel.split_expert``), which the whole expert-parallel group shares."""
         self.group = ep_group
         with torch.device("meta"):
-            self.shapes = [p.shape for p in MLP(model).parameters()]
+            expert = MLP(model)
+            if tensor_degree > 1:
+                split_expert(expert, tensor_rank, tensor_degree)
+            self.shapes = [p.shape for p in expert.parameters()]
         some = next(p for chunk in chunks for p in chunk.parameters())
         self.dtype, self.device = some.dtype, some.device
         moe = {int(i): b.mlp for c in chunks for i, b in c.layers.items() if isinstance(b.mlp, MoE)}
@@ -272,7 +290,10 @@ class JointOptimizer:
     reduction (replicated experts' gradients) that must precede them."""
 
     def __init__(
-        self, parts: Sequence["DataParallelOptimizer | torch.optim.Optimizer | ReplicaGradients | JointOptimizer"]
+        self,
+        parts: Sequence[
+            "DataParallelOptimizer | torch.optim.Optimizer | ReplicaGradients | RouterGradients | JointOptimizer"
+        ],
     ) -> None:
         self.parts = list(parts)
 

@@ -138,7 +138,9 @@ class MoE(nn.Module):
     the model's MLPs of width ``intermediate_size``; no capacity limit (dropless).
 
     ``dispatch`` is set by expert parallelism (tokens go to the ranks holding their experts);
-    unset, the experts held here serve every token. ``routing_trace``, when a list, receives
+    unset, the experts held here serve every token. Under tensor parallelism each expert holds
+    its rank's part and the layer returns the rank's partial sums, which
+    ``runtime.tensor_parallel`` reduces over the group. ``routing_trace``, when a list, receives
     each forward's expert ids (n, k).
     """
 

@@ -42,7 +42,7 @@ def local_grad(p: torch.nn.Parameter) -> torch.Tensor | None:
     return local(g)
 
 
-def _flat_apply(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], object]) -> None:
+def flat_apply(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], object]) -> None:
     """Run one collective on the concatenation of ``tensors`` and copy the result back."""
     if not tensors:
         return
@@ -101,9 +101,9 @@ class DataParallelOptimizer:
         """Average gradients over the group, step the owned parameters, broadcast their updates."""
         grads = [g for g in (local_grad(p) for p in self.params) if g is not None]
         if self.size > 1:
-            _flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.divisor)))
+            flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.divisor)))
         elif self.divisor != 1:
-            _flat_apply(grads, lambda flat: flat.div_(self.divisor))
+            flat_apply(grads, lambda flat: flat.div_(self.divisor))
         if self.mixed:
             for p in self.mine:
                 g = local_grad(p)
@@ -119,7 +119,7 @@ class DataParallelOptimizer:
             if self.shard and self.size > 1:
                 for owner in range(self.size):
                     owned = [local(p.data) for p, o in zip(self.params, self.owner, strict=True) if o == owner]
-                    _flat_apply(
+                    flat_apply(
                         owned, partial(_broadcast, src=dist.get_global_rank(self.group, owner), group=self.group)
                     )
 

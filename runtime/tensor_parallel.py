@@ -1,34 +1,57 @@
-"""Tensor and sequence parallelism of a model chunk (Megatron-LM's split, through DTensor).
+"""Tensor and sequence parallelism of a model chunk (Megatron-LM's split).
 
-q/k/v and gate/up are split column-wise, o and down row-wise; the embedding is split by
-vocabulary, the output layer column-wise with a vocabulary-parallel loss (torch's
+q/k/v and gate/up are split column-wise, o and down row-wise, through DTensor; the embedding is
+split by vocabulary, the output layer column-wise with a vocabulary-parallel loss (torch's
 ``loss_parallel``). With sequence parallelism the norms and the residual stream hold 1/t of the
 sequence, gathered before attention and the MLP and reduce-scattered after them (Korthikanti et
 al. 2022, sec. 4.2.2); a chunk whose embedding and output layer are split over the pipeline
-instead (``runtime.vocabulary_parallel``) splits its embedded tokens and returns its shard. A
-mixture-of-experts MLP is not split: each tensor-parallel rank holds its router and experts
-whole and routes the same tokens (expert-tensor parallelism of 1, as Megatron-LM's default), so
-their gradients agree across the group without a reduction; under sequence parallelism it routes
-the gathered sequence and keeps its rank's share of the output.
+instead (``runtime.vocabulary_parallel``) splits its embedded tokens and returns its shard.
+
+A mixture-of-experts MLP splits every expert over the group as the dense MLP is split
+(expert-tensor parallelism equal to tp, as Megatron-LM's ``expert_tensor_parallel_size``
+defaults to the tensor-parallel size, and as the cost model prices it): each rank holds 1/t of
+every expert's columns of gate/up and rows of down (``split_expert``: slices of the reference's
+matrices, a bias of down on the first rank only). The router and the top-k stay whole and
+identical on every rank, which routes the same tokens (the whole sequence under sequence
+parallelism) and computes, for each of its routed (token, expert) pairs, its partial expert
+output; the combine (gate weights times outputs, summed per token) is linear, so the partial
+sums are reduced once per layer after it (``ExpertRegion``: Megatron's f and g operators
+around the whole layer, not per expert).
+
+Backward: the input's gradient is partial on each rank (every path into it, experts and router,
+goes through the partial outputs), so the region's entry all-reduces it (reduce-scatters it
+under sequence parallelism), once per layer. The router's weight gradient is partial too: the
+gate weights multiply the partial outputs, so d loss / d weight is each rank's share. Rather
+than reduce the k per-pair outputs before weighting them (k times the bytes of the layer's
+output), each rank keeps its partial router gradient and ``RouterGradients`` sums it over the
+group once per step before the update, as Megatron-LM's ``finalize_model_grads`` sums the
+sequence-parallel norms' gradients over the tensor-parallel group. With expert parallelism
+(``runtime.expert_parallel``) the exchange runs inside the region among the ranks of one tp
+coordinate: tokens go out whole, partial outputs come back and are reduced after the combine.
 """
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
 
+from planner.schemas.errors import InfeasibleConfigError
 from runtime.model import MLP, Decoder, MoE
+from runtime.optim import flat_apply, local_grad
 
 
 def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
@@ -41,26 +64,26 @@ def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: b
     """
     seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, object] = {}
+    rank, degree = tp_mesh.get_local_rank(), tp_mesh.size()
     for i, block in chunk.layers.items():
         plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
         plan[f"layers.{i}.attn.o"] = RowwiseParallel(output_layouts=seq)
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         if isinstance(block.mlp, MLP):
             plan |= {
                 f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None
             }
             plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
+            if sequence_parallel:
+                plan[f"layers.{i}.mlp"] = gather
+        elif isinstance(block.mlp, MoE):
+            for expert in block.mlp.experts.values():
+                assert isinstance(expert, MLP)
+                split_expert(expert, rank, degree)
+            ExpertRegion(tp_mesh.get_group(), sequence_parallel=sequence_parallel).wrap(block.mlp)
         if sequence_parallel:
             plan |= {f"layers.{i}.{n}": SequenceParallel() for n in ("norm1", "norm2")}
-            gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-            plan |= {f"layers.{i}.attn": gather, f"layers.{i}.mlp": gather}
-            if isinstance(block.mlp, MoE):  # whole on every rank: takes the gathered sequence, keeps its share
-                plan[f"layers.{i}.mlp"] = PrepareModuleInputOutput(
-                    input_layouts=(Shard(1),),
-                    desired_input_layouts=(Replicate(),),
-                    use_local_input=True,
-                    output_layouts=(Replicate(),),
-                    desired_output_layouts=(Shard(1),),
-                )
+            plan[f"layers.{i}.attn"] = gather
     if chunk.tok_emb is not None:
         plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
     if chunk.takes_tokens and sequence_parallel:
@@ -75,6 +98,133 @@ def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: b
     if tied:  # parallelizing each module replaced the shared parameter by two DTensors
         assert chunk.head is not None and chunk.tok_emb is not None
         chunk.head.weight = chunk.tok_emb.weight
+
+
+def split_expert(expert: MLP, rank: int, degree: int) -> None:
+    """Keep, in place, tensor-parallel rank ``rank``'s part of an expert out of ``degree``: the
+    rank's contiguous 1/degree of the intermediate width, the rows of gate and up and the
+    columns of down (Megatron's column- then row-parallel MLP), sliced from the whole matrices
+    so that they hold the reference's values; down's bias, added once to the reduced output,
+    stays on rank 0 only. Works on meta tensors (shapes only).
+
+    Raises:
+        InfeasibleConfigError: ``degree`` does not divide the expert's width.
+    """
+    width = expert.up.out_features
+    if width % degree:
+        raise InfeasibleConfigError(f"tp={degree} does not divide the experts' width {width}; use a tp that divides it")
+    part = slice(rank * width // degree, (rank + 1) * width // degree)
+    for linear in (expert.gate, expert.up):
+        if linear is not None:
+            linear.weight = nn.Parameter(linear.weight.detach()[part].clone())
+            if linear.bias is not None:
+                linear.bias = nn.Parameter(linear.bias.detach()[part].clone())
+            linear.out_features = width // degree
+    expert.down.weight = nn.Parameter(expert.down.weight.detach()[:, part].clone())
+    expert.down.in_features = width // degree
+    if rank != 0 and expert.down.bias is not None:
+        expert.down.register_parameter("bias", None)
+
+
+class ExpertRegion:
+    """An MoE layer as one tensor-parallel region over ``group``: on the way in the tokens (f:
+    identity forward, all-reduce backward; under sequence parallelism all-gather of the sequence
+    forward, reduce-scatter backward), on the way out the partial outputs (g: all-reduce
+    forward, identity backward; under sequence parallelism reduce-scatter forward, all-gather
+    backward). The layer takes and returns plain (b, s, h) tensors: the whole sequence without
+    sequence parallelism, this rank's 1/t of it with."""
+
+    def __init__(self, group: dist.ProcessGroup, *, sequence_parallel: bool) -> None:
+        self.group, self.sequence_parallel = group, sequence_parallel
+
+    def wrap(self, moe: MoE) -> None:
+        """Make ``moe``'s forward run inside the region (hooks: its parameters keep their names)."""
+        moe.register_forward_pre_hook(self._enter)
+        moe.register_forward_hook(self._leave)
+
+    def _enter(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor]:
+        x = args[0]
+        if isinstance(x, DTensor):  # a sequence-parallel norm's output: this rank's shard
+            x = x.to_local()
+        out: torch.Tensor = _Enter.apply(x, self.group, self.sequence_parallel)  # type: ignore[no-untyped-call]
+        return (out,)
+
+    def _leave(self, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _Leave.apply(output, self.group, self.sequence_parallel)  # type: ignore[no-untyped-call]
+        return out
+
+
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    out = x.contiguous().clone()
+    if not out.is_meta:  # a pipeline stage's shape inference runs on meta tensors
+        dist.all_reduce(out, group=group)
+    return out
+
+
+def _gather_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """(b, s/t, h) shards of the group to (b, s, h), in rank order."""
+    shard = x.transpose(0, 1).contiguous()
+    out = shard.new_empty((shard.shape[0] * dist.get_world_size(group), *shard.shape[1:]))
+    if not out.is_meta:
+        dist.all_gather_single(out, shard, group=group)
+    return out.transpose(0, 1)
+
+
+def _reduce_scatter_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """(b, s, h) partial sums to this rank's (b, s/t, h) slice of their sum."""
+    whole = x.transpose(0, 1).contiguous()
+    out = whole.new_empty((whole.shape[0] // dist.get_world_size(group), *whole.shape[1:]))
+    if not out.is_meta:
+        dist.reduce_scatter_single(out, whole, group=group)
+    return out.transpose(0, 1)
+
+
+class _Enter(torch.autograd.Function):
+    """Into the region: identity (or all-gather of the sequence); backward all-reduce (or
+    reduce-scatter) of the partial input gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, sequence: bool) -> torch.Tensor:
+        ctx.group, ctx.sequence = group, sequence
+        return _gather_sequence(x, group) if sequence else x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        reduce = _reduce_scatter_sequence if ctx.sequence else _all_reduce
+        return reduce(grad, ctx.group), None, None
+
+
+class _Leave(torch.autograd.Function):
+    """Out of the region: all-reduce (or reduce-scatter along the sequence) of the partial
+    outputs; backward identity (or all-gather of the sequence)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, sequence: bool) -> torch.Tensor:
+        ctx.group, ctx.sequence = group, sequence
+        return _reduce_scatter_sequence(x, group) if sequence else _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (_gather_sequence(grad, ctx.group) if ctx.sequence else grad), None, None
+
+
+class RouterGradients:
+    """Sums the routers' partial gradients over the tensor-parallel group (see the module's
+    docstring) in one flat all-reduce per step, before the optimizer's own reduction: every
+    rank then holds the router's whole gradient and takes the same update."""
+
+    def __init__(self, chunks: Sequence[nn.Module], group: dist.ProcessGroup) -> None:
+        self.group = group
+        routers = [m.router for chunk in chunks for m in chunk.modules() if isinstance(m, MoE)]
+        self.params = [p for router in routers for p in router.parameters()]
+
+    def zero_grad(self) -> None:
+        """Nothing: the dense optimizer drops the routers' gradients."""
+
+    def step(self) -> None:
+        """Sum each router's gradient over the group."""
+        grads = [g for g in map(local_grad, self.params) if g is not None]
+        flat_apply(grads, partial(dist.all_reduce, group=self.group))
 
 
 def loss_context(tensor_parallel_degree: int) -> AbstractContextManager[None]:

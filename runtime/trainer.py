@@ -4,7 +4,8 @@ with a step that returns the global mean loss on every rank.
 - ``runtime.mesh``: the (pp, dp, tp) mesh, the layout's DeviceMap deciding which process plays
   which rank.
 - ``runtime.pipeline``: this rank's model chunks, their schedule and the tied embedding's copy.
-- ``runtime.tensor_parallel``: each chunk's tensor (and sequence) parallel split.
+- ``runtime.tensor_parallel``: each chunk's tensor (and sequence) parallel split, every
+  expert's too, and the routers' partial gradients summed over the tensor-parallel group.
 - ``runtime.vocabulary_parallel``: under ``vocab-1``/``vocab-2``, this rank's rows of the
   embedding and output layer and the passes every pipeline rank joins.
 - ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
@@ -47,7 +48,7 @@ from runtime.pipeline import (
     pipeline_step,
     stage_activations,
 )
-from runtime.tensor_parallel import loss_context, tensor_parallel
+from runtime.tensor_parallel import RouterGradients, loss_context, tensor_parallel
 from runtime.vocabulary_parallel import VocabularyParallel
 
 
@@ -121,9 +122,19 @@ class Trainer:
             compute_dtype=compute,
             outside=self.vocabulary.parameters() if self.vocabulary else (),
         )
+        tp_mesh = self.mesh[MeshAxis.TP]
+        if model.is_moe and layout.tensor_parallel_degree > 1:  # partial router gradients (runtime.tensor_parallel)
+            self.optimizer = JointOptimizer([RouterGradients(self.chunks, tp_mesh.get_group()), self.optimizer])
         if experts_mesh is not None and replicated(self.placement):
             ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
-            copies = ReplicaGradients(self.chunks, model, self.placement, ep_group)
+            copies = ReplicaGradients(
+                self.chunks,
+                model,
+                self.placement,
+                ep_group,
+                tensor_rank=tp_mesh.get_local_rank(),
+                tensor_degree=tp_mesh.size(),
+            )
             self.optimizer = JointOptimizer([copies, self.optimizer])
         self.params = parameters(self.chunks) + (self.vocabulary.parameters() if self.vocabulary else [])
         self.report_loss = True
