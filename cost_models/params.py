@@ -206,20 +206,26 @@ class StageParams:
     largest_unit: float
     """Parameters of the largest module ZeRO-3 gathers at once (a layer's sharded part, the
     embedding or the output layer)."""
-    holds_embedding: bool
-    """Whether the stage holds the input embedding (``geometry.holds_embedding``)."""
-    holds_output_layer: bool
-    """Whether the stage holds the final norm, the output layer and the loss
-    (``geometry.holds_output_layer``)."""
-    embedding_share: float = 0.0
+    embedding_share: float
     """Share of the word embedding's rows the stage holds (``geometry.vocabulary_share``): 1 on
     the embedding's stage when pinned, 1/p everywhere when split over the pipeline."""
-    output_share: float = 0.0
+    output_share: float
     """Share of the output layer's rows (and of its and the loss's work) the stage holds."""
     units: int = 1
     """Modules sharded and gathered one at a time under ZeRO 2-3: one per transformer layer, and
     one for the embedding, final norm and output layer the stage holds (FSDP's wrapping of each
     block and the root, as torchtitan does); each costs its own collectives."""
+
+    @property
+    def holds_embedding(self) -> bool:
+        """Whether the stage holds the whole input embedding (``geometry.holds_embedding``)."""
+        return self.embedding_share == 1.0
+
+    @property
+    def holds_output_layer(self) -> bool:
+        """Whether the stage holds the whole final norm, output layer and loss
+        (``geometry.holds_output_layer``)."""
+        return self.output_share == 1.0
 
     @property
     def total(self) -> float:
@@ -312,13 +318,10 @@ def _stage_params(
     if output_share:
         dense += output
         units.append(output)
-    pinned_embedding, pinned_output = embedding_share == 1.0, output_share == 1.0
     return StageParams(
         dense=dense,
         expert=moe_here * expert_per_layer,
         largest_unit=max(units, default=0.0),
-        holds_embedding=pinned_embedding,
-        holds_output_layer=pinned_output,
         embedding_share=embedding_share,
         output_share=output_share,
         units=max(1, layers_here + (1 if embedding_share or output_share else 0)),

@@ -138,25 +138,13 @@ def stage_times(
     tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, local)
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
 
-    output_s = measured_output_layer_s(
-        dev,
-        model.name,
-        dt,
-        layout.tensor_parallel_degree,
-        layout.micro_batch_size,
-        training.seq_len,
-        sequence_parallel=layout.sequence_parallel,
-    )
-    if output_s is None:
-        out_gemm = lw.output_layer_gemm(model, training, layout)
-        out_elem = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, layout), dev)
-        output_s = gemm_time_s(out_gemm, dev, dt) + backward_gemms_time_s((out_gemm,), dev, dt) + out_elem
-    embed_s = 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
-    if layout.vocabulary_layout.over_pipeline:  # every tp rank does its stage's share (cost_models.vocabulary)
-        output_s, embed_s = (
-            x * vocabulary_tokens(training, layout) / (training.seq_len * layout.micro_batch_size)
-            for x in _unsplit_vocabulary_s(model, training, cluster, layout)
-        )
+    if layout.vocabulary_layout.over_pipeline:
+        # Every tp rank does its stage's share of the unsplit layers, over its tokens (cost_models.vocabulary).
+        alone = replace(layout, tensor_parallel_degree=1, sequence_parallel=False) if t > 1 else layout
+        tokens_share = vocabulary_tokens(training, layout) / (training.seq_len * b)
+        output_s, embed_s = (x * tokens_share for x in _vocabulary_layers_s(model, training, cluster, alone))
+    else:
+        output_s, embed_s = _vocabulary_layers_s(model, training, cluster, layout)
 
     vocabulary = (
         vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
@@ -191,24 +179,26 @@ def stage_times(
     return tuple(out)
 
 
-def _unsplit_vocabulary_s(
+def _vocabulary_layers_s(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
 ) -> tuple[float, float]:
-    """(output layer, embedding) seconds of one micro-batch on one rank without tensor
-    parallelism: what a split over the pipeline shares out, 1/p to each stage."""
-    if layout.tensor_parallel_degree == 1:
-        alone = layout
-    else:
-        alone = replace(layout, tensor_parallel_degree=1, sequence_parallel=False)
+    """(output layer, embedding) seconds of one micro-batch on one rank of ``layout``, whole: the
+    profiled output layer where there is one, else its GEMM and elementwise traffic."""
     dev, dt = cluster.device, training.dtype
-    measured = measured_output_layer_s(
-        dev, model.name, dt, 1, layout.micro_batch_size, training.seq_len, sequence_parallel=False
+    output_s = measured_output_layer_s(
+        dev,
+        model.name,
+        dt,
+        layout.tensor_parallel_degree,
+        layout.micro_batch_size,
+        training.seq_len,
+        sequence_parallel=layout.sequence_parallel,
     )
-    if measured is None:
-        gemm = lw.output_layer_gemm(model, training, alone)
-        elementwise = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, alone), dev)
-        measured = gemm_time_s(gemm, dev, dt) + backward_gemms_time_s((gemm,), dev, dt) + elementwise
-    return measured, 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, alone), dev)
+    if output_s is None:
+        gemm = lw.output_layer_gemm(model, training, layout)
+        elementwise = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, layout), dev)
+        output_s = gemm_time_s(gemm, dev, dt) + backward_gemms_time_s((gemm,), dev, dt) + elementwise
+    return output_s, 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
