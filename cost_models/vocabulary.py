@@ -3,8 +3,8 @@
 Vocabulary Parallelism (Yeung, Qi, Lin, Wan, "Balancing Pipeline Parallelism with Vocabulary
 Parallelism", MLSys 2025; its code, github.com/sail-sg/VocabularyParallelism) splits the input
 embedding and the output layer by vocabulary rows over all p pipeline ranks
-(``schemas.geometry.vocabulary_rows``), so each rank holds V/(p t) rows of each and does 1/p of
-their work (``geometry.vocabulary_share``). Per micro-batch, over the pipeline group:
+(``schemas.geometry.vocabulary_rows``), so each rank holds V/p rows of each and does 1/p of
+their work (``geometry.vocabulary_share``; under tensor parallelism, below). Per micro-batch, over the pipeline group:
 
 - output layer: the last stage broadcasts its final hidden states X in fp32 with one more
   column (the previous micro-batch's per-token loss gradient), s b (h + 1) x 4 bytes; every

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import make_cluster
+from harness import planner_main
 from typer.testing import CliRunner
 
 from planner import api
 from planner.cli import app
-from planner.cli import main as entry_point
 from planner.inputs import save_cluster
 from planner.routing_trace import write_trace
 from planner.schemas import DeviceMap, Layout, TrainingSpec
@@ -37,15 +37,6 @@ def run(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, s
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
     return proc.returncode, proc.stdout, proc.stderr
-
-
-def main(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    """The console script's entry point in this process (as ``run``, without starting Python)."""
-    monkeypatch.setattr(sys, "argv", ["planner", *args])
-    with pytest.raises(SystemExit) as exited:
-        entry_point()
-    out, err = capsys.readouterr()
-    return int(exited.value.code or 0), out, err
 
 
 def one_line(code: int, err: str, needle: str) -> None:
@@ -190,11 +181,11 @@ SEARCH = ["search", "-m", MODEL, "-c", CLUSTER, "--global-batch-size", "64", "--
 @pytest.mark.parametrize("case", ["text", "npy", "keys", "dtype", "shape", "layers", "experts"])
 @pytest.mark.parametrize("command", ["search", "explain"])
 def test_a_trace_that_is_not_one_of_the_model_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str, case: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, case: str
 ) -> None:
     trace, needle = _bad_traces(tmp_path)[case]
     args = SEARCH if command == "search" else ["explain", str(_plan(tmp_path, ep=4))]
-    code, out, err = main([*args, "--routing-trace", str(trace)], capsys, monkeypatch)
+    code, out, err = planner_main([*args, "--routing-trace", str(trace)], monkeypatch)
     one_line(code, err, needle)
     assert f"routing trace {str(trace)!r}" in err and out == ""  # refused before any output
 
@@ -207,9 +198,9 @@ def test_a_trace_that_is_not_one_of_the_model_exits_2_with_one_line(
     ],
 )
 def test_bad_expert_replicas_exit_2_with_one_line(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, extra: list[str], needle: str
+    monkeypatch: pytest.MonkeyPatch, extra: list[str], needle: str
 ) -> None:
-    code, out, err = main([*SEARCH, *extra], capsys, monkeypatch)
+    code, out, err = planner_main([*SEARCH, *extra], monkeypatch)
     one_line(code, err, needle)
     assert out == ""
 
@@ -250,15 +241,15 @@ def test_an_ep_with_too_few_free_slots_keeps_its_experts_and_the_search_goes_on(
 
 
 def test_a_capacity_factor_prices_padding_and_the_runtime_refuses_to_drop(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = ["estimate", "-m", MODEL, "-c", CLUSTER, "--global-batch-size", "64", "--seq-len", "128", "--dp", "16"]
     base += ["--ep", "4", "--format", "json"]
-    code, dropless, err = main(base, capsys, monkeypatch)
+    code, dropless, err = planner_main(base, monkeypatch)
     assert code == 0, err
     plan = tmp_path / "padded.json"
-    code, padded, err = main(
-        [*base, "--capacity-factor", "1.5", "--pad-to-capacity", "--output", str(plan)], capsys, monkeypatch
+    code, padded, err = planner_main(
+        [*base, "--capacity-factor", "1.5", "--pad-to-capacity", "--output", str(plan)], monkeypatch
     )
     assert code == 0, err
     expert_s = [json.loads(out)["time_breakdown_s"]["expert_parallel_comm"] for out in (dropless, padded)]
@@ -266,10 +257,10 @@ def test_a_capacity_factor_prices_padding_and_the_runtime_refuses_to_drop(
     # the runtime is dropless: it refuses the plan before any work, on every rank
     for name, value in {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "16"}.items():
         monkeypatch.setenv(name, value)
-    code, _, err = main(["run", str(plan), "--steps", "1"], capsys, monkeypatch)
+    code, _, err = planner_main(["run", str(plan), "--steps", "1"], monkeypatch)
     one_line(code, err, "drops tokens over a capacity factor of 1.5")
     monkeypatch.delenv("RANK")
-    code, _, err = main([*base, "--pad-to-capacity"], capsys, monkeypatch)
+    code, _, err = planner_main([*base, "--pad-to-capacity"], monkeypatch)
     one_line(code, err, "moe_pad_to_capacity needs a moe_capacity_factor")
 
 

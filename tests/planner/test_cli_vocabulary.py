@@ -3,14 +3,13 @@ search --vocabulary-layout` (repeatable), and `planner explain`'s per-stage view
 layout against the other."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from harness import planner_main
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.cli import main as entry_point
 
 BASE = ["-m", "llama3-8b", "-c", "dgx-h100:1", "--global-batch-size", "64", "--seq-len", "4096"]
 
@@ -33,14 +32,9 @@ def test_estimate_and_explain_a_vocabulary_split_over_the_pipeline(tmp_path: Pat
     assert float(cells[3]) > float(cells[2]) and float(cells[5]) > float(cells[4])
 
 
-def test_a_vocabulary_split_without_a_pipeline_exits_2_with_one_line(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sys, "argv", ["planner", "estimate", *BASE, "--vocabulary-layout", "vocab-1"])
-    with pytest.raises(SystemExit) as exited:
-        entry_point()
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and "needs pipeline_parallel_degree >= 2" in err
+def test_a_vocabulary_split_without_a_pipeline_exits_2_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = planner_main(["estimate", *BASE, "--vocabulary-layout", "vocab-1"], monkeypatch)
+    assert code == 2 and "needs pipeline_parallel_degree >= 2" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
