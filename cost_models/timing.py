@@ -223,7 +223,8 @@ def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
 
 def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
     """Which kinds of layer the model has: dense (False), MoE (True) or both."""
-    return tuple(sorted({model.is_moe_layer(i) for i in range(model.num_hidden_layers)}))
+    moe = model.num_moe_layers
+    return tuple(kind for kind, count in ((False, model.num_hidden_layers - moe), (True, moe)) if count)
 
 
 _LAYER_TIMES: dict[tuple[object, ...], tuple[DeviceProfile, "_LayerTime"]] = {}

@@ -5,9 +5,12 @@ prices time only for layouts that fit within the usable memory (capacity less a 
 margin for allocator fragmentation). A layout that does not fit raises InfeasibleConfigError;
 the evaluator remembers the closest miss, to explain a search in which nothing fits.
 
-``Evaluator.cannot_fit`` answers cheaper still, from the model states and workspace alone
-(``cost_models.memory.stage_memory_floor``), which layouts differing only in micro-batch size,
-recompute and sequence parallelism share: the exhaustive strategy skips what it rules out.
+``Evaluator.cannot_fit`` answers cheaper still, and the exhaustive strategy skips what it rules
+out: from the model states and workspace alone (``cost_models.memory.stage_memory_floor``),
+which layouts differing only in micro-batch size, recompute and sequence parallelism share; and
+from a layout already found too big with a smaller micro-batch, everything else equal (every
+stage's memory is non-decreasing in the micro-batch size b: activations grow with b, and the
+micro-batches in flight times b, min(in flight, m) b with m = B / (d b), cannot shrink).
 """
 
 import operator
@@ -36,6 +39,8 @@ class Miss:
 FLOOR_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "sequence_parallel"})
 """Layout fields ``stage_memory_floor`` does not read: layouts differing only in them share a floor."""
 _floor_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS))
+_batch_free_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name != "micro_batch_size"))
+"""A layout but for its micro-batch size: memory grows with it (module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,8 @@ class Evaluator:
         self.ruled_out = 0
         """Layouts ``cannot_fit`` ruled out."""
         self._floors: dict[object, float] = {}
+        self._too_big_from: dict[object, int] = {}
+        """Smallest micro-batch size found too big, per layout but for it."""
 
     def memory(self, layout: Layout) -> tuple[MemoryBreakdown, ...]:
         """Per-stage memory of a valid layout; raises InfeasibleConfigError if it cannot run or fit.
@@ -94,6 +101,8 @@ class Evaluator:
                 self.closest_miss = Miss(layout, peak)
         else:
             peak = first
+        key, b = _batch_free_key(layout), layout.micro_batch_size
+        self._too_big_from[key] = min(b, self._too_big_from.get(key, b))
         raise DoesNotFitError(
             f"{layout.describe()} needs at least {peak.total_bytes / 2**30:.1f} GiB per rank, "
             f"more than the usable {self.usable_memory_bytes / 2**30:.1f} GiB",
@@ -119,11 +128,16 @@ class Evaluator:
 
     def cannot_fit(self, layout: Layout) -> bool:
         """Whether the layout certainly does not fit, and evaluating it would not change the
-        closest miss either: its memory floor exceeds the usable memory and is no less than the
-        closest miss so far (none yet: False). Evaluating such a layout would raise
-        DoesNotFitError and change nothing, so a strategy may skip it; this is cheap (model
-        states only, memoized). Counts what it rules out in ``ruled_out``.
+        closest miss either: the same layout with a smaller micro-batch did not fit (its memory
+        was already weighed for the closest miss, and this one needs no less), or its memory
+        floor exceeds the usable memory and is no less than the closest miss so far (none yet:
+        False). Evaluating such a layout would raise DoesNotFitError and change nothing, so a
+        strategy may skip it; this is cheap (look-ups). Counts what it rules out in ``ruled_out``.
         """
+        too_big_from = self._too_big_from.get(_batch_free_key(layout))
+        if too_big_from is not None and layout.micro_batch_size >= too_big_from:
+            self.ruled_out += 1
+            return True
         if self.closest_miss is None:
             return False
         floor = self.memory_floor_bytes(layout)

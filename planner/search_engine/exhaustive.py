@@ -1,4 +1,4 @@
-"""Exhaustive search with memory-bound pruning.
+"""Exhaustive search with memory-bound pruning, over the cores the process may use.
 
 Every candidate group of the space's axes (``SearchSpace.groups``: layouts that differ only in
 recomputation) is tried in order of increasing recomputation; the first that fits dominates the
@@ -6,21 +6,61 @@ rest of its group (same layout, more time, less memory), so they are not priced.
 checked before time, and before memory the model states alone (``Evaluator.cannot_fit``): a
 layout they rule out is counted as asked, as if evaluated, but costs a memoized look-up, so the
 result (the closest miss included) and the budget's meaning are those of evaluating it.
+
+A large space is split over forked worker processes (Linux): each takes whole blocks of groups
+that share their parallel degrees (tp, pp, dp, ep), so the micro-batch pruning of
+``Evaluator.cannot_fit`` stays within one worker, and the parent merges what they found in
+search order. The result is the serial one: the same candidates in the same order, the same
+count of layouts asked, the same closest miss (the smallest, the first in search order on ties).
+A layout budget (``Budget.max_trials``) counts in search order, so it runs serially.
 """
 
+import multiprocessing
+import os
+import sys
 import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from typing import ClassVar
 
+from planner.schemas import Layout
 from planner.schemas.errors import InfeasibleConfigError
-from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.evaluate import Evaluator, Miss
 from planner.search_engine.space import SearchSpace
 from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
 
+PARALLEL_MIN_GROUPS = 4000
+"""Groups below which the search stays in one process: forking and merging cost about 0.1 s."""
+_PROGRESS_EVERY = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """What one pass over some groups found, each item with its group's index in search order."""
+
+    found: tuple[tuple[int, Candidate], ...]
+    asked: int
+    complete: bool
+    miss: tuple[int, Miss] | None
+    evaluations: int
+    ruled_out: int
+
 
 class ExhaustiveSearch:
-    """Try every candidate; exact, and fast enough for thousands of GPUs."""
+    """Try every candidate; exact, and fast enough for thousands of GPUs.
+
+    Args:
+        processes: worker processes for a large space; None uses the cores this process may run
+            on, 1 keeps it in this process.
+        min_parallel_groups: groups from which the space counts as large.
+    """
 
     name: ClassVar[str] = "exhaustive"
+
+    def __init__(self, processes: int | None = None, min_parallel_groups: int = PARALLEL_MIN_GROUPS) -> None:
+        self.processes = processes
+        self.min_parallel_groups = min_parallel_groups
 
     def search(
         self, space: SearchSpace, evaluate: Evaluator, budget: Budget, *, seed: int, progress: Progress | None = None
@@ -28,30 +68,154 @@ class ExhaustiveSearch:
         """Evaluate every group until the budget runs out."""
         del seed  # deterministic
         groups = list(space.groups())
-        start, found, asked, complete = time.perf_counter(), [], 0, True
-        for done, group in enumerate(groups):
-            for layout in group:  # the budget counts layouts: a group can hold several
-                if _spent(budget, asked, start):
-                    complete = False
-                    break
-                asked += 1
-                if evaluate.cannot_fit(layout):
-                    continue
-                try:
-                    found.append(Candidate(layout, evaluate(layout)))
-                    break
-                except InfeasibleConfigError:
-                    continue
-            if not complete:
-                break
-            if progress is not None and done % 64 == 0:
-                progress(done, len(groups))
+        deadline = None if budget.max_time_s is None else time.perf_counter() + budget.max_time_s
+        processes = self._processes_for(len(groups), budget)
+        if processes > 1:
+            scan = _parallel_scan(groups, evaluate, deadline, processes, progress)
+        else:
+            scan = _scan(list(enumerate(groups)), evaluate, deadline, budget.max_trials, progress, len(groups))
         if progress is not None:
             progress(len(groups), len(groups))
-        return SearchResult(strategy=self.name, feasible=fastest_first(found), evaluated=asked, complete=complete)
+        found = [candidate for _, candidate in sorted(scan.found, key=lambda item: item[0])]
+        return SearchResult(
+            strategy=self.name, feasible=fastest_first(found), evaluated=scan.asked, complete=scan.complete
+        )
+
+    def _processes_for(self, groups: int, budget: Budget) -> int:
+        if groups < self.min_parallel_groups or budget.max_trials is not None or not _can_fork():
+            return 1
+        cores = self.processes if self.processes is not None else len(os.sched_getaffinity(0))
+        return max(1, min(cores, groups))
 
 
-def _spent(budget: Budget, asked: int, start: float) -> bool:
-    if budget.max_trials is not None and asked >= budget.max_trials:
-        return True
-    return budget.max_time_s is not None and time.perf_counter() - start >= budget.max_time_s
+def _can_fork() -> bool:
+    # Forking a process that has threads is safe only where the child touches none of their
+    # locks; the workers only price layouts. Other platforms spawn, which re-imports everything.
+    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _scan(
+    groups: Sequence[tuple[int, tuple[Layout, ...]]],
+    evaluate: Evaluator,
+    deadline: float | None,
+    max_trials: int | None,
+    progress: Progress | None,
+    total: int,
+) -> _Scan:
+    """Evaluate ``groups`` in order (module docstring); the first layout of a group that fits is kept."""
+    evaluations, ruled_out = evaluate.evaluations, evaluate.ruled_out
+    found: list[tuple[int, Candidate]] = []
+    asked, complete, miss = 0, True, None
+    for done, (index, group) in enumerate(groups):
+        for layout in group:  # the budget counts layouts: a group can hold several
+            if (max_trials is not None and asked >= max_trials) or (
+                deadline is not None and time.perf_counter() >= deadline
+            ):
+                complete = False
+                break
+            asked += 1
+            if evaluate.cannot_fit(layout):
+                continue
+            before = evaluate.closest_miss
+            try:
+                found.append((index, Candidate(layout, evaluate(layout))))
+                break
+            except InfeasibleConfigError:
+                if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
+                    miss = (index, evaluate.closest_miss)
+                continue
+        if not complete:
+            break
+        if progress is not None and done % _PROGRESS_EVERY == 0:
+            progress(done, total)
+    return _Scan(
+        found=tuple(found),
+        asked=asked,
+        complete=complete,
+        miss=miss,
+        evaluations=evaluate.evaluations - evaluations,
+        ruled_out=evaluate.ruled_out - ruled_out,
+    )
+
+
+_WORK: tuple[list[list[tuple[int, tuple[Layout, ...]]]], Evaluator, float | None] | None = None
+"""The parts and the evaluator a forked worker inherits (set in the parent just before forking)."""
+_DONE: "multiprocessing.sharedctypes.Synchronized[int] | None" = None
+
+
+def _scan_part(part: int) -> _Scan:
+    assert _WORK is not None and _DONE is not None
+    parts, evaluate, deadline = _WORK
+    done = _DONE
+
+    def count(finished: int, _total: int | None) -> None:
+        if finished:
+            with done.get_lock():
+                done.value += _PROGRESS_EVERY
+
+    return _scan(parts[part], evaluate, deadline, None, count, len(parts[part]))
+
+
+def _parallel_scan(
+    groups: list[tuple[Layout, ...]],
+    evaluate: Evaluator,
+    deadline: float | None,
+    processes: int,
+    progress: Progress | None,
+) -> _Scan:
+    """``_scan`` over ``processes`` forked workers, merged as the serial scan would have found it."""
+    global _WORK, _DONE
+    parts = _partition(groups, processes)
+    context = multiprocessing.get_context("fork")
+    _WORK, _DONE = (parts, evaluate, deadline), context.Value("q", 0)
+    try:
+        with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
+            futures = [pool.submit(_scan_part, part) for part in range(len(parts))]
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                if progress is not None:
+                    progress(min(_DONE.value, len(groups)), len(groups))
+            scans = [future.result() for future in futures]
+    finally:
+        _WORK, _DONE = None, None
+    return _merge(scans, evaluate)
+
+
+def _partition(groups: list[tuple[Layout, ...]], parts: int) -> list[list[tuple[int, tuple[Layout, ...]]]]:
+    """Groups dealt into ``parts`` lists of about equal size, each block of groups sharing their
+    degrees (tp, pp, dp, ep) whole in one list, in search order within each list."""
+    blocks: dict[tuple[int, int, int, int], list[tuple[int, tuple[Layout, ...]]]] = {}
+    for index, group in enumerate(groups):
+        first = group[0]
+        key = (
+            first.tensor_parallel_degree,
+            first.pipeline_parallel_degree,
+            first.data_parallel_degree,
+            first.expert_parallel_degree,
+        )
+        blocks.setdefault(key, []).append((index, group))
+    dealt: list[list[tuple[int, tuple[Layout, ...]]]] = [[] for _ in range(parts)]
+    for block in sorted(blocks.values(), key=len, reverse=True):  # largest first, to the lightest part
+        min(dealt, key=len).extend(block)
+    for part in dealt:
+        part.sort(key=lambda item: item[0])
+    return [part for part in dealt if part]
+
+
+def _merge(scans: list[_Scan], evaluate: Evaluator) -> _Scan:
+    """One scan of the workers' scans; the evaluator's counts and closest miss as if it had run them."""
+    misses = [scan.miss for scan in scans if scan.miss is not None]
+    miss = min(misses, key=lambda item: (item[1].memory.total_bytes, item[0])) if misses else None
+    evaluate.evaluations += sum(scan.evaluations for scan in scans)
+    evaluate.ruled_out += sum(scan.ruled_out for scan in scans)
+    if miss is not None:
+        evaluate.closest_miss = miss[1]
+    return _Scan(
+        found=tuple(item for scan in scans for item in scan.found),
+        asked=sum(scan.asked for scan in scans),
+        complete=all(scan.complete for scan in scans),
+        miss=miss,
+        evaluations=sum(scan.evaluations for scan in scans),
+        ruled_out=sum(scan.ruled_out for scan in scans),
+    )

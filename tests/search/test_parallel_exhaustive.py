@@ -1,0 +1,50 @@
+"""The exhaustive search split over forked workers returns what the serial search returns: the
+same candidates in the same order, the same count of layouts asked and the same closest miss
+(``planner.search_engine.exhaustive``)."""
+
+import pytest
+
+from planner.inputs import load_cluster, load_model
+from planner.schemas import TrainingSpec
+from planner.search_engine import ExhaustiveSearch
+from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.runner import explain_infeasible
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Budget
+
+MIXTRAL = load_model("mixtral-8x7b")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "batch", "seq_len"),
+    [("dgx-h100:2", 8, 2048), ("dgx-h100:1", 64, 1024)],
+    ids=["fits", "infeasible"],
+)
+def test_workers_find_what_one_process_finds(cluster: str, batch: int, seq_len: int) -> None:
+    profile = load_cluster(cluster)
+    training = TrainingSpec(global_batch_size=batch, seq_len=seq_len)
+    space = SearchSpace(
+        model=MIXTRAL, training=training, world_size=profile.world_size, devices_per_node=profile.devices_per_node
+    )
+    serial, parallel = Evaluator(MIXTRAL, training, profile), Evaluator(MIXTRAL, training, profile)
+    want = ExhaustiveSearch(processes=1).search(space, serial, Budget(), seed=0)
+    seen: list[tuple[int, int | None]] = []
+    got = ExhaustiveSearch(processes=3, min_parallel_groups=0).search(
+        space, parallel, Budget(), seed=0, progress=lambda done, total: seen.append((done, total))
+    )
+    assert [(c.layout, c.estimate) for c in got.feasible] == [(c.layout, c.estimate) for c in want.feasible]
+    assert (got.evaluated, got.complete) == (want.evaluated, want.complete)
+    # Which layouts the closest miss so far rules out differs per worker; what was asked does not.
+    assert parallel.evaluations + parallel.ruled_out == serial.evaluations + serial.ruled_out == want.evaluated
+    assert parallel.closest_miss == serial.closest_miss
+    assert seen[-1][0] == seen[-1][1]  # progress ends at the whole space
+    if not want.feasible:
+        assert explain_infeasible(space, parallel) == explain_infeasible(space, serial)
+
+
+def test_a_layout_budget_runs_serially_and_a_small_space_stays_in_process() -> None:
+    search = ExhaustiveSearch(processes=4, min_parallel_groups=100)
+    assert search._processes_for(99, Budget()) == 1
+    assert search._processes_for(100, Budget(max_trials=10)) == 1
+    assert search._processes_for(100, Budget()) == 4
+    assert search._processes_for(3, Budget()) == 1
