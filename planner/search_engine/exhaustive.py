@@ -183,8 +183,9 @@ def _parallel_scan(
 
 
 def _partition(groups: list[tuple[Layout, ...]], parts: int) -> list[list[tuple[int, tuple[Layout, ...]]]]:
-    """Groups dealt into ``parts`` lists of about equal size, each block of groups sharing their
-    degrees (tp, pp, dp, ep) whole in one list, in search order within each list."""
+    """Groups dealt into ``parts`` lists of about equal work (groups times pipeline stages: each
+    stage is priced), each block of groups sharing their degrees (tp, pp, dp, ep) whole in one
+    list, in search order within each list."""
     blocks: dict[tuple[int, int, int, int], list[tuple[int, tuple[Layout, ...]]]] = {}
     for index, group in enumerate(groups):
         first = group[0]
@@ -195,9 +196,16 @@ def _partition(groups: list[tuple[Layout, ...]], parts: int) -> list[list[tuple[
             first.expert_parallel_degree,
         )
         blocks.setdefault(key, []).append((index, group))
+
+    def work(block: list[tuple[int, tuple[Layout, ...]]]) -> int:  # stages priced, about
+        return len(block) * block[0][1][0].pipeline_parallel_degree
+
     dealt: list[list[tuple[int, tuple[Layout, ...]]]] = [[] for _ in range(parts)]
-    for block in sorted(blocks.values(), key=len, reverse=True):  # largest first, to the lightest part
-        min(dealt, key=len).extend(block)
+    loads = [0] * parts
+    for block in sorted(blocks.values(), key=work, reverse=True):  # heaviest first, to the lightest part
+        lightest = loads.index(min(loads))
+        dealt[lightest].extend(block)
+        loads[lightest] += work(block)
     for part in dealt:
         part.sort(key=lambda item: item[0])
     return [part for part in dealt if part]
