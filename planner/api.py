@@ -37,6 +37,7 @@ from planner.schemas import (
     Layout,
     ModelSpec,
     Plan,
+    RoutingStats,
     RunReport,
     TrainingSpec,
     VocabularyLayout,
@@ -118,7 +119,7 @@ def estimate(
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     check_experts(model_spec, layout)  # first: its messages say which expert-parallel degrees would do
-    routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
+    routing = _routing(routing_trace, model_spec)
     return _estimate(model_spec, training, cluster_profile, layout, routing=routing)
 
 
@@ -179,7 +180,7 @@ def search_outcome(
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
-    routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
+    routing = _routing(routing_trace, model_spec)
     if routing is not None:
         refiners = (*refiners, ExpertPlacementRefiner(stats=routing, replicas=expert_replicas))
     outcome = run_search(
@@ -416,7 +417,7 @@ def expert_traffic(plan: Plan | str | Path, routing_trace: str | Path | None = N
         SchemaError: the plan or the trace cannot be read, or the trace is of another model.
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)
-    routing = load_routing_stats(routing_trace, loaded.model) if routing_trace is not None else None
+    routing = _routing(routing_trace, loaded.model)
     m = num_micro_batches(loaded.training.global_batch_size, loaded.layout)
     return sent_bytes_per_step(loaded.model, loaded.training, loaded.layout, m, routing)
 
@@ -440,7 +441,7 @@ def dropped_token_share(
         SchemaError: an unknown model, or a trace that cannot be read or is of another model.
     """
     model_spec = load_model(model) if isinstance(model, str) else model
-    routing = load_routing_stats(routing_trace, model_spec) if routing_trace is not None else None
+    routing = _routing(routing_trace, model_spec)
     return dropped_share(model_spec, training, routing)
 
 
@@ -551,3 +552,8 @@ def validate(storage: str = "sqlite:///tune.db", study: str | None = None, clust
     name, finished = stored_records(storage, study)
     profile = load_cluster(cluster or finished[0].plan.cluster.spec)
     return summarize(study_name=name, records=finished, cluster=profile, source=f"{storage} {name}")
+
+
+def _routing(routing_trace: Path | str | None, model: ModelSpec) -> RoutingStats | None:
+    """The statistics of an optional routing trace of ``model`` (``planner.routing_trace``)."""
+    return load_routing_stats(routing_trace, model) if routing_trace is not None else None

@@ -33,6 +33,7 @@ from torch import nn
 
 from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.layout import check_experts
 from runtime.model import MLP, Decoder, MoE, moe_layers
 from runtime.optim import DataParallelOptimizer
 from runtime.tensor_parallel import RouterGradients, split_expert
@@ -55,17 +56,14 @@ def placement_table(model: ModelSpec, layout: Layout) -> PlacementTable:
 def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> None:
     """Refuse a table the runtime cannot run: one row per MoE layer, one entry per
     expert-parallel rank, each layer's experts hosted at least once and at most once per rank
-    (an expert on several ranks is replicated).
+    (an expert on several ranks is replicated). The layout itself is checked first
+    (``schemas.layout.check_experts``: ep divides the experts of a model that has them).
 
     Raises:
         InfeasibleConfigError: naming the layer, the value and the fix.
     """
+    check_experts(model, layout)
     ep, num_experts = layout.expert_parallel_degree, model.num_local_experts
-    if num_experts % ep:
-        raise InfeasibleConfigError(
-            f"expert_parallel_degree={ep} does not divide the {num_experts} experts of {model.name!r}; "
-            "choose an expert-parallel degree that divides them"
-        )
     layers = moe_layers(model)
     if len(table) != len(layers):
         raise InfeasibleConfigError(
@@ -80,15 +78,6 @@ def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> 
                 f"ep={ep} ranks its experts, hosting each of the {num_experts} experts at least once and no "
                 "expert twice on one rank"
             )
-
-
-def check_expert_layout(model: ModelSpec, layout: Layout) -> None:
-    """Refuse, before any work, expert parallelism of a model without experts."""
-    if not model.is_moe and layout.expert_parallel_degree > 1:
-        raise InfeasibleConfigError(
-            f"expert_parallel_degree={layout.expert_parallel_degree} but {model.name!r} has no experts; "
-            "set expert_parallel_degree=1"
-        )
 
 
 def hosted_experts(model: ModelSpec, table: PlacementTable, place: int) -> dict[int, tuple[int, ...]]:

@@ -26,12 +26,12 @@ from torch.distributed.tensor import DTensor
 from planner.schemas import DType, Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import ExpertMeshAxis, MeshAxis, expert_coordinates, num_micro_batches
+from planner.schemas.layout import check_experts
 from runtime.data_parallel import DataParallel, Optimizer, parameters
 from runtime.expert_parallel import (
     JointOptimizer,
     PlacementTable,
     ReplicaGradients,
-    check_expert_layout,
     check_placement,
     expert_parallel,
     hosted_experts,
@@ -77,7 +77,7 @@ class Trainer:
         ``placement``: an MoE model's experts on each expert-parallel rank, by MoE layer (default
         the layout's, ``runtime.expert_parallel.placement_table``).
         """
-        check_expert_layout(model, layout)
+        check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.micro_batches = num_micro_batches(global_batch_size, layout)
         self.mesh: DeviceMesh = mesh or layout_mesh(layout, device.type)

@@ -18,7 +18,7 @@ from planner.schemas import DeviceMap, DType, Layout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.routing import ExpertPlacement
 from runtime.data import synthetic_batch
-from runtime.expert_parallel import PlacementTable, check_expert_layout, check_placement, placement_table
+from runtime.expert_parallel import PlacementTable, check_placement, placement_table
 from runtime.model import Decoder, MoE, local_experts, route
 from runtime.reference import reference_losses
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
@@ -94,8 +94,8 @@ def test_an_expert_parallel_degree_that_does_not_divide_the_experts_is_refused()
 
 
 def test_expert_parallelism_of_a_dense_model_is_refused() -> None:
-    with pytest.raises(InfeasibleConfigError, match="has no experts; set expert_parallel_degree=1"):
-        check_expert_layout(load_model("tiny-gpt"), _layout(2))
+    with pytest.raises(InfeasibleConfigError, match="is dense; set it to 1"):
+        check_placement(load_model("tiny-gpt"), _layout(2), ())
 
 
 SHUFFLED: PlacementTable = (((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3)), ((3, 0), (2, 1)))
