@@ -14,6 +14,7 @@ moves 1/k of the data over its own network rail. Units: bytes, seconds, bytes/s.
 
 import bisect
 import functools
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, Link
 @dataclass(frozen=True, slots=True)
 class Group:
     """The devices of one process group (numbered node by node, as ``schemas.DeviceMap`` numbers
-    them), ordered as the ring runs."""
+    them), ordered as the ring runs: a range where they are evenly spaced (hashed in constant
+    time: a search prices groups of a thousand devices tens of thousands of times)."""
 
-    devices: tuple[int, ...]
+    devices: tuple[int, ...] | range
 
     @property
     def size(self) -> int:
@@ -112,11 +114,12 @@ def _flat_time_s(
     return steps * link.latency_s + op.volume_factor(n) * message_bytes / link.bandwidth_bytes_per_s
 
 
-@functools.lru_cache(maxsize=16)
-def _node_spread(devices: tuple[int, ...], per_node: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+@functools.lru_cache(maxsize=256)
+def _node_spread(devices: tuple[int, ...] | range, per_node: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """The nodes a group spans (in ring order), its members' local indices on the first of them,
-    and the most members on any one node. Memoized, few entries (a group can hold thousands of
-    devices): a search prices the same few groups for runs of consecutive layouts."""
+    and the most members on any one node. Memoized: a search prices the same groups for runs of
+    consecutive layouts (a tuple of thousands of devices is hashed in full at each look-up, a
+    range in constant time)."""
     by_node: dict[int, list[int]] = {}
     for r in devices:
         by_node.setdefault(r // per_node, []).append(r % per_node)
@@ -159,29 +162,32 @@ def has_uniform_links(cluster: ClusterProfile) -> bool:
     return cluster.intra_node_links.uniform is not None and cluster.inter_node_links.uniform is not None
 
 
+def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_order: bool) -> tuple[Group, ...]:
+    """The groups of one axis whose collectives need pricing (an axis can have a thousand).
+
+    With uniform links of each class, a group's cost depends only on how it spreads over nodes;
+    with devices in rank order (``rank_order``: the identity device map) every group of an axis
+    spreads alike where the degrees divide the node's devices or are multiples of them, as the
+    search's are, so the first stands for all. Otherwise every group is priced.
+    """
+    return tuple(itertools.islice(groups, 1)) if rank_order and has_uniform_links(cluster) else tuple(groups)
+
+
 def slowest_collective_s(
     op: CollectiveOp, message_bytes: float, groups: Iterable[Group], cluster: ClusterProfile
 ) -> float:
     """The slowest group's time: groups of one axis run at once and the step waits for all.
 
-    On a cluster with uniform links every group of an axis costs the same, so one is priced.
-
     Args:
         op: the collective.
         message_bytes: the full buffer of each group (nccl-tests convention), bytes.
-        groups: the axis's groups (devices), as ``cost_models.groups`` yields them.
+        groups: the axis's groups (devices) that need pricing (``priced_groups``).
         cluster: links and collective records.
 
     Returns:
         Seconds of the slowest group's collective; 0 without groups.
     """
-    uniform = has_uniform_links(cluster)
-    worst = 0.0
-    for group in groups:
-        worst = max(worst, collective_time_s(op, message_bytes, group, cluster))
-        if uniform:
-            break
-    return worst
+    return max((collective_time_s(op, message_bytes, group, cluster) for group in groups), default=0.0)
 
 
 def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:

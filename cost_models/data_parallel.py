@@ -12,10 +12,9 @@ Units: seconds, bytes.
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 
 from cost_models import groups as grp
-from cost_models.comm import Group, has_uniform_links, slowest_collective_s
+from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
 from cost_models.params import stage_params
 from cost_models.sharding import OverlapWindow, step_collectives
 from cost_models.timing import StageTime
@@ -82,8 +81,7 @@ def stage_data_parallel_comm_s(
     for params, groups, size, units in shares:
         if size <= 1:
             continue
-        # With uniform links every group of the axis costs the same: price one.
-        group_list = list(islice(groups, 1) if has_uniform_links(cluster) else groups)
+        group_list = priced_groups(groups, cluster, rank_order=layout.device_map.is_identity)
         pieces = units if plan.unit_by_unit else 1  # ZeRO 2-3: each unit its own collective
         nbytes = params * e
         run_s = {op: pieces * slowest_collective_s(op, nbytes / pieces, group_list, cluster) for op in plan.ops}
@@ -144,9 +142,9 @@ def data_parallel_time(
     """
     plan = step_collectives(layout, micro_batches)
     hides = hides_communication(cluster)
-    uniform = has_uniform_links(cluster)
+    uniform = has_uniform_links(cluster) and layout.device_map.is_identity
     exposed_s, total_s = 0.0, 0.0
-    # On uniform links a stage's reduction depends only on the parameters it holds.
+    # On uniform links, devices in rank order, a stage's reduction depends only on the parameters it holds.
     comm_by_params: dict[tuple[float, float], float] = {}
     for stage, stage_time in enumerate(times):
         held = stage_params(model, layout, stage)

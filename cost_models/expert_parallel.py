@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cost_models.comm import Group, slowest_collective_s
+from cost_models.comm import Group, priced_groups, slowest_collective_s
 from cost_models.params import stage_moe_layers
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import chunk_layer_range, stage_chunks
@@ -229,7 +229,8 @@ def expert_parallel_layer_s(
     if not (model.is_moe and layout.expert_parallel_degree > 1):
         return 0.0
     a2a_bytes = routed_pairs(model, training, layout) * model.hidden_size * training.dtype.bytes
-    a2a_s = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, expert_groups, cluster)
+    groups = priced_groups(expert_groups, cluster, rank_order=layout.device_map.is_identity)
+    a2a_s = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, groups, cluster)
     return exchanges_per_micro_batch(layout) * a2a_s
 
 

@@ -25,7 +25,7 @@ def _group(layout: Layout, first: int, axis: MeshAxis, size: int, step: int = 1)
     stride = step * axis_stride(layout, axis)
     ranks = range(first, first + size * stride, stride)
     devices = layout.device_map.devices
-    return Group(tuple(devices[r] for r in ranks) if devices else tuple(ranks))
+    return Group(tuple(devices[r] for r in ranks) if devices else ranks)
 
 
 def tensor_groups(layout: Layout) -> Iterator[Group]:
@@ -72,9 +72,11 @@ def pipeline_groups(layout: Layout) -> Iterator[Group]:
             yield _group(layout, rank_of(layout, 0, r, j), MeshAxis.PP, layout.pipeline_parallel_degree)
 
 
-def stage_boundaries(layout: Layout) -> Iterator[tuple[int, int]]:
-    """(sender, receiver) device pairs between consecutive pipeline stages."""
+def stage_boundaries(layout: Layout, *, first_pipeline_only: bool = False) -> Iterator[tuple[int, int]]:
+    """(sender, receiver) device pairs between consecutive pipeline stages: of every pipeline, or
+    of the first (replica 0, shard 0) only."""
+    replicas, shards = (1, 1) if first_pipeline_only else (layout.data_parallel_degree, layout.tensor_parallel_degree)
     for s in range(layout.pipeline_parallel_degree - 1):
-        for r in range(layout.data_parallel_degree):
-            for j in range(layout.tensor_parallel_degree):
+        for r in range(replicas):
+            for j in range(shards):
                 yield device_of(layout, s, r, j), device_of(layout, s + 1, r, j)

@@ -20,8 +20,6 @@ gathered once under ZeRO-2 and 9 (m + 1) times under ZeRO-3 (``cost_models.shard
 Units: seconds, bytes.
 """
 
-from itertools import islice
-
 from cost_models import groups as grp
 from cost_models.comm import has_uniform_links, p2p_time_s
 from cost_models.compute import measured_pipeline_slot_s
@@ -68,8 +66,12 @@ def pipeline_comm_s(
     if p == 1:
         return 0.0
     act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * training.dtype.bytes / t
-    boundaries = grp.stage_boundaries(layout)
-    pairs = list(islice(boundaries, 1) if has_uniform_links(cluster) else boundaries)
+    # With uniform links of each class a hop costs what its crossing or not of nodes does. In rank
+    # order every (replica, shard) crosses nodes at the same stages, so the first pipeline's
+    # boundaries stand for all; not its first boundary alone: with d t below a node's devices
+    # the pipeline leaves a node at some boundaries only.
+    rank_order = has_uniform_links(cluster) and layout.device_map.is_identity
+    pairs = list(grp.stage_boundaries(layout, first_pipeline_only=rank_order))
     hop_s = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
     transfers_s = (2 * micro_batches * v + 2 * (p - 1)) * hop_s
     slot_s = measured_pipeline_slot_s(cluster.device)

@@ -12,9 +12,8 @@ bytes.
 """
 
 from collections.abc import Iterable
-from itertools import islice
 
-from cost_models.comm import Group, has_uniform_links, slowest_collective_s
+from cost_models.comm import Group, priced_groups, slowest_collective_s
 from cost_models.compute import measured_layer_s
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
 
@@ -72,8 +71,7 @@ def _forward_backward_s(
         if real is not None:
             return max(0.0, real[0] - local[0]), max(0.0, real[1] - local[1])
     act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * dt.bytes
-    # With uniform links one group stands for all; a list, since it is priced more than once.
-    groups = list(islice(tensor_groups, 1) if has_uniform_links(cluster) else tensor_groups)
+    groups = priced_groups(tensor_groups, cluster, rank_order=layout.device_map.is_identity)
     if layout.sequence_parallel:
         fwd = 2 * (
             slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)

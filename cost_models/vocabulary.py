@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cost_models.activations import logits_bytes
-from cost_models.comm import Group, slowest_collective_s
+from cost_models.comm import Group, priced_groups, slowest_collective_s
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec, VocabularyLayout
 
 FP32_BYTES = 4
@@ -90,7 +90,7 @@ def vocabulary_comm(
     """
     if not layout.vocabulary_layout.over_pipeline:
         return NO_COMM
-    groups = tuple(pipeline_groups)
+    groups = priced_groups(pipeline_groups, cluster, rank_order=layout.device_map.is_identity)
     tokens = vocabulary_tokens(training, layout)
     hidden = tokens * model.hidden_size
 

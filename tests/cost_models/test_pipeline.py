@@ -75,3 +75,19 @@ def test_pipeline_transfers_hand_worked() -> None:
     assert pipeline_comm_s(tiny, training, cluster, two, 8) == pytest.approx(18 * (1e-6 + 32_768 / 100e9))
     flat = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
     assert pipeline_comm_s(tiny, training, cluster, flat, 4) == 0.0
+
+
+def test_a_pipeline_that_leaves_its_node_at_some_boundaries_pays_the_inter_node_hop() -> None:
+    # 16 devices, 8 a node; d 2 t 2 puts stage s on devices 4s..4s+3: stages 0-1 share node 0,
+    # stages 2-3 node 1, so the hop 1 -> 2 crosses nodes (devices 4 -> 8) and every hop waits for it.
+    from cost_models.comm import p2p_time_s
+    from planner.inputs import load_cluster
+
+    cluster = load_cluster("dgx-h100:2")
+    training = TrainingSpec(global_batch_size=16, seq_len=1024)
+    spread = Layout(data_parallel_degree=2, tensor_parallel_degree=2, pipeline_parallel_degree=4, micro_batch_size=1)
+    m = 8  # micro-batches: 16 / (2 x 1)
+    act_bytes = 1 * 1024 * MODEL.hidden_size * training.dtype.bytes / 2
+    inter_hop_s = p2p_time_s(act_bytes, 4, 8, cluster)
+    assert inter_hop_s > 2 * p2p_time_s(act_bytes, 0, 4, cluster)  # the test means something
+    assert pipeline_comm_s(MODEL, training, cluster, spread, m) == pytest.approx((2 * m + 2 * 3) * inter_hop_s)

@@ -116,16 +116,16 @@ def test_groups_hold_the_devices_of_their_mesh_coordinates(d: int, t: int, p: in
     def at(s: int, r: int, j: int) -> int:
         return devices[rank_of(layout, s, r, j)]
 
-    assert [g.devices for g in grp.tensor_groups(layout)] == [
+    assert [tuple(g.devices) for g in grp.tensor_groups(layout)] == [
         tuple(at(s, r, j) for j in range(t)) for s in range(p) for r in range(d)
     ]
-    assert [g.devices for g in grp.data_groups(layout)] == [
+    assert [tuple(g.devices) for g in grp.data_groups(layout)] == [
         tuple(at(s, r, j) for r in range(d)) for s in range(p) for j in range(t)
     ]
-    assert [g.devices for g in grp.expert_groups(layout)] == [
+    assert [tuple(g.devices) for g in grp.expert_groups(layout)] == [
         tuple(at(s, g * ep + i, j) for i in range(ep)) for s in range(p) for j in range(t) for g in range(d // ep)
     ]
-    assert [g.devices for g in grp.expert_data_groups(layout)] == [
+    assert [tuple(g.devices) for g in grp.expert_data_groups(layout)] == [
         tuple(at(s, g * ep + i, j) for g in range(d // ep)) for s in range(p) for j in range(t) for i in range(ep)
     ]
 
