@@ -1,0 +1,358 @@
+"""The rows of ``data/published_runs.yaml`` the planner can model today, as planner inputs.
+
+The file holds 106 published pre-training measurements (its header names the sources and their
+caveats). ``load_runs`` keeps a row only if every rule below holds, and otherwise records the
+first rule it breaks (``Exclusion``):
+
+- H100 only: ``dgx-h100`` (H100 SXM 80 GB, 700 W) is the only cluster preset with these GPUs.
+  torchtitan's H100s are 96 GB HBM2e parts capped at 500 W (Grand Teton): those rows are
+  *flagged*, predicted on dgx-h100 but kept out of the error statistics.
+- BF16 only. A null precision counts as BF16 only for the Megatron-LM README rows, whose header
+  derives it from TFLOP/s / MFU ~ 989 (the H100 dense BF16 peak); the Megatron-Bridge 25.09
+  DeepSeek-V3 row's null precision is left out (its footnote points to FP8).
+- No context parallelism (cp > 1): the planner has no context-parallel axis.
+- A model the planner builds faithfully: a preset where the row is that model (llama3-8b/70b/405b,
+  deepseek-v3, qwen3-235b-a22b; the row's dimensions are checked against it), a family preset
+  with the row's dimensions (Kimi K2 on deepseek-v3, Qwen3-30B-A3B on qwen3-235b-a22b), or a
+  GPT/MPT block from the row's dimensions. Not built: the Nemotron hybrid Mamba models (no
+  architecture in the file) and GPT-OSS (alternating 128-token sliding-window attention and
+  head_dim 64 != hidden/heads, neither in the row nor in the planner).
+- GPU count, global batch and sequence length stated. torchtitan's null sequence length is read
+  as 8192 because the row's notes state that default; no other default is assumed.
+
+What the rows leave unstated the planner chooses (``validate_h100``): pins holds what the source
+states. Sources: the YAML's per-row ``source``; Megatron-LM ``megatron/training/training.py``
+``num_floating_point_operations`` for the NVIDIA FLOP formulas (``source_flops_per_sequence``).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cost_models.layer_work import model_flops_per_sequence
+from planner.inputs import load_model
+from planner.schemas import Activation, ModelSpec, NormKind, PositionEmbedding, Recompute, ZeroStage
+
+DATA = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
+
+SOURCES = {
+    "NVIDIA Megatron-LM README": "megatron-lm",
+    "NVIDIA NeMo Megatron-Bridge performance summary": "mbridge",
+    "NVIDIA NeMo AutoModel performance summary": "automodel",
+    "NVIDIA Megatron MoE Model Zoo (Qwen3 best practice)": "modelzoo",
+    "PyTorch torchtitan benchmarks": "torchtitan",
+    "Databricks/MosaicML LLM Foundry": "llm-foundry",
+    "Meta, The Llama 3 Herd of Models": "llama3-paper",
+}
+"""Short names of the sources, by the YAML's source name (prefix match)."""
+
+BF16_NAMES = ("BF16", "amp_bf16")
+TORCHTITAN_SEQ_LEN = 8192
+"""torchtitan's default llama3 sequence length, as the rows' notes state it."""
+PRESETS = {
+    "Llama 3 / 3.1 8B": "llama3-8b",
+    "Llama 3 / 3.1 70B": "llama3-70b",
+    "Llama 3.1 405B": "llama3-405b",
+    "Llama 3 405B": "llama3-405b",
+    "DeepSeek-V3 671B": "deepseek-v3",
+    "Qwen3-235B-A22B": "qwen3-235b-a22b",
+}
+"""Rows that are a preset's model, by the YAML's model name."""
+
+
+class FlopFormula(StrEnum):
+    """How a source counts model FLOPs for its TFLOP/s per GPU."""
+
+    MEGATRON_2024 = "megatron-2024"
+    """Megatron-LM r0.8: 12 s l h^2 ((1 + G/a + s/h) q/h + f/h k g + V/(2 l h)), full s x s."""
+    MEGATRON_CAUSAL = "megatron-causal"
+    """Megatron-LM since 2025: per-GEMM count, attention core over the causal half."""
+    PLANNER = "planner"
+    """The planner's own ``model_flops_per_sequence`` (full s x s); used where the source's
+    formula is not stated (Llama 3 paper)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pins:
+    """What the source states of the layout; None lets the planner choose."""
+
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    virtual_stages: int | None
+    micro_batch_size: int | None
+    zero_stage: ZeroStage | None
+    recompute: Recompute | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishedRun:
+    """One selected row: the model, batch, stated layout and published throughput."""
+
+    id: int
+    source: str
+    """Short name (``SOURCES``)."""
+    model: ModelSpec
+    gpus: int
+    global_batch_size: int
+    seq_len: int
+    pins: Pins
+    tokens_per_s_per_gpu: float | None
+    tflops_per_gpu: float | None
+    flop_formula: FlopFormula
+    flagged: str | None = None
+    """Why the row is predicted but kept out of the statistics (None: counted)."""
+
+    @property
+    def published_step_s(self) -> float:
+        """Step time the published figure implies: B s / (tokens/s/GPU x GPUs), else the
+        source's FLOPs per step / (TFLOP/s per GPU x GPUs)."""
+        if self.tokens_per_s_per_gpu is not None:
+            return self.global_batch_size * self.seq_len / (self.tokens_per_s_per_gpu * self.gpus)
+        assert self.tflops_per_gpu is not None
+        return self.source_flops_per_step / (self.tflops_per_gpu * 1e12 * self.gpus)
+
+    @property
+    def source_flops_per_step(self) -> float:
+        """Model FLOPs of one step as the source counts them."""
+        return self.global_batch_size * source_flops_per_sequence(self.model, self.seq_len, self.flop_formula)
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    """A row left out, and the first rule it breaks."""
+
+    id: int
+    source: str
+    model: str
+    reason: str
+
+
+def source_flops_per_sequence(model: ModelSpec, seq_len: int, formula: FlopFormula) -> float:
+    """Forward + backward model FLOPs of one sequence as ``formula`` counts them.
+
+    Megatron-LM's ``num_floating_point_operations`` (training.py): 3 passes x 2 FLOP per MAC.
+    The 2024 form (r0.8) is 12 s l h^2 ((1 + G/a + s/h) (a d / h) + (f/h) k g + V / (2 l h)),
+    g = 3/2 for a gated MLP, k the routed experts (1 if dense), attention over the full s x s.
+    The causal form counts each GEMM: h (q + k + v) + q s (half of s x s, QK^T and PV) + q h per
+    attention layer, h f (2 or 3) per MLP, routed and shared experts per MoE layer, h V logits.
+    Standard attention only (MLA rows use the Megatron formula's MLA branch, not needed here).
+    """
+    if formula is FlopFormula.PLANNER:
+        return model_flops_per_sequence(model, seq_len)
+    if model.is_mla:
+        raise ValueError(f"{formula} is implemented for standard attention only, not {model.name}")
+    h, s, l, a = model.hidden_size, seq_len, model.num_hidden_layers, model.num_attention_heads
+    gated = model.hidden_act.gated
+    q, kv = a * model.head_size, model.kv_heads * model.head_size
+    moe_layers = model.num_moe_layers
+    k = model.num_experts_per_tok if model.is_moe else 1
+    mlp_width = model.expert_ffn_size if model.is_moe else model.ffn_size
+    if formula is FlopFormula.MEGATRON_2024:
+        g = 1.5 if gated else 1.0
+        return (
+            12.0
+            * s
+            * l
+            * h
+            * h
+            * (
+                (1 + model.kv_heads / a + s / h) * q / h
+                + mlp_width / h * k * g
+                + model.shared_ffn_size / h * g
+                + model.vocab_size / (2 * l * h)
+            )
+        )
+    matrices = 3 if gated else 2
+    dense_layers = l - moe_layers
+    mlp = h * matrices * (model.ffn_size * dense_layers + (mlp_width * k + model.shared_ffn_size) * moe_layers)
+    attention = l * (h * (q + 2 * kv) + q * s + q * h)
+    return 6.0 * s * (mlp + attention + h * model.vocab_size)
+
+
+def load_runs(path: Path = DATA) -> tuple[tuple[PublishedRun, ...], tuple[Exclusion, ...]]:
+    """The selected rows (flagged ones included) and the excluded rows with their reasons."""
+    rows: list[dict[str, Any]] = yaml.safe_load(path.read_text())
+    runs: list[PublishedRun] = []
+    excluded: list[Exclusion] = []
+    for row in rows:
+        source = _short_source(row["source"]["name"])
+        reason = _exclusion_reason(row, source)
+        if reason is not None:
+            excluded.append(Exclusion(row["id"], source, row["model"]["name"], reason))
+            continue
+        runs.append(_run(row, source))
+    return tuple(runs), tuple(excluded)
+
+
+def _short_source(name: str) -> str:
+    for prefix, short in SOURCES.items():
+        if name.startswith(prefix):
+            return short
+    raise ValueError(f"unknown source {name!r}; add it to SOURCES")
+
+
+def _exclusion_reason(row: Mapping[str, Any], source: str) -> str | None:
+    gpu, model, par = row["gpu"], row["model"], row["parallel"]
+    precision = row["precision"]
+    if gpu["type"] != "H100":
+        return f"GPU {gpu['type']}: no cluster preset (only dgx-h100)"
+    if precision is None and source != "megatron-lm":
+        return "precision not stated (Megatron-Bridge 25.09 footnote implies FP8)"
+    if precision is not None and precision not in BF16_NAMES:
+        return "precision FP8 (only BF16 is modelled)"
+    if (par["cp"] or 1) > 1:
+        return "context parallelism (cp > 1) not modelled"
+    if model["n_layers"] is None:
+        return "hybrid Mamba-Transformer: architecture not in the file"
+    if model["name"].startswith("GPT-OSS"):
+        return "GPT-OSS: sliding-window attention and head_dim 64 != hidden/heads not modelled"
+    if gpu["count"] is None:
+        return "GPU count not stated"
+    if row["global_batch_size_seqs"] is None:
+        return "global batch not stated"
+    if row["seq_len"] is None and source != "torchtitan":
+        return "sequence length not stated"
+    tp, pp = par["tp"] or 1, par["pp"] or 1
+    if par["dp"] is not None and par["dp"] * tp * pp != gpu["count"]:
+        return f"stated dp={par['dp']} x tp={tp} x pp={pp} != {gpu['count']} GPUs"
+    return None
+
+
+def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
+    par, out = row["parallel"], row["throughput"]
+    gpus = row["gpu"]["count"]
+    tp, pp = par["tp"] or 1, par["pp"] or 1
+    vpp = par["vpp"]
+    return PublishedRun(
+        id=row["id"],
+        source=source,
+        model=_model(row["model"], source, row["seq_len"]),
+        gpus=gpus,
+        global_batch_size=row["global_batch_size_seqs"],
+        seq_len=row["seq_len"] or TORCHTITAN_SEQ_LEN,
+        pins=Pins(
+            tp=tp,
+            pp=pp,
+            dp=gpus // (tp * pp),
+            ep=par["ep"] or 1,
+            virtual_stages=1 if pp == 1 else vpp,
+            micro_batch_size=row["micro_batch_size"],
+            zero_stage=_zero_stage(par),
+            recompute=_recompute(par["activation_recompute"]),
+        ),
+        tokens_per_s_per_gpu=out["tokens_per_s_per_gpu"],
+        tflops_per_gpu=out["tflops_per_gpu"],
+        flop_formula={"megatron-lm": FlopFormula.MEGATRON_2024, "modelzoo": FlopFormula.MEGATRON_CAUSAL}.get(
+            source, FlopFormula.PLANNER
+        ),
+        flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
+    )
+
+
+def _zero_stage(par: Mapping[str, Any]) -> ZeroStage | None:
+    """ZeRO stage the source states: its zero_stage; FSDP > 0 (Megatron-Bridge, AutoModel,
+    torchtitan) is ZeRO-3; the Llama 3 paper's 'DP is FSDP' shards optimizer states and
+    gradients (ZeRO-2, the row's text); a distributed optimizer is ZeRO-1; else not stated."""
+    if par["zero_stage"] is not None:
+        return ZeroStage(par["zero_stage"])
+    fsdp = par["fsdp"]
+    if isinstance(fsdp, str):
+        return ZeroStage.GRADIENTS
+    if fsdp:
+        return ZeroStage.PARAMETERS
+    if par["distributed_optimizer"]:
+        return ZeroStage.OPTIMIZER
+    return None
+
+
+def _recompute(text: str | None) -> Recompute | None:
+    """The source's recomputation: 'full...', 'selective...' (torchtitan's selective
+    checkpointing, a coarser match of the planner's attention-core selective), 'none'; None lets
+    the planner choose: where not stated, and for Megatron's recompute modules that include
+    'moe' (they recompute the expert MLPs, which the planner's selective keeps)."""
+    if text is None or "moe" in text:
+        return None
+    for mode in (Recompute.FULL, Recompute.SELECTIVE, Recompute.NONE):
+        if text.startswith(mode.value):
+            return mode
+    raise ValueError(f"unknown activation_recompute {text!r}")
+
+
+def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSpec:
+    name = spec["name"]
+    if name in PRESETS:
+        preset = load_model(PRESETS[name])
+        _check_dims(preset, spec)
+        return preset.model_copy(update={"vocab_size": spec["vocab"]})
+    if name == "Kimi K2":
+        # DeepSeek-V3's architecture (MLA, 1 shared expert, ...) with the row's heads, experts and
+        # vocabulary; first_k_dense_replace stays DeepSeek-V3's 3 (the row does not state it).
+        base = load_model("deepseek-v3").model_dump()
+        return ModelSpec.model_validate(
+            {**base, "name": "kimi-k2", "num_attention_heads": spec["n_heads"], "num_key_value_heads": spec["n_heads"]}
+            | {"num_local_experts": 384, "vocab_size": spec["vocab"]}
+        )
+    if name == "Qwen3-30B-A3B":
+        # The qwen3-235b-a22b preset's family (head_dim 128, q/k norms, untied) with the row's sizes.
+        base = load_model("qwen3-235b-a22b").model_dump()
+        return ModelSpec.model_validate(
+            {**base, "name": "qwen3-30b-a3b", "hidden_size": spec["hidden"], "num_hidden_layers": spec["n_layers"]}
+            | {"num_attention_heads": spec["n_heads"], "num_key_value_heads": spec["n_kv_heads"]}
+            | {"num_local_experts": spec["n_experts"], "num_experts_per_tok": spec["top_k"]}
+            | {"moe_intermediate_size": spec["expert_ffn_hidden"], "vocab_size": spec["vocab"]}
+        )
+    if source == "megatron-lm":
+        # Megatron-LM's GPT defaults: LayerNorm, biases, GELU, learned positions, tied embeddings;
+        # the README states no MLP width, so f = 4h (Megatron's default).
+        return ModelSpec(
+            name=f"gpt-{name.split()[1].lower()}",
+            hidden_size=spec["hidden"],
+            num_hidden_layers=spec["n_layers"],
+            num_attention_heads=spec["n_heads"],
+            vocab_size=spec["vocab"],
+            hidden_act=Activation.GELU,
+            max_position_embeddings=seq_len or 4096,
+            position_embedding_type=PositionEmbedding.ABSOLUTE,
+            norm_type=NormKind.LAYERNORM,
+            attention_bias=True,
+            mlp_bias=True,
+        )
+    if source == "llm-foundry":
+        # MPT: LayerNorm without biases, GELU, tied embeddings; ALiBi has no parameters, priced
+        # as rotary (the planner's parameter-free position encoding).
+        return ModelSpec(
+            name=name.lower(),
+            hidden_size=spec["hidden"],
+            num_hidden_layers=spec["n_layers"],
+            num_attention_heads=spec["n_heads"],
+            intermediate_size=spec["ffn_hidden"],
+            vocab_size=spec["vocab"],
+            hidden_act=Activation.GELU,
+            position_embedding_type=PositionEmbedding.ROPE,
+            norm_type=NormKind.LAYERNORM,
+            tie_word_embeddings=True,
+        )
+    raise ValueError(f"no model builder for {name!r} ({source})")
+
+
+def _check_dims(preset: ModelSpec, spec: Mapping[str, Any]) -> None:
+    """The row's stated dimensions must be the preset's (vocabulary aside: the row's is used)."""
+    pairs = {
+        "n_layers": preset.num_hidden_layers,
+        "hidden": preset.hidden_size,
+        "n_heads": preset.num_attention_heads,
+        "n_kv_heads": preset.kv_heads,
+        "ffn_hidden": preset.ffn_size,
+        "expert_ffn_hidden": preset.expert_ffn_size,
+        "top_k": preset.num_experts_per_tok,
+    }
+    for key, value in pairs.items():
+        stated = spec.get(key)
+        if stated is not None and stated != value:
+            raise ValueError(f"{spec['name']}: {key}={stated} but preset has {value}")

@@ -1,0 +1,59 @@
+"""The cost model against the published H100 BF16 runs of benchmarks/data/published_runs.yaml
+(benchmarks/validate_h100.py): a regression guard on today's error, and the FLOP formulas the
+sources' TFLOP/s are converted with."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from published_h100 import FlopFormula, load_runs, source_flops_per_sequence
+from validate_h100 import predict, summary
+
+from cost_models.layer_work import model_flops_per_sequence
+from planner.inputs import load_model
+
+
+@pytest.fixture(scope="module")
+def selection() -> tuple[int, int, int]:
+    runs, excluded = load_runs()
+    return sum(r.flagged is None for r in runs), sum(r.flagged is not None for r in runs), len(excluded)
+
+
+def test_selection_keeps_37_rows_flags_the_4_torchtitan_rows_and_excludes_65(selection: tuple[int, int, int]) -> None:
+    # A change here changes what the error below averages over: re-measure it.
+    assert selection == (37, 4, 65)
+
+
+def test_mean_error_is_no_worse_than_today() -> None:
+    # Issue 15's target is a mean |error| <= 8% and a worst <= 15%. Measured when this guard was
+    # written (dgx-h100 preset, nothing fitted): mean 22.8%, worst 79.8% (Model Zoo Qwen3-235B,
+    # expert all-to-all across nodes); per source megatron-lm 7.9%, automodel 22.0%,
+    # llm-foundry 26.8%, llama3-paper 20.6%, modelzoo 79.8%. Lower these bounds as the model improves.
+    runs, _ = load_runs()
+    stats = summary([predict(r) for r in runs])
+    mean, worst, rows = stats["overall"]
+    assert rows == 37
+    assert mean <= 0.25
+    assert worst <= 0.82
+
+
+def test_megatron_2024_formula_is_the_planners_count_for_a_gpt_block() -> None:
+    # Both count 72 s l h^2 (1 + s/(6h) + V/(12 l h)) per sequence for a GPT block (4h MLP, MHA).
+    gpt = load_model("gpt3-175b")
+    ours = model_flops_per_sequence(gpt, 2048)
+    assert source_flops_per_sequence(gpt, 2048, FlopFormula.MEGATRON_2024) == pytest.approx(ours, rel=1e-12)
+    h, s, l, v = gpt.hidden_size, 2048, gpt.num_hidden_layers, gpt.vocab_size
+    assert ours == pytest.approx(72 * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h)), rel=1e-12)
+
+
+def test_causal_megatron_formula_matches_the_model_zoos_own_tflops() -> None:
+    # Megatron MoE Model Zoo, Qwen3 best practice, H100 table: Qwen3-235B-A22B, 256 GPUs,
+    # s = 4096, GBS 2048, step 19.7 s, 245 TFLOP/s per GPU. Those imply 245e12 * 256 * 19.7 /
+    # (2048 * 4096) = 147.3 GFLOP per token; the causal formula gives 148.0 (the router is not
+    # counted). The full s x s count would give 167, 13% more.
+    qwen = load_model("qwen3-235b-a22b")
+    per_token = source_flops_per_sequence(qwen, 4096, FlopFormula.MEGATRON_CAUSAL) / 4096
+    assert per_token == pytest.approx(245e12 * 256 * 19.7 / (2048 * 4096), rel=0.01)
+    assert source_flops_per_sequence(qwen, 4096, FlopFormula.MEGATRON_2024) / 4096 > 1.1 * per_token
