@@ -5,24 +5,39 @@ and steps; with ``shard`` (ZeRO-1, Rajbhandari et al. 2020) each rank keeps opti
 for the parameters it owns and broadcasts their update. With parameters in bf16/fp16 it keeps an
 fp32 master copy of the parameters it owns, in the optimizer, as mixed-precision Adam does: 2 + 2
 bytes per parameter for weights and gradients, 4 + 8 for master and moments, sharded by ZeRO-1.
+
+What a step adds on top of those states, and no more: AdamW runs torch's fused kernel where
+torch has one for the device (no full-size temporaries; the single-tensor loop makes two of the
+largest parameter's size, sqrt(v) and its quotient), and the masters are stepped slice by slice,
+``MASTER_SLICE_ELEMENTS`` at a time, so the fp32 copy of the gradients a master steps with
+exists for one slice at once (4 MiB), not for every parameter (4 bytes per parameter).
 """
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
+from typing import Final
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 OPTIMIZERS = ("adamw", "sgd")
+MASTER_SLICE_ELEMENTS: Final = 1 << 20
+"""Elements of the fp32 master weights stepped at once (module docstring)."""
 
 
 def make_optimizer(name: str, params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    """AdamW (no weight decay) or plain SGD (exact parity checks)."""
+    """AdamW (no weight decay), fused where torch has the kernel for the parameters' device and
+    dtype, else its single-tensor loop (foreach=False: no list-wide temporaries); or plain SGD
+    (exact parity checks)."""
     params = list(params)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+    except RuntimeError:  # no fused kernel for this device or dtype
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -87,10 +102,12 @@ class DataParallelOptimizer:
         self.shard = shard
         mine = [p for p, o in zip(params, self.owner, strict=True) if not shard or o == self.rank]
         self.mixed = any(p.dtype != torch.float32 for p in params)
-        self.masters = {id(p): local(p).detach().float().clone() for p in mine} if self.mixed else {}
-        targets = [self.masters[id(p)] for p in mine] if self.mixed else mine
-        self.inner = make_optimizer(name, targets, lr) if targets else None
         self.mine = mine
+        self.slices: list[list[_MasterSlice]] = _master_slices(mine) if self.mixed else []
+        """Mixed precision: the owned parameters' fp32 masters in slices, grouped to step together."""
+        self.inner = [make_optimizer(name, [piece.master for piece in group], lr) for group in self.slices]
+        if not self.mixed and mine:
+            self.inner = [make_optimizer(name, mine, lr)]
 
     def zero_grad(self) -> None:
         """Drop every gradient."""
@@ -104,18 +121,18 @@ class DataParallelOptimizer:
             flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.divisor)))
         elif self.divisor != 1:
             flat_apply(grads, lambda flat: flat.div_(self.divisor))
-        if self.mixed:
-            for p in self.mine:
-                g = local_grad(p)
-                self.masters[id(p)].grad = None if g is None else g.float()
-        if self.inner is not None:
-            self.inner.step()
+        if not self.mixed:
+            for inner in self.inner:
+                inner.step()
+        for group, inner in zip(self.slices, self.inner, strict=True):
+            for piece, g in zip(group, [local_grad(piece.param) for piece in group], strict=True):
+                piece.master.grad = None if g is None else g.reshape(-1)[piece.start : piece.stop].float()
+            inner.step()
+            with torch.no_grad():
+                for piece in group:
+                    local(piece.param.data).view(-1)[piece.start : piece.stop].copy_(piece.master)
+                    piece.master.grad = None  # the fp32 gradient lives only for its slice's update
         with torch.no_grad():
-            if self.mixed:
-                for p in self.mine:
-                    master = self.masters[id(p)]
-                    local(p.data).copy_(master)
-                    master.grad = None  # the fp32 gradient lives only for the update
             if self.shard and self.size > 1:
                 for owner in range(self.size):
                     owned = [local(p.data) for p, o in zip(self.params, self.owner, strict=True) if o == owner]
@@ -126,5 +143,32 @@ class DataParallelOptimizer:
     def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
         """What memory tracking must be told of: the torch optimizer inside (its states), and
         the fp32 master weights it steps, which are no module's parameters."""
-        inner: list[torch.optim.Optimizer | torch.Tensor] = [self.inner] if self.inner is not None else []
-        return inner + list(self.masters.values())
+        inner: list[torch.optim.Optimizer | torch.Tensor] = list(self.inner)
+        return inner + [piece.master for group in self.slices for piece in group]
+
+
+@dataclass(frozen=True, slots=True)
+class _MasterSlice:
+    """fp32 master of elements [start, stop) of a parameter's flattened local tensor."""
+
+    param: torch.nn.Parameter
+    start: int
+    stop: int
+    master: torch.Tensor
+
+
+def _master_slices(params: list[torch.nn.Parameter]) -> list[list[_MasterSlice]]:
+    """The fp32 masters of ``params`` cut into slices of at most ``MASTER_SLICE_ELEMENTS``
+    elements, packed in order into groups of at most that many elements (one optimizer each)."""
+    groups: list[list[_MasterSlice]] = [[]]
+    filled = 0
+    for p in params:
+        flat = local(p).detach().reshape(-1)
+        for start in range(0, flat.numel(), MASTER_SLICE_ELEMENTS):
+            stop = min(start + MASTER_SLICE_ELEMENTS, flat.numel())
+            if filled + stop - start > MASTER_SLICE_ELEMENTS and groups[-1]:
+                groups.append([])
+                filled = 0
+            groups[-1].append(_MasterSlice(p, start, stop, flat[start:stop].float().clone()))
+            filled += stop - start
+    return [g for g in groups if g]
