@@ -1,7 +1,10 @@
 """Optimizers the runtime offers, and the data-parallel optimizer of ZeRO stages 0 and 1.
 
-``DataParallelOptimizer`` averages gradients over the data-parallel group in one flat all-reduce
-and steps; with ``shard`` (ZeRO-1, Rajbhandari et al. 2020) each rank keeps optimizer state only
+``DataParallelOptimizer`` averages gradients over the data-parallel group and steps. It reduces
+them in fp32 through ``GRAD_BUCKETS`` buckets of ``GRAD_BUCKET_ELEMENTS`` elements, allocated once
+and held for the whole run as PyTorch DDP's reducer holds its buckets (capped by the gradients'
+elements): 4 x min(2 x 25 M, gradients) bytes, the cost model's data-parallel buffer
+(``cost_models.memory``); with ``shard`` (ZeRO-1, Rajbhandari et al. 2020) each rank keeps optimizer state only
 for the parameters it owns and broadcasts their update. With parameters in bf16/fp16 it keeps an
 fp32 master copy of the parameters it owns, in the optimizer, as mixed-precision Adam does: 2 + 2
 bytes per parameter for weights and gradients, 4 + 8 for master and moments, sharded by ZeRO-1.
@@ -24,6 +27,10 @@ from torch.distributed.tensor import DTensor
 
 OPTIMIZERS = ("adamw", "sgd")
 MASTER_SLICE_ELEMENTS: Final = 1 << 20
+GRAD_BUCKET_ELEMENTS: Final = 25_000_000
+"""Elements of one gradient bucket (PyTorch DDP's default bucket_cap_mb=25, read as elements)."""
+GRAD_BUCKETS: Final = 2
+"""Buckets a data-parallel rank keeps (one reducing while the next fills, as DDP's)."""
 """Elements of the fp32 master weights stepped at once (module docstring)."""
 
 
@@ -103,6 +110,12 @@ class DataParallelOptimizer:
         mine = [p for p, o in zip(params, self.owner, strict=True) if not shard or o == self.rank]
         self.mixed = any(p.dtype != torch.float32 for p in params)
         self.mine = mine
+        reduced = sum(local(p).numel() for p in params) if self.size > 1 else 0
+        device = local(params[0]).device if params else None
+        self.buckets = torch.empty(
+            min(GRAD_BUCKETS * GRAD_BUCKET_ELEMENTS, reduced), dtype=torch.float32, device=device
+        )
+        """The fp32 reduction buckets, one buffer (empty without data-parallel peers)."""
         self.slices: list[list[_MasterSlice]] = _master_slices(mine) if self.mixed else []
         """Mixed precision: the owned parameters' fp32 masters in slices, grouped to step together."""
         self.inner = [make_optimizer(name, [piece.master for piece in group], lr) for group in self.slices]
@@ -118,15 +131,16 @@ class DataParallelOptimizer:
         """Average gradients over the group, step the owned parameters, broadcast their updates."""
         grads = [g for g in (local_grad(p) for p in self.params) if g is not None]
         if self.size > 1:
-            flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.divisor)))
+            self._reduce(grads)
         elif self.divisor != 1:
-            flat_apply(grads, lambda flat: flat.div_(self.divisor))
+            for g in grads:
+                g.div_(self.divisor)
         if not self.mixed:
             for inner in self.inner:
                 inner.step()
-        for group, inner in zip(self.slices, self.inner, strict=True):
-            for piece, g in zip(group, [local_grad(piece.param) for piece in group], strict=True):
-                piece.master.grad = None if g is None else g.reshape(-1)[piece.start : piece.stop].float()
+        for group, inner in zip(self.slices, self.inner if self.mixed else [], strict=True):
+            for piece, grad in zip(group, [local_grad(piece.param) for piece in group], strict=True):
+                piece.master.grad = None if grad is None else grad.reshape(-1)[piece.start : piece.stop].float()
             inner.step()
             with torch.no_grad():
                 for piece in group:
@@ -140,11 +154,38 @@ class DataParallelOptimizer:
                         owned, partial(_broadcast, src=dist.get_global_rank(self.group, owner), group=self.group)
                     )
 
+    def _reduce(self, grads: list[torch.Tensor]) -> None:
+        """Sum ``grads`` over the group through the fp32 buckets, divided by ``divisor``: the
+        gradients are packed in order into the buffer; whenever it is full it is all-reduced and
+        unpacked (a gradient larger than the buffer goes through in pieces)."""
+        pieces: list[tuple[torch.Tensor, int]] = []  # (flat gradient slice, its offset in the buffer)
+        used = 0
+        for g in grads:
+            flat = g.view(-1)
+            start = 0
+            while start < flat.numel():
+                if used == self.buckets.numel():
+                    self._flush(pieces, used)
+                    pieces, used = [], 0
+                n = min(flat.numel() - start, self.buckets.numel() - used)
+                self.buckets[used : used + n].copy_(flat[start : start + n])
+                pieces.append((flat[start : start + n], used))
+                used, start = used + n, start + n
+        if used:
+            self._flush(pieces, used)
+
+    def _flush(self, pieces: list[tuple[torch.Tensor, int]], used: int) -> None:
+        filled = self.buckets[:used]
+        dist.all_reduce(filled, group=self.group)
+        filled.div_(self.divisor)
+        for piece, offset in pieces:
+            piece.copy_(self.buckets[offset : offset + piece.numel()])
+
     def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
-        """What memory tracking must be told of: the torch optimizer inside (its states), and
-        the fp32 master weights it steps, which are no module's parameters."""
+        """What memory tracking must be told of: the torch optimizers inside (their states), the
+        fp32 master weights they step and the reduction buckets, which are no module's tensors."""
         inner: list[torch.optim.Optimizer | torch.Tensor] = list(self.inner)
-        return inner + [piece.master for group in self.slices for piece in group]
+        return inner + [piece.master for group in self.slices for piece in group] + [self.buckets]
 
 
 @dataclass(frozen=True, slots=True)
