@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+from runtime.loss import cross_entropy
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
@@ -298,5 +299,5 @@ def set_recompute(net: "Decoder", recompute: Recompute) -> None:
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every token."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    """Mean cross-entropy over every token, keeping one fp32 copy of the logits (``runtime.loss``)."""
+    return cross_entropy(logits, targets)

@@ -1,28 +1,50 @@
 """Optimizers the runtime offers, and the data-parallel optimizer of ZeRO stages 0 and 1.
 
-``DataParallelOptimizer`` averages gradients over the data-parallel group in one flat all-reduce
-and steps; with ``shard`` (ZeRO-1, Rajbhandari et al. 2020) each rank keeps optimizer state only
+``DataParallelOptimizer`` averages gradients over the data-parallel group and steps. It reduces
+them in fp32 through ``GRAD_BUCKETS`` buckets of ``GRAD_BUCKET_ELEMENTS`` elements, allocated once
+and held for the whole run as PyTorch DDP's reducer holds its buckets (capped by the gradients'
+elements): 4 x min(2 x 25 M, gradients) bytes, the cost model's data-parallel buffer
+(``cost_models.memory``); with ``shard`` (ZeRO-1, Rajbhandari et al. 2020) each rank keeps optimizer state only
 for the parameters it owns and broadcasts their update. With parameters in bf16/fp16 it keeps an
 fp32 master copy of the parameters it owns, in the optimizer, as mixed-precision Adam does: 2 + 2
 bytes per parameter for weights and gradients, 4 + 8 for master and moments, sharded by ZeRO-1.
+
+What a step adds on top of those states, and no more: AdamW runs torch's fused kernel where
+torch has one for the device (no full-size temporaries; the single-tensor loop makes two of the
+largest parameter's size, sqrt(v) and its quotient), and the masters are stepped slice by slice,
+``MASTER_SLICE_ELEMENTS`` at a time, so the fp32 copy of the gradients a master steps with
+exists for one slice at once (4 MiB), not for every parameter (4 bytes per parameter).
 """
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
+from typing import Final
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 OPTIMIZERS = ("adamw", "sgd")
+MASTER_SLICE_ELEMENTS: Final = 1 << 20
+GRAD_BUCKET_ELEMENTS: Final = 25_000_000
+"""Elements of one gradient bucket (PyTorch DDP's default bucket_cap_mb=25, read as elements)."""
+GRAD_BUCKETS: Final = 2
+"""Buckets a data-parallel rank keeps (one reducing while the next fills, as DDP's)."""
+"""Elements of the fp32 master weights stepped at once (module docstring)."""
 
 
 def make_optimizer(name: str, params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    """AdamW (no weight decay) or plain SGD (exact parity checks)."""
+    """AdamW (no weight decay), fused where torch has the kernel for the parameters' device and
+    dtype, else its single-tensor loop (foreach=False: no list-wide temporaries); or plain SGD
+    (exact parity checks)."""
     params = list(params)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+    except RuntimeError:  # no fused kernel for this device or dtype
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -87,10 +109,18 @@ class DataParallelOptimizer:
         self.shard = shard
         mine = [p for p, o in zip(params, self.owner, strict=True) if not shard or o == self.rank]
         self.mixed = any(p.dtype != torch.float32 for p in params)
-        self.masters = {id(p): local(p).detach().float().clone() for p in mine} if self.mixed else {}
-        targets = [self.masters[id(p)] for p in mine] if self.mixed else mine
-        self.inner = make_optimizer(name, targets, lr) if targets else None
         self.mine = mine
+        reduced = sum(local(p).numel() for p in params) if self.size > 1 else 0
+        device = local(params[0]).device if params else None
+        self.buckets = torch.empty(
+            min(GRAD_BUCKETS * GRAD_BUCKET_ELEMENTS, reduced), dtype=torch.float32, device=device
+        )
+        """The fp32 reduction buckets, one buffer (empty without data-parallel peers)."""
+        self.slices: list[list[_MasterSlice]] = _master_slices(mine) if self.mixed else []
+        """Mixed precision: the owned parameters' fp32 masters in slices, grouped to step together."""
+        self.inner = [make_optimizer(name, [piece.master for piece in group], lr) for group in self.slices]
+        if not self.mixed and mine:
+            self.inner = [make_optimizer(name, mine, lr)]
 
     def zero_grad(self) -> None:
         """Drop every gradient."""
@@ -101,21 +131,22 @@ class DataParallelOptimizer:
         """Average gradients over the group, step the owned parameters, broadcast their updates."""
         grads = [g for g in (local_grad(p) for p in self.params) if g is not None]
         if self.size > 1:
-            flat_apply(grads, lambda flat: (dist.all_reduce(flat, group=self.group), flat.div_(self.divisor)))
+            self._reduce(grads)
         elif self.divisor != 1:
-            flat_apply(grads, lambda flat: flat.div_(self.divisor))
-        if self.mixed:
-            for p in self.mine:
-                g = local_grad(p)
-                self.masters[id(p)].grad = None if g is None else g.float()
-        if self.inner is not None:
-            self.inner.step()
+            for g in grads:
+                g.div_(self.divisor)
+        if not self.mixed:
+            for inner in self.inner:
+                inner.step()
+        for group, inner in zip(self.slices, self.inner if self.mixed else [], strict=True):
+            for piece, grad in zip(group, [local_grad(piece.param) for piece in group], strict=True):
+                piece.master.grad = None if grad is None else grad.reshape(-1)[piece.start : piece.stop].float()
+            inner.step()
+            with torch.no_grad():
+                for piece in group:
+                    local(piece.param.data).view(-1)[piece.start : piece.stop].copy_(piece.master)
+                    piece.master.grad = None  # the fp32 gradient lives only for its slice's update
         with torch.no_grad():
-            if self.mixed:
-                for p in self.mine:
-                    master = self.masters[id(p)]
-                    local(p.data).copy_(master)
-                    master.grad = None  # the fp32 gradient lives only for the update
             if self.shard and self.size > 1:
                 for owner in range(self.size):
                     owned = [local(p.data) for p, o in zip(self.params, self.owner, strict=True) if o == owner]
@@ -123,8 +154,62 @@ class DataParallelOptimizer:
                         owned, partial(_broadcast, src=dist.get_global_rank(self.group, owner), group=self.group)
                     )
 
+    def _reduce(self, grads: list[torch.Tensor]) -> None:
+        """Sum ``grads`` over the group through the fp32 buckets, divided by ``divisor``: the
+        gradients are packed in order into the buffer; whenever it is full it is all-reduced and
+        unpacked (a gradient larger than the buffer goes through in pieces)."""
+        pieces: list[tuple[torch.Tensor, int]] = []  # (flat gradient slice, its offset in the buffer)
+        used = 0
+        for g in grads:
+            flat = g.view(-1)
+            start = 0
+            while start < flat.numel():
+                if used == self.buckets.numel():
+                    self._flush(pieces, used)
+                    pieces, used = [], 0
+                n = min(flat.numel() - start, self.buckets.numel() - used)
+                self.buckets[used : used + n].copy_(flat[start : start + n])
+                pieces.append((flat[start : start + n], used))
+                used, start = used + n, start + n
+        if used:
+            self._flush(pieces, used)
+
+    def _flush(self, pieces: list[tuple[torch.Tensor, int]], used: int) -> None:
+        filled = self.buckets[:used]
+        dist.all_reduce(filled, group=self.group)
+        filled.div_(self.divisor)
+        for piece, offset in pieces:
+            piece.copy_(self.buckets[offset : offset + piece.numel()])
+
     def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
-        """What memory tracking must be told of: the torch optimizer inside (its states), and
-        the fp32 master weights it steps, which are no module's parameters."""
-        inner: list[torch.optim.Optimizer | torch.Tensor] = [self.inner] if self.inner is not None else []
-        return inner + list(self.masters.values())
+        """What memory tracking must be told of: the torch optimizers inside (their states), the
+        fp32 master weights they step and the reduction buckets, which are no module's tensors."""
+        inner: list[torch.optim.Optimizer | torch.Tensor] = list(self.inner)
+        return inner + [piece.master for group in self.slices for piece in group] + [self.buckets]
+
+
+@dataclass(frozen=True, slots=True)
+class _MasterSlice:
+    """fp32 master of elements [start, stop) of a parameter's flattened local tensor."""
+
+    param: torch.nn.Parameter
+    start: int
+    stop: int
+    master: torch.Tensor
+
+
+def _master_slices(params: list[torch.nn.Parameter]) -> list[list[_MasterSlice]]:
+    """The fp32 masters of ``params`` cut into slices of at most ``MASTER_SLICE_ELEMENTS``
+    elements, packed in order into groups of at most that many elements (one optimizer each)."""
+    groups: list[list[_MasterSlice]] = [[]]
+    filled = 0
+    for p in params:
+        flat = local(p).detach().reshape(-1)
+        for start in range(0, flat.numel(), MASTER_SLICE_ELEMENTS):
+            stop = min(start + MASTER_SLICE_ELEMENTS, flat.numel())
+            if filled + stop - start > MASTER_SLICE_ELEMENTS and groups[-1]:
+                groups.append([])
+                filled = 0
+            groups[-1].append(_MasterSlice(p, start, stop, flat[start:stop].float().clone()))
+            filled += stop - start
+    return [g for g in groups if g]
