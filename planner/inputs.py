@@ -434,16 +434,21 @@ _ATTENTION_TOKENS = 16384
 """Batch x sequence of a published attention point (the FlashAttention papers' benchmark setting)."""
 _ATTENTION_HIDDEN = 2048
 """Heads x head dim of a published attention point (the same setting)."""
+_ATTENTION_COLUMNS = {"points": 4, "forward_backward_points": 2}
+"""A block's rows: [s, causal forward, forward, backward] or [s, causal forward + backward], FLOP/s."""
 
 
 def _attention_records(blocks: object, reader: _PresetReader, sustained: float) -> tuple[AttentionRecord, ...]:
     """Published fused-attention throughput as causal attention records, one per sequence length.
 
-    Each point is [s, causal forward, forward without mask, backward without mask] in FLOP/s,
-    counted as the FlashAttention papers count them: forward 4 s^2 d heads per sequence, halved
-    under a causal mask, backward 2.5 x forward. The causal backward keeps the forward's causal /
-    unmasked ratio (the papers time the backward without a mask only). Training sustains
-    ``sustained`` of each rate, as of the matmul's (the papers time one GPU at a fixed clock).
+    Rates are counted as the FlashAttention papers count them: forward 4 s^2 d heads per
+    sequence, halved under a causal mask, backward 2.5 x forward. A block gives either
+    ``points``, [s, causal forward, forward without mask, backward without mask], whose causal
+    backward keeps the forward's causal / unmasked ratio (FlashAttention-3's paper times the
+    backward without a mask only), or ``forward_backward_points``, [s, causal forward +
+    backward], both passes at that rate (FlashAttention-2's paper figure for the A100). Training
+    sustains ``sustained`` of each rate, as of the matmul's (the papers time one GPU at a fixed
+    or boost clock).
     """
     if not isinstance(blocks, list):
         raise SchemaError(f"{reader.where}: device.attention must be a list")
@@ -453,29 +458,17 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
         if not isinstance(block, Mapping):
             raise SchemaError(f"{where} must be a mapping")
         reader.traced(block, f"device.attention[{i}]")
-        head_dim, points = block.get("head_dim"), block.get("points")
+        head_dim = block.get("head_dim")
         if not isinstance(head_dim, int) or isinstance(head_dim, bool) or _ATTENTION_HIDDEN % head_dim:
             raise SchemaError(f"{where}: head_dim={head_dim!r} must be a whole number dividing {_ATTENTION_HIDDEN}")
-        if not isinstance(points, list) or not points:
-            raise SchemaError(f"{where}: points must list [seq_len, causal fwd, fwd, bwd] FLOP/s rows")
         try:
             dtype = DType(str(block.get("dtype")))
         except ValueError as e:
             raise SchemaError(f"{where}: dtype={block.get('dtype')!r} must be one of {', '.join(DType)}") from e
-        for point in points:
-            if not (
-                isinstance(point, list)
-                and len(point) == 4
-                and isinstance(point[0], int)
-                and 1 <= point[0] <= _ATTENTION_TOKENS
-                and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in point[1:])
-            ):
-                raise SchemaError(f"{where}: {point!r} is not [seq_len in 1..{_ATTENTION_TOKENS}, three FLOP/s > 0]")
-            seq_len, causal_fwd, fwd, bwd = point
+        for seq_len, forward, backward in _attention_rates(block, where):
             batch, heads = _ATTENTION_TOKENS // seq_len, _ATTENTION_HIDDEN // head_dim
             causal_flop = 2.0 * batch * heads * seq_len**2 * head_dim
-            fwd_s = causal_flop / (causal_fwd * sustained)
-            bwd_s = 2.5 * causal_flop / (bwd * causal_fwd / fwd * sustained)
+            fwd_s = causal_flop / (forward * sustained)
             records.append(
                 AttentionRecord(
                     batch_size=batch,
@@ -484,10 +477,40 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
                     head_size=head_dim,
                     dtype=dtype,
                     fwd_time_s=fwd_s,
-                    fwd_bwd_time_s=fwd_s + bwd_s,
+                    fwd_bwd_time_s=fwd_s + 2.5 * causal_flop / (backward * sustained),
                 )
             )
     return tuple(records)
+
+
+def _attention_rates(block: Mapping[str, object], where: str) -> list[tuple[int, float, float]]:
+    """(s, causal forward FLOP/s, causal backward FLOP/s) of a block's rows (``_attention_records``)."""
+    given = [key for key in _ATTENTION_COLUMNS if key in block]
+    if len(given) != 1:
+        raise SchemaError(f"{where} needs exactly one of {', '.join(_ATTENTION_COLUMNS)}")
+    key = given[0]
+    columns, rows = _ATTENTION_COLUMNS[key], block[key]
+    if not isinstance(rows, list) or not rows:
+        raise SchemaError(f"{where}: {key} must list rows of {columns} numbers")
+    rates = []
+    for row in rows:
+        if not (
+            isinstance(row, list)
+            and len(row) == columns
+            and isinstance(row[0], int)
+            and 1 <= row[0] <= _ATTENTION_TOKENS
+            and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in row[1:])
+        ):
+            raise SchemaError(
+                f"{where}: {row!r} is not [seq_len in 1..{_ATTENTION_TOKENS}, {columns - 1} FLOP/s > 0] ({key})"
+            )
+        if columns == 4:
+            seq_len, causal_forward, forward, backward = row
+            rates.append((seq_len, float(causal_forward), backward * causal_forward / forward))
+        else:
+            seq_len, both = row
+            rates.append((seq_len, float(both), float(both)))
+    return rates
 
 
 def _load_cluster_file(path: Path) -> ClusterProfile:

@@ -1,5 +1,5 @@
 """The fused attention core priced at its own recorded rates (compute.fused_attention_s), the
-H100 preset's published FlashAttention-2 figures, and the layer time that reads them."""
+presets' published FlashAttention-2 figures, and the layer time that reads them."""
 
 from importlib import resources
 from typing import Any
@@ -68,7 +68,15 @@ def test_h100_preset_holds_flash_attention_2_sustained_as_its_matmul() -> None:
     # backward 310 TFLOP/s without mask; x 0.848 sustained; causal backward 310 x 319 / 368.
     assert 1e12 / fwd_s == pytest.approx(319e12 * 0.848)
     assert 2.5e12 / bwd_s == pytest.approx(310e12 * 319 / 368 * 0.848)
-    assert fused_attention_s(1e12, 4096, 128, cluster_preset("dgx-a100-80g", 1).device, DType.BF16) is None
+
+
+def test_a100_preset_holds_flash_attention_2_forward_and_backward_together() -> None:
+    device = cluster_preset("dgx-a100-80g", 1).device
+    fwd_s, bwd_s = fused_attention_s(1e12, 2048, 128, device, DType.BF16) or (0.0, 0.0)
+    # FA2 paper Fig. 4(d), s = 2048, causal, head dim 128: 155 TFLOP/s forward + backward, both
+    # passes at that rate, x 0.848 sustained.
+    assert 1e12 / fwd_s == pytest.approx(155e12 * 0.848)
+    assert 2.5e12 / bwd_s == pytest.approx(155e12 * 0.848)
 
 
 def test_the_layer_prices_its_attention_core_at_the_recorded_rate_else_as_gemms() -> None:
@@ -100,7 +108,13 @@ def test_a_preset_attention_block_names_its_source_and_holds_whole_points() -> N
         inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
     raw = _h100_raw()
     raw["device"]["attention"][0]["points"][0] = [512, 191.0e12, 309.0e12]
-    with pytest.raises(SchemaError, match=r"\[512, 191000000000000.0, 309000000000000.0\] is not \[seq_len"):
+    with pytest.raises(
+        SchemaError, match=r"\[512, 191000000000000.0, 309000000000000.0\] is not \[seq_len in 1..16384, 3 FLOP/s"
+    ):
+        inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
+    raw = _h100_raw()
+    raw["device"]["attention"][0]["forward_backward_points"] = [[512, 163.0e12]]
+    with pytest.raises(SchemaError, match="needs exactly one of points, forward_backward_points"):
         inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
     raw = _h100_raw()
     raw["device"]["attention"][0]["head_dim"] = 96
