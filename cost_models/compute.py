@@ -4,7 +4,9 @@ GEMMs are priced from the cluster profile: a measured record of the exact shape 
 has one, else the profile's MatmulModel, a roofline whose compute side is reduced by tile and
 wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide": a GEMM's output is
 cut into tiles that run in waves over the compute units; a partly filled last wave and partly
-filled edge tiles waste their share). Elementwise kernels are bound by memory bandwidth.
+filled edge tiles waste their share). A fused (FlashAttention) attention core runs at its own
+rate, which the profile's attention records give by sequence length and head size
+(``fused_attention_s``). Elementwise kernels are bound by memory bandwidth.
 Units: FLOP, bytes, seconds.
 """
 
@@ -12,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from planner.schemas import (
+    AttentionRecord,
     DeviceProfile,
     DType,
     LayerRecord,
@@ -79,6 +82,53 @@ def gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype: DType) -
 def backward_gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype: DType) -> float:
     """Input- and weight-gradient GEMMs of every forward GEMM in ``gemms``."""
     return sum(gemm_time_s(b, device, dtype) for g in gemms for b in g.backward())
+
+
+def fused_attention_s(
+    causal_flop: float, seq_len: int, head_size: int, device: DeviceProfile, dtype: DType
+) -> tuple[float, float] | None:
+    """Forward and backward seconds of a fused causal attention core of ``causal_flop`` forward
+    FLOPs, at the rates of the profile's attention records (the profiler's timing, or a preset's
+    published kernel figures), None without a record in ``dtype``.
+
+    FLOPs are counted as the FlashAttention papers count them (Dao 2023, Sec. 4.1; Shah et al.
+    2024, Sec. 4.1): forward 4 s^2 d per head and sequence over the full s x s, halved under the
+    causal mask; the backward's five GEMMs to the forward's two make it 2.5 x the forward's. A
+    record's rates are those FLOPs over its times. The records of the head size nearest to
+    ``head_size`` (by ratio) are read; between two recorded lengths the rates are interpolated
+    linearly in log2(s), beyond the ends the nearest length's rates hold.
+
+    Args:
+        causal_flop: forward FLOPs of the attention core under the causal mask.
+        seq_len: tokens per sequence.
+        head_size: query/key head dimension.
+        device: the device and its records.
+        dtype: precision of the kernel.
+
+    Returns:
+        (forward_s, backward_s), or None.
+    """
+    records = [r for r in device.op_records if isinstance(r, AttentionRecord) and r.dtype is dtype]
+    if not records:
+        return None
+    nearest = min(records, key=lambda r: abs(math.log(r.head_size / head_size)))
+    rates = sorted(_attention_rates(r) for r in records if r.head_size == nearest.head_size)
+    x = math.log2(seq_len)
+    below = [p for p in rates if p[0] <= x] or rates[:1]
+    above = [p for p in rates if p[0] >= x] or rates[-1:]
+    (x0, fwd0, bwd0), (x1, fwd1, bwd1) = below[-1], above[0]
+    w = 0.0 if x1 == x0 else min(max((x - x0) / (x1 - x0), 0.0), 1.0)
+    forward_rate, backward_rate = fwd0 + w * (fwd1 - fwd0), bwd0 + w * (bwd1 - bwd0)
+    return causal_flop / forward_rate, 2.5 * causal_flop / backward_rate
+
+
+def _attention_rates(record: AttentionRecord) -> tuple[float, float, float]:
+    """(log2 s, forward FLOP/s, backward FLOP/s) of one causal attention record."""
+    r = record
+    causal_flop = 2.0 * r.batch_size * r.num_attention_heads * r.seq_len**2 * r.head_size
+    # Under noise a forward can time longer than forward + backward: keep the backward above zero.
+    backward_s = max(r.fwd_bwd_time_s - r.fwd_time_s, 1e-3 * r.fwd_bwd_time_s)
+    return math.log2(r.seq_len), causal_flop / r.fwd_time_s, 2.5 * causal_flop / backward_s
 
 
 def elementwise_time_s(bytes_moved: float, device: DeviceProfile) -> float:

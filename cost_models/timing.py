@@ -4,7 +4,9 @@ Forward and backward of every layer come from its GEMM shapes and elementwise tr
 (cost_models.layer_work, cost_models.compute). The backward of a GEMM is its input- and
 weight-gradient GEMMs; elementwise backward moves twice the forward's bytes. FlashAttention
 skips the masked half of a causal s x s product and its backward runs 5 GEMMs to the
-forward's 2 (Dao 2023, FlashAttention-2, sec. 3), so it costs 2.5 forwards. Recomputation
+forward's 2 (Dao 2023, FlashAttention-2, sec. 3), so it costs 2.5 forwards; it runs at the rates
+the profile's attention records give (``compute.fused_attention_s``: the kernel as published or
+timed, well below the matmul rate), else at the matmul rate. Recomputation
 (Korthikanti et al. 2022): full repeats the layer's forward; selective repeats the attention
 core (nothing extra under FlashAttention, which already recomputes it). Tensor- and
 expert-parallel communication per layer come from ``cost_models.tensor_parallel`` and
@@ -47,6 +49,7 @@ from cost_models.comm import Group
 from cost_models.compute import (
     backward_gemms_time_s,
     elementwise_time_s,
+    fused_attention_s,
     gemm_time_s,
     gemms_time_s,
     measured_layer_s,
@@ -285,7 +288,16 @@ def _layer_time(
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
     dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
     dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
-    if work.flash_attention:
+    fused = (
+        fused_attention_s(
+            0.5 * sum(g.flop for g in work.attention_gemms), training.seq_len, model.qk_head_size, dev, dt
+        )
+        if work.flash_attention
+        else None
+    )
+    if fused is not None:  # the attention kernel's own rate, as the profile records it
+        attn_fwd, attn_bwd = fused
+    elif work.flash_attention:  # no record: the causal half of its GEMMs at the matmul rate
         attn_fwd = 0.5 * gemms_time_s(work.attention_gemms, dev, dt)
         attn_bwd = 2.5 * attn_fwd
     else:

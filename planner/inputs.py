@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.schemas import (
+    AttentionRecord,
     ClusterProfile,
     CollectiveRecord,
     DeviceKind,
@@ -341,6 +342,7 @@ def _cluster_fields(
     device, intra, inter = (reader.section(raw, k) for k in ("device", "intra_node_link", "inter_node_link"))
     peaks = reader.section(device, "peak_flop_per_s")
     bandwidth, matmul = reader.section(device, "memory_bandwidth"), reader.section(device, "matmul")
+    sustained = reader.figure(matmul, "sustained_fraction")
     devices_per_node = reader.count(raw, "devices_per_node")
     try:
         peak_flop_per_s = {DType(str(dtype)): reader.figure(peaks, str(dtype)) for dtype in peaks}
@@ -365,14 +367,13 @@ def _cluster_fields(
             * reader.figure(bandwidth, "achievable_fraction"),
             matmul=MatmulModel(
                 # Training runs every GPU at its power limit: the sustained rate, not the burst.
-                peak_fraction=reader.figure(matmul, "best_measured_bf16_flop_per_s")
-                * reader.figure(matmul, "sustained_fraction")
-                / bf16_peak,
+                peak_fraction=reader.figure(matmul, "best_measured_bf16_flop_per_s") * sustained / bf16_peak,
                 compute_units=reader.count(matmul, "compute_units"),
                 tile_m=reader.count(matmul, "tile_m"),
                 tile_n=reader.count(matmul, "tile_n"),
                 launch_overhead_s=reader.figure(matmul, "launch_overhead_s"),
             ),
+            op_records=_attention_records(device.get("attention", []), reader, sustained),
         ),
         "intra_node_links": LinkMatrix(
             size=devices_per_node,
@@ -427,6 +428,89 @@ def _collectives(blocks: object, reader: _PresetReader) -> tuple[CollectiveRecor
             update = {"message_bytes": message_bytes, "time_s": message_bytes * factor / float(busbw)}
             records.append(template.model_copy(update=update))
     return tuple(records)
+
+
+_ATTENTION_TOKENS = 16384
+"""Batch x sequence of a published attention point (the FlashAttention papers' benchmark setting)."""
+_ATTENTION_HIDDEN = 2048
+"""Heads x head dim of a published attention point (the same setting)."""
+_ATTENTION_COLUMNS = {"points": 4, "forward_backward_points": 2}
+"""A block's rows: [s, causal forward, forward, backward] or [s, causal forward + backward], FLOP/s."""
+
+
+def _attention_records(blocks: object, reader: _PresetReader, sustained: float) -> tuple[AttentionRecord, ...]:
+    """Published fused-attention throughput as causal attention records, one per sequence length.
+
+    Rates are counted as the FlashAttention papers count them: forward 4 s^2 d heads per
+    sequence, halved under a causal mask, backward 2.5 x forward. A block gives either
+    ``points``, [s, causal forward, forward without mask, backward without mask], whose causal
+    backward keeps the forward's causal / unmasked ratio (FlashAttention-3's paper times the
+    backward without a mask only), or ``forward_backward_points``, [s, causal forward +
+    backward], both passes at that rate (FlashAttention-2's paper figure for the A100). Training
+    sustains ``sustained`` of each rate, as of the matmul's (the papers time one GPU at a fixed
+    or boost clock).
+    """
+    if not isinstance(blocks, list):
+        raise SchemaError(f"{reader.where}: device.attention must be a list")
+    records: list[AttentionRecord] = []
+    for i, block in enumerate(blocks):
+        where = f"{reader.where}: device.attention[{i}]"
+        if not isinstance(block, Mapping):
+            raise SchemaError(f"{where} must be a mapping")
+        reader.traced(block, f"device.attention[{i}]")
+        head_dim = block.get("head_dim")
+        if not isinstance(head_dim, int) or isinstance(head_dim, bool) or _ATTENTION_HIDDEN % head_dim:
+            raise SchemaError(f"{where}: head_dim={head_dim!r} must be a whole number dividing {_ATTENTION_HIDDEN}")
+        try:
+            dtype = DType(str(block.get("dtype")))
+        except ValueError as e:
+            raise SchemaError(f"{where}: dtype={block.get('dtype')!r} must be one of {', '.join(DType)}") from e
+        for seq_len, forward, backward in _attention_rates(block, where):
+            batch, heads = _ATTENTION_TOKENS // seq_len, _ATTENTION_HIDDEN // head_dim
+            causal_flop = 2.0 * batch * heads * seq_len**2 * head_dim
+            fwd_s = causal_flop / (forward * sustained)
+            records.append(
+                AttentionRecord(
+                    batch_size=batch,
+                    num_attention_heads=heads,
+                    seq_len=seq_len,
+                    head_size=head_dim,
+                    dtype=dtype,
+                    fwd_time_s=fwd_s,
+                    fwd_bwd_time_s=fwd_s + 2.5 * causal_flop / (backward * sustained),
+                )
+            )
+    return tuple(records)
+
+
+def _attention_rates(block: Mapping[str, object], where: str) -> list[tuple[int, float, float]]:
+    """(s, causal forward FLOP/s, causal backward FLOP/s) of a block's rows (``_attention_records``)."""
+    given = [key for key in _ATTENTION_COLUMNS if key in block]
+    if len(given) != 1:
+        raise SchemaError(f"{where} needs exactly one of {', '.join(_ATTENTION_COLUMNS)}")
+    key = given[0]
+    columns, rows = _ATTENTION_COLUMNS[key], block[key]
+    if not isinstance(rows, list) or not rows:
+        raise SchemaError(f"{where}: {key} must list rows of {columns} numbers")
+    rates = []
+    for row in rows:
+        if not (
+            isinstance(row, list)
+            and len(row) == columns
+            and isinstance(row[0], int)
+            and 1 <= row[0] <= _ATTENTION_TOKENS
+            and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in row[1:])
+        ):
+            raise SchemaError(
+                f"{where}: {row!r} is not [seq_len in 1..{_ATTENTION_TOKENS}, {columns - 1} FLOP/s > 0] ({key})"
+            )
+        if columns == 4:
+            seq_len, causal_forward, forward, backward = row
+            rates.append((seq_len, float(causal_forward), backward * causal_forward / forward))
+        else:
+            seq_len, both = row
+            rates.append((seq_len, float(both), float(both)))
+    return rates
 
 
 def _load_cluster_file(path: Path) -> ClusterProfile:

@@ -30,12 +30,15 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # Issue 15's target is a mean |error| <= 8% and a worst <= 15%. Measured when this guard was
     # written (dgx-h100 preset, nothing fitted): mean 22.8%, worst 79.8% (Model Zoo Qwen3-235B,
     # expert all-to-all across nodes); per source megatron-lm 7.9%, automodel 22.0%,
-    # llm-foundry 26.8%, llama3-paper 20.6%, modelzoo 79.8%. Lower these bounds as the model improves.
+    # llm-foundry 26.8%, llama3-paper 20.6%, modelzoo 79.8%. With the attention core at
+    # FlashAttention-2's published H100 rates (not the matmul rate): mean 18.5%, worst 80.5%
+    # (the same row); megatron-lm 7.2%, automodel 22.4%, llm-foundry 19.3%, llama3-paper 22.3%,
+    # modelzoo 80.5%. Lower these bounds as the model improves.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
     assert rows == 37
-    assert mean <= 0.25
+    assert mean <= 0.205
     assert worst <= 0.82
 
 
