@@ -101,6 +101,9 @@ def layer_activations(
       - shared experts (every token): intermediates as dense at their width; with Qwen2-MoE's
         sigmoid gate also the shared output act s b h /sp and the gate value act s b
       - dropout mask after the MLP .......... 1 s b h /sp
+      With the experts whole on each rank (expert tensor parallelism 1, which needs sequence
+      parallelism) a rank routes its own s b / t tokens and keeps k s b / t routed copies at the
+      whole expert width: the same bytes as k s b copies at width /t, so the terms above hold.
     Multi-head latent attention (DeepSeek) replaces Q, K, V above: the latent down-projection
     outputs (each its RMSNorm's input) and the normalized latents (the up-projections' inputs),
     2 act s b (rq + rkv), and the rope key, act s b dr, all whole on every rank; Q and K,

@@ -3,7 +3,8 @@
 
 Gradients are reduced in training precision (2 bytes per parameter in mixed precision, the ZeRO
 paper's 2 psi) over the d ranks of a stage's data-parallel group; expert gradients over the
-d / ep ranks that hold the same experts (``groups.expert_data_groups``). Which collectives run,
+d / ep ranks that hold the same experts, d t / ep with the experts folded over a stage's d t ranks
+(``groups.expert_data_groups``). Which collectives run,
 how often and behind which compute is ZeRO's rule (``sharding.step_collectives``); only what
 exceeds that window is exposed. The step waits for the stage whose reduction is exposed the
 most. On a CPU device nothing is hidden (``hides_communication``).
@@ -69,14 +70,15 @@ def stage_data_parallel_comm_s(
     """
     e = training.dtype.bytes
     held = stage_params(model, layout, stage)
-    d, ep = layout.data_parallel_degree, layout.expert_parallel_degree
+    d = layout.data_parallel_degree
     layers = stage_layers(model, layout)[stage]
     plan = step_collectives(layout, micro_batches)
     shares: list[tuple[float, Iterator[Group], int, int]] = [
         (held.dense, grp.data_groups(layout, stage), d, held.units)
     ]
     if held.expert:
-        shares.append((held.expert, grp.expert_data_groups(layout, stage), d // ep, max(1, layers)))
+        edp = layout.expert_data_parallel_degree
+        shares.append((held.expert, grp.expert_data_groups(layout, stage), edp, max(1, layers)))
     total = 0.0
     for params, groups, size, units in shares:
         if size <= 1:

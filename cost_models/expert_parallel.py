@@ -24,8 +24,13 @@ and receives L_q - K_q from them. A balanced dropless layer has L_q = P and send
 P (ep - 1)/ep.
 
 The hottest rank's expert GEMMs scale with its L_q (linear in tokens, an approximation for
-small GEMMs); the all-to-all with the busiest rank's larger of sent and received pairs. Units:
-seconds, bytes, pairs.
+small GEMMs); the all-to-all with the busiest rank's larger of sent and received pairs.
+
+With the experts folded over a stage's d t ranks (expert tensor parallelism 1, Megatron-Core's
+MoE parallel folding: Liu et al. 2025, arXiv 2504.14960) every rank routes only its own s b / t
+tokens of the sequence-parallel layer input, so P = k s b / t, and its expert-parallel group is
+ep consecutive ranks of the stage (``groups.expert_groups``): with t = 8 and ep = 8 one node's
+NVLink. Units: seconds, bytes, pairs.
 """
 
 import functools
@@ -202,8 +207,10 @@ def dropped_share(model: ModelSpec, training: TrainingSpec, routing: RoutingStat
 
 
 def routed_pairs(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
-    """P: (token, expert) pairs one rank routes per MoE layer and micro-batch, k s b."""
-    return layout.micro_batch_size * training.seq_len * model.num_experts_per_tok
+    """P: (token, expert) pairs one rank routes per MoE layer and micro-batch, k s b; k s b / t
+    with the experts folded (each rank routes its own share of the sequence)."""
+    pairs = layout.micro_batch_size * training.seq_len * model.num_experts_per_tok
+    return pairs // layout.tensor_parallel_degree if layout.folds_experts else pairs
 
 
 def expert_parallel_layer_s(
@@ -223,7 +230,7 @@ def expert_parallel_layer_s(
         expert_groups: the expert-parallel groups (devices).
 
     Returns:
-        Seconds: 4 all-to-alls of k s b h elements (6 under full recomputation); a layer's
+        Seconds: 4 all-to-alls of P h elements (``routed_pairs``; 6 under full recomputation); a layer's
         ``ExpertLoad.exchange_factor`` scales it.
     """
     if not (model.is_moe and layout.expert_parallel_degree > 1):

@@ -4,7 +4,9 @@ the links those devices actually use.
 A group's members are the devices that run its ranks: the rank order is
 ``schemas.geometry.rank_of``'s and the layout's ``DeviceMap`` places each rank on a device.
 Expert-parallel groups are runs of ep consecutive data-parallel replicas; expert gradients are
-reduced over the replicas holding the same experts.
+reduced over the replicas holding the same experts. With the experts folded over a stage's d t
+ranks (``Layout.folds_experts``) they are runs of ep consecutive ranks of the stage, and the
+ranks at the same place of every run hold the same experts (``schemas.geometry``).
 """
 
 from collections.abc import Iterator
@@ -48,8 +50,14 @@ def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
 
 
 def expert_groups(layout: Layout) -> Iterator[Group]:
-    """Every expert-parallel group: ep consecutive replicas exchanging tokens."""
+    """Every expert-parallel group: ep consecutive replicas exchanging tokens, or folded ep
+    consecutive ranks of a stage."""
     ep = layout.expert_parallel_degree
+    if layout.folds_experts:
+        for s in range(layout.pipeline_parallel_degree):
+            for g in range(layout.expert_data_parallel_degree):
+                yield _group(layout, rank_of(layout, s, 0, 0) + g * ep, MeshAxis.TP, ep)
+        return
     for s in range(layout.pipeline_parallel_degree):
         for j in range(layout.tensor_parallel_degree):
             for g in range(layout.data_parallel_degree // ep):
@@ -57,8 +65,14 @@ def expert_groups(layout: Layout) -> Iterator[Group]:
 
 
 def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
-    """Replicas that hold the same experts (d / ep of them), for expert gradient reduction."""
+    """Replicas that hold the same experts (d / ep of them), for expert gradient reduction; folded,
+    the d t / ep ranks of a stage at the same place of every expert-parallel group."""
     ep = layout.expert_parallel_degree
+    if layout.folds_experts:
+        for s in _stages(layout, stage):
+            for i in range(ep):
+                yield _group(layout, rank_of(layout, s, 0, 0) + i, MeshAxis.TP, layout.expert_data_parallel_degree, ep)
+        return
     for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
             for i in range(ep):

@@ -13,6 +13,8 @@ twice as much), with T = b s tokens, e bytes per element, T' = T / t under seque
   and writes it again plus a 1-byte mask; FlashAttention keeps scores on chip and moves nothing;
 - MoE: permuting tokens to experts and back reads and writes T k h e twice; routed experts
   are moe_intermediate_size wide, shared experts see all T tokens, split over t as a dense MLP;
+  with the experts folded (``Layout.folds_experts``) a rank routes (router, permutation) its own
+  T / t tokens and its experts are whole, seeing the group's pairs for them (``expert_gemms``);
 - Qwen3's q/k norms read and write the q and k slices;
 - MLA (DeepSeek-V2/V3, as Megatron-Core's MultiLatentAttention): down-projections q_a, kv_a
   whole on every rank, up-projections q_b, kv_b split by heads, o by rows; its two latent
@@ -47,12 +49,14 @@ class LayerWork:
 def expert_gemms(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[Gemm, Gemm]:
     """The routed experts' up and down projections on one rank of a balanced MoE layer, one
     micro-batch: the rank's E / ep experts batched, each seeing ep k s b / E tokens (its share of
-    the group's routed pairs), split over t. A rank hotter than the mean
-    (``expert_parallel.ExpertLoad``) scales their time."""
-    t, tokens, h = layout.tensor_parallel_degree, layout.micro_batch_size * training.seq_len, model.hidden_size
+    the group's routed pairs), split over t; with the experts folded, ep k s b / (t E) tokens
+    (every rank routes s b / t) on whole experts: the same FLOPs, other shapes. A rank hotter
+    than the mean (``expert_parallel.ExpertLoad``) scales their time."""
+    t, tokens, h = layout.expert_tensor_degree, layout.micro_batch_size * training.seq_len, model.hidden_size
     k, experts, f = model.num_experts_per_tok, model.num_local_experts, model.expert_ffn_size
     ep = layout.expert_parallel_degree
-    tokens_per_expert = max(1, tokens * ep * k // experts)
+    routing = tokens // layout.tensor_parallel_degree if layout.folds_experts else tokens
+    tokens_per_expert = max(1, routing * ep * k // experts)
     in_factor = 2 if model.hidden_act.gated else 1
     local = experts // ep
     return (
@@ -87,10 +91,11 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         attention_side_bytes = rotary + (2 * 2 * tokens * (q_dim + kv_dim) // t * e if model.qk_norm else 0)
     in_factor, act_factor = (2, 3) if model.hidden_act.gated else (1, 2)
     if sparse:
-        k, f = model.num_experts_per_tok, model.expert_ffn_size
-        dense += [Gemm(tokens, model.num_local_experts, h), *expert_gemms(model, training, layout)]
-        routed_tokens = tokens * k
-        act_bytes = act_factor * routed_tokens * (f // t) * e
+        k, f, etp = model.num_experts_per_tok, model.expert_ffn_size, layout.expert_tensor_degree
+        routing = seq_tokens if layout.folds_experts else tokens  # folded: each rank routes its own share
+        dense += [Gemm(routing, model.num_local_experts, h), *expert_gemms(model, training, layout)]
+        routed_tokens = routing * k
+        act_bytes = act_factor * routed_tokens * (f // etp) * e
         shared = model.shared_ffn_size
         if shared:  # every token passes through the shared experts, split over t as a dense MLP
             dense += [Gemm(tokens, in_factor * shared // t, h), Gemm(tokens, h, shared // t)]

@@ -174,16 +174,17 @@ def communication_buffer_bytes(
     """Gradient buckets and collective staging buffers of one rank (conventions in the module doc).
 
     Data parallel: min(2 x 25 M, gradients reduced) fp32 elements, counting dense gradients when
-    d > 1 and expert gradients when d / ep > 1 (PyTorch DDP's reducer buckets; our runtime
-    holds the same fp32 buckets for the run, ``runtime.optim.DataParallelOptimizer``).
-    Tensor parallel: s b h x dtype when t > 1.
-    Expert parallel: 2 x k s b h x dtype (/t with sequence parallelism) when ep > 1 on an MoE,
+    d > 1 and expert gradients when more than one rank holds the same experts (d / ep > 1, or
+    d t / ep folded) (PyTorch DDP's reducer buckets; our runtime holds the same fp32 buckets for
+    the run, ``runtime.optim.DataParallelOptimizer``). Tensor parallel: s b h x dtype when t > 1
+    (attention's, with the experts folded). Expert parallel: 2 x k s b h x dtype (/t with
+    sequence parallelism, which folding needs: each rank routes its s b / t tokens) when ep > 1 on an MoE,
     times ``compute_max``, the hottest rank's load in its hottest MoE layer
     (``expert_parallel.StageExpertLoad``): what it receives.
     """
     d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    reduced = (params.dense if d > 1 else 0.0) + (params.expert if d // ep > 1 else 0.0)
+    reduced = (params.dense if d > 1 else 0.0) + (params.expert if layout.expert_data_parallel_degree > 1 else 0.0)
     total = GRAD_BUCKET_ELEMENT_BYTES * min(GRAD_BUCKETS * GRAD_BUCKET_ELEMENTS, reduced)
     tokens = training.seq_len * layout.micro_batch_size
     if t > 1:

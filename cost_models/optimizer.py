@@ -3,7 +3,7 @@
 Adam reads and writes 28 bytes per parameter of the rank's optimizer shard (fp32 weight, two
 moments, gradient, and the training-precision copy), memory-bound; or it runs at the rate the
 profiler timed on the model's own layer (``compute.measured_optimizer_s``). Under ZeRO 1-3 the
-shard is 1/d of the dense parameters and 1/(d / ep) of the experts' (``sharding``). Every
+shard is 1/d of the dense parameters and 1/(d / ep) of the experts' (d t / ep folded: ``sharding``). Every
 pipeline stage steps at once; the step waits for the slowest. Units: seconds, bytes.
 """
 

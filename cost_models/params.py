@@ -31,7 +31,8 @@ class LayerParams:
     """Attention projections (and biases, q/k norms), the head-split part divided by the
     tensor-parallel group, MLA's down-projections and their norms replicated."""
     mlp: float
-    """Dense MLP, or all routed experts this rank holds, split over tensor and expert parallelism."""
+    """Dense MLP, or all routed experts this rank holds, split over expert parallelism and (unless
+    the experts are whole on each rank) tensor parallelism."""
     router: float
     """MoE gate, replicated."""
     norms: float
@@ -120,8 +121,10 @@ def layer_params(
     expert_parallel_degree: int = 1,
     moe: bool | None = None,
     experts_per_rank: int | None = None,
+    expert_tensor_parallel_degree: int | None = None,
 ) -> LayerParams:
-    """One layer's parameters on one rank: matrices split by t, experts split by ep, norms replicated.
+    """One layer's parameters on one rank: matrices split by t, experts split by ep (and by
+    ``expert_tensor_parallel_degree``, t when None; 1 keeps each expert whole), norms replicated.
 
     ``moe`` says which kind of layer (``ModelSpec.is_moe_layer``); None means the model's MoE
     layer if it has any, else its dense layer. ``experts_per_rank``: the experts a rank hosts
@@ -134,10 +137,11 @@ def layer_params(
     if not (model.is_moe if moe is None else moe):
         return LayerParams(attention=attention, mlp=dense_mlp_params(model) / t, router=0, norms=norms)
     experts_here = experts_per_rank or model.num_local_experts / expert_parallel_degree
+    etp = t if expert_tensor_parallel_degree is None else expert_tensor_parallel_degree
     gate = model.hidden_size if model.has_shared_expert_gate else 0
     return LayerParams(
         attention=attention,
-        mlp=experts_here * expert_mlp_params(model) / t,
+        mlp=experts_here * expert_mlp_params(model) / etp,
         router=router_params(model),
         norms=norms,
         shared=(shared_expert_params(model) - gate) / t + gate,
@@ -202,7 +206,8 @@ class StageParams:
     dense: float
     """Parameters replicated over the whole data-parallel group (ZeRO shards them over d)."""
     expert: float
-    """MoE expert parameters, replicated over d / ep ranks (ZeRO shards them over d / ep)."""
+    """MoE expert parameters, replicated over the ``Layout.expert_data_parallel_degree`` ranks
+    (d / ep, or d t / ep folded), which ZeRO shards them over."""
     largest_unit: float
     """Parameters of the largest module ZeRO-3 gathers at once (a layer's sharded part, the
     embedding or the output layer)."""
@@ -239,7 +244,8 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
     optimizer all ask, and the inputs are immutable).
 
     Its transformer layers (``stage_layers``, of which ``stage_moe_layers`` are MoE) split over t
-    and, for routed experts, over ep; the stage
+    and, for routed experts, over ep and the expert-tensor-parallel degree (t, or 1 with the
+    experts folded: ``Layout.folds_experts``); the stage
     holding the embedding (``geometry.holds_embedding``) the word embedding split over t
     (vocabulary-parallel) plus learned positions, replicated; the stage holding the output layer
     the final norm and the output layer split over t. With tied embeddings a stage that holds the
@@ -257,7 +263,8 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         model,
         layout.tensor_parallel_degree,
         ep,
-        layout.data_parallel_degree // ep > 1,
+        layout.expert_tensor_degree,
+        layout.expert_data_parallel_degree > 1,
         stage_layers(model, layout)[stage],
         stage_moe_layers(model, layout)[stage],
         *vocabulary_share(layout, stage),
@@ -273,6 +280,7 @@ def _stage_params(
     model: ModelSpec,
     t: int,
     ep: int,
+    etp: int,
     experts_sharded: bool,
     layers_here: int,
     moe_here: int,
@@ -283,7 +291,8 @@ def _stage_params(
     last: bool,
     slots: int | None,
 ) -> StageParams:
-    """``stage_params`` of what it reads of the layout: t, ep, whether d / ep > 1, the stage's
+    """``stage_params`` of what it reads of the layout: t, ep, the expert-tensor-parallel degree,
+    whether more than one rank holds the same experts (d / ep, or d t / ep folded), the stage's
     layers and MoE layers, its shares of the vocabulary layers and the tensor-parallel ranks that
     split their rows (t pinned, 1 split over the pipeline), whether it is the first (learned
     positions) and the last stage (final norm), and the expert slots per rank of its placement
@@ -299,11 +308,16 @@ def _stage_params(
     expert_per_layer = 0.0
     if moe_here:
         moe_layer = layer_params(
-            model, tensor_parallel_degree=t, expert_parallel_degree=ep, moe=True, experts_per_rank=slots
+            model,
+            tensor_parallel_degree=t,
+            expert_parallel_degree=ep,
+            moe=True,
+            experts_per_rank=slots,
+            expert_tensor_parallel_degree=etp,
         )
         expert_per_layer = moe_layer.mlp
         dense += moe_here * (moe_layer.total - expert_per_layer)
-        # Experts replicated over d / ep = 1 ranks are not sharded, so ZeRO-3 gathers none of them.
+        # Experts one rank alone holds (d / ep = 1, or d t / ep folded) are not sharded: ZeRO-3 gathers none.
         experts_gathered = expert_per_layer if experts_sharded else 0.0
         units.append(moe_layer.total - expert_per_layer + experts_gathered)
     word_embedding = model.vocab_size * model.hidden_size / vocabulary_t

@@ -7,12 +7,13 @@ the optimizer step (``cost_models.optimizer``) ask it. What each stage shards is
 ``ZeroStage`` (``shards_optimizer_states``, ``shards_gradients``, ``shards_parameters``).
 
 Model states (SC20 sec. 5): stage 1 shards the optimizer states, stage 2 also the gradients,
-stage 3 also the weights, over the d ranks of the data-parallel group (experts over its d / ep
-ranks). ZeRO-3 gathers its parameters module by module: ``ZERO3_GATHERED_UNITS`` = 2 units (the
-one in use and the next, prefetched), a unit being the largest module gathered at once on the
-stage (a transformer layer, the embedding or the output layer on this rank's tensor-parallel
-shard), in training precision; as DeepSpeed's estimator, whose 4 x largest_layer_params bytes
-is the same term.
+stage 3 also the weights, over the d ranks of the data-parallel group (experts over the ranks
+holding the same experts, ``Layout.expert_data_parallel_degree``: d / ep, or d t / ep when the
+experts are folded over the stage's d t ranks). ZeRO-3 gathers its parameters module by
+module: ``ZERO3_GATHERED_UNITS`` = 2 units (the one in use and the next, prefetched), a unit
+being the largest module gathered at once on the stage (a transformer layer, the embedding or
+the output layer on this rank's tensor-parallel shard), in training precision; as DeepSpeed's
+estimator, whose 4 x largest_layer_params bytes is the same term.
 
 Collectives per step (each over the gradients' or parameters' bytes in training precision, the
 ZeRO paper's 2 psi in mixed precision): without ZeRO one all-reduce, bucket by bucket during the
@@ -109,7 +110,8 @@ def held_zero_stage(layout: Layout) -> ZeroStage:
 def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dtype: DType) -> ModelStates:
     """Model states of one rank holding ``params``, under the layout's ZeRO stage.
 
-    Dense parameters are sharded over d, experts over d / ep (``model_state_bytes`` with
+    Dense parameters are sharded over d, experts over d / ep or folded d t / ep
+    (``Layout.expert_data_parallel_degree``; ``model_state_bytes`` with
     ``held_zero_stage``); under ZeRO-3 with d > 1 the weights add the gathered buffer of 2 units
     (``zero3_gather_buffer_bytes``); with d = 1 nothing is sharded or gathered (FSDP then falls
     back to no sharding).
@@ -123,16 +125,17 @@ def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dt
     Returns:
         Weights (gathered buffer included), gradients and optimizer states, in bytes.
     """
-    ep = layout.expert_parallel_degree if model.is_moe else 1
-    return _model_states(params, layout.data_parallel_degree, ep, held_zero_stage(layout), dtype)
+    edp = layout.expert_data_parallel_degree if model.is_moe else layout.data_parallel_degree
+    return _model_states(params, layout.data_parallel_degree, edp, held_zero_stage(layout), dtype)
 
 
 @functools.lru_cache(maxsize=4096)
-def _model_states(params: StageParams, d: int, ep: int, zero: ZeroStage, dtype: DType) -> ModelStates:
+def _model_states(params: StageParams, d: int, edp: int, zero: ZeroStage, dtype: DType) -> ModelStates:
     """``stage_model_states`` of what it reads of the model and layout (memoized on those: the
-    layouts of a search that differ in micro-batch, recompute, schedule, ... share it)."""
+    layouts of a search that differ in micro-batch, recompute, schedule, ... share it); ``edp``
+    ranks hold the same experts."""
     dense = model_state_bytes(params.dense, d, zero, dtype)
-    expert = model_state_bytes(params.expert, d // ep, zero, dtype)
+    expert = model_state_bytes(params.expert, edp, zero, dtype)
     gathered = zero3_gather_buffer_bytes(params.largest_unit, dtype) if zero.shards_parameters and d > 1 else 0.0
     return ModelStates(
         weights_bytes=dense.weights_bytes + expert.weights_bytes + gathered,
@@ -143,9 +146,11 @@ def _model_states(params: StageParams, d: int, ep: int, zero: ZeroStage, dtype: 
 
 def optimizer_shard_params(params: StageParams, layout: Layout) -> float:
     """Parameters whose optimizer step one rank runs: all it holds, or under ZeRO 1-3 its shard,
-    1/d of the dense parameters and 1/(d / ep) of the experts' (elements)."""
-    shard = layout.data_parallel_degree if layout.zero_stage.shards_optimizer_states else 1
-    expert_shard = max(1, shard // layout.expert_parallel_degree)
+    1/d of the dense parameters and 1/``Layout.expert_data_parallel_degree`` of the experts'
+    (elements)."""
+    sharded = layout.zero_stage.shards_optimizer_states
+    shard = layout.data_parallel_degree if sharded else 1
+    expert_shard = layout.expert_data_parallel_degree if sharded else 1
     return params.dense / shard + params.expert / expert_shard
 
 

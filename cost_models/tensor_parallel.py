@@ -7,8 +7,13 @@ Where the profile timed this model's real tensor-parallel layer (``compute.measu
 with ``sequence_parallel``), what it takes beyond the local layer is the tensor-parallel time:
 its collectives and the framework's cost of sharding. An MoE layer whose experts are split over
 the group (expert-tensor parallelism equal to tp, as the runtime runs it) reduces its output
-once, where the dense MLP's row-parallel projection does: the same collectives. Units: seconds,
-bytes.
+once, where the dense MLP's row-parallel projection does: the same collectives. With the
+experts folded (expert tensor parallelism 1: ``Layout.folds_experts``, Megatron-Core's MoE
+parallel folding) the MoE block's input and output stay sequence-sharded and its routed experts
+are whole on each rank, so it runs no tensor-parallel collective of its own: the layer keeps
+attention's all-gather and reduce-scatter (half the layer's collectives, which move the same
+bytes), and the shared experts', split over t as a dense MLP, where the model has them
+(``moe_layer_share``). Units: seconds, bytes.
 """
 
 from collections.abc import Iterable
@@ -43,6 +48,15 @@ def tensor_parallel_layer_s(
     """
     fwd_s, bwd_s = _forward_backward_s(model, training, cluster, layout, tensor_groups, local)
     return fwd_s + bwd_s + (fwd_s if layout.recompute is Recompute.FULL else 0.0)
+
+
+def moe_layer_share(model: ModelSpec, layout: Layout) -> float:
+    """An MoE layer's tensor-parallel time over a dense layer's (``tensor_parallel_layer_s``): 1
+    with the experts split over t; folded, 1/2 (attention's collectives alone), or 1 with shared
+    experts, which keep the MLP's collectives (module docstring)."""
+    if not layout.folds_experts or model.shared_ffn_size:
+        return 1.0
+    return 0.5
 
 
 def _forward_backward_s(

@@ -36,7 +36,11 @@ Under tensor parallelism, the profile's real tensor-parallel layer (``tp_layer``
 runtime's first layer, an MoE layer for an MoE model (experts split over the group): its time
 beyond that layer's own local time (for an MoE layer, the measured dense local layer plus the
 modeled MoE difference) is the tensor-parallel time, so that the layer's compute and its
-tensor-parallel time add up to the record, the MoE part counted once.
+tensor-parallel time add up to the record, the MoE part counted once. With the experts folded
+(``Layout.folds_experts``: whole experts, each rank routing its own s b / t tokens) an MoE layer
+runs attention's tensor-parallel collectives alone (``tensor_parallel.moe_layer_share``) and is
+priced from its modeled kernels over the measured dense layer, the runtime's MoE layer (which
+splits experts over t) not being what runs.
 Units: seconds.
 """
 
@@ -59,7 +63,7 @@ from cost_models.compute import (
 from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
 from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
-from cost_models.tensor_parallel import tensor_parallel_layer_s
+from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
 from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
 from planner.schemas import ClusterProfile, DeviceProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import stage_layers
@@ -126,7 +130,11 @@ def stage_times(
     dev, dt = cluster.device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len)
-    measured_moe = measured_moe_layer_s(dev, model.name, dt, t, b, training.seq_len) if model.is_moe else None
+    measured_moe = (
+        measured_moe_layer_s(dev, model.name, dt, t, b, training.seq_len)
+        if model.is_moe and not layout.folds_experts
+        else None
+    )
     kinds = {
         moe: _shared_layer_time(model, training, cluster, layout, measured, measured_moe if moe else None, moe)
         for moe in _layer_kinds(model)
@@ -139,11 +147,23 @@ def stage_times(
     )
     local = None if measured is None else (timed.forward_s, timed.backward_s)
     tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, local)
+    moe_tp_saved = 1.0 - moe_layer_share(model, layout)  # of an MoE layer's tensor-parallel time (0 unless folded)
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
 
     if layout.vocabulary_layout.over_pipeline:
         # Every tp rank does its stage's share of the unsplit layers, over its tokens (cost_models.vocabulary).
-        alone = replace(layout, tensor_parallel_degree=1, sequence_parallel=False) if t > 1 else layout
+        alone = (
+            replace(
+                layout,
+                tensor_parallel_degree=1,
+                sequence_parallel=False,
+                expert_tensor_parallel_degree=None,
+                expert_parallel_degree=1,
+                expert_placement=None,
+            )
+            if t > 1
+            else layout
+        )
         tokens_share = vocabulary_tokens(training, layout) / (training.seq_len * b)
         output_s, embed_s = (x * tokens_share for x in _vocabulary_layers_s(model, training, cluster, alone))
     else:
@@ -173,7 +193,7 @@ def stage_times(
             StageTime(
                 compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
                 recompute_s=sum((c * k.recompute_s for c, k in here), 0.0) + hot * experts.recompute_s,
-                tensor_parallel_comm_s=n * tp_layer,
+                tensor_parallel_comm_s=(n - moe_tp_saved * load.moe_layers) * tp_layer,
                 expert_parallel_comm_s=load.exchange_sum * ep_layer,
                 backward_s=sum((c * k.backward_s for c, k in here), 0.0) + hot * experts.backward_s,
                 vocabulary_comm_s=vocabulary.exposed_s(layers_s),
@@ -231,7 +251,7 @@ def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
 
 
 _LAYER_TIMES: dict[tuple[object, ...], tuple[DeviceProfile, "_LayerTime"]] = {}
-"""``_layer_time`` by what it reads: a search's many layouts share few (t, b, sp, ep, recompute)."""
+"""``_layer_time`` by what it reads: a search's many layouts share few (t, b, sp, ep, etp, recompute)."""
 
 
 def _shared_layer_time(
@@ -254,6 +274,7 @@ def _shared_layer_time(
         layout.micro_batch_size,
         layout.sequence_parallel,
         layout.expert_parallel_degree,
+        layout.expert_tensor_parallel_degree,
         layout.recompute,
         measured,
         measured_moe,

@@ -10,7 +10,11 @@ is the layout's ``DeviceMap`` (identity by default).
 Expert parallelism splits the data axis into (edp, ep), ep fastest: an expert-parallel group is
 ep consecutive replicas (g * ep .. g * ep + ep - 1), and the replicas at the same place of every
 group (edp of them, strided by ep) hold the same experts. The dense mesh and rank order are
-unchanged by it.
+unchanged by it. With the experts folded (``Layout.folds_experts``: expert tensor parallelism 1
+under t > 1, Megatron-Core's MoE parallel folding) the MoE layers split a stage's d t ranks
+instead, in their rank order (``stage_rank`` = replica * t + shard, the tensor axis fastest): an
+expert-parallel group is ep consecutive stage ranks (g * ep .. g * ep + ep - 1), and the stage
+ranks at the same place of every group (d t / ep of them, strided by ep) hold the same experts.
 
 Model chunks: p * v of them in pipeline order; pipeline rank ``s`` holds chunks s, s + p, ...
 (Megatron-LM's interleaved schedule). Vocabulary layers: the token ids enter the pipeline at the
@@ -72,6 +76,11 @@ def expert_coordinates(layout: Layout, replica: int) -> tuple[int, int]:
     return group, place
 
 
+def stage_rank(layout: Layout, replica: int, shard: int) -> int:
+    """Place of mesh coordinate (replica, shard) among its stage's d t ranks: replica * t + shard."""
+    return replica * layout.tensor_parallel_degree + shard
+
+
 def mesh_shape(layout: Layout) -> tuple[int, int, int]:
     """Sizes of the mesh's axes in ``MESH_AXES`` order: (p, d, t)."""
     return layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
@@ -80,7 +89,7 @@ def mesh_shape(layout: Layout) -> tuple[int, int, int]:
 def rank_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
     """Global rank of mesh coordinate (stage, replica, shard)."""
     d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
-    return stage * d * t + replica * t + shard
+    return stage * d * t + stage_rank(layout, replica, shard)
 
 
 def axis_stride(layout: Layout, axis: MeshAxis) -> int:

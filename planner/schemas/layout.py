@@ -28,7 +28,14 @@ class Layout:
     micro_batch_size: int
     """Sequences per micro-batch (b)."""
     expert_parallel_degree: int = 1
-    """Ranks of a data-parallel group that split the experts of an MoE layer (divides d)."""
+    """Ranks that split the experts of an MoE layer: of a data-parallel group (divides d), or with
+    the experts whole on every rank (``expert_tensor_parallel_degree`` 1) of a stage's d t ranks
+    (divides d t)."""
+    expert_tensor_parallel_degree: int | None = None
+    """Ranks that split each routed expert's matrices (ETP): None (or t), the tensor-parallel
+    group, as attention; 1, every expert whole on its rank while attention keeps t ("MoE parallel
+    folding", Megatron-Core's ``--expert-tensor-parallel-size 1``; ``schemas.geometry``). 1 with
+    t > 1 needs sequence parallelism. Stored as None when it equals t."""
     zero_stage: ZeroStage = ZeroStage.NONE
     """What data-parallel ranks shard: 1 optimizer states, 2 also gradients, 3 also weights."""
     recompute: Recompute = Recompute.NONE
@@ -93,10 +100,11 @@ class Layout:
             )
         if self.sequence_parallel and self.tensor_parallel_degree == 1:
             raise SchemaError("sequence_parallel needs tensor_parallel_degree > 1; turn it off or raise tp")
-        if self.data_parallel_degree % self.expert_parallel_degree:
+        self._check_expert_tensor_parallel()
+        if self.expert_ranks % self.expert_parallel_degree:
+            over = "data x tensor_parallel_degree" if self.folds_experts else "data_parallel_degree"
             raise SchemaError(
-                f"expert_parallel_degree={self.expert_parallel_degree} must divide "
-                f"data_parallel_degree={self.data_parallel_degree}"
+                f"expert_parallel_degree={self.expert_parallel_degree} must divide {over}={self.expert_ranks}"
             )
         if self.layer_split is not None:
             object.__setattr__(self, "layer_split", tuple(self.layer_split))
@@ -107,6 +115,45 @@ class Layout:
                 )
             if any(not isinstance(n, int) or n < 0 for n in self.layer_split):
                 raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
+
+    def _check_expert_tensor_parallel(self) -> None:
+        etp, t = self.expert_tensor_parallel_degree, self.tensor_parallel_degree
+        if etp is None:
+            return
+        if etp not in (1, t):
+            raise SchemaError(
+                f"expert_tensor_parallel_degree={etp!r} must be 1 or tensor_parallel_degree={t}; use one of them"
+            )
+        if etp == t:  # the default, stored one way so that equal layouts compare equal
+            object.__setattr__(self, "expert_tensor_parallel_degree", None)
+        elif not self.sequence_parallel:
+            raise SchemaError(
+                f"expert_tensor_parallel_degree=1 with tensor_parallel_degree={t} needs sequence_parallel (each "
+                "rank routes its own share of the sequence); turn it on or set expert_tensor_parallel_degree to t"
+            )
+
+    @property
+    def expert_tensor_degree(self) -> int:
+        """Ranks that split each routed expert: ``expert_tensor_parallel_degree``, t when None."""
+        etp = self.expert_tensor_parallel_degree
+        return self.tensor_parallel_degree if etp is None else etp
+
+    @property
+    def folds_experts(self) -> bool:
+        """Whether experts are whole on every rank while attention is split over t > 1 (ETP 1)."""
+        return self.expert_tensor_parallel_degree == 1
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks of one stage over which expert parallelism and expert data parallelism split:
+        d, or d t when the experts are folded (``folds_experts``)."""
+        return self.data_parallel_degree * (self.tensor_parallel_degree if self.folds_experts else 1)
+
+    @property
+    def expert_data_parallel_degree(self) -> int:
+        """Ranks of a stage that hold the same experts (expert-data-parallel group): d / ep, or
+        d t / ep folded. Expert gradients and ZeRO's expert shards are over them."""
+        return self.expert_ranks // self.expert_parallel_degree
 
     @property
     def world_size(self) -> int:
@@ -127,6 +174,8 @@ class Layout:
         ]
         if self.expert_parallel_degree > 1:
             parts.append(f"ep{self.expert_parallel_degree}")
+        if self.folds_experts:
+            parts.append("etp1")
         parts += [f"mb{self.micro_batch_size}", f"zero{int(self.zero_stage)}", f"rc-{self.recompute}"]
         if self.sequence_parallel:
             parts.append("sp")
@@ -147,16 +196,22 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
     ``model``'s experts: ep > 1 only for a mixture of experts, ep divides its experts, and a
     placement places its MoE layers and experts. (What a layout needs of a model beyond that
     needs the cluster too: ``cost_models.validate``.)"""
-    ep, d, experts = layout.expert_parallel_degree, layout.data_parallel_degree, model.num_local_experts
+    ep, ranks, experts = layout.expert_parallel_degree, layout.expert_ranks, model.num_local_experts
     if ep > 1 and not model.is_moe:
         raise InfeasibleConfigError(
             f"expert_parallel_degree={ep} needs a mixture-of-experts model, but {model.name!r} is dense; set it to 1"
         )
+    if layout.folds_experts and not model.is_moe:
+        raise InfeasibleConfigError(
+            f"expert_tensor_parallel_degree=1 needs a mixture-of-experts model, but {model.name!r} is dense; "
+            "leave it unset"
+        )
     if experts % ep:
-        choices = [n for n in range(1, experts + 1) if math.gcd(experts, d) % n == 0]
+        over = "data_parallel_degree" if not layout.folds_experts else "data x tensor_parallel_degree"
+        choices = [n for n in range(1, experts + 1) if math.gcd(experts, ranks) % n == 0]
         raise InfeasibleConfigError(
             f"expert_parallel_degree={ep} does not divide the {experts} experts of {model.name!r}; use an ep that "
-            f"divides both {experts} and data_parallel_degree={d}: {', '.join(map(str, choices))}"
+            f"divides both {experts} and {over}={ranks}: {', '.join(map(str, choices))}"
         )
     placement = layout.expert_placement
     if placement is not None and (placement.num_layers, placement.num_experts) != (

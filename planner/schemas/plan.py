@@ -6,7 +6,9 @@ and keeps a reader for the old one (``upgrade``).
 Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expert_placement`` and
 ``device_map``, whose defaults mean what a version-1 plan meant, and the cluster's ``device_kind``;
 3 adds the training's ``moe_capacity_factor`` and ``moe_pad_to_capacity``, whose defaults (dropless)
-mean what a version-2 plan meant, and the vocabulary layouts ``vocab-1`` and ``vocab-2``.
+mean what a version-2 plan meant, the vocabulary layouts ``vocab-1`` and ``vocab-2``, and the
+layout's ``expert_tensor_parallel_degree``, whose default (None: t) means what a plan without it
+meant (version 3 was not released before it; a version-3 plan without the field reads unchanged).
 """
 
 from datetime import datetime

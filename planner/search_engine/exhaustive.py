@@ -184,15 +184,16 @@ def _parallel_scan(
 
 def _partition(groups: list[tuple[Layout, ...]], parts: int) -> list[list[tuple[int, tuple[Layout, ...]]]]:
     """Groups dealt into ``parts`` lists of about equal work (groups times pipeline stages: each
-    stage is priced), each block of groups sharing their degrees (tp, pp, dp, ep) whole in one
+    stage is priced), each block of groups sharing their degrees (tp, pp, dp, etp, ep) whole in one
     list, in search order within each list."""
-    blocks: dict[tuple[int, int, int, int], list[tuple[int, tuple[Layout, ...]]]] = {}
+    blocks: dict[tuple[int, int, int, int, int], list[tuple[int, tuple[Layout, ...]]]] = {}
     for index, group in enumerate(groups):
         first = group[0]
         key = (
             first.tensor_parallel_degree,
             first.pipeline_parallel_degree,
             first.data_parallel_degree,
+            first.expert_tensor_degree,
             first.expert_parallel_degree,
         )
         blocks.setdefault(key, []).append((index, group))

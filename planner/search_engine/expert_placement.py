@@ -337,9 +337,11 @@ def _placement(placed: list[Hosted]) -> ExpertPlacement:
 
 def expert_rank_nodes(layout: Layout, devices_per_node: int) -> tuple[int, ...]:
     """The node of each expert-parallel rank of the layout's first expert-parallel group (first
-    stage, first tensor shard), numbered from 0 in order of appearance."""
-    devices = (layout.device_map.device_of(rank_of(layout, 0, i, 0)) for i in range(layout.expert_parallel_degree))
-    return node_numbers(devices, devices_per_node)
+    stage, first tensor shard; folded, the stage's first ep ranks), numbered from 0 in order of
+    appearance."""
+    ep = layout.expert_parallel_degree
+    ranks = range(ep) if layout.folds_experts else (rank_of(layout, 0, i, 0) for i in range(ep))
+    return node_numbers((layout.device_map.device_of(r) for r in ranks), devices_per_node)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

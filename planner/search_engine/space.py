@@ -9,7 +9,11 @@ combination they produce is a layout the cost models can price (memory fit aside
   (tensor parallelism across nodes is never worth its traffic; raise ``max_tensor_parallel``
   to include it); pp divides what tp leaves of the world and is at most the layer count; dp
   is the rest.
-- ep (expert parallelism, MoE models only) divides dp and the number of experts.
+- etp (expert tensor parallelism, MoE models only): t, every expert split over the tensor-parallel
+  group as attention is, or 1 under t > 1, every expert whole on its rank (MoE parallel folding),
+  where sequence parallelism can be on (it then is: each rank routes its own share of the sequence).
+- ep (expert parallelism, MoE models only) divides the number of experts and dp, or with etp 1
+  under t > 1 the stage's dp x tp ranks.
 - The micro-batch size divides the per-replica batch, and a pipeline gets at least pp micro-batches.
 - Schedules: 1F1B, and interleaved when pp divides the micro-batch count, with every v whose
   pp x v chunks each get a layer.
@@ -95,11 +99,21 @@ def _dp(space: "SearchSpace", chosen: Assignment) -> tuple[int]:
     return (space.world_size // (int(chosen["tp"]) * int(chosen["pp"])),)
 
 
+def _etp(space: "SearchSpace", chosen: Assignment) -> tuple[int, ...]:
+    """t; and 1 for an MoE model under t > 1 where sequence parallelism can be on."""
+    tp = int(chosen["tp"])
+    if not space.model.is_moe or tp == 1 or True not in space.sequence_parallel or space.training.seq_len % tp:
+        return (tp,)
+    return (tp, 1)
+
+
 def _ep(space: "SearchSpace", chosen: Assignment) -> list[int]:
-    """Expert-parallel ranks split a replica group's experts: ep divides dp and the expert count."""
+    """Expert-parallel ranks split the experts of a replica group, or folded (etp 1 under tp > 1)
+    of a stage's dp x tp ranks: ep divides those and the expert count."""
     if not space.model.is_moe:
         return [1]
-    return [e for e in divisors(int(chosen["dp"])) if space.model.num_local_experts % e == 0]
+    ranks = int(chosen["dp"]) * (int(chosen["tp"]) if int(chosen["etp"]) < int(chosen["tp"]) else 1)
+    return [e for e in divisors(ranks) if space.model.num_local_experts % e == 0]
 
 
 def _micro_batch_size(space: "SearchSpace", chosen: Assignment) -> list[int]:
@@ -139,6 +153,8 @@ def _sequence_parallel(space: "SearchSpace", chosen: Assignment) -> list[bool]:
     tp = int(chosen["tp"])
     if tp == 1:
         return [False]
+    if int(chosen["etp"]) < tp:  # folded experts route each rank's own share of the sequence
+        return [True]
     return [sp for sp in space.sequence_parallel if not (sp and space.training.seq_len % tp)]
 
 
@@ -160,11 +176,12 @@ AXES: tuple[Axis, ...] = (
     Axis(name="tp", field="tensor_parallel_degree", rule=_tp),
     Axis(name="pp", field="pipeline_parallel_degree", depends_on=("tp",), rule=_pp),
     Axis(name="dp", field="data_parallel_degree", depends_on=("tp", "pp"), rule=_dp),
-    Axis(name="ep", field="expert_parallel_degree", depends_on=("dp",), rule=_ep),
+    Axis(name="etp", field="expert_tensor_parallel_degree", depends_on=("tp",), rule=_etp),
+    Axis(name="ep", field="expert_parallel_degree", depends_on=("tp", "dp", "etp"), rule=_ep),
     Axis(name="micro_batch_size", field="micro_batch_size", depends_on=("dp", "pp"), rule=_micro_batch_size),
     Axis(name="schedule", field="schedule", depends_on=("dp", "pp", "micro_batch_size"), rule=_schedule),
     Axis(name="virtual_stages", field="virtual_stages", depends_on=("pp", "schedule"), rule=_virtual_stages),
-    Axis(name="sequence_parallel", field="sequence_parallel", depends_on=("tp",), rule=_sequence_parallel),
+    Axis(name="sequence_parallel", field="sequence_parallel", depends_on=("tp", "etp"), rule=_sequence_parallel),
     Axis(
         name="vocabulary",
         field="vocabulary_layout",

@@ -33,13 +33,15 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # llm-foundry 26.8%, llama3-paper 20.6%, modelzoo 79.8%. With the attention core at
     # FlashAttention-2's published H100 rates (not the matmul rate): mean 18.5%, worst 80.5%
     # (the same row); megatron-lm 7.2%, automodel 22.4%, llm-foundry 19.3%, llama3-paper 22.3%,
-    # modelzoo 80.5%. Lower these bounds as the model improves.
+    # modelzoo 80.5%. With expert tensor parallelism 1 (MoE parallel folding, as the Model Zoo runs
+    # it: its ep 8 group in one node) the Qwen3 row is -32.9%: mean 17.2%, worst 46.2% (llm-foundry mpt-30b, row 89).
+    # Lower these bounds as the model improves.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
     assert rows == 37
-    assert mean <= 0.205
-    assert worst <= 0.82
+    assert mean <= 0.19
+    assert worst <= 0.49
 
 
 def test_megatron_2024_formula_is_the_planners_count_for_a_gpt_block() -> None:

@@ -166,3 +166,62 @@ def test_megatron_counts_the_embedding_and_the_loss_as_layers() -> None:
     assert accounted_split(31, 8, loss=False) == (3, 4, 4, 4, 4, 4, 4, 4)
     assert accounted_split(32, 8, embedding=False, loss=False) == (4,) * 8
     assert sum(accounted_split(32, 8)) == 32
+
+
+def test_folded_expert_groups_split_a_stage_in_rank_order() -> None:
+    """dp2 tp2 pp2, ep2, experts whole per rank: stage 0 holds ranks 0-3, stage 1 ranks 4-7; the
+    expert-parallel groups are consecutive pairs of a stage's ranks (tp rank fastest), the
+    expert-data-parallel groups the ranks at the same place of each pair."""
+    layout = _layout(2, 2, 2, expert_parallel_degree=2, expert_tensor_parallel_degree=1, sequence_parallel=True)
+    assert [tuple(g.devices) for g in grp.expert_groups(layout)] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [tuple(g.devices) for g in grp.expert_data_groups(layout)] == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    assert [tuple(g.devices) for g in grp.expert_data_groups(layout, 1)] == [(4, 6), (5, 7)]
+    # ep 8 with t 4: one group is a stage's 8 ranks, the two replicas of 4 shards (one 8-device node)
+    whole = _layout(2, 4, 1, expert_parallel_degree=8, expert_tensor_parallel_degree=1, sequence_parallel=True)
+    assert [tuple(g.devices) for g in grp.expert_groups(whole)] == [tuple(range(8))]
+    assert [tuple(g.devices) for g in grp.expert_data_groups(whole)] == [(i,) for i in range(8)]
+
+
+@given(d=st.sampled_from([1, 2, 4]), t=st.sampled_from([2, 4]), p=st.integers(1, 3), data=st.data())
+def test_folded_expert_groups_hold_the_devices_of_their_stage_ranks(
+    d: int, t: int, p: int, data: st.DataObject
+) -> None:
+    """Folded: rank (s, r, j) is place (r t + j) mod ep of expert-parallel group (r t + j) // ep of stage s."""
+    ep = data.draw(st.sampled_from([e for e in (1, 2, 4, 8) if d * t % e == 0]))
+    devices = tuple(data.draw(st.permutations(range(d * t * p))))
+    layout = _layout(
+        d,
+        t,
+        p,
+        expert_parallel_degree=ep,
+        expert_tensor_parallel_degree=1,
+        sequence_parallel=True,
+        device_map=DeviceMap(devices=devices),
+    )
+    members: dict[tuple[int, int], list[int]] = {}
+    holders: dict[tuple[int, int], list[int]] = {}
+    for s in range(p):
+        for r in range(d):
+            for j in range(t):
+                group, place = divmod(r * t + j, ep)
+                members.setdefault((s, group), []).append(devices[rank_of(layout, s, r, j)])
+                holders.setdefault((s, place), []).append(devices[rank_of(layout, s, r, j)])
+    assert [list(g.devices) for g in grp.expert_groups(layout)] == [members[k] for k in sorted(members)]
+    assert [list(g.devices) for g in grp.expert_data_groups(layout)] == [holders[k] for k in sorted(holders)]
+    assert layout.expert_data_parallel_degree == d * t // ep
+
+
+def test_expert_tensor_parallel_degree_is_1_or_t() -> None:
+    assert _layout(2, 2, 1, expert_tensor_parallel_degree=2) == _layout(2, 2, 1)  # t is the default, one spelling
+    assert _layout(2, 1, 1, expert_tensor_parallel_degree=1).expert_tensor_parallel_degree is None
+    with pytest.raises(SchemaError, match="must be 1 or tensor_parallel_degree=4"):
+        _layout(1, 4, 1, expert_tensor_parallel_degree=2)
+    with pytest.raises(SchemaError, match="needs sequence_parallel"):
+        _layout(1, 4, 1, expert_tensor_parallel_degree=1)
+    with pytest.raises(SchemaError, match="must divide data x tensor_parallel_degree=8"):
+        _layout(2, 4, 1, expert_parallel_degree=16, expert_tensor_parallel_degree=1, sequence_parallel=True)
+    with pytest.raises(SchemaError, match="must divide data_parallel_degree=2"):
+        _layout(2, 4, 1, expert_parallel_degree=4, sequence_parallel=True)
+    folded = _layout(2, 4, 1, expert_parallel_degree=8, expert_tensor_parallel_degree=1, sequence_parallel=True)
+    assert folded.describe() == "dp2 tp4 pp1 ep8 etp1 mb1 zero0 rc-none sp"
+    assert "etp" not in _layout(2, 4, 1, expert_parallel_degree=2, sequence_parallel=True).describe()

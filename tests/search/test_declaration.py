@@ -63,15 +63,20 @@ def test_what_optunas_tpe_search_finds_is_in_the_exhaustive_candidates() -> None
 def test_a_moe_model_searches_expert_parallel_degrees_and_a_dense_one_does_not() -> None:
     moe = _space("tiny-moe", world=8, batch=16)
     experts = moe.model.num_local_experts
-    eps = {(c.data_parallel_degree, c.expert_parallel_degree) for c in moe.candidates()}
-    assert any(ep > 1 for _, ep in eps)
-    # Every ep that divides both dp and the expert count, and no other.
-    for dp in {dp for dp, _ in eps}:
-        assert {ep for d, ep in eps if d == dp} == {e for e in divisors(dp) if experts % e == 0}
+    eps = {(c.expert_ranks, c.folds_experts, c.expert_parallel_degree) for c in moe.candidates()}
+    assert any(ep > 1 for *_, ep in eps) and any(folded for _, folded, _ in eps)
+    # Every ep that divides both the expert count and dp (or, experts folded, dp x tp), and no other.
+    for ranks, folded in {(ranks, folded) for ranks, folded, _ in eps}:
+        assert {ep for r, f, ep in eps if (r, f) == (ranks, folded)} == {e for e in divisors(ranks) if experts % e == 0}
     dense = _space("tiny-gpt", world=8, batch=16)
     assert {c.expert_parallel_degree for c in dense.candidates()} == {1}
-    assert moe.choices("ep", dp=8) == [1, 2, 4]  # tiny-moe has 4 experts
-    assert dense.choices("ep", dp=8) == [1]
+    assert not any(c.folds_experts for c in dense.candidates())
+    assert moe.choices("ep", tp=1, dp=8, etp=1) == [1, 2, 4]  # tiny-moe has 4 experts
+    assert moe.choices("ep", tp=2, dp=1, etp=2) == [1] and moe.choices("ep", tp=2, dp=1, etp=1) == [1, 2]
+    assert dense.choices("ep", tp=1, dp=8, etp=1) == [1]
+    assert moe.choices("etp", tp=2) == (2, 1) and moe.choices("etp", tp=1) == (1,)
+    assert dense.choices("etp", tp=2) == (2,)
+    assert moe.choices("sequence_parallel", tp=2, etp=1) == [True]
 
 
 def test_expert_parallel_layouts_are_priced() -> None:

@@ -1,7 +1,10 @@
 """Keeping each expert-parallel group inside a node is no rule of the search space (it offers
 every ep that divides dp and the experts): it comes out of the cost model, which prices an
 all-to-all across nodes higher than one over NVLink. On the same cluster with inter-node links
-as fast as the intra-node ones, the search spreads expert parallelism over both nodes."""
+as fast as the intra-node ones, the search spreads expert parallelism over both nodes (among
+layouts that split every expert over the tensor-parallel group: with the experts folded over a
+stage's dp x tp ranks an ep 8 group fits one node at tp 2, and the search keeps it there on both
+clusters)."""
 
 from cost_models import groups as grp
 from planner import api
@@ -12,9 +15,10 @@ MODEL = "mixtral-8x7b"
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=4096)
 
 
-def _best(cluster: ClusterProfile) -> Layout:
-    (plan,) = api.search(MODEL, cluster, TRAINING, top_k=1)
-    return plan.layout
+def _best(cluster: ClusterProfile) -> tuple[Layout, Layout]:
+    """The best layout, and the best whose experts are split over the tensor-parallel group."""
+    plans = api.search(MODEL, cluster, TRAINING, top_k=60)
+    return plans[0].layout, next(p.layout for p in plans if not p.layout.folds_experts)
 
 
 def _nodes_per_expert_group(layout: Layout, devices_per_node: int) -> set[int]:
@@ -24,9 +28,10 @@ def _nodes_per_expert_group(layout: Layout, devices_per_node: int) -> set[int]:
 
 def test_expert_parallel_groups_stay_in_a_node_because_crossing_nodes_is_priced_higher() -> None:
     cluster = load_cluster("dgx-h100:2")  # 2 nodes of 8 H100s: NVLink inside, InfiniBand between
-    best = _best(cluster)
-    assert best.expert_parallel_degree > 1
+    best, split = _best(cluster)
+    assert best.expert_parallel_degree > 1 and split.expert_parallel_degree > 1
     assert _nodes_per_expert_group(best, cluster.devices_per_node) == {1}
+    assert _nodes_per_expert_group(split, cluster.devices_per_node) == {1}
 
     nvlink_everywhere = cluster.model_copy(
         update={
@@ -35,5 +40,6 @@ def test_expert_parallel_groups_stay_in_a_node_because_crossing_nodes_is_priced_
             )
         }
     )
-    wide = _best(nvlink_everywhere)
+    folded, wide = _best(nvlink_everywhere)
+    assert _nodes_per_expert_group(folded, cluster.devices_per_node) == {1}
     assert _nodes_per_expert_group(wide, cluster.devices_per_node) == {2}

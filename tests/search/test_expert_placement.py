@@ -242,6 +242,10 @@ def test_expert_ranks_map_to_nodes_through_the_geometry_and_device_map() -> None
     # Expert-parallel rank i is replica i: global rank 2i, device 2i; 4 devices per node.
     assert expert_rank_nodes(layout, 4) == (0, 0, 1, 1)
     assert expert_rank_nodes(layout, 16) == (0, 0, 0, 0)
+    # Folded over the stage's d t ranks: expert-parallel rank i is global rank i, one node of 4.
+    folded = replace(layout, expert_tensor_parallel_degree=1, sequence_parallel=True)
+    assert expert_rank_nodes(folded, 4) == (0, 0, 0, 0)
+    assert expert_rank_nodes(replace(folded, expert_parallel_degree=8), 4) == (0, 0, 0, 0, 1, 1, 1, 1)
 
 
 def test_the_refiner_places_the_experts_and_keeps_the_estimate() -> None:
