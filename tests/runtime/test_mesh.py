@@ -91,5 +91,5 @@ def test_expert_mesh_groups_are_the_cost_models(d: int, t: int, p: int, ep: int,
         lines = grid.movedim(axis[name], -1).reshape(-1, grid.shape[axis[name]]).tolist()
         return {tuple(line) for line in lines}
 
-    assert fibers(ExpertMeshAxis.EP) == {g.devices for g in expert_groups(layout)}
-    assert fibers(ExpertMeshAxis.EDP) == {g.devices for g in expert_data_groups(layout)}
+    assert fibers(ExpertMeshAxis.EP) == {tuple(g.devices) for g in expert_groups(layout)}
+    assert fibers(ExpertMeshAxis.EDP) == {tuple(g.devices) for g in expert_data_groups(layout)}
