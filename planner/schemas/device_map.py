@@ -52,6 +52,10 @@ class DeviceMap:
             )
 
 
+IDENTITY = DeviceMap()
+"""Rank r on device r (immutable, so every layout without a map shares it)."""
+
+
 def node_numbers(devices: Iterable[int], devices_per_node: int) -> tuple[int, ...]:
     """The node of each of ``devices``, nodes numbered from 0 in the order the devices meet them
     (a placement cares which ranks share a node, not which node it is)."""

@@ -5,10 +5,10 @@ which device runs each rank is ``device_map``'s.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from planner.schemas.device_map import DeviceMap
+from planner.schemas.device_map import IDENTITY, DeviceMap
 from planner.schemas.enums import Recompute, Schedule, VocabularyLayout, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.model import ModelSpec
@@ -53,7 +53,7 @@ class Layout:
     expert_placement: ExpertPlacement | None = None
     """Which experts each expert-parallel rank hosts in each MoE layer (``schemas.routing``);
     None places them in contiguous blocks: expert e of E on rank e // (E / ep)."""
-    device_map: DeviceMap = field(default_factory=DeviceMap)
+    device_map: DeviceMap = IDENTITY
     """Which device runs each rank; the identity by default."""
 
     def __post_init__(self) -> None:
@@ -229,6 +229,8 @@ _E = TypeVar("_E", ZeroStage, Recompute, Schedule, VocabularyLayout)
 
 
 def _coerce(enum: type[_E], value: Any, name: str) -> _E:
+    if type(value) is enum:  # as the search builds them: nothing to convert
+        return value
     try:
         return enum(value)
     except ValueError as e:

@@ -8,11 +8,12 @@ layout they rule out is counted as asked, as if evaluated, but costs a memoized 
 result (the closest miss included) and the budget's meaning are those of evaluating it.
 
 A large space is split over forked worker processes (Linux): each takes whole blocks of groups
-that share their parallel degrees (tp, pp, dp, ep), so the micro-batch pruning of
-``Evaluator.cannot_fit`` stays within one worker, and the parent merges what they found in
-search order. The result is the serial one: the same candidates in the same order, the same
-count of layouts asked, the same closest miss (the smallest, the first in search order on ties).
-A layout budget (``Budget.max_trials``) counts in search order, so it runs serially.
+that share their parallel degrees (``SearchSpace.blocks``), builds their layouts and evaluates
+them, so the micro-batch pruning of ``Evaluator.cannot_fit`` stays within one worker; the parent
+merges what they found in search order. The result is the serial one: the same candidates in
+the same order, the same count of layouts asked, the same closest miss (the smallest, the first
+in search order on ties). A layout budget (``Budget.max_trials``) counts in search order, so it
+runs serially.
 """
 
 import multiprocessing
@@ -24,25 +25,28 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import ClassVar
 
-from planner.schemas import Layout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator, Miss
-from planner.search_engine.space import SearchSpace
+from planner.search_engine.space import Assignment, SearchSpace
 from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
 
-PARALLEL_MIN_GROUPS = 4000
-"""Groups below which the search stays in one process: forking and merging cost about 0.1 s."""
-_PROGRESS_EVERY = 64
+PARALLEL_MIN_BLOCKS = 64
+"""Blocks below which the search stays in one process: forking and merging cost about 0.1 s."""
+
+Index = tuple[int, int]
+"""A group's place in search order: (its block, its place in the block)."""
+Block = tuple[int, Assignment]
+"""A block of groups (``SearchSpace.blocks``) with its place in search order."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Scan:
-    """What one pass over some groups found, each item with its group's index in search order."""
+    """What one pass over some blocks found, each item with its group's index in search order."""
 
-    found: tuple[tuple[int, Candidate], ...]
+    found: tuple[tuple[Index, Candidate], ...]
     asked: int
     complete: bool
-    miss: tuple[int, Miss] | None
+    miss: tuple[Index, Miss] | None
     evaluations: int
     ruled_out: int
 
@@ -53,39 +57,39 @@ class ExhaustiveSearch:
     Args:
         processes: worker processes for a large space; None uses the cores this process may run
             on, 1 keeps it in this process.
-        min_parallel_groups: groups from which the space counts as large.
+        min_parallel_blocks: blocks of equal degrees from which the space counts as large.
     """
 
     name: ClassVar[str] = "exhaustive"
 
-    def __init__(self, processes: int | None = None, min_parallel_groups: int = PARALLEL_MIN_GROUPS) -> None:
+    def __init__(self, processes: int | None = None, min_parallel_blocks: int = PARALLEL_MIN_BLOCKS) -> None:
         self.processes = processes
-        self.min_parallel_groups = min_parallel_groups
+        self.min_parallel_blocks = min_parallel_blocks
 
     def search(
         self, space: SearchSpace, evaluate: Evaluator, budget: Budget, *, seed: int, progress: Progress | None = None
     ) -> SearchResult:
         """Evaluate every group until the budget runs out."""
         del seed  # deterministic
-        groups = list(space.groups())
+        blocks = list(enumerate(space.blocks()))
         deadline = None if budget.max_time_s is None else time.perf_counter() + budget.max_time_s
-        processes = self._processes_for(len(groups), budget)
+        processes = self._processes_for(len(blocks), budget)
         if processes > 1:
-            scan = _parallel_scan(groups, evaluate, deadline, processes, progress)
+            scan = _parallel_scan(space, blocks, evaluate, deadline, processes, progress)
         else:
-            scan = _scan(list(enumerate(groups)), evaluate, deadline, budget.max_trials, progress, len(groups))
+            scan = _scan(space, blocks, evaluate, deadline, budget.max_trials, progress, len(blocks))
         if progress is not None:
-            progress(len(groups), len(groups))
+            progress(len(blocks), len(blocks))
         found = [candidate for _, candidate in sorted(scan.found, key=lambda item: item[0])]
         return SearchResult(
             strategy=self.name, feasible=fastest_first(found), evaluated=scan.asked, complete=scan.complete
         )
 
-    def _processes_for(self, groups: int, budget: Budget) -> int:
-        if groups < self.min_parallel_groups or budget.max_trials is not None or not _can_fork():
+    def _processes_for(self, blocks: int, budget: Budget) -> int:
+        if blocks < self.min_parallel_blocks or budget.max_trials is not None or not _can_fork():
             return 1
         cores = self.processes if self.processes is not None else len(os.sched_getaffinity(0))
-        return max(1, min(cores, groups))
+        return max(1, min(cores, blocks))
 
 
 def _can_fork() -> bool:
@@ -95,39 +99,44 @@ def _can_fork() -> bool:
 
 
 def _scan(
-    groups: Sequence[tuple[int, tuple[Layout, ...]]],
+    space: SearchSpace,
+    blocks: Sequence[Block],
     evaluate: Evaluator,
     deadline: float | None,
     max_trials: int | None,
     progress: Progress | None,
     total: int,
 ) -> _Scan:
-    """Evaluate ``groups`` in order (module docstring); the first layout of a group that fits is kept."""
+    """Evaluate the groups of ``blocks`` in order (module docstring); the first layout of a group
+    that fits is kept. ``progress`` hears of every block done, out of ``total``."""
     evaluations, ruled_out = evaluate.evaluations, evaluate.ruled_out
-    found: list[tuple[int, Candidate]] = []
+    found: list[tuple[Index, Candidate]] = []
     asked, complete, miss = 0, True, None
-    for done, (index, group) in enumerate(groups):
-        for layout in group:  # the budget counts layouts: a group can hold several
-            if (max_trials is not None and asked >= max_trials) or (
-                deadline is not None and time.perf_counter() >= deadline
-            ):
-                complete = False
+    for done, (number, block) in enumerate(blocks):
+        for place, group in enumerate(space.groups(block)):
+            for layout in group:  # the budget counts layouts: a group can hold several
+                if (max_trials is not None and asked >= max_trials) or (
+                    deadline is not None and time.perf_counter() >= deadline
+                ):
+                    complete = False
+                    break
+                asked += 1
+                if evaluate.cannot_fit(layout):
+                    continue
+                before = evaluate.closest_miss
+                try:
+                    found.append(((number, place), Candidate(layout, evaluate(layout))))
+                    break
+                except InfeasibleConfigError:
+                    if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
+                        miss = ((number, place), evaluate.closest_miss)
+                    continue
+            if not complete:
                 break
-            asked += 1
-            if evaluate.cannot_fit(layout):
-                continue
-            before = evaluate.closest_miss
-            try:
-                found.append((index, Candidate(layout, evaluate(layout))))
-                break
-            except InfeasibleConfigError:
-                if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
-                    miss = (index, evaluate.closest_miss)
-                continue
         if not complete:
             break
-        if progress is not None and done % _PROGRESS_EVERY == 0:
-            progress(done, total)
+        if progress is not None:
+            progress(done + 1, total)
     return _Scan(
         found=tuple(found),
         asked=asked,
@@ -138,26 +147,27 @@ def _scan(
     )
 
 
-_WORK: tuple[list[list[tuple[int, tuple[Layout, ...]]]], Evaluator, float | None] | None = None
-"""The parts and the evaluator a forked worker inherits (set in the parent just before forking)."""
+_WORK: tuple[SearchSpace, list[list[Block]], Evaluator, float | None] | None = None
+"""What a forked worker inherits: the space, the parts, the evaluator and the deadline (set in
+the parent just before forking)."""
 _DONE: "multiprocessing.sharedctypes.Synchronized[int] | None" = None
 
 
 def _scan_part(part: int) -> _Scan:
     assert _WORK is not None and _DONE is not None
-    parts, evaluate, deadline = _WORK
+    space, parts, evaluate, deadline = _WORK
     done = _DONE
 
-    def count(finished: int, _total: int | None) -> None:
-        if finished:
-            with done.get_lock():
-                done.value += _PROGRESS_EVERY
+    def count(_done: int, _total: int | None) -> None:
+        with done.get_lock():
+            done.value += 1
 
-    return _scan(parts[part], evaluate, deadline, None, count, len(parts[part]))
+    return _scan(space, parts[part], evaluate, deadline, None, count, len(parts[part]))
 
 
 def _parallel_scan(
-    groups: list[tuple[Layout, ...]],
+    space: SearchSpace,
+    blocks: list[Block],
     evaluate: Evaluator,
     deadline: float | None,
     processes: int,
@@ -165,9 +175,9 @@ def _parallel_scan(
 ) -> _Scan:
     """``_scan`` over ``processes`` forked workers, merged as the serial scan would have found it."""
     global _WORK, _DONE
-    parts = _partition(groups, processes)
+    parts = _partition(space, blocks, processes)
     context = multiprocessing.get_context("fork")
-    _WORK, _DONE = (parts, evaluate, deadline), context.Value("q", 0)
+    _WORK, _DONE = (space, parts, evaluate, deadline), context.Value("q", 0)
     try:
         with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
             futures = [pool.submit(_scan_part, part) for part in range(len(parts))]
@@ -175,40 +185,29 @@ def _parallel_scan(
             while pending:
                 _, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
                 if progress is not None:
-                    progress(min(_DONE.value, len(groups)), len(groups))
+                    progress(min(_DONE.value, len(blocks)), len(blocks))
             scans = [future.result() for future in futures]
     finally:
         _WORK, _DONE = None, None
     return _merge(scans, evaluate)
 
 
-def _partition(groups: list[tuple[Layout, ...]], parts: int) -> list[list[tuple[int, tuple[Layout, ...]]]]:
-    """Groups dealt into ``parts`` lists of about equal work (groups times pipeline stages: each
-    stage is priced), each block of groups sharing their degrees (tp, pp, dp, etp, ep) whole in one
-    list, in search order within each list."""
-    blocks: dict[tuple[int, int, int, int, int], list[tuple[int, tuple[Layout, ...]]]] = {}
-    for index, group in enumerate(groups):
-        first = group[0]
-        key = (
-            first.tensor_parallel_degree,
-            first.pipeline_parallel_degree,
-            first.data_parallel_degree,
-            first.expert_tensor_degree,
-            first.expert_parallel_degree,
-        )
-        blocks.setdefault(key, []).append((index, group))
+def _partition(space: SearchSpace, blocks: list[Block], parts: int) -> list[list[Block]]:
+    """Blocks dealt into ``parts`` lists of about equal work, in search order within each list.
+    A block's work is taken as its pipeline stages (each is priced) times its micro-batch sizes."""
 
-    def work(block: list[tuple[int, tuple[Layout, ...]]]) -> int:  # stages priced, about
-        return len(block) * block[0][1][0].pipeline_parallel_degree
+    def work(block: Block) -> int:
+        degrees = block[1]
+        return int(degrees["pp"]) * len(space.choices("micro_batch_size", **degrees))
 
-    dealt: list[list[tuple[int, tuple[Layout, ...]]]] = [[] for _ in range(parts)]
+    dealt: list[list[Block]] = [[] for _ in range(parts)]
     loads = [0] * parts
-    for block in sorted(blocks.values(), key=work, reverse=True):  # heaviest first, to the lightest part
+    for block in sorted(blocks, key=work, reverse=True):  # heaviest first, to the lightest part
         lightest = loads.index(min(loads))
-        dealt[lightest].extend(block)
+        dealt[lightest].append(block)
         loads[lightest] += work(block)
     for part in dealt:
-        part.sort(key=lambda item: item[0])
+        part.sort(key=lambda block: block[0])
     return [part for part in dealt if part]
 
 

@@ -195,6 +195,9 @@ AXES: tuple[Axis, ...] = (
 """Every axis of the search, in the order they are chosen (each after those it depends on).
 Recompute stays last: ``SearchSpace.groups`` groups by it."""
 
+DEGREE_AXES = ("tp", "pp", "dp", "etp", "ep")
+"""The leading axes, the parallel degrees: ``SearchSpace.blocks``."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchSpace:
@@ -245,8 +248,10 @@ class SearchSpace:
             return tuple(z for z in self.zero_stages if z <= ZeroStage.OPTIMIZER) or (min(self.zero_stages),)
         return self.zero_stages
 
-    def assignments(self, axes: Sequence[Axis]) -> Iterator[dict[str, Choice]]:
-        """Every valid combination of values of ``axes`` (a prefix of ``AXES``), in search order."""
+    def assignments(self, axes: Sequence[Axis], within: Assignment | None = None) -> Iterator[dict[str, Choice]]:
+        """Every valid combination of values of ``axes`` (a prefix of ``AXES``), in search order;
+        with ``within`` (values of a shorter prefix), only those that extend it."""
+        start = dict(within or {})
 
         def walk(i: int, chosen: dict[str, Choice]) -> Iterator[dict[str, Choice]]:
             if i == len(axes):
@@ -256,20 +261,26 @@ class SearchSpace:
             for value in axis.choices(self, chosen):
                 yield from walk(i + 1, {**chosen, axis.name: value})
 
-        return walk(0, {})
+        return walk(len(start), start)
 
     def layout(self, chosen: Assignment) -> Layout:
         """The layout (even layer split) of a value for every axis."""
         return Layout(**{axis.field: chosen[axis.name] for axis in AXES})  # type: ignore[arg-type]
 
-    def groups(self) -> Iterator[tuple[Layout, ...]]:
+    def blocks(self) -> Iterator[Assignment]:
+        """The values of the parallel degrees (``DEGREE_AXES``) of every candidate, in search
+        order: the candidates that share them are contiguous in ``groups``."""
+        return self.assignments(AXES[: len(DEGREE_AXES)])
+
+    def groups(self, block: Assignment | None = None) -> Iterator[tuple[Layout, ...]]:
         """Candidates grouped by everything but recompute; each group is in ``recompute`` order.
+        With ``block`` (one of ``blocks``), only the groups with those degrees.
 
         Within a group the layouts differ only in recomputation, which adds time and saves memory,
         so the first that fits dominates the rest.
         """
         *outer, last = AXES
-        for chosen in self.assignments(outer):
+        for chosen in self.assignments(outer, block):
             group = tuple(self.layout({**chosen, last.name: value}) for value in last.choices(self, chosen))
             if group:
                 yield group

@@ -9,7 +9,7 @@ from planner.schemas import TrainingSpec
 from planner.search_engine import ExhaustiveSearch
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.runner import explain_infeasible
-from planner.search_engine.space import SearchSpace
+from planner.search_engine.space import AXES, DEGREE_AXES, SearchSpace
 from planner.search_engine.strategy import Budget
 
 MIXTRAL = load_model("mixtral-8x7b")
@@ -29,7 +29,7 @@ def test_workers_find_what_one_process_finds(cluster: str, batch: int, seq_len: 
     serial, parallel = Evaluator(MIXTRAL, training, profile), Evaluator(MIXTRAL, training, profile)
     want = ExhaustiveSearch(processes=1).search(space, serial, Budget(), seed=0)
     seen: list[tuple[int, int | None]] = []
-    got = ExhaustiveSearch(processes=3, min_parallel_groups=0).search(
+    got = ExhaustiveSearch(processes=3, min_parallel_blocks=0).search(
         space, parallel, Budget(), seed=0, progress=lambda done, total: seen.append((done, total))
     )
     assert [(c.layout, c.estimate) for c in got.feasible] == [(c.layout, c.estimate) for c in want.feasible]
@@ -38,12 +38,15 @@ def test_workers_find_what_one_process_finds(cluster: str, batch: int, seq_len: 
     assert parallel.evaluations + parallel.ruled_out == serial.evaluations + serial.ruled_out == want.evaluated
     assert parallel.closest_miss == serial.closest_miss
     assert seen[-1][0] == seen[-1][1]  # progress ends at the whole space
+    # The workers' blocks hold the space's groups, in its order.
+    assert [group for block in space.blocks() for group in space.groups(block)] == list(space.groups())
+    assert [axis.name for axis in AXES[: len(DEGREE_AXES)]] == list(DEGREE_AXES)
     if not want.feasible:
         assert explain_infeasible(space, parallel) == explain_infeasible(space, serial)
 
 
 def test_a_layout_budget_runs_serially_and_a_small_space_stays_in_process() -> None:
-    search = ExhaustiveSearch(processes=4, min_parallel_groups=100)
+    search = ExhaustiveSearch(processes=4, min_parallel_blocks=100)
     assert search._processes_for(99, Budget()) == 1
     assert search._processes_for(100, Budget(max_trials=10)) == 1
     assert search._processes_for(100, Budget()) == 4
