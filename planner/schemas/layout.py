@@ -5,7 +5,7 @@ which device runs each rank is ``device_map``'s.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from planner.schemas.device_map import IDENTITY, DeviceMap
@@ -53,7 +53,7 @@ class Layout:
     expert_placement: ExpertPlacement | None = None
     """Which experts each expert-parallel rank hosts in each MoE layer (``schemas.routing``);
     None places them in contiguous blocks: expert e of E on rank e // (E / ep)."""
-    device_map: DeviceMap = IDENTITY
+    device_map: DeviceMap = field(default_factory=lambda: IDENTITY)
     """Which device runs each rank; the identity by default."""
 
     def __post_init__(self) -> None:
