@@ -12,10 +12,9 @@ Constants (conventions, stated once here):
     buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, over the tp/dp/pp communicators) and
     some caching-allocator slack. 0 on a device whose name contains "cpu". This is not a
     fragmentation margin: callers keep their own safety margin on top.
-  - Data-parallel gradient buckets: ``GRAD_BUCKETS`` = 2 buckets (one reducing while the next
-    fills) of ``GRAD_BUCKET_ELEMENTS`` = 25 M elements in fp32 (4 bytes), capped by the
-    gradients the rank reduces; present when the rank has a data-parallel peer. 25 M follows
-    PyTorch DDP's default ``bucket_cap_mb=25``, read as elements because reductions run in fp32.
+  - Data-parallel gradient buckets (``planner.schemas.buffers``, which the runtime allocates
+    too): 2 buckets of 25 M fp32 elements, capped by the gradients the rank reduces; present
+    when the rank has a data-parallel peer.
   - Tensor-parallel staging: one activation, s b h x dtype bytes, when t > 1 (Megatron-LM's
     global buffer for the sequence-parallel all-gather / all-reduce).
   - Expert-parallel staging: send and receive buffers of one micro-batch's routed tokens,
@@ -46,6 +45,7 @@ from planner.schemas import (
     Schedule,
     TrainingSpec,
 )
+from planner.schemas.buffers import GRAD_BUCKET_ELEMENT_BYTES, grad_bucket_elements
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
     chunk_stage,
@@ -57,9 +57,6 @@ from planner.schemas.geometry import (
 from planner.schemas.routing import RoutingStats
 
 CUDA_WORKSPACE_BYTES: Final = 1 << 30
-GRAD_BUCKET_ELEMENTS: Final = 25_000_000
-GRAD_BUCKET_ELEMENT_BYTES: Final = 4
-GRAD_BUCKETS: Final = 2
 
 
 def stage_activation_bytes(
@@ -185,7 +182,7 @@ def communication_buffer_bytes(
     d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
     reduced = (params.dense if d > 1 else 0.0) + (params.expert if layout.expert_data_parallel_degree > 1 else 0.0)
-    total = GRAD_BUCKET_ELEMENT_BYTES * min(GRAD_BUCKETS * GRAD_BUCKET_ELEMENTS, reduced)
+    total = GRAD_BUCKET_ELEMENT_BYTES * grad_bucket_elements(reduced)
     tokens = training.seq_len * layout.micro_batch_size
     if t > 1:
         total += tokens * model.hidden_size * training.dtype.bytes

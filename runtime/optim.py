@@ -1,11 +1,11 @@
 """Optimizers the runtime offers, and the data-parallel optimizer of ZeRO stages 0 and 1.
 
 ``DataParallelOptimizer`` averages gradients over the data-parallel group and steps. It reduces
-them in fp32 through ``GRAD_BUCKETS`` buckets of ``GRAD_BUCKET_ELEMENTS`` elements, allocated once
-and held for the whole run as PyTorch DDP's reducer holds its buckets (capped by the gradients'
-elements): 4 x min(2 x 25 M, gradients) bytes, the cost model's data-parallel buffer
-(``cost_models.memory``); with ``shard`` (ZeRO-1, Rajbhandari et al. 2020) each rank keeps optimizer state only
-for the parameters it owns and broadcasts their update. With parameters in bf16/fp16 it keeps an
+them in fp32 through the gradient buckets of ``planner.schemas.buffers``, allocated once and
+held for the whole run as PyTorch DDP's reducer holds its buckets: 4 x min(2 x 25 M, gradients)
+bytes, the cost model's data-parallel buffer (``cost_models.memory``). With ``shard`` (ZeRO-1,
+Rajbhandari et al. 2020) each rank keeps optimizer state only for the parameters it owns and
+broadcasts their update. With parameters in bf16/fp16 it keeps an
 fp32 master copy of the parameters it owns, in the optimizer, as mixed-precision Adam does: 2 + 2
 bytes per parameter for weights and gradients, 4 + 8 for master and moments, sharded by ZeRO-1.
 
@@ -25,12 +25,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from planner.schemas.buffers import grad_bucket_elements
+
 OPTIMIZERS = ("adamw", "sgd")
 MASTER_SLICE_ELEMENTS: Final = 1 << 20
-GRAD_BUCKET_ELEMENTS: Final = 25_000_000
-"""Elements of one gradient bucket (PyTorch DDP's default bucket_cap_mb=25, read as elements)."""
-GRAD_BUCKETS: Final = 2
-"""Buckets a data-parallel rank keeps (one reducing while the next fills, as DDP's)."""
 """Elements of the fp32 master weights stepped at once (module docstring)."""
 
 
@@ -112,9 +110,7 @@ class DataParallelOptimizer:
         self.mine = mine
         reduced = sum(local(p).numel() for p in params) if self.size > 1 else 0
         device = local(params[0]).device if params else None
-        self.buckets = torch.empty(
-            min(GRAD_BUCKETS * GRAD_BUCKET_ELEMENTS, reduced), dtype=torch.float32, device=device
-        )
+        self.buckets = torch.empty(int(grad_bucket_elements(reduced)), dtype=torch.float32, device=device)
         """The fp32 reduction buckets, one buffer (empty without data-parallel peers)."""
         self.slices: list[list[_MasterSlice]] = _master_slices(mine) if self.mixed else []
         """Mixed precision: the owned parameters' fp32 masters in slices, grouped to step together."""
