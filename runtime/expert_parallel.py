@@ -33,7 +33,6 @@ from torch import nn
 
 from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.layout import check_experts
 from runtime.model import MLP, Decoder, MoE, moe_layers
 from runtime.optim import DataParallelOptimizer
 from runtime.tensor_parallel import RouterGradients, split_expert
@@ -56,13 +55,12 @@ def placement_table(model: ModelSpec, layout: Layout) -> PlacementTable:
 def check_placement(model: ModelSpec, layout: Layout, table: PlacementTable) -> None:
     """Refuse a table the runtime cannot run: one row per MoE layer, one entry per
     expert-parallel rank, each layer's experts hosted at least once and at most once per rank
-    (an expert on several ranks is replicated). The layout itself is checked first
-    (``schemas.layout.check_experts``: ep divides the experts of a model that has them).
+    (an expert on several ranks is replicated). The layout itself is checked before, by
+    ``schemas.layout.check_experts`` (ep divides the experts of a model that has them).
 
     Raises:
         InfeasibleConfigError: naming the layer, the value and the fix.
     """
-    check_experts(model, layout)
     ep, num_experts = layout.expert_parallel_degree, model.num_local_experts
     layers = moe_layers(model)
     if len(table) != len(layers):

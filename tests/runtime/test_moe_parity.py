@@ -16,6 +16,7 @@ from harness import run_ranks
 from planner.inputs import load_model
 from planner.schemas import DeviceMap, DType, Layout
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.layout import check_experts
 from planner.schemas.routing import ExpertPlacement
 from runtime.data import synthetic_batch
 from runtime.expert_parallel import PlacementTable, check_placement, placement_table
@@ -90,12 +91,12 @@ def test_placement_tables_the_runtime_cannot_run_are_refused(table: PlacementTab
 def test_an_expert_parallel_degree_that_does_not_divide_the_experts_is_refused() -> None:
     model = MOE.model_copy(update={"num_local_experts": 6})
     with pytest.raises(InfeasibleConfigError, match="does not divide the 6 experts"):
-        check_placement(model, _layout(4), placement_table(model, _layout(4)))
+        check_experts(model, _layout(4))  # what the trainer checks before any work
 
 
 def test_expert_parallelism_of_a_dense_model_is_refused() -> None:
     with pytest.raises(InfeasibleConfigError, match="is dense; set it to 1"):
-        check_placement(load_model("tiny-gpt"), _layout(2), ())
+        check_experts(load_model("tiny-gpt"), _layout(2))
 
 
 SHUFFLED: PlacementTable = (((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3)), ((3, 0), (2, 1)))
