@@ -5,21 +5,27 @@ Gradients are reduced in training precision (2 bytes per parameter in mixed prec
 paper's 2 psi) over the d ranks of a stage's data-parallel group; expert gradients over the
 d / ep ranks that hold the same experts, d t / ep with the experts folded over a stage's d t ranks
 (``groups.expert_data_groups``). Which collectives run,
-how often and behind which compute is ZeRO's rule (``sharding.step_collectives``); only what
-exceeds that window is exposed. The step waits for the stage whose reduction is exposed the
-most. On a CPU device nothing is hidden (``hides_communication``).
+how often and behind which compute is ZeRO's rule (``sharding.step_collectives``). What no
+compute can hide (a pipeline's deferred reduction, the first gather and the last bucket or unit's
+reduction) is exposed whole; the rest costs what ``overlap.overlapped_comm_cost_s`` says: what
+exceeds its window, and at least the slowdown it inflicts on the compute it runs beside. The
+step waits for the stage whose reduction is exposed the most. On a CPU device nothing is hidden
+(``hides_communication``).
 Units: seconds, bytes.
 """
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cost_models import groups as grp
 from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
+from cost_models.overlap import overlapped_comm_cost_s
 from cost_models.params import stage_params
 from cost_models.sharding import OverlapWindow, step_collectives
 from cost_models.timing import StageTime
-from planner.schemas import ClusterProfile, DeviceKind, Layout, ModelSpec, TrainingSpec
+from planner.schemas import ClusterProfile, CollectiveOp, DeviceKind, Layout, ModelSpec, TrainingSpec
+from planner.schemas.buffers import GRAD_BUCKET_ELEMENTS
 from planner.schemas.geometry import stage_layers
 
 
@@ -46,14 +52,24 @@ def hides_communication(cluster: ClusterProfile) -> bool:
     return cluster.device.kind is not DeviceKind.CPU
 
 
-def stage_data_parallel_comm_s(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCollectiveTime:
+    """One rank's data-parallel collectives in one step, before any overlap."""
+
+    total_s: float
+    """All of them."""
+    unhidden_s: float
+    """The part no compute can hide (``sharding.StepCollectives.unhidden_s``)."""
+
+
+def stage_data_parallel_comm(
     model: ModelSpec,
     training: TrainingSpec,
     cluster: ClusterProfile,
     layout: Layout,
     stage: int,
     micro_batches: int,
-) -> float:
+) -> StageCollectiveTime:
     """Data-parallel communication of one rank of ``stage`` in one step, before any overlap.
 
     Args:
@@ -66,7 +82,8 @@ def stage_data_parallel_comm_s(
 
     Returns:
         Seconds of every collective ZeRO runs (``sharding.step_collectives``) over the stage's
-        dense parameters and over its experts', each on its slowest group.
+        dense parameters and over its experts', each on its slowest group, piece by piece (unit
+        or bucket), and of the part of them no compute hides.
     """
     e = training.dtype.bytes
     held = stage_params(model, layout, stage)
@@ -79,16 +96,20 @@ def stage_data_parallel_comm_s(
     if held.expert:
         edp = layout.expert_data_parallel_degree
         shares.append((held.expert, grp.expert_data_groups(layout, stage), edp, max(1, layers)))
-    total = 0.0
+    total_s, unhidden_s = 0.0, 0.0
     for params, groups, size, units in shares:
         if size <= 1:
             continue
         group_list = priced_groups(groups, cluster, rank_order=layout.device_map.is_identity)
-        pieces = units if plan.unit_by_unit else 1  # ZeRO 2-3: each unit its own collective
-        nbytes = params * e
-        run_s = {op: pieces * slowest_collective_s(op, nbytes / pieces, group_list, cluster) for op in plan.ops}
-        total += plan.time_s(run_s, micro_batches)
-    return total
+        pieces = units if plan.unit_by_unit else max(1, math.ceil(params / GRAD_BUCKET_ELEMENTS))
+        piece_bytes = params * e / pieces
+        piece_s: dict[CollectiveOp, float] = {
+            op: slowest_collective_s(op, piece_bytes, group_list, cluster) for op in plan.ops
+        }
+        run_s = {op: pieces * s for op, s in piece_s.items()}
+        total_s += plan.time_s(run_s, micro_batches)
+        unhidden_s += plan.unhidden_s(run_s, piece_s)
+    return StageCollectiveTime(total_s=total_s, unhidden_s=unhidden_s)
 
 
 def overlap_window_s(window: OverlapWindow, stage_time: StageTime, micro_batches: int) -> float:
@@ -147,15 +168,20 @@ def data_parallel_time(
     uniform = has_uniform_links(cluster) and layout.device_map.is_identity
     exposed_s, total_s = 0.0, 0.0
     # On uniform links, devices in rank order, a stage's reduction depends only on the parameters it holds.
-    comm_by_params: dict[tuple[float, float], float] = {}
+    comm_by_params: dict[tuple[float, float], StageCollectiveTime] = {}
     for stage, stage_time in enumerate(times):
         held = stage_params(model, layout, stage)
         key = (held.dense, held.expert) if uniform else (float(stage), -1.0)
         if key not in comm_by_params:
-            comm_by_params[key] = stage_data_parallel_comm_s(model, training, cluster, layout, stage, micro_batches)
-        comm_s = comm_by_params[key] * communication_scale
-        window_s = compute_scale * overlap_window_s(plan.window, stage_time, micro_batches) if hides else 0.0
-        exposed = max(0.0, comm_s - window_s)
+            comm_by_params[key] = stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
+        comm = comm_by_params[key]
+        comm_s = comm.total_s * communication_scale
+        if hides:
+            unhidden_s = comm.unhidden_s * communication_scale
+            window_s = compute_scale * overlap_window_s(plan.window, stage_time, micro_batches)
+            exposed = unhidden_s + overlapped_comm_cost_s(comm_s - unhidden_s, window_s)
+        else:
+            exposed = comm_s
         if exposed >= exposed_s:
             exposed_s, total_s = exposed, comm_s
     return DataParallelTime(exposed_s=exposed_s, total_s=total_s)

@@ -22,10 +22,17 @@ all-gathers the updated parameters (the same volume), hidden the same way. ZeRO-
 gradient, so it reduce-scatters every micro-batch's gradients during that micro-batch's backward
 (as DeepSpeed stage 2 and FSDP with gradient sync do). ZeRO-3 also gathers parameters for every
 forward and backward of every micro-batch (3 psi per micro-batch), prefetched behind all of the
-compute. ZeRO 2-3 shard module by module (``StageParams.units``), one collective per unit each.
+compute. ZeRO 2-3 shard module by module (``StageParams.units``), one collective per unit each;
+without ZeRO and under ZeRO-1 the collectives run bucket by bucket
+(``schemas.buffers.GRAD_BUCKET_ELEMENTS``, PyTorch DDP's 25 MB, Megatron-LM's 40M-parameter
+buckets are of the same order). The pieces at the edges of the hiding compute are hidden by none
+(``StepCollectives.edges``): the last bucket or unit reduces after the backward that fills it,
+the first gather precedes the forward that needs it.
 Under a pipeline (``pipeline.defers_gradient_reduction``) ZeRO 2-3 reduce once, after the last
 backward, and ZeRO-3 gathers for every backward and for the first forward, m + 1 times; the
-single reduction has no backward left to hide behind, and the stage holds what ZeRO-1 holds.
+single reduction has no backward left to hide behind (``StepCollectives.exposed``), and the
+stage holds what ZeRO-1 holds. What the hidden collectives still cost is
+``cost_models.overlap``'s.
 Units: parameters (elements), bytes, seconds.
 """
 
@@ -214,52 +221,81 @@ class StepCollectives:
     """Run once a step (counts already multiplied where they depend on the micro-batches)."""
     unit_by_unit: bool
     """Whether each collective runs once per sharded unit (``StageParams.units``) on 1/units of
-    the bytes, each paying its own latency, rather than once on all of them."""
+    the bytes, rather than bucket by bucket (``schemas.buffers.GRAD_BUCKET_ELEMENTS``); each
+    piece pays its own latency."""
     window: OverlapWindow
+    """The compute that hides ``per_micro_batch`` and ``per_step``."""
+    exposed: Collectives = Collectives()
+    """Run once a step after the last backward, behind no compute."""
+    edges: Collectives = Collectives()
+    """Pieces (one unit or bucket each) of the hidden runs at the window's edges, which no compute
+    hides: the first gather before the first forward, the last reduction after the last backward."""
 
     @property
     def ops(self) -> tuple[CollectiveOp, ...]:
         """The collectives that run at least once a step."""
-        return tuple(dict.fromkeys(self.per_micro_batch.ops + self.per_step.ops))
+        return tuple(dict.fromkeys(self.per_micro_batch.ops + self.per_step.ops + self.exposed.ops))
 
     def time_s(self, run_s: Mapping[CollectiveOp, float], micro_batches: int) -> float:
         """Seconds of one step's collectives, ``run_s[op]`` each run (over all the bytes).
 
         Args:
-            run_s: seconds of one run of each op in ``ops``, unit by unit where ``unit_by_unit``.
+            run_s: seconds of one run of each op in ``ops``, piece by piece.
             micro_batches: micro-batches per step on one replica (m).
         """
-        return micro_batches * self.per_micro_batch.time_s(run_s) + self.per_step.time_s(run_s)
+        return (
+            micro_batches * self.per_micro_batch.time_s(run_s)
+            + self.per_step.time_s(run_s)
+            + self.exposed.time_s(run_s)
+        )
+
+    def unhidden_s(self, run_s: Mapping[CollectiveOp, float], piece_s: Mapping[CollectiveOp, float]) -> float:
+        """Seconds of the step's collectives that no compute hides: the ``exposed`` runs and the
+        ``edges`` pieces.
+
+        Args:
+            run_s: seconds of one run of each op over all the bytes, piece by piece.
+            piece_s: seconds of one piece of each op.
+        """
+        return self.exposed.time_s(run_s) + self.edges.time_s(piece_s)
 
 
 WITHOUT_PIPELINE: Final = {
-    # One all-reduce of the accumulated gradients, bucket by bucket in the last backward.
+    # One all-reduce of the accumulated gradients, bucket by bucket in the last backward; the
+    # last bucket fills when the backward ends.
     ZeroStage.NONE: StepCollectives(
         per_micro_batch=Collectives(),
         per_step=Collectives(all_reduce=1),
         unit_by_unit=False,
         window=OverlapWindow.LAST_BACKWARD,
+        edges=Collectives(all_reduce=1),
     ),
-    # One reduce-scatter of the accumulated gradients, one all-gather of the updated weights.
+    # One reduce-scatter of the accumulated gradients, one all-gather of the updated weights;
+    # the last bucket's reduction and the first bucket's gather wait.
     ZeroStage.OPTIMIZER: StepCollectives(
         per_micro_batch=Collectives(),
         per_step=Collectives(reduce_scatter=1, all_gather=1),
         unit_by_unit=False,
         window=OverlapWindow.LAST_BACKWARD,
+        edges=Collectives(reduce_scatter=1, all_gather=1),
     ),
     # Every micro-batch's gradients reduce-scattered in its backward; the weights gathered once.
+    # The last unit's reduction waits.
     ZeroStage.GRADIENTS: StepCollectives(
         per_micro_batch=Collectives(reduce_scatter=1),
         per_step=Collectives(all_gather=1),
         unit_by_unit=True,
         window=OverlapWindow.EVERY_BACKWARD,
+        edges=Collectives(reduce_scatter=1),
     ),
-    # Weights gathered for every forward and backward, prefetched behind all the compute.
+    # Weights gathered for every forward and backward, prefetched behind all the compute; the
+    # first unit's gather and the last unit's reduction wait.
     ZeroStage.PARAMETERS: StepCollectives(
         per_micro_batch=Collectives(reduce_scatter=1, all_gather=2),
         per_step=Collectives(),
         unit_by_unit=True,
         window=OverlapWindow.ALL_COMPUTE,
+        edges=Collectives(reduce_scatter=1, all_gather=1),
     ),
 }
 """What each ZeRO stage runs in a step where no pipeline defers the reduction."""
@@ -281,9 +317,19 @@ def step_collectives(layout: Layout, micro_batches: int) -> StepCollectives:
     zero = layout.zero_stage
     if not defers_gradient_reduction(layout):
         return WITHOUT_PIPELINE[zero]
+    if not zero.shards_parameters:
+        return StepCollectives(
+            per_micro_batch=Collectives(),
+            per_step=Collectives(),
+            unit_by_unit=True,
+            window=OverlapWindow.NONE,
+            exposed=Collectives(reduce_scatter=1, all_gather=1),
+        )
     return StepCollectives(
         per_micro_batch=Collectives(),
-        per_step=Collectives(reduce_scatter=1, all_gather=micro_batches + 1 if zero.shards_parameters else 1),
+        per_step=Collectives(all_gather=micro_batches + 1),
         unit_by_unit=True,
-        window=OverlapWindow.ALL_COMPUTE if zero.shards_parameters else OverlapWindow.NONE,
+        window=OverlapWindow.ALL_COMPUTE,
+        exposed=Collectives(reduce_scatter=1),
+        edges=Collectives(all_gather=1),
     )

@@ -168,59 +168,94 @@ def test_a_pipeline_holds_zero_1s_states_under_zero_2_and_3() -> None:
 
 
 @pytest.mark.parametrize(
-    ("p", "zero", "per_micro_batch", "per_step", "unit_by_unit", "window"),
+    ("p", "zero", "expected"),
     [
-        (1, ZeroStage.NONE, Collectives(), Collectives(all_reduce=1), False, OverlapWindow.LAST_BACKWARD),
-        (2, ZeroStage.NONE, Collectives(), Collectives(all_reduce=1), False, OverlapWindow.LAST_BACKWARD),
+        # One all-reduce, bucket by bucket in the last backward; the last bucket waits for it.
+        *(
+            (
+                p,
+                ZeroStage.NONE,
+                StepCollectives(
+                    per_micro_batch=Collectives(),
+                    per_step=Collectives(all_reduce=1),
+                    unit_by_unit=False,
+                    window=OverlapWindow.LAST_BACKWARD,
+                    edges=Collectives(all_reduce=1),
+                ),
+            )
+            for p in (1, 2)
+        ),
         (
             1,
             ZeroStage.OPTIMIZER,
-            Collectives(),
-            Collectives(reduce_scatter=1, all_gather=1),
-            False,
-            OverlapWindow.LAST_BACKWARD,
+            StepCollectives(
+                per_micro_batch=Collectives(),
+                per_step=Collectives(reduce_scatter=1, all_gather=1),
+                unit_by_unit=False,
+                window=OverlapWindow.LAST_BACKWARD,
+                edges=Collectives(reduce_scatter=1, all_gather=1),
+            ),
         ),
         (
             1,
             ZeroStage.GRADIENTS,
-            Collectives(reduce_scatter=1),
-            Collectives(all_gather=1),
-            True,
-            OverlapWindow.EVERY_BACKWARD,
+            StepCollectives(
+                per_micro_batch=Collectives(reduce_scatter=1),
+                per_step=Collectives(all_gather=1),
+                unit_by_unit=True,
+                window=OverlapWindow.EVERY_BACKWARD,
+                edges=Collectives(reduce_scatter=1),
+            ),
         ),
         (
             1,
             ZeroStage.PARAMETERS,
-            Collectives(reduce_scatter=1, all_gather=2),
-            Collectives(),
-            True,
-            OverlapWindow.ALL_COMPUTE,
+            StepCollectives(
+                per_micro_batch=Collectives(reduce_scatter=1, all_gather=2),
+                per_step=Collectives(),
+                unit_by_unit=True,
+                window=OverlapWindow.ALL_COMPUTE,
+                edges=Collectives(reduce_scatter=1, all_gather=1),
+            ),
         ),
         # Pipelined, m = 8: one reduction after the last backward, nothing left to hide it ...
-        (2, ZeroStage.GRADIENTS, Collectives(), Collectives(reduce_scatter=1, all_gather=1), True, OverlapWindow.NONE),
-        # ... while ZeRO-3's m + 1 gathers still run behind the compute.
+        (
+            2,
+            ZeroStage.GRADIENTS,
+            StepCollectives(
+                per_micro_batch=Collectives(),
+                per_step=Collectives(),
+                unit_by_unit=True,
+                window=OverlapWindow.NONE,
+                exposed=Collectives(reduce_scatter=1, all_gather=1),
+            ),
+        ),
+        # ... while ZeRO-3's m + 1 gathers still run behind the compute, all but the first.
         (
             2,
             ZeroStage.PARAMETERS,
-            Collectives(),
-            Collectives(reduce_scatter=1, all_gather=9),
-            True,
-            OverlapWindow.ALL_COMPUTE,
+            StepCollectives(
+                per_micro_batch=Collectives(),
+                per_step=Collectives(all_gather=9),
+                unit_by_unit=True,
+                window=OverlapWindow.ALL_COMPUTE,
+                exposed=Collectives(reduce_scatter=1),
+                edges=Collectives(all_gather=1),
+            ),
         ),
     ],
 )
-def test_the_collectives_each_zero_stage_runs_per_step(
-    p: int,
-    zero: ZeroStage,
-    per_micro_batch: Collectives,
-    per_step: Collectives,
-    unit_by_unit: bool,
-    window: OverlapWindow,
-) -> None:
+def test_the_collectives_each_zero_stage_runs_per_step(p: int, zero: ZeroStage, expected: StepCollectives) -> None:
     m = 16 // (4 // p)
-    assert step_collectives(_layout(p, zero), m) == StepCollectives(
-        per_micro_batch=per_micro_batch, per_step=per_step, unit_by_unit=unit_by_unit, window=window
-    )
+    assert step_collectives(_layout(p, zero), m) == expected
+
+
+def test_a_step_s_collectives_add_up_and_its_edges_are_single_pieces() -> None:
+    plan = step_collectives(_layout(2, ZeroStage.PARAMETERS), 8)
+    run_s = {CollectiveOp.ALL_GATHER: 2.0, CollectiveOp.REDUCE_SCATTER: 3.0}
+    piece_s = {CollectiveOp.ALL_GATHER: 0.5, CollectiveOp.REDUCE_SCATTER: 0.75}
+    assert plan.time_s(run_s, 8) == 9 * 2.0 + 3.0
+    assert plan.unhidden_s(run_s, piece_s) == 3.0 + 0.5
 
 
 def test_the_optimizer_steps_the_ranks_shard() -> None:

@@ -16,9 +16,11 @@ TRAINING = TrainingSpec(global_batch_size=32, seq_len=4096)
 
 
 def _best(cluster: ClusterProfile) -> tuple[Layout, Layout]:
-    """The best layout, and the best whose experts are split over the tensor-parallel group."""
+    """The best layout whose experts are folded over a stage's ranks, and the best whose experts
+    are split over the tensor-parallel group."""
     plans = api.search(MODEL, cluster, TRAINING, top_k=60)
-    return plans[0].layout, next(p.layout for p in plans if not p.layout.folds_experts)
+    folded = next(p.layout for p in plans if p.layout.folds_experts)
+    return folded, next(p.layout for p in plans if not p.layout.folds_experts)
 
 
 def _nodes_per_expert_group(layout: Layout, devices_per_node: int) -> set[int]:
@@ -28,9 +30,9 @@ def _nodes_per_expert_group(layout: Layout, devices_per_node: int) -> set[int]:
 
 def test_expert_parallel_groups_stay_in_a_node_because_crossing_nodes_is_priced_higher() -> None:
     cluster = load_cluster("dgx-h100:2")  # 2 nodes of 8 H100s: NVLink inside, InfiniBand between
-    best, split = _best(cluster)
-    assert best.expert_parallel_degree > 1 and split.expert_parallel_degree > 1
-    assert _nodes_per_expert_group(best, cluster.devices_per_node) == {1}
+    folded, split = _best(cluster)
+    assert folded.expert_parallel_degree > 1 and split.expert_parallel_degree > 1
+    assert _nodes_per_expert_group(folded, cluster.devices_per_node) == {1}
     assert _nodes_per_expert_group(split, cluster.devices_per_node) == {1}
 
     nvlink_everywhere = cluster.model_copy(
