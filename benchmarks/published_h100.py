@@ -105,6 +105,9 @@ class PublishedRun:
     tokens_per_s_per_gpu: float | None
     tflops_per_gpu: float | None
     flop_formula: FlopFormula
+    tp_comm_overlap: bool = False
+    """Whether the source states tensor-parallel communication overlap (Megatron-LM's
+    ``--tp-comm-overlap``)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -251,6 +254,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         flop_formula={"megatron-lm": FlopFormula.MEGATRON_2024, "modelzoo": FlopFormula.MEGATRON_CAUSAL}.get(
             source, FlopFormula.PLANNER
         ),
+        tp_comm_overlap=bool(par.get("tp_comm_overlap")),
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
 

@@ -63,8 +63,11 @@ class Prediction:
 
 
 def training_of(run: PublishedRun) -> TrainingSpec:
-    """BF16 mixed precision, flash attention (every source uses a fused attention kernel)."""
-    return TrainingSpec(global_batch_size=run.global_batch_size, seq_len=run.seq_len)
+    """BF16 mixed precision, flash attention (every source uses a fused attention kernel), and
+    tensor-parallel communication overlap where the source states it."""
+    return TrainingSpec(
+        global_batch_size=run.global_batch_size, seq_len=run.seq_len, tp_comm_overlap=run.tp_comm_overlap
+    )
 
 
 def pinned_axes(run: PublishedRun) -> dict[str, tuple[Choice, ...]]:

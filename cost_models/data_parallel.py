@@ -10,7 +10,7 @@ compute can hide (a pipeline's deferred reduction, the first gather and the last
 reduction) is exposed whole; the rest costs what ``overlap.overlapped_comm_cost_s`` says: what
 exceeds its window, and at least the slowdown it inflicts on the compute it runs beside. The
 step waits for the stage whose reduction is exposed the most. On a CPU device nothing is hidden
-(``hides_communication``).
+(``overlap.hides_communication``).
 Units: seconds, bytes.
 """
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from cost_models import groups as grp
 from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
-from cost_models.overlap import overlapped_comm_cost_s
+from cost_models.overlap import hides_communication, overlapped_comm_cost_s
 from cost_models.params import stage_params
 from cost_models.sharding import OverlapWindow, step_collectives
 from cost_models.timing import StageTime
-from planner.schemas import ClusterProfile, CollectiveOp, DeviceKind, Layout, ModelSpec, TrainingSpec
+from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec
 from planner.schemas.buffers import GRAD_BUCKET_ELEMENTS
 from planner.schemas.geometry import stage_layers
 
@@ -42,14 +42,6 @@ class DataParallelTime:
     def overlapped_s(self) -> float:
         """What runs behind compute."""
         return self.total_s - self.exposed_s
-
-
-def hides_communication(cluster: ClusterProfile) -> bool:
-    """Whether data-parallel communication can run behind compute. On GPUs it can: NCCL runs on
-    its own streams and copy engines. On a CPU it cannot: gloo's collectives run on the cores that
-    compute (measured on the local 4-rank cluster: ZeRO-3 adds its gathers in full, 0.13 s a
-    micro-batch of tiny-gpt at dp 4)."""
-    return cluster.device.kind is not DeviceKind.CPU
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -40,7 +40,9 @@ tensor-parallel time add up to the record, the MoE part counted once. With the e
 (``Layout.folds_experts``: whole experts, each rank routing its own s b / t tokens) an MoE layer
 runs attention's tensor-parallel collectives alone (``tensor_parallel.moe_layer_share``) and is
 priced from its modeled kernels over the measured dense layer, the runtime's MoE layer (which
-splits experts over t) not being what runs.
+splits experts over t) not being what runs. With ``TrainingSpec.tp_comm_overlap`` under sequence
+parallelism on GPUs, a layer waits only for the part of its tensor-parallel time that its dense
+GEMMs do not hide (``overlap.tensor_parallel_exposed_s``).
 Units: seconds.
 """
 
@@ -61,6 +63,7 @@ from cost_models.compute import (
     measured_output_layer_s,
 )
 from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
+from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
 from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
@@ -147,7 +150,13 @@ def stage_times(
     )
     local = None if measured is None else (timed.forward_s, timed.backward_s)
     tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, local)
-    moe_tp_saved = 1.0 - moe_layer_share(model, layout)  # of an MoE layer's tensor-parallel time (0 unless folded)
+    # Each kind of layer's tensor-parallel time (an MoE layer's a share of it when folded), and what
+    # of it the layer waits for: all, unless the collectives run in chunks behind its GEMMs.
+    tp_overlap = training.tp_comm_overlap and layout.sequence_parallel and t > 1 and hides_communication(cluster)
+    tp_of = {moe: tp_layer * (moe_layer_share(model, layout) if moe else 1.0) for moe in kinds}
+    tp_exposed = {
+        moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t) if tp_overlap else tp_of[moe] for moe in kinds
+    }
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
 
     if layout.vocabulary_layout.over_pipeline:
@@ -186,14 +195,15 @@ def stage_times(
         extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
         extra += held.units * unit_s
         counts = {False: n - load.moe_layers, True: load.moe_layers}
-        here = [(counts[moe], kinds[moe]) for moe in kinds if counts[moe]]
+        here_kinds = [(counts[moe], moe) for moe in kinds if counts[moe]]
+        here = [(c, kinds[moe]) for c, moe in here_kinds]
         hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
         layers_s = sum((c * (k.forward_s + k.backward_s) for c, k in here), 0.0)
         out.append(
             StageTime(
                 compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
                 recompute_s=sum((c * k.recompute_s for c, k in here), 0.0) + hot * experts.recompute_s,
-                tensor_parallel_comm_s=(n - moe_tp_saved * load.moe_layers) * tp_layer,
+                tensor_parallel_comm_s=sum((c * tp_exposed[moe] for c, moe in here_kinds), 0.0),
                 expert_parallel_comm_s=load.exchange_sum * ep_layer,
                 backward_s=sum((c * k.backward_s for c, k in here), 0.0) + hot * experts.backward_s,
                 vocabulary_comm_s=vocabulary.exposed_s(layers_s),
@@ -229,6 +239,9 @@ class _LayerTime:
     forward_s: float
     backward_s: float
     recompute_s: float
+    gemm_s: float = 0.0
+    """The layer's dense GEMMs (projections and MLP or shared experts), forward, backward and
+    recomputed: what its tensor-parallel collectives can run behind."""
 
 
 def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _LayerTime:
@@ -340,4 +353,5 @@ def _layer_time(
         Recompute.SELECTIVE: 0.0 if work.flash_attention else attn_fwd,
         Recompute.FULL: layer_fwd,
     }[layout.recompute]
-    return _LayerTime(forward_s=layer_fwd, backward_s=layer_bwd, recompute_s=recompute)
+    gemm_s = dense_fwd + dense_bwd + (dense_fwd if layout.recompute is Recompute.FULL else 0.0)
+    return _LayerTime(forward_s=layer_fwd, backward_s=layer_bwd, recompute_s=recompute, gemm_s=gemm_s)

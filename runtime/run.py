@@ -65,6 +65,11 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
             "the global batch (planner search never proposes this)"
         )
+    if plan.training.tp_comm_overlap and cuda and layout.tensor_parallel_degree > 1:
+        raise InfeasibleConfigError(
+            "the plan is priced with tensor-parallel collectives behind their GEMMs (tp_comm_overlap), but this "
+            "runtime runs them synchronously; plan without --tp-comm-overlap to run it here"
+        )
     if plan.training.moe_capacity_factor is not None:
         raise InfeasibleConfigError(
             f"the plan drops tokens over a capacity factor of {plan.training.moe_capacity_factor}, but the runtime "

@@ -18,7 +18,12 @@ SEARCHES = {
     "llama3-70b@dgx-h100:8": ("llama3-70b", "dgx-h100:8", 512, 8192),
     "llama3-8b@dgx-h100:2": ("llama3-8b", "dgx-h100:2", 256, 4096),
 }
-OLD_PLANS = ("plan_v1_llama3_70b.json", "plan_v1_mixtral_search.json", "plan_v2_tiny_moe_ep4.json")
+OLD_PLANS = (
+    "plan_v1_llama3_70b.json",
+    "plan_v1_mixtral_search.json",
+    "plan_v2_tiny_moe_ep4.json",
+    "plan_v3_mixtral_folded_capacity.json",
+)
 
 
 def _ranked(model: str, cluster: str, batch: int, seq_len: int) -> list[dict[str, object]]:

@@ -63,6 +63,15 @@ PadOpt = Annotated[
         help="MoE, with --capacity-factor: every expert computes and exchanges its full capacity [default: off].",
     ),
 ]
+TpOverlapOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--tp-comm-overlap/--no-tp-comm-overlap",
+        help="Price tensor-parallel collectives run in chunks behind their GEMMs, as a GPU stack with Megatron-Core's "
+        "--tp-comm-overlap or torch's async TP runs them (with sequence parallelism; the planner's own runtime "
+        "runs them synchronously) [default: off].",
+    ),
+]
 
 
 def search_inputs(
@@ -74,6 +83,7 @@ def search_inputs(
     attention: AttentionKernel,
     capacity_factor: float | None = None,
     pad_to_capacity: bool | None = None,
+    tp_comm_overlap: bool | None = None,
 ) -> tuple[str, str, TrainingSpec]:
     """Model, cluster and training of a command that searches; all four inputs are required."""
     required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
@@ -88,6 +98,7 @@ def search_inputs(
             "attention_kernel": attention,
             "moe_capacity_factor": capacity_factor,
             "moe_pad_to_capacity": bool(pad_to_capacity),
+            "tp_comm_overlap": bool(tp_comm_overlap),
         }
     )
     return model, cluster, training
@@ -100,6 +111,7 @@ TRAINING_OPTIONS = {
     "attention": "attention_kernel",
     "capacity_factor": "moe_capacity_factor",
     "pad_to_capacity": "moe_pad_to_capacity",
+    "tp_comm_overlap": "tp_comm_overlap",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""
 LAYOUT_OPTIONS = {

@@ -23,6 +23,7 @@ from planner.cli.options import (
     OutputFormat,
     PadOpt,
     SeqLenOpt,
+    TpOverlapOpt,
     layout_fields,
     progress_bar,
     resolve,
@@ -84,6 +85,7 @@ def estimate(
     attention: Annotated[AttentionKernel | None, typer.Option(help="Attention kernel [default: flash].")] = None,
     capacity_factor: CapacityOpt = None,
     pad_to_capacity: PadOpt = None,
+    tp_comm_overlap: TpOverlapOpt = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="table for people, json for tools.")
     ] = OutputFormat.TABLE,
@@ -117,6 +119,7 @@ def search(
     attention: AttentionOpt = AttentionKernel.FLASH,
     capacity_factor: CapacityOpt = None,
     pad_to_capacity: PadOpt = None,
+    tp_comm_overlap: TpOverlapOpt = None,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
     strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (
         StrategyName.EXHAUSTIVE
@@ -164,7 +167,7 @@ def search(
     --output plan.json
     """
     model, cluster, training = search_inputs(
-        model, cluster, global_batch_size, seq_len, dtype, attention, capacity_factor, pad_to_capacity
+        model, cluster, global_batch_size, seq_len, dtype, attention, capacity_factor, pad_to_capacity, tp_comm_overlap
     )
     with progress_bar("searching", transient=True) as progress:
         outcome, plans = api.search_outcome(

@@ -8,7 +8,8 @@ Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expe
 3 adds the training's ``moe_capacity_factor`` and ``moe_pad_to_capacity``, whose defaults (dropless)
 mean what a version-2 plan meant, the vocabulary layouts ``vocab-1`` and ``vocab-2``, and the
 layout's ``expert_tensor_parallel_degree``, whose default (None: t) means what a plan without it
-meant (version 3 was not released before it; a version-3 plan without the field reads unchanged).
+meant (version 3 was not released before it; a version-3 plan without the field reads unchanged);
+4 adds the training's ``tp_comm_overlap``, whose default (off) means what a version-3 plan meant.
 """
 
 from datetime import datetime
@@ -49,7 +50,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[3] = 3
+    schema_version: Literal[4] = 4
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -67,9 +68,9 @@ class Plan(FrozenModel):
         return self
 
 
-PLAN_SCHEMA_VERSION = 3
+PLAN_SCHEMA_VERSION = 4
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 """The versions ``upgrade`` reads."""
 
 
@@ -81,7 +82,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     version-1 plan ran. The cluster's device kind is derived from its device name
     (``device_kind_of_v1_name``), as version 1 did wherever it needed it.
     Version 2 -> 3: the training's new fields are absent, and their defaults (dropless experts)
-    are what a version-2 plan ran.
+    are what a version-2 plan ran. Version 3 -> 4: likewise (tensor-parallel collectives not
+    overlapped).
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -90,4 +92,6 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
             raw["cluster"] = {**cluster, "device_kind": device_kind_of_v1_name(cluster["device_name"])}
     if raw.get("schema_version") == 2:
         raw = {**raw, "schema_version": 3}
+    if raw.get("schema_version") == 3:
+        raw = {**raw, "schema_version": 4}
     return raw

@@ -21,6 +21,14 @@ class TrainingSpec(FrozenModel):
         description="'flash' never stores the s x s scores; 'eager' does (as Megatron-LM did in 2021).",
     )
 
+    tp_comm_overlap: bool = Field(
+        default=False,
+        description=(
+            "Tensor parallelism with sequence parallelism: each all-gather and reduce-scatter runs in chunks behind "
+            "the GEMM it feeds or follows (Megatron-Core's --tp-comm-overlap with Transformer Engine's userbuffers, "
+            "torch's async tensor parallelism). Priced on GPUs; the planner's own runtime runs them synchronously."
+        ),
+    )
     moe_capacity_factor: float | None = Field(
         default=None,
         gt=0,

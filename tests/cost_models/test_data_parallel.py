@@ -15,12 +15,11 @@ from conftest import cpu_cluster, make_cluster
 from cost_models import groups as grp
 from cost_models.data_parallel import (
     data_parallel_time,
-    hides_communication,
     overlap_window_s,
     stage_data_parallel_comm,
 )
 from cost_models.estimate import estimate
-from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN
+from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN, hides_communication
 from cost_models.params import stage_params
 from cost_models.sharding import OverlapWindow
 from cost_models.timing import StageTime, stage_times
