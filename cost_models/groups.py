@@ -13,7 +13,15 @@ from collections.abc import Iterator
 
 from cost_models.comm import Group
 from planner.schemas import Layout
-from planner.schemas.geometry import MeshAxis, axis_stride, rank_of
+from planner.schemas.geometry import (
+    ExpertMeshAxis,
+    MeshAxis,
+    axis_stride,
+    expert_axis_stride,
+    expert_mesh_shape,
+    expert_rank_of,
+    rank_of,
+)
 
 
 def device_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
@@ -21,10 +29,14 @@ def device_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
     return layout.device_map.device_of(rank_of(layout, stage, replica, shard))
 
 
-def _group(layout: Layout, first: int, axis: MeshAxis, size: int, step: int = 1) -> Group:
-    """The devices of ``size`` ranks from rank ``first`` along ``axis``, every ``step``-th one.
-    (Ranks by stride, not one call per member: a search builds these groups thousands of times.)"""
-    stride = step * axis_stride(layout, axis)
+def _group(layout: Layout, first: int, axis: MeshAxis, size: int) -> Group:
+    """The devices of ``size`` ranks from rank ``first`` along ``axis``."""
+    return _run(layout, first, size, axis_stride(layout, axis))
+
+
+def _run(layout: Layout, first: int, size: int, stride: int) -> Group:
+    """The devices of ``size`` ranks from rank ``first``, ``stride`` apart. (Ranks by stride, not
+    one call per member: a search builds these groups thousands of times.)"""
     ranks = range(first, first + size * stride, stride)
     devices = layout.device_map.devices
     return Group(tuple(devices[r] for r in ranks) if devices else ranks)
@@ -49,34 +61,30 @@ def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
             yield _group(layout, rank_of(layout, s, 0, j), MeshAxis.DP, layout.data_parallel_degree)
 
 
+def _expert_group(layout: Layout, first: int, axis: ExpertMeshAxis, size: int) -> Group:
+    """The devices of ``size`` ranks from rank ``first`` along expert-mesh ``axis``."""
+    return _run(layout, first, size, expert_axis_stride(layout, axis))
+
+
 def expert_groups(layout: Layout) -> Iterator[Group]:
-    """Every expert-parallel group: ep consecutive replicas exchanging tokens, or folded ep
-    consecutive ranks of a stage."""
-    ep = layout.expert_parallel_degree
-    if layout.folds_experts:
-        for s in range(layout.pipeline_parallel_degree):
-            for g in range(layout.expert_data_parallel_degree):
-                yield _group(layout, rank_of(layout, s, 0, 0) + g * ep, MeshAxis.TP, ep)
-        return
-    for s in range(layout.pipeline_parallel_degree):
-        for j in range(layout.tensor_parallel_degree):
-            for g in range(layout.data_parallel_degree // ep):
-                yield _group(layout, rank_of(layout, s, g * ep, j), MeshAxis.DP, ep)
+    """Every expert-parallel group (the expert mesh's ep axis, ``schemas.geometry``): ep
+    consecutive replicas exchanging tokens, or folded ep consecutive ranks of a stage."""
+    p, edp, ep, shards = expert_mesh_shape(layout)
+    for s in range(p):
+        for j in range(shards):
+            for g in range(edp):
+                yield _expert_group(layout, expert_rank_of(layout, s, g, 0, j), ExpertMeshAxis.EP, ep)
 
 
 def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
-    """Replicas that hold the same experts (d / ep of them), for expert gradient reduction; folded,
-    the d t / ep ranks of a stage at the same place of every expert-parallel group."""
-    ep = layout.expert_parallel_degree
-    if layout.folds_experts:
-        for s in _stages(layout, stage):
-            for i in range(ep):
-                yield _group(layout, rank_of(layout, s, 0, 0) + i, MeshAxis.TP, layout.expert_data_parallel_degree, ep)
-        return
+    """Ranks that hold the same experts (the expert mesh's edp axis), for expert gradient
+    reduction: d / ep replicas, or folded the d t / ep ranks of a stage at the same place of
+    every expert-parallel group; of every stage or of ``stage``."""
+    _, edp, ep, shards = expert_mesh_shape(layout)
     for s in _stages(layout, stage):
-        for j in range(layout.tensor_parallel_degree):
+        for j in range(shards):
             for i in range(ep):
-                yield _group(layout, rank_of(layout, s, i, j), MeshAxis.DP, layout.data_parallel_degree // ep, ep)
+                yield _expert_group(layout, expert_rank_of(layout, s, 0, i, j), ExpertMeshAxis.EDP, edp)
 
 
 def pipeline_groups(layout: Layout) -> Iterator[Group]:

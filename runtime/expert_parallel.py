@@ -13,7 +13,10 @@ is served.
 Under tensor parallelism the group is the ranks of one tensor-parallel coordinate, whose experts
 are all that coordinate's part (``runtime.tensor_parallel``): tokens travel whole (h wide), the
 experts' partial outputs come back, and the layer's tensor-parallel region sums them after the
-combine.
+combine. With the experts folded (``Layout.folds_experts``, expert tensor parallelism 1 under
+sequence parallelism) the group is instead ep consecutive ranks of the stage's d t (replica and
+tensor shard mixed, ``schemas.geometry.expert_rank_of``): each rank sends the pairs of its own
+s/t tokens, every expert is whole, and its output needs no reduction.
 
 An expert the table lists on several ranks is replicated (as DeepSeek's EPLB places redundant
 experts): its copies share its pairs (``ExpertExchange``) and sum their gradients
@@ -22,6 +25,13 @@ experts): its copies share its pairs (``ExpertExchange``) and sum their gradient
 Gradients: an expert's gradient on its rank sums the contributions of its whole expert-parallel
 group, so experts are summed over the expert-data-parallel group (same place, other groups) and
 divided by d, as dense parameters are averaged over all d replicas (``runtime.data_parallel``).
+The divisor stays d when the experts are folded, although the group then has d t / ep ranks: the
+step's loss is the mean of the d replicas' losses, L = (1/d) sum_r L_r, and every tensor-parallel
+rank of replica r back-propagates the whole L_r (the vocabulary-parallel loss) into its own s/t
+tokens, which no other rank routes. A token's pairs reach an expert once, from the one rank that
+routed it, so the sum over the edp group of the experts' local gradients is
+sum_r sum_j dL_r/dW|tokens of shard j = sum_r dL_r/dW = d dL/dW, and dividing by d gives dL/dW.
+(Dividing by the group's size d t / ep, as a mean would, scales the update by ep / t.)
 """
 
 from collections.abc import Iterable, Sequence

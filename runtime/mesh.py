@@ -7,7 +7,9 @@ DeviceMap numbers devices, node by node). With the identity map this is the mesh
 ``init_device_mesh(device, (p, d, t))`` builds.
 
 Under expert parallelism a second mesh, ``expert_mesh``, splits the data axis into
-(edp, ep) (``schemas.geometry.EXPERT_MESH_AXES``) over the same grid of devices.
+(edp, ep) (``schemas.geometry.EXPERT_MESH_AXES``) over the same grid of devices; with the experts
+folded (``Layout.folds_experts``) it splits each stage's d t ranks, in rank order, into (edp, ep),
+its tensor axis of size 1 (``schemas.geometry.expert_rank_of``).
 
 torch orders the members of a process group by their rank, and a process's place on a mesh
 axis is its rank in that axis's group. A map under which some axis lists its devices out of
@@ -24,7 +26,15 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from planner.schemas import Layout
-from planner.schemas.geometry import EXPERT_MESH_AXES, MESH_AXES, MeshAxis, expert_mesh_shape, mesh_shape, rank_of
+from planner.schemas.geometry import (
+    EXPERT_MESH_AXES,
+    MESH_AXES,
+    MeshAxis,
+    expert_mesh_shape,
+    expert_rank_of,
+    mesh_shape,
+    rank_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,20 +65,36 @@ def layout_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     return _mesh(device_grid(layout), device_type, tuple(MESH_AXES), layout)
 
 
+def expert_device_grid(layout: Layout) -> torch.Tensor:
+    """The torch rank at each coordinate of ``layout``'s expert mesh: a (p, edp, ep, t') int
+    tensor (``schemas.geometry.expert_mesh_shape``) holding ``device_map.device_of`` the plan
+    rank ``expert_rank_of`` gives that coordinate."""
+    shape = expert_mesh_shape(layout)
+    p, edp, ep, shards = shape
+    devices = [
+        layout.device_map.device_of(expert_rank_of(layout, s, g, i, j))
+        for s in range(p)
+        for g in range(edp)
+        for i in range(ep)
+        for j in range(shards)
+    ]
+    return torch.tensor(devices, dtype=torch.int).view(shape)
+
+
 def expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """The (pp, edp, ep, tp) mesh of ``layout``: its mesh with the data axis split into
-    expert-data-parallel and expert-parallel axes (``schemas.geometry.EXPERT_MESH_AXES``); every
-    process keeps its coordinates on pp and tp. Every rank calls it, in the same order.
+    """The (pp, edp, ep, tp) mesh of ``layout``'s MoE layers: its mesh with the data axis split
+    into expert-data-parallel and expert-parallel axes, every process keeping its coordinates on
+    pp and tp; or, with the experts folded, each stage's d t ranks split so, the tp axis of size
+    1 (``schemas.geometry.EXPERT_MESH_AXES``). Every rank calls it, in the same order.
 
     Args:
-        layout: the plan's layout; expert_parallel_degree divides data_parallel_degree.
+        layout: the plan's layout; expert_parallel_degree divides ``Layout.expert_ranks``.
         device_type: "cpu" or "cuda".
 
     Returns:
         The mesh; index it by ``ExpertMeshAxis`` (``mesh[ExpertMeshAxis.EP]``).
     """
-    grid = device_grid(layout).view(expert_mesh_shape(layout))
-    return _mesh(grid, device_type, tuple(EXPERT_MESH_AXES), layout)
+    return _mesh(expert_device_grid(layout), device_type, tuple(EXPERT_MESH_AXES), layout)
 
 
 def _mesh(grid: torch.Tensor, device_type: str, names: tuple[str, ...], layout: Layout) -> DeviceMesh:

@@ -7,13 +7,14 @@ micro-batch's rows and positions in order): every layer lists the same tokens in
 
 Each MoE layer records the expert ids of its forwards (``runtime.model.MoE.routing_trace``);
 the ranks of the first tensor-parallel shard (the others route the same tokens) send theirs to
-rank 0, which joins the replicas and the pipeline stages.
+rank 0, which joins the replicas and the pipeline stages. With the experts folded
+(``Layout.folds_experts``) each tensor-parallel rank routes its own slice of every micro-batch's
+sequence: every rank sends its records, and rank 0 joins each forward's slices along the sequence.
 """
 
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from planner.schemas import ModelSpec
@@ -41,27 +42,47 @@ def gather_routing(trainer: Trainer, tokens_per_replica: int) -> np.ndarray | No
             placeholders first (torch.distributed.pipelining infers its shapes so); a layer's
             records beyond this count are those, and are dropped.
     """
-    mine: dict[int, np.ndarray] = {}
-    if trainer.mesh[MeshAxis.TP].get_local_rank() == 0:
+    tp = trainer.mesh[MeshAxis.TP]
+    routers = tp.size() if trainer.layout.folds_experts else 1  # tensor-parallel ranks routing their own tokens
+    mine: dict[int, list[np.ndarray]] = {}
+    if tp.get_local_rank() < routers:
         for chunk in trainer.chunks:
             for name, block in chunk.layers.items():
                 if isinstance(block.mlp, MoE) and block.mlp.routing_trace:
-                    mine[int(name)] = torch.cat(block.mlp.routing_trace).numpy()[-tokens_per_replica:]
-    sent = (trainer.dp_rank, mine)
-    everyone: list[tuple[int, dict[int, np.ndarray]]] | None = (
+                    mine[int(name)] = [ids.numpy() for ids in block.mlp.routing_trace]
+    sent = (trainer.dp_rank, tp.get_local_rank(), mine)
+    everyone: list[tuple[int, int, dict[int, list[np.ndarray]]]] | None = (
         [sent] * dist.get_world_size() if dist.get_rank() == 0 else None
     )
     dist.gather_object(sent, everyone, dst=0)
     if everyone is None:
         return None
-    per_layer: dict[int, dict[int, np.ndarray]] = {}
-    for replica, layers in everyone:
-        for layer, ids in layers.items():
-            per_layer.setdefault(layer, {})[replica] = ids
+    per_layer: dict[int, dict[int, dict[int, list[np.ndarray]]]] = {}  # layer -> replica -> shard -> forwards
+    for replica, shard, layers in everyone:
+        for layer, forwards in layers.items():
+            per_layer.setdefault(layer, {}).setdefault(replica, {})[shard] = forwards
+    rows = trainer.layout.micro_batch_size
     columns = [
-        np.concatenate([ids for _, ids in sorted(per_layer[layer].items())]) for layer in moe_layers(trainer.model)
+        np.concatenate(
+            [_replica_ids(shards, rows, tokens_per_replica) for _, shards in sorted(per_layer[layer].items())]
+        )
+        for layer in moe_layers(trainer.model)
     ]
     return np.stack(columns, axis=1)
+
+
+def _replica_ids(shards: dict[int, list[np.ndarray]], rows: int, tokens: int) -> np.ndarray:
+    """One replica's expert ids in one layer: each forward's slices (by tensor-parallel rank)
+    joined, the forwards in order, the last ``tokens`` of them kept."""
+    forwards = [f for _, f in sorted(shards.items())]
+    return np.concatenate([_join_slices(slices, rows) for slices in zip(*forwards, strict=True)])[-tokens:]
+
+
+def _join_slices(slices: tuple[np.ndarray, ...], rows: int) -> np.ndarray:
+    """One forward's expert ids (rows x s, k), token by token in row and position order, from the
+    (rows x s/t, k) ids of its sequence slices in tensor-parallel rank order (one slice: as is)."""
+    k = slices[0].shape[-1]
+    return np.concatenate([ids.reshape(rows, -1, k) for ids in slices], axis=1).reshape(-1, k)
 
 
 def save_routing_trace(path: Path, expert_ids: np.ndarray, model: ModelSpec) -> None:

@@ -75,12 +75,6 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             f"the plan drops tokens over a capacity factor of {plan.training.moe_capacity_factor}, but the runtime "
             "routes every token to its experts (dropless); plan without --capacity-factor to run it"
         )
-    if layout.folds_experts:
-        raise InfeasibleConfigError(
-            f"the plan keeps every expert whole on its rank (expert_tensor_parallel_degree=1) under "
-            f"tensor_parallel_degree={layout.tensor_parallel_degree}, which the runtime does not run; use "
-            "expert_tensor_parallel_degree = tensor_parallel_degree (unset in the plan's layout) to run it"
-        )
     if not cuda and plan.cluster.device_kind is not DeviceKind.CPU:
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "

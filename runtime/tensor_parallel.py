@@ -28,6 +28,16 @@ group once per step before the update, as Megatron-LM's ``finalize_model_grads``
 sequence-parallel norms' gradients over the tensor-parallel group. With expert parallelism
 (``runtime.expert_parallel``) the exchange runs inside the region among the ranks of one tp
 coordinate: tokens go out whole, partial outputs come back and are reduced after the combine.
+
+With the experts folded (``Layout.folds_experts``: expert tensor parallelism 1, Megatron-Core's
+MoE parallel folding) nothing of an MoE layer is split here: every expert stays whole on the
+ranks that hold it, and each rank's layer takes its own (b, s/t, h) shard of the sequence-parallel
+norm's output, routes it with its whole router and returns the (b, s/t, h) output of those
+tokens, which joins the sequence-parallel residual stream as it is: no region, no gather of the
+sequence, no reduction of expert outputs. The token exchange runs over the folded expert-parallel
+group (``runtime.expert_parallel``). The router's gradient on each rank covers only the tokens it
+routed, and the tensor-parallel ranks of a replica route disjoint shares of its sequence whose
+gradients add up to the replica's: ``RouterGradients`` sums them as it sums the partial ones.
 """
 
 from collections.abc import Sequence
@@ -54,14 +64,23 @@ from runtime.model import MLP, Decoder, MoE
 from runtime.optim import flat_apply, local_grad
 
 
-def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+def tensor_parallel(
+    chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: bool, fold_experts: bool = False
+) -> None:
     """Split ``chunk``'s parameters over ``tp_mesh`` in place (see the module's docstring).
 
     Args:
         chunk: a model chunk; whichever of embedding, layers and output layer it holds is split.
         tp_mesh: the 1-D mesh of this rank's tensor-parallel group.
         sequence_parallel: also split the norms' and the residual stream's sequence.
+        fold_experts: keep every expert whole and let each rank's MoE layers take its own
+            sequence shard (``Layout.folds_experts``; needs ``sequence_parallel``).
     """
+    if fold_experts and not sequence_parallel:
+        raise InfeasibleConfigError(
+            "expert_tensor_parallel_degree=1 needs sequence_parallel (each rank routes its own share of the "
+            "sequence); turn it on"
+        )
     seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, object] = {}
     rank, degree = tp_mesh.get_local_rank(), tp_mesh.size()
@@ -76,6 +95,8 @@ def tensor_parallel(chunk: Decoder, tp_mesh: DeviceMesh, *, sequence_parallel: b
             plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
             if sequence_parallel:
                 plan[f"layers.{i}.mlp"] = gather
+        elif isinstance(block.mlp, MoE) and fold_experts:
+            block.mlp.register_forward_pre_hook(_sequence_shard)
         elif isinstance(block.mlp, MoE):
             for expert in block.mlp.experts.values():
                 assert isinstance(expert, MLP)
@@ -124,6 +145,13 @@ def split_expert(expert: MLP, rank: int, degree: int) -> None:
     expert.down.in_features = width // degree
     if rank != 0 and expert.down.bias is not None:
         expert.down.register_parameter("bias", None)
+
+
+def _sequence_shard(module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor]:
+    """A folded MoE layer's input: this rank's (b, s/t, h) shard of the sequence-parallel norm's
+    output, as a plain tensor (its backward returns the shard's gradient to the norm)."""
+    x = args[0]
+    return (x.to_local() if isinstance(x, DTensor) else x,)
 
 
 class ExpertRegion:

@@ -9,7 +9,8 @@ with a step that returns the global mean loss on every rank.
 - ``runtime.vocabulary_parallel``: under ``vocab-1``/``vocab-2``, this rank's rows of the
   embedding and output layer and the passes every pipeline rank joins.
 - ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
-  placement table) and their token exchange over the (pp, edp, ep, tp) expert mesh.
+  placement table) and their token exchange over the (pp, edp, ep, tp) expert mesh (with the
+  experts folded, over a stage's d t ranks: ``runtime.mesh.expert_mesh``).
 - ``runtime.data_parallel``: the replica's rows of the batch, ZeRO's sharing and the optimizer.
 - Gradient accumulation: micro-batches of the plan; each loss is divided by their count.
 """
@@ -25,7 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import ExpertMeshAxis, MeshAxis, expert_coordinates, num_micro_batches
+from planner.schemas.geometry import ExpertMeshAxis, MeshAxis, num_micro_batches
 from planner.schemas.layout import check_experts
 from runtime.data_parallel import DataParallel, Optimizer, parameters
 from runtime.expert_parallel import (
@@ -84,21 +85,28 @@ class Trainer:
         self.pp_rank = self.mesh[MeshAxis.PP].get_local_rank()
         self.placement = placement or placement_table(model, layout)
         check_placement(model, layout, self.placement)
-        experts_mesh = expert_mesh(layout, device.type) if layout.expert_parallel_degree > 1 else None
+        # folded experts (whole on each rank) are reduced over their own group even without ep
+        own_experts = layout.expert_parallel_degree > 1 or layout.folds_experts
+        experts_mesh = expert_mesh(layout, device.type) if own_experts else None
         self.data_parallel = DataParallel(
             layout, self.mesh[MeshAxis.DP], experts_mesh[ExpertMeshAxis.EDP] if experts_mesh else None
         )
-        place = expert_coordinates(layout, self.data_parallel.mesh.get_local_rank())[1]
+        place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         compute = TORCH_DTYPES[dtype]
         with default_dtype(self.data_parallel.parameter_dtype(compute)):
             held = hosted_experts(model, self.placement, place) if experts_mesh else None
             self.chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
         for chunk in self.chunks:
             set_recompute(chunk, layout.recompute)
-            if experts_mesh is not None:
+            if experts_mesh is not None and layout.expert_parallel_degree > 1:
                 expert_parallel(chunk, model, self.placement, experts_mesh[ExpertMeshAxis.EP].get_group())
             if layout.tensor_parallel_degree > 1:
-                tensor_parallel(chunk, self.mesh[MeshAxis.TP], sequence_parallel=layout.sequence_parallel)
+                tensor_parallel(
+                    chunk,
+                    self.mesh[MeshAxis.TP],
+                    sequence_parallel=layout.sequence_parallel,
+                    fold_experts=layout.folds_experts,
+                )
             if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
                 chunk.to(device)
         self.tied = TiedEmbedding(model, layout)
@@ -132,8 +140,8 @@ class Trainer:
                 model,
                 self.placement,
                 ep_group,
-                tensor_rank=tp_mesh.get_local_rank(),
-                tensor_degree=tp_mesh.size(),
+                tensor_rank=0 if layout.folds_experts else tp_mesh.get_local_rank(),
+                tensor_degree=layout.expert_tensor_degree,
             )
             self.optimizer = JointOptimizer([copies, self.optimizer])
         self.params = parameters(self.chunks) + (self.vocabulary.parameters() if self.vocabulary else [])

@@ -46,12 +46,12 @@ MESH_AXES: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.TP)
 
 
 class ExpertMeshAxis(StrEnum):
-    """The two axes the data axis splits into under expert parallelism, slowest first."""
+    """The two axes the MoE layers split a stage's expert ranks into, slowest first."""
 
     EDP = "edp"
-    """Replicas holding the same experts, one per expert-parallel group (d / ep)."""
+    """Ranks holding the same experts, one per expert-parallel group (``Layout.expert_data_parallel_degree``)."""
     EP = "ep"
-    """Replicas of one expert-parallel group, exchanging tokens (ep)."""
+    """Ranks of one expert-parallel group, exchanging tokens (ep)."""
 
 
 EXPERT_MESH_AXES: tuple[MeshAxis | ExpertMeshAxis, ...] = (
@@ -60,20 +60,33 @@ EXPERT_MESH_AXES: tuple[MeshAxis | ExpertMeshAxis, ...] = (
     ExpertMeshAxis.EP,
     MeshAxis.TP,
 )
-"""The expert mesh's axes, slowest first: the dense mesh with its data axis split."""
+"""The expert mesh's axes, slowest first: the dense mesh with its data axis split, or, with the
+experts folded, its (data, tensor) axes split and a tensor axis of size 1."""
 
 
 def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
-    """Sizes of the expert mesh's axes in ``EXPERT_MESH_AXES`` order: (p, d / ep, ep, t)."""
-    p, d, t = mesh_shape(layout)
+    """Sizes of the expert mesh's axes in ``EXPERT_MESH_AXES`` order: (p, d / ep, ep, t), or
+    (p, d t / ep, ep, 1) with the experts folded (each expert whole on its rank)."""
+    p, _, t = mesh_shape(layout)
     ep = layout.expert_parallel_degree
-    return p, d // ep, ep, t
+    return p, layout.expert_data_parallel_degree, ep, 1 if layout.folds_experts else t
 
 
-def expert_coordinates(layout: Layout, replica: int) -> tuple[int, int]:
-    """(expert-parallel group, place in it) of data-parallel ``replica``."""
-    group, place = divmod(replica, layout.expert_parallel_degree)
-    return group, place
+def expert_rank_of(layout: Layout, stage: int, group: int, place: int, shard: int = 0) -> int:
+    """Global rank of expert-mesh coordinate (stage, expert-parallel group, place in it, tensor
+    shard): the expert mesh is the dense mesh's rank order reshaped, so
+    stage * d t + (group * ep + place) * t' + shard, t' = t (the replica is group * ep + place),
+    or 1 folded (the stage rank is group * ep + place; ``shard`` is then 0)."""
+    _, _, ep, shards = expert_mesh_shape(layout)
+    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    return stage * d * t + (group * ep + place) * shards + shard
+
+
+def expert_axis_stride(layout: Layout, axis: ExpertMeshAxis) -> int:
+    """Ranks between neighbours along an expert-mesh axis: t' for ep, ep t' for edp (t' = t, or
+    1 folded)."""
+    _, _, ep, shards = expert_mesh_shape(layout)
+    return shards if axis is ExpertMeshAxis.EP else ep * shards
 
 
 def stage_rank(layout: Layout, replica: int, shard: int) -> int:

@@ -44,7 +44,7 @@ from ortools.sat.python import cp_model
 from planner.schemas import ExpertPlacement, Layout, RoutingStats
 from planner.schemas.device_map import node_numbers
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
-from planner.schemas.geometry import rank_of
+from planner.schemas.geometry import expert_rank_of
 from planner.schemas.routing import placement_metrics
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.refiner import cp_sat_solver
@@ -340,7 +340,7 @@ def expert_rank_nodes(layout: Layout, devices_per_node: int) -> tuple[int, ...]:
     stage, first tensor shard; folded, the stage's first ep ranks), numbered from 0 in order of
     appearance."""
     ep = layout.expert_parallel_degree
-    ranks = range(ep) if layout.folds_experts else (rank_of(layout, 0, i, 0) for i in range(ep))
+    ranks = (expert_rank_of(layout, 0, 0, i) for i in range(ep))
     return node_numbers((layout.device_map.device_of(r) for r in ranks), devices_per_node)
 
 

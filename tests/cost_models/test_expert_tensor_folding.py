@@ -11,11 +11,9 @@ with every expert split over t: ep 2 over the 2 replicas, each rank half of 2 ex
 """
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from conftest import make_cluster
-from harness import planner_main
 
 from cost_models.activations import layer_activations
 from cost_models.comm import Group, collective_time_s
@@ -29,7 +27,6 @@ from cost_models.memory import communication_buffer_bytes, stage_activation_byte
 from cost_models.params import stage_params
 from cost_models.sharding import optimizer_shard_params, stage_model_states
 from cost_models.tensor_parallel import moe_layer_share
-from planner import api
 from planner.inputs import load_cluster, load_model
 from planner.schemas import CollectiveOp, DType, Layout, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
@@ -218,19 +215,3 @@ def test_folding_needs_a_mixture_of_experts() -> None:
         check_experts(load_model("tiny-gpt"), dense)
     with pytest.raises(InfeasibleConfigError, match="divides both 4 and data x tensor_parallel_degree=8: 1, 2, 4"):
         check_experts(MODEL, replace(FOLDED, data_parallel_degree=4, expert_parallel_degree=8))
-
-
-def test_the_runtime_refuses_folded_experts_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = api.load_cluster("dgx-h100:1")
-    training = TrainingSpec(global_batch_size=8, seq_len=64)
-    layout = replace(FOLDED, data_parallel_degree=4, expert_parallel_degree=4)
-    plan = tmp_path / "folded.json"
-    est = api.estimate(MODEL, cluster, training, layout)
-    api.save_plan(api.make_plan(MODEL, training, cluster, "dgx-h100:1", layout, est), plan)
-    for name, value in {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}.items():
-        monkeypatch.setenv(name, value)
-    code, _, err = planner_main(["run", str(plan), "--steps", "1"], monkeypatch)
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert (
-        "expert_tensor_parallel_degree=1" in err and "use expert_tensor_parallel_degree = tensor_parallel_degree" in err
-    )

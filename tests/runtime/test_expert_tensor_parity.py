@@ -12,21 +12,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import run_ranks
+from moe_training import MOE, STEPS, TOLERANCE, layout_of, moe_trainer, train_losses, train_reference
 from torch.distributed.tensor import DTensor
 
-from planner.inputs import load_model
-from planner.schemas import Activation, DType, Layout
+from planner.schemas import Activation, DType
 from planner.schemas.geometry import MeshAxis
-from runtime.data import synthetic_batch
 from runtime.model import MLP
-from runtime.reference import reference_training
 from runtime.tensor_parallel import split_expert
-from runtime.trainer import Trainer
 
-TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-6
-BATCH, SEQ, STEPS, SEED, LR = 8, 16, 3, 0, 0.1
-MOE = load_model("tiny-moe")  # 4 layers, 4 experts of width 256, top-2, hidden 128
 
 FP32 = [
     dict(data_parallel_degree=2),
@@ -46,10 +40,6 @@ BF16 = [
 """tp2 layouts trained in bf16 mixed precision."""
 
 
-def _layout(kw: dict[str, Any]) -> Layout:
-    return Layout(**{"tensor_parallel_degree": 2, "pipeline_parallel_degree": 1, "micro_batch_size": 1, **kw})
-
-
 def _whole(p: torch.Tensor) -> torch.Tensor:
     """A parameter's tensor-parallel part, whole over the data-parallel group (FSDP's shards gathered)."""
     return (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().clone()
@@ -62,18 +52,8 @@ def train(out: str) -> list[list[float]]:
     results = []
     cases = [(kw, DType.FP32) for kw in FP32] + [(kw, DType.BF16) for kw in BF16]
     for i, (kw, dtype) in enumerate(cases):
-        trainer = Trainer(
-            MOE,
-            _layout(kw),
-            global_batch_size=BATCH,
-            seed=SEED,
-            optimizer="sgd",
-            lr=LR,
-            device=torch.device("cpu"),
-            dtype=dtype,
-        )
-        steps = [synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=s, seed=SEED) for s in range(STEPS)]
-        results.append([trainer.step(x, y) for x, y in steps])
+        trainer = moe_trainer(layout_of(kw, tensor_parallel_degree=2), dtype=dtype)
+        results.append(train_losses(trainer))
         if dtype is not DType.FP32:
             continue
         held = {
@@ -136,9 +116,7 @@ def test_the_parts_of_a_split_expert_sum_to_the_whole_expert(act: Activation) ->
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
 def test_four_ranks_experts_split_over_tensor_parallel_ranks_match_the_reference(tmp_path: Path) -> None:
-    reference, net = reference_training(
-        MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
-    )
+    reference, net = train_reference()
     assert len(set(reference)) == STEPS  # the steps do update the parameters
     results = run_ranks(4, train, str(tmp_path), workdir=tmp_path)
     for kw, losses in zip(FP32, results[: len(FP32)], strict=True):

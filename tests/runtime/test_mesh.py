@@ -19,9 +19,9 @@ from planner.schemas.geometry import (
     ExpertMeshAxis,
     MeshAxis,
     coordinates,
-    expert_mesh_shape,
 )
 from runtime import device_grid, group_mesh, layout_mesh
+from runtime.mesh import expert_device_grid
 
 
 def _layout(p: int = 1, **kw: object) -> Layout:
@@ -84,7 +84,7 @@ def test_expert_mesh_groups_are_the_cost_models(d: int, t: int, p: int, ep: int,
         expert_parallel_degree=ep,
         device_map=DeviceMap(devices=devices),
     )
-    grid = device_grid(layout).view(expert_mesh_shape(layout))
+    grid = expert_device_grid(layout)
     axis = {name: i for i, name in enumerate(EXPERT_MESH_AXES)}
 
     def fibers(name: ExpertMeshAxis) -> set[tuple[int, ...]]:

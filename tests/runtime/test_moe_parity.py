@@ -12,22 +12,28 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import run_ranks
+from moe_training import (
+    BATCH,
+    MOE,
+    SEQ,
+    STEPS,
+    TOLERANCE,
+    batch,
+    layout_of,
+    moe_trainer,
+    reference_routing,
+    train_losses,
+    train_reference,
+)
 
 from planner.inputs import load_model
 from planner.schemas import DeviceMap, DType, Layout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.layout import check_experts
 from planner.schemas.routing import ExpertPlacement
-from runtime.data import synthetic_batch
 from runtime.expert_parallel import PlacementTable, check_placement, placement_table
 from runtime.model import Decoder, MoE, local_experts, route
-from runtime.reference import reference_losses
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
-from runtime.trainer import Trainer
-
-TOLERANCE = 1e-5
-BATCH, SEQ, STEPS, SEED, LR = 8, 16, 3, 0, 0.1
-MOE = load_model("tiny-moe")  # 4 layers, 4 experts, top-2
 
 
 def test_route_renormalizes_the_top_k_softmax() -> None:
@@ -146,28 +152,10 @@ MEASURED = (dict(data_parallel_degree=4, expert_parallel_degree=2), SHUFFLED)
 """A layout whose measured all-to-all traffic is compared with the reference's routing."""
 
 
-def _layout_of(kw: dict[str, Any]) -> Layout:
-    return Layout(**{"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "micro_batch_size": 1, **kw})
-
-
-def _trainer(kw: dict[str, Any], table: PlacementTable | None = None, dtype: DType = DType.FP32) -> Trainer:
-    return Trainer(
-        MOE,
-        _layout_of(kw),
-        global_batch_size=BATCH,
-        seed=SEED,
-        optimizer="sgd",
-        lr=LR,
-        device=torch.device("cpu"),
-        placement=table,
-        dtype=dtype,
-    )
-
-
 def measure_traffic(kw: dict[str, Any], table: PlacementTable) -> list[dict[int, list[int]]]:
     """Pairs each data-parallel replica sent to each expert-parallel rank, by layer, in one step."""
-    trainer = _trainer(kw, table)
-    trainer.step(*synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=0, seed=SEED))
+    trainer = moe_trainer(layout_of(kw), table)
+    trainer.step(*batch(0))
     sent = {int(i): block.mlp.dispatch.sent_pairs for i, block in trainer.chunks[0].layers.items()}
     everyone: list[tuple[int, dict[int, list[int]]]] = [(0, {})] * dist.get_world_size()
     dist.all_gather_object(everyone, (trainer.dp_rank, sent))
@@ -184,9 +172,9 @@ def train_and_trace(
     traffic = measure_traffic(*MEASURED)
     traces = []
     for kw in traced:
-        trainer = _trainer(kw)
+        trainer = moe_trainer(layout_of(kw))
         record_routing(trainer)
-        trainer.step(*synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=0, seed=SEED))
+        trainer.step(*batch(0))
         ids = gather_routing(trainer, BATCH // kw["data_parallel_degree"] * SEQ)
         traces.append(None if ids is None else ids.tolist())
     return {"losses": train(layouts, mixed), "traces": traces, "traffic": traffic}
@@ -199,9 +187,7 @@ def train(
     results = []
     cases = [(kw, table, DType.FP32) for kw, table in layouts] + [(kw, None, DType.BF16) for kw in mixed]
     for kw, table, dtype in cases:
-        trainer = _trainer(kw, table, dtype)
-        steps = [synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=s, seed=SEED) for s in range(STEPS)]
-        results.append([trainer.step(x, y) for x, y in steps])
+        results.append(train_losses(moe_trainer(layout_of(kw), table, dtype)))
     return results
 
 
@@ -209,9 +195,7 @@ def train(
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
 def test_four_ranks_expert_parallel_layouts_match_the_reference(tmp_path: Path) -> None:
-    reference = reference_losses(
-        MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
-    )
+    reference, _ = train_reference()
     assert len(set(reference)) == STEPS  # the steps do update the parameters
     out = run_ranks(4, train_and_trace, LAYOUTS, MIXED, TRACED, workdir=tmp_path)
     results = out["losses"]
@@ -220,11 +204,7 @@ def test_four_ranks_expert_parallel_layouts_match_the_reference(tmp_path: Path) 
     for kw, losses in zip(MIXED, results[len(LAYOUTS) :], strict=True):
         assert losses == pytest.approx(reference, abs=1e-3), kw
     # the trace: every layer's top-k of every token of the step, as the reference routes them
-    net = Decoder(MOE, seed=SEED)
-    for block in net.layers.values():
-        block.mlp.routing_trace = []
-    net(synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=0, seed=SEED)[0])
-    routed = np.stack([torch.cat(block.mlp.routing_trace).numpy() for block in net.layers.values()], axis=1)
+    routed = reference_routing(0)
     assert routed.shape == (BATCH * SEQ, MOE.num_hidden_layers, MOE.num_experts_per_tok)
     for kw, trace in zip(TRACED, out["traces"], strict=True):
         assert np.array_equal(np.array(trace), routed), kw

@@ -1,0 +1,66 @@
+"""tiny-moe trained as the MoE parity tests train it: one setting (batch, sequence, steps, seed,
+SGD's learning rate) for the runtime's Trainer and the single-process reference it must match."""
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from planner.inputs import load_model
+from planner.schemas import DType, Layout
+from runtime.data import synthetic_batch
+from runtime.expert_parallel import PlacementTable
+from runtime.model import Decoder
+from runtime.reference import reference_training
+from runtime.trainer import Trainer
+
+MOE = load_model("tiny-moe")  # 4 layers, 4 experts of width 256, top-2, hidden 128, 2 kv heads (tp <= 2)
+BATCH, SEQ, STEPS, SEED, LR = 8, 16, 3, 0, 0.1
+TOLERANCE = 1e-5
+"""Losses of an fp32 layout trained with SGD against the reference's (as the dense parity tests)."""
+
+
+def layout_of(kw: dict[str, Any], **defaults: Any) -> Layout:
+    """A layout of ``kw`` over ``defaults`` over tp1, pp1 and micro-batches of one sequence."""
+    base = {"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "micro_batch_size": 1}
+    return Layout(**{**base, **defaults, **kw})
+
+
+def moe_trainer(layout: Layout, placement: PlacementTable | None = None, dtype: DType = DType.FP32) -> Trainer:
+    """This rank's Trainer of tiny-moe under ``layout`` (SGD, the setting above, on the CPU)."""
+    return Trainer(
+        MOE,
+        layout,
+        global_batch_size=BATCH,
+        seed=SEED,
+        optimizer="sgd",
+        lr=LR,
+        device=torch.device("cpu"),
+        placement=placement,
+        dtype=dtype,
+    )
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s global batch (inputs, targets), as the reference trains on it."""
+    return synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=step, seed=SEED)
+
+
+def train_losses(trainer: Trainer) -> list[float]:
+    """The losses of ``STEPS`` steps of ``trainer`` (every rank calls it)."""
+    return [trainer.step(*batch(s)) for s in range(STEPS)]
+
+
+def train_reference() -> tuple[list[float], Decoder]:
+    """The single-process reference's losses and the model they trained, in the same setting."""
+    return reference_training(MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR)
+
+
+def reference_routing(step: int) -> np.ndarray:
+    """The reference's expert ids of step ``step``'s batch before any update: (tokens, MoE
+    layers, k), tokens row by row, as a routing trace orders them."""
+    net = Decoder(MOE, seed=SEED)
+    for block in net.layers.values():
+        block.mlp.routing_trace = []
+    net(batch(step)[0])
+    return np.stack([torch.cat(block.mlp.routing_trace).numpy() for block in net.layers.values()], axis=1)
