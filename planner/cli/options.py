@@ -119,6 +119,7 @@ LAYOUT_OPTIONS = {
     "tp": "tensor_parallel_degree",
     "pp": "pipeline_parallel_degree",
     "ep": "expert_parallel_degree",
+    "etp": "expert_tensor_parallel_degree",
     "micro_batch_size": "micro_batch_size",
     "zero_stage": "zero_stage",
     "recompute": "recompute",

@@ -60,7 +60,17 @@ def estimate(
     tp: Annotated[int | None, typer.Option(min=1, help="Tensor-parallel degree [default: 1].")] = None,
     pp: Annotated[int | None, typer.Option(min=1, help="Pipeline-parallel degree [default: 1].")] = None,
     ep: Annotated[
-        int | None, typer.Option(min=1, help="Expert-parallel degree (MoE; divides dp) [default: 1].")
+        int | None,
+        typer.Option(min=1, help="Expert-parallel degree (MoE; divides dp, or dp x tp with --etp 1) [default: 1]."),
+    ] = None,
+    etp: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Expert-tensor-parallel degree (MoE with tp): tp splits every expert over the tensor-parallel "
+            "group; 1 keeps experts whole and spreads them over a stage's dp x tp ranks (MoE parallel folding, "
+            "Megatron-Core's --expert-tensor-parallel-size 1; needs --sequence-parallel) [default: tp].",
+        ),
     ] = None,
     micro_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per micro-batch [default: 1].")] = None,
     zero_stage: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage 0-3 [default: 0].")] = None,

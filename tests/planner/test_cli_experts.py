@@ -270,3 +270,18 @@ def test_search_says_what_a_capacity_factor_drops_on_the_trace(tmp_path: Path) -
     result = CliRunner().invoke(app, [*SEARCH, "--routing-trace", str(trace), "--capacity-factor", "1"])
     assert result.exit_code == 0, result.output
     assert "capacity factor 1 drops 50.0% of the routed tokens on the routing trace" in result.output
+
+
+def test_estimate_folds_experts_with_etp_1_and_refuses_other_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = ["estimate", "-m", "mixtral-8x7b", "-c", "dgx-h100:2", "--global-batch-size", "64", "--seq-len", "4096"]
+    base += ["--dp", "8", "--tp", "2", "--ep", "8", "--zero-stage", "1", "--recompute", "full"]
+    plan = tmp_path / "folded.json"
+    code, _, err = planner_main([*base, "--etp", "1", "--sequence-parallel", "--output", str(plan)], monkeypatch)
+    assert code == 0, err
+    assert api.load_plan(plan).layout.folds_experts
+    code, _, err = planner_main([*base, "--etp", "3", "--sequence-parallel"], monkeypatch)
+    one_line(code, err, "expert_tensor_parallel_degree=3 must be 1 or tensor_parallel_degree=2")
+    code, _, err = planner_main([*base, "--etp", "1"], monkeypatch)
+    one_line(code, err, "needs sequence_parallel")
