@@ -35,13 +35,16 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # (the same row); megatron-lm 7.2%, automodel 22.4%, llm-foundry 19.3%, llama3-paper 22.3%,
     # modelzoo 80.5%. With expert tensor parallelism 1 (MoE parallel folding, as the Model Zoo runs
     # it: its ep 8 group in one node) the Qwen3 row is -32.9%: mean 17.2%, worst 46.2% (llm-foundry mpt-30b, row 89).
+    # With overlapped data-parallel communication costing its slowdown and its edges, and the
+    # Megatron-LM rows' stated --tp-comm-overlap priced: mean 16.9%, worst 43.7% (row 89);
+    # megatron-lm 10.7% (hidden TP time leaves their compute too fast), llm-foundry 17.2%.
     # Lower these bounds as the model improves.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
     assert rows == 37
-    assert mean <= 0.19
-    assert worst <= 0.49
+    assert mean <= 0.18
+    assert worst <= 0.45
 
 
 def test_megatron_2024_formula_is_the_planners_count_for_a_gpt_block() -> None:
