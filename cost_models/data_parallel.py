@@ -157,16 +157,9 @@ def data_parallel_time(
     """
     plan = step_collectives(layout, micro_batches)
     hides = hides_communication(cluster)
-    uniform = has_uniform_links(cluster) and layout.device_map.is_identity
     exposed_s, total_s = 0.0, 0.0
-    # On uniform links, devices in rank order, a stage's reduction depends only on the parameters it holds.
-    comm_by_params: dict[tuple[float, float], StageCollectiveTime] = {}
     for stage, stage_time in enumerate(times):
-        held = stage_params(model, layout, stage)
-        key = (held.dense, held.expert) if uniform else (float(stage), -1.0)
-        if key not in comm_by_params:
-            comm_by_params[key] = stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
-        comm = comm_by_params[key]
+        comm = _shared_stage_comm(model, training, cluster, layout, stage, micro_batches)
         comm_s = comm.total_s * communication_scale
         if hides:
             unhidden_s = comm.unhidden_s * communication_scale
@@ -177,3 +170,51 @@ def data_parallel_time(
         if exposed >= exposed_s:
             exposed_s, total_s = exposed, comm_s
     return DataParallelTime(exposed_s=exposed_s, total_s=total_s)
+
+
+_STAGE_COMM: dict[tuple[object, ...], tuple[ClusterProfile, StageCollectiveTime]] = {}
+"""``stage_data_parallel_comm`` by what it reads, on uniform links with devices in rank order."""
+
+
+def _shared_stage_comm(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    stage: int,
+    micro_batches: int,
+) -> StageCollectiveTime:
+    """``stage_data_parallel_comm``, memoized where links are uniform and devices in rank order:
+    there a stage's collectives depend on the parameters it holds, the degrees and ZeRO stage that
+    group and shard them, and m, not on the micro-batch size, recompute, sequence parallelism or
+    schedule that a search's layouts also vary; nor on which stage holds them where a stage's d t
+    ranks fill whole nodes or share one (its groups then cross nodes as every stage's do), else
+    the stage is part of the key. The cluster object is held in the entry, so its id is not reused
+    while the entry lives."""
+    if not (layout.device_map.is_identity and has_uniform_links(cluster)):
+        return stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
+    stage_ranks, per_node = layout.data_parallel_degree * layout.tensor_parallel_degree, cluster.devices_per_node
+    aligned = stage_ranks % per_node == 0 or per_node % stage_ranks == 0
+    key = (
+        model,
+        training.dtype,
+        id(cluster),
+        layout.data_parallel_degree,
+        layout.tensor_parallel_degree,
+        layout.pipeline_parallel_degree,
+        layout.expert_parallel_degree,
+        layout.expert_tensor_parallel_degree,
+        layout.zero_stage,
+        micro_batches,
+        None if aligned else stage,
+        stage_params(model, layout, stage),
+        stage_layers(model, layout)[stage],
+    )
+    hit = _STAGE_COMM.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    value = stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
+    if len(_STAGE_COMM) >= 16384:
+        _STAGE_COMM.clear()
+    _STAGE_COMM[key] = (cluster, value)
+    return value

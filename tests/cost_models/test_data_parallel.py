@@ -174,3 +174,30 @@ def test_estimate_reports_the_data_parallel_terms() -> None:
             time = estimate(MODEL, TRAINING, cluster, layout).time
             assert time.data_parallel_comm_s == expected.exposed_s
             assert time.data_parallel_comm_overlapped_s == expected.overlapped_s
+
+
+def test_stages_holding_the_same_parameters_are_priced_by_where_their_groups_sit() -> None:
+    """2 nodes of 6, dp 4 x pp 3, the vocabulary split over the pipeline: stages 0 and 1 hold the
+    same parameters (Llama has no learned positions), but stage 0's ranks 0-3 share a node while
+    stage 1's ranks 4-7 span both, so its reduction crosses the slow link; the memoized pricing
+    (``data_parallel_time``) must not hand stage 1 stage 0's time."""
+    llama = load_model("llama3-8b")
+    cluster = make_cluster(nodes=2, per_node=6)
+    training = TrainingSpec(global_batch_size=24, seq_len=256)
+    layout = Layout(
+        data_parallel_degree=4,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=3,
+        micro_batch_size=1,
+        layer_split=(11, 11, 10),
+        vocabulary_layout="vocab-2",
+    )
+    assert stage_params(llama, layout, 0) == stage_params(llama, layout, 1)
+    m = 6
+    per_stage = [stage_data_parallel_comm(llama, training, cluster, layout, s, m).total_s for s in range(3)]
+    assert per_stage[1] > 2 * per_stage[0]  # 10 GB/s across nodes against 100 GB/s inside one
+    idle = StageTime(
+        compute_s=0.0, recompute_s=0.0, tensor_parallel_comm_s=0.0, expert_parallel_comm_s=0.0, backward_s=0
+    )
+    dp = data_parallel_time(llama, training, cluster, layout, (idle, idle, idle), m)
+    assert dp.total_s == pytest.approx(per_stage[1], rel=1e-12)
