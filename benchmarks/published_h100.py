@@ -35,7 +35,7 @@ import yaml
 
 from cost_models.layer_work import model_flops_per_sequence
 from planner.inputs import load_model
-from planner.schemas import Activation, ModelSpec, NormKind, PositionEmbedding, Recompute, ZeroStage
+from planner.schemas import Activation, ModelSpec, MoeDispatcher, NormKind, PositionEmbedding, Recompute, ZeroStage
 
 DATA = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
 
@@ -108,6 +108,8 @@ class PublishedRun:
     tp_comm_overlap: bool = False
     """Whether the source states tensor-parallel communication overlap (Megatron-LM's
     ``--tp-comm-overlap``)."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    """The token dispatcher the source states (DeepEP: ``MoeDispatcher.DEEPEP``)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -255,6 +257,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
             source, FlopFormula.PLANNER
         ),
         tp_comm_overlap=bool(par.get("tp_comm_overlap")),
+        moe_dispatcher=MoeDispatcher(par.get("moe_dispatcher") or MoeDispatcher.ALLTOALL),
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
 

@@ -127,8 +127,15 @@ def _node_spread(devices: tuple[int, ...] | range, per_node: int) -> tuple[tuple
     return nodes, tuple(by_node[nodes[0]]), max(len(v) for v in by_node.values())
 
 
-def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, cluster: ClusterProfile) -> float:
-    """Seconds for ``op`` over ``group`` on ``cluster`` (see module docstring)."""
+def collective_time_s(
+    op: CollectiveOp, message_bytes: float, group: Group, cluster: ClusterProfile, *, off_node_share: float = 1.0
+) -> float:
+    """Seconds for ``op`` over ``group`` on ``cluster`` (see module docstring).
+
+    ``off_node_share`` scales what an all-to-all spanning nodes sends off-node: 1 sends every
+    byte bound for a remote node; a dispatcher that sends a token once per remote node and
+    forwards it there sends less (``expert_parallel.off_node_share``).
+    """
     n = group.size
     if n <= 1 or message_bytes <= 0:
         return 0.0
@@ -142,7 +149,7 @@ def collective_time_s(op: CollectiveOp, message_bytes: float, group: Group, clus
         # Each rank sends (n - k)/n of its buffer off-node over its own rail, the rest over
         # intra-node links; both proceed at once.
         intra_link = _ring_slowest(cluster.intra_node_links, first_members) if k > 1 else inter_link
-        off_node_s = (n - k) / n * message_bytes / inter_link.bandwidth_bytes_per_s
+        off_node_s = off_node_share * (n - k) / n * message_bytes / inter_link.bandwidth_bytes_per_s
         on_node_s = (k - 1) / n * message_bytes / intra_link.bandwidth_bytes_per_s
         return (len(nodes) - 1) * inter_link.latency_s + max(off_node_s, on_node_s)
     inter_s = _flat_time_s(records, op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link)
@@ -174,7 +181,12 @@ def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_orde
 
 
 def slowest_collective_s(
-    op: CollectiveOp, message_bytes: float, groups: Iterable[Group], cluster: ClusterProfile
+    op: CollectiveOp,
+    message_bytes: float,
+    groups: Iterable[Group],
+    cluster: ClusterProfile,
+    *,
+    off_node_share: float = 1.0,
 ) -> float:
     """The slowest group's time: groups of one axis run at once and the step waits for all.
 
@@ -183,11 +195,15 @@ def slowest_collective_s(
         message_bytes: the full buffer of each group (nccl-tests convention), bytes.
         groups: the axis's groups (devices) that need pricing (``priced_groups``).
         cluster: links and collective records.
+        off_node_share: an all-to-all's share of its off-node bytes that cross (``collective_time_s``).
 
     Returns:
         Seconds of the slowest group's collective; 0 without groups.
     """
-    return max((collective_time_s(op, message_bytes, group, cluster) for group in groups), default=0.0)
+    return max(
+        (collective_time_s(op, message_bytes, group, cluster, off_node_share=off_node_share) for group in groups),
+        default=0.0,
+    )
 
 
 def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:

@@ -30,10 +30,17 @@ With the experts folded over a stage's d t ranks (expert tensor parallelism 1, M
 MoE parallel folding: Liu et al. 2025, arXiv 2504.14960) every rank routes only its own s b / t
 tokens of the sequence-parallel layer input, so P = k s b / t, and its expert-parallel group is
 ep consecutive ranks of the stage (``groups.expert_groups``): with t = 8 and ep = 8 one node's
-NVLink. Units: seconds, bytes, pairs.
+NVLink.
+
+With the deduplicating dispatcher (``TrainingSpec.moe_dispatcher`` deepep) a token crosses once to
+each remote node its experts are on and is forwarded there over NVLink; the combine reduces
+there before crossing back. The all-to-all's off-node bytes shrink by ``off_node_share`` (uniform
+routing; DeepSeek's group-limited routing where its groups fall whole on nodes); its on-node part
+is priced as before. Units: seconds, bytes, pairs.
 """
 
 import functools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -41,7 +48,7 @@ import numpy as np
 
 from cost_models.comm import Group, priced_groups, slowest_collective_s
 from cost_models.params import stage_moe_layers
-from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, MoeDispatcher, Recompute, TrainingSpec
 from planner.schemas.geometry import chunk_layer_range, stage_chunks
 from planner.schemas.routing import ExpertPlacement, RoutingStats
 
@@ -237,8 +244,40 @@ def expert_parallel_layer_s(
         return 0.0
     a2a_bytes = routed_pairs(model, training, layout) * model.hidden_size * training.dtype.bytes
     groups = priced_groups(expert_groups, cluster, rank_order=layout.device_map.is_identity)
-    a2a_s = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, groups, cluster)
+    share = 1.0
+    if training.moe_dispatcher is MoeDispatcher.DEEPEP and groups:
+        share = off_node_share(model, len({d // cluster.devices_per_node for d in groups[0].devices}))
+    a2a_s = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, groups, cluster, off_node_share=share)
     return exchanges_per_micro_batch(layout) * a2a_s
+
+
+def off_node_share(model: ModelSpec, nodes: int) -> float:
+    """Share of an all-to-all's off-node bytes that cross when each token goes once to each remote
+    node it is routed to (``MoeDispatcher.DEEPEP``), under uniform routing over an expert-parallel
+    group spanning ``nodes`` nodes that hold the experts in equal contiguous blocks.
+
+    A plain all-to-all sends each token's k pairs, k (N - 1) / N of them off-node on average. Deduplicated,
+    a token crosses once to each remote node among those its experts touch: (N - 1) (1 - u) on
+    average, u the chance that a given node holds none of them. Its k experts are a uniform
+    k-subset of the E: u = C(E - E/N, k) / C(E, k). With group-limited routing (DeepSeek's
+    ``n_group`` groups of contiguous experts, ``topk_group`` of them per token; DeepSeek-V3 report
+    sec. 2.1.2, its node-limited routing) whose groups fall whole on nodes (N divides n_group),
+    the token's experts lie in ``topk_group`` uniform groups, each taken to hold at least one of
+    them: u = C(G - G/N, g) / C(G, g). Example: DeepSeek-V3 (E 256, k 8, G 8, g 4) over 8 nodes:
+    u = C(7, 4) / C(8, 4) = 1/2, 3.5 remote nodes against 7 pairs off-node: 0.5.
+
+    Returns:
+        The share in (0, 1]; 1 on one node.
+    """
+    if nodes <= 1:
+        return 1.0
+    k, experts = model.num_experts_per_tok, model.num_local_experts
+    groups, per_token = model.n_group or 1, model.topk_group or 1
+    if groups > 1 and per_token < groups and groups % nodes == 0:
+        untouched = math.comb(groups - groups // nodes, per_token) / math.comb(groups, per_token)
+    else:
+        untouched = math.comb(experts - experts // nodes, k) / math.comb(experts, k)
+    return min(1.0, (1.0 - untouched) / (k / nodes))
 
 
 def exchanges_per_micro_batch(layout: Layout) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
+from planner.schemas import DeviceKind, DType, MoeDispatcher, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches
 from runtime.data import TokenFile, synthetic_batch
@@ -69,6 +69,11 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
         raise InfeasibleConfigError(
             "the plan is priced with tensor-parallel collectives behind their GEMMs (tp_comm_overlap), but this "
             "runtime runs them synchronously; plan without --tp-comm-overlap to run it here"
+        )
+    if plan.training.moe_dispatcher is not MoeDispatcher.ALLTOALL and layout.expert_parallel_degree > 1:
+        raise InfeasibleConfigError(
+            f"the plan is priced with the {plan.training.moe_dispatcher} token dispatcher, but this runtime sends "
+            "every (token, expert) pair with one all-to-all; plan with --moe-dispatcher alltoall to run it"
         )
     if plan.training.moe_capacity_factor is not None:
         raise InfeasibleConfigError(

@@ -20,6 +20,7 @@ from planner.schemas import (
     DType,
     Layout,
     ModelSpec,
+    MoeDispatcher,
     TrainingSpec,
     ZeroStage,
 )
@@ -63,6 +64,14 @@ PadOpt = Annotated[
         help="MoE, with --capacity-factor: every expert computes and exchanges its full capacity [default: off].",
     ),
 ]
+DispatcherOpt = Annotated[
+    MoeDispatcher | None,
+    typer.Option(
+        help="MoE: how tokens reach their experts. alltoall sends every (token, expert) pair (this planner's "
+        "runtime); deepep sends a token once to each remote node and forwards it over NVLink (DeepEP, Megatron-Core's "
+        "flex dispatcher) [default: alltoall].",
+    ),
+]
 TpOverlapOpt = Annotated[
     bool | None,
     typer.Option(
@@ -84,6 +93,7 @@ def search_inputs(
     capacity_factor: float | None = None,
     pad_to_capacity: bool | None = None,
     tp_comm_overlap: bool | None = None,
+    moe_dispatcher: MoeDispatcher | None = None,
 ) -> tuple[str, str, TrainingSpec]:
     """Model, cluster and training of a command that searches; all four inputs are required."""
     required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
@@ -99,6 +109,7 @@ def search_inputs(
             "moe_capacity_factor": capacity_factor,
             "moe_pad_to_capacity": bool(pad_to_capacity),
             "tp_comm_overlap": bool(tp_comm_overlap),
+            "moe_dispatcher": moe_dispatcher or MoeDispatcher.ALLTOALL,
         }
     )
     return model, cluster, training
@@ -112,6 +123,7 @@ TRAINING_OPTIONS = {
     "capacity_factor": "moe_capacity_factor",
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",
+    "moe_dispatcher": "moe_dispatcher",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""
 LAYOUT_OPTIONS = {

@@ -17,6 +17,7 @@ from planner.cli.options import (
     AttentionOpt,
     CapacityOpt,
     ClusterOpt,
+    DispatcherOpt,
     DTypeOpt,
     GlobalBatchOpt,
     ModelOpt,
@@ -96,6 +97,7 @@ def estimate(
     capacity_factor: CapacityOpt = None,
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="table for people, json for tools.")
     ] = OutputFormat.TABLE,
@@ -130,6 +132,7 @@ def search(
     capacity_factor: CapacityOpt = None,
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
     strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (
         StrategyName.EXHAUSTIVE
@@ -177,7 +180,16 @@ def search(
     --output plan.json
     """
     model, cluster, training = search_inputs(
-        model, cluster, global_batch_size, seq_len, dtype, attention, capacity_factor, pad_to_capacity, tp_comm_overlap
+        model,
+        cluster,
+        global_batch_size,
+        seq_len,
+        dtype,
+        attention,
+        capacity_factor,
+        pad_to_capacity,
+        tp_comm_overlap,
+        moe_dispatcher,
     )
     with progress_bar("searching", transient=True) as progress:
         outcome, plans = api.search_outcome(

@@ -53,6 +53,18 @@ class AttentionKernel(StrEnum):
     EAGER = "eager"
 
 
+class MoeDispatcher(StrEnum):
+    """How an MoE layer moves its routed tokens between expert-parallel ranks."""
+
+    ALLTOALL = "alltoall"
+    """One all-to-all of every (token, expert) pair (Megatron-LM's alltoall dispatcher, this
+    planner's runtime)."""
+    DEEPEP = "deepep"
+    """Each token crosses to a remote node once, to the GPU of its own rail there, which forwards
+    it over NVLink to that node's experts, and the combine reduces on the way back (DeepSeek-V3
+    report sec. 3.2.2; DeepEP's normal kernels; Megatron-Core's flex dispatcher)."""
+
+
 class Optimizer(StrEnum):
     """Optimizer; Adam keeps two moments per parameter."""
 

@@ -9,7 +9,8 @@ Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expe
 mean what a version-2 plan meant, the vocabulary layouts ``vocab-1`` and ``vocab-2``, and the
 layout's ``expert_tensor_parallel_degree``, whose default (None: t) means what a plan without it
 meant (version 3 was not released before it; a version-3 plan without the field reads unchanged);
-4 adds the training's ``tp_comm_overlap``, whose default (off) means what a version-3 plan meant.
+4 adds the training's ``tp_comm_overlap`` and ``moe_dispatcher``, whose defaults (collectives not
+overlapped, every routed pair sent) mean what a version-3 plan meant.
 """
 
 from datetime import datetime
@@ -83,7 +84,7 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     (``device_kind_of_v1_name``), as version 1 did wherever it needed it.
     Version 2 -> 3: the training's new fields are absent, and their defaults (dropless experts)
     are what a version-2 plan ran. Version 3 -> 4: likewise (tensor-parallel collectives not
-    overlapped).
+    overlapped, the plain all-to-all dispatcher).
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}

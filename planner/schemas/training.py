@@ -5,7 +5,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
-from planner.schemas.enums import AttentionKernel, DType, Optimizer
+from planner.schemas.enums import AttentionKernel, DType, MoeDispatcher, Optimizer
 from planner.schemas.errors import SchemaError
 
 
@@ -41,6 +41,14 @@ class TrainingSpec(FrozenModel):
     moe_pad_to_capacity: bool = Field(
         default=False,
         description="With a capacity factor, every expert computes and exchanges its full capacity, padded.",
+    )
+    moe_dispatcher: MoeDispatcher = Field(
+        default=MoeDispatcher.ALLTOALL,
+        description=(
+            "Mixture of experts: 'alltoall' sends every (token, expert) pair; 'deepep' sends a token once to each "
+            "remote node it is routed to and forwards it there over NVLink (DeepEP, Megatron-Core's flex dispatcher). "
+            "The planner's own runtime runs 'alltoall'."
+        ),
     )
 
     @model_validator(mode="after")

@@ -38,12 +38,14 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # With overlapped data-parallel communication costing its slowdown and its edges, and the
     # Megatron-LM rows' stated --tp-comm-overlap priced: mean 16.9%, worst 43.7% (row 89);
     # megatron-lm 10.7% (hidden TP time leaves their compute too fast), llm-foundry 17.2%.
+    # With the AutoModel MoE rows' stated DeepEP dispatcher (a token crosses to each remote node
+    # once): automodel 23.0% -> 7.3%, mean 15.2%, worst 43.7%.
     # Lower these bounds as the model improves.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
     assert rows == 37
-    assert mean <= 0.18
+    assert mean <= 0.16
     assert worst <= 0.45
 
 

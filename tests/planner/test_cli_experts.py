@@ -21,6 +21,7 @@ from planner.cli import app
 from planner.inputs import save_cluster
 from planner.routing_trace import write_trace
 from planner.schemas import DeviceMap, Layout, TrainingSpec
+from planner.schemas.errors import PlannerError
 
 MODEL = "tiny-moe"  # 4 MoE layers of 4 experts, top-2
 CLUSTER = "dgx-h100:2"  # 16 ranks, 8 per node
@@ -285,3 +286,25 @@ def test_estimate_folds_experts_with_etp_1_and_refuses_other_values(
     one_line(code, err, "expert_tensor_parallel_degree=3 must be 1 or tensor_parallel_degree=2")
     code, _, err = planner_main([*base, "--etp", "1"], monkeypatch)
     one_line(code, err, "needs sequence_parallel")
+
+
+def test_the_deepep_dispatcher_is_priced_kept_in_the_plan_and_refused_by_the_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.run import check_world
+
+    base = ["estimate", "-m", "deepseek-v3", "-c", "dgx-h100:32", "--global-batch-size", "512", "--seq-len", "4096"]
+    base += ["--dp", "64", "--pp", "4", "--ep", "64", "--zero-stage", "3", "--recompute", "full", "--format", "json"]
+    code, plain, err = planner_main(base, monkeypatch)
+    assert code == 0, err
+    plan = tmp_path / "deepep.json"
+    code, deepep, err = planner_main([*base, "--moe-dispatcher", "deepep", "--output", str(plan)], monkeypatch)
+    assert code == 0, err
+    a2a = [json.loads(out)["time_breakdown_s"]["expert_parallel_comm"] for out in (plain, deepep)]
+    assert 0 < a2a[1] < a2a[0]
+    loaded = api.load_plan(plan)
+    assert loaded.training.moe_dispatcher == "deepep"
+    with pytest.raises(PlannerError, match="plan with --moe-dispatcher alltoall to run it"):
+        check_world(loaded, loaded.cluster.world_size, cuda=True)
+    code, _, err = planner_main([*base, "--moe-dispatcher", "nvshmem"], monkeypatch)
+    assert code == 2 and "nvshmem" in err, err
