@@ -4,9 +4,11 @@ The file holds 106 published pre-training measurements (its header names the sou
 caveats). ``load_runs`` keeps a row only if every rule below holds, and otherwise records the
 first rule it breaks (``Exclusion``):
 
-- H100 only: ``dgx-h100`` (H100 SXM 80 GB, 700 W) is the only cluster preset with these GPUs.
-  torchtitan's H100s are 96 GB HBM2e parts capped at 500 W (Grand Teton): those rows are
-  *flagged*, predicted on dgx-h100 but kept out of the error statistics.
+- A GPU with a cluster preset (``CLUSTER_PRESETS``): H100 on ``dgx-h100`` (H100 SXM 80 GB,
+  700 W), H200 on ``dgx-h200``, B200 on ``dgx-b200``, GB200 on ``gb200-nvl72``. torchtitan's H100s
+  are 96 GB HBM2e parts capped at 500 W (Grand Teton): those rows are *flagged*, predicted on
+  dgx-h100 but kept out of the error statistics. The H100 rows' statistics stay apart from the
+  other GPUs' (``validate_h100.summary``).
 - BF16 only. A null precision counts as BF16 only for the Megatron-LM README rows, whose header
   derives it from TFLOP/s / MFU ~ 989 (the H100 dense BF16 peak); the Megatron-Bridge 25.09
   DeepSeek-V3 row's null precision is left out (its footnote points to FP8).
@@ -62,6 +64,10 @@ PRESETS = {
     "Qwen3-235B-A22B": "qwen3-235b-a22b",
 }
 """Rows that are a preset's model, by the YAML's model name."""
+CLUSTER_PRESETS = {"H100": "dgx-h100", "H200": "dgx-h200", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
+"""The cluster preset of each GPU type."""
+GB200_GPUS_PER_TRAY = 4
+GB200_TRAYS_PER_RACK = 18
 
 
 class FlopFormula(StrEnum):
@@ -98,7 +104,11 @@ class PublishedRun:
     source: str
     """Short name (``SOURCES``)."""
     model: ModelSpec
+    gpu_type: str
+    """The row's GPU (a ``CLUSTER_PRESETS`` key)."""
     gpus: int
+    devices_per_node: int
+    """GPUs per NVLink domain as the run used them (``nvlink_domain_gpus``)."""
     global_batch_size: int
     seq_len: int
     pins: Pins
@@ -205,8 +215,8 @@ def _short_source(name: str) -> str:
 def _exclusion_reason(row: Mapping[str, Any], source: str) -> str | None:
     gpu, model, par = row["gpu"], row["model"], row["parallel"]
     precision = row["precision"]
-    if gpu["type"] != "H100":
-        return f"GPU {gpu['type']}: no cluster preset (only dgx-h100)"
+    if gpu["type"] not in CLUSTER_PRESETS:
+        return f"GPU {gpu['type']}: no cluster preset ({', '.join(CLUSTER_PRESETS.values())})"
     if precision is None and source != "megatron-lm":
         return "precision not stated (Megatron-Bridge 25.09 footnote implies FP8)"
     if precision is not None and precision not in BF16_NAMES:
@@ -226,7 +236,21 @@ def _exclusion_reason(row: Mapping[str, Any], source: str) -> str | None:
     tp, pp = par["tp"] or 1, par["pp"] or 1
     if par["dp"] is not None and par["dp"] * tp * pp != gpu["count"]:
         return f"stated dp={par['dp']} x tp={tp} x pp={pp} != {gpu['count']} GPUs"
+    if gpu["type"] == "GB200" and source != "mbridge":
+        return "GB200: the NVLink domain the run used is not stated"
     return None
+
+
+def nvlink_domain_gpus(gpu_type: str, gpus: int) -> int:
+    """GPUs per NVLink domain as the run used them: a DGX node's 8, or on GB200 NVL72 the
+    Megatron-Bridge launcher's Slurm segment (scripts/performance/utils/executors.py): with 4 GPUs
+    per tray the job asks for segments of the largest tray count <= 18 that divides its trays,
+    e.g. 16 trays (64 GPUs) of a rack for a 256-GPU job."""
+    if gpu_type != "GB200":
+        return 8
+    trays = gpus // GB200_GPUS_PER_TRAY
+    segment = next(n for n in range(min(trays, GB200_TRAYS_PER_RACK), 0, -1) if trays % n == 0)
+    return segment * GB200_GPUS_PER_TRAY
 
 
 def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
@@ -238,7 +262,9 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         id=row["id"],
         source=source,
         model=_model(row["model"], source, row["seq_len"]),
+        gpu_type=row["gpu"]["type"],
         gpus=gpus,
+        devices_per_node=nvlink_domain_gpus(row["gpu"]["type"], gpus),
         global_batch_size=row["global_batch_size_seqs"],
         seq_len=row["seq_len"] or TORCHTITAN_SEQ_LEN,
         pins=Pins(

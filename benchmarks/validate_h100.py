@@ -1,8 +1,10 @@
-"""Predicted vs published throughput of the H100 BF16 rows of ``data/published_runs.yaml``.
+"""Predicted vs published throughput of the BF16 rows of ``data/published_runs.yaml``.
 
 Run: .venv/bin/python benchmarks/validate_h100.py
-The cluster is the dgx-h100 preset; nothing is fitted to these rows. ``published_h100`` says
-which rows are selected and why the others are not.
+The cluster is the GPU's preset (``published_h100.CLUSTER_PRESETS``: dgx-h100 for the H100 rows,
+gb200-nvl72 for the GB200 rows, in NVLink domains of the GPUs the run used); nothing is fitted to
+these rows. ``published_h100`` says which rows are selected and why the others are not. The H100
+rows' statistics are kept apart from the other GPUs' (``summary``).
 
 Each row's layout keeps the degrees the source states (tp, pp, dp = GPUs / (tp pp), ep, and the
 virtual stages, micro-batch, ZeRO stage and recomputation where stated). What the source does not
@@ -25,11 +27,11 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from published_h100 import Exclusion, PublishedRun, load_runs  # the script's own folder is on sys.path
+from published_h100 import CLUSTER_PRESETS, Exclusion, PublishedRun, load_runs  # the script's folder is on sys.path
 
 from cost_models.estimate import estimate
 from planner.inputs import load_cluster
-from planner.schemas import Estimate, Layout, Schedule, TrainingSpec, VocabularyLayout
+from planner.schemas import ClusterProfile, Estimate, Layout, LinkMatrix, Schedule, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.space import Choice, SearchSpace
@@ -110,11 +112,23 @@ def candidates(space: SearchSpace, pins: Mapping[str, Sequence[Choice]]) -> Iter
     return walk(0, {})
 
 
+def cluster_of(run: PublishedRun) -> ClusterProfile:
+    """The GPU's cluster preset over the row's GPUs, one node per NVLink domain the run used: where
+    that is fewer GPUs than the preset's node (64 of an NVL72 rack), the same uniform NVLink over
+    fewer devices."""
+    preset = load_cluster(f"{CLUSTER_PRESETS[run.gpu_type]}:{run.gpus // run.devices_per_node}")
+    if preset.devices_per_node == run.devices_per_node:
+        return preset
+    intra = LinkMatrix(size=run.devices_per_node, uniform=preset.intra_node_links.uniform)
+    fields = {"devices_per_node": run.devices_per_node, "intra_node_links": intra.model_dump()}
+    return ClusterProfile.model_validate(preset.model_dump() | fields)
+
+
 def predict(run: PublishedRun) -> Prediction:
     """The fastest layout that fits among the row's candidates (module docstring)."""
     model, training = run.model, training_of(run)
-    cluster = load_cluster(f"dgx-h100:{run.gpus // 8}")
-    space = SearchSpace(model=model, training=training, world_size=run.gpus, devices_per_node=8)
+    cluster = cluster_of(run)
+    space = SearchSpace(model=model, training=training, world_size=run.gpus, devices_per_node=run.devices_per_node)
     evaluator = Evaluator(model, training, cluster)
     best: tuple[Estimate, Layout] | None = None
     valid: list[Layout] = []
@@ -157,13 +171,18 @@ def bottleneck(est: Estimate) -> str:
 
 
 def summary(predictions: Sequence[Prediction]) -> dict[str, tuple[float, float, int]]:
-    """Mean absolute error, worst absolute error and row count per source and 'overall'
-    (counted rows only: flagged rows are left out)."""
+    """Mean absolute error, worst absolute error and row count per source and 'overall' over the
+    H100 rows, and per other GPU type under its name (counted rows only: flagged rows are left
+    out)."""
     by_source: dict[str, list[float]] = defaultdict(list)
     for p in predictions:
-        if p.run.flagged is None:
+        if p.run.flagged is not None:
+            continue
+        if p.run.gpu_type == "H100":
             by_source[p.run.source].append(abs(p.error))
             by_source["overall"].append(abs(p.error))
+        else:
+            by_source[p.run.gpu_type].append(abs(p.error))
     return {s: (sum(e) / len(e), max(e), len(e)) for s, e in by_source.items()}
 
 
@@ -172,7 +191,7 @@ def _row(p: Prediction) -> str:
     unit = "tok/s" if r.tokens_per_s_per_gpu is not None else "TFLOP/s"
     mark = "" if p.fits else "!"
     return (
-        f"{r.id:>3} {r.source:<12} {r.model.name:<16} {r.gpus:>5}  {p.layout.describe():<58} "
+        f"{r.id:>3} {r.source:<12} {r.model.name:<16} {r.gpu_type:<5} {r.gpus:>5}  {p.layout.describe():<58} "
         f"{p.published:>8.1f} {p.predicted:>8.1f} {unit:<7} {p.error:>+7.1%}{mark}  {bottleneck(p.estimate)}, "
         f"mem {p.estimate.peak_memory_bytes / 2**30:.0f} GiB"
     )
@@ -182,7 +201,8 @@ def main() -> int:
     """Print every row, the error statistics and the excluded rows."""
     runs, excluded = load_runs()
     predictions = [predict(r) for r in runs]
-    header = f"{'id':>3} {'source':<12} {'model':<16} {'GPUs':>5}  {'layout':<58} {'published':>8} {'predicted':>8}"
+    header = f"{'id':>3} {'source':<12} {'model':<16} {'GPU':<5} {'count':>5}  {'layout':<58} "
+    header += f"{'published':>8} {'predicted':>8}"
     print(header + "         error  bottleneck")
     for p in predictions:
         if p.run.flagged is None:
@@ -191,8 +211,10 @@ def main() -> int:
     for p in predictions:
         if p.run.flagged is not None:
             print(_row(p) + f"  [{p.run.flagged}]")
-    print("\nmean |error|, worst |error| (target: mean <= 8%, worst <= 15%):")
-    for source, (mean, worst, n) in sorted(summary(predictions).items(), key=lambda kv: kv[0] == "overall"):
+    print("\nmean |error|, worst |error| (target: mean <= 8%, worst <= 15%); H100 by source, then other GPUs:")
+    others = set(CLUSTER_PRESETS) - {"H100"}
+    ordered = sorted(summary(predictions).items(), key=lambda kv: (kv[0] in others, kv[0] == "overall"))
+    for source, (mean, worst, n) in ordered:
         print(f"  {source:<12} {n:>3} rows  mean {mean:6.1%}  worst {worst:6.1%}")
     flagged = [abs(p.error) for p in predictions if p.run.flagged is not None]
     if flagged:
