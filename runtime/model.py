@@ -1,6 +1,7 @@
 """The reference decoder the runtime trains, built from a ModelSpec.
 
-GELU or SwiGLU MLP, multi-head or grouped-query attention, LayerNorm or RMSNorm, learned or
+GELU or SwiGLU MLP, multi-head or grouped-query attention, LayerNorm or RMSNorm (SwiGLU and
+RMSNorm as the fused kernels keep their tensors, ``runtime.kernels``), learned or
 rotary positions, tied or untied output layer; deterministic initialisation from a seed. Layers
 live in a ModuleDict keyed by their index, so a pipeline stage keeps the reference's parameter
 names when the layers it does not hold are deleted. Projections are separate Linear modules so
@@ -20,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+from runtime.kernels import RMSNorm, swiglu
 from runtime.loss import cross_entropy
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
@@ -39,7 +41,7 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def _norm(model: ModelSpec) -> nn.Module:
     if model.norm_type is NormKind.LAYERNORM:
         return nn.LayerNorm(model.hidden_size)
-    return nn.RMSNorm(model.hidden_size, eps=1e-5)
+    return RMSNorm(model.hidden_size, eps=1e-5)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -83,7 +85,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU (up, down) or SwiGLU (gate, up, down)."""
+    """GELU (up, down) or SwiGLU (gate, up, down; ``runtime.kernels.swiglu``)."""
 
     def __init__(self, model: ModelSpec) -> None:
         super().__init__()
@@ -94,7 +96,7 @@ class MLP(nn.Module):
         self.down = nn.Linear(f, h, bias=model.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.silu(self.gate(x)) * self.up(x) if self.gate is not None else F.gelu(self.up(x))
+        hidden = swiglu(self.gate(x), self.up(x)) if self.gate is not None else F.gelu(self.up(x))
         out: torch.Tensor = self.down(hidden)
         return out
 
