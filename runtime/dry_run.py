@@ -11,17 +11,20 @@ their backward, then the optimizer step.
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _State
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.schemas import AttentionKernel, Plan
 from planner.schemas.errors import InfeasibleConfigError
@@ -70,7 +73,12 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
         backend = (
             SDPBackend.FLASH_ATTENTION if plan.training.attention_kernel is AttentionKernel.FLASH else SDPBackend.MATH
         )
-        with FakeTensorMode(allow_non_fake_inputs=True), sdpa_kernel(backend):
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            sdpa_kernel(backend),
+            _CudaAttentionLayout(),  # type: ignore[no-untyped-call]
+            _real_mesh_concatenation(),
+        ):
             trainer = Trainer(
                 plan.model,
                 layout,
@@ -113,6 +121,45 @@ def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
     # the tracker counting the next step's gradients twice: measured, 10.0 vs 9.7 GiB).
     one_step()
     return tracked_peak(trainer, one_step)
+
+
+@contextmanager
+def _real_mesh_concatenation() -> Iterator[None]:
+    """FSDP over tensor-parallel parameters joins the data- and tensor-parallel meshes
+    (``DeviceMesh._concatenate``), which finds this rank's coordinates from the rank table's
+    values: under fake tensors it has none. The join is bookkeeping on that small table and
+    allocates nothing a rank holds, so it runs on real tensors."""
+    original = DeviceMesh._concatenate
+
+    def concatenate(meshes: list[DeviceMesh]) -> DeviceMesh:
+        with unset_fake_temporarily():
+            return original(meshes)
+
+    DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = staticmethod(original)  # type: ignore[method-assign]
+
+
+class _CudaAttentionLayout(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
+    """Lays the CPU flash kernel's output out as the CUDA kernels lay theirs: (b, s, heads, d) in
+    memory, seen as (b, heads, s, d). The CUDA flash and memory-efficient kernels run on the
+    (b, s, heads, d) transposes of their inputs and return the transpose of their output
+    (aten's ``_scaled_dot_product_flash_attention_cuda``), so the output projection's input,
+    ``out.transpose(1, 2).reshape(b, s, -1)``, is a view of the output the kernel keeps for its
+    backward. The CPU kernel returns (b, heads, s, d) in memory, and that reshape is a second
+    copy the GPU run does not hold (one activation of the attention's width per layer)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is not torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+            return out
+        attention, *rest = out
+        b, heads, s, d = attention.shape
+        laid_out = attention.new_empty((b, s, heads, d)).transpose(1, 2)
+        laid_out.copy_(attention)
+        return (laid_out, *rest)
 
 
 class _RankPeakTracker(MemTracker):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
@@ -165,6 +212,7 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
     held = math.ceil(in_flight_micro_batches(layout, trainer.pp_rank, trainer.micro_batches))
     trainer.optimizer.zero_grad()
     outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    kept: list[torch.Tensor | None] = []  # per output: what the schedule keeps until its backward
     with trainer.loss_context():
         for _ in range(held):
             for chunk, index in zip(trainer.chunks, chunks, strict=True):
@@ -173,10 +221,13 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
                 else:
                     x = torch.randn(b, local_s, model.hidden_size, requires_grad=True)
                 out = OneCall(chunk)(x)
-                if index == last:
+                if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
                     outputs.append((loss_fn(out, torch.randint(0, model.vocab_size, (b, s))), None))
+                    kept.append(out)
                 else:
                     outputs.append((out, torch.randn_like(out)))
-        for out, grad in outputs:
+                    kept.append(None)
+        for i, (out, grad) in enumerate(outputs):
             torch.autograd.backward(out, grad)
+            kept[i] = None
     trainer.optimizer.step()
