@@ -29,9 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from planner.schemas import AttentionKernel, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
-from runtime.expert_parallel import JointOptimizer
-from runtime.mesh import layout_mesh
-from runtime.model import loss_fn
+from runtime.expert_parallel import ExpertExchange, JointOptimizer, Traffic, all_to_all
+from runtime.mesh import expert_mesh, layout_mesh
+from runtime.model import MoE, loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer
 
@@ -54,11 +54,6 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
-    if plan.model.is_moe:
-        raise InfeasibleConfigError(
-            f"a dry run cannot trace the mixture of experts {plan.model.name!r}: its routing depends on the "
-            "tokens' values, which fake tensors do not have; measure its memory with a real run (planner run)"
-        )
     if layout.vocabulary_layout.over_pipeline:
         raise InfeasibleConfigError(
             f"a dry run cannot trace vocabulary_layout={layout.vocabulary_layout!s}: its passes need every pipeline "
@@ -68,6 +63,7 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:
         mesh = layout_mesh(layout, "cpu")
+        experts = expert_mesh(layout, "cpu") if layout.expert_parallel_degree > 1 or layout.folds_experts else None
         # The backend the real run picks on a CPU (fake tensors would otherwise fall back to the
         # math kernel, which keeps the s x s attention weights for the backward).
         backend = (
@@ -90,8 +86,10 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
                 mesh=mesh,
                 pipeline_schedule=False,
                 dtype=plan.training.dtype,
+                experts_mesh=experts,
             )
             trainer.report_loss = False
+            _route_evenly(trainer)
             peak = _traced_peak(trainer, plan)
     finally:
         dist.destroy_process_group()
@@ -105,6 +103,47 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
         plan.estimate.stages[stage].memory.total_bytes,
         time.perf_counter() - start,
     )
+
+
+def _route_evenly(trainer: Trainer) -> None:
+    """Give every MoE layer of the rank an even dispatch (``_EvenDispatch``): which expert a
+    token goes to depends on the tokens' values, which fake tensors do not have."""
+    for chunk in trainer.chunks:
+        for module in chunk.modules():
+            if isinstance(module, MoE):
+                exchange = module.dispatch
+                group = exchange.group if isinstance(exchange, ExpertExchange) else None
+                module.dispatch = _EvenDispatch(group)
+
+
+class _EvenDispatch:
+    """An MoE layer's dispatch under balanced routing, the cost model's assumption without a
+    routing trace: each expert held here gets k n / E of the n tokens' routed pairs from each
+    rank of the expert-parallel group. It holds what the runtime's dispatch
+    (``runtime.expert_parallel.ExpertExchange``, ``runtime.model.local_experts``) holds for its
+    backward: each expert's input rows, its intermediates and the exchanged-back outputs the
+    weighted combine keeps, with the same exchanges, whose split sizes are fixed here."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        self.traffic = Traffic()
+
+    def __call__(
+        self, experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        pairs = expert_ids.numel()
+        ep = dist.get_world_size(self.group) if self.group is not None else 1
+        token = torch.arange(pairs, device=tokens.device) // expert_ids.shape[1]
+        splits = [pairs // ep] * ep
+        routed = tokens[token]
+        received = all_to_all(routed, splits, splits, self.group, self.traffic) if self.group else routed
+        rows_per_expert = received.shape[0] // len(experts)
+        outputs = torch.zeros_like(received)
+        for i, expert in enumerate(experts.values()):
+            rows = torch.arange(i * rows_per_expert, (i + 1) * rows_per_expert, device=tokens.device)
+            outputs = outputs.index_add(0, rows, expert(received[rows]))
+        back = all_to_all(outputs, splits, splits, self.group, self.traffic) if self.group else outputs
+        return torch.zeros_like(tokens).index_add(0, token, back * weights.reshape(-1)[:, None])
 
 
 def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
