@@ -31,7 +31,7 @@ from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
 from runtime.expert_parallel import ExpertExchange, JointOptimizer, Traffic, all_to_all
 from runtime.mesh import expert_mesh, layout_mesh
-from runtime.model import MoE, loss_fn
+from runtime.model import MoE, add_rows, loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer
 
@@ -141,9 +141,9 @@ class _EvenDispatch:
         outputs = torch.zeros_like(received)
         for i, expert in enumerate(experts.values()):
             rows = torch.arange(i * rows_per_expert, (i + 1) * rows_per_expert, device=tokens.device)
-            outputs = outputs.index_add(0, rows, expert(received[rows]))
+            outputs = add_rows(outputs, rows, expert(received[rows]))
         back = all_to_all(outputs, splits, splits, self.group, self.traffic) if self.group else outputs
-        return torch.zeros_like(tokens).index_add(0, token, back * weights.reshape(-1)[:, None])
+        return add_rows(torch.zeros_like(tokens), token, back * weights.reshape(-1)[:, None])
 
 
 def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:

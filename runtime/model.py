@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +124,30 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]
     return weights.to(logits.dtype), expert_ids
 
 
+class _AddRows(torch.autograd.Function):
+    """``target.index_add(0, index, source)`` keeping only ``index`` for the backward: autograd's
+    own index_add keeps ``source`` too (its formula expands the gradient to the source's shape),
+    one tensor of every routed pair's hidden size per use, which no real MoE layer keeps
+    (Megatron-Core's unpermute keeps the indices)."""
+
+    @staticmethod
+    def forward(ctx: Any, target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        return target.index_add(0, index, source)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+        (index,) = ctx.saved_tensors
+        return grad, None, grad.index_select(0, index)
+
+
+def add_rows(target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``target`` with the rows of ``source`` added at rows ``index`` (out of place), keeping
+    only ``index`` for the backward (``_AddRows``)."""
+    out: torch.Tensor = _AddRows.apply(target, index, source)  # type: ignore[no-untyped-call]
+    return out
+
+
 def local_experts(
     experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
@@ -132,7 +157,7 @@ def local_experts(
     out = torch.zeros_like(tokens)
     for name, expert in experts.items():
         token, slot = (expert_ids == int(name)).nonzero(as_tuple=True)
-        out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
+        out = add_rows(out, token, expert(tokens[token]) * weights[token, slot, None])
     return out
 
 
