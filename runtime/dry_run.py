@@ -4,9 +4,10 @@ and measure a training step with torch's MemTracker, the method a real CPU run r
 
 A first step leaves the optimizer's state in place, as a real run's traced step finds it; then
 one step is traced. Without pipeline parallelism the rank runs the trainer's own step. With it,
-the rank's stage is driven as its schedule would at its peak: as many micro-batches forward as
-the schedule keeps in flight on that rank (schemas.geometry.in_flight_micro_batches), then
-their backward, then the optimizer step.
+the rank's stage is driven as its schedule would at its peak: in steady state (one micro-batch
+forward and backward first, so the accumulated gradients are there), as many micro-batches
+forward as the schedule keeps in flight on that rank (schemas.geometry.in_flight_micro_batches)
+with activations in the plan's precision, then their backward, then the optimizer step.
 """
 
 import math
@@ -31,7 +32,7 @@ from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
 from runtime.expert_parallel import ExpertExchange, JointOptimizer, Traffic, all_to_all
 from runtime.mesh import expert_mesh, layout_mesh
-from runtime.model import MoE, add_rows, loss_fn
+from runtime.model import TORCH_DTYPES, MoE, add_rows, loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer
 
@@ -241,32 +242,40 @@ def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
 
 
 def _stage_step(trainer: Trainer, plan: Plan) -> None:
-    """Forward the micro-batches the schedule keeps in flight on this rank, backward them, step."""
+    """Forward the micro-batches the schedule keeps in flight on this rank, backward them, step.
+    With more micro-batches in the step than in flight, one goes forward and backward first: in
+    the schedule's steady state the stage holds its accumulated gradients beside them."""
+    held = math.ceil(in_flight_micro_batches(trainer.layout, trainer.pp_rank, trainer.micro_batches))
+    trainer.optimizer.zero_grad()
+    with trainer.loss_context():
+        if trainer.micro_batches > held:
+            _forward_backward(trainer, plan, 1)
+        _forward_backward(trainer, plan, held)
+    trainer.optimizer.step()
+
+
+def _forward_backward(trainer: Trainer, plan: Plan, micro_batches: int) -> None:
+    """``micro_batches`` through every chunk of the rank forward, then all of them backward."""
     layout, model, training = trainer.layout, plan.model, plan.training
     b, s = layout.micro_batch_size, training.seq_len
-    t = layout.tensor_parallel_degree
-    local_s = s // t if layout.sequence_parallel else s
+    local_s = s // layout.tensor_parallel_degree if layout.sequence_parallel else s
     chunks = stage_chunks(layout, trainer.pp_rank)
     first, last = embedding_chunk(layout), output_chunk(layout)
-    held = math.ceil(in_flight_micro_batches(layout, trainer.pp_rank, trainer.micro_batches))
-    trainer.optimizer.zero_grad()
     outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
     kept: list[torch.Tensor | None] = []  # per output: what the schedule keeps until its backward
-    with trainer.loss_context():
-        for _ in range(held):
-            for chunk, index in zip(trainer.chunks, chunks, strict=True):
-                if index == first:
-                    x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
-                else:
-                    x = torch.randn(b, local_s, model.hidden_size, requires_grad=True)
-                out = OneCall(chunk)(x)
-                if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
-                    outputs.append((loss_fn(out, torch.randint(0, model.vocab_size, (b, s))), None))
-                    kept.append(out)
-                else:
-                    outputs.append((out, torch.randn_like(out)))
-                    kept.append(None)
-        for i, (out, grad) in enumerate(outputs):
-            torch.autograd.backward(out, grad)
-            kept[i] = None
-    trainer.optimizer.step()
+    for _ in range(micro_batches):
+        for chunk, index in zip(trainer.chunks, chunks, strict=True):
+            if index == first:
+                x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
+            else:  # the previous stage's activations, in the plan's precision
+                x = torch.randn(b, local_s, model.hidden_size, dtype=TORCH_DTYPES[training.dtype], requires_grad=True)
+            out = OneCall(chunk)(x)
+            if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
+                outputs.append((loss_fn(out, torch.randint(0, model.vocab_size, (b, s))), None))
+                kept.append(out)
+            else:
+                outputs.append((out, torch.randn_like(out)))
+                kept.append(None)
+    for i, (out, grad) in enumerate(outputs):
+        torch.autograd.backward(out, grad)
+        kept[i] = None
