@@ -14,7 +14,7 @@ Constants (conventions, stated once here):
     fragmentation margin: callers keep their own safety margin on top.
   - Data-parallel gradient buckets (``planner.schemas.buffers``, which the runtime allocates
     too): 2 buckets of 25 M fp32 elements, capped by the gradients the rank reduces; present
-    when the rank has a data-parallel peer.
+    when the rank has a data-parallel peer and reduces outside FSDP (ZeRO-0/1, experts).
   - Tensor-parallel staging: one activation, s b h x dtype bytes, when t > 1 (Megatron-LM's
     global buffer for the sequence-parallel all-gather / all-reduce).
   - Expert-parallel staging: send and receive buffers of one micro-batch's routed tokens,
@@ -24,6 +24,7 @@ Constants (conventions, stated once here):
 from typing import Final
 
 from cost_models.activations import (
+    LOGIT_ELEMENT_BYTES,
     embedding_activation_bytes,
     kept_bytes,
     layer_activations,
@@ -39,6 +40,7 @@ from cost_models.vocabulary import vocabulary_activation_bytes, vocabulary_logit
 from planner.schemas import (
     ClusterProfile,
     DeviceKind,
+    DType,
     Layout,
     MemoryBreakdown,
     ModelSpec,
@@ -138,17 +140,11 @@ def stage_activation_bytes(
 def stage_logits_bytes(
     model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int, params: StageParams
 ) -> float:
-    """fp32 logits on the stage holding the output layer: one copy per micro-batch awaiting its
-    backward, plus one. Split over the pipeline, every stage's softmax shards
-    (``vocabulary.vocabulary_logits_bytes``).
+    """Logits on the stage holding the output layer: what each micro-batch awaiting its backward
+    keeps, plus one micro-batch's transient copies (``loss_element_bytes``). Split over the
+    pipeline, every stage's softmax shards (``vocabulary.vocabulary_logits_bytes``).
 
-    Each kept micro-batch holds its fp32 logits / softmax (4 s b V / t); the extra copy is the
-    fp32 gradient of the logits built during the backward of one micro-batch. Under 1F1B this is
-    2 x 4 s b V / t. Zero on other stages (``params.holds_output_layer``). Megatron-LM's
-    ``vocab_parallel_cross_entropy`` keeps the fp32 softmax and turns it into the gradient in
-    place; our runtime's loss (``runtime.loss``) does the same, and with bf16 logits its two
-    halves of the extra copy are the bf16 logits the pipeline stage keeps until its backward and
-    their bf16 gradient (measured on tiny-gpt with a 32k vocabulary, pp 4: 62.5 MiB, this term's).
+    Zero on other stages (``params.holds_output_layer``).
 
     Returns:
         Bytes.
@@ -156,13 +152,37 @@ def stage_logits_bytes(
     check_stage(layout, stage)
     if not params.holds_output_layer:
         return vocabulary_logits_bytes(model, training, layout)
-    one = logits_bytes(
+    fp32_copy = logits_bytes(
         model,
         seq_len=training.seq_len,
         micro_batch_size=layout.micro_batch_size,
         tensor_parallel_degree=layout.tensor_parallel_degree,
     )
-    return one * (_loss_micro_batches(layout, _micro_batches(training, layout)) + 1)
+    kept, transient = loss_element_bytes(training.dtype, layout)
+    held = _loss_micro_batches(layout, _micro_batches(training, layout))
+    return fp32_copy * (held * kept + transient) / LOGIT_ELEMENT_BYTES
+
+
+def loss_element_bytes(dtype: DType, layout: Layout) -> tuple[int, int]:
+    """Bytes per logit element (s b V / t of them per micro-batch) that the loss keeps for each
+    micro-batch awaiting its backward, and that one micro-batch adds at its worst moment.
+
+    Kept: the fp32 softmax, 4 (Megatron-LM's ``vocab_parallel_cross_entropy`` keeps it and
+    turns it into the gradient in place; so does our runtime's loss, ``runtime.loss``); under a
+    pipeline also the logits in training precision, act: torch.distributed.pipelining's stage
+    (our runtime's schedule, as torchtitan's) keeps each stage's output until its backward.
+    Without a pipeline the logits die with the loss's forward.
+    Transient: in the forward, the logits while their fp32 copy is made (act, already kept under
+    a pipeline); in the backward, the fp32 gradient's cast to training precision (act; none in
+    fp32, where the cast is the same tensor).
+    bf16/fp16: (4, 2) without a pipeline, (6, 2) with one (measured on tiny-gpt with a 32k
+    vocabulary, pp 4, 1F1B: 62.5 MiB, 2 fp32 copies); fp32: (4, 4) and (8, 0).
+    """
+    act = dtype.bytes
+    cast = act if act < LOGIT_ELEMENT_BYTES else 0
+    if layout.pipeline_parallel_degree > 1:
+        return LOGIT_ELEMENT_BYTES + act, cast
+    return LOGIT_ELEMENT_BYTES, act
 
 
 def communication_buffer_bytes(
@@ -171,9 +191,11 @@ def communication_buffer_bytes(
     """Gradient buckets and collective staging buffers of one rank (conventions in the module doc).
 
     Data parallel: min(2 x 25 M, gradients reduced) fp32 elements, counting dense gradients when
-    d > 1 and expert gradients when more than one rank holds the same experts (d / ep > 1, or
-    d t / ep folded) (PyTorch DDP's reducer buckets; our runtime holds the same fp32 buckets for
-    the run, ``runtime.optim.DataParallelOptimizer``). Tensor parallel: s b h x dtype when t > 1
+    d > 1 under ZeRO-0/1 and expert gradients when more than one rank holds the same experts
+    (d / ep > 1, or d t / ep folded) (PyTorch DDP's reducer buckets; our runtime holds the same
+    fp32 buckets for the run, ``runtime.optim.DataParallelOptimizer``). Under ZeRO-2/3 FSDP
+    reduces the dense gradients unit by unit from the unit's own gradients and keeps no bucket
+    between its reductions. Tensor parallel: s b h x dtype when t > 1
     (attention's, with the experts folded). Expert parallel: 2 x k s b h x dtype (/t with
     sequence parallelism, which folding needs: each rank routes its s b / t tokens) when ep > 1 on an MoE,
     times ``compute_max``, the hottest rank's load in its hottest MoE layer
@@ -181,7 +203,10 @@ def communication_buffer_bytes(
     """
     d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    reduced = (params.dense if d > 1 else 0.0) + (params.expert if layout.expert_data_parallel_degree > 1 else 0.0)
+    buckets_dense = d > 1 and not layout.zero_stage.shards_gradients
+    reduced = (params.dense if buckets_dense else 0.0) + (
+        params.expert if layout.expert_data_parallel_degree > 1 else 0.0
+    )
     total = GRAD_BUCKET_ELEMENT_BYTES * grad_bucket_elements(reduced)
     tokens = training.seq_len * layout.micro_batch_size
     if t > 1:

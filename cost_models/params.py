@@ -217,9 +217,10 @@ class StageParams:
     output_share: float
     """Share of the output layer's rows (and of its and the loss's work) the stage holds."""
     units: int = 1
-    """Modules sharded and gathered one at a time under ZeRO 2-3: one per transformer layer, and
-    one for the embedding, final norm and output layer the stage holds (FSDP's wrapping of each
-    block and the root, as torchtitan does); each costs its own collectives."""
+    """Modules sharded and gathered one at a time under ZeRO 2-3: one per transformer layer, one
+    for the embedding and one for the final norm with the output layer the stage holds (a tied
+    output layer shares its embedding's), as torchtitan wraps them and our runtime
+    (``runtime.data_parallel.vocabulary_units``); each costs its own collectives."""
 
     @property
     def holds_embedding(self) -> bool:
@@ -338,5 +339,5 @@ def _stage_params(
         largest_unit=max(units, default=0.0),
         embedding_share=embedding_share,
         output_share=output_share,
-        units=max(1, layers_here + (1 if embedding_share or output_share else 0)),
+        units=max(1, layers_here + (1 if embedding else 0) + (1 if head else 0)),
     )

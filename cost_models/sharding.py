@@ -13,7 +13,10 @@ experts are folded over the stage's d t ranks). ZeRO-3 gathers its parameters mo
 module: ``ZERO3_GATHERED_UNITS`` = 2 units (the one in use and the next, prefetched), a unit
 being the largest module gathered at once on the stage (a transformer layer, the embedding or
 the output layer on this rank's tensor-parallel shard), in training precision; as DeepSpeed's
-estimator, whose 4 x largest_layer_params bytes is the same term.
+estimator, whose 4 x largest_layer_params bytes is the same term. The dense states of ZeRO-2/3
+are counted as FSDP2 (our runtime's ZeRO-2/3, torchtitan's) holds them: fp32 sharded gradients
+and, in mixed precision, no sharded copy of the weights beside the fp32 master
+(``fsdp_model_states``).
 
 Collectives per step (each over the gradients' or parameters' bytes in training precision, the
 ZeRO paper's 2 psi in mixed precision): without ZeRO one all-reduce, bucket by bucket during the
@@ -49,6 +52,10 @@ from planner.schemas import CollectiveOp, DeviceProfile, DType, Layout, ModelSpe
 from planner.schemas.errors import SchemaError
 
 ZERO3_GATHERED_UNITS: Final = 2
+SHARDED_GRADIENT_ELEMENT_BYTES: Final = 4
+"""Bytes of one gradient element FSDP2 keeps after its reduce-scatter: the sharded parameters'
+precision, fp32 (``MixedPrecisionPolicy`` casts the gathered parameters and the reduction only;
+FSDP2's ``FSDPParam`` accumulates each reduced shard into the fp32 shard's gradient)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +114,25 @@ def zero3_gather_buffer_bytes(largest_unit_params: float, dtype: DType) -> float
     return ZERO3_GATHERED_UNITS * largest_unit_params * dtype.bytes
 
 
+def fsdp_model_states(
+    states: ModelStates, params: float, shard_degree: int, zero_stage: ZeroStage, dtype: DType
+) -> ModelStates:
+    """``states`` (``model_state_bytes`` under ZeRO-2/3) as FSDP2 holds them, the ZeRO-2/3 of
+    our runtime and of torchtitan: the sharded gradients in fp32,
+    ``SHARDED_GRADIENT_ELEMENT_BYTES`` x params / d (the ZeRO paper keeps them in fp16, 2 bytes:
+    DeepSpeed converts each partition to fp32 only for the update); under ZeRO-3 in mixed
+    precision no sharded copy of the weights in training precision: the fp32 shard is the
+    master copy (in the optimizer states) and FSDP casts it as it gathers (the gathered units
+    are ``zero3_gather_buffer_bytes``). The optimizer states are the ZeRO paper's.
+    """
+    mixed = dtype is not DType.FP32
+    return ModelStates(
+        weights_bytes=0.0 if zero_stage.shards_parameters and mixed else states.weights_bytes,
+        gradients_bytes=SHARDED_GRADIENT_ELEMENT_BYTES * params / shard_degree,
+        optimizer_states_bytes=states.optimizer_states_bytes,
+    )
+
+
 def held_zero_stage(layout: Layout) -> ZeroStage:
     """The ZeRO stage whose states a rank holds through the step: ZeRO-1's where a pipeline keeps
     ZeRO 2-3's gradients and gathered weights whole (``pipeline.defers_gradient_reduction``),
@@ -119,7 +145,8 @@ def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dt
 
     Dense parameters are sharded over d, experts over d / ep or folded d t / ep
     (``Layout.expert_data_parallel_degree``; ``model_state_bytes`` with
-    ``held_zero_stage``); under ZeRO-3 with d > 1 the weights add the gathered buffer of 2 units
+    ``held_zero_stage``; the dense ones as FSDP2 holds them under ZeRO-2/3 with d > 1,
+    ``fsdp_model_states``); under ZeRO-3 with d > 1 the weights add the gathered buffer of 2 units
     (``zero3_gather_buffer_bytes``); with d = 1 nothing is sharded or gathered (FSDP then falls
     back to no sharding).
 
@@ -142,6 +169,8 @@ def _model_states(params: StageParams, d: int, edp: int, zero: ZeroStage, dtype:
     layouts of a search that differ in micro-batch, recompute, schedule, ... share it); ``edp``
     ranks hold the same experts."""
     dense = model_state_bytes(params.dense, d, zero, dtype)
+    if zero.shards_gradients and d > 1:
+        dense = fsdp_model_states(dense, params.dense, d, zero, dtype)
     expert = model_state_bytes(params.expert, edp, zero, dtype)
     gathered = zero3_gather_buffer_bytes(params.largest_unit, dtype) if zero.shards_parameters and d > 1 else 0.0
     return ModelStates(

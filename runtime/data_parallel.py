@@ -92,7 +92,7 @@ class DataParallel:
                 )
             stage, ignored = self.layout.zero_stage, set(experts) or None
             for chunk in chunks:
-                units = chunk.layers.values()
+                units = [*vocabulary_units(chunk), *chunk.layers.values()]
                 shard_units(units, chunk, self.mesh, zero_stage=stage, dtype=compute_dtype, ignored=ignored)
             # read after sharding: FSDP replaces each parameter it shards by a new one
             main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
@@ -122,13 +122,31 @@ class DataParallel:
             cast(FSDPModule, chunk).set_reshard_after_backward(index == micro_batches - 1)
 
 
+def vocabulary_units(chunk: Decoder) -> list[nn.Module | list[nn.Module]]:
+    """The FSDP units of ``chunk`` besides its layers, as torchtitan wraps them: the embedding,
+    and the final norm with the output layer, each its own unit (so the output layer's gradient
+    is reduced, and its gathered weights freed, right after its backward rather than at the end
+    of the chunk's). A tied output layer stays with its embedding in the root unit (a parameter
+    belongs to one unit)."""
+    tied = chunk.tok_emb is not None and chunk.head is not None and chunk.head.weight is chunk.tok_emb.weight
+    if tied:
+        return []
+    units: list[nn.Module | list[nn.Module]] = []
+    embedding: list[nn.Module] = [m for m in (chunk.tok_emb, chunk.pos_emb) if m is not None]
+    if embedding:
+        units.append(embedding)
+    if chunk.head is not None:
+        units.append([m for m in (chunk.norm, chunk.head) if m is not None])
+    return units
+
+
 def parameters(chunks: Iterable[nn.Module]) -> list[nn.Parameter]:
     """Every parameter of ``chunks``, in order."""
     return [p for chunk in chunks for p in chunk.parameters()]
 
 
 def shard_units(
-    units: Iterable[nn.Module],
+    units: Iterable[nn.Module | list[nn.Module]],
     root: nn.Module,
     dp_mesh: DeviceMesh,
     *,
@@ -136,10 +154,10 @@ def shard_units(
     dtype: torch.dtype,
     ignored: set[nn.Parameter] | None = None,
 ) -> None:
-    """ZeRO-2/3 as the runtime shards (FSDP2): each unit, then the root with what remains, over
-    ``dp_mesh``; fp32 shards gathered, computed and reduced in ``dtype``; ZeRO-3 reshards after
-    each forward. ``ignored`` parameters stay whole and unreduced (experts, reduced over their
-    own group). The profiler times its own cost this way."""
+    """ZeRO-2/3 as the runtime shards (FSDP2): each unit (a module, or modules sharded together),
+    then the root with what remains, over ``dp_mesh``; fp32 shards gathered, computed and reduced
+    in ``dtype``; ZeRO-3 reshards after each forward. ``ignored`` parameters stay whole and
+    unreduced (experts, reduced over their own group). The profiler times its own cost this way."""
     reshard = zero_stage.shards_parameters
     # fp32 shards are the master weights; layers gather, compute and reduce in the plan's
     # precision (as ZeRO-0/1 reduce: measured, an fp32 reduce-scatter doubled the bytes).

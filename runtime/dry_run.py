@@ -4,31 +4,35 @@ and measure a training step with torch's MemTracker, the method a real CPU run r
 
 A first step leaves the optimizer's state in place, as a real run's traced step finds it; then
 one step is traced. Without pipeline parallelism the rank runs the trainer's own step. With it,
-the rank's stage is driven as its schedule would at its peak: as many micro-batches forward as
-the schedule keeps in flight on that rank (schemas.geometry.in_flight_micro_batches), then
-their backward, then the optimizer step.
+the rank's stage is driven as its schedule would at its peak: in steady state (one micro-batch
+forward and backward first, so the accumulated gradients are there), as many micro-batches
+forward as the schedule keeps in flight on that rank (schemas.geometry.in_flight_micro_batches)
+with activations in the plan's precision, then their backward, then the optimizer step.
 """
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _State
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.schemas import AttentionKernel, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
-from runtime.expert_parallel import JointOptimizer
-from runtime.mesh import layout_mesh
-from runtime.model import loss_fn
+from runtime.expert_parallel import ExpertExchange, JointOptimizer, Traffic, all_to_all
+from runtime.mesh import expert_mesh, layout_mesh
+from runtime.model import TORCH_DTYPES, MoE, add_rows, loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer
 
@@ -51,11 +55,6 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
-    if plan.model.is_moe:
-        raise InfeasibleConfigError(
-            f"a dry run cannot trace the mixture of experts {plan.model.name!r}: its routing depends on the "
-            "tokens' values, which fake tensors do not have; measure its memory with a real run (planner run)"
-        )
     if layout.vocabulary_layout.over_pipeline:
         raise InfeasibleConfigError(
             f"a dry run cannot trace vocabulary_layout={layout.vocabulary_layout!s}: its passes need every pipeline "
@@ -65,12 +64,18 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:
         mesh = layout_mesh(layout, "cpu")
+        experts = expert_mesh(layout, "cpu") if layout.expert_parallel_degree > 1 or layout.folds_experts else None
         # The backend the real run picks on a CPU (fake tensors would otherwise fall back to the
         # math kernel, which keeps the s x s attention weights for the backward).
         backend = (
             SDPBackend.FLASH_ATTENTION if plan.training.attention_kernel is AttentionKernel.FLASH else SDPBackend.MATH
         )
-        with FakeTensorMode(allow_non_fake_inputs=True), sdpa_kernel(backend):
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            sdpa_kernel(backend),
+            _CudaAttentionLayout(),  # type: ignore[no-untyped-call]
+            _real_mesh_concatenation(),
+        ):
             trainer = Trainer(
                 plan.model,
                 layout,
@@ -82,8 +87,10 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
                 mesh=mesh,
                 pipeline_schedule=False,
                 dtype=plan.training.dtype,
+                experts_mesh=experts,
             )
             trainer.report_loss = False
+            _route_evenly(trainer)
             peak = _traced_peak(trainer, plan)
     finally:
         dist.destroy_process_group()
@@ -97,6 +104,47 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
         plan.estimate.stages[stage].memory.total_bytes,
         time.perf_counter() - start,
     )
+
+
+def _route_evenly(trainer: Trainer) -> None:
+    """Give every MoE layer of the rank an even dispatch (``_EvenDispatch``): which expert a
+    token goes to depends on the tokens' values, which fake tensors do not have."""
+    for chunk in trainer.chunks:
+        for module in chunk.modules():
+            if isinstance(module, MoE):
+                exchange = module.dispatch
+                group = exchange.group if isinstance(exchange, ExpertExchange) else None
+                module.dispatch = _EvenDispatch(group)
+
+
+class _EvenDispatch:
+    """An MoE layer's dispatch under balanced routing, the cost model's assumption without a
+    routing trace: each expert held here gets k n / E of the n tokens' routed pairs from each
+    rank of the expert-parallel group. It holds what the runtime's dispatch
+    (``runtime.expert_parallel.ExpertExchange``, ``runtime.model.local_experts``) holds for its
+    backward: each expert's input rows, its intermediates and the exchanged-back outputs the
+    weighted combine keeps, with the same exchanges, whose split sizes are fixed here."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        self.traffic = Traffic()
+
+    def __call__(
+        self, experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        pairs = expert_ids.numel()
+        ep = dist.get_world_size(self.group) if self.group is not None else 1
+        token = torch.arange(pairs, device=tokens.device) // expert_ids.shape[1]
+        splits = [pairs // ep] * ep
+        routed = tokens[token]
+        received = all_to_all(routed, splits, splits, self.group, self.traffic) if self.group else routed
+        rows_per_expert = received.shape[0] // len(experts)
+        outputs = torch.zeros_like(received)
+        for i, expert in enumerate(experts.values()):
+            rows = torch.arange(i * rows_per_expert, (i + 1) * rows_per_expert, device=tokens.device)
+            outputs = add_rows(outputs, rows, expert(received[rows]))
+        back = all_to_all(outputs, splits, splits, self.group, self.traffic) if self.group else outputs
+        return add_rows(torch.zeros_like(tokens), token, back * weights.reshape(-1)[:, None])
 
 
 def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
@@ -113,6 +161,45 @@ def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
     # the tracker counting the next step's gradients twice: measured, 10.0 vs 9.7 GiB).
     one_step()
     return tracked_peak(trainer, one_step)
+
+
+@contextmanager
+def _real_mesh_concatenation() -> Iterator[None]:
+    """FSDP over tensor-parallel parameters joins the data- and tensor-parallel meshes
+    (``DeviceMesh._concatenate``), which finds this rank's coordinates from the rank table's
+    values: under fake tensors it has none. The join is bookkeeping on that small table and
+    allocates nothing a rank holds, so it runs on real tensors."""
+    original = DeviceMesh._concatenate
+
+    def concatenate(meshes: list[DeviceMesh]) -> DeviceMesh:
+        with unset_fake_temporarily():
+            return original(meshes)
+
+    DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = staticmethod(original)  # type: ignore[method-assign]
+
+
+class _CudaAttentionLayout(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
+    """Lays the CPU flash kernel's output out as the CUDA kernels lay theirs: (b, s, heads, d) in
+    memory, seen as (b, heads, s, d). The CUDA flash and memory-efficient kernels run on the
+    (b, s, heads, d) transposes of their inputs and return the transpose of their output
+    (aten's ``_scaled_dot_product_flash_attention_cuda``), so the output projection's input,
+    ``out.transpose(1, 2).reshape(b, s, -1)``, is a view of the output the kernel keeps for its
+    backward. The CPU kernel returns (b, heads, s, d) in memory, and that reshape is a second
+    copy the GPU run does not hold (one activation of the attention's width per layer)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is not torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+            return out
+        attention, *rest = out
+        b, heads, s, d = attention.shape
+        laid_out = attention.new_empty((b, s, heads, d)).transpose(1, 2)
+        laid_out.copy_(attention)
+        return (laid_out, *rest)
 
 
 class _RankPeakTracker(MemTracker):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
@@ -155,28 +242,40 @@ def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
 
 
 def _stage_step(trainer: Trainer, plan: Plan) -> None:
-    """Forward the micro-batches the schedule keeps in flight on this rank, backward them, step."""
+    """Forward the micro-batches the schedule keeps in flight on this rank, backward them, step.
+    With more micro-batches in the step than in flight, one goes forward and backward first: in
+    the schedule's steady state the stage holds its accumulated gradients beside them."""
+    held = math.ceil(in_flight_micro_batches(trainer.layout, trainer.pp_rank, trainer.micro_batches))
+    trainer.optimizer.zero_grad()
+    with trainer.loss_context():
+        if trainer.micro_batches > held:
+            _forward_backward(trainer, plan, 1)
+        _forward_backward(trainer, plan, held)
+    trainer.optimizer.step()
+
+
+def _forward_backward(trainer: Trainer, plan: Plan, micro_batches: int) -> None:
+    """``micro_batches`` through every chunk of the rank forward, then all of them backward."""
     layout, model, training = trainer.layout, plan.model, plan.training
     b, s = layout.micro_batch_size, training.seq_len
-    t = layout.tensor_parallel_degree
-    local_s = s // t if layout.sequence_parallel else s
+    local_s = s // layout.tensor_parallel_degree if layout.sequence_parallel else s
     chunks = stage_chunks(layout, trainer.pp_rank)
     first, last = embedding_chunk(layout), output_chunk(layout)
-    held = math.ceil(in_flight_micro_batches(layout, trainer.pp_rank, trainer.micro_batches))
-    trainer.optimizer.zero_grad()
     outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-    with trainer.loss_context():
-        for _ in range(held):
-            for chunk, index in zip(trainer.chunks, chunks, strict=True):
-                if index == first:
-                    x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
-                else:
-                    x = torch.randn(b, local_s, model.hidden_size, requires_grad=True)
-                out = OneCall(chunk)(x)
-                if index == last:
-                    outputs.append((loss_fn(out, torch.randint(0, model.vocab_size, (b, s))), None))
-                else:
-                    outputs.append((out, torch.randn_like(out)))
-        for out, grad in outputs:
-            torch.autograd.backward(out, grad)
-    trainer.optimizer.step()
+    kept: list[torch.Tensor | None] = []  # per output: what the schedule keeps until its backward
+    for _ in range(micro_batches):
+        for chunk, index in zip(trainer.chunks, chunks, strict=True):
+            if index == first:
+                x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
+            else:  # the previous stage's activations, in the plan's precision
+                x = torch.randn(b, local_s, model.hidden_size, dtype=TORCH_DTYPES[training.dtype], requires_grad=True)
+            out = OneCall(chunk)(x)
+            if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
+                outputs.append((loss_fn(out, torch.randint(0, model.vocab_size, (b, s))), None))
+                kept.append(out)
+            else:
+                outputs.append((out, torch.randn_like(out)))
+                kept.append(None)
+    for i, (out, grad) in enumerate(outputs):
+        torch.autograd.backward(out, grad)
+        kept[i] = None

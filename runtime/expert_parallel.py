@@ -43,7 +43,7 @@ from torch import nn
 
 from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
-from runtime.model import MLP, Decoder, MoE, moe_layers
+from runtime.model import MLP, Decoder, MoE, add_rows, moe_layers
 from runtime.optim import DataParallelOptimizer
 from runtime.tensor_parallel import RouterGradients, split_expert
 
@@ -189,10 +189,10 @@ class ExpertExchange:
         outputs = torch.zeros_like(received)
         for i, e in enumerate(self.mine):
             rows = (local == i).nonzero().squeeze(1)
-            outputs = outputs.index_add(0, rows, experts[str(e)](received[rows]))
+            outputs = add_rows(outputs, rows, experts[str(e)](received[rows]))
         back = all_to_all(outputs, receive, send, self.group, self.traffic)
         weight = weights.reshape(-1)[order]
-        return torch.zeros_like(tokens).index_add(0, token, back * weight[:, None])
+        return add_rows(torch.zeros_like(tokens), token, back * weight[:, None])
 
 
 def expert_parallel(chunk: Decoder, model: ModelSpec, table: PlacementTable, ep_group: dist.ProcessGroup) -> None:

@@ -1,6 +1,7 @@
 """The reference decoder the runtime trains, built from a ModelSpec.
 
-GELU or SwiGLU MLP, multi-head or grouped-query attention, LayerNorm or RMSNorm, learned or
+GELU or SwiGLU MLP, multi-head or grouped-query attention, LayerNorm or RMSNorm (SwiGLU and
+RMSNorm as the fused kernels keep their tensors, ``runtime.kernels``), learned or
 rotary positions, tied or untied output layer; deterministic initialisation from a seed. Layers
 live in a ModuleDict keyed by their index, so a pipeline stage keeps the reference's parameter
 names when the layers it does not hold are deleted. Projections are separate Linear modules so
@@ -13,6 +14,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+from runtime.kernels import RMSNorm, swiglu
 from runtime.loss import cross_entropy
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
@@ -39,7 +42,7 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def _norm(model: ModelSpec) -> nn.Module:
     if model.norm_type is NormKind.LAYERNORM:
         return nn.LayerNorm(model.hidden_size)
-    return nn.RMSNorm(model.hidden_size, eps=1e-5)
+    return RMSNorm(model.hidden_size, eps=1e-5)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -83,7 +86,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU (up, down) or SwiGLU (gate, up, down)."""
+    """GELU (up, down) or SwiGLU (gate, up, down; ``runtime.kernels.swiglu``)."""
 
     def __init__(self, model: ModelSpec) -> None:
         super().__init__()
@@ -94,7 +97,7 @@ class MLP(nn.Module):
         self.down = nn.Linear(f, h, bias=model.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.silu(self.gate(x)) * self.up(x) if self.gate is not None else F.gelu(self.up(x))
+        hidden = swiglu(self.gate(x), self.up(x)) if self.gate is not None else F.gelu(self.up(x))
         out: torch.Tensor = self.down(hidden)
         return out
 
@@ -121,6 +124,30 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]
     return weights.to(logits.dtype), expert_ids
 
 
+class _AddRows(torch.autograd.Function):
+    """``target.index_add(0, index, source)`` keeping only ``index`` for the backward: autograd's
+    own index_add keeps ``source`` too (its formula expands the gradient to the source's shape),
+    one tensor of every routed pair's hidden size per use, which no real MoE layer keeps
+    (Megatron-Core's unpermute keeps the indices)."""
+
+    @staticmethod
+    def forward(ctx: Any, target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        return target.index_add(0, index, source)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+        (index,) = ctx.saved_tensors
+        return grad, None, grad.index_select(0, index)
+
+
+def add_rows(target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``target`` with the rows of ``source`` added at rows ``index`` (out of place), keeping
+    only ``index`` for the backward (``_AddRows``)."""
+    out: torch.Tensor = _AddRows.apply(target, index, source)  # type: ignore[no-untyped-call]
+    return out
+
+
 def local_experts(
     experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
@@ -130,7 +157,7 @@ def local_experts(
     out = torch.zeros_like(tokens)
     for name, expert in experts.items():
         token, slot = (expert_ids == int(name)).nonzero(as_tuple=True)
-        out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
+        out = add_rows(out, token, expert(tokens[token]) * weights[token, slot, None])
     return out
 
 

@@ -4,10 +4,13 @@
 them in fp32 through the gradient buckets of ``planner.schemas.buffers``, allocated once and
 held for the whole run as PyTorch DDP's reducer holds its buckets: 4 x min(2 x 25 M, gradients)
 bytes, the cost model's data-parallel buffer (``cost_models.memory``). With ``shard`` (ZeRO-1,
-Rajbhandari et al. 2020) each rank keeps optimizer state only for the parameters it owns and
-broadcasts their update. With parameters in bf16/fp16 it keeps an
-fp32 master copy of the parameters it owns, in the optimizer, as mixed-precision Adam does: 2 + 2
-bytes per parameter for weights and gradients, 4 + 8 for master and moments, sharded by ZeRO-1.
+Rajbhandari et al. 2020) each rank keeps optimizer state only for its share and broadcasts
+its update. With parameters in bf16/fp16 it keeps an fp32 master copy of its share, in the
+optimizer, as mixed-precision Adam does: 2 + 2 bytes per parameter for weights and gradients,
+4 + 8 for master and moments, sharded by ZeRO-1; the share is an even one of the masters'
+slices, whatever the parameters' sizes (as Megatron-LM's distributed optimizer splits its flat
+buffer evenly: by whole parameters, the rank owning a 128k-vocabulary embedding held several
+times its share). In fp32 the shares are whole parameters.
 
 What a step adds on top of those states, and no more: AdamW runs torch's fused kernel where
 torch has one for the device (no full-size temporaries; the single-tensor loop makes two of the
@@ -97,26 +100,23 @@ class DataParallelOptimizer:
         self.params, self.group = params, group
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.divisor = self.size if grad_divisor is None else grad_divisor
-        parts = self.size if shard else 1
-        loads = [0] * parts
-        self.owner: list[int] = []
-        for p in params:  # greedy balance by size, in a fixed order every rank agrees on
-            o = loads.index(min(loads))
-            self.owner.append(o)
-            loads[o] += p.numel()
         self.shard = shard
-        mine = [p for p, o in zip(params, self.owner, strict=True) if not shard or o == self.rank]
         self.mixed = any(p.dtype != torch.float32 for p in params)
-        self.mine = mine
+        # What ZeRO-1 shares out: with mixed precision the masters' slices (so every rank owns
+        # an even share, within a slice, as Megatron-LM's distributed optimizer splits its flat
+        # buffer evenly), in fp32 the parameters themselves, whole.
+        self.units = _pieces(params) if self.mixed else [_Piece(p, 0, local(p).numel()) for p in params]
+        self.owner = _balanced_owners([u.stop - u.start for u in self.units], self.size if shard else 1)
+        mine = [u for u, o in zip(self.units, self.owner, strict=True) if not shard or o == self.rank]
         reduced = sum(local(p).numel() for p in params) if self.size > 1 else 0
         device = local(params[0]).device if params else None
         self.buckets = torch.empty(int(grad_bucket_elements(reduced)), dtype=torch.float32, device=device)
         """The fp32 reduction buckets, one buffer (empty without data-parallel peers)."""
-        self.slices: list[list[_MasterSlice]] = _master_slices(mine) if self.mixed else []
-        """Mixed precision: the owned parameters' fp32 masters in slices, grouped to step together."""
+        self.slices: list[list[_MasterSlice]] = _grouped_masters(mine) if self.mixed else []
+        """Mixed precision: the owned slices' fp32 masters, grouped to step together."""
         self.inner = [make_optimizer(name, [piece.master for piece in group], lr) for group in self.slices]
         if not self.mixed and mine:
-            self.inner = [make_optimizer(name, mine, lr)]
+            self.inner = [make_optimizer(name, [u.param for u in mine], lr)]
 
     def zero_grad(self) -> None:
         """Drop every gradient."""
@@ -145,7 +145,11 @@ class DataParallelOptimizer:
         with torch.no_grad():
             if self.shard and self.size > 1:
                 for owner in range(self.size):
-                    owned = [local(p.data) for p, o in zip(self.params, self.owner, strict=True) if o == owner]
+                    owned = [
+                        local(u.param.data).view(-1)[u.start : u.stop]
+                        for u, o in zip(self.units, self.owner, strict=True)
+                        if o == owner
+                    ]
                     flat_apply(
                         owned, partial(_broadcast, src=dist.get_global_rank(self.group, owner), group=self.group)
                     )
@@ -194,18 +198,53 @@ class _MasterSlice:
     master: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """Elements [start, stop) of a parameter's flattened local tensor."""
+
+    param: torch.nn.Parameter
+    start: int
+    stop: int
+
+
+def _pieces(params: list[torch.nn.Parameter]) -> list[_Piece]:
+    """Each parameter of ``params`` cut into slices of at most ``MASTER_SLICE_ELEMENTS`` elements, in order."""
+    return [
+        _Piece(p, start, min(start + MASTER_SLICE_ELEMENTS, local(p).numel()))
+        for p in params
+        for start in range(0, local(p).numel(), MASTER_SLICE_ELEMENTS)
+    ]
+
+
+def _balanced_owners(sizes: list[int], parts: int) -> list[int]:
+    """The owner of each of ``sizes``: the least loaded of ``parts`` so far, in a fixed order
+    every rank agrees on."""
+    loads, owners = [0] * parts, []
+    for size in sizes:
+        owner = loads.index(min(loads))
+        owners.append(owner)
+        loads[owner] += size
+    return owners
+
+
 def _master_slices(params: list[torch.nn.Parameter]) -> list[list[_MasterSlice]]:
-    """The fp32 masters of ``params`` cut into slices of at most ``MASTER_SLICE_ELEMENTS``
-    elements, packed in order into groups of at most that many elements (one optimizer each)."""
+    """The fp32 masters of ``params`` cut into slices (``_pieces``), grouped (``_grouped_masters``)."""
+    return _grouped_masters(_pieces(params))
+
+
+def _grouped_masters(pieces: list[_Piece]) -> list[list[_MasterSlice]]:
+    """The fp32 masters of ``pieces``, packed in order into groups of at most
+    ``MASTER_SLICE_ELEMENTS`` elements (one optimizer each)."""
     groups: list[list[_MasterSlice]] = [[]]
     filled = 0
-    for p in params:
-        flat = local(p).detach().reshape(-1)
-        for start in range(0, flat.numel(), MASTER_SLICE_ELEMENTS):
-            stop = min(start + MASTER_SLICE_ELEMENTS, flat.numel())
-            if filled + stop - start > MASTER_SLICE_ELEMENTS and groups[-1]:
-                groups.append([])
-                filled = 0
-            groups[-1].append(_MasterSlice(p, start, stop, flat[start:stop].float().clone()))
-            filled += stop - start
+    for piece in pieces:
+        size = piece.stop - piece.start
+        if filled + size > MASTER_SLICE_ELEMENTS and groups[-1]:
+            groups.append([])
+            filled = 0
+        flat = local(piece.param).detach().reshape(-1)
+        groups[-1].append(
+            _MasterSlice(piece.param, piece.start, piece.stop, flat[piece.start : piece.stop].float().clone())
+        )
+        filled += size
     return [g for g in groups if g]

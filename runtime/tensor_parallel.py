@@ -4,8 +4,10 @@ q/k/v and gate/up are split column-wise, o and down row-wise, through DTensor; t
 split by vocabulary, the output layer column-wise with a vocabulary-parallel loss (torch's
 ``loss_parallel``). With sequence parallelism the norms and the residual stream hold 1/t of the
 sequence, gathered before attention and the MLP and reduce-scattered after them (Korthikanti et
-al. 2022, sec. 4.2.2); a chunk whose embedding and output layer are split over the pipeline
-instead (``runtime.vocabulary_parallel``) splits its embedded tokens and returns its shard.
+al. 2022, sec. 4.2.2); the projections after each gather keep only this rank's 1/t of their
+input and gather it again in the backward, as Megatron-LM does (``keep_sequence_shards``). A
+chunk whose embedding and output layer are split over the pipeline instead
+(``runtime.vocabulary_parallel``) splits its embedded tokens and returns its shard.
 
 A mixture-of-experts MLP splits every expert over the group as the dense MLP is split
 (expert-tensor parallelism equal to tp, as Megatron-LM's ``expert_tensor_parallel_size``
@@ -43,7 +45,7 @@ gradients add up to the replica's: ``RouterGradients`` sums them as it sums the 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -105,6 +107,9 @@ def tensor_parallel(
         if sequence_parallel:
             plan |= {f"layers.{i}.{n}": SequenceParallel() for n in ("norm1", "norm2")}
             plan[f"layers.{i}.attn"] = gather
+            keep_sequence_shards(cast(nn.Module, block.attn), block)
+            if isinstance(block.mlp, MLP):
+                keep_sequence_shards(block.mlp, block)
     if chunk.tok_emb is not None:
         plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
     if chunk.takes_tokens and sequence_parallel:
@@ -114,11 +119,67 @@ def tensor_parallel(
         plan["norm"] = SequenceParallel(use_local_output=chunk.head is None)
     if chunk.head is not None:
         plan["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+        if sequence_parallel:
+            keep_sequence_shards(chunk.head)
     tied = chunk.tok_emb is not None and chunk.head is not None and chunk.head.weight is chunk.tok_emb.weight
     parallelize_module(chunk, tp_mesh, plan)  # type: ignore[arg-type]
     if tied:  # parallelizing each module replaced the shared parameter by two DTensors
         assert chunk.head is not None and chunk.tok_emb is not None
         chunk.head.weight = chunk.tok_emb.weight
+
+
+def keep_sequence_shards(module: nn.Module, block: nn.Module | None = None) -> None:
+    """Make ``module``, whose input arrives all-gathered over the sequence (a sequence-parallel
+    region's column-parallel projections), keep only this rank's 1/t of that input for its
+    backward and gather it again there: Megatron-LM's sequence parallelism (Korthikanti et al.
+    2022, sec. 4.2.2), which DTensor's does not do (its Linears keep the gathered (b, s, h)).
+    Its parameters keep their names (the forward is wrapped, not the module). Not under full
+    recompute (``block.recompute_all``), where the block keeps nothing of it anyway."""
+    original = module.forward
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(x, DTensor) or getattr(block, "recompute_all", False):
+            return original(x, *args, **kwargs)
+        shard = _SequenceShard(x)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(shard.pack, shard.unpack):
+                return original(x, *args, **kwargs)
+        finally:
+            shard.gathered = None  # the saved shard must not keep the gathered input alive
+
+    module.forward = forward
+
+
+class _SequenceShard:
+    """Saved-tensor hooks that store a gathered DTensor (and its views, as a Linear saves its
+    flattened input) as this rank's clone of its sequence shard, gathered again when unpacked."""
+
+    def __init__(self, gathered: DTensor) -> None:
+        self.gathered: DTensor | None = gathered
+        self.shard: torch.Tensor | None = None
+        self.full: DTensor | None = None
+        self.mesh, self.shape, self.stride = gathered.device_mesh, gathered.shape, gathered.stride()
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if self.gathered is None or not (t is self.gathered or t._base is self.gathered):
+            return t
+        if self.shard is None:
+            local = self.gathered.to_local()
+            self.shard = local.chunk(self.mesh.size(), dim=1)[self.mesh.get_local_rank()].clone()
+        return (self, t.shape)
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if not (isinstance(packed, tuple) and len(packed) == 2 and packed[0] is self):
+            result: torch.Tensor = packed
+            return result
+        if self.full is None:
+            assert self.shard is not None
+            sharded = DTensor.from_local(
+                self.shard, self.mesh, [Shard(1)], run_check=False, shape=self.shape, stride=self.stride
+            )
+            self.full = sharded.redistribute(self.mesh, [Replicate()])
+        full: torch.Tensor = self.full.reshape(packed[1])
+        return full
 
 
 def split_expert(expert: MLP, rank: int, degree: int) -> None:

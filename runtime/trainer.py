@@ -70,13 +70,15 @@ class Trainer:
         pipeline_schedule: bool = True,
         dtype: DType = DType.FP32,
         placement: PlacementTable | None = None,
+        experts_mesh: DeviceMesh | None = None,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
         ``dtype``: bf16/fp16 train mixed precision: weights, gradients and activations in that
         precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3);
         ``placement``: an MoE model's experts on each expert-parallel rank, by MoE layer (default
-        the layout's, ``runtime.expert_parallel.placement_table``).
+        the layout's, ``runtime.expert_parallel.placement_table``); ``experts_mesh``: the
+        layout's expert mesh built beforehand, as ``mesh`` (default: built here when needed).
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
@@ -87,7 +89,9 @@ class Trainer:
         check_placement(model, layout, self.placement)
         # folded experts (whole on each rank) are reduced over their own group even without ep
         own_experts = layout.expert_parallel_degree > 1 or layout.folds_experts
-        experts_mesh = expert_mesh(layout, device.type) if own_experts else None
+        if own_experts and experts_mesh is None:
+            experts_mesh = expert_mesh(layout, device.type)
+        experts_mesh = experts_mesh if own_experts else None
         self.data_parallel = DataParallel(
             layout, self.mesh[MeshAxis.DP], experts_mesh[ExpertMeshAxis.EDP] if experts_mesh else None
         )

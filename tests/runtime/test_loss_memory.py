@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from runtime.loss import cross_entropy
-from runtime.optim import MASTER_SLICE_ELEMENTS, _master_slices
+from runtime.optim import MASTER_SLICE_ELEMENTS, _balanced_owners, _master_slices, _pieces
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -52,3 +52,17 @@ def test_master_slices_cover_each_parameter_once() -> None:
         [(MASTER_SLICE_ELEMENTS, MASTER_SLICE_ELEMENTS + 10), (0, 7)],
     ]
     assert all(s.master.dtype == torch.float32 for g in groups for s in g)
+
+
+def test_zero_1_shares_the_masters_evenly_whatever_the_parameters_sizes() -> None:
+    # An embedding of 10 slices and 6 parameters of one slice over 4 ranks: 16 slices, 4 each
+    # (by whole parameters the embedding's owner held 10 of them).
+    meta = torch.device("meta")
+    big = torch.nn.Parameter(torch.empty(10 * MASTER_SLICE_ELEMENTS, dtype=torch.bfloat16, device=meta))
+    small = [
+        torch.nn.Parameter(torch.empty(MASTER_SLICE_ELEMENTS, dtype=torch.bfloat16, device=meta)) for _ in range(6)
+    ]
+    pieces = _pieces([big, *small])
+    owners = _balanced_owners([p.stop - p.start for p in pieces], 4)
+    assert [owners.count(rank) for rank in range(4)] == [4, 4, 4, 4]
+    assert sum(p.stop - p.start for p in pieces) == 16 * MASTER_SLICE_ELEMENTS
