@@ -33,16 +33,8 @@ TRAINING = TrainingSpec(global_batch_size=32, seq_len=4096)  # few micro-batches
             micro_batch_size=2,
             zero_stage=2,
         ),
-        Layout(
-            data_parallel_degree=8,
-            tensor_parallel_degree=2,
-            pipeline_parallel_degree=1,
-            micro_batch_size=1,
-            zero_stage=3,
-            sequence_parallel=True,
-        ),
     ],
-    ids=["dp16-zero2-mb2", "dp8-tp2-sp-zero3"],
+    ids=["dp16-zero2-mb2"],
 )
 def test_estimate_is_within_5_percent_of_the_trace(layout: Layout, tmp_path: Path) -> None:
     cluster = load_cluster("dgx-h100:2")
