@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from cost_models import groups as grp
 from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
+from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
 from cost_models.params import stage_params
 from cost_models.sharding import OverlapWindow, step_collectives
@@ -172,7 +173,7 @@ def data_parallel_time(
     return DataParallelTime(exposed_s=exposed_s, total_s=total_s)
 
 
-_STAGE_COMM: dict[tuple[object, ...], tuple[ClusterProfile, StageCollectiveTime]] = {}
+_STAGE_COMM: HeldMemo[StageCollectiveTime] = HeldMemo(limit=16384)
 """``stage_data_parallel_comm`` by what it reads, on uniform links with devices in rank order."""
 
 
@@ -189,8 +190,7 @@ def _shared_stage_comm(
     group and shard them, and m, not on the micro-batch size, recompute, sequence parallelism or
     schedule that a search's layouts also vary; nor on which stage holds them where a stage's d t
     ranks fill whole nodes or share one (its groups then cross nodes as every stage's do), else
-    the stage is part of the key. The cluster object is held in the entry, so its id is not reused
-    while the entry lives."""
+    the stage is part of the key."""
     if not (layout.device_map.is_identity and has_uniform_links(cluster)):
         return stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
     stage_ranks, per_node = layout.data_parallel_degree * layout.tensor_parallel_degree, cluster.devices_per_node
@@ -198,7 +198,6 @@ def _shared_stage_comm(
     key = (
         model,
         training.dtype,
-        id(cluster),
         layout.data_parallel_degree,
         layout.tensor_parallel_degree,
         layout.pipeline_parallel_degree,
@@ -210,11 +209,6 @@ def _shared_stage_comm(
         stage_params(model, layout, stage),
         stage_layers(model, layout)[stage],
     )
-    hit = _STAGE_COMM.get(key)
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
-    value = stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
-    if len(_STAGE_COMM) >= 16384:
-        _STAGE_COMM.clear()
-    _STAGE_COMM[key] = (cluster, value)
-    return value
+    return _STAGE_COMM.get(
+        cluster, key, lambda: stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
+    )

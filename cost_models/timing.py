@@ -63,12 +63,13 @@ from cost_models.compute import (
     measured_output_layer_s,
 )
 from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
+from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
 from cost_models.params import stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
 from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
-from planner.schemas import ClusterProfile, DeviceProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import stage_layers
 from planner.schemas.routing import RoutingStats
 
@@ -263,7 +264,7 @@ def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
     return tuple(kind for kind, count in ((False, model.num_hidden_layers - moe), (True, moe)) if count)
 
 
-_LAYER_TIMES: dict[tuple[object, ...], tuple[DeviceProfile, "_LayerTime"]] = {}
+_LAYER_TIMES: HeldMemo["_LayerTime"] = HeldMemo(limit=4096)
 """``_layer_time`` by what it reads: a search's many layouts share few (t, b, sp, ep, etp, recompute)."""
 
 
@@ -276,13 +277,10 @@ def _shared_layer_time(
     measured_moe: tuple[float, float] | None,
     moe: bool,
 ) -> "_LayerTime":
-    """``_layer_time``, memoized on what it reads of the layout and on the device object (held in
-    the entry, so its id is not reused while the entry lives)."""
-    device = cluster.device
+    """``_layer_time``, memoized on what it reads of the layout and on the device object."""
     key = (
         model,
         training,
-        id(device),
         layout.tensor_parallel_degree,
         layout.micro_batch_size,
         layout.sequence_parallel,
@@ -293,14 +291,9 @@ def _shared_layer_time(
         measured_moe,
         moe,
     )
-    hit = _LAYER_TIMES.get(key)
-    if hit is not None and hit[0] is device:
-        return hit[1]
-    value = _layer_time(model, training, cluster, layout, measured, measured_moe, moe=moe)
-    if len(_LAYER_TIMES) >= 4096:
-        _LAYER_TIMES.clear()
-    _LAYER_TIMES[key] = (device, value)
-    return value
+    return _LAYER_TIMES.get(
+        cluster.device, key, lambda: _layer_time(model, training, cluster, layout, measured, measured_moe, moe=moe)
+    )
 
 
 def _layer_time(
