@@ -127,6 +127,11 @@ def _node_spread(devices: tuple[int, ...] | range, per_node: int) -> tuple[tuple
     return nodes, tuple(by_node[nodes[0]]), max(len(v) for v in by_node.values())
 
 
+def nodes_spanned(group: Group, cluster: ClusterProfile) -> int:
+    """How many nodes the group's devices lie on."""
+    return len(_node_spread(group.devices, cluster.devices_per_node)[0])
+
+
 def collective_time_s(
     op: CollectiveOp, message_bytes: float, group: Group, cluster: ClusterProfile, *, off_node_share: float = 1.0
 ) -> float:
@@ -181,12 +186,7 @@ def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_orde
 
 
 def slowest_collective_s(
-    op: CollectiveOp,
-    message_bytes: float,
-    groups: Iterable[Group],
-    cluster: ClusterProfile,
-    *,
-    off_node_share: float = 1.0,
+    op: CollectiveOp, message_bytes: float, groups: Iterable[Group], cluster: ClusterProfile
 ) -> float:
     """The slowest group's time: groups of one axis run at once and the step waits for all.
 
@@ -195,15 +195,11 @@ def slowest_collective_s(
         message_bytes: the full buffer of each group (nccl-tests convention), bytes.
         groups: the axis's groups (devices) that need pricing (``priced_groups``).
         cluster: links and collective records.
-        off_node_share: an all-to-all's share of its off-node bytes that cross (``collective_time_s``).
 
     Returns:
         Seconds of the slowest group's collective; 0 without groups.
     """
-    return max(
-        (collective_time_s(op, message_bytes, group, cluster, off_node_share=off_node_share) for group in groups),
-        default=0.0,
-    )
+    return max((collective_time_s(op, message_bytes, group, cluster) for group in groups), default=0.0)
 
 
 def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cost_models.comm import Group, priced_groups, slowest_collective_s
+from cost_models.comm import Group, collective_time_s, nodes_spanned, priced_groups
 from cost_models.params import stage_moe_layers
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, MoeDispatcher, Recompute, TrainingSpec
 from planner.schemas.geometry import chunk_layer_range, stage_chunks
@@ -244,10 +244,20 @@ def expert_parallel_layer_s(
         return 0.0
     a2a_bytes = routed_pairs(model, training, layout) * model.hidden_size * training.dtype.bytes
     groups = priced_groups(expert_groups, cluster, rank_order=layout.device_map.is_identity)
-    share = 1.0
-    if training.moe_dispatcher is MoeDispatcher.DEEPEP and groups:
-        share = off_node_share(model, len({d // cluster.devices_per_node for d in groups[0].devices}))
-    a2a_s = slowest_collective_s(CollectiveOp.ALL_TO_ALL, a2a_bytes, groups, cluster, off_node_share=share)
+    deepep = training.moe_dispatcher is MoeDispatcher.DEEPEP  # each group's share by the nodes it spans
+    a2a_s = max(
+        (
+            collective_time_s(
+                CollectiveOp.ALL_TO_ALL,
+                a2a_bytes,
+                group,
+                cluster,
+                off_node_share=off_node_share(model, nodes_spanned(group, cluster)) if deepep else 1.0,
+            )
+            for group in groups
+        ),
+        default=0.0,
+    )
     return exchanges_per_micro_batch(layout) * a2a_s
 
 
