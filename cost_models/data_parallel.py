@@ -14,6 +14,7 @@ step waits for the stage whose reduction is exposed the most. On a CPU device no
 Units: seconds, bytes.
 """
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from cost_models import groups as grp
 from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
 from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
-from cost_models.params import stage_params
+from cost_models.params import all_stage_params, stage_params
 from cost_models.sharding import OverlapWindow, step_collectives
 from cost_models.timing import StageTime
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec
@@ -159,8 +160,7 @@ def data_parallel_time(
     plan = step_collectives(layout, micro_batches)
     hides = hides_communication(cluster)
     exposed_s, total_s = 0.0, 0.0
-    for stage, stage_time in enumerate(times):
-        comm = _shared_stage_comm(model, training, cluster, layout, stage, micro_batches)
+    for stage_time, comm in zip(times, _stage_comms(model, training, cluster, layout, micro_batches), strict=True):
         comm_s = comm.total_s * communication_scale
         if hides:
             unhidden_s = comm.unhidden_s * communication_scale
@@ -177,25 +177,22 @@ _STAGE_COMM: HeldMemo[StageCollectiveTime] = HeldMemo(limit=16384)
 """``stage_data_parallel_comm`` by what it reads, on uniform links with devices in rank order."""
 
 
-def _shared_stage_comm(
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: ClusterProfile,
-    layout: Layout,
-    stage: int,
-    micro_batches: int,
-) -> StageCollectiveTime:
-    """``stage_data_parallel_comm``, memoized where links are uniform and devices in rank order:
-    there a stage's collectives depend on the parameters it holds, the degrees and ZeRO stage that
-    group and shard them, and m, not on the micro-batch size, recompute, sequence parallelism or
-    schedule that a search's layouts also vary; nor on which stage holds them where a stage's d t
-    ranks fill whole nodes or share one (its groups then cross nodes as every stage's do), else
-    the stage is part of the key."""
+def _stage_comms(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, micro_batches: int
+) -> Iterator[StageCollectiveTime]:
+    """``stage_data_parallel_comm`` of every stage, in pipeline order, memoized where links are
+    uniform and devices in rank order: there a stage's collectives depend on the parameters it
+    holds, the degrees and ZeRO stage that group and shard them, and m, not on the micro-batch
+    size, recompute, sequence parallelism or schedule that a search's layouts also vary; nor on
+    which stage holds them where a stage's d t ranks fill whole nodes or share one (its groups then
+    cross nodes as every stage's do), else the stage is part of the key."""
+    stages = range(layout.pipeline_parallel_degree)
     if not (layout.device_map.is_identity and has_uniform_links(cluster)):
-        return stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
+        yield from (stage_data_parallel_comm(model, training, cluster, layout, s, micro_batches) for s in stages)
+        return
     stage_ranks, per_node = layout.data_parallel_degree * layout.tensor_parallel_degree, cluster.devices_per_node
     aligned = stage_ranks % per_node == 0 or per_node % stage_ranks == 0
-    key = (
+    shared = (
         model,
         training.dtype,
         layout.data_parallel_degree,
@@ -205,10 +202,11 @@ def _shared_stage_comm(
         layout.expert_tensor_parallel_degree,
         layout.zero_stage,
         micro_batches,
-        None if aligned else stage,
-        stage_params(model, layout, stage),
-        stage_layers(model, layout)[stage],
     )
-    return _STAGE_COMM.get(
-        cluster, key, lambda: stage_data_parallel_comm(model, training, cluster, layout, stage, micro_batches)
-    )
+    for stage, params, layers in zip(stages, all_stage_params(model, layout), stage_layers(model, layout), strict=True):
+        key = (*shared, None if aligned else stage, params, layers)
+        yield _STAGE_COMM.get(
+            cluster,
+            key,
+            functools.partial(stage_data_parallel_comm, model, training, cluster, layout, stage, micro_batches),
+        )

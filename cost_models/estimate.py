@@ -18,7 +18,7 @@ from cost_models.data_parallel import data_parallel_time
 from cost_models.layer_work import hardware_flop_ratio, model_flops_per_sequence
 from cost_models.memory import all_stage_memory
 from cost_models.optimizer import optimizer_step_s
-from cost_models.params import stage_params
+from cost_models.params import all_stage_params
 from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.shared_cores import shared_core_factor
 from cost_models.timing import StageTime, stage_times
@@ -113,7 +113,7 @@ def _stage_estimates(
 ) -> tuple[StageEstimate, ...]:
     """Each pipeline stage's layers, vocabulary layers, memory and compute per micro-batch."""
     layers = stage_layers(model, layout)
-    held = (stage_params(model, layout, i) for i in range(layout.pipeline_parallel_degree))
+    held = all_stage_params(model, layout)
     return tuple(
         StageEstimate(
             stage=i,

@@ -33,8 +33,8 @@ from cost_models.activations import (
     rematerialized_bytes,
 )
 from cost_models.expert_parallel import StageExpertLoad, stage_expert_loads
-from cost_models.params import StageParams, stage_moe_layers, stage_params
-from cost_models.sharding import stage_model_states
+from cost_models.params import StageParams, all_stage_params, stage_moe_layers, stage_params
+from cost_models.sharding import ModelStates, stage_model_states
 from cost_models.validate import check_stage
 from cost_models.vocabulary import vocabulary_activation_bytes, vocabulary_logits_bytes
 from planner.schemas import (
@@ -96,13 +96,38 @@ def stage_activation_bytes(
     """
     check_stage(layout, stage)
     m = _micro_batches(training, layout)
+    per_micro_batch, once = _activation_terms(
+        model,
+        training,
+        layout,
+        params,
+        load,
+        stage_layers(model, layout)[stage],
+        stage_moe_layers(model, layout)[stage],
+        stage == chunk_stage(layout, output_chunk(layout)),
+        m,
+    )
+    return per_micro_batch * in_flight_micro_batches(layout, stage, m) + once
+
+
+def _activation_terms(
+    model: ModelSpec,
+    training: TrainingSpec,
+    layout: Layout,
+    params: StageParams,
+    load: StageExpertLoad | None,
+    layers_here: int,
+    moe_here: int,
+    last_stage: bool,
+    micro_batches: int,
+) -> tuple[float, float]:
+    """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once) of a stage
+    holding ``params``, ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if
+    ``last_stage``: stages alike in these differ only in their micro-batches in flight."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
     sp, dtype, recompute = layout.sequence_parallel, training.dtype, layout.recompute
-    in_flight = in_flight_micro_batches(layout, stage, m)
-    layers_here = stage_layers(model, layout)[stage]
-    moe_here = stage_moe_layers(model, layout)[stage]
-    total = 0.0
-    kept, working = [], [0.0]
+    per_micro_batch, once = 0.0, 0.0
+    working = [0.0]
     for moe, count in ((False, layers_here - moe_here), (True, moe_here)):
         if not count:
             continue
@@ -117,24 +142,22 @@ def stage_activation_bytes(
             moe=moe,
             expert_load=load.compute_sum / load.moe_layers if moe and load and load.moe_layers else 1.0,
         )
-        kept.append(kept_bytes(terms, recompute) * count)
+        per_micro_batch += kept_bytes(terms, recompute) * count
         working.append(rematerialized_bytes(terms, recompute))
-    if kept:
-        total += sum(kept) * in_flight + max(working)
+    once += max(working)
     if params.embedding_share:  # its token ids (every rank of a vocabulary split looks them up)
-        embedding = embedding_activation_bytes(
+        per_micro_batch += embedding_activation_bytes(
             model, seq_len=s, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp
         )
-        total += embedding * in_flight
     output = output_layer_activation_bytes(
         model, seq_len=s, micro_batch_size=b, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
     )
     if params.holds_output_layer:
-        total += output * _loss_micro_batches(layout, m)
+        once += output * _loss_micro_batches(layout, micro_batches)
     elif params.output_share:  # split over the pipeline: the last stage keeps its final norm's input
-        total += vocabulary_activation_bytes(model, training, layout)
-        total += output / 2 if stage == chunk_stage(layout, output_chunk(layout)) else 0.0
-    return total
+        once += vocabulary_activation_bytes(model, training, layout)
+        once += output / 2 if last_stage else 0.0
+    return per_micro_batch, once
 
 
 def stage_logits_bytes(
@@ -231,7 +254,18 @@ def stage_memory(
     stage: int,
     routing: RoutingStats | None = None,
 ) -> MemoryBreakdown:
-    """Peak bytes of one rank of pipeline stage ``stage``, by term.
+    """Peak bytes of one rank of pipeline stage ``stage``, by term (``LayoutMemory.stage``).
+
+    Raises:
+        SchemaError: ``stage`` is not a pipeline rank of ``layout``.
+        InfeasibleConfigError: the global batch gives no whole micro-batch per replica.
+    """
+    check_stage(layout, stage)
+    return LayoutMemory(model, training, cluster, layout, routing).stage(stage)
+
+
+class LayoutMemory:
+    """The memory of each pipeline stage of one layout, priced on demand.
 
     Model states of ``stage_params`` under ZeRO from ``sharding.stage_model_states`` (ZeRO-3's
     gathered buffer counted with the weights; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds).
@@ -240,26 +274,77 @@ def stage_memory(
     they peak together (an upper bound). A calibrated cluster scales the activations, logits and
     buffers and adds its memory overhead to the workspace.
 
-    Raises:
-        SchemaError: ``stage`` is not a pipeline rank of ``layout``.
+    What the stages share is computed once: the micro-batches, the MoE loads and layers per stage,
+    and every term of stages that hold the same parameters, layers and loads (a pipeline's middle
+    stages), which then differ only in their micro-batches in flight. A search asks for the
+    first stage alone (most layouts that do not fit fail there) and for the others only if needed.
+
+    Raises (on construction):
         InfeasibleConfigError: the global batch gives no whole micro-batch per replica.
     """
-    params = stage_params(model, layout, stage)
-    load = stage_expert_loads(model, training, layout, routing)[stage]
-    states = stage_model_states(model, layout, params, training.dtype)
-    cal = cluster.calibration
-    return MemoryBreakdown(
-        weights_bytes=states.weights_bytes,
-        gradients_bytes=states.gradients_bytes,
-        optimizer_states_bytes=states.optimizer_states_bytes,
-        activations_bytes=stage_activation_bytes(model, training, layout, stage, params, load)
-        * (cal.activation_memory_scale if cal else 1.0),
-        logits_bytes=stage_logits_bytes(model, training, layout, stage, params)
-        * (cal.logits_memory_scale if cal else 1.0),
-        communication_buffers_bytes=communication_buffer_bytes(model, training, layout, params, load.compute_max)
-        * (cal.buffer_memory_scale if cal else 1.0),
-        workspace_bytes=_calibrated_workspace_bytes(cluster),
-    )
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        training: TrainingSpec,
+        cluster: ClusterProfile,
+        layout: Layout,
+        routing: RoutingStats | None = None,
+    ) -> None:
+        self._model, self._training, self._layout = model, training, layout
+        self._micro_batches = _micro_batches(training, layout)
+        self._loads = stage_expert_loads(model, training, layout, routing)
+        self._layers = stage_layers(model, layout)
+        self._moe_layers = stage_moe_layers(model, layout)
+        self._params = all_stage_params(model, layout)
+        self._last_stage = chunk_stage(layout, output_chunk(layout))
+        cal = cluster.calibration
+        self._scales = (
+            (cal.activation_memory_scale, cal.logits_memory_scale, cal.buffer_memory_scale) if cal else (1.0, 1.0, 1.0)
+        )
+        self._workspace_bytes = _calibrated_workspace_bytes(cluster)
+        self._terms: dict[object, tuple[ModelStates, float, float, float, float]] = {}
+
+    def stage(self, stage: int) -> MemoryBreakdown:
+        """Peak bytes of one rank of pipeline stage ``stage``, by term.
+
+        Raises:
+            SchemaError: ``stage`` is not a pipeline rank of the layout.
+        """
+        model, training, layout = self._model, self._training, self._layout
+        check_stage(layout, stage)
+        params, load = self._params[stage], self._loads[stage]
+        layers, moe, last = self._layers[stage], self._moe_layers[stage], stage == self._last_stage
+        key = (params, load, layers, moe, last)
+        terms = self._terms.get(key)
+        if terms is None:
+            per_micro_batch, once = _activation_terms(
+                model, training, layout, params, load, layers, moe, last, self._micro_batches
+            )
+            terms = (
+                stage_model_states(model, layout, params, training.dtype),
+                per_micro_batch,
+                once,
+                stage_logits_bytes(model, training, layout, stage, params),
+                communication_buffer_bytes(model, training, layout, params, load.compute_max),
+            )
+            self._terms[key] = terms
+        states, per_micro_batch, once, logits, buffers = terms
+        activation_scale, logits_scale, buffer_scale = self._scales
+        in_flight = in_flight_micro_batches(layout, stage, self._micro_batches)
+        return MemoryBreakdown(
+            weights_bytes=states.weights_bytes,
+            gradients_bytes=states.gradients_bytes,
+            optimizer_states_bytes=states.optimizer_states_bytes,
+            activations_bytes=(per_micro_batch * in_flight + once) * activation_scale,
+            logits_bytes=logits * logits_scale,
+            communication_buffers_bytes=buffers * buffer_scale,
+            workspace_bytes=self._workspace_bytes,
+        )
+
+    def all(self) -> tuple[MemoryBreakdown, ...]:
+        """Every stage's, in pipeline order."""
+        return tuple(self.stage(s) for s in range(self._layout.pipeline_parallel_degree))
 
 
 def stage_memory_floor(
@@ -301,9 +386,7 @@ def all_stage_memory(
     routing: RoutingStats | None = None,
 ) -> tuple[MemoryBreakdown, ...]:
     """``stage_memory`` of every pipeline stage, in pipeline order."""
-    return tuple(
-        stage_memory(model, training, cluster, layout, s, routing) for s in range(layout.pipeline_parallel_degree)
-    )
+    return LayoutMemory(model, training, cluster, layout, routing).all()
 
 
 def peak_stage_memory(

@@ -10,7 +10,7 @@ pipeline stage steps at once; the step waits for the slowest. Units: seconds, by
 from typing import Final
 
 from cost_models.compute import elementwise_time_s, measured_optimizer_s
-from cost_models.params import stage_params
+from cost_models.params import all_stage_params
 from cost_models.sharding import optimizer_shard_params
 from planner.schemas import ClusterProfile, Layout, ModelSpec
 
@@ -30,8 +30,8 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout) 
         The largest stage's optimizer time, in seconds.
     """
     optimizer_s = 0.0
-    for stage in range(layout.pipeline_parallel_degree):
-        params = optimizer_shard_params(stage_params(model, layout, stage), layout)
+    for held in set(all_stage_params(model, layout)):
+        params = optimizer_shard_params(held, layout)
         measured = measured_optimizer_s(cluster.device, model.name, params)
         stage_s = (
             measured if measured is not None else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.device)

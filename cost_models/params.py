@@ -239,10 +239,8 @@ class StageParams:
         return self.dense + self.expert
 
 
-@functools.lru_cache(maxsize=8192)
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
-    """Parameters one rank of pipeline stage ``stage`` holds (memoized: memory, time and the
-    optimizer all ask, and the inputs are immutable).
+    """Parameters one rank of pipeline stage ``stage`` holds (``all_stage_params``).
 
     Its transformer layers (``stage_layers``, of which ``stage_moe_layers`` are MoE) split over t
     and, for routed experts, over ep and the expert-tensor-parallel degree (t, or 1 with the
@@ -259,20 +257,38 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
     """
     check_stage(layout, stage)
+    return all_stage_params(model, layout)[stage]
+
+
+@functools.lru_cache(maxsize=256)
+def all_stage_params(model: ModelSpec, layout: Layout) -> tuple[StageParams, ...]:
+    """``stage_params`` of every pipeline rank, in pipeline order: what the stages share (their
+    layers, the vocabulary layers' stages) worked out once. Memoized: memory, time, the optimizer
+    and the estimate each ask for the same layout in turn (inputs are immutable)."""
     ep = layout.expert_parallel_degree if model.is_moe else 1
-    return _stage_params(
-        model,
-        layout.tensor_parallel_degree,
-        ep,
-        layout.expert_tensor_degree,
-        layout.expert_data_parallel_degree > 1,
-        stage_layers(model, layout)[stage],
-        stage_moe_layers(model, layout)[stage],
-        *vocabulary_share(layout, stage),
-        1 if layout.vocabulary_layout.over_pipeline else layout.tensor_parallel_degree,
-        chunk_stage(layout, embedding_chunk(layout)) == stage,
-        chunk_stage(layout, output_chunk(layout)) == stage,
-        layout.expert_placement.slots_per_rank if layout.expert_placement is not None else None,
+    t = layout.tensor_parallel_degree
+    experts_sharded = layout.expert_data_parallel_degree > 1
+    vocabulary_t = 1 if layout.vocabulary_layout.over_pipeline else t
+    first, last = chunk_stage(layout, embedding_chunk(layout)), chunk_stage(layout, output_chunk(layout))
+    slots = layout.expert_placement.slots_per_rank if layout.expert_placement is not None else None
+    return tuple(
+        _stage_params(
+            model,
+            t,
+            ep,
+            layout.expert_tensor_degree,
+            experts_sharded,
+            layers,
+            moe,
+            *vocabulary_share(layout, stage),
+            vocabulary_t,
+            first == stage,
+            last == stage,
+            slots,
+        )
+        for stage, (layers, moe) in enumerate(
+            zip(stage_layers(model, layout), stage_moe_layers(model, layout), strict=True)
+        )
     )
 
 

@@ -65,7 +65,7 @@ from cost_models.compute import (
 from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
 from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
-from cost_models.params import stage_params
+from cost_models.params import all_stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
 from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
@@ -133,24 +133,9 @@ def stage_times(
     """
     dev, dt = cluster.device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
-    measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len)
-    measured_moe = (
-        measured_moe_layer_s(dev, model.name, dt, t, b, training.seq_len)
-        if model.is_moe and not layout.folds_experts
-        else None
-    )
-    kinds = {
-        moe: _shared_layer_time(model, training, cluster, layout, measured, measured_moe if moe else None, moe)
-        for moe in _layer_kinds(model)
-    }
-
-    # The profiler's real tensor-parallel layer is the runtime's layer 0, an MoE layer for an MoE
-    # model: what it takes beyond the same layer's local time is tensor-parallel time.
-    timed = kinds.get(model.is_moe) or _shared_layer_time(
-        model, training, cluster, layout, measured, measured_moe, model.is_moe
-    )
-    local = None if measured is None else (timed.forward_s, timed.backward_s)
-    tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, local)
+    kernels = _shared_kernels(model, training, cluster, layout)
+    kinds = kernels.kinds
+    tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, kernels.timed_local)
     # Each kind of layer's tensor-parallel time (an MoE layer's a share of it when folded), and what
     # of it the layer waits for: all, unless the collectives run in chunks behind its GEMMs.
     tp_overlap = training.tp_comm_overlap and layout.sequence_parallel and t > 1 and hides_communication(cluster)
@@ -175,9 +160,9 @@ def stage_times(
             else layout
         )
         tokens_share = vocabulary_tokens(training, layout) / (training.seq_len * b)
-        output_s, embed_s = (x * tokens_share for x in _vocabulary_layers_s(model, training, cluster, alone))
+        output_s, embed_s = (x * tokens_share for x in _shared_kernels(model, training, cluster, alone).vocabulary_s)
     else:
-        output_s, embed_s = _vocabulary_layers_s(model, training, cluster, layout)
+        output_s, embed_s = kernels.vocabulary_s
 
     vocabulary = (
         vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
@@ -185,32 +170,99 @@ def stage_times(
         else NO_COMM
     )
     unit_s = sharded_unit_s(dev, layout, dt)
-    none = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0)
-    experts = _expert_gemms_time(model, training, cluster, layout) if True in kinds else none
+    experts = kernels.experts
+    alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
-    for stage, (n, load) in enumerate(
-        zip(stage_layers(model, layout), stage_expert_loads(model, training, layout, routing), strict=True)
+    for n, load, held in zip(
+        stage_layers(model, layout),
+        stage_expert_loads(model, training, layout, routing),
+        all_stage_params(model, layout),
+        strict=True,
     ):
-        held = stage_params(model, layout, stage)
-        extra = held.embedding_share * embed_s + held.output_share * output_s
-        extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
-        extra += held.units * unit_s
-        counts = {False: n - load.moe_layers, True: load.moe_layers}
-        here_kinds = [(counts[moe], moe) for moe in kinds if counts[moe]]
-        here = [(c, kinds[moe]) for c, moe in here_kinds]
-        hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
-        layers_s = sum((c * (k.forward_s + k.backward_s) for c, k in here), 0.0)
-        out.append(
-            StageTime(
+        key = (n, load, held)
+        stage_time = alike.get(key)
+        if stage_time is None:
+            extra = held.embedding_share * embed_s + held.output_share * output_s
+            extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
+            extra += held.units * unit_s
+            counts = {False: n - load.moe_layers, True: load.moe_layers}
+            here = [(counts[moe], moe, kinds[moe]) for moe in kinds if counts[moe]]
+            hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
+            layers_s = sum((c * (k.forward_s + k.backward_s) for c, _, k in here), 0.0)
+            stage_time = alike[key] = StageTime(
                 compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
-                recompute_s=sum((c * k.recompute_s for c, k in here), 0.0) + hot * experts.recompute_s,
-                tensor_parallel_comm_s=sum((c * tp_exposed[moe] for c, moe in here_kinds), 0.0),
+                recompute_s=sum((c * k.recompute_s for c, _, k in here), 0.0) + hot * experts.recompute_s,
+                tensor_parallel_comm_s=sum((c * tp_exposed[moe] for c, moe, _ in here), 0.0),
                 expert_parallel_comm_s=load.exchange_sum * ep_layer,
-                backward_s=sum((c * k.backward_s for c, k in here), 0.0) + hot * experts.backward_s,
+                backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s,
                 vocabulary_comm_s=vocabulary.exposed_s(layers_s),
             )
-        )
+        out.append(stage_time)
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Kernels:
+    """One micro-batch's kernel times on one rank that every stage of a layout shares."""
+
+    kinds: dict[bool, "_LayerTime"]
+    """Each kind of layer the model has (dense False, MoE True)."""
+    timed_local: tuple[float, float] | None
+    """Forward and backward of the layer the profiler timed under tensor parallelism (the
+    runtime's layer 0, an MoE layer for an MoE model) as it runs alone, where the profile timed
+    this model's layer: ``tensor_parallel_layer_s`` takes what the tp record adds beyond it."""
+    experts: "_LayerTime"
+    """A balanced MoE layer's routed-expert GEMMs on one rank (zero for a dense model)."""
+    vocabulary_s: tuple[float, float]
+    """The whole output layer's and embedding's seconds (``_vocabulary_layers_s``)."""
+
+
+_KERNELS: HeldMemo[_Kernels] = HeldMemo(limit=4096)
+"""``_kernels`` by what it reads: a search's many layouts share few (t, b, sp, ep, etp, recompute)."""
+
+
+def _shared_kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _Kernels:
+    """``_kernels``, memoized on what it reads of the layout and on the device object."""
+    key = (
+        model,
+        training,
+        layout.tensor_parallel_degree,
+        layout.micro_batch_size,
+        layout.sequence_parallel,
+        layout.expert_parallel_degree,
+        layout.expert_tensor_parallel_degree,
+        layout.recompute,
+    )
+    return _KERNELS.get(cluster.device, key, lambda: _kernels(model, training, cluster, layout))
+
+
+def _kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _Kernels:
+    """Each kind of layer's time (from the profile's timing of this model's dense or MoE layer
+    where there is one), the routed experts' GEMMs and the vocabulary layers of ``layout``."""
+    dev, dt = cluster.device, training.dtype
+    t, b = layout.tensor_parallel_degree, layout.micro_batch_size
+    measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len)
+    measured_moe = (
+        measured_moe_layer_s(dev, model.name, dt, t, b, training.seq_len)
+        if model.is_moe and not layout.folds_experts
+        else None
+    )
+    kinds = {
+        moe: _layer_time(model, training, cluster, layout, measured, measured_moe if moe else None, moe=moe)
+        for moe in _layer_kinds(model)
+    }
+    # The profiler's real tensor-parallel layer is the runtime's layer 0, an MoE layer for an MoE
+    # model: what it takes beyond the same layer's local time is tensor-parallel time.
+    timed = kinds.get(model.is_moe) or _layer_time(
+        model, training, cluster, layout, measured, measured_moe, moe=model.is_moe
+    )
+    none = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0)
+    return _Kernels(
+        kinds=kinds,
+        timed_local=None if measured is None else (timed.forward_s, timed.backward_s),
+        experts=_expert_gemms_time(model, training, cluster, layout) if True in kinds else none,
+        vocabulary_s=_vocabulary_layers_s(model, training, cluster, layout),
+    )
 
 
 def _vocabulary_layers_s(
@@ -262,38 +314,6 @@ def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
     """Which kinds of layer the model has: dense (False), MoE (True) or both."""
     moe = model.num_moe_layers
     return tuple(kind for kind, count in ((False, model.num_hidden_layers - moe), (True, moe)) if count)
-
-
-_LAYER_TIMES: HeldMemo["_LayerTime"] = HeldMemo(limit=4096)
-"""``_layer_time`` by what it reads: a search's many layouts share few (t, b, sp, ep, etp, recompute)."""
-
-
-def _shared_layer_time(
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: ClusterProfile,
-    layout: Layout,
-    measured: tuple[float, float] | None,
-    measured_moe: tuple[float, float] | None,
-    moe: bool,
-) -> "_LayerTime":
-    """``_layer_time``, memoized on what it reads of the layout and on the device object."""
-    key = (
-        model,
-        training,
-        layout.tensor_parallel_degree,
-        layout.micro_batch_size,
-        layout.sequence_parallel,
-        layout.expert_parallel_degree,
-        layout.expert_tensor_parallel_degree,
-        layout.recompute,
-        measured,
-        measured_moe,
-        moe,
-    )
-    return _LAYER_TIMES.get(
-        cluster.device, key, lambda: _layer_time(model, training, cluster, layout, measured, measured_moe, moe=moe)
-    )
 
 
 def _layer_time(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 from cost_models import groups as grp
 from cost_models.estimate import estimate
-from cost_models.memory import all_stage_memory, stage_memory, stage_memory_floor
+from cost_models.memory import LayoutMemory, all_stage_memory, stage_memory_floor
 from cost_models.timing import stage_times
 from cost_models.validate import check_layout
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
@@ -84,16 +84,13 @@ class Evaluator:
 
         The first stage holds the most micro-batches in flight and the embedding, so it is checked
         alone first: most layouts that do not fit fail there, without pricing the other stages
-        (and it is not priced twice: the tuple is ``all_stage_memory``'s, its first entry reused).
+        (``LayoutMemory`` prices each stage once, what the stages share once).
         """
         check_layout(self.model, self.training, self.cluster, layout)
-        first = stage_memory(self.model, self.training, self.cluster, layout, 0, self.routing)
+        stages = LayoutMemory(self.model, self.training, self.cluster, layout, self.routing)
+        first = stages.stage(0)
         if first.total_bytes <= self.usable_memory_bytes or self._closer(first):
-            others = range(1, layout.pipeline_parallel_degree)
-            memories = (
-                first,
-                *(stage_memory(self.model, self.training, self.cluster, layout, s, self.routing) for s in others),
-            )
+            memories = (first, *(stages.stage(s) for s in range(1, layout.pipeline_parallel_degree)))
             peak = max(memories, key=lambda mem: mem.total_bytes)
             if peak.total_bytes <= self.usable_memory_bytes:
                 return memories
