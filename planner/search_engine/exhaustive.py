@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from planner.schemas.errors import InfeasibleConfigError
@@ -67,22 +67,32 @@ class ExhaustiveSearch:
         self.min_parallel_blocks = min_parallel_blocks
 
     def search(
-        self, space: SearchSpace, evaluate: Evaluator, budget: Budget, *, seed: int, progress: Progress | None = None
+        self,
+        space: SearchSpace,
+        evaluate: Evaluator,
+        budget: Budget,
+        *,
+        seed: int,
+        progress: Progress | None = None,
+        keep: int | None = None,
     ) -> SearchResult:
-        """Evaluate every group until the budget runs out."""
+        """Evaluate every group until the budget runs out; the fastest ``keep`` that fit (None: all).
+
+        Workers send back only their fastest ``keep``: a worker's candidates cross a pipe pickled,
+        which for ten thousand estimates takes longer than a third of the search."""
         del seed  # deterministic
         blocks = list(enumerate(space.blocks()))
         deadline = None if budget.max_time_s is None else time.perf_counter() + budget.max_time_s
         processes = self._processes_for(len(blocks), budget)
         if processes > 1:
-            scan = _parallel_scan(space, blocks, evaluate, deadline, processes, progress)
+            scan = _parallel_scan(space, blocks, evaluate, deadline, processes, progress, keep)
         else:
             scan = _scan(space, blocks, evaluate, deadline, budget.max_trials, progress, len(blocks))
         if progress is not None:
             progress(len(blocks), len(blocks))
         found = [candidate for _, candidate in sorted(scan.found, key=lambda item: item[0])]
         return SearchResult(
-            strategy=self.name, feasible=fastest_first(found), evaluated=scan.asked, complete=scan.complete
+            strategy=self.name, feasible=fastest_first(found, keep), evaluated=scan.asked, complete=scan.complete
         )
 
     def _processes_for(self, blocks: int, budget: Budget) -> int:
@@ -147,22 +157,29 @@ def _scan(
     )
 
 
-_WORK: tuple[SearchSpace, list[list[Block]], Evaluator, float | None] | None = None
-"""What a forked worker inherits: the space, the parts, the evaluator and the deadline (set in
-the parent just before forking)."""
+_WORK: tuple[SearchSpace, list[list[Block]], Evaluator, float | None, int | None] | None = None
+"""What a forked worker inherits: the space, the parts, the evaluator, the deadline and how many
+candidates to send back (set in the parent just before forking)."""
 _DONE: "multiprocessing.sharedctypes.Synchronized[int] | None" = None
 
 
 def _scan_part(part: int) -> _Scan:
     assert _WORK is not None and _DONE is not None
-    space, parts, evaluate, deadline = _WORK
+    space, parts, evaluate, deadline, keep = _WORK
     done = _DONE
 
     def count(_done: int, _total: int | None) -> None:
         with done.get_lock():
             done.value += 1
 
-    return _scan(space, parts[part], evaluate, deadline, None, count, len(parts[part]))
+    scan = _scan(space, parts[part], evaluate, deadline, None, count, len(parts[part]))
+    if keep is None:
+        return scan
+    # The merged search's fastest ``keep`` are among each part's (ranked by fastest_first's key, then search order).
+    fastest = sorted(
+        scan.found, key=lambda item: (item[1].estimate.step_time_s, item[1].estimate.peak_memory_bytes, item[0])
+    )
+    return replace(scan, found=tuple(fastest[:keep]))
 
 
 def _parallel_scan(
@@ -172,12 +189,14 @@ def _parallel_scan(
     deadline: float | None,
     processes: int,
     progress: Progress | None,
+    keep: int | None,
 ) -> _Scan:
-    """``_scan`` over ``processes`` forked workers, merged as the serial scan would have found it."""
+    """``_scan`` over ``processes`` forked workers, merged as the serial scan would have found it
+    (of its found candidates, at least the fastest ``keep``)."""
     global _WORK, _DONE
     parts = _partition(space, blocks, processes)
     context = multiprocessing.get_context("fork")
-    _WORK, _DONE = (space, parts, evaluate, deadline), context.Value("q", 0)
+    _WORK, _DONE = (space, parts, evaluate, deadline, keep), context.Value("q", 0)
     try:
         with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
             futures = [pool.submit(_scan_part, part) for part in range(len(parts))]

@@ -38,9 +38,17 @@ class OptunaSearch:
         self.study_name = study_name
 
     def search(
-        self, space: SearchSpace, evaluate: Evaluator, budget: Budget, *, seed: int, progress: Progress | None = None
+        self,
+        space: SearchSpace,
+        evaluate: Evaluator,
+        budget: Budget,
+        *,
+        seed: int,
+        progress: Progress | None = None,
+        keep: int | None = None,
     ) -> SearchResult:
-        """Ask, evaluate, tell until the budget is spent; return every feasible layout the study holds."""
+        """Ask, evaluate, tell until the budget is spent; return the fastest ``keep`` feasible
+        layouts the study holds (None: all)."""
         study = optuna.create_study(
             study_name=self.study_name or study_name_for(space, evaluate),
             storage=self.storage,
@@ -78,7 +86,7 @@ class OptunaSearch:
             if layout not in found:
                 found[layout] = Candidate(layout, evaluate(layout))
         return SearchResult(
-            strategy=self.name, feasible=fastest_first(list(found.values())), evaluated=asked, complete=False
+            strategy=self.name, feasible=fastest_first(list(found.values()), keep), evaluated=asked, complete=False
         )
 
 

@@ -77,10 +77,11 @@ def run_search(
     if vocabulary_layouts:
         space = replace(space, vocabulary_layouts=tuple(vocabulary_layouts))
     evaluate = Evaluator(model, training, cluster, memory_margin=memory_margin, routing=routing)
-    result = strategy.search(space, evaluate, budget, seed=seed, progress=progress)
+    finalists_wanted = max(10, FINALISTS_PER_RESULT * top_k)
+    result = strategy.search(space, evaluate, budget, seed=seed, progress=progress, keep=finalists_wanted)
     if not result.feasible:
         raise InfeasibleConfigError(explain_infeasible(space, evaluate))
-    finalists = result.feasible[: max(10, FINALISTS_PER_RESULT * top_k)]
+    finalists = result.feasible[:finalists_wanted]
     refined = refine_all(finalists, refiners, evaluate, budget, seed=seed)
     unique = {c.layout: c for c in refined}
     return SearchOutcome(

@@ -50,12 +50,22 @@ class SearchStrategy(Protocol):
     name: ClassVar[str]
 
     def search(
-        self, space: SearchSpace, evaluate: Evaluator, budget: Budget, *, seed: int, progress: Progress | None = None
+        self,
+        space: SearchSpace,
+        evaluate: Evaluator,
+        budget: Budget,
+        *,
+        seed: int,
+        progress: Progress | None = None,
+        keep: int | None = None,
     ) -> SearchResult:
-        """Return the feasible layouts found, fastest first."""
+        """Return the feasible layouts found, fastest first: the fastest ``keep`` of them (None:
+        all), as ``fastest_first`` ranks them."""
         ...
 
 
-def fastest_first(candidates: list[Candidate]) -> tuple[Candidate, ...]:
-    """Candidates sorted by predicted step time (then by peak memory, to break ties stably)."""
-    return tuple(sorted(candidates, key=lambda c: (c.estimate.step_time_s, c.estimate.peak_memory_bytes)))
+def fastest_first(candidates: list[Candidate], keep: int | None = None) -> tuple[Candidate, ...]:
+    """Candidates sorted by predicted step time (then by peak memory, then by their order in
+    ``candidates``, to break ties stably); the first ``keep`` of them (None: all)."""
+    ranked = sorted(candidates, key=lambda c: (c.estimate.step_time_s, c.estimate.peak_memory_bytes))
+    return tuple(ranked if keep is None else ranked[:keep])

@@ -43,6 +43,15 @@ def test_workers_find_what_one_process_finds(cluster: str, batch: int, seq_len: 
     assert [axis.name for axis in AXES[: len(DEGREE_AXES)]] == list(DEGREE_AXES)
     if not want.feasible:
         assert explain_infeasible(space, parallel) == explain_infeasible(space, serial)
+        return
+    # Asked for the fastest few, the workers send back only theirs; the merge is the serial head.
+    keep = 3
+    few = ExhaustiveSearch(processes=3, min_parallel_blocks=0).search(
+        space, Evaluator(MIXTRAL, training, profile), Budget(), seed=0, keep=keep
+    )
+    assert len(want.feasible) > keep
+    assert [(c.layout, c.estimate) for c in few.feasible] == [(c.layout, c.estimate) for c in want.feasible[:keep]]
+    assert few.evaluated == want.evaluated
 
 
 def test_a_layout_budget_runs_serially_and_a_small_space_stays_in_process() -> None:
