@@ -22,6 +22,7 @@ from planner.cli.options import (
     parse_fault,
     progress_bar,
     search_inputs,
+    training_fields,
 )
 from planner.render import dry_run_table, run_summary
 from planner.schemas import AttentionKernel, DType
@@ -182,7 +183,7 @@ def tune(
 
     Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
     """
-    model, cluster, training = search_inputs(model, cluster, global_batch_size, seq_len, dtype, attention)
+    model, cluster, training = search_inputs(model, cluster, training_fields(locals()))
     settings = api.TuneSettings(
         top_k=top_k,
         select=select,

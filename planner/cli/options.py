@@ -83,36 +83,19 @@ TpOverlapOpt = Annotated[
 ]
 
 
-def search_inputs(
-    model: str | None,
-    cluster: str | None,
-    global_batch_size: int | None,
-    seq_len: int | None,
-    dtype: DType,
-    attention: AttentionKernel,
-    capacity_factor: float | None = None,
-    pad_to_capacity: bool | None = None,
-    tp_comm_overlap: bool | None = None,
-    moe_dispatcher: MoeDispatcher | None = None,
-) -> tuple[str, str, TrainingSpec]:
-    """Model, cluster and training of a command that searches; all four inputs are required."""
-    required = {"--model": model, "--cluster": cluster, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
+def search_inputs(model: str | None, cluster: str | None, training: Mapping[str, Any]) -> tuple[str, str, TrainingSpec]:
+    """Model, cluster and training of a command that searches, from the TrainingSpec fields of its
+    options (``training_fields``); the model, cluster, global batch and sequence length are required."""
+    required = {
+        "--model": model,
+        "--cluster": cluster,
+        "--global-batch-size": training.get("global_batch_size"),
+        "--seq-len": training.get("seq_len"),
+    }
     if missing := [option for option, value in required.items() if value is None]:
         raise SchemaError(f"{', '.join(missing)} required")
     assert model is not None and cluster is not None
-    training = TrainingSpec.model_validate(
-        {
-            "global_batch_size": global_batch_size,
-            "seq_len": seq_len,
-            "dtype": dtype,
-            "attention_kernel": attention,
-            "moe_capacity_factor": capacity_factor,
-            "moe_pad_to_capacity": bool(pad_to_capacity),
-            "tp_comm_overlap": bool(tp_comm_overlap),
-            "moe_dispatcher": moe_dispatcher or MoeDispatcher.ALLTOALL,
-        }
-    )
-    return model, cluster, training
+    return model, cluster, TrainingSpec.model_validate(dict(training))
 
 
 TRAINING_OPTIONS = {
@@ -145,8 +128,8 @@ LAYOUT_OPTIONS = {
 
 
 def training_fields(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The TrainingSpec fields of the options given (by parameter name; None: not given)."""
-    return {field: options[name] for name, field in TRAINING_OPTIONS.items() if options[name] is not None}
+    """The TrainingSpec fields of the options given (by parameter name; None or absent: not given)."""
+    return {field: options[name] for name, field in TRAINING_OPTIONS.items() if options.get(name) is not None}
 
 
 def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:

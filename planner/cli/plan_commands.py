@@ -179,18 +179,7 @@ def search(
     Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
     --output plan.json
     """
-    model, cluster, training = search_inputs(
-        model,
-        cluster,
-        global_batch_size,
-        seq_len,
-        dtype,
-        attention,
-        capacity_factor,
-        pad_to_capacity,
-        tp_comm_overlap,
-        moe_dispatcher,
-    )
+    model, cluster, training = search_inputs(model, cluster, training_fields(locals()))
     with progress_bar("searching", transient=True) as progress:
         outcome, plans = api.search_outcome(
             model,
