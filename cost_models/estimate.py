@@ -97,7 +97,8 @@ def estimate(
         recompute_s=shared * m * slowest.recompute_s,
         tensor_parallel_comm_s=shared * m * slowest.tensor_parallel_comm_s,
         expert_parallel_comm_s=shared * m * slowest.expert_parallel_comm_s,
-        pipeline_comm_s=pipeline_comm_s(model, training, cluster, layout, m) + shared * m * slowest.vocabulary_comm_s,
+        pipeline_comm_s=pipeline_comm_s(model, training, cluster, layout, m, slowest.compute_s + slowest.recompute_s)
+        + shared * m * slowest.vocabulary_comm_s,
         pipeline_bubble_s=shared * bubble,
         data_parallel_comm_s=data_parallel.exposed_s,
         optimizer_s=optimizer_step_s(model, cluster, layout),

@@ -9,6 +9,15 @@ under tensor parallelism each rank sends its 1/t slice (Megatron-LM's scatter/ga
 profile timed a tiny schedule's slot, what it took beyond its two transfers (the schedule's
 bookkeeping) is added once per slot of the critical path (``micro_batch_slots``).
 
+Send/receive overlap (``TrainingSpec.pp_comm_overlap``; Megatron-LM's --overlap-p2p-communication,
+on by default and effective with virtual stages; Megatron Bridge turns it on exactly when there are
+virtual stages and batches the transfers otherwise): in an interleaved schedule's steady state each
+chunk posts the next chunk's receive and its own send before it computes, so the 2 m v transfers run
+behind the m v chunks' compute, at the cost any overlap has (``overlap.overlapped_comm_cost_s``);
+the 2 (p - 1) transfers that fill and drain the pipeline have no compute beside them and stay
+exposed. Without virtual stages, or on a CPU (``overlap.hides_communication``), every transfer is
+on the critical path.
+
 ZeRO 2-3 under a pipeline (``defers_gradient_reduction``): torch.distributed.pipelining runs
 every backward of a sharded (FSDP) stage without gradient sync and without resharding, and
 reduce-scatters once, after the stage's last backward (PipelineStage.perform_reduce_grad; as
@@ -23,7 +32,8 @@ Units: seconds, bytes.
 from cost_models import groups as grp
 from cost_models.comm import has_uniform_links, p2p_time_s
 from cost_models.compute import measured_pipeline_slot_s
-from planner.schemas import ClusterProfile, Layout, ModelSpec, TrainingSpec
+from cost_models.overlap import hides_communication, overlapped_comm_cost_s
+from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
 
 
 def bubble_fraction(layout: Layout, micro_batches: int) -> float:
@@ -46,21 +56,29 @@ def micro_batch_slots(layout: Layout, micro_batches: int) -> int:
 
 
 def pipeline_comm_s(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, micro_batches: int
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    micro_batches: int,
+    stage_compute_s: float = 0.0,
 ) -> float:
     """Point-to-point time of one step on the critical path, with the schedule's own cost per slot
     where the profile timed it (module docstring); 0 without a pipeline.
 
     Args:
         model: hidden size of the activations sent.
-        training: sequence length and precision.
+        training: sequence length and precision; whether sends and receives overlap compute.
         cluster: links between stages, and the profiled pipeline slot if any.
         layout: degrees, micro-batch size, virtual stages, device map.
         micro_batches: micro-batches per step on one replica (m).
+        stage_compute_s: the slowest stage's compute per micro-batch (all its chunks, recompute
+            included): what overlapped transfers run behind.
 
     Returns:
-        Seconds: (2 m v + 2 (p - 1)) hops over the slowest stage boundary, plus per slot what the
-        profiled slot took beyond its two transfers' latency.
+        Seconds: (2 m v + 2 (p - 1)) hops over the slowest stage boundary, the 2 m v behind
+        compute where they overlap it, plus per slot what the profiled slot took beyond its two
+        transfers' latency.
     """
     p, v, t = layout.pipeline_parallel_degree, layout.virtual_stages, layout.tensor_parallel_degree
     if p == 1:
@@ -73,13 +91,22 @@ def pipeline_comm_s(
     rank_order = has_uniform_links(cluster) and layout.device_map.is_identity
     pairs = list(grp.stage_boundaries(layout, first_pipeline_only=rank_order))
     hop_s = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
-    transfers_s = (2 * micro_batches * v + 2 * (p - 1)) * hop_s
+    steady_s, fill_drain_s = 2 * micro_batches * v * hop_s, 2 * (p - 1) * hop_s
+    if overlaps_transfers(training, cluster, layout):
+        steady_s = overlapped_comm_cost_s(steady_s, micro_batches * stage_compute_s)
+    transfers_s = steady_s + fill_drain_s
     slot_s = measured_pipeline_slot_s(cluster.device)
     if slot_s is None:
         return transfers_s
     # The schedule's own cost: the tiny slot beyond its two transfers.
     latency_s = max(p2p_time_s(0.0, a, b, cluster) for a, b in pairs)
     return transfers_s + micro_batch_slots(layout, micro_batches) * max(0.0, slot_s - 2 * latency_s)
+
+
+def overlaps_transfers(training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> bool:
+    """Whether the steady state's sends and receives run behind compute (module docstring): asked
+    for, an interleaved schedule, on a device that hides communication."""
+    return training.pp_comm_overlap and layout.schedule is Schedule.INTERLEAVED and hides_communication(cluster)
 
 
 def defers_gradient_reduction(layout: Layout) -> bool:

@@ -83,6 +83,17 @@ TpOverlapOpt = Annotated[
 ]
 
 
+PpOverlapOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--pp-comm-overlap/--no-pp-comm-overlap",
+        help="Price an interleaved pipeline's steady-state sends and receives behind compute, as Megatron-LM runs "
+        "them with virtual stages (--overlap-p2p-communication); the transfers that fill and drain the pipeline "
+        "stay exposed, and a CPU hides nothing [default: on].",
+    ),
+]
+
+
 def search_inputs(model: str | None, cluster: str | None, training: Mapping[str, Any]) -> tuple[str, str, TrainingSpec]:
     """Model, cluster and training of a command that searches, from the TrainingSpec fields of its
     options (``training_fields``); the model, cluster, global batch and sequence length are required."""
@@ -106,6 +117,7 @@ TRAINING_OPTIONS = {
     "capacity_factor": "moe_capacity_factor",
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",
+    "pp_comm_overlap": "pp_comm_overlap",
     "moe_dispatcher": "moe_dispatcher",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""

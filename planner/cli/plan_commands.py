@@ -23,6 +23,7 @@ from planner.cli.options import (
     ModelOpt,
     OutputFormat,
     PadOpt,
+    PpOverlapOpt,
     SeqLenOpt,
     TpOverlapOpt,
     layout_fields,
@@ -97,6 +98,7 @@ def estimate(
     capacity_factor: CapacityOpt = None,
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    pp_comm_overlap: PpOverlapOpt = None,
     moe_dispatcher: DispatcherOpt = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="table for people, json for tools.")
@@ -132,6 +134,7 @@ def search(
     capacity_factor: CapacityOpt = None,
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    pp_comm_overlap: PpOverlapOpt = None,
     moe_dispatcher: DispatcherOpt = None,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
     strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (

@@ -10,7 +10,8 @@ mean what a version-2 plan meant, the vocabulary layouts ``vocab-1`` and ``vocab
 layout's ``expert_tensor_parallel_degree``, whose default (None: t) means what a plan without it
 meant (version 3 was not released before it; a version-3 plan without the field reads unchanged);
 4 adds the training's ``tp_comm_overlap`` and ``moe_dispatcher``, whose defaults (collectives not
-overlapped, every routed pair sent) mean what a version-3 plan meant.
+overlapped, every routed pair sent) mean what a version-3 plan meant; 5 adds the training's
+``pp_comm_overlap``, on by default, which version 4 did not price: a version-4 plan reads with it off.
 """
 
 from datetime import datetime
@@ -51,7 +52,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[4] = 4
+    schema_version: Literal[5] = 5
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -69,9 +70,9 @@ class Plan(FrozenModel):
         return self
 
 
-PLAN_SCHEMA_VERSION = 4
+PLAN_SCHEMA_VERSION = 5
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 """The versions ``upgrade`` reads."""
 
 
@@ -84,7 +85,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     (``device_kind_of_v1_name``), as version 1 did wherever it needed it.
     Version 2 -> 3: the training's new fields are absent, and their defaults (dropless experts)
     are what a version-2 plan ran. Version 3 -> 4: likewise (tensor-parallel collectives not
-    overlapped, the plain all-to-all dispatcher).
+    overlapped, the plain all-to-all dispatcher). Version 4 -> 5: pipeline transfers not overlapped,
+    as version 4 priced them, although the new field's default overlaps them.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -95,4 +97,9 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         raw = {**raw, "schema_version": 3}
     if raw.get("schema_version") == 3:
         raw = {**raw, "schema_version": 4}
+    if raw.get("schema_version") == 4:
+        raw = {**raw, "schema_version": 5}
+        training = raw.get("training")
+        if isinstance(training, dict):
+            raw["training"] = {"pp_comm_overlap": False, **training}
     return raw

@@ -29,6 +29,14 @@ class TrainingSpec(FrozenModel):
             "torch's async tensor parallelism). Priced on GPUs; the planner's own runtime runs them synchronously."
         ),
     )
+    pp_comm_overlap: bool = Field(
+        default=True,
+        description=(
+            "Interleaved pipelines: each steady-state send and receive runs behind the next chunk's compute, as "
+            "Megatron-LM runs them by default (--overlap-p2p-communication; Megatron Bridge turns it on with virtual "
+            "stages); the transfers that fill and drain the pipeline stay exposed. Priced on GPUs."
+        ),
+    )
     moe_capacity_factor: float | None = Field(
         default=None,
         gt=0,

@@ -205,7 +205,8 @@ def test_expert_tensor_parallelism_t_prices_what_it_did_before(
     model: str, cluster: str, degrees: dict[str, object], step_s: float, peak_bytes: float
 ) -> None:
     layout = Layout(**{"pipeline_parallel_degree": 1, "micro_batch_size": 1, "zero_stage": 1, **degrees})  # type: ignore[arg-type]
-    training = TrainingSpec(global_batch_size=256, seq_len=4096)
+    # Pipeline transfers priced as they were then, not behind compute (TrainingSpec.pp_comm_overlap came later).
+    training = TrainingSpec(global_batch_size=256, seq_len=4096, pp_comm_overlap=False)
     for same in (layout, replace(layout, expert_tensor_parallel_degree=layout.tensor_parallel_degree)):
         est = estimate(load_model(model), training, load_cluster(cluster), same)
         assert (est.step_time_s, est.peak_memory_bytes) == (step_s, peak_bytes)

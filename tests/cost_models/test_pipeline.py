@@ -91,3 +91,33 @@ def test_a_pipeline_that_leaves_its_node_at_some_boundaries_pays_the_inter_node_
     inter_hop_s = p2p_time_s(act_bytes, 4, 8, cluster)
     assert inter_hop_s > 2 * p2p_time_s(act_bytes, 0, 4, cluster)  # the test means something
     assert pipeline_comm_s(MODEL, training, cluster, spread, m) == pytest.approx((2 * m + 2 * 3) * inter_hop_s)
+
+
+def test_interleaved_transfers_run_behind_compute_but_fill_and_drain() -> None:
+    # dgx-h100:2, d 2 t 2 p 4 v 2, m 8: the hop is the inter-node one (previous test). With the
+    # overlap the 2 m v = 32 steady-state hops cost what overlap costs beside m = 8 micro-batches
+    # of compute (1 s each, far more than the hops: sigma / (1 + sigma) of them); the 2 (p - 1) = 6
+    # that fill and drain are paid in full. Without it, or without virtual stages, all 38 are.
+    from cost_models.comm import p2p_time_s
+    from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN as sigma
+    from planner.inputs import load_cluster
+
+    cluster = load_cluster("dgx-h100:2")
+    training = TrainingSpec(global_batch_size=16, seq_len=1024)
+    interleaved = Layout(
+        data_parallel_degree=2,
+        tensor_parallel_degree=2,
+        pipeline_parallel_degree=4,
+        micro_batch_size=1,
+        schedule=Schedule.INTERLEAVED,
+        virtual_stages=2,
+    )
+    hop_s = p2p_time_s(1 * 1024 * MODEL.hidden_size * training.dtype.bytes / 2, 4, 8, cluster)
+    overlapped = pipeline_comm_s(MODEL, training, cluster, interleaved, 8, 1.0)
+    assert overlapped == pytest.approx(32 * hop_s * sigma / (1 + sigma) + 6 * hop_s)
+    off = training.model_copy(update={"pp_comm_overlap": False})
+    assert pipeline_comm_s(MODEL, off, cluster, interleaved, 8, 1.0) == pytest.approx(38 * hop_s)
+    # Too little compute to hide behind: the steady-state hops beyond it are exposed.
+    assert pipeline_comm_s(MODEL, training, cluster, interleaved, 8, hop_s) == pytest.approx(
+        (32 - 8) * hop_s + 6 * hop_s
+    )
