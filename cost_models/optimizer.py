@@ -32,9 +32,11 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout) 
     optimizer_s = 0.0
     for stage in range(layout.pipeline_parallel_degree):
         params = optimizer_shard_params(stage_params(model, layout, stage), layout)
-        measured = measured_optimizer_s(cluster.device, model.name, params)
+        measured = measured_optimizer_s(cluster.pricing_device, model.name, params)
         stage_s = (
-            measured if measured is not None else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.device)
+            measured
+            if measured is not None
+            else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.pricing_device)
         )
         optimizer_s = max(optimizer_s, stage_s)
     return optimizer_s

@@ -74,7 +74,7 @@ def pipeline_comm_s(
     pairs = list(grp.stage_boundaries(layout, first_pipeline_only=rank_order))
     hop_s = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
     transfers_s = (2 * micro_batches * v + 2 * (p - 1)) * hop_s
-    slot_s = measured_pipeline_slot_s(cluster.device)
+    slot_s = measured_pipeline_slot_s(cluster.pricing_device)
     if slot_s is None:
         return transfers_s
     # The schedule's own cost: the tiny slot beyond its two transfers.

@@ -131,7 +131,7 @@ def stage_times(
     Returns:
         One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch.
     """
-    dev, dt = cluster.device, training.dtype
+    dev, dt = cluster.pricing_device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len)
     measured_moe = (
@@ -218,7 +218,7 @@ def _vocabulary_layers_s(
 ) -> tuple[float, float]:
     """(output layer, embedding) seconds of one micro-batch on one rank of ``layout``, whole: the
     profiled output layer where there is one, else its GEMM and elementwise traffic."""
-    dev, dt = cluster.device, training.dtype
+    dev, dt = cluster.pricing_device, training.dtype
     output_s = measured_output_layer_s(
         dev,
         model.name,
@@ -249,11 +249,11 @@ def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     """Forward, backward and recompute seconds of one rank's routed experts in a balanced MoE
     layer (``layer_work.expert_gemms``); full recomputation repeats the forward."""
     gemms = lw.expert_gemms(model, training, layout)
-    forward = gemms_time_s(gemms, cluster.device, training.dtype)
+    forward = gemms_time_s(gemms, cluster.pricing_device, training.dtype)
     recompute = forward if layout.recompute is Recompute.FULL else 0.0
     return _LayerTime(
         forward_s=forward,
-        backward_s=backward_gemms_time_s(gemms, cluster.device, training.dtype),
+        backward_s=backward_gemms_time_s(gemms, cluster.pricing_device, training.dtype),
         recompute_s=recompute,
     )
 
@@ -292,7 +292,9 @@ def _shared_layer_time(
         moe,
     )
     return _LAYER_TIMES.get(
-        cluster.device, key, lambda: _layer_time(model, training, cluster, layout, measured, measured_moe, moe=moe)
+        cluster.pricing_device,
+        key,
+        lambda: _layer_time(model, training, cluster, layout, measured, measured_moe, moe=moe),
     )
 
 
@@ -310,7 +312,7 @@ def _layer_time(
     ``measured_moe`` (the runtime's MoE layer, timed) for an MoE layer where there is one, else
     ``measured`` (the dense local layer, timed; an MoE layer adds its modeled difference), else
     the modeled kernels."""
-    dev, dt = cluster.device, training.dtype
+    dev, dt = cluster.pricing_device, training.dtype
     work = lw.layer_work(model, training, layout, moe=moe)
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
     dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
