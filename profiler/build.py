@@ -1,9 +1,10 @@
 """Rank 0 turns the gathered measurements into a ClusterProfile.
 
-Links are stored hierarchically: the device matrix holds, for each local pair, its slowest copy
-over the nodes; the node matrix, for each node pair, the slowest device pair crossing it (per
-device, one rail). Slowest, not median: a synchronous job runs at its slowest link, and a median
-would hide the one slow pair a profile exists to find.
+Links are stored hierarchically: each node keeps the device matrix measured on it (the first
+node's is the default, the nodes whose links or network interface differ are node overrides);
+the node matrix holds, for each node pair, the slowest device pair crossing it (per device, one
+rail). Slowest, not median: a synchronous job runs at its slowest link, and a median would hide
+the one slow pair a profile exists to find.
 
 GEMMs become measured records (used for their exact shapes) and a MatmulModel whose peak is the
 best GEMM rate measured (a CPU publishes no peak; on CUDA a known device's published peak is kept
@@ -26,6 +27,8 @@ from planner.schemas import (
     LinkMatrix,
     MatmulModel,
     MatmulRecord,
+    NicKind,
+    NodeOverride,
     OpRecord,
     Provenance,
 )
@@ -67,6 +70,21 @@ def _median_record(same: list[OpRecord]) -> OpRecord:
     return same[0].model_copy(update={name: statistics.median(getattr(r, name) for r in same) for name in timed})
 
 
+def _node_overrides(links: list[LinkMatrix], nics: list[NicKind | None]) -> tuple[NodeOverride, ...]:
+    """The nodes whose measured links or interface type differ from the first node's, grouped
+    where they are the same."""
+    differing: dict[tuple[LinkMatrix | None, NicKind | None], list[int]] = defaultdict(list)
+    for node in range(1, len(links)):
+        own_links = links[node] if links[node] != links[0] else None
+        own_nic = nics[node] if nics[node] != nics[0] else None
+        if own_links is not None or own_nic is not None:
+            differing[(own_links, own_nic)].append(node)
+    return tuple(
+        NodeOverride(nodes=tuple(nodes), intra_node_links=own_links, nic=own_nic)
+        for (own_links, own_nic), nodes in differing.items()
+    )
+
+
 def build_profile(
     settings: ProfileSettings,
     infos: list[RankInfo],
@@ -83,19 +101,18 @@ def build_profile(
     local_of = {i.rank: i.local_rank for i in infos}
     per_node = infos[0].local_world_size
 
-    intra: dict[str, dict[tuple[int, int], list[float]]] = {
-        "bw": defaultdict(list),
-        "lat": defaultdict(list),
-        "spread": defaultdict(list),
+    intra: dict[int, dict[str, dict[tuple[int, int], list[float]]]] = {
+        node: {"bw": defaultdict(list), "lat": defaultdict(list), "spread": defaultdict(list)}
+        for node in range(len(hosts))
     }
     inter: dict[str, dict[tuple[int, int], list[float]]] = {"bw": defaultdict(list), "lat": defaultdict(list)}
     for link in (s for rank_samples in links for s in rank_samples):
         bw, lat, bw_spread = link_figures(link, settings.latency_bytes, settings.bandwidth_bytes)
         if node_of[link.src] == node_of[link.dst]:
-            pair = (local_of[link.src], local_of[link.dst])
-            intra["bw"][pair].append(bw)
-            intra["lat"][pair].append(lat)
-            intra["spread"][pair].append(bw_spread)
+            pair, on_node = (local_of[link.src], local_of[link.dst]), intra[node_of[link.src]]
+            on_node["bw"][pair].append(bw)
+            on_node["lat"][pair].append(lat)
+            on_node["spread"][pair].append(bw_spread)
         else:
             pair = (node_of[link.src], node_of[link.dst])
             inter["bw"][pair].append(bw)
@@ -160,17 +177,25 @@ def build_profile(
         op_records=op_records,
         core_share=min(i.core_share for i in infos),
     )
+    node_links = [
+        LinkMatrix(
+            size=per_node,
+            bandwidth_bytes_per_s=_matrix(intra[node]["bw"], per_node, min),
+            latency_s=_matrix(intra[node]["lat"], per_node, max),
+            bandwidth_spread=_matrix(intra[node]["spread"], per_node, max),
+        )
+        for node in range(len(hosts))
+    ]
+    # One network interface type per host (a single host has no inter-node traffic: not known).
+    nics = [next(i.nic for i in infos if i.host == h) if len(hosts) > 1 else None for h in hosts]
     return ClusterProfile(
         name=f"measured-{hosts[0]}" + (f"-x{len(hosts)}" if len(hosts) > 1 else ""),
         num_nodes=len(hosts),
         devices_per_node=per_node,
         device=device,
-        intra_node_links=LinkMatrix(
-            size=per_node,
-            bandwidth_bytes_per_s=_matrix(intra["bw"], per_node, min),
-            latency_s=_matrix(intra["lat"], per_node, max),
-            bandwidth_spread=_matrix(intra["spread"], per_node, max),
-        ),
+        intra_node_links=node_links[0],
+        nic=nics[0],
+        node_overrides=_node_overrides(node_links, nics),
         inter_node_links=LinkMatrix(
             size=len(hosts),
             bandwidth_bytes_per_s=_matrix(inter["bw"], len(hosts), min),
