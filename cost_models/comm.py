@@ -241,9 +241,28 @@ def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_orde
     With uniform links of each class, a group's cost depends only on how it spreads over nodes;
     with devices in rank order (``rank_order``: the identity device map) every group of an axis
     spreads alike where the degrees divide the node's devices or are multiples of them, as the
-    search's are, so the first stands for all. Otherwise every group is priced.
+    search's are, so the first stands for all. Otherwise a group's cost depends only on the
+    classes of the nodes it spans (``ClusterProfile.node_classes``: nodes described alike) and
+    its members' local indices on each (their count, over uniform links inside every node), so
+    one group of each such spread stands for the others;
+    where the node matrix is explicit, every group is priced.
     """
-    return tuple(itertools.islice(groups, 1)) if rank_order and has_uniform_links(cluster) else tuple(groups)
+    if rank_order and has_uniform_links(cluster):
+        return tuple(itertools.islice(groups, 1))
+    classes = cluster.node_classes
+    if classes is None:
+        return tuple(groups)
+    per_node = cluster.devices_per_node
+    # Over uniform links inside every node, how many members a node holds matters, not which.
+    by_count = cluster.intra_node_links.uniform is not None and all(
+        o.intra_node_links is None or o.intra_node_links.uniform is not None for o in cluster.node_overrides
+    )
+    spreads: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...] | tuple[int, ...]], Group] = {}
+    for group in groups:
+        nodes, members, _ = _node_spread(group.devices, per_node)
+        local = tuple(len(m) for m in members) if by_count else members
+        spreads.setdefault((tuple(classes[n] for n in nodes), local), group)
+    return tuple(spreads.values())
 
 
 def slowest_collective_s(

@@ -27,7 +27,7 @@ from planner.schemas._base import FrozenModel
 from planner.schemas.calibration import Calibration
 from planner.schemas.enums import CollectiveOp, DType, Placement
 from planner.schemas.errors import SchemaError
-from planner.schemas.links import LinkMatrix
+from planner.schemas.links import LinkMatrix, LinkProfile
 from planner.schemas.op_records import OpRecord, record_from_v1
 
 
@@ -254,18 +254,35 @@ class ClusterProfile(FrozenModel):
         """Total ranks."""
         return self.num_nodes * self.devices_per_node
 
-    def _memo(self) -> tuple[tuple[int, ...], DeviceProfile]:
-        """(each node's override index or -1, the pricing device), computed once per object (a slot,
-        as ``FrozenModel``'s hash: copies compute their own)."""
-        memo: tuple[tuple[int, ...], DeviceProfile] | None = getattr(self, "_node_memo", None)
+    def _memo(self) -> tuple[tuple[int, ...], DeviceProfile, tuple[int, ...] | None]:
+        """(each node's override index or -1, the pricing device, the node classes), computed once
+        per object (a slot, as ``FrozenModel``'s hash: copies compute their own)."""
+        memo: tuple[tuple[int, ...], DeviceProfile, tuple[int, ...] | None] | None = getattr(self, "_node_memo", None)
         if memo is None:
             index = [-1] * self.num_nodes
             for i, override in enumerate(self.node_overrides):
                 for node in override.nodes:
                     index[node] = i
-            memo = (tuple(index), self._slowest_device())
+            memo = (tuple(index), self._slowest_device(), self._classes(index))
             object.__setattr__(self, "_node_memo", memo)
         return memo
+
+    def _classes(self, index: list[int]) -> tuple[int, ...] | None:
+        rails = self.inter_node_links.endpoints
+        if self.inter_node_links.uniform is None and rails is None:
+            return None
+        numbered: dict[tuple[int, LinkProfile | None], int] = {}
+        return tuple(
+            numbered.setdefault((index[n], rails[n] if rails is not None else None), len(numbered))
+            for n in range(self.num_nodes)
+        )
+
+    @property
+    def node_classes(self) -> tuple[int, ...] | None:
+        """A class number per node, alike for nodes described alike: the same override (or none)
+        and the same rail where the node matrix is given per endpoint; None where the node matrix
+        is explicit (every node pair its own link)."""
+        return self._memo()[2]
 
     def node_override(self, node: int) -> NodeOverride | None:
         """The override naming ``node``, if any."""

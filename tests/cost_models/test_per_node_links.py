@@ -7,7 +7,15 @@ from conftest import make_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_models.comm import Group, collective_time_s, device_link, has_uniform_links, p2p_time_s
+from cost_models.comm import (
+    Group,
+    collective_time_s,
+    device_link,
+    has_uniform_links,
+    p2p_time_s,
+    priced_groups,
+    slowest_collective_s,
+)
 from cost_models.estimate import estimate
 from planner.inputs import load_model
 from planner.schemas import (
@@ -142,3 +150,29 @@ def test_nodes_described_alike_price_as_one_shared_matrix(
     assert collective_time_s(op, message_bytes, group, per_node) == collective_time_s(op, message_bytes, group, single)
     a, b = devices[:2]
     assert p2p_time_s(message_bytes, a, b, per_node) == p2p_time_s(message_bytes, a, b, single)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    order=st.permutations(range(16)),
+    size=st.sampled_from([2, 4, 8]),
+    op=_OPS,
+    rank_order=st.booleans(),
+)
+def test_one_group_per_spread_over_node_classes_prices_the_slowest(
+    order: list[int], size: int, op: CollectiveOp, rank_order: bool
+) -> None:
+    """Deduplicating an axis's groups by the classes of the nodes they span (and their members'
+    local indices) keeps the slowest group's time, on nodes of two kinds with per-node rails."""
+    base = make_cluster(nodes=4, per_node=4, latency_s=1e-6)
+    slow = LinkMatrix(size=4, uniform=LinkProfile(bandwidth_bytes_per_s=30e9, latency_s=2e-6))
+    rails = tuple(LinkProfile(bandwidth_bytes_per_s=bw, latency_s=1e-6) for bw in (10e9, 10e9, 5e9, 5e9))
+    cluster = _with(
+        base, NodeOverride(nodes=(1, 3), intra_node_links=slow), inter_node_links=LinkMatrix(size=4, endpoints=rails)
+    )
+    devices = list(range(16)) if rank_order else order
+    groups = [Group(tuple(devices[i : i + size])) for i in range(0, 16, size)]
+    priced = priced_groups(groups, cluster, rank_order=rank_order)
+    if rank_order:  # one group per node kind (links inside, rail) and members per node
+        assert len(priced) == {2: 4, 4: 4, 8: 2}[size]
+    assert slowest_collective_s(op, 1e8, priced, cluster) == slowest_collective_s(op, 1e8, groups, cluster)
