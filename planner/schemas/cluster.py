@@ -81,7 +81,7 @@ class MatmulRecord(FrozenModel):
 
 
 class DeviceProfile(FrozenModel):
-    """One accelerator (or one CPU rank) of a homogeneous cluster."""
+    """One type of accelerator (or a CPU rank): every device of the nodes it describes."""
 
     name: str
     kind: DeviceKind

@@ -7,10 +7,12 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner import api
 from planner.inputs import load_cluster, save_cluster
-from planner.schemas import DType, Layout, NicKind, TrainingSpec
+from planner.schemas import ClusterProfile, DType, Layout, LinkMatrix, LinkProfile, NicKind, NodeOverride, TrainingSpec
 from planner.schemas.errors import SchemaError
 
 V3_TWO_NODES = Path(__file__).resolve().parents[1] / "golden" / "cluster_profile_v3_cpu_two_nodes.json"
@@ -144,3 +146,27 @@ def test_the_planner_says_how_it_prices_mixed_devices(caplog: pytest.LogCaptureF
     (note,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note:")]
     assert "priced as the slowest (NVIDIA A100-SXM4-80GB) with the smallest memory (85.5 GB)" in note
     assert mixed.step_time_s > api.estimate("llama3-8b", "dgx-h100:8", training, layout).step_time_s
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from([None, *NicKind]), min_size=4, max_size=4),
+    slow_nodes=st.sets(st.integers(0, 3)),
+    rails_gb=st.lists(st.floats(1.0, 100.0), min_size=4, max_size=4),
+)
+def test_a_per_node_profile_round_trips_through_its_file(
+    tmp_path_factory: pytest.TempPathFactory, kinds: list[NicKind | None], slow_nodes: set[int], rails_gb: list[float]
+) -> None:
+    base = load_cluster("dgx-h100:4")
+    slow = LinkMatrix(size=8, uniform=LinkProfile(bandwidth_bytes_per_s=100e9, latency_s=3e-6))
+    overrides = [NodeOverride(nodes=(n,), nic=kinds[n], intra_node_links=slow if n in slow_nodes else None)
+                 for n in range(4) if kinds[n] is not None or n in slow_nodes]  # fmt: skip
+    rails = tuple(LinkProfile(bandwidth_bytes_per_s=gb * 1e9, latency_s=5e-6) for gb in rails_gb)
+    profile = ClusterProfile.model_validate(
+        {**dict(base), "node_overrides": overrides, "inter_node_links": LinkMatrix(size=4, endpoints=rails)}
+    )
+    path = tmp_path_factory.mktemp("round-trip") / "cluster.json"
+    save_cluster(profile, path)
+    loaded = load_cluster(str(path))
+    assert loaded == profile
+    assert [loaded.node_links(n) == slow for n in range(4)] == [n in slow_nodes for n in range(4)]
