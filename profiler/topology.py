@@ -28,6 +28,8 @@ class RankInfo:
     """runtime.core_share on CPU; 1 on CUDA."""
     nic: NicKind = NicKind.ETHERNET
     """The host's network interface type (``nic_kind``)."""
+    compute_units: int = 1
+    """Streaming multiprocessors of a GPU; 1 for a CPU rank (its matmul model is measured whole)."""
 
 
 def cpu_memory_bytes() -> int:
@@ -89,9 +91,11 @@ def measure(ctx: Context) -> list[RankInfo] | None:
     if ctx.device.type == "cuda":
         name = torch.cuda.get_device_name(ctx.device)
         memory = torch.cuda.mem_get_info(ctx.device)[1]
+        units = torch.cuda.get_device_properties(ctx.device).multi_processor_count
     else:
         name = cpu_name()
         memory = cpu_memory_bytes() // ctx.local_world_size
+        units = 1
     host, local_rank, local_world = socket.gethostname(), ctx.local_rank, ctx.local_world_size
     if ctx.settings.simulate_nodes:
         # Testing aid: contiguous blocks of ranks pose as separate nodes.
@@ -107,5 +111,6 @@ def measure(ctx: Context) -> list[RankInfo] | None:
         memory_bytes=int(memory),
         core_share=1.0 if ctx.device.type == "cuda" else core_share(ctx.local_world_size),
         nic=nic_kind(),
+        compute_units=units,
     )
     return ctx.gather(info)

@@ -177,3 +177,19 @@ def test_the_interface_type_comes_from_the_rdma_ports_link_layer(tmp_path: Path)
     assert nic_kind(tmp_path) is NicKind.ROCE
     (port / "link_layer").write_text("InfiniBand\n")
     assert nic_kind(tmp_path) is NicKind.INFINIBAND
+
+
+def test_build_profile_keeps_each_device_types_own_measurements() -> None:
+    # Node 1's ranks run another device type, with half the memory and GEMMs twice as slow.
+    infos = [replace(i, device_name="cpu (other)", memory_bytes=2**29) if i.rank >= 2 else i for i in _infos(2, 2)]
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
+    links = [[LinkSample(s, d, Timing(2e-6, 0.0), Timing(2e-6 + 1e-3, 0.0)) for d in range(4) if d != s]
+             for s in range(4)]  # fmt: skip
+    collectives = [[CollectiveSample("world", CollectiveOp.ALL_REDUCE, 1024, 1e-3, 0.1)] for _ in range(4)]
+    ops = [OpsSample((GemmSample(64, 64, 64, DType.FP32, 1e-4 * (1 + r // 2), 0.0),), 1e10, 1e-5) for r in range(4)]
+    profile = build_profile(settings, infos, links, collectives, ops, backend="gloo")
+    (override,) = profile.node_overrides
+    assert override.nodes == (1,) and override.intra_node_links is None and override.device is not None
+    assert (profile.device.name, override.device.name) == ("cpu (test)", "cpu (other)")
+    assert [profile.node_device(n).matmul_records[0].time_s for n in (0, 1)] == pytest.approx([1e-4, 2e-4])
+    assert profile.pricing_device.name == "cpu (other)" and profile.pricing_device.memory_bytes == 2**29
