@@ -155,7 +155,7 @@ def _inside_phase_s(
     """The phase of a collective inside the nodes a group spans, ``k`` members on each: every node
     runs its own at once over its own links and records, and the slowest decides. A node holding
     a single member has no inside phase."""
-    if not cluster.node_overrides and cluster.intra_node_links.uniform is not None:
+    if cluster.intra_node_links.uniform is not None and _alike_nodes(cluster):
         records, link = _Records(cluster.collectives), cluster.intra_node_links.uniform
         return _flat_time_s(records, op, message_bytes, k, Placement.INTRA_NODE, link)
     return max(
