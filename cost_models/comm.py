@@ -282,7 +282,11 @@ def slowest_collective_s(
     return max((collective_time_s(op, message_bytes, group, cluster) for group in groups), default=0.0)
 
 
+def transfer_time_s(message_bytes: float, link: LinkProfile) -> float:
+    """One send of ``message_bytes`` over ``link``: latency + bytes / bandwidth, seconds."""
+    return link.latency_s + message_bytes / link.bandwidth_bytes_per_s
+
+
 def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:
     """One send of ``message_bytes`` from device ``src`` to device ``dst`` over their link (``device_link``)."""
-    link = device_link(cluster, src, dst)
-    return link.latency_s + message_bytes / link.bandwidth_bytes_per_s
+    return transfer_time_s(message_bytes, device_link(cluster, src, dst))
