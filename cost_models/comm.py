@@ -9,7 +9,9 @@ bus bandwidth = that volume / time, which is nearly independent of n. Pricing, i
 2. otherwise a ring over the group's slowest link: (n-1) steps of latency plus volume / bandwidth.
 A group spanning nodes is priced hierarchically (as NCCL's tree/ring over rails): a phase inside
 each node over its k members, and a phase across the N nodes in which each of the k members
-moves 1/k of the data over its own network rail. Units: bytes, seconds, bytes/s.
+moves 1/k of the data over its own network rail. Each node's inside phase runs over that node's
+own links and records (nodes may differ: ``ClusterProfile.node_overrides``); the slowest node
+decides, as the step waits for every rank. Units: bytes, seconds, bytes/s.
 """
 
 import bisect
@@ -19,7 +21,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkMatrix, LinkProfile, Placement
+from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkProfile, Placement
+from planner.schemas.links import slower_link
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +37,6 @@ class Group:
     def size(self) -> int:
         """Members."""
         return len(self.devices)
-
-
-def _ring_slowest(matrix: LinkMatrix, endpoints: tuple[int, ...]) -> LinkProfile:
-    """The slowest bandwidth and latency among the ring's links (>= 2 endpoints)."""
-    if matrix.uniform is not None:
-        return matrix.uniform
-    links = [matrix.link(a, b) for a, b in zip(endpoints, endpoints[1:] + endpoints[:1], strict=True)]
-    return LinkProfile(
-        bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in links),
-        latency_s=max(lk.latency_s for lk in links),
-    )
 
 
 def _curve_time_s(records: list[CollectiveRecord], op: CollectiveOp, message_bytes: float, n: int) -> float:
@@ -115,16 +107,18 @@ def _flat_time_s(
 
 
 @functools.lru_cache(maxsize=256)
-def _node_spread(devices: tuple[int, ...] | range, per_node: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """The nodes a group spans (in ring order), its members' local indices on the first of them,
-    and the most members on any one node. Memoized: a search prices the same groups for runs of
-    consecutive layouts (a tuple of thousands of devices is hashed in full at each look-up, a
-    range in constant time)."""
+def _node_spread(
+    devices: tuple[int, ...] | range, per_node: int
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], int]:
+    """The nodes a group spans (in ring order), its members' local indices on each of them (in
+    ring order), and the most members on any one node. Memoized: a search prices the same groups
+    for runs of consecutive layouts (a tuple of thousands of devices is hashed in full at each
+    look-up, a range in constant time)."""
     by_node: dict[int, list[int]] = {}
     for r in devices:
         by_node.setdefault(r // per_node, []).append(r % per_node)
     nodes = tuple(by_node)
-    return nodes, tuple(by_node[nodes[0]]), max(len(v) for v in by_node.values())
+    return nodes, tuple(tuple(by_node[n]) for n in nodes), max(len(v) for v in by_node.values())
 
 
 def nodes_spanned(group: Group, cluster: ClusterProfile) -> int:
@@ -132,10 +126,72 @@ def nodes_spanned(group: Group, cluster: ClusterProfile) -> int:
     return len(_node_spread(group.devices, cluster.devices_per_node)[0])
 
 
+def device_link(cluster: ClusterProfile, src: int, dst: int) -> LinkProfile:
+    """The link from device ``src`` to device ``dst`` (numbered node by node, as ``schemas.DeviceMap``
+    numbers them): inside a node, that node's own matrix (``ClusterProfile.node_links``); across
+    nodes, the node matrix. Every caller that needs one link reads it here."""
+    per_node = cluster.devices_per_node
+    src_node, dst_node = src // per_node, dst // per_node
+    if src_node == dst_node:
+        return cluster.node_links(src_node).link(src % per_node, dst % per_node)
+    return cluster.inter_node_links.link(src_node, dst_node)
+
+
+def _alike_nodes(cluster: ClusterProfile) -> bool:
+    """Whether every node has the default intra-node links and collective records."""
+    return all(
+        o.intra_node_links in (None, cluster.intra_node_links) and o.collectives is None for o in cluster.node_overrides
+    )
+
+
+def _inside_phase_s(
+    cluster: ClusterProfile,
+    op: CollectiveOp,
+    message_bytes: float,
+    k: int,
+    nodes: tuple[int, ...],
+    members: tuple[tuple[int, ...], ...],
+) -> float:
+    """The phase of a collective inside the nodes a group spans, ``k`` members on each: every node
+    runs its own at once over its own links and records, and the slowest decides. A node holding
+    a single member has no inside phase."""
+    if cluster.intra_node_links.uniform is not None and _alike_nodes(cluster):
+        records, link = _Records(cluster.collectives), cluster.intra_node_links.uniform
+        return _flat_time_s(records, op, message_bytes, k, Placement.INTRA_NODE, link)
+    return max(
+        (
+            _flat_time_s(
+                _Records(cluster.node_collectives(node)),
+                op,
+                message_bytes,
+                k,
+                Placement.INTRA_NODE,
+                cluster.node_links(node).ring_slowest(local),
+            )
+            for node, local in zip(nodes, members, strict=True)
+            if len(local) > 1
+        ),
+        default=0.0,
+    )
+
+
+def _slowest_inside_link(
+    cluster: ClusterProfile, nodes: tuple[int, ...], members: tuple[tuple[int, ...], ...]
+) -> LinkProfile:
+    """The slowest bandwidth and latency of the rings inside the nodes a group spans (those with
+    two members or more; at least one has)."""
+    rings = [cluster.node_links(n).ring_slowest(m) for n, m in zip(nodes, members, strict=True) if len(m) > 1]
+    return functools.reduce(slower_link, rings)
+
+
 def collective_time_s(
     op: CollectiveOp, message_bytes: float, group: Group, cluster: ClusterProfile, *, off_node_share: float = 1.0
 ) -> float:
     """Seconds for ``op`` over ``group`` on ``cluster`` (see module docstring).
+
+    A group inside one node runs over that node's links (``ClusterProfile.node_links``) and
+    collective records; a group spanning nodes runs each node's inside phase over its own, and
+    waits for the slowest.
 
     ``off_node_share`` scales what an all-to-all spanning nodes sends off-node: 1 sends every
     byte bound for a remote node; a dispatcher that sends a token once per remote node and
@@ -144,34 +200,39 @@ def collective_time_s(
     n = group.size
     if n <= 1 or message_bytes <= 0:
         return 0.0
-    nodes, first_members, k = _node_spread(group.devices, cluster.devices_per_node)
-    records = _Records(cluster.collectives)
+    nodes, members, k = _node_spread(group.devices, cluster.devices_per_node)
     if len(nodes) == 1:
-        link = _ring_slowest(cluster.intra_node_links, first_members)
-        return _flat_time_s(records, op, message_bytes, n, Placement.INTRA_NODE, link)
-    inter_link = _ring_slowest(cluster.inter_node_links, nodes)
+        return _inside_phase_s(cluster, op, message_bytes, n, nodes, members)
+    inter_link = cluster.inter_node_links.ring_slowest(nodes)
     if op is CollectiveOp.ALL_TO_ALL:
         # Each rank sends (n - k)/n of its buffer off-node over its own rail, the rest over
         # intra-node links; both proceed at once.
-        intra_link = _ring_slowest(cluster.intra_node_links, first_members) if k > 1 else inter_link
+        intra_link = _slowest_inside_link(cluster, nodes, members) if k > 1 else inter_link
         off_node_s = off_node_share * (n - k) / n * message_bytes / inter_link.bandwidth_bytes_per_s
         on_node_s = (k - 1) / n * message_bytes / intra_link.bandwidth_bytes_per_s
         return (len(nodes) - 1) * inter_link.latency_s + max(off_node_s, on_node_s)
-    inter_s = _flat_time_s(records, op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link)
+    inter_s = _flat_time_s(
+        _Records(cluster.collectives), op, message_bytes / k, len(nodes), Placement.INTER_NODE, inter_link
+    )
     if k == 1:
         return inter_s
-    intra_link = _ring_slowest(cluster.intra_node_links, first_members)
     # All-reduce = reduce-scatter + all-gather inside the node around the inter-node phase;
     # all-gather and reduce-scatter need one intra-node phase; all-to-all one as well.
     intra_op = CollectiveOp.REDUCE_SCATTER if op is CollectiveOp.ALL_REDUCE else op
     intra_phases = 2 if op is CollectiveOp.ALL_REDUCE else 1
-    intra_s = _flat_time_s(records, intra_op, message_bytes, k, Placement.INTRA_NODE, intra_link)
-    return intra_phases * intra_s + inter_s
+    return intra_phases * _inside_phase_s(cluster, intra_op, message_bytes, k, nodes, members) + inter_s
 
 
 def has_uniform_links(cluster: ClusterProfile) -> bool:
-    """Whether every link of a class is the same, so one group stands for all of its axis."""
-    return cluster.intra_node_links.uniform is not None and cluster.inter_node_links.uniform is not None
+    """Whether every link of a class is the same, so one group stands for all of its axis: both
+    matrices uniform and every node with the default intra-node links and collective records.
+    Nodes that differ only in their devices or interface type keep it (the cost model prices
+    every rank on one device, ``ClusterProfile.pricing_device``, and the node matrix is the truth)."""
+    return (
+        cluster.intra_node_links.uniform is not None
+        and cluster.inter_node_links.uniform is not None
+        and _alike_nodes(cluster)
+    )
 
 
 def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_order: bool) -> tuple[Group, ...]:
@@ -180,9 +241,28 @@ def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_orde
     With uniform links of each class, a group's cost depends only on how it spreads over nodes;
     with devices in rank order (``rank_order``: the identity device map) every group of an axis
     spreads alike where the degrees divide the node's devices or are multiples of them, as the
-    search's are, so the first stands for all. Otherwise every group is priced.
+    search's are, so the first stands for all. Otherwise a group's cost depends only on the
+    classes of the nodes it spans (``ClusterProfile.node_classes``: nodes described alike) and
+    its members' local indices on each (their count, over uniform links inside every node), so
+    one group of each such spread stands for the others;
+    where the node matrix is explicit, every group is priced.
     """
-    return tuple(itertools.islice(groups, 1)) if rank_order and has_uniform_links(cluster) else tuple(groups)
+    if rank_order and has_uniform_links(cluster):
+        return tuple(itertools.islice(groups, 1))
+    classes = cluster.node_classes
+    if classes is None:
+        return tuple(groups)
+    per_node = cluster.devices_per_node
+    # Over uniform links inside every node, how many members a node holds matters, not which.
+    by_count = cluster.intra_node_links.uniform is not None and all(
+        o.intra_node_links is None or o.intra_node_links.uniform is not None for o in cluster.node_overrides
+    )
+    spreads: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...] | tuple[int, ...]], Group] = {}
+    for group in groups:
+        nodes, members, _ = _node_spread(group.devices, per_node)
+        local = tuple(len(m) for m in members) if by_count else members
+        spreads.setdefault((tuple(classes[n] for n in nodes), local), group)
+    return tuple(spreads.values())
 
 
 def slowest_collective_s(
@@ -202,11 +282,11 @@ def slowest_collective_s(
     return max((collective_time_s(op, message_bytes, group, cluster) for group in groups), default=0.0)
 
 
-def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:
-    """One send of ``message_bytes`` from device ``src`` to device ``dst`` over their link."""
-    per_node = cluster.devices_per_node
-    if src // per_node == dst // per_node:
-        link = cluster.intra_node_links.link(src % per_node, dst % per_node)
-    else:
-        link = cluster.inter_node_links.link(src // per_node, dst // per_node)
+def transfer_time_s(message_bytes: float, link: LinkProfile) -> float:
+    """One send of ``message_bytes`` over ``link``: latency + bytes / bandwidth, seconds."""
     return link.latency_s + message_bytes / link.bandwidth_bytes_per_s
+
+
+def p2p_time_s(message_bytes: float, src: int, dst: int, cluster: ClusterProfile) -> float:
+    """One send of ``message_bytes`` from device ``src`` to device ``dst`` over their link (``device_link``)."""
+    return transfer_time_s(message_bytes, device_link(cluster, src, dst))

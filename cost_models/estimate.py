@@ -80,7 +80,7 @@ def estimate(
         memories = all_stage_memory(model, training, cluster, layout, routing)
     slowest = max(times, key=lambda st: st.total_s)
     bubble = bubble_s(layout, m, slowest.total_s)
-    shared = shared_core_factor(times, m, bubble, cluster.device.core_share)
+    shared = shared_core_factor(times, m, bubble, cluster.pricing_device.core_share)
     cal = cluster.calibration
     data_parallel = data_parallel_time(
         model,
@@ -139,7 +139,7 @@ def _estimate_of(
     """The Estimate of a step taking ``time``: throughput, model and hardware FLOPs and their
     utilization of the world's peak (MFU, HFU; PaLM appendix B), the largest rank's memory."""
     step_s, world = time.step_time_s, layout.world_size
-    peak = cluster.device.get_peak_flop_per_s(training.dtype)
+    peak = cluster.pricing_device.get_peak_flop_per_s(training.dtype)
     model_flop = training.global_batch_size * model_flops_per_sequence(model, training.seq_len)
     hardware_flop = model_flop * hardware_flop_ratio(model, training.seq_len, layout.recompute)
     return Estimate(
@@ -150,7 +150,7 @@ def _estimate_of(
         mfu=model_flop / (step_s * world * peak),
         hfu=hardware_flop / (step_s * world * peak),
         peak_memory_bytes=max(stage.memory.total_bytes for stage in stages),
-        memory_capacity_bytes=float(cluster.device.memory_bytes),
+        memory_capacity_bytes=float(cluster.pricing_device.memory_bytes),
         stages=stages,
         time=time,
     )

@@ -243,7 +243,7 @@ def communication_buffer_bytes(
 
 def workspace_bytes(cluster: ClusterProfile) -> float:
     """Framework workspace of one rank: ``CUDA_WORKSPACE_BYTES``, or 0 on a CPU device."""
-    return 0.0 if cluster.device.kind is DeviceKind.CPU else float(CUDA_WORKSPACE_BYTES)
+    return 0.0 if cluster.pricing_device.kind is DeviceKind.CPU else float(CUDA_WORKSPACE_BYTES)
 
 
 def stage_memory(

@@ -32,9 +32,11 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout) 
     optimizer_s = 0.0
     for held in set(all_stage_params(model, layout)):
         params = optimizer_shard_params(held, layout)
-        measured = measured_optimizer_s(cluster.device, model.name, params)
+        measured = measured_optimizer_s(cluster.pricing_device, model.name, params)
         stage_s = (
-            measured if measured is not None else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.device)
+            measured
+            if measured is not None
+            else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.pricing_device)
         )
         optimizer_s = max(optimizer_s, stage_s)
     return optimizer_s

@@ -62,7 +62,7 @@ def hides_communication(cluster: ClusterProfile) -> bool:
     streams and copy engines. On a CPU it cannot: gloo's collectives run on the cores that
     compute (measured on the local 4-rank cluster: ZeRO-3 adds its gathers in full, 0.13 s a
     micro-batch of tiny-gpt at dp 4)."""
-    return cluster.device.kind is not DeviceKind.CPU
+    return cluster.pricing_device.kind is not DeviceKind.CPU
 
 
 def tensor_parallel_exposed_s(comm_s: float, gemm_s: float, tensor_parallel_degree: int) -> float:

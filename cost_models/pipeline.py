@@ -30,7 +30,7 @@ Units: seconds, bytes.
 """
 
 from cost_models import groups as grp
-from cost_models.comm import has_uniform_links, p2p_time_s
+from cost_models.comm import device_link, has_uniform_links, transfer_time_s
 from cost_models.compute import measured_pipeline_slot_s
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
@@ -89,17 +89,18 @@ def pipeline_comm_s(
     # boundaries stand for all; not its first boundary alone: with d t below a node's devices
     # the pipeline leaves a node at some boundaries only.
     rank_order = has_uniform_links(cluster) and layout.device_map.is_identity
-    pairs = list(grp.stage_boundaries(layout, first_pipeline_only=rank_order))
-    hop_s = max(p2p_time_s(act_bytes, a, b, cluster) for a, b in pairs)
+    # The distinct links the hops cross (few: a hop's link is read once, its time once per link).
+    links = {device_link(cluster, a, b) for a, b in grp.stage_boundaries(layout, first_pipeline_only=rank_order)}
+    hop_s = max(transfer_time_s(act_bytes, link) for link in links)
     steady_s, fill_drain_s = 2 * micro_batches * v * hop_s, 2 * (p - 1) * hop_s
     if overlaps_transfers(training, cluster, layout):
         steady_s = overlapped_comm_cost_s(steady_s, micro_batches * stage_compute_s)
     transfers_s = steady_s + fill_drain_s
-    slot_s = measured_pipeline_slot_s(cluster.device)
+    slot_s = measured_pipeline_slot_s(cluster.pricing_device)
     if slot_s is None:
         return transfers_s
     # The schedule's own cost: the tiny slot beyond its two transfers.
-    latency_s = max(p2p_time_s(0.0, a, b, cluster) for a, b in pairs)
+    latency_s = max(link.latency_s for link in links)
     return transfers_s + micro_batch_slots(layout, micro_batches) * max(0.0, slot_s - 2 * latency_s)
 
 

@@ -74,7 +74,7 @@ def _forward_backward_s(
         return 0.0, 0.0
     if local is not None:
         real = measured_layer_s(
-            cluster.device,
+            cluster.pricing_device,
             model.name,
             dt,
             t,

@@ -131,7 +131,7 @@ def stage_times(
     Returns:
         One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch.
     """
-    dev, dt = cluster.device, training.dtype
+    dev, dt = cluster.pricing_device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     kernels = _shared_kernels(model, training, cluster, layout)
     kinds = kernels.kinds
@@ -233,13 +233,13 @@ def _shared_kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterPr
         layout.expert_tensor_parallel_degree,
         layout.recompute,
     )
-    return _KERNELS.get(cluster.device, key, lambda: _kernels(model, training, cluster, layout))
+    return _KERNELS.get(cluster.pricing_device, key, lambda: _kernels(model, training, cluster, layout))
 
 
 def _kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _Kernels:
     """Each kind of layer's time (from the profile's timing of this model's dense or MoE layer
     where there is one), the routed experts' GEMMs and the vocabulary layers of ``layout``."""
-    dev, dt = cluster.device, training.dtype
+    dev, dt = cluster.pricing_device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len)
     measured_moe = (
@@ -270,7 +270,7 @@ def _vocabulary_layers_s(
 ) -> tuple[float, float]:
     """(output layer, embedding) seconds of one micro-batch on one rank of ``layout``, whole: the
     profiled output layer where there is one, else its GEMM and elementwise traffic."""
-    dev, dt = cluster.device, training.dtype
+    dev, dt = cluster.pricing_device, training.dtype
     output_s = measured_output_layer_s(
         dev,
         model.name,
@@ -301,11 +301,11 @@ def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     """Forward, backward and recompute seconds of one rank's routed experts in a balanced MoE
     layer (``layer_work.expert_gemms``); full recomputation repeats the forward."""
     gemms = lw.expert_gemms(model, training, layout)
-    forward = gemms_time_s(gemms, cluster.device, training.dtype)
+    forward = gemms_time_s(gemms, cluster.pricing_device, training.dtype)
     recompute = forward if layout.recompute is Recompute.FULL else 0.0
     return _LayerTime(
         forward_s=forward,
-        backward_s=backward_gemms_time_s(gemms, cluster.device, training.dtype),
+        backward_s=backward_gemms_time_s(gemms, cluster.pricing_device, training.dtype),
         recompute_s=recompute,
     )
 
@@ -330,7 +330,7 @@ def _layer_time(
     ``measured_moe`` (the runtime's MoE layer, timed) for an MoE layer where there is one, else
     ``measured`` (the dense local layer, timed; an MoE layer adds its modeled difference), else
     the modeled kernels."""
-    dev, dt = cluster.device, training.dtype
+    dev, dt = cluster.pricing_device, training.dtype
     work = lw.layer_work(model, training, layout, moe=moe)
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
     dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)

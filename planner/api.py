@@ -118,6 +118,7 @@ def estimate(
     """
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    _note_mixed_devices(cluster_profile)
     check_experts(model_spec, layout)  # first: its messages say which expert-parallel degrees would do
     routing = _routing(routing_trace, model_spec)
     return _estimate(model_spec, training, cluster_profile, layout, routing=routing)
@@ -179,6 +180,7 @@ def search_outcome(
     model_spec = load_model(model) if isinstance(model, str) else model
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    _note_mixed_devices(cluster_profile)
     chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
     routing = _routing(routing_trace, model_spec)
     if routing is not None:
@@ -552,6 +554,19 @@ def validate(storage: str = "sqlite:///tune.db", study: str | None = None, clust
     name, finished = stored_records(storage, study)
     profile = load_cluster(cluster or finished[0].plan.cluster.spec)
     return summarize(study_name=name, records=finished, cluster=profile, source=f"{storage} {name}")
+
+
+def _note_mixed_devices(cluster: ClusterProfile) -> None:
+    """One line saying how a cluster of mixed device types is priced (``ClusterProfile.pricing_device``)."""
+    if cluster.has_mixed_devices:
+        device = cluster.pricing_device
+        logger.info(
+            "note: %s mixes %s; every rank is priced as the slowest (%s) with the smallest memory (%.1f GB)",
+            cluster.name,
+            " and ".join(d.name for d in cluster.devices),
+            device.name,
+            device.memory_bytes / 1e9,
+        )
 
 
 def _routing(routing_trace: Path | str | None, model: ModelSpec) -> RoutingStats | None:

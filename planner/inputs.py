@@ -4,7 +4,8 @@ Library API, pure apart from reading files:
 
 - ``load_model(spec)``: a model preset name, or a Hugging Face ``config.json`` / our YAML file.
 - ``model_from_dict(raw, name=...)``: the same from an already parsed mapping.
-- ``load_cluster(spec)``: a cluster preset ``NAME:NODES`` (e.g. ``dgx-a100-80g:16``) or a profile JSON.
+- ``load_cluster(spec)``: a cluster preset ``NAME:NODES`` (e.g. ``dgx-a100-80g:16``), presets mixed
+  (``dgx-a100-80g:4+dgx-h100:4``), or a profile JSON.
 - ``cluster_preset(name, num_nodes)``: a ClusterProfile built from a preset's published figures.
 - ``save_cluster(profile, path)``: write a profile as JSON, as the profiler does.
 - ``list_model_presets()``, ``list_cluster_presets()``.
@@ -27,6 +28,7 @@ from typing import TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from planner.cluster_mix import MIX_SEPARATOR, mix_clusters
 from planner.schemas import (
     AttentionRecord,
     ClusterProfile,
@@ -42,7 +44,7 @@ from planner.schemas import (
     PositionEmbedding,
     Provenance,
 )
-from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
+from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, NicKind, upgrade
 from planner.schemas.errors import SchemaError
 
 logger = logging.getLogger(__name__)
@@ -200,7 +202,8 @@ def cluster_preset(name: str, num_nodes: int) -> ClusterProfile:
 
 
 def load_cluster(spec: str) -> ClusterProfile:
-    """Load a cluster: a preset ``NAME:NODES`` (e.g. ``dgx-a100-80g:16``) or a path to a profile JSON.
+    """Load a cluster: a preset ``NAME:NODES`` (e.g. ``dgx-a100-80g:16``), a mixed cluster of presets
+    joined by ``+`` (``dgx-a100-80g:4+dgx-h100:4``: ``planner.cluster_mix``), or a path to a profile JSON.
 
     Raises:
         SchemaError: a malformed spec, unknown preset, missing or malformed file, or an invalid profile.
@@ -208,15 +211,22 @@ def load_cluster(spec: str) -> ClusterProfile:
     presets = list_cluster_presets()
     example = f"{presets[0]}:16" if presets else "NAME:16"
     form = (
-        f"expected NAME:NODES with NAME one of {', '.join(presets)} (e.g. {example}) "
-        "or a path to a cluster profile .json"
+        f"expected NAME:NODES with NAME one of {', '.join(presets)} (e.g. {example}), parts of a mixed cluster "
+        f"joined by {MIX_SEPARATOR} (e.g. dgx-a100-80g:4{MIX_SEPARATOR}dgx-h100:4), or a path to a profile .json"
     )
     path = Path(spec)
     if path.suffix.lower() == ".json" or path.is_file():
         if not path.is_file():
             raise SchemaError(f"cluster profile file {spec!r} does not exist; {form}")
         return _load_cluster_file(path)
-    name, colon, nodes = spec.partition(":")
+    if MIX_SEPARATOR in spec:
+        return mix_clusters([_preset_part(part, spec, presets, form) for part in spec.split(MIX_SEPARATOR)], spec=spec)
+    return _preset_part(spec, spec, presets, form)
+
+
+def _preset_part(part: str, spec: str, presets: tuple[str, ...], form: str) -> ClusterProfile:
+    """One ``NAME:NODES`` of a cluster spec (the whole spec, or one part of a mixed one)."""
+    name, colon, nodes = part.partition(":")
     if not colon:
         if name in presets:
             raise SchemaError(f"cluster {spec!r} needs a node count: write {name}:NODES, e.g. {name}:16")
@@ -382,6 +392,7 @@ def _cluster_fields(
                 latency_s=reader.figure(intra, "latency_s"),
             ),
         ),
+        "nic": _nic(inter, where),
         "inter_node_links": LinkMatrix(
             size=num_nodes,
             uniform=LinkProfile(
@@ -397,6 +408,17 @@ def _cluster_fields(
             sources=tuple(f"{s.get('id')}: {' '.join(str(s.get('ref')).split())}" for s in sources),
         ),
     }
+
+
+def _nic(inter: Mapping[str, object], where: str) -> NicKind | None:
+    """The preset's network interface type (``inter_node_link.nic``), if it names one."""
+    nic = inter.get("nic")
+    if nic is None:
+        return None
+    try:
+        return NicKind(str(nic))
+    except ValueError as e:
+        raise SchemaError(f"{where}: inter_node_link.nic={nic!r} must be one of {', '.join(NicKind)}") from e
 
 
 def _collectives(blocks: object, reader: _PresetReader) -> tuple[CollectiveRecord, ...]:

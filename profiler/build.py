@@ -1,14 +1,16 @@
 """Rank 0 turns the gathered measurements into a ClusterProfile.
 
-Links are stored hierarchically: the device matrix holds, for each local pair, its slowest copy
-over the nodes; the node matrix, for each node pair, the slowest device pair crossing it (per
-device, one rail). Slowest, not median: a synchronous job runs at its slowest link, and a median
-would hide the one slow pair a profile exists to find.
+Links are stored hierarchically: each node keeps the device matrix measured on it (the first
+node's is the default, the nodes whose links or network interface differ are node overrides);
+the node matrix holds, for each node pair, the slowest device pair crossing it (per device, one
+rail). Slowest, not median: a synchronous job runs at its slowest link, and a median would hide
+the one slow pair a profile exists to find.
 
 GEMMs become measured records (used for their exact shapes) and a MatmulModel whose peak is the
 best GEMM rate measured (a CPU publishes no peak; on CUDA a known device's published peak is kept
 and the fraction is measured). Collective times are the slowest rank's median; other ops' times
-the median over ranks.
+the median over ranks. Hosts with devices of another type than the first host's keep their own
+device profile (a node override), built from their own ranks' measurements.
 """
 
 import statistics
@@ -26,6 +28,8 @@ from planner.schemas import (
     LinkMatrix,
     MatmulModel,
     MatmulRecord,
+    NicKind,
+    NodeOverride,
     OpRecord,
     Provenance,
 )
@@ -67,6 +71,75 @@ def _median_record(same: list[OpRecord]) -> OpRecord:
     return same[0].model_copy(update={name: statistics.median(getattr(r, name) for r in same) for name in timed})
 
 
+def _node_overrides(
+    links: list[LinkMatrix], nics: list[NicKind | None], devices: list[DeviceProfile]
+) -> tuple[NodeOverride, ...]:
+    """The nodes whose measured links, interface type or device type differ from the first
+    node's, grouped where they are the same."""
+    differing: dict[tuple[LinkMatrix | None, NicKind | None, str | None], list[int]] = defaultdict(list)
+    by_name = {device.name: device for device in devices}
+    for node in range(1, len(links)):
+        own_links = links[node] if links[node] != links[0] else None
+        own_nic = nics[node] if nics[node] != nics[0] else None
+        own_device = devices[node].name if devices[node] != devices[0] else None
+        if own_links is not None or own_nic is not None or own_device is not None:
+            differing[(own_links, own_nic, own_device)].append(node)
+    return tuple(
+        NodeOverride(
+            nodes=tuple(nodes),
+            intra_node_links=own_links,
+            nic=own_nic,
+            device=by_name[own_device] if own_device is not None else None,
+        )
+        for (own_links, own_nic, own_device), nodes in differing.items()
+    )
+
+
+def _device(infos: list[RankInfo], ops: list[OpsSample]) -> DeviceProfile:
+    """The profile of one device type from the measurements of the ranks that run on it (``ops``
+    is every rank's, by rank): GEMM records and other ops' times are medians over those ranks."""
+    mine = [ops[i.rank] for i in infos]
+    gemm_times: dict[tuple[int, int, int, DType], list[float]] = defaultdict(list)
+    gemm_spreads: dict[tuple[int, int, int, DType], list[float]] = defaultdict(list)
+    for rank_ops in mine:
+        for g in rank_ops.gemms:
+            gemm_times[(g.m, g.n, g.k, g.dtype)].append(g.median_s)
+            gemm_spreads[(g.m, g.n, g.k, g.dtype)].append(g.spread)
+    matmul_records = tuple(
+        MatmulRecord(m=m, n=n, k=k, dtype=dt, time_s=statistics.median(t), spread=statistics.median(gemm_spreads[key]))
+        for key, t in sorted(gemm_times.items())
+        for (m, n, k, dt) in (key,)
+    )
+    best = {
+        dt: max(2.0 * r.m * r.n * r.k / r.time_s for r in matmul_records if r.dtype is dt)
+        for dt in {r.dtype for r in matmul_records}
+    }
+    device_name = infos[0].device_name
+    published = next((v for k, v in PUBLISHED_PEAK_FLOP_PER_S.items() if k in device_name), None)
+    peak = dict(published) if published else dict(best)
+    if DType.FP16 not in peak and DType.BF16 in peak:
+        peak[DType.FP16] = peak[DType.BF16]  # not measured: the CPU runs it like bf16 at best
+    fraction = max(best.get(DType.BF16, 0.0) / peak[DType.BF16], 1e-3) if published else 1.0
+    cuda = device_name and published is not None
+    return DeviceProfile(
+        name=device_name,
+        kind=infos[0].device_kind,
+        memory_bytes=min(i.memory_bytes for i in infos),
+        peak_flop_per_s=peak,
+        memory_bandwidth_bytes_per_s=statistics.median(o.stream_bytes_per_s for o in mine),
+        matmul=MatmulModel(
+            peak_fraction=min(fraction, 1.0),
+            compute_units=infos[0].compute_units if cuda else 1,
+            tile_m=256 if cuda else 1,
+            tile_n=128 if cuda else 1,
+            launch_overhead_s=statistics.median(o.launch_overhead_s for o in mine),
+        ),
+        matmul_records=matmul_records,
+        op_records=_median_records(o for rank_ops in mine for o in rank_ops.others),
+        core_share=min(i.core_share for i in infos),
+    )
+
+
 def build_profile(
     settings: ProfileSettings,
     infos: list[RankInfo],
@@ -83,19 +156,18 @@ def build_profile(
     local_of = {i.rank: i.local_rank for i in infos}
     per_node = infos[0].local_world_size
 
-    intra: dict[str, dict[tuple[int, int], list[float]]] = {
-        "bw": defaultdict(list),
-        "lat": defaultdict(list),
-        "spread": defaultdict(list),
+    intra: dict[int, dict[str, dict[tuple[int, int], list[float]]]] = {
+        node: {"bw": defaultdict(list), "lat": defaultdict(list), "spread": defaultdict(list)}
+        for node in range(len(hosts))
     }
     inter: dict[str, dict[tuple[int, int], list[float]]] = {"bw": defaultdict(list), "lat": defaultdict(list)}
     for link in (s for rank_samples in links for s in rank_samples):
         bw, lat, bw_spread = link_figures(link, settings.latency_bytes, settings.bandwidth_bytes)
         if node_of[link.src] == node_of[link.dst]:
-            pair = (local_of[link.src], local_of[link.dst])
-            intra["bw"][pair].append(bw)
-            intra["lat"][pair].append(lat)
-            intra["spread"][pair].append(bw_spread)
+            pair, on_node = (local_of[link.src], local_of[link.dst]), intra[node_of[link.src]]
+            on_node["bw"][pair].append(bw)
+            on_node["lat"][pair].append(lat)
+            on_node["spread"][pair].append(bw_spread)
         else:
             pair = (node_of[link.src], node_of[link.dst])
             inter["bw"][pair].append(bw)
@@ -120,57 +192,31 @@ def build_profile(
         for s in slowest.values()
     )
 
-    gemm_times: dict[tuple[int, int, int, DType], list[float]] = defaultdict(list)
-    gemm_spreads: dict[tuple[int, int, int, DType], list[float]] = defaultdict(list)
-    for rank_ops in ops:
-        for g in rank_ops.gemms:
-            gemm_times[(g.m, g.n, g.k, g.dtype)].append(g.median_s)
-            gemm_spreads[(g.m, g.n, g.k, g.dtype)].append(g.spread)
-    matmul_records = tuple(
-        MatmulRecord(m=m, n=n, k=k, dtype=dt, time_s=statistics.median(t), spread=statistics.median(gemm_spreads[key]))
-        for key, t in sorted(gemm_times.items())
-        for (m, n, k, dt) in (key,)
-    )
-    best = {
-        dt: max(2.0 * r.m * r.n * r.k / r.time_s for r in matmul_records if r.dtype is dt)
-        for dt in {r.dtype for r in matmul_records}
+    # One device type per host; ranks of each type (their host's first rank's name) make its profile.
+    device_of_node = [next(i.device_name for i in infos if i.host == h) for h in hosts]
+    devices = {
+        name: _device([i for i in infos if device_of_node[node_of[i.rank]] == name], ops)
+        for name in dict.fromkeys(device_of_node)
     }
-    op_records = _median_records(o for rank_ops in ops for o in rank_ops.others)
-    device_name = infos[0].device_name
-    published = next((v for k, v in PUBLISHED_PEAK_FLOP_PER_S.items() if k in device_name), None)
-    peak = dict(published) if published else dict(best)
-    if DType.FP16 not in peak and DType.BF16 in peak:
-        peak[DType.FP16] = peak[DType.BF16]  # not measured: the CPU runs it like bf16 at best
-    fraction = max(best.get(DType.BF16, 0.0) / peak[DType.BF16], 1e-3) if published else 1.0
-    cuda = device_name and published is not None
-    device = DeviceProfile(
-        name=device_name,
-        kind=infos[0].device_kind,
-        memory_bytes=min(i.memory_bytes for i in infos),
-        peak_flop_per_s=peak,
-        memory_bandwidth_bytes_per_s=statistics.median(o.stream_bytes_per_s for o in ops),
-        matmul=MatmulModel(
-            peak_fraction=min(fraction, 1.0),
-            compute_units=torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1,
-            tile_m=256 if cuda else 1,
-            tile_n=128 if cuda else 1,
-            launch_overhead_s=statistics.median(o.launch_overhead_s for o in ops),
-        ),
-        matmul_records=matmul_records,
-        op_records=op_records,
-        core_share=min(i.core_share for i in infos),
-    )
+    node_links = [
+        LinkMatrix(
+            size=per_node,
+            bandwidth_bytes_per_s=_matrix(intra[node]["bw"], per_node, min),
+            latency_s=_matrix(intra[node]["lat"], per_node, max),
+            bandwidth_spread=_matrix(intra[node]["spread"], per_node, max),
+        )
+        for node in range(len(hosts))
+    ]
+    # One network interface type per host (a single host has no inter-node traffic: not known).
+    nics = [next(i.nic for i in infos if i.host == h) if len(hosts) > 1 else None for h in hosts]
     return ClusterProfile(
         name=f"measured-{hosts[0]}" + (f"-x{len(hosts)}" if len(hosts) > 1 else ""),
         num_nodes=len(hosts),
         devices_per_node=per_node,
-        device=device,
-        intra_node_links=LinkMatrix(
-            size=per_node,
-            bandwidth_bytes_per_s=_matrix(intra["bw"], per_node, min),
-            latency_s=_matrix(intra["lat"], per_node, max),
-            bandwidth_spread=_matrix(intra["spread"], per_node, max),
-        ),
+        device=devices[device_of_node[0]],
+        intra_node_links=node_links[0],
+        nic=nics[0],
+        node_overrides=_node_overrides(node_links, nics, [devices[name] for name in device_of_node]),
         inter_node_links=LinkMatrix(
             size=len(hosts),
             bandwidth_bytes_per_s=_matrix(inter["bw"], len(hosts), min),

@@ -6,10 +6,10 @@ from planner.schemas.cluster import (
     CollectiveRecord,
     DeviceKind,
     DeviceProfile,
-    LinkMatrix,
-    LinkProfile,
     MatmulModel,
     MatmulRecord,
+    NicKind,
+    NodeOverride,
     Provenance,
 )
 from planner.schemas.device_map import DeviceMap
@@ -30,6 +30,7 @@ from planner.schemas.enums import (
 )
 from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, TimeBreakdown
 from planner.schemas.layout import Layout
+from planner.schemas.links import LinkMatrix, LinkProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.op_records import (
     AttentionRecord,
@@ -74,6 +75,8 @@ __all__ = [
     "MemoryBreakdown",
     "ModelSpec",
     "MoeDispatcher",
+    "NicKind",
+    "NodeOverride",
     "NormKind",
     "OpKind",
     "OpRecord",

@@ -1,7 +1,9 @@
 """ClusterProfile: the devices and links of a cluster, measured or built from published figures.
 
-Links are stored hierarchically (design.md): one device matrix shared by every node and one
-node matrix across nodes, each either uniform or explicit, so that 10,000+ devices stay small.
+Links are stored hierarchically (design.md): a device matrix inside each node and one node
+matrix across nodes, each in its most compact form (``schemas.links``). Nodes alike share the
+defaults; nodes that differ (their devices, intra-node links, network interface type or
+intra-node collective curves) are named in ``node_overrides``, so that 10,000+ devices stay small.
 
 Written to disk as JSON (``planner.inputs.save_cluster``); a schema change bumps
 ``schema_version`` and keeps a reader for the old one (``upgrade``).
@@ -9,7 +11,9 @@ Written to disk as JSON (``planner.inputs.save_cluster``); a schema change bumps
 Versions: 1, the device known by its name and op records with a positional ``shape``; 2 adds
 the device's ``kind`` and names each op record's fields (``planner.schemas.op_records``); 3 adds
 the ``moe_layer`` record (an MoE model's layer as the runtime builds it), which a version-2
-profile lacks: its MoE layers are priced as before, from the dense ``layer`` record.
+profile lacks: its MoE layers are priced as before, from the dense ``layer`` record; 4 adds
+per-node descriptions (``node_overrides``), the network interface type (``nic``) and links
+given per endpoint (``LinkMatrix.endpoints``), which a version-3 profile lacks: every node alike.
 """
 
 from collections.abc import Mapping
@@ -23,6 +27,7 @@ from planner.schemas._base import FrozenModel
 from planner.schemas.calibration import Calibration
 from planner.schemas.enums import CollectiveOp, DType, Placement
 from planner.schemas.errors import SchemaError
+from planner.schemas.links import LinkMatrix, LinkProfile
 from planner.schemas.op_records import OpRecord, record_from_v1
 
 
@@ -76,7 +81,7 @@ class MatmulRecord(FrozenModel):
 
 
 class DeviceProfile(FrozenModel):
-    """One accelerator (or one CPU rank) of a homogeneous cluster."""
+    """One type of accelerator (or a CPU rank): every device of the nodes it describes."""
 
     name: str
     kind: DeviceKind
@@ -111,53 +116,6 @@ class DeviceProfile(FrozenModel):
             ) from e
 
 
-class LinkProfile(FrozenModel):
-    """A point-to-point link: time(bytes) = latency_s + bytes / bandwidth_bytes_per_s."""
-
-    bandwidth_bytes_per_s: float = Field(gt=0)
-    latency_s: float = Field(ge=0)
-
-
-class LinkMatrix(FrozenModel):
-    """Links among ``size`` endpoints: one uniform link, or explicit [src][dst] matrices."""
-
-    size: int = Field(ge=1)
-    uniform: LinkProfile | None = None
-    bandwidth_bytes_per_s: tuple[tuple[float, ...], ...] | None = None
-    latency_s: tuple[tuple[float, ...], ...] | None = None
-    bandwidth_spread: tuple[tuple[float, ...], ...] | None = Field(
-        default=None, description="Measured links: interquartile range / median of each bandwidth."
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> Self:
-        explicit = self.bandwidth_bytes_per_s is not None and self.latency_s is not None
-        if (self.uniform is None) == (not explicit):
-            raise SchemaError("a link matrix needs either 'uniform' or both 'bandwidth_bytes_per_s' and 'latency_s'")
-        if explicit:
-            assert self.bandwidth_bytes_per_s is not None and self.latency_s is not None
-            for label, rows in (
-                ("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s),
-                ("latency_s", self.latency_s),
-            ):
-                if len(rows) != self.size or any(len(r) != self.size for r in rows):
-                    raise SchemaError(f"link matrix {label} must be {self.size} x {self.size}")
-            for i, row in enumerate(self.bandwidth_bytes_per_s):
-                for j, bw in enumerate(row):
-                    if i != j and bw <= 0:
-                        raise SchemaError(f"link {i}->{j} has bandwidth {bw}; it must be > 0")
-        return self
-
-    def link(self, src: int, dst: int) -> LinkProfile:
-        """The link from endpoint ``src`` to ``dst``."""
-        if self.uniform is not None:
-            return self.uniform
-        assert self.bandwidth_bytes_per_s is not None and self.latency_s is not None
-        return LinkProfile(
-            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s[src][dst], latency_s=self.latency_s[src][dst]
-        )
-
-
 class CollectiveRecord(FrozenModel):
     """One measured (or published) collective: ``op`` over a group of ``group_size`` ranks took ``time_s``."""
 
@@ -184,17 +142,75 @@ class Provenance(FrozenModel):
     )
 
 
-class ClusterProfile(FrozenModel):
-    """A homogeneous cluster of ``num_nodes`` x ``devices_per_node`` ranks."""
+class NicKind(StrEnum):
+    """A node's network interface type. Descriptive: the node matrix (``inter_node_links``) is what
+    the cost model prices, measured or taken from the interface's published rate."""
 
-    schema_version: Literal[3] = 3
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+    ETHERNET = "ethernet"
+
+
+class NodeOverride(FrozenModel):
+    """What differs on some nodes from the cluster's defaults (``ClusterProfile.device``,
+    ``intra_node_links``, ``nic`` and intra-node ``collectives``); a field left unset keeps the default."""
+
+    nodes: tuple[int, ...] = Field(min_length=1, description="The nodes (0-based, ascending) this applies to.")
+    device: DeviceProfile | None = Field(default=None, description="These nodes' devices, of another type.")
+    intra_node_links: LinkMatrix | None = Field(default=None, description="Device-to-device links inside each of them.")
+    nic: NicKind | None = Field(default=None, description="Their network interface type.")
+    collectives: tuple[CollectiveRecord, ...] | None = Field(
+        default=None, description="Intra-node collective curves measured or published for these nodes."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if list(self.nodes) != sorted(set(self.nodes)) or self.nodes[0] < 0:
+            raise SchemaError(
+                f"node_overrides nodes {list(self.nodes)[:16]} must be distinct node numbers >= 0, ascending"
+            )
+        if self.device is None and self.intra_node_links is None and self.nic is None and self.collectives is None:
+            raise SchemaError(
+                f"a node override for nodes {list(self.nodes)[:16]} changes nothing; set device, intra_node_links, "
+                "nic or collectives, or remove it"
+            )
+        for record in self.collectives or ():
+            if record.placement is not Placement.INTRA_NODE:
+                raise SchemaError(
+                    f"node override collectives hold a {record.placement} {record.op} record; a node's own "
+                    "records are intra_node ones (put records across nodes in the cluster's collectives)"
+                )
+        return self
+
+
+def _sustained_flop_per_s(device: DeviceProfile) -> float:
+    """A device's sustained GEMM rate in bf16 (else its best dtype), which orders devices by speed."""
+    peak = device.peak_flop_per_s.get(DType.BF16, max(device.peak_flop_per_s.values(), default=0.0))
+    return peak * device.matmul.peak_fraction
+
+
+class ClusterProfile(FrozenModel):
+    """A cluster of ``num_nodes`` nodes of ``devices_per_node`` devices each.
+
+    Every node has the default ``device``, ``intra_node_links``, ``nic`` and intra-node
+    ``collectives`` unless one of ``node_overrides`` names it (the per-node accessors below read
+    the right one). A cluster described uniformly stays as small as one node's description.
+    """
+
+    __slots__ = ("_node_memo",)
+
+    schema_version: Literal[4] = 4
     name: str
     num_nodes: int = Field(ge=1)
-    devices_per_node: int = Field(ge=1)
-    device: DeviceProfile
-    intra_node_links: LinkMatrix = Field(description="Device-to-device links inside every node.")
+    devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
+    device: DeviceProfile = Field(description="Every node's devices unless a node override gives others.")
+    intra_node_links: LinkMatrix = Field(description="Device-to-device links inside every node not overridden.")
+    nic: NicKind | None = Field(default=None, description="Every node's network interface type; None: not known.")
     inter_node_links: LinkMatrix = Field(
         description="Node-to-node links, per device's own network interface (one rail)."
+    )
+    node_overrides: tuple[NodeOverride, ...] = Field(
+        default=(), description="Nodes whose devices, links, interface or intra-node collectives differ."
     )
     collectives: tuple[CollectiveRecord, ...] = Field(default=(), description="Measured collective curves.")
     provenance: Provenance
@@ -213,6 +229,24 @@ class ClusterProfile(FrozenModel):
             raise SchemaError(
                 f"inter_node_links.size={self.inter_node_links.size} must equal num_nodes={self.num_nodes}"
             )
+        seen: set[int] = set()
+        for i, override in enumerate(self.node_overrides):
+            where = f"node_overrides[{i}]"
+            if override.nodes[-1] >= self.num_nodes:
+                raise SchemaError(
+                    f"{where} names node {override.nodes[-1]}, but the cluster has num_nodes={self.num_nodes} "
+                    f"(nodes 0..{self.num_nodes - 1}); drop it or raise num_nodes"
+                )
+            twice = seen.intersection(override.nodes)
+            if twice:
+                raise SchemaError(f"{where} names node {min(twice)} again; give each node at most one override")
+            seen.update(override.nodes)
+            links = override.intra_node_links
+            if links is not None and links.size != self.devices_per_node:
+                raise SchemaError(
+                    f"{where}.intra_node_links.size={links.size} must equal devices_per_node={self.devices_per_node} "
+                    "(every node has the same number of devices)"
+                )
         return self
 
     @property
@@ -220,10 +254,101 @@ class ClusterProfile(FrozenModel):
         """Total ranks."""
         return self.num_nodes * self.devices_per_node
 
+    def _memo(self) -> tuple[tuple[int, ...], DeviceProfile, tuple[int, ...] | None]:
+        """(each node's override index or -1, the pricing device, the node classes), computed once
+        per object (a slot, as ``FrozenModel``'s hash: copies compute their own)."""
+        memo: tuple[tuple[int, ...], DeviceProfile, tuple[int, ...] | None] | None = getattr(self, "_node_memo", None)
+        if memo is None:
+            index = [-1] * self.num_nodes
+            for i, override in enumerate(self.node_overrides):
+                for node in override.nodes:
+                    index[node] = i
+            memo = (tuple(index), self._slowest_device(), self._classes(index))
+            object.__setattr__(self, "_node_memo", memo)
+        return memo
 
-CLUSTER_SCHEMA_VERSION = 3
+    def _classes(self, index: list[int]) -> tuple[int, ...] | None:
+        rails = self.inter_node_links.endpoints
+        if self.inter_node_links.uniform is None and rails is None:
+            return None
+        numbered: dict[tuple[int, LinkProfile | None], int] = {}
+        return tuple(
+            numbered.setdefault((index[n], rails[n] if rails is not None else None), len(numbered))
+            for n in range(self.num_nodes)
+        )
+
+    @property
+    def node_classes(self) -> tuple[int, ...] | None:
+        """A class number per node, alike for nodes described alike: the same override (or none)
+        and the same rail where the node matrix is given per endpoint; None where the node matrix
+        is explicit (every node pair its own link)."""
+        return self._memo()[2]
+
+    def node_override(self, node: int) -> NodeOverride | None:
+        """The override naming ``node``, if any."""
+        i = self._memo()[0][node] if self.node_overrides else -1
+        return self.node_overrides[i] if i >= 0 else None
+
+    def node_device(self, node: int) -> DeviceProfile:
+        """The devices of ``node``."""
+        override = self.node_override(node)
+        return override.device if override is not None and override.device is not None else self.device
+
+    def node_links(self, node: int) -> LinkMatrix:
+        """The device-to-device links inside ``node``."""
+        override = self.node_override(node)
+        if override is not None and override.intra_node_links is not None:
+            return override.intra_node_links
+        return self.intra_node_links
+
+    def node_nic(self, node: int) -> NicKind | None:
+        """The network interface type of ``node`` (None: not known)."""
+        override = self.node_override(node)
+        return override.nic if override is not None and override.nic is not None else self.nic
+
+    def node_collectives(self, node: int) -> tuple[CollectiveRecord, ...]:
+        """The collective records that price a phase inside ``node``: its override's, else the cluster's."""
+        override = self.node_override(node)
+        if override is not None and override.collectives is not None:
+            return override.collectives
+        return self.collectives
+
+    @property
+    def devices(self) -> tuple[DeviceProfile, ...]:
+        """The distinct device types, the default first."""
+        found = [self.device]
+        for override in self.node_overrides:
+            if override.device is not None and override.device not in found:
+                found.append(override.device)
+        return tuple(found)
+
+    @property
+    def has_mixed_devices(self) -> bool:
+        """Whether some nodes hold devices of another type than the default."""
+        return len(self.devices) > 1
+
+    @property
+    def pricing_device(self) -> DeviceProfile:
+        """The device the cost model prices every rank on: ``device`` when all are alike; on mixed
+        devices, conservatively, the slowest type (lowest sustained bf16 GEMM rate, all of its
+        rates and measured records) with the smallest memory of any type. A stage placed on faster
+        devices is priced as if on the slowest; pricing each stage on its own devices is future work."""
+        return self._memo()[1] if self.node_overrides else self.device
+
+    def _slowest_device(self) -> DeviceProfile:
+        devices = self.devices
+        if len(devices) == 1:
+            return self.device
+        slowest = min(devices, key=_sustained_flop_per_s)
+        smallest = min(d.memory_bytes for d in devices)
+        if slowest.memory_bytes == smallest:
+            return slowest
+        return slowest.model_copy(update={"memory_bytes": smallest})
+
+
+CLUSTER_SCHEMA_VERSION = 4
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 """The versions ``upgrade`` reads."""
 
 
@@ -233,13 +358,15 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     Version 1 -> 2: the device's kind, derived once from its name (``device_kind_of_v1_name``),
     and each op record's positional shape as named fields (``op_records.record_from_v1``).
     Version 2 -> 3: nothing to change; a version-2 profile holds no ``moe_layer`` record.
+    Version 3 -> 4: nothing to change; a version-3 profile describes every node alike (no
+    ``node_overrides``, no ``nic``), which version 4 reads as it did.
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version == 2:
-        return {**raw, "schema_version": 3}
+    if version in (2, 3):
+        return {**raw, "schema_version": 4}
     if version != 1:
         return dict(raw)
     device = raw.get("device")

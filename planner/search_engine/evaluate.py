@@ -69,7 +69,7 @@ class Evaluator:
         self.model, self.training, self.cluster = model, training, cluster
         self.routing = routing
         """A routing trace's statistics: every MoE layer is priced at its busiest rank's load."""
-        self.usable_memory_bytes = cluster.device.memory_bytes * (1.0 - memory_margin)
+        self.usable_memory_bytes = cluster.pricing_device.memory_bytes * (1.0 - memory_margin)
         self.memory_margin = memory_margin
         self.evaluations = 0
         self.closest_miss: Miss | None = None

@@ -173,6 +173,14 @@ def test_injected_slow_link_is_the_slowest_pair(tmp_path: Path) -> None:
     assert {r.dtype for r in profile.device.matmul_records} == {DType.FP32}
 
 
+def test_each_simulated_node_keeps_its_own_links(tmp_path: Path) -> None:
+    # Ranks 2 and 3 are node 1's local devices 0 and 1: only node 1's matrix shows the slow pair.
+    profile, output = _profile(tmp_path, "--inject-link-delay", "2,3,0.05", "--simulate-nodes", "2", "--dtype", "fp32")
+    own = [profile.node_links(node).link(0, 1).bandwidth_bytes_per_s for node in (0, 1)]
+    assert [o.nodes for o in profile.node_overrides] == [(1,)], output
+    assert own[1] < own[0] / 2, (own, output)
+
+
 def test_injected_slow_link_on_one_node(quick_profile: tuple[ClusterProfile, str]) -> None:
     profile, output = quick_profile
     links = profile.intra_node_links

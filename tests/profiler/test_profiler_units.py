@@ -2,6 +2,7 @@
 building a hierarchical profile from measurements."""
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from planner.schemas import (
     DeviceKind,
     DType,
     LayerRecord,
+    NicKind,
     OpKind,
     PipelineSlotRecord,
     Placement,
@@ -27,7 +29,7 @@ from profiler.ops import GemmSample, OpsSample
 from profiler.rounds import round_robin
 from profiler.settings import ProfileSettings
 from profiler.stats import Timing
-from profiler.topology import RankInfo, device_kind
+from profiler.topology import RankInfo, device_kind, nic_kind
 
 
 @given(n=st.integers(2, 33))
@@ -144,3 +146,50 @@ def test_the_device_kind_comes_from_the_torch_device(monkeypatch: pytest.MonkeyP
     assert device_kind(torch.device("cuda", 0)) is DeviceKind.CUDA
     monkeypatch.setattr(torch.version, "hip", "6.2.41133")
     assert device_kind(torch.device("cuda", 0)) is DeviceKind.ROCM
+
+
+def test_build_profile_keeps_each_nodes_own_links_and_interface() -> None:
+    infos = _infos(3, 2)
+    infos = [replace(i, nic=NicKind.ROCE) if i.rank >= 4 else replace(i, nic=NicKind.INFINIBAND) for i in infos]
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
+    # Inside node 1: 2 ms per MiB; inside nodes 0 and 2: 1 ms; across nodes 4 ms.
+    per_mib_s = {0: 1e-3, 1: 2e-3, 2: 1e-3}
+    links = [[LinkSample(s, d, Timing(2e-6, 0.0), Timing(2e-6 + (per_mib_s[s // 2] if s // 2 == d // 2 else 4e-3), 0.0))
+              for d in range(6) if d != s] for s in range(6)]  # fmt: skip
+    collectives = [[CollectiveSample("world", CollectiveOp.ALL_REDUCE, 1024, 1e-3, 0.1)] for _ in range(6)]
+    ops = [OpsSample((GemmSample(64, 64, 64, DType.FP32, 1e-4, 0.0),), 1e10, 1e-5) for _ in range(6)]
+    profile = build_profile(settings, infos, links, collectives, ops, backend="gloo")
+    bandwidths = [profile.node_links(n).link(0, 1).bandwidth_bytes_per_s for n in range(3)]
+    assert bandwidths == pytest.approx([2**20 / 1e-3, 2**20 / 2e-3, 2**20 / 1e-3])  # not the slowest copy
+    # Node 1 differs in its links, node 2 in its interface only: one override each.
+    assert [(o.nodes, o.intra_node_links is not None, o.nic) for o in profile.node_overrides] == [
+        ((1,), True, None),
+        ((2,), False, NicKind.ROCE),
+    ]
+    assert [profile.node_nic(n) for n in range(3)] == [NicKind.INFINIBAND, NicKind.INFINIBAND, NicKind.ROCE]
+
+
+def test_the_interface_type_comes_from_the_rdma_ports_link_layer(tmp_path: Path) -> None:
+    assert nic_kind(tmp_path / "absent") is NicKind.ETHERNET
+    port = tmp_path / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "link_layer").write_text("Ethernet\n")
+    assert nic_kind(tmp_path) is NicKind.ROCE
+    (port / "link_layer").write_text("InfiniBand\n")
+    assert nic_kind(tmp_path) is NicKind.INFINIBAND
+
+
+def test_build_profile_keeps_each_device_types_own_measurements() -> None:
+    # Node 1's ranks run another device type, with half the memory and GEMMs twice as slow.
+    infos = [replace(i, device_name="cpu (other)", memory_bytes=2**29) if i.rank >= 2 else i for i in _infos(2, 2)]
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
+    links = [[LinkSample(s, d, Timing(2e-6, 0.0), Timing(2e-6 + 1e-3, 0.0)) for d in range(4) if d != s]
+             for s in range(4)]  # fmt: skip
+    collectives = [[CollectiveSample("world", CollectiveOp.ALL_REDUCE, 1024, 1e-3, 0.1)] for _ in range(4)]
+    ops = [OpsSample((GemmSample(64, 64, 64, DType.FP32, 1e-4 * (1 + r // 2), 0.0),), 1e10, 1e-5) for r in range(4)]
+    profile = build_profile(settings, infos, links, collectives, ops, backend="gloo")
+    (override,) = profile.node_overrides
+    assert override.nodes == (1,) and override.intra_node_links is None and override.device is not None
+    assert (profile.device.name, override.device.name) == ("cpu (test)", "cpu (other)")
+    assert [profile.node_device(n).matmul_records[0].time_s for n in (0, 1)] == pytest.approx([1e-4, 2e-4])
+    assert profile.pricing_device.name == "cpu (other)" and profile.pricing_device.memory_bytes == 2**29
