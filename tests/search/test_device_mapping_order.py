@@ -57,3 +57,15 @@ def test_uniform_links_are_skipped_without_evaluating() -> None:
     before = evaluate.evaluations
     assert DeviceMappingRefiner().refine(candidate, evaluate, Budget(), seed=0) is candidate
     assert evaluate.evaluations == before
+
+
+def test_mapping_gain_line_states_both_step_times() -> None:
+    from planner.render import mapping_gain
+
+    evaluate = Evaluator(MODEL, TRAINING, SLOW_LINK)
+    top = run_search(MODEL, TRAINING, SLOW_LINK, ExhaustiveSearch(), top_k=1, seed=0, refiners=()).ranked[0]
+    mapped = DeviceMappingRefiner().refine(top, evaluate, Budget(), seed=0)
+    line = mapping_gain(mapped.estimate, top.estimate)
+    gain = 1 - mapped.estimate.step_time_s / top.estimate.step_time_s
+    assert f"{mapped.estimate.step_time_s:.4g} s against {top.estimate.step_time_s:.4g} s" in line
+    assert f"{gain:+.1%} faster" in line and gain > 0.2
