@@ -19,6 +19,9 @@ from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Budget, Candidate
 
+MAX_STARTS = 8
+"""Greedy chains tried from at most this many start nodes (0, then evenly spaced)."""
+
 
 def greedy_node_chain(links: LinkMatrix, start: int) -> tuple[int, ...]:
     """Nodes in the order a walk from ``start`` meets them, always stepping over the fastest link
@@ -26,13 +29,15 @@ def greedy_node_chain(links: LinkMatrix, start: int) -> tuple[int, ...]:
     order, left = [start], set(range(links.size)) - {start}
     while left:
         last = order[-1]
-        step = min(
-            left,
-            key=lambda n: (-links.link(last, n).bandwidth_bytes_per_s, links.link(last, n).latency_s, n),
-        )
+        step = min(left, key=lambda n: _link_key(links, last, n))
         order.append(step)
         left.remove(step)
     return tuple(order)
+
+
+def _link_key(links: LinkMatrix, src: int, dst: int) -> tuple[float, float, int]:
+    link = links.link(src, dst)
+    return (-link.bandwidth_bytes_per_s, link.latency_s, dst)
 
 
 def node_order_map(order: tuple[int, ...], devices_per_node: int) -> DeviceMap:
@@ -57,7 +62,8 @@ class DeviceMappingRefiner:
         if layout.world_size != evaluate.cluster.world_size:
             return candidate
         best = candidate
-        for start in range(links.size):
+        starts = sorted({k * links.size // MAX_STARTS for k in range(MAX_STARTS)})
+        for start in starts:
             device_map = node_order_map(greedy_node_chain(links, start), evaluate.cluster.devices_per_node)
             if device_map.is_identity:
                 continue
