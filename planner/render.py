@@ -135,6 +135,14 @@ def comparison_view(plan: Plan) -> Table:
     return table
 
 
+def mapping_gain(mapped: Estimate, identity: Estimate) -> str:
+    """One line: the plan's rank-to-device map against rank r on device r, by step time."""
+    return (
+        f"device map: step time {mapped.step_time_s:.4g} s against {identity.step_time_s:.4g} s with rank r "
+        f"on device r ({1 - mapped.step_time_s / identity.step_time_s:+.1%} faster)"
+    )
+
+
 def vocabulary_view(chosen: Estimate, layout: Layout, other: Estimate, other_layout: Layout) -> Table:
     """Per pipeline stage, compute per micro-batch and peak memory under the plan's vocabulary
     layout and another (pinned against split over the pipeline), with the step time of each."""

@@ -39,12 +39,14 @@ from planner.render import (
     NO_PLACEMENT,
     comparison_view,
     estimate_view,
+    mapping_gain,
     placement_hint,
     placement_view,
     ranked_table,
     vocabulary_view,
 )
 from planner.schemas import AttentionKernel, DType, Layout, Plan, Recompute, Schedule, VocabularyLayout
+from planner.schemas.device_map import IDENTITY
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
 
@@ -234,6 +236,9 @@ def explain(
     console = Console()
     console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
     console.print(comparison_view(loaded))
+    if not loaded.layout.device_map.is_identity:
+        identity = api.estimate(loaded.model, cluster, loaded.training, replace(loaded.layout, device_map=IDENTITY))
+        typer.echo(mapping_gain(loaded.estimate, identity))
     other = _other_vocabulary(loaded.layout)
     if other is not None:
         estimate = api.estimate(loaded.model, cluster, loaded.training, other)

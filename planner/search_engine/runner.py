@@ -18,6 +18,7 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.errors import InfeasibleConfigError
+from planner.search_engine.device_mapping import DeviceMappingRefiner
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
 from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.refiner import Refiner, refine_all
@@ -26,7 +27,7 @@ from planner.search_engine.strategy import Budget, Candidate, Progress, SearchSt
 
 FINALISTS_PER_RESULT = 3
 """Finalists refined, per plan asked for (at least 10)."""
-DEFAULT_REFINERS: tuple[Refiner, ...] = (LayerSplitRefiner(),)
+DEFAULT_REFINERS: tuple[Refiner, ...] = (LayerSplitRefiner(), DeviceMappingRefiner())
 """Refiners every search applies to its finalists, in order."""
 
 
