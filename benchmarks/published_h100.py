@@ -37,7 +37,16 @@ import yaml
 
 from cost_models.layer_work import model_flops_per_sequence
 from planner.inputs import load_model
-from planner.schemas import Activation, ModelSpec, MoeDispatcher, NormKind, PositionEmbedding, Recompute, ZeroStage
+from planner.schemas import (
+    Activation,
+    Kernels,
+    ModelSpec,
+    MoeDispatcher,
+    NormKind,
+    PositionEmbedding,
+    Recompute,
+    ZeroStage,
+)
 
 DATA = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
 
@@ -66,6 +75,12 @@ PRESETS = {
 """Rows that are a preset's model, by the YAML's model name."""
 CLUSTER_PRESETS = {"H100": "dgx-h100", "H200": "dgx-h200", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
 """The cluster preset of each GPU type."""
+EAGER_SOURCES = {
+    "llm-foundry": "Composer's trainer in eager PyTorch: llm-foundry's submit_benchmarks.py sets no torch.compile; "
+    "MPT's low-precision LayerNorm and GELU are single kernels either way, its attention is the triton kernel",
+}
+"""Sources whose stack runs eager elementwise kernels (every other source runs Transformer Engine
+or Megatron-Core's fused kernels, or states torch.compile)."""
 GB200_GPUS_PER_TRAY = 4
 GB200_TRAYS_PER_RACK = 18
 
@@ -120,6 +135,8 @@ class PublishedRun:
     ``--tp-comm-overlap``)."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """The token dispatcher the source states (DeepEP: ``MoeDispatcher.DEEPEP``)."""
+    kernels: Kernels = Kernels.FUSED
+    """How the source's stack runs its elementwise work (``EAGER_SOURCES``)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -284,6 +301,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         ),
         tp_comm_overlap=bool(par.get("tp_comm_overlap")),
         moe_dispatcher=MoeDispatcher(par.get("moe_dispatcher") or MoeDispatcher.ALLTOALL),
+        kernels=Kernels.EAGER if source in EAGER_SOURCES else Kernels.FUSED,
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
 
@@ -357,8 +375,7 @@ def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSp
             mlp_bias=True,
         )
     if source == "llm-foundry":
-        # MPT: LayerNorm without biases, GELU, tied embeddings; ALiBi has no parameters, priced
-        # as rotary (the planner's parameter-free position encoding).
+        # MPT: LayerNorm without biases, GELU, tied embeddings, ALiBi inside the attention kernel.
         return ModelSpec(
             name=name.lower(),
             hidden_size=spec["hidden"],
@@ -367,7 +384,7 @@ def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSp
             intermediate_size=spec["ffn_hidden"],
             vocab_size=spec["vocab"],
             hidden_act=Activation.GELU,
-            position_embedding_type=PositionEmbedding.ROPE,
+            position_embedding_type=PositionEmbedding.ALIBI,
             norm_type=NormKind.LAYERNORM,
             tie_word_embeddings=True,
         )

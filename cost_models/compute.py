@@ -131,9 +131,10 @@ def _attention_rates(record: AttentionRecord) -> tuple[float, float, float]:
     return math.log2(r.seq_len), causal_flop / r.fwd_time_s, 2.5 * causal_flop / backward_s
 
 
-def elementwise_time_s(bytes_moved: float, device: DeviceProfile) -> float:
-    """Memory-bound kernels: bytes read plus written over the achievable memory bandwidth."""
-    return bytes_moved / device.memory_bandwidth_bytes_per_s
+def elementwise_time_s(bytes_moved: float, device: DeviceProfile, kernels: int = 0) -> float:
+    """Memory-bound kernels: bytes read plus written over the achievable memory bandwidth, and
+    the launch overhead of each of ``kernels`` kernels (as every GEMM pays it)."""
+    return bytes_moved / device.memory_bandwidth_bytes_per_s + kernels * device.matmul.launch_overhead_s
 
 
 def measured_layer_s(

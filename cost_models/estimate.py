@@ -101,7 +101,7 @@ def estimate(
         + shared * m * slowest.vocabulary_comm_s,
         pipeline_bubble_s=shared * bubble,
         data_parallel_comm_s=data_parallel.exposed_s,
-        optimizer_s=optimizer_step_s(model, cluster, layout),
+        optimizer_s=optimizer_step_s(model, cluster, layout, training.kernels),
         data_parallel_comm_overlapped_s=data_parallel.overlapped_s,
     )
     if cal is not None:

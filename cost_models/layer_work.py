@@ -3,22 +3,23 @@ micro-batch on one tensor-parallel rank: its GEMMs and the bytes its elementwise
 
 GEMM shapes follow Megatron-LM's tensor parallelism (Shoeybi et al. 2019): q/k/v and the MLP
 up-projections are split by columns, the output and down projections by rows, attention heads
-by t. Elementwise traffic is counted kernel by kernel (forward; the backward moves about
-twice as much), with T = b s tokens, e bytes per element, T' = T / t under sequence parallel:
-- two norms: read and write T' h e each;
-- two bias-dropout-residual adds: read 2, write 1 T' h e each, plus a 1-byte mask with dropout;
-- MLP activation: GELU reads and writes T f/t e; SwiGLU reads 2 and writes 1 T f/t e;
-- rotary embedding: reads and writes the q and k slices;
+by t. Elementwise traffic is counted operation by operation, as fused or eager kernels run it
+(``cost_models.kernels``, ``TrainingSpec.kernels``; forward; the backward moves about twice as
+much), with T = b s tokens, T' = T / t under sequence parallel:
+- two norms and two dropout-residual adds over T' h;
+- the MLP activation (GELU, or SwiGLU) over T f/t;
+- rotary embedding over the q and k slices (ALiBi's bias is added inside the attention kernel,
+  and to the stored scores under eager attention); Qwen3's q/k norms over them;
+- eager kernels copy the attention core's output back to token-major layout;
 - eager attention: scale-mask-softmax reads and writes b (a/t) s^2 e, attention dropout reads
   and writes it again plus a 1-byte mask; FlashAttention keeps scores on chip and moves nothing;
-- MoE: permuting tokens to experts and back reads and writes T k h e twice; routed experts
+- MoE: permuting tokens to experts and back reads and writes T k h e twice (two kernels); routed experts
   are moe_intermediate_size wide, shared experts see all T tokens, split over t as a dense MLP;
   with the experts folded (``Layout.folds_experts``) a rank routes (router, permutation) its own
   T / t tokens and its experts are whole, seeing the group's pairs for them (``expert_gemms``);
-- Qwen3's q/k norms read and write the q and k slices;
 - MLA (DeepSeek-V2/V3, as Megatron-Core's MultiLatentAttention): down-projections q_a, kv_a
   whole on every rank, up-projections q_b, kv_b split by heads, o by rows; its two latent
-  RMSNorms read and write T (rq + rkv) e; rotary covers the query's rope part and the one
+  RMSNorms run over T (rq + rkv); rotary covers the query's rope part and the one
   shared rope key; scores are dqk = nope + rope wide, values dv.
 Dense and MoE layers of one model differ only in the MLP (``ModelSpec.is_moe_layer``).
 Units: elements for shapes, bytes for traffic.
@@ -26,8 +27,9 @@ Units: elements for shapes, bytes for traffic.
 
 from dataclasses import dataclass
 
+from cost_models import kernels
 from cost_models.compute import Gemm
-from planner.schemas import AttentionKernel, Layout, ModelSpec, PositionEmbedding, Recompute, TrainingSpec
+from planner.schemas import AttentionKernel, Kernels, Layout, ModelSpec, PositionEmbedding, Recompute, TrainingSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +42,8 @@ class LayerWork:
     """Scores Q K^T and probabilities times V, batched over heads."""
     elementwise_bytes: float
     """Bytes moved by everything outside the attention core."""
+    elementwise_kernels: int
+    """Kernels launched for it (``cost_models.kernels``)."""
     attention_elementwise_bytes: float
     """Bytes moved by softmax and attention dropout (eager attention only)."""
     flash_attention: bool
@@ -76,55 +80,74 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
     tokens = b * s
     seq_tokens = tokens // t if layout.sequence_parallel else tokens
     heads = model.num_attention_heads // t
-    dropout_mask = 1 if model.hidden_dropout > 0 else 0
     sparse = model.is_moe if moe is None else moe
 
+    kinds, norm_kind = training.kernels, model.norm_type
     if model.is_mla:
-        dense, attention_side_bytes = _mla_gemms(model, tokens, t), _mla_elementwise_bytes(model, tokens, t, e)
+        dense, attention_side = _mla_gemms(model, tokens, t), _mla_elementwise(model, tokens, t, e, kinds)
+        out_elements = tokens * heads * model.v_head_size
     else:
         q_dim = model.num_attention_heads * model.head_size
         kv_dim = model.kv_heads * model.head_size
         dense = [Gemm(tokens, (q_dim + 2 * kv_dim) // t, h), Gemm(tokens, h, q_dim // t)]
-        rotary = (
-            2 * tokens * (q_dim + kv_dim) // t * e if model.position_embedding_type is PositionEmbedding.ROPE else 0
-        )
-        attention_side_bytes = rotary + (2 * 2 * tokens * (q_dim + kv_dim) // t * e if model.qk_norm else 0)
-    in_factor, act_factor = (2, 3) if model.hidden_act.gated else (1, 2)
+        q_elements, k_elements = tokens * q_dim // t, tokens * kv_dim // t
+        rope = model.position_embedding_type is PositionEmbedding.ROPE
+        attention_side = kernels.rotary(q_elements, k_elements, e, kinds) if rope else kernels.NONE
+        if model.qk_norm:
+            attention_side += kernels.norm(norm_kind, q_elements, e, kinds) + kernels.norm(
+                norm_kind, k_elements, e, kinds
+            )
+        out_elements = q_elements
+    gated = model.hidden_act.gated
+    in_factor = 2 if gated else 1
     if sparse:
         k, f, etp = model.num_experts_per_tok, model.expert_ffn_size, layout.expert_tensor_degree
         routing = seq_tokens if layout.folds_experts else tokens  # folded: each rank routes its own share
         dense += [Gemm(routing, model.num_local_experts, h), *expert_gemms(model, training, layout)]
         routed_tokens = routing * k
-        act_bytes = act_factor * routed_tokens * (f // etp) * e
+        act = kernels.activation(gated, routed_tokens * (f // etp), e, kinds)
         shared = model.shared_ffn_size
         if shared:  # every token passes through the shared experts, split over t as a dense MLP
             dense += [Gemm(tokens, in_factor * shared // t, h), Gemm(tokens, h, shared // t)]
-            act_bytes += act_factor * tokens * (shared // t) * e
+            act += kernels.activation(gated, tokens * (shared // t), e, kinds)
         if model.has_shared_expert_gate:
             dense.append(Gemm(tokens, 1, h))
+        permute = kernels.Traffic(2.0 * 2 * routed_tokens * h * e, 2)
     else:
         f = model.ffn_size
         dense += [Gemm(tokens, in_factor * f // t, h), Gemm(tokens, h, f // t)]
-        routed_tokens = tokens
-        act_bytes = act_factor * routed_tokens * (f // t) * e
+        act = kernels.activation(gated, tokens * (f // t), e, kinds)
+        permute = kernels.NONE
 
     attention = (
         Gemm(s, s, model.qk_head_size, batch=b * heads),
         Gemm(s, model.v_head_size, s, batch=b * heads),
     )
 
-    norms = 2 * 2 * seq_tokens * h * e
-    residuals = 2 * (3 * e + dropout_mask) * seq_tokens * h
-    permute = 2 * 2 * routed_tokens * h * e if sparse else 0
+    dropout = model.hidden_dropout > 0
+    norms = kernels.norm(norm_kind, seq_tokens * h, e, kinds)
+    residual = kernels.residual_add(seq_tokens * h, e, dropout, kinds)
+    elementwise = (
+        norms
+        + norms
+        + residual
+        + residual
+        + act
+        + attention_side
+        + permute
+        + kernels.attention_output(out_elements, e, kinds)
+    )
 
     flash = training.attention_kernel is AttentionKernel.FLASH
     scores = b * heads * s * s
     attn_mask = 1 if model.attention_dropout > 0 else 0
-    attention_bytes = 0.0 if flash else (2 * e + (2 * e + attn_mask if attn_mask else 0)) * scores
+    alibi = 2 * e if model.position_embedding_type is PositionEmbedding.ALIBI else 0  # its bias, one more pass
+    attention_bytes = 0.0 if flash else (2 * e + alibi + (2 * e + attn_mask if attn_mask else 0)) * scores
     return LayerWork(
         dense_gemms=tuple(dense),
         attention_gemms=attention,
-        elementwise_bytes=float(act_bytes + norms + residuals + attention_side_bytes + permute),
+        elementwise_bytes=elementwise.bytes,
+        elementwise_kernels=elementwise.kernels,
         attention_elementwise_bytes=float(attention_bytes),
         flash_attention=flash,
     )
@@ -146,13 +169,12 @@ def _mla_gemms(model: ModelSpec, tokens: int, t: int) -> list[Gemm]:
     ]
 
 
-def _mla_elementwise_bytes(model: ModelSpec, tokens: int, t: int, e: int) -> int:
-    """MLA's two latent RMSNorms (read and write rq + rkv per token) and rotary embedding of the
-    query's rope part (a/t heads) and the one shared rope key."""
+def _mla_elementwise(model: ModelSpec, tokens: int, t: int, e: int, kinds: Kernels) -> kernels.Traffic:
+    """MLA's two latent RMSNorms (over rq + rkv per token) and rotary embedding of the query's
+    rope part (a/t heads) and the one shared rope key."""
     rq, rkv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
-    norms = 2 * tokens * (rq + rkv) * e
-    rotary = 2 * tokens * (model.num_attention_heads // t * rope + rope) * e
-    return norms + rotary
+    norms = kernels.norm(model.norm_type, tokens * rq, e, kinds) + kernels.norm(model.norm_type, tokens * rkv, e, kinds)
+    return norms + kernels.rotary(tokens * (model.num_attention_heads // t) * rope, tokens * rope, e, kinds)
 
 
 def attention_macs_per_token(model: ModelSpec) -> int:
@@ -190,10 +212,13 @@ def output_layer_gemm(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     return Gemm(tokens, -(-model.vocab_size // layout.tensor_parallel_degree), model.hidden_size)
 
 
-def output_layer_elementwise_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
-    """Cross-entropy over fp32 logits: write, read for softmax, write the gradient (3 x 4 bytes)."""
+def output_layer_elementwise(model: ModelSpec, training: TrainingSpec, layout: Layout) -> kernels.Traffic:
+    """The final norm and the cross-entropy over the rank's logits (``kernels.cross_entropy``),
+    forward and backward."""
     tokens = layout.micro_batch_size * training.seq_len
-    return 3.0 * 4 * tokens * model.vocab_size / layout.tensor_parallel_degree
+    logits = tokens * -(-model.vocab_size // layout.tensor_parallel_degree)
+    norm = kernels.norm(model.norm_type, tokens * model.hidden_size, training.dtype.bytes, training.kernels)
+    return kernels.cross_entropy(logits, training.dtype.bytes, training.kernels) + norm + norm + norm
 
 
 def embedding_elementwise_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

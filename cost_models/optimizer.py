@@ -1,30 +1,28 @@
 """The optimizer step's time: Adam over the parameters whose states a rank holds.
 
-Adam reads and writes 28 bytes per parameter of the rank's optimizer shard (fp32 weight, two
-moments, gradient, and the training-precision copy), memory-bound; or it runs at the rate the
+Adam reads and writes 28 bytes per parameter of the rank's optimizer shard in one fused pass (fp32
+weight, two moments, gradient, and the training-precision copy), 78 in eager kernels
+(``kernels.adam_bytes_per_param``), memory-bound; or it runs at the rate the
 profiler timed on the model's own layer (``compute.measured_optimizer_s``). Under ZeRO 1-3 the
 shard is 1/d of the dense parameters and 1/(d / ep) of the experts' (d t / ep folded: ``sharding``). Every
 pipeline stage steps at once; the step waits for the slowest. Units: seconds, bytes.
 """
 
-from typing import Final
-
 from cost_models.compute import elementwise_time_s, measured_optimizer_s
+from cost_models.kernels import adam_bytes_per_param
 from cost_models.params import all_stage_params
 from cost_models.sharding import optimizer_shard_params
-from planner.schemas import ClusterProfile, Layout, ModelSpec
-
-ADAM_BYTES_PER_PARAM: Final = 28
-"""Bytes Adam reads and writes per parameter in one step (see module docstring)."""
+from planner.schemas import ClusterProfile, Kernels, Layout, ModelSpec
 
 
-def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout) -> float:
+def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout, kinds: Kernels) -> float:
     """Seconds of one optimizer step on the slowest pipeline stage.
 
     Args:
         model: the model (the stages' parameters; its name for the profiled rate).
         cluster: the device (memory bandwidth, profiled optimizer record).
         layout: degrees and ZeRO stage.
+        kinds: fused or eager kernels (``TrainingSpec.kernels``).
 
     Returns:
         The largest stage's optimizer time, in seconds.
@@ -36,7 +34,7 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout) 
         stage_s = (
             measured
             if measured is not None
-            else elementwise_time_s(ADAM_BYTES_PER_PARAM * params, cluster.pricing_device)
+            else elementwise_time_s(adam_bytes_per_param(kinds) * params, cluster.pricing_device)
         )
         optimizer_s = max(optimizer_s, stage_s)
     return optimizer_s

@@ -282,7 +282,8 @@ def _vocabulary_layers_s(
     )
     if output_s is None:
         gemm = lw.output_layer_gemm(model, training, layout)
-        elementwise = elementwise_time_s(lw.output_layer_elementwise_bytes(model, training, layout), dev)
+        traffic = lw.output_layer_elementwise(model, training, layout)
+        elementwise = elementwise_time_s(traffic.bytes, dev, traffic.kernels)
         output_s = gemm_time_s(gemm, dev, dt) + backward_gemms_time_s((gemm,), dev, dt) + elementwise
     return output_s, 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
@@ -332,7 +333,7 @@ def _layer_time(
     the modeled kernels."""
     dev, dt = cluster.pricing_device, training.dtype
     work = lw.layer_work(model, training, layout, moe=moe)
-    elem_fwd = elementwise_time_s(work.elementwise_bytes, dev)
+    elem_fwd = elementwise_time_s(work.elementwise_bytes, dev, work.elementwise_kernels)
     dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
     dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
     fused = (

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.schemas import DeviceKind, DType, MoeDispatcher, Plan, RankMemory, RunReport
+from planner.schemas import DeviceKind, DType, MoeDispatcher, Plan, PositionEmbedding, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches
 from runtime.data import TokenFile, synthetic_batch
@@ -74,6 +74,11 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
         raise InfeasibleConfigError(
             f"the plan is priced with the {plan.training.moe_dispatcher} token dispatcher, but this runtime sends "
             "every (token, expert) pair with one all-to-all; plan with --moe-dispatcher alltoall to run it"
+        )
+    if plan.model.position_embedding_type is PositionEmbedding.ALIBI:
+        raise InfeasibleConfigError(
+            f"{plan.model.name} uses ALiBi position biases, which this runtime does not build (it runs rotary or "
+            "learned positions); the plan's estimate holds, run it with a trainer that builds ALiBi"
         )
     if plan.training.moe_capacity_factor is not None:
         raise InfeasibleConfigError(

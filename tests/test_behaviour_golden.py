@@ -24,6 +24,7 @@ OLD_PLANS = (
     "plan_v2_tiny_moe_ep4.json",
     "plan_v3_mixtral_folded_capacity.json",
     "plan_v4_llama3_70b_interleaved.json",
+    "plan_v5_llama3_8b_tp2.json",
 )
 
 

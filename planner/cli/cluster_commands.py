@@ -12,6 +12,7 @@ from rich.console import Console
 from planner import api
 from planner.api import OptimizerName, Selection
 from planner.cli.options import (
+    KERNELS_HELP,
     AttentionOpt,
     ClusterOpt,
     DTypeOpt,
@@ -25,7 +26,7 @@ from planner.cli.options import (
     training_fields,
 )
 from planner.render import dry_run_table, run_summary
-from planner.schemas import AttentionKernel, DType
+from planner.schemas import AttentionKernel, DType, Kernels
 from planner.schemas.errors import PlannerError
 
 if TYPE_CHECKING:
@@ -128,6 +129,9 @@ def tune(
     seq_len: SeqLenOpt = None,
     dtype: DTypeOpt = DType.BF16,
     attention: AttentionOpt = AttentionKernel.FLASH,
+    kernels: Annotated[
+        Kernels, typer.Option(help=KERNELS_HELP + "; tune runs the planner's own runtime, so eager by default.")
+    ] = Kernels.EAGER,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to run.")] = 10,
     select: Annotated[
         Selection,

@@ -18,6 +18,7 @@ from planner.schemas import (
     AttentionKernel,
     ClusterProfile,
     DType,
+    Kernels,
     Layout,
     ModelSpec,
     MoeDispatcher,
@@ -49,6 +50,12 @@ GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Sequences per o
 SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")]
 DTypeOpt = Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
 AttentionOpt = Annotated[AttentionKernel, typer.Option(help="Attention kernel.")]
+KERNELS_HELP = (
+    "How the elementwise work around the GEMMs runs: fused (norms, activations, rotary, loss and optimizer step "
+    "one kernel each: Transformer Engine, Megatron-Core, torch.compile) or eager (one kernel per tensor operation, "
+    "as eager PyTorch and this planner's own runtime run them)"
+)
+KernelsOpt = Annotated[Kernels | None, typer.Option(help=KERNELS_HELP + " [default: fused].")]
 CapacityOpt = Annotated[
     float | None,
     typer.Option(
@@ -114,6 +121,7 @@ TRAINING_OPTIONS = {
     "seq_len": "seq_len",
     "dtype": "dtype",
     "attention": "attention_kernel",
+    "kernels": "kernels",
     "capacity_factor": "moe_capacity_factor",
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",

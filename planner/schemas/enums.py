@@ -40,16 +40,29 @@ class NormKind(StrEnum):
 
 
 class PositionEmbedding(StrEnum):
-    """Learned absolute position embeddings (GPT) or rotary (no parameters)."""
+    """Learned absolute position embeddings (GPT), rotary (no parameters), or ALiBi (Press et al.
+    2022, MPT, BLOOM: a per-head linear bias on the attention scores, added inside the attention
+    kernel; no parameters)."""
 
     ABSOLUTE = "absolute"
     ROPE = "rope"
+    ALIBI = "alibi"
 
 
 class AttentionKernel(StrEnum):
     """How attention is computed: fused (FlashAttention) or eager (scores materialized)."""
 
     FLASH = "flash"
+    EAGER = "eager"
+
+
+class Kernels(StrEnum):
+    """How the elementwise work around the GEMMs runs (``cost_models.kernels``): one kernel per
+    tensor operation, each reading its inputs from memory and writing its output (eager PyTorch,
+    the planner's own runtime), or fused kernels that make one pass (Transformer Engine,
+    Megatron-Core, torch.compile)."""
+
+    FUSED = "fused"
     EAGER = "eager"
 
 

@@ -11,7 +11,8 @@ layout's ``expert_tensor_parallel_degree``, whose default (None: t) means what a
 meant (version 3 was not released before it; a version-3 plan without the field reads unchanged);
 4 adds the training's ``tp_comm_overlap`` and ``moe_dispatcher``, whose defaults (collectives not
 overlapped, every routed pair sent) mean what a version-3 plan meant; 5 adds the training's
-``pp_comm_overlap``, on by default, which version 4 did not price: a version-4 plan reads with it off.
+``pp_comm_overlap``, on by default, which version 4 did not price: a version-4 plan reads with it off;
+6 adds the training's ``kernels``, whose default (fused) is what a version-5 plan priced.
 """
 
 from datetime import datetime
@@ -52,7 +53,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[5] = 5
+    schema_version: Literal[6] = 6
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -70,9 +71,9 @@ class Plan(FrozenModel):
         return self
 
 
-PLAN_SCHEMA_VERSION = 5
+PLAN_SCHEMA_VERSION = 6
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 """The versions ``upgrade`` reads."""
 
 
@@ -86,7 +87,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     Version 2 -> 3: the training's new fields are absent, and their defaults (dropless experts)
     are what a version-2 plan ran. Version 3 -> 4: likewise (tensor-parallel collectives not
     overlapped, the plain all-to-all dispatcher). Version 4 -> 5: pipeline transfers not overlapped,
-    as version 4 priced them, although the new field's default overlaps them.
+    as version 4 priced them, although the new field's default overlaps them. Version 5 -> 6: the
+    new field's default (fused kernels) is what version 5 priced.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -102,4 +104,6 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         training = raw.get("training")
         if isinstance(training, dict):
             raw["training"] = {"pp_comm_overlap": False, **training}
+    if raw.get("schema_version") == 5:
+        raw = {**raw, "schema_version": 6}
     return raw

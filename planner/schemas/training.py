@@ -5,7 +5,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
-from planner.schemas.enums import AttentionKernel, DType, MoeDispatcher, Optimizer
+from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer
 from planner.schemas.errors import SchemaError
 
 
@@ -20,7 +20,14 @@ class TrainingSpec(FrozenModel):
         default=AttentionKernel.FLASH,
         description="'flash' never stores the s x s scores; 'eager' does (as Megatron-LM did in 2021).",
     )
-
+    kernels: Kernels = Field(
+        default=Kernels.FUSED,
+        description=(
+            "'fused': the norms, activations, rotary embedding, loss and optimizer step each run as one kernel "
+            "(Transformer Engine, Megatron-Core, torch.compile); 'eager': one kernel per tensor operation, each "
+            "through memory (eager PyTorch, as the planner's own runtime runs them)."
+        ),
+    )
     tp_comm_overlap: bool = Field(
         default=False,
         description=(

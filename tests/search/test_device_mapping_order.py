@@ -47,7 +47,8 @@ def test_refiner_is_never_slower_and_matches_the_best_node_order() -> None:
     top = outcome.ranked[0]
     mapped = DeviceMappingRefiner().refine(top, evaluate, Budget(), seed=0)
     assert top.layout.data_parallel_degree == 32
-    assert mapped.estimate.step_time_s < 0.8 * top.estimate.step_time_s
+    assert mapped.estimate.time.data_parallel_comm_s < 0.5 * top.estimate.time.data_parallel_comm_s
+    assert mapped.estimate.step_time_s < 0.9 * top.estimate.step_time_s
 
 
 def test_uniform_links_are_skipped_without_evaluating() -> None:
@@ -67,4 +68,4 @@ def test_mapping_gain_line_states_both_step_times() -> None:
     line = mapping_gain(mapped.estimate, top.estimate)
     gain = 1 - mapped.estimate.step_time_s / top.estimate.step_time_s
     assert f"{mapped.estimate.step_time_s:.4g} s against {top.estimate.step_time_s:.4g} s" in line
-    assert f"{gain:+.1%} faster" in line and gain > 0.2
+    assert f"{gain:+.1%} faster" in line and gain > 0.1
