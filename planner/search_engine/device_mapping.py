@@ -32,9 +32,10 @@ Evaluator prices a swap faster (a chain sees only each next hop: a pipeline's bo
 stages' data-parallel rings pull the order different ways)."""
 MAX_NODES = 4096
 """Clusters of more nodes keep the identity. Up to here the whole refiner (its chains and the
-Evaluator pricing each) takes seconds: one chain 0.04 s and the refiner 1.7 s at 4,096 nodes of
-8 devices for a 70B model's tp8 pp4 layout (benchmarks/mapping_speed.py), and the node matrix's
-arrays hold 2 x 8 bytes per node pair (268 MB at 4,096 nodes), which grow with the square."""
+Evaluator pricing each order) takes seconds: at 4,096 nodes of 8 devices, for a 70B model's tp8
+pp4 layout, one chain 0.04 s and the refiner 1.7-3 s on a shared 2-core machine, most of it the
+Evaluator's (benchmarks/mapping_speed.py); and the node matrix's arrays hold 16 bytes per node
+pair (268 MB at 4,096 nodes), growing with the square beyond."""
 
 
 def greedy_node_chain(links: LinkMatrix, start: int) -> tuple[int, ...]:
