@@ -4,10 +4,18 @@ a node, or the nodes of a cluster).
 A matrix is stored in the most compact form that holds what was measured or published, so that
 10,000+ devices stay small (design.md): one uniform link; one link per endpoint (its network
 interface), a pair running at the slower of its two ends; or explicit [src][dst] matrices.
+
+``LinkMatrix.link`` reads one pair; ``LinkMatrix.arrays`` holds every pair's bandwidth and
+latency as numpy arrays that agree with it, built once per matrix, for code that scans whole rows
+(the device-mapping refiner walks thousands of nodes).
 """
 
+import itertools
+from dataclasses import dataclass
 from typing import Self
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
@@ -31,9 +39,29 @@ def slower_link(a: LinkProfile, b: LinkProfile) -> LinkProfile:
     )
 
 
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkArrays:
+    """Every [src][dst] link of a matrix as two read-only ``size`` x ``size`` arrays. Each entry is
+    what ``LinkMatrix.link(src, dst)`` returns; the diagonal of an explicit matrix holds what was
+    stored there (a device's link to itself is no link, and ``link`` refuses a zero bandwidth)."""
+
+    bandwidth_bytes_per_s: FloatArray
+    latency_s: FloatArray
+
+
 class LinkMatrix(FrozenModel):
     """Links among ``size`` endpoints: exactly one of a uniform link, one link per endpoint, or
     explicit [src][dst] matrices."""
+
+    # Its arrays (``arrays``) are built once and kept in a slot of their own, as the base keeps its
+    # hash: not a field, so equality, serialization and copies (``model_copy`` copies fields, and an
+    # updated copy builds its own) do not see them. (A comment, not the docstring: the docstring is
+    # part of the cluster profile's frozen JSON schema.)
+
+    __slots__ = ("_arrays",)
 
     size: int = Field(ge=1)
     uniform: LinkProfile | None = None
@@ -70,11 +98,40 @@ class LinkMatrix(FrozenModel):
             ):
                 if len(rows) != self.size or any(len(r) != self.size for r in rows):
                     raise SchemaError(f"link matrix {label} must be {self.size} x {self.size}")
-            for i, row in enumerate(self.bandwidth_bytes_per_s):
-                for j, bw in enumerate(row):
-                    if i != j and bw <= 0:
-                        raise SchemaError(f"link {i}->{j} has bandwidth {bw}; it must be > 0")
+            bandwidth = self.arrays().bandwidth_bytes_per_s
+            bad = np.argwhere((bandwidth <= 0) & ~np.eye(self.size, dtype=bool))
+            if len(bad):
+                i, j = (int(k) for k in bad[0])
+                raise SchemaError(f"link {i}->{j} has bandwidth {bandwidth[i, j]}; it must be > 0")
         return self
+
+    def arrays(self) -> LinkArrays:
+        """Every pair's bandwidth and latency (``LinkArrays``), built on the first call: a uniform
+        link fills both, one link per endpoint pairs the slower ends (outer min and max), explicit
+        matrices are read row by row."""
+        kept: LinkArrays | None = getattr(self, "_arrays", None)
+        if kept is None:
+            kept = self._build_arrays()
+            object.__setattr__(self, "_arrays", kept)
+        return kept
+
+    def _build_arrays(self) -> LinkArrays:
+        n = self.size
+        if self.uniform is not None:
+            bandwidth = np.full((n, n), self.uniform.bandwidth_bytes_per_s)
+            latency = np.full((n, n), self.uniform.latency_s)
+        elif self.endpoints is not None:
+            end_bandwidth = np.array([lk.bandwidth_bytes_per_s for lk in self.endpoints])
+            end_latency = np.array([lk.latency_s for lk in self.endpoints])
+            bandwidth = np.minimum.outer(end_bandwidth, end_bandwidth)
+            latency = np.maximum.outer(end_latency, end_latency)
+        else:
+            assert self.bandwidth_bytes_per_s is not None and self.latency_s is not None
+            bandwidth = _square(self.bandwidth_bytes_per_s, n)
+            latency = _square(self.latency_s, n)
+        bandwidth.flags.writeable = False
+        latency.flags.writeable = False
+        return LinkArrays(bandwidth, latency)
 
     def link(self, src: int, dst: int) -> LinkProfile:
         """The link from endpoint ``src`` to ``dst``."""
@@ -98,9 +155,15 @@ class LinkMatrix(FrozenModel):
                 bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in ends),
                 latency_s=max(lk.latency_s for lk in ends),
             )
-        order = tuple(endpoints)
-        links = [self.link(a, b) for a, b in zip(order, order[1:] + order[:1], strict=True)]
+        order = np.fromiter(endpoints, dtype=np.intp)
+        arrays, following = self.arrays(), np.roll(order, -1)
         return LinkProfile(
-            bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in links),
-            latency_s=max(lk.latency_s for lk in links),
+            bandwidth_bytes_per_s=float(arrays.bandwidth_bytes_per_s[order, following].min()),
+            latency_s=float(arrays.latency_s[order, following].max()),
         )
+
+
+def _square(rows: tuple[tuple[float, ...], ...], n: int) -> FloatArray:
+    """An n x n float array of rows already checked to be n long each (flattened in one pass, not
+    through a list of lists)."""
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=n * n).reshape(n, n)

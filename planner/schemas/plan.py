@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
 from planner.schemas.cluster import DeviceKind, device_kind_of_v1_name
+from planner.schemas.errors import SchemaError
 from planner.schemas.estimate import Estimate
 from planner.schemas.layout import Layout, check_experts
 from planner.schemas.model import ModelSpec
@@ -64,11 +65,32 @@ class Plan(FrozenModel):
 
     @model_validator(mode="after")
     def _layouts_fit_the_model(self) -> Self:
-        """A plan's layouts split its own model's experts (a hand-edited plan may not)."""
-        check_experts(self.model, self.layout)
+        """A plan's layouts split its own model's experts and run on its own cluster's devices (a
+        hand-edited plan may not)."""
+        layouts = [("layout", self.layout)]
         if self.runner_up is not None:
-            check_experts(self.model, self.runner_up.layout)
+            layouts.append(("runner_up.layout", self.runner_up.layout))
+        for label, layout in layouts:
+            check_experts(self.model, layout)
+            _check_devices(label, layout, self.cluster)
         return self
+
+
+def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
+    """Raise SchemaError unless ``layout`` has one rank per device of ``cluster``: its device map
+    (a permutation of its ranks) then names only devices the cluster has."""
+    if layout.world_size == cluster.world_size:
+        return
+    where = f"cluster {cluster.name!r} ({cluster.spec}) has {cluster.world_size} devices"
+    if layout.world_size > cluster.world_size and not layout.device_map.is_identity:
+        raise SchemaError(
+            f"{label}.device_map names device {max(layout.device_map.devices)}, but {where} "
+            f"(0..{cluster.world_size - 1}); map every rank to one of them, or plan again for this cluster"
+        )
+    raise SchemaError(
+        f"{label} has {layout.world_size} ranks, but {where}; give it one rank per device, or plan again for "
+        "this cluster"
+    )
 
 
 PLAN_SCHEMA_VERSION = 6
