@@ -2,7 +2,10 @@
 (``cost_models.sharding``), over the data-parallel groups, and the share of it compute hides.
 
 Gradients are reduced in training precision (2 bytes per parameter in mixed precision, the ZeRO
-paper's 2 psi) over the d ranks of a stage's data-parallel group; expert gradients over the
+paper's 2 psi) over the d ranks of a stage's data-parallel group, or in sharding groups and
+across their replicas, with ZeRO-3's backward gathers over a secondary partition
+(``sharding.dense_group_collectives``, ``groups.sharding_groups``, ``groups.replica_groups``);
+expert gradients over the
 d / ep ranks that hold the same experts, d t / ep with the experts folded over a stage's d t ranks
 (``groups.expert_data_groups``). Which collectives run,
 how often and behind which compute is ZeRO's rule (``sharding.step_collectives``). What no
@@ -24,7 +27,13 @@ from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_co
 from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
 from cost_models.params import all_stage_params, stage_params
-from cost_models.sharding import OverlapWindow, step_collectives
+from cost_models.sharding import (
+    GroupCollectives,
+    OverlapWindow,
+    ShardGroupKind,
+    dense_group_collectives,
+    step_collectives,
+)
 from cost_models.timing import StageTime
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec
 from planner.schemas.buffers import GRAD_BUCKET_ELEMENTS
@@ -81,22 +90,23 @@ def stage_data_parallel_comm(
     """
     e = training.dtype.bytes
     held = stage_params(model, layout, stage)
-    d = layout.data_parallel_degree
     layers = stage_layers(model, layout)[stage]
-    plan = step_collectives(layout, micro_batches)
-    shares: list[tuple[float, Iterator[Group], int, int]] = [
-        (held.dense, grp.data_groups(layout, stage), d, held.units)
+    shares: list[tuple[float, Iterator[Group], int, int, GroupCollectives]] = [
+        (held.dense, *_dense_groups(layout, stage, part), held.units, part)
+        for part in dense_group_collectives(layout, micro_batches)
     ]
     if held.expert:
         edp = layout.expert_data_parallel_degree
-        shares.append((held.expert, grp.expert_data_groups(layout, stage), edp, max(1, layers)))
+        expert = GroupCollectives(over=ShardGroupKind.SHARDING, collectives=step_collectives(layout, micro_batches))
+        shares.append((held.expert, grp.expert_data_groups(layout, stage), edp, max(1, layers), expert))
     total_s, unhidden_s = 0.0, 0.0
-    for params, groups, size, units in shares:
-        if size <= 1:
+    for params, groups, size, units, part in shares:
+        plan = part.collectives
+        if size <= 1 or not plan.ops:
             continue
         group_list = priced_groups(groups, cluster, rank_order=layout.device_map.is_identity)
         pieces = units if plan.unit_by_unit else max(1, math.ceil(params / GRAD_BUCKET_ELEMENTS))
-        piece_bytes = params * e / pieces
+        piece_bytes = params * e * part.byte_share / pieces
         piece_s: dict[CollectiveOp, float] = {
             op: slowest_collective_s(op, piece_bytes, group_list, cluster) for op in plan.ops
         }
@@ -104,6 +114,17 @@ def stage_data_parallel_comm(
         total_s += plan.time_s(run_s, micro_batches)
         unhidden_s += plan.unhidden_s(run_s, piece_s)
     return StageCollectiveTime(total_s=total_s, unhidden_s=unhidden_s)
+
+
+def _dense_groups(layout: Layout, stage: int, part: GroupCollectives) -> tuple[Iterator[Group], int]:
+    """The groups of ``stage`` that ``part`` runs over, and their size."""
+    d, g = layout.data_parallel_degree, layout.shard_degree
+    if part.over is ShardGroupKind.REPLICAS:
+        return grp.replica_groups(layout, stage, g), d // g
+    size = layout.gathers_backward_over if part.over is ShardGroupKind.SECONDARY else g
+    if size == d:
+        return grp.data_groups(layout, stage), d
+    return grp.sharding_groups(layout, stage, size), size
 
 
 def overlap_window_s(window: OverlapWindow, stage_time: StageTime, micro_batches: int) -> float:
@@ -201,6 +222,8 @@ def _stage_comms(
         layout.expert_parallel_degree,
         layout.expert_tensor_parallel_degree,
         layout.zero_stage,
+        layout.sharding_group_size,
+        layout.secondary_partition_size,
         micro_batches,
     )
     for stage, params, layers in zip(stages, all_stage_params(model, layout), stage_layers(model, layout), strict=True):

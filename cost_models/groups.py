@@ -61,6 +61,23 @@ def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
             yield _group(layout, rank_of(layout, s, 0, j), MeshAxis.DP, layout.data_parallel_degree)
 
 
+def sharding_groups(layout: Layout, stage: int, size: int) -> Iterator[Group]:
+    """Runs of ``size`` consecutive data-parallel ranks of ``stage`` (a sharding group or a
+    secondary partition: the inner dimension of a (replicate, shard) mesh over the replicas)."""
+    for j in range(layout.tensor_parallel_degree):
+        for first in range(0, layout.data_parallel_degree, size):
+            yield _group(layout, rank_of(layout, stage, first, j), MeshAxis.DP, size)
+
+
+def replica_groups(layout: Layout, stage: int, sharding_group_size: int) -> Iterator[Group]:
+    """The data-parallel ranks of ``stage`` at the same place of every sharding group of
+    ``sharding_group_size``: the d / g replicas of one shard."""
+    d, stride = layout.data_parallel_degree, axis_stride(layout, MeshAxis.DP)
+    for j in range(layout.tensor_parallel_degree):
+        for i in range(sharding_group_size):
+            yield _run(layout, rank_of(layout, stage, i, j), d // sharding_group_size, sharding_group_size * stride)
+
+
 def _expert_group(layout: Layout, first: int, axis: ExpertMeshAxis, size: int) -> Group:
     """The devices of ``size`` ranks from rank ``first`` along expert-mesh ``axis``."""
     return _run(layout, first, size, expert_axis_stride(layout, axis))

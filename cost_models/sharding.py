@@ -41,7 +41,7 @@ Units: parameters (elements), bytes, seconds.
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
@@ -160,19 +160,27 @@ def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dt
         Weights (gathered buffer included), gradients and optimizer states, in bytes.
     """
     edp = layout.expert_data_parallel_degree if model.is_moe else layout.data_parallel_degree
-    return _model_states(params, layout.data_parallel_degree, edp, held_zero_stage(layout), dtype)
+    secondary = layout.secondary_partition_size
+    return _model_states(params, layout.shard_degree, edp, held_zero_stage(layout), dtype, secondary)
 
 
 @functools.lru_cache(maxsize=4096)
-def _model_states(params: StageParams, d: int, edp: int, zero: ZeroStage, dtype: DType) -> ModelStates:
+def _model_states(
+    params: StageParams, d: int, edp: int, zero: ZeroStage, dtype: DType, secondary: int | None = None
+) -> ModelStates:
     """``stage_model_states`` of what it reads of the model and layout (memoized on those: the
-    layouts of a search that differ in micro-batch, recompute, schedule, ... share it); ``edp``
-    ranks hold the same experts."""
+    layouts of a search that differ in micro-batch, recompute, schedule, ... share it): the dense
+    states sharded over ``d`` ranks (the sharding group), ``edp`` ranks hold the same experts,
+    and ZeRO-3's weights kept after the forward over a ``secondary`` partition: every unit's
+    shard in training precision, held from its forward to its backward (ZeRO++ hpZ's secondary
+    copy, FSDP2's ``reshard_after_forward=<int>``)."""
     dense = model_state_bytes(params.dense, d, zero, dtype)
     if zero.shards_gradients and d > 1:
         dense = fsdp_model_states(dense, params.dense, d, zero, dtype)
     expert = model_state_bytes(params.expert, edp, zero, dtype)
     gathered = zero3_gather_buffer_bytes(params.largest_unit, dtype) if zero.shards_parameters and d > 1 else 0.0
+    if secondary is not None and zero.shards_parameters:
+        gathered += dtype.bytes * params.dense / secondary
     return ModelStates(
         weights_bytes=dense.weights_bytes + expert.weights_bytes + gathered,
         gradients_bytes=dense.gradients_bytes + expert.gradients_bytes,
@@ -182,10 +190,10 @@ def _model_states(params: StageParams, d: int, edp: int, zero: ZeroStage, dtype:
 
 def optimizer_shard_params(params: StageParams, layout: Layout) -> float:
     """Parameters whose optimizer step one rank runs: all it holds, or under ZeRO 1-3 its shard,
-    1/d of the dense parameters and 1/``Layout.expert_data_parallel_degree`` of the experts'
-    (elements)."""
+    1/d (1/g in sharding groups of g) of the dense parameters and
+    1/``Layout.expert_data_parallel_degree`` of the experts' (elements)."""
     sharded = layout.zero_stage.shards_optimizer_states
-    shard = layout.data_parallel_degree if sharded else 1
+    shard = layout.shard_degree if sharded else 1
     expert_shard = layout.expert_data_parallel_degree if sharded else 1
     return params.dense / shard + params.expert / expert_shard
 
@@ -362,3 +370,64 @@ def step_collectives(layout: Layout, micro_batches: int) -> StepCollectives:
         exposed=Collectives(reduce_scatter=1),
         edges=Collectives(all_gather=1),
     )
+
+
+class ShardGroupKind(StrEnum):
+    """Which groups of a stage's data-parallel ranks a collective runs over."""
+
+    SHARDING = "sharding"
+    """The ranks that shard the states together: the whole data-parallel group, or a sharding
+    group of ``Layout.sharding_group_size`` consecutive ranks."""
+    REPLICAS = "replicas"
+    """The d / g ranks, one per sharding group, that hold the same shard (HSDP's replicas)."""
+    SECONDARY = "secondary"
+    """``Layout.secondary_partition_size`` consecutive ranks (hpZ's secondary partition)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupCollectives:
+    """What one rank runs over one kind of group in a step, on ``byte_share`` of the bytes."""
+
+    over: ShardGroupKind
+    collectives: StepCollectives
+    byte_share: float = 1.0
+    """Of the parameters' (or gradients') bytes each run moves: 1, or 1/g for the replicas, which
+    all-reduce one shard."""
+
+
+def dense_group_collectives(layout: Layout, micro_batches: int) -> tuple[GroupCollectives, ...]:
+    """The dense parameters' collectives of one step (``step_collectives``) split over the groups
+    they run on. Sharding in groups of g (HSDP; Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2): ZeRO's
+    collectives run within the group, and every reduce-scatter's shard (1/g of the bytes) is
+    then all-reduced across the d / g replicas, as often and behind the same compute. A secondary
+    partition (hpZ; Wang et al. 2023, ZeRO++, sec. 3.2): ZeRO-3's backward gathers, one a
+    micro-batch, run within it instead; the forward's, and the first of them at the window's
+    edge, stay over the sharding group."""
+    plan = step_collectives(layout, micro_batches)
+    parts = [GroupCollectives(over=ShardGroupKind.SHARDING, collectives=plan)]
+    secondary = layout.secondary_partition_size
+    if secondary is not None and layout.zero_stage.shards_parameters and layout.data_parallel_degree > 1:
+        per_micro_batch = plan.per_micro_batch
+        sharding = replace(plan, per_micro_batch=replace(per_micro_batch, all_gather=per_micro_batch.all_gather - 1))
+        backward = StepCollectives(
+            per_micro_batch=Collectives(all_gather=1),
+            per_step=Collectives(),
+            unit_by_unit=plan.unit_by_unit,
+            window=plan.window,
+        )
+        parts = [
+            GroupCollectives(over=ShardGroupKind.SHARDING, collectives=sharding),
+            GroupCollectives(over=ShardGroupKind.SECONDARY, collectives=backward),
+        ]
+    g = layout.sharding_group_size
+    if g is not None:
+        replicas = StepCollectives(
+            per_micro_batch=Collectives(all_reduce=plan.per_micro_batch.reduce_scatter),
+            per_step=Collectives(all_reduce=plan.per_step.reduce_scatter),
+            unit_by_unit=plan.unit_by_unit,
+            window=plan.window,
+            exposed=Collectives(all_reduce=plan.exposed.reduce_scatter),
+            edges=Collectives(all_reduce=plan.edges.reduce_scatter),
+        )
+        parts.append(GroupCollectives(over=ShardGroupKind.REPLICAS, collectives=replicas, byte_share=1 / g))
+    return tuple(parts)

@@ -140,6 +140,7 @@ def search_outcome(
     routing_trace: Path | str | None = None,
     expert_replicas: int = 0,
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
+    hierarchical_sharding: bool = True,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -162,6 +163,9 @@ def search_outcome(
             MoE layer, filled with replicas of the hottest experts (DeepSeek's EPLB redundant experts).
         vocabulary_layouts: where the vocabulary layers may go (default: pinned, or split over
             the pipeline by Vocabulary Parallelism's Algorithm 2).
+        hierarchical_sharding: whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's
+            weights over a node-sized secondary partition after the forward (hpZ); the planner's
+            own runtime runs neither yet.
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -198,6 +202,7 @@ def search_outcome(
         refiners=refiners,
         routing=routing,
         vocabulary_layouts=vocabulary_layouts,
+        hierarchical_sharding=hierarchical_sharding,
     )
     ranked = outcome.ranked
     plans = tuple(
@@ -233,12 +238,14 @@ def search(
     routing_trace: Path | str | None = None,
     expert_replicas: int = 0,
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
+    hierarchical_sharding: bool = True,
 ) -> tuple[Plan, ...]:
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
         model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress,
-            refiners, routing_trace, expert_replicas, vocabulary_layouts: as for :func:`search_outcome`.
+            refiners, routing_trace, expert_replicas, vocabulary_layouts, hierarchical_sharding: as for
+            :func:`search_outcome`.
 
     Returns:
         Up to ``top_k`` plans, fastest first.
@@ -261,6 +268,7 @@ def search(
         routing_trace=routing_trace,
         expert_replicas=expert_replicas,
         vocabulary_layouts=vocabulary_layouts,
+        hierarchical_sharding=hierarchical_sharding,
     )
     return plans
 
@@ -521,8 +529,13 @@ def tune(
         check_template(settings.launcher)
     model_spec = load_model(model) if isinstance(model, str) else model
     profile = load_cluster(cluster)
-    ranked = search(
-        model_spec, cluster, training, top_k=pool_size(settings), vocabulary_layouts=settings.vocabulary_layouts
+    ranked = search(  # the plans run on the planner's runtime, which shards over whole groups only
+        model_spec,
+        cluster,
+        training,
+        top_k=pool_size(settings),
+        vocabulary_layouts=settings.vocabulary_layouts,
+        hierarchical_sharding=False,
     )
     plans = select_plans(ranked, settings)
     name = settings.study_name or study_name(model_spec.name, training, profile)

@@ -75,6 +75,11 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             f"the plan is priced with the {plan.training.moe_dispatcher} token dispatcher, but this runtime sends "
             "every (token, expert) pair with one all-to-all; plan with --moe-dispatcher alltoall to run it"
         )
+    if layout.sharding_group_size is not None or layout.secondary_partition_size is not None:
+        raise InfeasibleConfigError(
+            f"the plan shards in groups ({layout.describe()}), which this runtime does not build yet; plan with "
+            "planner search --no-hierarchical-sharding, or run it with FSDP2 on a (replicate, shard) mesh"
+        )
     if plan.model.position_embedding_type is PositionEmbedding.ALIBI:
         raise InfeasibleConfigError(
             f"{plan.model.name} uses ALiBi position biases, which this runtime does not build (it runs rotary or "

@@ -181,6 +181,14 @@ def search(
             "layers; the estimate counts them."
         ),
     ] = 0,
+    hierarchical_sharding: Annotated[
+        bool,
+        typer.Option(
+            help="Let ZeRO shard within one node's data-parallel ranks and replicate across nodes (HSDP), and keep "
+            "ZeRO-3's weights over one node after the forward (ZeRO++ hpZ), where the data-parallel group spans "
+            "nodes. The planner's own runtime runs neither yet."
+        ),
+    ] = True,
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
@@ -203,6 +211,7 @@ def search(
             routing_trace=routing_trace,
             expert_replicas=expert_replicas,
             vocabulary_layouts=vocabulary_layout,
+            hierarchical_sharding=hierarchical_sharding,
         )
     Console().print(ranked_table(outcome, plans))
     if training.moe_capacity_factor is not None and not training.moe_pad_to_capacity:

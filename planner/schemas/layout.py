@@ -38,6 +38,16 @@ class Layout:
     t > 1 needs sequence parallelism. Stored as None when it equals t."""
     zero_stage: ZeroStage = ZeroStage.NONE
     """What data-parallel ranks shard: 1 optimizer states, 2 also gradients, 3 also weights."""
+    sharding_group_size: int | None = None
+    """ZeRO shards within groups of this many consecutive data-parallel ranks and replicates
+    across the d / g groups, whose shards' gradients are then all-reduced (HSDP: FSDP2 on a
+    (replicate, shard) mesh; Megatron-LM's partial distributed optimizer). None: the whole
+    data-parallel group (stored as None when it equals d)."""
+    secondary_partition_size: int | None = None
+    """ZeRO-3: after the forward each unit's weights stay sharded over groups of this many
+    consecutive ranks, from which the backward gathers them (ZeRO++'s hierarchical partition,
+    hpZ; FSDP2's ``reshard_after_forward=<int>``). None: the backward gathers over the sharding
+    group, as the forward does."""
     recompute: Recompute = Recompute.NONE
     """Activation recomputation."""
     sequence_parallel: bool = False
@@ -101,6 +111,7 @@ class Layout:
         if self.sequence_parallel and self.tensor_parallel_degree == 1:
             raise SchemaError("sequence_parallel needs tensor_parallel_degree > 1; turn it off or raise tp")
         self._check_expert_tensor_parallel()
+        self._check_sharding_groups()
         if self.expert_ranks % self.expert_parallel_degree:
             over = "data x tensor_parallel_degree" if self.folds_experts else "data_parallel_degree"
             raise SchemaError(
@@ -115,6 +126,46 @@ class Layout:
                 )
             if any(not isinstance(n, int) or n < 0 for n in self.layer_split):
                 raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
+
+    def _check_sharding_groups(self) -> None:
+        d, g, s = self.data_parallel_degree, self.sharding_group_size, self.secondary_partition_size
+        for name, size in (("sharding_group_size", g), ("secondary_partition_size", s)):
+            if size is not None and (not isinstance(size, int) or size < 1 or d % size):
+                raise SchemaError(f"{name}={size!r} must divide data_parallel_degree={d}; give a divisor or None")
+        if g == d:  # the default, stored one way so that equal layouts compare equal
+            object.__setattr__(self, "sharding_group_size", g := None)
+        if g is not None and not self.zero_stage.shards_optimizer_states:
+            raise SchemaError(f"sharding_group_size={g} needs a ZeRO stage (1-3) to shard within the group")
+        if g is not None and self.expert_parallel_degree > 1:
+            raise SchemaError(
+                f"sharding_group_size={g} with expert_parallel_degree={self.expert_parallel_degree} is not modelled "
+                "yet; shard over the whole data-parallel group (None) or drop expert parallelism"
+            )
+        if s is None:
+            return
+        if self.zero_stage is not ZeroStage.PARAMETERS:
+            raise SchemaError(f"secondary_partition_size={s} needs zero_stage=3 (it partitions the gathered weights)")
+        if (g or d) % s or s == (g or d):
+            raise SchemaError(
+                f"secondary_partition_size={s} must divide the sharding group ({g or d} ranks) and be smaller; "
+                "give a smaller divisor or None"
+            )
+        if self.pipeline_parallel_degree > 1:
+            raise SchemaError(
+                f"secondary_partition_size={s} with a pipeline (pipeline_parallel_degree="
+                f"{self.pipeline_parallel_degree}) is not modelled yet; use it without a pipeline or drop it"
+            )
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks over which ZeRO shards the dense model states: ``sharding_group_size``, else d."""
+        return self.sharding_group_size or self.data_parallel_degree
+
+    @property
+    def gathers_backward_over(self) -> int:
+        """Ranks the backward gathers ZeRO-3's weights from: the secondary partition, else the
+        sharding group."""
+        return self.secondary_partition_size or self.shard_degree
 
     def _check_expert_tensor_parallel(self) -> None:
         etp, t = self.expert_tensor_parallel_degree, self.tensor_parallel_degree
@@ -176,7 +227,12 @@ class Layout:
             parts.append(f"ep{self.expert_parallel_degree}")
         if self.folds_experts:
             parts.append("etp1")
-        parts += [f"mb{self.micro_batch_size}", f"zero{int(self.zero_stage)}", f"rc-{self.recompute}"]
+        parts += [f"mb{self.micro_batch_size}", f"zero{int(self.zero_stage)}"]
+        if self.sharding_group_size is not None:
+            parts.append(f"hsdp{self.sharding_group_size}")
+        if self.secondary_partition_size is not None:
+            parts.append(f"hpz{self.secondary_partition_size}")
+        parts.append(f"rc-{self.recompute}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.pipeline_parallel_degree > 1:

@@ -12,7 +12,9 @@ meant (version 3 was not released before it; a version-3 plan without the field 
 4 adds the training's ``tp_comm_overlap`` and ``moe_dispatcher``, whose defaults (collectives not
 overlapped, every routed pair sent) mean what a version-3 plan meant; 5 adds the training's
 ``pp_comm_overlap``, on by default, which version 4 did not price: a version-4 plan reads with it off;
-6 adds the training's ``kernels``, whose default (fused) is what a version-5 plan priced.
+6 adds the training's ``kernels``, whose default (fused) is what a version-5 plan priced, and the
+layout's ``sharding_group_size`` and ``secondary_partition_size``, whose defaults (ZeRO over the
+whole data-parallel group) are what a version-5 plan ran.
 """
 
 from datetime import datetime

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator, Miss
-from planner.search_engine.space import Assignment, SearchSpace
+from planner.search_engine.space import Assignment, SearchSpace, as_int
 from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
 
 PARALLEL_MIN_BLOCKS = 64
@@ -217,7 +217,7 @@ def _partition(space: SearchSpace, blocks: list[Block], parts: int) -> list[list
 
     def work(block: Block) -> int:
         degrees = block[1]
-        return int(degrees["pp"]) * len(space.choices("micro_batch_size", **degrees))
+        return as_int(degrees, "pp") * len(space.choices("micro_batch_size", **degrees))
 
     dealt: list[list[Block]] = [[] for _ in range(parts)]
     loads = [0] * parts

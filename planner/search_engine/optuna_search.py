@@ -111,12 +111,12 @@ def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> list[Layout]:
     An axis ``tried_in_full`` is not sampled: the trial holds one layout per valid value of it."""
     partial: list[dict[str, Choice]] = [{}]
     for axis in space.axes:
-        options = axis.choices(space, partial[0])  # tried-in-full axes are no axis's dependency
+        options = axis.choices(space, partial[0])
         if not options:
             given = ", ".join(f"{name}={partial[0][name]}" for name in axis.depends_on)
             raise InfeasibleConfigError(f"no valid {axis.name} given {given}")
-        if axis.tried_in_full:
-            partial = [{**chosen, axis.name: value} for chosen in partial for value in options]
+        if axis.tried_in_full:  # each layout so far with each value valid for it (only such axes depend on one)
+            partial = [{**chosen, axis.name: value} for chosen in partial for value in axis.choices(space, chosen)]
             continue
         if len(options) == 1:
             picked_value = options[0]

@@ -58,6 +58,7 @@ def run_search(
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing: RoutingStats | None = None,
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
+    hierarchical_sharding: bool = True,
 ) -> SearchOutcome:
     """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
 
@@ -65,7 +66,8 @@ def run_search(
     order (the CP-SAT layer split by default), and the refined layouts are ranked. With
     ``routing`` (a routing trace's statistics) every layout's MoE layers are priced at their
     busiest rank's load; without, routing is assumed uniform. ``vocabulary_layouts`` narrows or
-    widens where the vocabulary layers may go (default: ``SearchSpace.vocabulary_layouts``).
+    widens where the vocabulary layers may go (default: ``SearchSpace.vocabulary_layouts``);
+    ``hierarchical_sharding`` False keeps ZeRO over whole data-parallel groups (no HSDP, no hpZ).
 
     Raises:
         InfeasibleConfigError: no layout fits; the message says why and what would help.
@@ -73,7 +75,11 @@ def run_search(
     start = time.perf_counter()
     budget = budget or Budget()
     space = SearchSpace(
-        model=model, training=training, world_size=cluster.world_size, devices_per_node=cluster.devices_per_node
+        model=model,
+        training=training,
+        world_size=cluster.world_size,
+        devices_per_node=cluster.devices_per_node,
+        hierarchical_sharding=hierarchical_sharding,
     )
     if vocabulary_layouts:
         space = replace(space, vocabulary_layouts=tuple(vocabulary_layouts))

@@ -23,6 +23,9 @@ combination they produce is a layout the cost models can price (memory fit aside
 - ZeRO stages that can differ (``zero_stages_for``): over one replica nothing is sharded, so
   only the lowest stage; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds and take longer
   (cost_models.pipeline.defers_gradient_reduction), so none above ZeRO-1.
+- Sharding in groups of one node's data-parallel ranks (HSDP) under ZeRO 1-3 without expert
+  parallelism, and ZeRO-3's secondary partition over one node's (hpZ) without a pipeline, where
+  the group spans more than a node (``Layout.sharding_group_size``, ``secondary_partition_size``).
 - Recompute comes last, in increasing order of time (and decreasing memory): the exhaustive
   strategy's pruning relies on it (``groups``).
 
@@ -35,10 +38,17 @@ from dataclasses import dataclass
 
 from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, VocabularyLayout, ZeroStage
 
-Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout
+Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | None
 """A value one axis takes: what the matching Layout field holds."""
 Assignment = Mapping[str, Choice]
 """Values chosen so far, by axis name."""
+
+
+def as_int(chosen: Assignment, name: str) -> int:
+    """The value of a whole-number axis."""
+    value = chosen[name]
+    assert isinstance(value, int), f"axis {name} holds {value!r}"
+    return value
 
 
 def divisors(n: int) -> list[int]:
@@ -62,7 +72,8 @@ class Axis:
     tried_in_full: bool = False
     """A sampling strategy evaluates every valid value of this axis in one trial and keeps the
     fastest that fits, instead of sampling it: for axes whose values are cheap to compare and
-    change little else (the vocabulary layout)."""
+    change little else (the vocabulary layout; the sharding groups, which change only the
+    data-parallel collectives and the model states)."""
 
     def choices(self, space: "SearchSpace", chosen: Assignment) -> Sequence[Choice]:
         """The valid values of this axis once ``chosen`` holds (at least) the axes it depends on."""
@@ -92,16 +103,16 @@ def _tp(space: "SearchSpace", _: Assignment) -> list[int]:
 
 
 def _pp(space: "SearchSpace", chosen: Assignment) -> list[int]:
-    return [p for p in divisors(space.world_size // int(chosen["tp"])) if p <= space.model.num_hidden_layers]
+    return [p for p in divisors(space.world_size // as_int(chosen, "tp")) if p <= space.model.num_hidden_layers]
 
 
 def _dp(space: "SearchSpace", chosen: Assignment) -> tuple[int]:
-    return (space.world_size // (int(chosen["tp"]) * int(chosen["pp"])),)
+    return (space.world_size // (as_int(chosen, "tp") * as_int(chosen, "pp")),)
 
 
 def _etp(space: "SearchSpace", chosen: Assignment) -> tuple[int, ...]:
     """t; and 1 for an MoE model under t > 1 where sequence parallelism can be on."""
-    tp = int(chosen["tp"])
+    tp = as_int(chosen, "tp")
     if not space.model.is_moe or tp == 1 or True not in space.sequence_parallel or space.training.seq_len % tp:
         return (tp,)
     return (tp, 1)
@@ -112,12 +123,12 @@ def _ep(space: "SearchSpace", chosen: Assignment) -> list[int]:
     of a stage's dp x tp ranks: ep divides those and the expert count."""
     if not space.model.is_moe:
         return [1]
-    ranks = int(chosen["dp"]) * (int(chosen["tp"]) if int(chosen["etp"]) < int(chosen["tp"]) else 1)
+    ranks = as_int(chosen, "dp") * (as_int(chosen, "tp") if as_int(chosen, "etp") < as_int(chosen, "tp") else 1)
     return [e for e in divisors(ranks) if space.model.num_local_experts % e == 0]
 
 
 def _micro_batch_size(space: "SearchSpace", chosen: Assignment) -> list[int]:
-    dp, pp = int(chosen["dp"]), int(chosen["pp"])
+    dp, pp = as_int(chosen, "dp"), as_int(chosen, "pp")
     if space.training.global_batch_size % dp:
         return []
     per_replica = space.training.global_batch_size // dp
@@ -126,10 +137,10 @@ def _micro_batch_size(space: "SearchSpace", chosen: Assignment) -> list[int]:
 
 
 def _schedule(space: "SearchSpace", chosen: Assignment) -> list[Schedule]:
-    pp = int(chosen["pp"])
+    pp = as_int(chosen, "pp")
     if pp == 1:
         return [Schedule.ONE_F_ONE_B]
-    micro_batches = space.training.global_batch_size // (int(chosen["dp"]) * int(chosen["micro_batch_size"]))
+    micro_batches = space.training.global_batch_size // (as_int(chosen, "dp") * as_int(chosen, "micro_batch_size"))
     if micro_batches < pp:
         return []
     out: list[Schedule] = [s for s in (Schedule.ONE_F_ONE_B, Schedule.GPIPE) if s in space.schedules]
@@ -140,7 +151,7 @@ def _schedule(space: "SearchSpace", chosen: Assignment) -> list[Schedule]:
 
 def _virtual_stages(space: "SearchSpace", chosen: Assignment) -> list[int]:
     if chosen["schedule"] is Schedule.INTERLEAVED:
-        return _interleavings(space, int(chosen["pp"]))
+        return _interleavings(space, as_int(chosen, "pp"))
     return [1]
 
 
@@ -150,22 +161,46 @@ def _interleavings(space: "SearchSpace", pp: int) -> list[int]:
 
 
 def _sequence_parallel(space: "SearchSpace", chosen: Assignment) -> list[bool]:
-    tp = int(chosen["tp"])
+    tp = as_int(chosen, "tp")
     if tp == 1:
         return [False]
-    if int(chosen["etp"]) < tp:  # folded experts route each rank's own share of the sequence
+    if as_int(chosen, "etp") < tp:  # folded experts route each rank's own share of the sequence
         return [True]
     return [sp for sp in space.sequence_parallel if not (sp and space.training.seq_len % tp)]
 
 
 def _vocabulary(space: "SearchSpace", chosen: Assignment) -> list[VocabularyLayout]:
     """Pinned always; split over the pipeline with two or more stages under 1F1B."""
-    split = int(chosen["pp"]) > 1 and chosen["schedule"] is Schedule.ONE_F_ONE_B
+    split = as_int(chosen, "pp") > 1 and chosen["schedule"] is Schedule.ONE_F_ONE_B
     return [v for v in space.vocabulary_layouts if split or not v.over_pipeline]
 
 
 def _zero_stage(space: "SearchSpace", chosen: Assignment) -> tuple[ZeroStage, ...]:
-    return space.zero_stages_for(int(chosen["dp"]), int(chosen["pp"]))
+    return space.zero_stages_for(as_int(chosen, "dp"), as_int(chosen, "pp"))
+
+
+def _node_group(space: "SearchSpace", chosen: Assignment) -> int:
+    """Data-parallel ranks of one node: a node's devices over tp."""
+    return max(1, space.devices_per_node // as_int(chosen, "tp"))
+
+
+def _sharding_group(space: "SearchSpace", chosen: Assignment) -> list[int | None]:
+    """The whole data-parallel group; or, under ZeRO 1-3 without expert parallelism, sharding
+    groups of one node's data-parallel ranks when they are fewer than dp (HSDP)."""
+    g, dp = _node_group(space, chosen), as_int(chosen, "dp")
+    zero = chosen["zero_stage"]
+    assert isinstance(zero, ZeroStage)
+    grouped = space.hierarchical_sharding and zero.shards_optimizer_states and as_int(chosen, "ep") == 1
+    return [None, g] if grouped and 1 < g < dp and dp % g == 0 else [None]
+
+
+def _secondary_partition(space: "SearchSpace", chosen: Assignment) -> list[int | None]:
+    """None; or, under ZeRO-3 without a pipeline, a secondary partition of one node's
+    data-parallel ranks when the sharding group spans more (hpZ)."""
+    s, group = _node_group(space, chosen), chosen["sharding_group"] or chosen["dp"]
+    assert isinstance(group, int)
+    ok = space.hierarchical_sharding and chosen["zero_stage"] is ZeroStage.PARAMETERS and as_int(chosen, "pp") == 1
+    return [None, s] if ok and 1 < s < group and group % s == 0 else [None]
 
 
 def _recompute(space: "SearchSpace", _: Assignment) -> tuple[Recompute, ...]:
@@ -190,6 +225,20 @@ AXES: tuple[Axis, ...] = (
         tried_in_full=True,
     ),
     Axis(name="zero_stage", field="zero_stage", depends_on=("dp", "pp"), rule=_zero_stage),
+    Axis(
+        name="sharding_group",
+        field="sharding_group_size",
+        depends_on=("tp", "dp", "ep", "zero_stage"),
+        rule=_sharding_group,
+        tried_in_full=True,
+    ),
+    Axis(
+        name="secondary_partition",
+        field="secondary_partition_size",
+        depends_on=("tp", "pp", "dp", "zero_stage", "sharding_group"),
+        rule=_secondary_partition,
+        tried_in_full=True,
+    ),
     Axis(name="recompute", field="recompute", rule=_recompute),
 )
 """Every axis of the search, in the order they are chosen (each after those it depends on).
@@ -222,6 +271,10 @@ class SearchSpace:
     max_virtual_stages: int = 8
     """Largest number of model chunks per pipeline rank for the interleaved schedule."""
     max_micro_batch_size: int = 64
+    hierarchical_sharding: bool = True
+    """Whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's weights after the
+    forward over a node-sized secondary partition (hpZ), where the data-parallel group spans
+    more than a node."""
 
     @property
     def axes(self) -> tuple[Axis, ...]:
