@@ -7,10 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from cost_models.estimate import estimate
 from planner.cli import app
-from planner.plans import load_plan
+from planner.cli.plan_commands import _verify
+from planner.inputs import load_cluster, load_model
+from planner.plans import load_plan, make_plan
+from planner.schemas import Layout, TrainingSpec
 
 SEARCH = ["search", "-m", "tiny-gpt", "-c", "dgx-a100-80g:1", "--global-batch-size", "32", "--seq-len", "128"]
 
@@ -120,3 +125,16 @@ def test_search_verify_dry_runs_the_first_and_last_stage(tmp_path: Path) -> None
     traced = [line for line in rows if line.split("│")[1].strip().isdigit() and len(line.split("│")) == 8]
     assert traced, proc.stdout
     assert "dry run: traced peak memory beside the estimate" in proc.stdout
+
+
+def test_verify_dry_runs_both_ends_of_a_pipeline_with_tied_embeddings(capsys: pytest.CaptureFixture[str]) -> None:
+    # The README main job's plan kind: tiny-gpt ties its embeddings, and with a pipeline the first
+    # and last stage pair up to sum the copies' gradients. --verify dry-runs exactly those two
+    # stages; it once failed there reading the fake mesh tensor (issue 19, item 5a).
+    model, cluster = load_model("tiny-gpt"), load_cluster("dgx-h100:1")
+    training = TrainingSpec(global_batch_size=8, seq_len=64)
+    layout = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1)
+    plan = make_plan(model, training, cluster, "dgx-h100:1", layout, estimate(model, training, cluster, layout))
+    _verify(plan)  # raises PlannerError with the failing rank's last line
+    err = capsys.readouterr().err
+    assert "dry run of rank 0 " in err and "dry run of rank 4 " in err  # rank 4: stage 1's first
