@@ -129,7 +129,7 @@ def search_outcome(
     cluster: ClusterProfile | str,
     training: TrainingSpec,
     *,
-    strategy: SearchStrategy | StrategyName = StrategyName.EXHAUSTIVE,
+    strategy: SearchStrategy | StrategyName | str = StrategyName.EXHAUSTIVE,
     budget: Budget | None = None,
     top_k: int = 5,
     seed: int = 0,
@@ -146,7 +146,7 @@ def search_outcome(
     Args:
         model, cluster: as for :func:`estimate`; a cluster given as a string is recorded in the plans.
         training: global batch (sequences), sequence length (tokens), dtype.
-        strategy: a SearchStrategy, or the name of one ("exhaustive", "optuna").
+        strategy: a SearchStrategy, or the name of one: a StrategyName or its value ("exhaustive", "optuna").
         budget: trials and seconds the strategy may spend (default: no limit; Optuna 400 trials).
         top_k: plans to return, fastest first.
         seed: seed of the sampler and the solver.
@@ -167,7 +167,7 @@ def search_outcome(
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
 
     Raises:
-        SchemaError: an input could not be read or is invalid.
+        SchemaError: an input could not be read or is invalid, or ``strategy`` names no strategy.
         InfeasibleConfigError: no layout fits; the message says how close one came and what would help.
     """
     if expert_replicas < 0:
@@ -181,7 +181,7 @@ def search_outcome(
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     _note_mixed_devices(cluster_profile)
-    chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
+    chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, str) else strategy
     routing = _routing(routing_trace, model_spec)
     if routing is not None:
         refiners = (*refiners, ExpertPlacementRefiner(stats=routing, replicas=expert_replicas))
@@ -222,7 +222,7 @@ def search(
     cluster: ClusterProfile | str,
     training: TrainingSpec,
     *,
-    strategy: SearchStrategy | StrategyName = StrategyName.EXHAUSTIVE,
+    strategy: SearchStrategy | StrategyName | str = StrategyName.EXHAUSTIVE,
     budget: Budget | None = None,
     top_k: int = 5,
     seed: int = 0,

@@ -12,6 +12,7 @@ import pytest
 
 import planner
 from planner import api
+from planner.schemas import TrainingSpec
 from planner.schemas.errors import SchemaError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +56,31 @@ def test_no_subpackage_of_planner_shares_a_name_with_an_exported_function() -> N
     submodules = {m.name for m in pkgutil.iter_modules(planner.__path__)}
     assert "search_engine" in submodules  # the search's home, named apart from planner.search
     assert not submodules & set(planner.__all__)
+
+
+def test_a_strategy_given_by_name_is_that_strategy() -> None:
+    # Issue 19, item 5c: strategy="optuna" (a str, as the docstring allows) reached the runner as
+    # the string and failed with AttributeError: 'str' object has no attribute 'search'.
+    training = TrainingSpec(global_batch_size=16, seq_len=64)
+    budget = api.Budget(max_trials=12)
+    for name in ("optuna", "exhaustive"):
+        outcome, plans = api.search_outcome("tiny-gpt", "dgx-a100-80g:1", training, strategy=name, budget=budget)
+        assert outcome.strategy == name and plans
+    with pytest.raises(SchemaError, match=r"strategy 'annealing' is not one of: exhaustive, optuna"):
+        api.search("tiny-gpt", "dgx-a100-80g:1", training, strategy="annealing")
+
+
+def test_planner_api_is_reachable_after_import_planner() -> None:
+    # The README points at planner.api; after `import planner` alone it was not an attribute yet.
+    code = (
+        "import planner\nfrom planner.schemas import TrainingSpec\n"
+        "training = TrainingSpec(global_batch_size=16, seq_len=64)\n"
+        "plans = planner.api.search('tiny-gpt', 'dgx-a100-80g:1', training, strategy='optuna', top_k=1, "
+        "budget=planner.api.Budget(max_trials=12))\n"
+        "print(len(plans), type(planner.search).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert out.stdout.splitlines() == ["1 function"], out.stderr
 
 
 def test_every_exported_name_resolves() -> None:
