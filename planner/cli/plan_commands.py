@@ -45,10 +45,11 @@ from planner.render import (
     ranked_table,
     vocabulary_view,
 )
-from planner.schemas import AttentionKernel, DType, Layout, Plan, Recompute, Schedule, VocabularyLayout
+from planner.schemas import AttentionKernel, DeviceKind, DType, Layout, Plan, Recompute, Schedule, VocabularyLayout
 from planner.schemas.device_map import IDENTITY
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
+from planner.schemas.runtime_support import check_runnable
 
 
 def estimate(
@@ -278,8 +279,10 @@ def launch(
 
     Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
     """
+    loaded = api.load_plan(plan)
+    check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)  # as every rank would
     commands = torchrun_commands(
-        api.load_plan(plan),
+        loaded,
         str(plan),
         master_addr=master_addr,
         master_port=master_port,
