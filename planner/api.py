@@ -9,7 +9,9 @@ through a callback; the CLI renders. torch is imported only inside the functions
 >>> plans = planner.search("llama3-8b", "dgx-h100:1", planner.TrainingSpec(global_batch_size=64, seq_len=8192))
 >>> est = planner.estimate("llama3-8b", "dgx-h100:1", planner.TrainingSpec(global_batch_size=64, seq_len=8192),
 ...                        planner.Layout(data_parallel_degree=8, tensor_parallel_degree=1,
-...                                       pipeline_parallel_degree=1, micro_batch_size=1, zero_stage=1))
+...                                       pipeline_parallel_degree=1, micro_batch_size=1, zero_stage=2))
+>>> est.fits  # ZeRO-1 would need more than the H100's 80 GB
+True
 """
 
 import json
