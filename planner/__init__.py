@@ -6,6 +6,7 @@ API function (the search is ``planner.search_engine``, the tuner ``planner.tunin
 subpackage sets it as an attribute of this package, which would hide the function of that name.
 """
 
+import importlib
 from typing import Any
 
 _API = (
@@ -31,6 +32,8 @@ _API = (
     "tune",
     "validate",
 )
+_MODULES = ("api", "schemas")
+"""Subpackages reached as attributes after ``import planner`` alone (``planner.api.search``)."""
 _SCHEMAS = ("ClusterProfile", "Estimate", "Layout", "ModelSpec", "Plan", "RunReport", "TrainingSpec")
 __all__ = [*_API, *_SCHEMAS]
 
@@ -40,6 +43,8 @@ def __getattr__(name: str) -> Any:
         from planner import api
 
         return getattr(api, name)
+    if name in _MODULES:
+        return importlib.import_module(f"planner.{name}")
     if name in _SCHEMAS:
         from planner import schemas
 

@@ -9,7 +9,9 @@ through a callback; the CLI renders. torch is imported only inside the functions
 >>> plans = planner.search("llama3-8b", "dgx-h100:1", planner.TrainingSpec(global_batch_size=64, seq_len=8192))
 >>> est = planner.estimate("llama3-8b", "dgx-h100:1", planner.TrainingSpec(global_batch_size=64, seq_len=8192),
 ...                        planner.Layout(data_parallel_degree=8, tensor_parallel_degree=1,
-...                                       pipeline_parallel_degree=1, micro_batch_size=1, zero_stage=1))
+...                                       pipeline_parallel_degree=1, micro_batch_size=1, zero_stage=2))
+>>> est.fits  # ZeRO-1 would need more than the H100's 80 GB
+True
 """
 
 import json
@@ -129,7 +131,7 @@ def search_outcome(
     cluster: ClusterProfile | str,
     training: TrainingSpec,
     *,
-    strategy: SearchStrategy | StrategyName = StrategyName.EXHAUSTIVE,
+    strategy: SearchStrategy | StrategyName | str = StrategyName.EXHAUSTIVE,
     budget: Budget | None = None,
     top_k: int = 5,
     seed: int = 0,
@@ -147,7 +149,7 @@ def search_outcome(
     Args:
         model, cluster: as for :func:`estimate`; a cluster given as a string is recorded in the plans.
         training: global batch (sequences), sequence length (tokens), dtype.
-        strategy: a SearchStrategy, or the name of one ("exhaustive", "optuna").
+        strategy: a SearchStrategy, or the name of one: a StrategyName or its value ("exhaustive", "optuna").
         budget: trials and seconds the strategy may spend (default: no limit; Optuna 400 trials).
         top_k: plans to return, fastest first.
         seed: seed of the sampler and the solver.
@@ -171,7 +173,7 @@ def search_outcome(
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
 
     Raises:
-        SchemaError: an input could not be read or is invalid.
+        SchemaError: an input could not be read or is invalid, or ``strategy`` names no strategy.
         InfeasibleConfigError: no layout fits; the message says how close one came and what would help.
     """
     if expert_replicas < 0:
@@ -185,7 +187,7 @@ def search_outcome(
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     _note_mixed_devices(cluster_profile)
-    chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, StrategyName) else strategy
+    chosen = make_strategy(strategy, storage=storage) if isinstance(strategy, str) else strategy
     routing = _routing(routing_trace, model_spec)
     if routing is not None:
         refiners = (*refiners, ExpertPlacementRefiner(stats=routing, replicas=expert_replicas))
@@ -227,7 +229,7 @@ def search(
     cluster: ClusterProfile | str,
     training: TrainingSpec,
     *,
-    strategy: SearchStrategy | StrategyName = StrategyName.EXHAUSTIVE,
+    strategy: SearchStrategy | StrategyName | str = StrategyName.EXHAUSTIVE,
     budget: Budget | None = None,
     top_k: int = 5,
     seed: int = 0,

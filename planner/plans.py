@@ -1,4 +1,17 @@
-"""Making, writing and reading plan files."""
+"""Making, writing and reading plan files.
+
+A plan made on a measured cluster names its profile file (``plan.cluster.spec``), and a plan file
+must still open it from another working directory, and once copied. So the path is kept as:
+
+- in a Plan object: absolute (``make_plan`` resolves it from the working directory it was given in);
+- in a plan file: relative to the plan file's folder when the profile lies in that folder or
+  below it (the plan and its profile travel together, as ``out/plan.json`` beside
+  ``out/cluster.json``); absolute otherwise (the plan file can then be copied alone on the machine);
+- read back: a relative path is looked up beside the plan file first, then from the working
+  directory (plan files written before stored the path as typed, relative to where planner ran).
+
+A preset (``dgx-h100:8``) is kept as given.
+"""
 
 import hashlib
 import json
@@ -32,9 +45,10 @@ def make_plan(
     estimate: Estimate,
     runner_up: Alternative | None = None,
 ) -> Plan:
-    """Bundle a layout and its estimate with the identities of their inputs."""
+    """Bundle a layout and its estimate with the identities of their inputs (a profile file's path
+    made absolute: see the module's docstring)."""
     ref = ClusterRef(
-        spec=cluster_spec,
+        spec=str(Path(cluster_spec).resolve()) if _names_a_file(Path(cluster_spec)) else cluster_spec,
         name=cluster.name,
         world_size=cluster.world_size,
         num_nodes=cluster.num_nodes,
@@ -55,8 +69,15 @@ def make_plan(
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    """Write ``plan`` as indented JSON."""
-    Path(path).write_text(plan.model_dump_json(indent=2) + "\n")
+    """Write ``plan`` as indented JSON, its profile file's path relative to ``path``'s folder when
+    the profile lies there or below, absolute otherwise (see the module's docstring)."""
+    where = Path(path)
+    spec = Path(plan.cluster.spec)
+    if _names_a_file(spec):
+        profile, folder = spec.resolve(), where.resolve().parent
+        stored = profile.relative_to(folder).as_posix() if profile.is_relative_to(folder) else str(profile)
+        plan = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"spec": stored})})
+    where.write_text(plan.model_dump_json(indent=2) + "\n")
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -78,12 +99,31 @@ def load_plan(path: str | Path) -> Plan:
             f"{PLAN_SCHEMA_VERSION}); re-create the plan with `planner search` or `planner estimate --output`"
         )
     try:
-        return Plan.model_validate(upgrade(raw))
+        plan = Plan.model_validate(upgrade(raw))
     except PlannerError as e:  # a bad value, or a layout that cannot split the plan's model
         raise SchemaError(f"{where}: not a valid plan: {e}") from e
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
         raise SchemaError(f"{where}: not a valid plan: {problems}") from e
+    return _profile_found(plan, where)
+
+
+def _names_a_file(spec: Path, *folders: Path) -> bool:
+    """Whether a cluster spec is a profile file rather than a preset (``inputs.load_cluster``'s rule),
+    looking for the file from the working directory and from ``folders``."""
+    return spec.suffix.lower() == ".json" or any((folder / spec).is_file() for folder in (Path(), *folders))
+
+
+def _profile_found(plan: Plan, plan_path: Path) -> Plan:
+    """``plan`` with its profile file's relative path resolved: beside the plan file, or else (a
+    plan file written before this rule) from the working directory."""
+    spec = Path(plan.cluster.spec)
+    folder = plan_path.resolve().parent
+    if spec.is_absolute() or not _names_a_file(spec, folder):
+        return plan
+    beside = folder / spec
+    found = spec.resolve() if not beside.is_file() and spec.is_file() else beside.resolve()
+    return plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"spec": str(found)})})
 
 
 def check_cluster(plan: Plan, cluster: ClusterProfile) -> None:

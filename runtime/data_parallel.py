@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from planner.schemas import Layout, ZeroStage
-from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.runtime_support import check_sharded_experts
 from runtime.expert_parallel import JointOptimizer, expert_parameters
 from runtime.model import Decoder
 from runtime.optim import DataParallelOptimizer, make_optimizer
@@ -85,11 +85,8 @@ class DataParallel:
         held = {id(p) for p in experts}
         main: DataParallelOptimizer | torch.optim.Optimizer | JointOptimizer
         if self.shards_with_fsdp:
-            if experts and compute_dtype != torch.float32:
-                raise InfeasibleConfigError(
-                    f"zero_stage={int(self.layout.zero_stage)} with expert parallelism runs in fp32 only so far (the "
-                    "experts stay out of FSDP's mixed precision); train in fp32 or use zero_stage 0 or 1"
-                )
+            if experts:
+                check_sharded_experts(self.layout, fp32=compute_dtype == torch.float32)
             stage, ignored = self.layout.zero_stage, set(experts) or None
             for chunk in chunks:
                 units = [*vocabulary_units(chunk), *chunk.layers.values()]

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.schemas import DeviceKind, DType, MoeDispatcher, Plan, PositionEmbedding, RankMemory, RunReport
+from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import num_micro_batches
+from planner.schemas.runtime_support import check_runnable
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.expert_parallel import expert_sent_bytes
@@ -57,39 +57,7 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             f"{plan.cluster.devices_per_node}), but this job has {world_size}; launch it with the command "
             "`planner launch` prints"
         )
-    layout = plan.layout
-    micro_batches = num_micro_batches(plan.training.global_batch_size, layout)
-    if 1 < layout.pipeline_parallel_degree > micro_batches:
-        raise InfeasibleConfigError(
-            f"the plan runs {micro_batches} micro-batch(es) a step through {layout.pipeline_parallel_degree} pipeline "
-            "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
-            "the global batch (planner search never proposes this)"
-        )
-    if plan.training.tp_comm_overlap and cuda and layout.tensor_parallel_degree > 1:
-        raise InfeasibleConfigError(
-            "the plan is priced with tensor-parallel collectives behind their GEMMs (tp_comm_overlap), but this "
-            "runtime runs them synchronously; plan without --tp-comm-overlap to run it here"
-        )
-    if plan.training.moe_dispatcher is not MoeDispatcher.ALLTOALL and layout.expert_parallel_degree > 1:
-        raise InfeasibleConfigError(
-            f"the plan is priced with the {plan.training.moe_dispatcher} token dispatcher, but this runtime sends "
-            "every (token, expert) pair with one all-to-all; plan with --moe-dispatcher alltoall to run it"
-        )
-    if layout.sharding_group_size is not None or layout.secondary_partition_size is not None:
-        raise InfeasibleConfigError(
-            f"the plan shards in groups ({layout.describe()}), which this runtime does not build yet; plan with "
-            "planner search --no-hierarchical-sharding, or run it with FSDP2 on a (replicate, shard) mesh"
-        )
-    if plan.model.position_embedding_type is PositionEmbedding.ALIBI:
-        raise InfeasibleConfigError(
-            f"{plan.model.name} uses ALiBi position biases, which this runtime does not build (it runs rotary or "
-            "learned positions); the plan's estimate holds, run it with a trainer that builds ALiBi"
-        )
-    if plan.training.moe_capacity_factor is not None:
-        raise InfeasibleConfigError(
-            f"the plan drops tokens over a capacity factor of {plan.training.moe_capacity_factor}, but the runtime "
-            "routes every token to its experts (dropless); plan without --capacity-factor to run it"
-        )
+    check_runnable(plan, cuda=cuda)  # what the plan asks of any job (planner launch checks it too)
     if not cuda and plan.cluster.device_kind is not DeviceKind.CPU:
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "

@@ -33,7 +33,7 @@ from planner.cli.options import (
     search_inputs,
     training_fields,
 )
-from planner.export.torchrun import launch_script, torchrun_commands
+from planner.export.torchrun import MASTER_ADDR_HINT, launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets
 from planner.placement_comparison import placement_applies
 from planner.render import (
@@ -46,10 +46,11 @@ from planner.render import (
     ranked_table,
     vocabulary_view,
 )
-from planner.schemas import AttentionKernel, DType, Layout, Plan, Recompute, Schedule, VocabularyLayout
+from planner.schemas import AttentionKernel, DeviceKind, DType, Layout, Plan, Recompute, Schedule, VocabularyLayout
 from planner.schemas.device_map import IDENTITY
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
+from planner.schemas.runtime_support import check_runnable
 
 
 def estimate(
@@ -275,7 +276,12 @@ def _other_vocabulary(layout: Layout) -> Layout | None:
 
 def launch(
     plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
-    master_addr: Annotated[str, typer.Option(help="Address of node 0, reachable from every node.")] = "MASTER_ADDR",
+    master_addr: Annotated[
+        str | None,
+        typer.Option(
+            help="Address of node 0, reachable from every node [default: each node's MASTER_ADDR, read by the lines]."
+        ),
+    ] = None,
     master_port: Annotated[int, typer.Option(min=1, max=65535, help="Rendezvous port on node 0.")] = 29500,
     steps: Annotated[int, typer.Option(min=1, help="Training steps to run.")] = 10,
     report: Annotated[str, typer.Option(help="Where each run writes its report.")] = "report.json",
@@ -285,18 +291,24 @@ def launch(
 
     Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
     """
+    loaded = api.load_plan(plan)
+    check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)  # as every rank would
     commands = torchrun_commands(
-        api.load_plan(plan),
+        loaded,
         str(plan),
         master_addr=master_addr,
         master_port=master_port,
         steps=steps,
         report_path=report,
     )
+    reads_master_addr = any(cmd.reads_master_addr for cmd in commands)
     if output is not None:
         output.write_text(launch_script(commands))
-        typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes")
+        where = " with MASTER_ADDR set to the address of node 0" if reads_master_addr else ""
+        typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes{where}")
         return
+    if reads_master_addr:
+        typer.echo(f"# {MASTER_ADDR_HINT}; the lines read it from the shell, e.g. export MASTER_ADDR=10.0.0.1")
     for cmd in commands:
         typer.echo(f"{cmd.comment()}\n{cmd.shell()}")
 

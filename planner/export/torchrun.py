@@ -7,6 +7,12 @@ each rank then computes with the threads its profile was measured with (runtime.
 node's cores split over its ranks). torchrun numbers its processes by device; the plan's
 ``DeviceMap`` says which of the plan's ranks each node's devices run, and the runtime builds its
 mesh from the same map.
+
+Without a master address the lines read it from each node's shell, as
+``"${MASTER_ADDR:?set it to the address of node 0}:PORT"``, so that the shell stops with that one
+line when it is unset (a bare placeholder would look like a host name to torchrun). The launch
+script runs the node given as its argument or in NODE_RANK, and refuses in one line (exit 2)
+without one.
 """
 
 import shlex
@@ -15,6 +21,12 @@ from dataclasses import dataclass
 from planner.schemas import DeviceKind, Plan
 
 DEFAULT_PORT = 29500
+MASTER_ADDR_HINT = (
+    "set MASTER_ADDR to the address of node 0, reachable from every node, or pass --master-addr HOST to planner launch"
+)
+"""What to do when a multi-node launch has no master address."""
+_MASTER_ADDR_FROM_SHELL = "${MASTER_ADDR:?set it to the address of node 0}"
+"""The shell's MASTER_ADDR, or a one-line error saying to set it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,21 +44,34 @@ class NodeCommand:
         return f"# node {self.node_rank}: ranks {_ranges(self.plan_ranks)}"
 
     def shell(self) -> str:
-        """One shell line: environment assignments, then the quoted command."""
+        """One shell line: environment assignments, then the quoted command (the shell's
+        MASTER_ADDR, where the command reads it, in double quotes so that it expands)."""
         assignments = [f"{k}={shlex.quote(v)}" for k, v in self.env]
-        return " ".join([*assignments, *(shlex.quote(a) for a in self.argv)])
+        return " ".join([*assignments, *(_quote(a) for a in self.argv)])
+
+    @property
+    def reads_master_addr(self) -> bool:
+        """Whether the command takes node 0's address from the shell's MASTER_ADDR."""
+        return any(_MASTER_ADDR_FROM_SHELL in a for a in self.argv)
+
+
+def _quote(arg: str) -> str:
+    if arg.startswith(_MASTER_ADDR_FROM_SHELL):  # then ":PORT", digits only
+        return f'"{arg}"'
+    return shlex.quote(arg)
 
 
 def torchrun_commands(
     plan: Plan,
     plan_path: str,
     *,
-    master_addr: str = "MASTER_ADDR",
+    master_addr: str | None = None,
     master_port: int = DEFAULT_PORT,
     steps: int = 10,
     report_path: str = "report.json",
 ) -> tuple[NodeCommand, ...]:
-    """The command for every node of the plan's cluster, node 0 first."""
+    """The command for every node of the plan's cluster, node 0 first; without ``master_addr``
+    the commands read node 0's address from the shell's MASTER_ADDR."""
     ref = plan.cluster
     ranks = node_ranks(plan)
     run = ("-m", "planner", "run", plan_path, "--steps", str(steps), "--report", report_path)
@@ -69,7 +94,7 @@ def torchrun_commands(
                 "--rdzv-backend",
                 "c10d",
                 "--rdzv-endpoint",
-                f"{master_addr}:{master_port}",
+                f"{master_addr or _MASTER_ADDR_FROM_SHELL}:{master_port}",
                 "--rdzv-id",
                 ref.sha256[:12],
                 *run,
@@ -101,14 +126,28 @@ def _ranges(ranks: tuple[int, ...]) -> str:
 
 
 def launch_script(commands: tuple[NodeCommand, ...]) -> str:
-    """A bash script that runs the command of the node given as its first argument (default 0)."""
+    """A bash script that runs the command of the node given as its argument or in NODE_RANK; one
+    node needs neither. Without one, or a rank out of range, or (when the commands read it)
+    without MASTER_ADDR, it stops with one line on stderr, exit code 2."""
+    last = len(commands) - 1
+    default = "0" if last == 0 else ""
     lines = [
         "#!/usr/bin/env bash",
-        "# Run on every node: bash launch.sh NODE_RANK",
+        f"# Run on every node: bash launch.sh NODE_RANK (0..{last}), or with NODE_RANK set",
         "set -euo pipefail",
-        'case "${1:-0}" in',
+        f'node="${{1:-${{NODE_RANK:-{default}}}}}"',
+        'if [ -z "$node" ]; then',
+        f'  echo "give the rank of this node, 0..{last}: bash $0 NODE_RANK, or set NODE_RANK" >&2; exit 2',
+        "fi",
     ]
+    if any(cmd.reads_master_addr for cmd in commands):
+        lines += [
+            'if [ -z "${MASTER_ADDR:-}" ]; then',
+            f'  echo "{MASTER_ADDR_HINT}" >&2; exit 2',
+            "fi",
+        ]
+    lines.append('case "$node" in')
     for cmd in commands:
         lines += [f"  {cmd.node_rank})", f"    {cmd.comment()}", f"    {cmd.shell()}", "    ;;"]
-    lines += ['  *) echo "node rank must be 0..' + str(len(commands) - 1) + '" >&2; exit 2 ;;', "esac", ""]
+    lines += [f'  *) echo "node rank $node is not one of 0..{last}" >&2; exit 2 ;;', "esac", ""]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ Nothing here imports torch (a test checks it).
 
 from enum import StrEnum
 
+from planner.schemas.errors import SchemaError
 from planner.search_engine.exhaustive import ExhaustiveSearch
 from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.optuna_search import OptunaSearch
@@ -21,9 +22,16 @@ class StrategyName(StrEnum):
     OPTUNA = "optuna"
 
 
-def make_strategy(name: StrategyName, *, storage: str | None = None) -> SearchStrategy:
-    """The strategy called ``name``; ``storage`` is Optuna's study storage URL (None: in memory)."""
-    if name is StrategyName.OPTUNA:
+def make_strategy(name: StrategyName | str, *, storage: str | None = None) -> SearchStrategy:
+    """The strategy called ``name`` (a StrategyName or its value, e.g. "optuna"); ``storage`` is
+    Optuna's study storage URL (None: in memory).
+
+    Raises:
+        SchemaError: ``name`` names no strategy.
+    """
+    if name not in tuple(StrategyName):
+        raise SchemaError(f"strategy {name!r} is not one of: {', '.join(StrategyName)}; pass one of those names")
+    if StrategyName(name) is StrategyName.OPTUNA:
         return OptunaSearch(storage=storage)
     return ExhaustiveSearch()
 

@@ -3,6 +3,7 @@ the functions whatever was imported before), every exported function documented 
 arguments, returns and errors, and the functions that need torchrun say so without starting."""
 
 import inspect
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 import planner
 from planner import api
+from planner.schemas import TrainingSpec
 from planner.schemas.errors import SchemaError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +32,55 @@ def test_planner_search_and_tune_are_the_functions_whatever_was_imported_first(f
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.splitlines() == ["tuple 2 Plan", "planner.api planner.api planner.api planner.api planner.api"]
+
+
+def test_planner_search_is_the_function_before_and_after_an_estimate() -> None:
+    # Issue 19, item 5b: once ``planner.search`` was the function on first access and the search
+    # subpackage after ``planner.estimate`` had imported it (a subpackage import sets the attribute).
+    code = (
+        "import planner\nfrom planner.schemas import Layout, TrainingSpec\n"
+        "print(type(planner.search).__name__)\n"
+        "training = TrainingSpec(global_batch_size=16, seq_len=64)\n"
+        "layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, "
+        "micro_batch_size=2)\n"
+        "planner.estimate('tiny-gpt', 'dgx-a100-80g:1', training, layout)\n"
+        "print(type(planner.search).__name__, planner.search.__module__)\n"
+        "planner.search('tiny-gpt', 'dgx-a100-80g:1', training, top_k=1)\n"
+        "print(type(planner.search).__name__, type(planner.estimate).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.splitlines() == ["function", "function planner.api", "function function"]
+
+
+def test_no_subpackage_of_planner_shares_a_name_with_an_exported_function() -> None:
+    submodules = {m.name for m in pkgutil.iter_modules(planner.__path__)}
+    assert "search_engine" in submodules  # the search's home, named apart from planner.search
+    assert not submodules & set(planner.__all__)
+
+
+def test_a_strategy_given_by_name_is_that_strategy() -> None:
+    # Issue 19, item 5c: strategy="optuna" (a str, as the docstring allows) reached the runner as
+    # the string and failed with AttributeError: 'str' object has no attribute 'search'.
+    training = TrainingSpec(global_batch_size=16, seq_len=64)
+    budget = api.Budget(max_trials=12)
+    for name in ("optuna", "exhaustive"):
+        outcome, plans = api.search_outcome("tiny-gpt", "dgx-a100-80g:1", training, strategy=name, budget=budget)
+        assert outcome.strategy == name and plans
+    with pytest.raises(SchemaError, match=r"strategy 'annealing' is not one of: exhaustive, optuna"):
+        api.search("tiny-gpt", "dgx-a100-80g:1", training, strategy="annealing")
+
+
+def test_planner_api_is_reachable_after_import_planner() -> None:
+    # The README points at planner.api; after `import planner` alone it was not an attribute yet.
+    code = (
+        "import planner\nfrom planner.schemas import TrainingSpec\n"
+        "training = TrainingSpec(global_batch_size=16, seq_len=64)\n"
+        "plans = planner.api.search('tiny-gpt', 'dgx-a100-80g:1', training, strategy='optuna', top_k=1, "
+        "budget=planner.api.Budget(max_trials=12))\n"
+        "print(len(plans), type(planner.search).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert out.stdout.splitlines() == ["1 function"], out.stderr
 
 
 def test_every_exported_name_resolves() -> None:

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from cost_models.estimate import estimate
 from planner.cli import app
-from planner.inputs import load_cluster, load_model
+from planner.inputs import load_cluster, load_model, save_cluster
 from planner.plans import load_plan, make_plan, save_plan
-from planner.schemas import DeviceKind, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import DeviceKind, Estimate, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError, SchemaError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v6.json"
@@ -143,3 +143,67 @@ def test_a_version_1_plan_takes_its_device_kind_from_its_device_name(
     (tmp_path / "v1.json").write_text(json.dumps(raw))
     plan = load_plan(tmp_path / "v1.json")
     assert (plan.cluster.device_name, plan.cluster.device_kind) == (device_name, kind)
+
+
+def _measured_plan(profile: Path, spec: str, plan_path: Path) -> None:
+    """A plan on the profile at ``profile``, given to the planner as ``spec`` (from the cwd)."""
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    save_cluster(CLUSTER, profile)
+    layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    plan = make_plan(MODEL, TRAINING, load_cluster(spec), spec, layout, estimate(MODEL, TRAINING, CLUSTER, layout))
+    plan_path.parent.mkdir(parents=True, exist_ok=True)
+    save_plan(plan, plan_path)
+
+
+def _opens(plan_path: Path) -> Path:
+    """The profile the plan names, loaded as `planner explain` loads it; its path."""
+    spec = load_plan(plan_path).cluster.spec
+    assert load_cluster(spec) == CLUSTER
+    return Path(spec)
+
+
+def test_a_plan_on_a_measured_cluster_opens_from_any_directory_and_when_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 19, item 5d: the plan stored the profile's path as typed, relative to the working
+    # directory (out/cluster.json): from out/ itself, or once out/ was copied, it no longer opened.
+    monkeypatch.chdir(tmp_path)
+    _measured_plan(Path("out/cluster.json"), "out/cluster.json", Path("out/plan.json"))
+    assert json.loads(Path("out/plan.json").read_text())["cluster"]["spec"] == "cluster.json"  # beside the plan
+    assert _opens(Path("out/plan.json")) == tmp_path / "out" / "cluster.json"
+    monkeypatch.chdir(tmp_path / "out")
+    assert _opens(Path("plan.json")) == tmp_path / "out" / "cluster.json"
+    monkeypatch.chdir(tmp_path)
+    Path("out").rename("moved")  # the folder copied or moved: plan and profile travel together
+    assert _opens(Path("moved/plan.json")) == tmp_path / "moved" / "cluster.json"
+
+
+def test_a_plan_on_a_profile_outside_its_folder_names_it_absolute_and_opens_when_copied_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _measured_plan(Path("profiles/cluster.json"), "profiles/cluster.json", Path("plans/plan.json"))
+    stored = json.loads(Path("plans/plan.json").read_text())["cluster"]["spec"]
+    assert stored == str(tmp_path / "profiles" / "cluster.json")
+    Path("elsewhere").mkdir()
+    Path("plans/plan.json").rename("elsewhere/plan.json")  # the plan alone, somewhere else
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert _opens(Path("plan.json")) == tmp_path / "profiles" / "cluster.json"
+
+
+def test_a_plan_written_with_its_profile_relative_to_the_working_directory_still_opens_from_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _measured_plan(Path("out/cluster.json"), "out/cluster.json", Path("out/plan.json"))
+    raw = json.loads(Path("out/plan.json").read_text())
+    raw["cluster"]["spec"] = "out/cluster.json"  # as plans were written before
+    Path("out/plan.json").write_text(json.dumps(raw))
+    assert _opens(Path("out/plan.json")) == tmp_path / "out" / "cluster.json"
+    preset = make_plan(MODEL, TRAINING, CLUSTER, "dgx-a100-80g:1", *_layout_and_estimate())
+    assert preset.cluster.spec == "dgx-a100-80g:1"  # a preset stays a preset
+
+
+def _layout_and_estimate() -> tuple[Layout, Estimate]:
+    layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    return layout, estimate(MODEL, TRAINING, CLUSTER, layout)

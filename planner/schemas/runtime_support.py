@@ -1,0 +1,69 @@
+"""What this planner's runtime runs: the plans `planner run` refuses before any work, stated once
+so that `planner launch` refuses the same plans without importing torch (the runtime calls
+``check_runnable`` from ``runtime.run.check_world``; the launch export before printing a command
+that could only fail on every node)."""
+
+from planner.schemas.enums import DType, MoeDispatcher, PositionEmbedding
+from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.geometry import num_micro_batches
+from planner.schemas.layout import Layout
+from planner.schemas.plan import Plan
+
+
+def check_runnable(plan: Plan, *, cuda: bool) -> None:
+    """Refuse a plan the runtime cannot run on a job with (``cuda``) or without CUDA devices,
+    whatever the job's size (``runtime.run.check_world`` checks that).
+
+    Raises:
+        InfeasibleConfigError: the plan, the reason, and how to plan one that runs.
+    """
+    layout, training = plan.layout, plan.training
+    micro_batches = num_micro_batches(training.global_batch_size, layout)
+    if 1 < layout.pipeline_parallel_degree > micro_batches:
+        raise InfeasibleConfigError(
+            f"the plan runs {micro_batches} micro-batch(es) a step through {layout.pipeline_parallel_degree} pipeline "
+            "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
+            "the global batch (planner search never proposes this)"
+        )
+    if training.tp_comm_overlap and cuda and layout.tensor_parallel_degree > 1:
+        raise InfeasibleConfigError(
+            "the plan is priced with tensor-parallel collectives behind their GEMMs (tp_comm_overlap), but this "
+            "runtime runs them synchronously; plan without --tp-comm-overlap to run it here"
+        )
+    if training.moe_dispatcher is not MoeDispatcher.ALLTOALL and layout.expert_parallel_degree > 1:
+        raise InfeasibleConfigError(
+            f"the plan is priced with the {training.moe_dispatcher} token dispatcher, but this runtime sends "
+            "every (token, expert) pair with one all-to-all; plan with --moe-dispatcher alltoall to run it"
+        )
+    if layout.sharding_group_size is not None or layout.secondary_partition_size is not None:
+        raise InfeasibleConfigError(
+            f"the plan shards in groups ({layout.describe()}), which this runtime does not build yet; plan with "
+            "planner search --no-hierarchical-sharding, or run it with FSDP2 on a (replicate, shard) mesh"
+        )
+    if plan.model.position_embedding_type is PositionEmbedding.ALIBI:
+        raise InfeasibleConfigError(
+            f"{plan.model.name} uses ALiBi position biases, which this runtime does not build (it runs rotary or "
+            "learned positions); the plan's estimate holds, run it with a trainer that builds ALiBi"
+        )
+    if training.moe_capacity_factor is not None:
+        raise InfeasibleConfigError(
+            f"the plan drops tokens over a capacity factor of {training.moe_capacity_factor}, but the runtime "
+            "routes every token to its experts (dropless); plan without --capacity-factor to run it"
+        )
+    if plan.model.is_moe and (layout.expert_parallel_degree > 1 or layout.folds_experts):
+        check_sharded_experts(layout, fp32=training.dtype is DType.FP32)
+
+
+def check_sharded_experts(layout: Layout, *, fp32: bool) -> None:
+    """Refuse ZeRO-2/3 beside experts held apart from FSDP (expert parallelism, or folded experts)
+    in a precision other than fp32: the experts stay out of FSDP's mixed precision.
+
+    Raises:
+        InfeasibleConfigError: naming the ZeRO stage and what runs instead.
+    """
+    # ZeRO-2/3 over one replica is ZeRO-0 in the runtime (runtime.data_parallel.shards_with_fsdp)
+    if layout.zero_stage.shards_gradients and layout.data_parallel_degree > 1 and not fp32:
+        raise InfeasibleConfigError(
+            f"zero_stage={int(layout.zero_stage)} with expert parallelism runs in fp32 only so far (the "
+            "experts stay out of FSDP's mixed precision); train in fp32 or use zero_stage 0 or 1"
+        )
