@@ -47,6 +47,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType, TracebackType
@@ -58,6 +59,8 @@ PREFIX_FAMILY = "nh"
 INTERFACE = "eth0"
 """The host side of each veth, inside the host's namespace."""
 MAX_HOSTS = 250
+STOP_GRACE_S = 3.0
+"""Seconds our processes get between SIGTERM and SIGKILL at teardown."""
 _PREFIX_RE = re.compile(rf"^{PREFIX_FAMILY}(\d+)x[0-9a-f]{{4}}-")
 _DETACHED_PID = 0
 """Owner pid in the prefix of namespaces made by ``up``: removed only by an explicit prefix."""
@@ -275,9 +278,13 @@ class NetnsHosts:
         return command_in(h.namespace, h.hostname, argv)
 
     def popen(self, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
-        """Start ``argv`` on ``host`` (a ``subprocess.Popen``; stopped at teardown if still running).
+        """Start ``argv`` on ``host`` (a ``subprocess.Popen`` in a new session; at teardown, its process
+        group is stopped: SIGTERM, then SIGKILL after ``STOP_GRACE_S``).
         ``env`` is added to this process's environment, after ``GLOO_SOCKET_IFNAME``."""
         full_env = {**os.environ, "GLOO_SOCKET_IFNAME": INTERFACE, **(env or {})}
+        # A session of its own: teardown stops the whole group (torchrun's workers too), and a
+        # terminal's Ctrl-C reaches only this process, whose handler tears down.
+        kwargs.setdefault("start_new_session", True)
         proc: subprocess.Popen[Any] = subprocess.Popen(self.command(host, argv), env=full_env, **kwargs)
         self._procs.append(proc)
         return proc
@@ -299,11 +306,7 @@ class NetnsHosts:
     def close(self) -> None:
         """Stop our processes still running and delete our namespaces. Idempotent."""
         with self._lock:
-            for proc in self._procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=5)
+            _stop_groups(self._procs)
             self._procs.clear()
             for name in reversed(self._made):
                 with contextlib.suppress(subprocess.CalledProcessError):
@@ -337,6 +340,33 @@ class NetnsHosts:
             previous(signum, frame)
         elif previous == signal.SIG_DFL:
             signal.raise_signal(signum)
+
+
+def _stop_groups(procs: Sequence[subprocess.Popen[Any]]) -> None:
+    """SIGTERM the process group each of ``procs`` leads (a launcher forwards it to its workers),
+    then SIGKILL what is left after ``STOP_GRACE_S``."""
+    groups = [p.pid for p in procs if p.poll() is None or _group_alive(p.pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            for proc in procs:
+                proc.poll()  # reap a leader that ended: a zombie would keep its group "alive"
+            if not any(_group_alive(g) for g in groups):
+                return
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def command_in(namespace: str, hostname: str, argv: Sequence[str]) -> list[str]:

@@ -4,6 +4,7 @@ teardown leaves no namespace behind, also when the body raises. Needs root and i
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -82,10 +83,14 @@ def test_teardown_leaves_nothing_even_after_an_exception() -> None:
     hosts = netns_hosts.NetnsHosts(2, {(0, 1): 10})
     with pytest.raises(RuntimeError, match="boom"), hosts:
         assert len(_ours(hosts.prefix)) == 3  # two hosts and the switch
-        sleeper = hosts.popen(0, ["sleep", "60"])
+        # A launcher with a worker, as torchrun has: the worker must go too.
+        launcher = hosts.popen(0, ["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+        worker = int(launcher.stdout.readline())
         raise RuntimeError("boom")
     assert _ours(hosts.prefix) == []
-    assert sleeper.poll() is not None  # the process started inside was stopped too
+    assert launcher.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
