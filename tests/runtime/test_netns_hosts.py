@@ -27,16 +27,16 @@ def _load() -> ModuleType:
 
 
 netns_hosts = _load()
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.skipif((reason := netns_hosts.unavailable_reason()) is not None, reason=f"namespaced hosts: {reason}"),
-]
+REASON = netns_hosts.unavailable_reason()
+needs_netns = pytest.mark.skipif(REASON is not None, reason=f"namespaced hosts: {REASON}")
+pytestmark = pytest.mark.distributed
 
 
 def _ours(prefix: str) -> list[str]:
     return [name for name in netns_hosts.list_namespaces() if name.startswith(prefix + "-")]
 
 
+@needs_netns
 def test_the_slowed_pair_is_slower_under_gloo() -> None:
     # 3 hosts, 0-1 limited to 50 Mbit/s (6.25e6 bytes/s), 0-2 unshaped. 2 MB ping-pongs: about
     # 0.33 s each over the slow pair, milliseconds over a veth.
@@ -65,6 +65,7 @@ def test_the_slowed_pair_is_slower_under_gloo() -> None:
     assert fast > 5 * slow
 
 
+@needs_netns
 def test_shaping_is_per_pair_and_both_directions() -> None:
     with netns_hosts.NetnsHosts(3, {(2, 0): 50}, default_rate_mbit=1000) as hosts:
         assert hosts.slow_links == {(0, 2): 50}
@@ -79,6 +80,7 @@ def test_shaping_is_per_pair_and_both_directions() -> None:
         assert hosts.run(1, ["hostname"], timeout_s=10).stdout.strip() == f"{hosts.prefix}-h1"
 
 
+@needs_netns
 def test_teardown_leaves_nothing_even_after_an_exception() -> None:
     hosts = netns_hosts.NetnsHosts(2, {(0, 1): 10})
     with pytest.raises(RuntimeError, match="boom"), hosts:
@@ -93,6 +95,7 @@ def test_teardown_leaves_nothing_even_after_an_exception() -> None:
         os.kill(worker, 0)
 
 
+@needs_netns
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_tears_down(signum: int) -> None:
     # A process that builds hosts, says its prefix, then waits: the signal removes its namespaces
@@ -122,6 +125,7 @@ def test_bad_links_are_refused() -> None:
         netns_hosts.NetnsHosts(2, {(0, 1): 0})
 
 
+@needs_netns
 def test_down_removes_an_orphans_namespaces_only() -> None:
     orphan = netns_hosts.new_prefix(owner_pid=2**22 + 1)  # above pid_max's default: never alive
     subprocess.run(["ip", "netns", "add", f"{orphan}-h0"], check=True)
@@ -130,3 +134,27 @@ def test_down_removes_an_orphans_namespaces_only() -> None:
         assert f"{orphan}-h0" in removed
         assert len(_ours(live.prefix)) == 2  # a live run's hosts stay
     assert _ours(orphan) == []
+
+
+def test_the_reason_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(netns_hosts.os, "geteuid", lambda: 1000)
+    assert netns_hosts.unavailable_reason() == "needs root (network namespaces, veths and tc)"
+    monkeypatch.setattr(netns_hosts.os, "geteuid", lambda: 0)
+    monkeypatch.setenv("PATH", "")
+    assert netns_hosts.unavailable_reason() == "needs `ip` (iproute2)"
+
+
+@needs_netns
+def test_the_command_line_builds_runs_and_removes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert netns_hosts.main(["up", "--hosts", "2", "--slow", "0-5:10"]) == 2
+    assert "0..1" in capsys.readouterr().err
+    assert netns_hosts.main(["up", "--hosts", "2", "--slow", "0-1:10"]) == 0
+    prefix = json.loads(capsys.readouterr().out)["prefix"]
+    try:
+        assert len(_ours(prefix)) == 3
+        assert netns_hosts.down() == []  # made by `up`: not an orphan
+        assert netns_hosts.main(["run", "--prefix", prefix, "--host", "1", "--", "true"]) == 0
+        assert netns_hosts.main(["run", "--prefix", prefix, "--host", "1", "--", "false"]) == 1
+    finally:
+        assert netns_hosts.main(["down", "--prefix", prefix]) == 0
+    assert _ours(prefix) == []
