@@ -1,0 +1,168 @@
+"""The profiler and the runtime across hosts with uneven links: namespaced hosts
+(scripts/netns_hosts.py), one pair rate-limited with htb, one torchrun per host (--nnodes N
+--node-rank i, rendezvous at host 0's address, one rank each).
+
+``planner profile --quick`` measures the hosts; the benchmark prints the node matrix and whether
+the slowed pair is its slowest link. Then ``planner search`` plans a small model on that profile
+and ``planner run`` runs the plan across the hosts, and, when the search mapped ranks around the
+slow pair, the same layout with rank r on host r: predicted and measured step time of each.
+
+Run (as root, with iproute2): .venv/bin/python benchmarks/netns_profile.py [--hosts 3]
+    [--slow 0-1] [--rate-mbit 100] [--output cluster.json] [--steps 8 | --steps 0]
+The shaped rate is a ceiling on bytes on the wire (Ethernet, IP and TCP headers included), so
+the profile should read a little below it; unshaped veth pairs run at memory-copy speed, hundreds
+of MB/s to GB/s on this machine's 2 shared cores. About 1.5 min at 100 Mbit/s; at 10 Mbit/s the
+profile's 16 MiB collectives over the slow pair make it 5 min.
+
+Measured so far (tiny-gpt, pp3 mb4): the search maps the stage chain around the slow pair and
+predicts 0.02-0.04 s against 0.07-0.6 s for rank r on host r; measured, the mapped plan was not
+faster in any of 5 pairs of runs (e.g. 0.79 s vs 0.64 s at 10 Mbit/s), tied or untied, but the
+steps (0.5-1.2 s) were dominated by CPU contention (load averages 9-16 on 2 cores). One transfer
+the cost model does not price: on 3 hosts that map puts the first and last stages on the slow
+pair, where the tied embedding's gradient all-reduce runs (runtime.pipeline.TiedEmbedding).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import planner
+from planner.inputs import load_cluster
+from planner.plans import save_plan
+from planner.schemas import ClusterProfile
+from planner.schemas.device_map import IDENTITY
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import netns_hosts  # noqa: E402
+
+MASTER_PORT = "29500"
+"""Free by construction: host 0's namespace is new, and nothing else listens in it."""
+
+
+def torchrun_across(hosts: netns_hosts.NetnsHosts, planner_args: list[str], timeout_s: float) -> float:
+    """Run ``planner <planner_args>`` with one torchrun per host (one rank each, rendezvous at
+    host 0's address).
+
+    Returns:
+        The wall time in seconds.
+    """
+    n = hosts.n_hosts
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    procs = []
+    for i in range(n):
+        argv = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={n}", f"--node-rank={i}", f"--master-addr={hosts.hosts[0].address}",
+            f"--master-port={MASTER_PORT}", "--nproc-per-node=1", "-m", "planner", *planner_args,
+        ]  # fmt: skip
+        procs.append(hosts.popen(i, argv, env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        shown = "\n".join(f"--- host {i} ---\n{logs[i]}" for i in failed)
+        raise SystemExit(f"planner {planner_args[0]} failed on hosts {failed}:\n{shown}")
+    return time.perf_counter() - start
+
+
+def print_matrix(cluster: ClusterProfile, slow: tuple[int, int]) -> bool:
+    """Print the node matrix; whether the ``slow`` pair is its slowest link."""
+    links = cluster.inter_node_links
+    n = links.size
+    print("measured node bandwidth, MB/s (row: sender, column: receiver)")
+    print("      " + "".join(f"{j:>10}" for j in range(n)))
+    for i in range(n):
+        cells = ["-" if i == j else f"{links.link(i, j).bandwidth_bytes_per_s / 1e6:.1f}" for j in range(n)]
+        print(f"{i:>6}" + "".join(f"{c:>10}" for c in cells))
+    pairs = {(i, j): links.link(i, j).bandwidth_bytes_per_s for i in range(n) for j in range(n) if i != j}
+    slowest = min(pairs, key=lambda p: pairs[p])
+    a, b = slow
+    others = [bw for (i, j), bw in pairs.items() if {i, j} != {a, b}]
+    print(f"slowest link: {slowest[0]}->{slowest[1]} at {pairs[slowest] / 1e6:.1f} MB/s")
+    if others:
+        ratio = min(others) / max(pairs[(a, b)], pairs[(b, a)])
+        print(f"fastest slowed direction vs slowest other link: {ratio:.1f}x slower")
+    return {slowest[0], slowest[1]} == {a, b}
+
+
+def plans_for(cluster_path: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """The searched plan for ``args.model`` on the measured cluster and, when the search mapped
+    ranks to devices, the same layout with rank r on host r."""
+    searched = workdir / "searched.json"
+    search = [sys.executable, "-m", "planner", "search", "--model", args.model, "--cluster", str(cluster_path)]
+    search += ["--global-batch-size", str(args.global_batch_size), "--seq-len", str(args.seq_len)]
+    subprocess.run([*search, "--output", str(searched)], check=True, capture_output=True, cwd=ROOT)
+    plans = {"searched": searched}
+    plan = planner.load_plan(searched)
+    if not plan.layout.device_map.is_identity:
+        layout = replace(plan.layout, device_map=IDENTITY)
+        estimate = planner.estimate(plan.model, str(cluster_path), plan.training, layout)
+        plans["identity map"] = workdir / "identity.json"
+        save_plan(
+            plan.model_copy(update={"layout": layout, "estimate": estimate, "runner_up": None}), plans["identity map"]
+        )
+    return plans
+
+
+def run_plans(hosts: netns_hosts.NetnsHosts, plans: dict[str, Path], workdir: Path, args: argparse.Namespace) -> None:
+    """Run each plan across the hosts and print its predicted and measured step time (the
+    report's median after the warm-up)."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n{args.model}, global batch {args.global_batch_size}, seq {args.seq_len}, {args.steps} steps per run")
+    print(f"(load average {load} on {os.cpu_count()} cores: other work on them makes step times noisy)")
+    head = f"{'plan':<14}{'layout':<22}{'ranks on hosts':<16}{'predicted s':>12}{'measured s':>12}"
+    print(head)
+    for name, path in plans.items():
+        report_path = workdir / f"{path.stem}.report.json"
+        torchrun_across(
+            hosts, ["run", str(path), "--steps", str(args.steps), "--report", str(report_path)], args.timeout
+        )
+        report = json.loads(report_path.read_text())
+        lay = report["layout"]
+        shape = f"dp{lay['data_parallel_degree']} tp{lay['tensor_parallel_degree']} pp{lay['pipeline_parallel_degree']}"
+        shape += f" mb{lay['micro_batch_size']}"
+        devices = lay["device_map"]["devices"] or list(range(report["world_size"]))
+        print(
+            f"{name:<14}{shape:<22}{devices!s:<16}"
+            f"{report['predicted_step_time_s']:>12.4f}{report['measured_step_time_s']:>12.4f}"
+        )
+
+
+def main() -> None:
+    """Profile, print the node matrix, run the plans; exit 1 when the slowed pair is not the slowest."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--slow", default="0-1", help="the slowed pair, I-J")
+    parser.add_argument("--rate-mbit", type=float, default=100.0)
+    parser.add_argument("--output", type=Path, default=None, help="keep the profile here")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for each torchrun job")
+    parser.add_argument("--model", default="tiny-gpt", help="the model whose plans are run")
+    parser.add_argument("--global-batch-size", type=int, default=12)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=8, help="training steps per plan (0: profile only)")
+    args = parser.parse_args()
+    if reason := netns_hosts.unavailable_reason():
+        raise SystemExit(f"netns_profile: {reason}")
+    a, b = (int(x) for x in args.slow.split("-"))
+    with tempfile.TemporaryDirectory() as tmp, netns_hosts.NetnsHosts(args.hosts, {(a, b): args.rate_mbit}) as hosts:
+        workdir = Path(tmp)
+        output = args.output or workdir / "cluster.json"
+        wall_s = torchrun_across(hosts, ["profile", "--quick", "--output", str(output)], args.timeout)
+        limit = f"{args.rate_mbit:g} Mbit/s ({args.rate_mbit / 8:g} MB/s)"
+        print(f"{args.hosts} hosts, {a}<->{b} limited to {limit}; profile {wall_s:.0f} s")
+        slow_pair_slowest = print_matrix(load_cluster(str(output)), (a, b))
+        print(f"slowed pair is the slowest: {slow_pair_slowest}")
+        if args.steps:
+            run_plans(hosts, plans_for(output, workdir, args), workdir, args)
+    sys.exit(0 if slow_pair_slowest else 1)
+
+
+if __name__ == "__main__":
+    main()
