@@ -367,6 +367,9 @@ def run(
     data: str | Path | None = None,
     timeout_s: float = 300.0,
     trace_routing: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
 ) -> RunReport | None:
     """Train with a plan file for a few steps; call it on every rank under torchrun.
 
@@ -382,6 +385,11 @@ def run(
         timeout_s: seconds a rank waits for a peer.
         trace_routing: where rank 0 writes the run's routing trace (an MoE model's expert ids per
             token and layer, ``runtime.routing_trace``); None: no trace.
+        checkpoint_dir: where every rank saves its part of each checkpoint (``runtime.checkpoint``:
+            model, optimizer, step and random state; atomic); None: no checkpoints.
+        checkpoint_every: steps between checkpoints (0: one after the last step).
+        resume: continue from the newest complete checkpoint in ``checkpoint_dir``, taken under
+            the same plan: the steps after it compute what an uninterrupted run computes.
 
     Returns:
         On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
@@ -393,6 +401,10 @@ def run(
     """
     if "RANK" not in os.environ:
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
+    if resume and checkpoint_dir is None:
+        raise SchemaError("--resume continues from a checkpoint: give its folder with --checkpoint-dir")
+    if checkpoint_every < 0:
+        raise SchemaError(f"--checkpoint-every {checkpoint_every} must be 0 (after the last step) or more")
     loaded = load_plan(plan)  # a bad plan is refused before torch is imported
     from runtime.run import RunSettings
     from runtime.run import run as run_plan
@@ -408,6 +420,9 @@ def run(
         data=Path(data) if data is not None else None,
         timeout_s=timeout_s,
         trace_routing=Path(trace_routing) if trace_routing is not None else None,
+        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
     )
     return run_plan(settings, loaded)
 

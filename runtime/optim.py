@@ -42,10 +42,22 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], lr: float) -> torc
     params = list(params)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
+    groups = _kinds(params)
     try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, fused=True)
     except RuntimeError:  # no fused kernel for this device or dtype
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, foreach=False)
+
+
+def _kinds(params: list[torch.Tensor]) -> list[dict[str, list[torch.Tensor]]]:
+    """``params`` in one group per kind: plain tensors, and DTensors by mesh and placements. A
+    fused step runs one kernel per group, and a kernel takes tensors of one kind only (tensor
+    parallelism leaves plain and distributed parameters side by side)."""
+    kinds: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        key = (p.device_mesh, p.placements) if isinstance(p, DTensor) else None
+        kinds.setdefault(key, []).append(p)
+    return [{"params": group} for group in kinds.values()] or [{"params": []}]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

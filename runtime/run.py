@@ -23,6 +23,7 @@ import torch.distributed as dist
 from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.runtime_support import check_runnable
+from runtime import checkpoint
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.expert_parallel import expert_sent_bytes
@@ -47,6 +48,12 @@ class RunSettings:
     timeout_s: float = 300.0
     trace_routing: Path | None = None
     """Where rank 0 writes the run's routing trace (``runtime.routing_trace``); None: no trace."""
+    checkpoint_dir: Path | None = None
+    """Where checkpoints go (``runtime.checkpoint``); None: none are taken."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints; 0: one after the last step only."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in ``checkpoint_dir``."""
 
 
 def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
@@ -95,10 +102,20 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     )
     if settings.trace_routing is not None:
         record_routing(trainer)
+    plan_sha256 = hashlib.sha256(settings.plan_path.read_bytes()).hexdigest()
+    first = 0
+    if settings.resume:
+        assert settings.checkpoint_dir is not None
+        first = checkpoint.resume(trainer, settings.checkpoint_dir, plan_sha256).step
+        if first >= settings.steps:
+            raise InfeasibleConfigError(
+                f"the checkpoint has {first} steps done, and --steps {settings.steps} asks for no more; "
+                f"give --steps above {first}"
+            )
     tokens = TokenFile(settings.data) if settings.data else None
     times, losses, sent = [], [], []
     memory: tuple[int, str, dict[str, int]] | None = None
-    for step in range(settings.steps):
+    for step in range(first, settings.steps):
         inputs, targets = (
             tokens.batch(training.global_batch_size, training.seq_len, step=step)
             if tokens
@@ -106,7 +123,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
                 plan.model.vocab_size, training.global_batch_size, training.seq_len, step=step, seed=settings.seed
             )
         )
-        track = step == tracked_step(settings)
+        track = step == tracked_step(settings, first)
         dist.barrier()
         sent_before = expert_sent_bytes(trainer.chunks)
         start = time.perf_counter()
@@ -118,6 +135,8 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         times.append(time.perf_counter() - start)
         losses.append(loss)
         sent.append(expert_sent_bytes(trainer.chunks) - sent_before)
+        if settings.checkpoint_dir is not None and _checkpoint_due(settings, step + 1):
+            checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
     assert memory is not None
     if settings.trace_routing is not None:
         rows = training.global_batch_size // plan.layout.data_parallel_degree
@@ -144,17 +163,24 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     report = None
     if rank == 0:
         assert everyone is not None and hosts is not None and sent_by_rank is not None
-        report = _report(settings, plan, times, losses, everyone, hosts, device, world, sent_by_rank)
+        report = _report(settings, plan, times, losses, everyone, hosts, device, world, sent_by_rank, first)
         settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
     dist.barrier()
     dist.destroy_process_group()
     return report
 
 
-def tracked_step(settings: RunSettings) -> int:
-    """The step whose memory is measured: the first after the warm-up (the optimizer's state then
-    exists, as in every later step), or the last of a shorter run."""
-    return min(settings.warmup_steps, settings.steps - 1)
+def tracked_step(settings: RunSettings, first: int = 0) -> int:
+    """The step whose memory is measured: the first after the warm-up of a run starting at step
+    ``first`` (the optimizer's state then exists, as in every later step), or the last of a
+    shorter run."""
+    return min(first + settings.warmup_steps, settings.steps - 1)
+
+
+def _checkpoint_due(settings: RunSettings, done: int) -> bool:
+    """Whether to checkpoint after ``done`` steps: every ``checkpoint_every``, and after the last."""
+    every = settings.checkpoint_every
+    return done == settings.steps or (every > 0 and done % every == 0)
 
 
 def _tracked_step(
@@ -180,14 +206,16 @@ def _report(
     device: torch.device,
     world: int,
     sent_by_rank: list[float],
+    first: int,
 ) -> RunReport:
     # Tracking memory slows its step several times over: it is not a step to time.
-    tracked = tracked_step(settings)
+    tracked = tracked_step(settings, first) - first
     steady = [t for i, t in enumerate(times) if i >= settings.warmup_steps and i != tracked] or times
     measured = statistics.median(steady)
     return RunReport(
         created=datetime.now(UTC),
         plan_sha256=hashlib.sha256(settings.plan_path.read_bytes()).hexdigest(),
+        first_step=first,
         model=plan.model.name,
         layout=plan.layout,
         world_size=world,

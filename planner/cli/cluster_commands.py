@@ -87,6 +87,20 @@ def run(
     trace_routing: Annotated[
         Path | None, typer.Option(help="Write the experts each token was routed to (.npz; MoE models).")
     ] = None,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Save checkpoints here: every rank its part (model, optimizer, step, random state), visible only "
+            "once complete."
+        ),
+    ] = None,
+    checkpoint_every: Annotated[
+        int, typer.Option(min=0, help="Steps between checkpoints (0: one after the last step).")
+    ] = 0,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue from the newest complete checkpoint in --checkpoint-dir (same plan), to --steps."),
+    ] = False,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
 
@@ -111,6 +125,9 @@ def run(
         data=data,
         timeout_s=timeout,
         trace_routing=trace_routing,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
     )
     if measured is not None:  # rank 0
         traffic: tuple[float, ...] = ()

@@ -38,6 +38,9 @@ class RunReport(FrozenModel):
     precision: str = Field(description="The dtype the runtime trained in.")
     optimizer: str
     steps: int = Field(ge=1)
+    first_step: int = Field(
+        default=0, ge=0, description="Steps a resumed run found done in its checkpoint; its losses and times follow."
+    )
     warmup_steps: int = Field(ge=0)
     step_times_s: tuple[float, ...]
     losses: tuple[float, ...]
