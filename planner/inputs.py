@@ -186,9 +186,12 @@ def load_model(spec: str) -> ModelSpec:
 def cluster_preset(name: str, num_nodes: int) -> ClusterProfile:
     """Build the ClusterProfile of ``num_nodes`` nodes of a preset machine from its published figures.
 
-    Links are uniform (NVSwitch inside a node, one network rail per device across nodes), the
-    collectives are the preset's published curve, and the provenance date is fixed in the preset file,
-    so the same arguments always give the same profile.
+    Links inside a node are uniform (NVSwitch) or given pair by pair where pairs differ (the two
+    dies of an MI250X and the links between packages: ``_intra_node_links``); across nodes each
+    device has its own network rail: its NIC's rate, divided among the devices sharing one NIC where
+    the preset gives ``devices_per_nic``. The collectives are the preset's published curve,
+    and the provenance date is fixed in the preset file, so the same arguments always give the same
+    profile.
 
     Raises:
         SchemaError: unknown preset or ``num_nodes`` not a whole number >= 1.
@@ -385,19 +388,14 @@ def _cluster_fields(
             ),
             op_records=_attention_records(device.get("attention", []), reader, sustained),
         ),
-        "intra_node_links": LinkMatrix(
-            size=devices_per_node,
-            uniform=LinkProfile(
-                bandwidth_bytes_per_s=reader.figure(intra, "bandwidth_bytes_per_s"),
-                latency_s=reader.figure(intra, "latency_s"),
-            ),
-        ),
+        "intra_node_links": _intra_node_links(intra, reader, devices_per_node),
         "nic": _nic(inter, where),
         "inter_node_links": LinkMatrix(
             size=num_nodes,
             uniform=LinkProfile(
                 bandwidth_bytes_per_s=reader.figure(inter, "nic_line_rate_bytes_per_s")
-                * reader.figure(inter, "efficiency"),
+                * reader.figure(inter, "efficiency")
+                / (reader.count(inter, "devices_per_nic") if "devices_per_nic" in inter else 1),
                 latency_s=reader.figure(inter, "latency_s"),
             ),
         ),
@@ -408,6 +406,54 @@ def _cluster_fields(
             sources=tuple(f"{s.get('id')}: {' '.join(str(s.get('ref')).split())}" for s in sources),
         ),
     }
+
+
+_NO_LINK = "-"
+"""A pair's class on the diagonal of a preset's ``pairs`` table: a device and itself."""
+
+
+def _intra_node_links(intra: Mapping[str, object], reader: _PresetReader, size: int) -> LinkMatrix:
+    """The links among a node's ``size`` devices: one uniform link (``bandwidth_bytes_per_s``,
+    ``latency_s``), or, where pairs differ (AMD MI250X: two dies per package, Infinity Fabric
+    links of different widths between packages), explicit matrices from ``link_classes`` (a name
+    for each kind of path: its line ``bandwidth_bytes_per_s`` and ``latency_s``), an
+    ``efficiency`` (the share of a line rate a collective reaches) and ``pairs``, the ``size`` x
+    ``size`` table of class names by [src][dst], ``-`` on the diagonal (stored as 0, as the
+    profiler stores the pairs it does not time)."""
+    if "link_classes" not in intra:
+        return LinkMatrix(
+            size=size,
+            uniform=LinkProfile(
+                bandwidth_bytes_per_s=reader.figure(intra, "bandwidth_bytes_per_s"),
+                latency_s=reader.figure(intra, "latency_s"),
+            ),
+        )
+    where = f"{reader.where}: intra_node_link"
+    classes = reader.section(intra, "link_classes")
+    efficiency = reader.figure(intra, "efficiency")
+    links = {
+        str(name): (
+            reader.figure(reader.section(classes, str(name)), "bandwidth_bytes_per_s") * efficiency,
+            reader.figure(reader.section(classes, str(name)), "latency_s"),
+        )
+        for name in classes
+    }
+    rows = intra.get("pairs")
+    if not (isinstance(rows, list) and len(rows) == size and all(isinstance(r, list) and len(r) == size for r in rows)):
+        raise SchemaError(f"{where}.pairs must be {size} rows of {size} link class names (devices_per_node={size})")
+    bandwidth: list[tuple[float, ...]] = []
+    latency: list[tuple[float, ...]] = []
+    for i, row in enumerate(rows):
+        pairs = []
+        for j, name in enumerate(row):
+            if (i == j) != (name == _NO_LINK):
+                raise SchemaError(f"{where}.pairs[{i}][{j}]={name!r}: write {_NO_LINK!r} on the diagonal, only there")
+            if i != j and str(name) not in links:
+                raise SchemaError(f"{where}.pairs[{i}][{j}]={name!r} is not one of link_classes: {', '.join(links)}")
+            pairs.append((0.0, 0.0) if i == j else links[str(name)])
+        bandwidth.append(tuple(b for b, _ in pairs))
+        latency.append(tuple(t for _, t in pairs))
+    return LinkMatrix(size=size, bandwidth_bytes_per_s=tuple(bandwidth), latency_s=tuple(latency))
 
 
 def _nic(inter: Mapping[str, object], where: str) -> NicKind | None:
