@@ -398,8 +398,10 @@ class GroupCollectives:
 def dense_group_collectives(layout: Layout, micro_batches: int) -> tuple[GroupCollectives, ...]:
     """The dense parameters' collectives of one step (``step_collectives``) split over the groups
     they run on. Sharding in groups of g (HSDP; Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2): ZeRO's
-    collectives run within the group, and every reduce-scatter's shard (1/g of the bytes) is
-    then all-reduced across the d / g replicas, as often and behind the same compute. A secondary
+    collectives run within the group, and the accumulated gradient shard (1/g of the bytes) is
+    all-reduced across the d / g replicas once a step, unit by unit in the last backward (FSDP2
+    with ``set_requires_all_reduce`` off but for the last micro-batch), the last unit's at the
+    window's edge; a pipeline's deferred reduction all-reduces after it, exposed. A secondary
     partition (hpZ; Wang et al. 2023, ZeRO++, sec. 3.2): ZeRO-3's backward gathers, one a
     micro-batch, run within it instead; the forward's, and the first of them at the window's
     edge, stay over the sharding group."""
@@ -421,9 +423,10 @@ def dense_group_collectives(layout: Layout, micro_batches: int) -> tuple[GroupCo
         ]
     g = layout.sharding_group_size
     if g is not None:
+        reduced = plan.per_micro_batch.reduce_scatter or plan.per_step.reduce_scatter
         replicas = StepCollectives(
-            per_micro_batch=Collectives(all_reduce=plan.per_micro_batch.reduce_scatter),
-            per_step=Collectives(all_reduce=plan.per_step.reduce_scatter),
+            per_micro_batch=Collectives(),
+            per_step=Collectives(all_reduce=1 if reduced else 0),
             unit_by_unit=plan.unit_by_unit,
             window=plan.window,
             exposed=Collectives(all_reduce=plan.exposed.reduce_scatter),

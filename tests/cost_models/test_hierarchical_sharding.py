@@ -50,16 +50,16 @@ def test_the_layout_checks_its_groups() -> None:
         assert "\n" not in str(raised.value)
 
 
-def test_hsdp_keeps_zero3s_gathers_inside_a_node_and_all_reduces_a_quarter_across() -> None:
+def test_hsdp_keeps_zero3s_collectives_inside_a_node_and_all_reduces_a_quarter_across_once() -> None:
     held = stage_params(MODEL, ZERO3, 0)
     units, b = held.units, held.dense * 2 / held.units  # bf16 bytes of one unit
     # ZeRO-3 over 8 ranks on 2 nodes, every micro-batch: a reduce-scatter and two all-gathers of
     # each unit, each a phase across the 2 nodes (1/4 of the unit over each rail) and one inside.
     across, inside = _ring(1, 0.5 * b / 4, 10e9), _ring(3, 0.75 * b, 100e9)
     full = MICRO_BATCHES * units * 3 * (across + inside)
-    # HSDP in groups of 4 (one node each): those three inside the node, then each unit's shard
-    # (1/4 of it) all-reduced between the 2 replicas across the nodes, 2 steps.
-    hsdp = MICRO_BATCHES * units * (3 * inside + _ring(2, b / 4, 10e9))
+    # HSDP in groups of 4 (one node each): those three inside the node; once a step each unit's
+    # accumulated shard (1/4 of it) all-reduced between the 2 replicas across the nodes, 2 steps.
+    hsdp = MICRO_BATCHES * units * 3 * inside + units * _ring(2, b / 4, 10e9)
     got_full = stage_data_parallel_comm(MODEL, TRAINING, CLUSTER, ZERO3, 0, MICRO_BATCHES).total_s
     grouped = replace(ZERO3, sharding_group_size=4)
     got_hsdp = stage_data_parallel_comm(MODEL, TRAINING, CLUSTER, grouped, 0, MICRO_BATCHES).total_s
