@@ -380,6 +380,7 @@ def run(
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 0,
     resume: bool = False,
+    inject_fault: tuple[int, int, str] | None = None,
 ) -> RunReport | None:
     """Train with a plan file for a few steps; call it on every rank under torchrun.
 
@@ -400,6 +401,7 @@ def run(
         checkpoint_every: steps between checkpoints (0: one after the last step).
         resume: continue from the newest complete checkpoint in ``checkpoint_dir``, taken under
             the same plan: the steps after it compute what an uninterrupted run computes.
+        inject_fault: testing aid, (rank, step, "exit" | "hang").
 
     Returns:
         On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
@@ -408,6 +410,8 @@ def run(
     Raises:
         SchemaError: not under torchrun (RANK unset), or the plan file is unreadable.
         InfeasibleConfigError: the plan is for another world size or device.
+        JobFailed: a rank died, hung past ``timeout_s`` or was stopped; the message names the
+            ranks that stopped responding and where they last were (every surviving rank raises it).
     """
     if "RANK" not in os.environ:
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
@@ -433,6 +437,7 @@ def run(
         checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        inject_fault=inject_fault,
     )
     return run_plan(settings, loaded)
 

@@ -249,6 +249,16 @@ def parse_fault(text: str | None) -> tuple[int, str, str] | None:
     return int(rank), phase, kind
 
 
+def parse_step_fault(text: str | None) -> tuple[int, int, str] | None:
+    """planner run's testing aid: RANK,STEP,exit|hang."""
+    fault = parse_fault(text)
+    if fault is None:
+        return None
+    if not fault[1].isdigit():
+        raise SchemaError(f"--inject-fault {text!r} must be RANK,STEP,exit|hang, e.g. 2,3,exit")
+    return fault[0], int(fault[1]), fault[2]
+
+
 CONSTRAINT_HELP = "a value, a range A-B or a list (e.g. 8, 1-16, 1,2,4)"
 IntRangeOpt = Annotated[str | None, typer.Option(help=f"Search only these; {CONSTRAINT_HELP}.")]
 CONSTRAINT_AXES: dict[str, tuple[str, type[StrEnum] | type[IntEnum] | None]] = {
