@@ -7,7 +7,7 @@ from rich.table import Table
 from planner.schemas import Calibration
 from planner.tuning.study import TrialRecord
 from planner.tuning.tuner import TuneResult
-from planner.tuning.validate import Validation
+from planner.tuning.validate import MIN_PLANS_FOR_RANKS, Validation
 
 MIB = 2**20
 
@@ -64,9 +64,12 @@ def validation_table(validations: list[Validation]) -> Table:
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.1%}"
 
+    def ranked(v: Validation, value: float) -> str:
+        return f"{value:.3f}" if v.ranks_meaningful else f"{value:.3f} (too few plans)"
+
     rows = [
-        ("Spearman rank correlation of step times", [f"{v.spearman:.3f}" for v in validations]),
-        ("top-1 regret (model's pick / measured best)", [f"{v.top1_regret:.3f}" for v in validations]),
+        ("Spearman rank correlation of step times", [ranked(v, v.spearman) for v in validations]),
+        ("top-1 regret (model's pick / measured best)", [ranked(v, v.top1_regret) for v in validations]),
         ("median step-time error", [pct(v.median_time_error) for v in validations]),
         ("worst step-time error", [pct(v.worst_time_error) for v in validations]),
         ("median per-rank memory error", [pct(v.median_memory_error) for v in validations]),
@@ -74,6 +77,11 @@ def validation_table(validations: list[Validation]) -> Table:
     ]
     for name, values in rows:
         table.add_row(name, *values)
+    if not all(v.ranks_meaningful for v in validations):
+        table.caption = (
+            f"rank figures on fewer than {MIN_PLANS_FOR_RANKS} plans mean nothing (no rank correlation is "
+            "significant on so few): run more plans (--top-k) to judge the ordering"
+        )
     return table
 
 

@@ -38,6 +38,12 @@ class PlanResult:
         return (self.predicted_step_time_s - self.measured_step_time_s) / self.measured_step_time_s
 
 
+MIN_PLANS_FOR_RANKS = 5
+"""Plans below which the rank figures mean nothing: with 4 plans or fewer no Spearman correlation
+is significant at the 5% level (one-sided; 5 plans need rho = 0.9), and a top-1 pick among so few
+says little."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Validation:
     """The figures of one set of predictions (module docstring)."""
@@ -51,6 +57,11 @@ class Validation:
     median_memory_error: float | None
     worst_memory_error: float | None
     """None when no rank was measured with a comparable method."""
+
+    @property
+    def ranks_meaningful(self) -> bool:
+        """Whether there are enough plans for the rank figures to mean something (``MIN_PLANS_FOR_RANKS``)."""
+        return len(self.plans) >= MIN_PLANS_FOR_RANKS
 
 
 def plan_result(obs: Observation, est: Estimate) -> PlanResult:
