@@ -126,8 +126,10 @@ def after_calibration(observations: Sequence[Observation], cluster: ClusterProfi
 
 
 def improves_time(before: Validation, after: Validation) -> bool:
-    """Whether the calibrated step times predict the held-out plans better (median error)."""
-    return after.median_time_error < before.median_time_error
+    """Whether the calibrated step times predict the held-out plans better (median error) by more
+    than PULL_TOLERANCE: step times are noisy, and within a point the held-out plans cannot tell a
+    fit from the model alone (8 plans with +-8% noise: 8.1% alone, 7.9% fitted to the noise)."""
+    return after.median_time_error < before.median_time_error - PULL_TOLERANCE
 
 
 def with_time_of(after: Validation, before: Validation) -> Validation:
