@@ -167,7 +167,7 @@ def search_outcome(
             the pipeline by Vocabulary Parallelism's Algorithm 2).
         hierarchical_sharding: whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's
             weights over a node-sized secondary partition after the forward (hpZ); the planner's
-            own runtime runs neither yet.
+            own runtime runs both, but not hpZ beside tensor parallelism.
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
