@@ -123,13 +123,19 @@ class ShardingMeshes:
         return self.shard if self.shard.ndim == 1 else self.shard[ShardingMeshAxis.SHARD]
 
 
+def sharding_device_grid(layout: Layout, group_size: int) -> torch.Tensor:
+    """The torch rank at each coordinate of ``layout``'s sharding mesh for groups of
+    ``group_size``: a (p, d / group_size, group_size, t) int tensor, ``device_grid`` with its data
+    axis split (``schemas.geometry.sharding_mesh_shape``)."""
+    return device_grid(layout).view(sharding_mesh_shape(layout, group_size))
+
+
 def split_data_mesh(layout: Layout, device_type: str, group_size: int) -> DeviceMesh:
     """The 2-D (replicate, shard) mesh of this rank's stage and tensor shard: ``layout``'s data
     axis split into groups of ``group_size`` consecutive ranks, sliced from a (pp, replicate,
     shard, tp) mesh of the whole job that every rank builds (call it on every rank, in the same
     order), its devices placed by the DeviceMap as ``layout_mesh`` places them."""
-    grid = device_grid(layout).view(sharding_mesh_shape(layout, group_size))
-    whole = _mesh(grid, device_type, tuple(SHARDING_MESH_AXES), layout)
+    whole = _mesh(sharding_device_grid(layout, group_size), device_type, tuple(SHARDING_MESH_AXES), layout)
     return whole[ShardingMeshAxis.REPLICATE, ShardingMeshAxis.SHARD]
 
 
