@@ -115,15 +115,33 @@ def train_one(layout: Layout) -> dict[str, Any]:
     }
 
 
-def test_hierarchical_sharding_trains_as_the_reference(tmp_path: Path) -> None:
+def check(world: int, layouts: list[tuple[dict[str, Any], int, int]], tmp_path: Path) -> None:
     reference = reference_losses(
         GPT, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
     )
     assert len(set(reference)) == STEPS  # the steps do update the parameters
-    results = run_ranks(4, train, [kw for kw, _, _ in LAYOUTS], workdir=tmp_path)
-    for (kw, between, after), result in zip(LAYOUTS, results, strict=True):
+    results = run_ranks(world, train, [kw for kw, _, _ in layouts], workdir=tmp_path)
+    for (kw, between, after), result in zip(layouts, results, strict=True):
         assert result["losses"] == pytest.approx(reference, abs=TOLERANCE), kw
         assert result["between_steps"] == between, kw
         assert set(result["after_forward"]) == {after}, kw
         if result["replica_all_reduces_per_step"] is not None:  # once a step, whatever the micro-batches
             assert result["replica_all_reduces_per_step"] == result["units"] > 0, kw
+
+
+def test_hierarchical_sharding_trains_as_the_reference(tmp_path: Path) -> None:
+    check(4, LAYOUTS, tmp_path)
+
+
+@pytest.mark.slow
+def test_eight_ranks_with_tensor_parallel_and_pipelines(tmp_path: Path) -> None:
+    """Sharding groups of more than one rank beside tensor parallelism (FSDP joins the tensor
+    axis of the layout's mesh with the sharding mesh), and beside a pipeline with the vocabulary
+    split over it (its shards' own ZeRO-1 optimizer within the group); a secondary partition
+    within sharding groups. (11 s on 2 cores.)"""
+    layouts = [
+        (L(4, 2, 1, 1, zero_stage=ZERO3, sharding_group_size=2), 2, 2),
+        (L(4, 1, 2, 1, zero_stage=ZERO2, sharding_group_size=2, vocabulary_layout="vocab-1"), 2, 1),
+        (L(8, 1, 1, 1, zero_stage=ZERO3, sharding_group_size=4, secondary_partition_size=2), 4, 2),
+    ]
+    check(8, layouts, tmp_path)
