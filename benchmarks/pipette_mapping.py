@@ -33,17 +33,15 @@ import time
 from dataclasses import dataclass, replace
 
 from pipette_matrices import RUNS, Table, measured_cluster, read_run
+from sc21 import megatron_gpt
 
 from planner.inputs import load_cluster
 from planner.schemas import (
-    Activation,
     AttentionKernel,
     ClusterProfile,
     DType,
     Layout,
     ModelSpec,
-    NormKind,
-    PositionEmbedding,
     TrainingSpec,
 )
 from planner.schemas.device_map import IDENTITY
@@ -60,22 +58,7 @@ GPT2_VOCAB = 50257
 
 def pipette_gpt() -> ModelSpec:
     """Pipette's "GPT8.1B" as Megatron-LM 2.5 builds it."""
-    return ModelSpec(
-        name="gpt-8.1b-pipette",
-        hidden_size=3072,
-        num_hidden_layers=64,
-        num_attention_heads=24,
-        vocab_size=GPT2_VOCAB,
-        hidden_act=Activation.GELU,
-        max_position_embeddings=SEQ_LEN,
-        position_embedding_type=PositionEmbedding.ABSOLUTE,
-        norm_type=NormKind.LAYERNORM,
-        attention_bias=True,
-        mlp_bias=True,
-        attention_dropout=0.1,
-        hidden_dropout=0.1,
-        tie_word_embeddings=True,
-    )
+    return megatron_gpt("gpt-8.1b-pipette", 3072, 64, 24, GPT2_VOCAB, SEQ_LEN)
 
 
 def pipette_training(dtype: DType) -> TrainingSpec:

@@ -27,6 +27,27 @@ SEQ_LEN = 2048
 VOCAB = 51200
 
 
+def megatron_gpt(name: str, hidden: int, layers: int, heads: int, vocab: int, seq_len: int) -> ModelSpec:
+    """A GPT as Megatron-LM builds it: LayerNorm, biases, 4h GELU MLP, learned positions, tied
+    embeddings, dropout 0.1."""
+    return ModelSpec(
+        name=name,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        vocab_size=vocab,
+        hidden_act=Activation.GELU,
+        max_position_embeddings=seq_len,
+        position_embedding_type=PositionEmbedding.ABSOLUTE,
+        norm_type=NormKind.LAYERNORM,
+        attention_bias=True,
+        mlp_bias=True,
+        attention_dropout=0.1,
+        hidden_dropout=0.1,
+        tie_word_embeddings=True,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Sc21Run:
     """One row of SC21 Table 1."""
@@ -44,23 +65,8 @@ class Sc21Run:
     layers_per_chunk: int | None = None
 
     def model(self) -> ModelSpec:
-        """The GPT model of the row (Megatron-LM's GPT: LayerNorm, biases, GELU, learned positions)."""
-        return ModelSpec(
-            name=f"gpt-{self.name}",
-            hidden_size=self.hidden,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            vocab_size=VOCAB,
-            hidden_act=Activation.GELU,
-            max_position_embeddings=SEQ_LEN,
-            position_embedding_type=PositionEmbedding.ABSOLUTE,
-            norm_type=NormKind.LAYERNORM,
-            attention_bias=True,
-            mlp_bias=True,
-            attention_dropout=0.1,
-            hidden_dropout=0.1,
-            tie_word_embeddings=True,
-        )
+        """The GPT model of the row (``megatron_gpt``)."""
+        return megatron_gpt(f"gpt-{self.name}", self.hidden, self.layers, self.heads, VOCAB, SEQ_LEN)
 
     def training(self) -> TrainingSpec:
         """fp16 mixed precision; Megatron-LM of 2021 materialized attention scores."""

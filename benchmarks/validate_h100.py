@@ -86,6 +86,10 @@ def pinned_axes(run: PublishedRun) -> dict[str, tuple[Choice, ...]]:
         "dp": (p.dp,),
         "ep": (p.ep,),
         "vocabulary": (VocabularyLayout.PINNED,),
+        # every source shards over the whole data-parallel group (Megatron's distributed
+        # optimizer, FSDP's FULL_SHARD / SHARD_GRAD_OP): no HSDP, no secondary partition
+        "sharding_group": (None,),
+        "secondary_partition": (None,),
     }
     if p.virtual_stages is not None:
         pins["virtual_stages"] = (p.virtual_stages,)

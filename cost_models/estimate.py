@@ -3,7 +3,8 @@
 Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3) is the sum of:
 - m micro-batches through the slowest stage: compute, recompute, tensor- and expert-parallel
   communication (``cost_models.timing``, ``.tensor_parallel``, ``.expert_parallel``);
-- the pipeline's bubble and point-to-point transfers (``cost_models.pipeline``);
+- the pipeline's bubble and point-to-point transfers (``cost_models.pipeline``), and the sum of
+  a tied embedding's two copies' gradients across the pipeline (``cost_models.vocabulary``);
 - the data-parallel communication that compute does not hide (``cost_models.data_parallel``,
   with ZeRO's rules in ``cost_models.sharding``);
 - the optimizer step (``cost_models.optimizer``).
@@ -23,6 +24,7 @@ from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.shared_cores import shared_core_factor
 from cost_models.timing import StageTime, stage_times
 from cost_models.validate import check_layout
+from cost_models.vocabulary import tied_embedding_sync_s
 from planner.schemas import (
     ClusterProfile,
     Estimate,
@@ -98,7 +100,8 @@ def estimate(
         tensor_parallel_comm_s=shared * m * slowest.tensor_parallel_comm_s,
         expert_parallel_comm_s=shared * m * slowest.expert_parallel_comm_s,
         pipeline_comm_s=pipeline_comm_s(model, training, cluster, layout, m, slowest.compute_s + slowest.recompute_s)
-        + shared * m * slowest.vocabulary_comm_s,
+        + shared * m * slowest.vocabulary_comm_s
+        + tied_embedding_sync_s(model, training, cluster, layout),
         pipeline_bubble_s=shared * bubble,
         data_parallel_comm_s=data_parallel.exposed_s,
         optimizer_s=optimizer_step_s(model, cluster, layout, training.kernels),

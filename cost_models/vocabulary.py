@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from cost_models.activations import logits_bytes
 from cost_models.comm import Group, priced_groups, slowest_collective_s
-from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec, VocabularyLayout
+from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec, VocabularyLayout, geometry
 
 FP32_BYTES = 4
 STATISTICS = 3
@@ -129,3 +129,32 @@ def vocabulary_activation_bytes(model: ModelSpec, training: TrainingSpec, layout
     hidden = FP32_BYTES * vocabulary_tokens(training, layout) * model.hidden_size
     partials = 2 * hidden if vocabulary is VocabularyLayout.VOCAB_2 else 0.0
     return KEPT_MICRO_BATCHES * hidden + partials
+
+
+def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> float:
+    """Seconds a step waits to sum the two copies of a tied embedding's gradient when the
+    embedding and the output layer sit on different pipeline ranks (Megatron-LM's embedding
+    group, the runtime's ``TiedEmbedding``): one all-reduce of the rank's V/t x h rows in training
+    precision between the two ranks of each (replica, tensor shard) coordinate, after the last
+    backward and before the update, behind no compute. 0 without tied embeddings, with one
+    stage, with both layers on one rank, or with the vocabulary split over the pipeline (each
+    rank's rows then serve both)."""
+    if not model.tie_word_embeddings or layout.vocabulary_layout.over_pipeline:
+        return 0.0
+    if geometry.embedding_chunk(layout) == geometry.output_chunk(layout) or layout.pipeline_parallel_degree == 1:
+        return 0.0
+    stages = range(layout.pipeline_parallel_degree)
+    first = next(s for s in stages if geometry.holds_embedding(layout, s))
+    last = next(s for s in stages if geometry.holds_output_layer(layout, s))
+    if first == last:
+        return 0.0
+    device = layout.device_map.device_of
+    pairs = (
+        Group((device(geometry.rank_of(layout, first, r, j)), device(geometry.rank_of(layout, last, r, j))))
+        for r in range(layout.data_parallel_degree)
+        for j in range(layout.tensor_parallel_degree)
+    )
+    rows = -(-model.vocab_size // layout.tensor_parallel_degree)
+    grad_bytes = rows * model.hidden_size * training.dtype.bytes
+    groups = priced_groups(pairs, cluster, rank_order=layout.device_map.is_identity)
+    return slowest_collective_s(CollectiveOp.ALL_REDUCE, grad_bytes, groups, cluster)

@@ -17,7 +17,7 @@ True
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
@@ -52,6 +52,7 @@ from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
 from planner.search_engine.refiner import Refiner
 from planner.search_engine.runner import DEFAULT_REFINERS, SearchOutcome, run_search
+from planner.search_engine.space import Choice
 from planner.search_engine.strategy import Budget, Progress, SearchStrategy
 from planner.tuning.settings import Selection, TuneSettings
 
@@ -143,6 +144,7 @@ def search_outcome(
     expert_replicas: int = 0,
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
     hierarchical_sharding: bool = True,
+    constraints: Mapping[str, Iterable[Choice]] | None = None,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -168,6 +170,11 @@ def search_outcome(
         hierarchical_sharding: whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's
             weights over a node-sized secondary partition after the forward (hpZ); the planner's
             own runtime runs both, but not hpZ beside tensor parallelism.
+        constraints: values the search may give some axes, by axis name (``tp``, ``pp``, ``dp``,
+            ``ep``, ``micro_batch_size``, ``schedule``, ``virtual_stages``, ``zero_stage``,
+            ``recompute``, ...; ``planner.search_engine.space.AXES``), e.g. ``{"tp": [8],
+            "pp": range(1, 17)}``; applied before anything is enumerated, and a search they
+            leave without a valid layout says which constraint did it.
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -205,6 +212,7 @@ def search_outcome(
         routing=routing,
         vocabulary_layouts=vocabulary_layouts,
         hierarchical_sharding=hierarchical_sharding,
+        constraints=constraints,
     )
     ranked = outcome.ranked
     plans = tuple(
@@ -241,13 +249,14 @@ def search(
     expert_replicas: int = 0,
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
     hierarchical_sharding: bool = True,
+    constraints: Mapping[str, Iterable[Choice]] | None = None,
 ) -> tuple[Plan, ...]:
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
         model, cluster, training, strategy, budget, top_k, seed, memory_margin, storage, progress,
-            refiners, routing_trace, expert_replicas, vocabulary_layouts, hierarchical_sharding: as for
-            :func:`search_outcome`.
+            refiners, routing_trace, expert_replicas, vocabulary_layouts, hierarchical_sharding,
+            constraints: as for :func:`search_outcome`.
 
     Returns:
         Up to ``top_k`` plans, fastest first.
@@ -271,6 +280,7 @@ def search(
         expert_replicas=expert_replicas,
         vocabulary_layouts=vocabulary_layouts,
         hierarchical_sharding=hierarchical_sharding,
+        constraints=constraints,
     )
     return plans
 
@@ -370,6 +380,7 @@ def run(
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 0,
     resume: bool = False,
+    inject_fault: tuple[int, int, str] | None = None,
 ) -> RunReport | None:
     """Train with a plan file for a few steps; call it on every rank under torchrun.
 
@@ -390,6 +401,7 @@ def run(
         checkpoint_every: steps between checkpoints (0: one after the last step).
         resume: continue from the newest complete checkpoint in ``checkpoint_dir``, taken under
             the same plan: the steps after it compute what an uninterrupted run computes.
+        inject_fault: testing aid, (rank, step, "exit" | "hang").
 
     Returns:
         On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
@@ -398,6 +410,8 @@ def run(
     Raises:
         SchemaError: not under torchrun (RANK unset), or the plan file is unreadable.
         InfeasibleConfigError: the plan is for another world size or device.
+        JobFailed: a rank died, hung past ``timeout_s`` or was stopped; the message names the
+            ranks that stopped responding and where they last were (every surviving rank raises it).
     """
     if "RANK" not in os.environ:
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
@@ -423,6 +437,7 @@ def run(
         checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        inject_fault=inject_fault,
     )
     return run_plan(settings, loaded)
 

@@ -1,7 +1,6 @@
 """What every profiling phase needs: this rank's place in the job, the settings, the store that
 records how far each rank got, and a clock that all ranks start together."""
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +12,7 @@ import torch.distributed as dist
 
 from profiler.settings import ProfileSettings
 from profiler.stats import Timing
+from runtime import Heartbeat
 
 HEARTBEAT_KEY = "planner/profile/at/{rank}"
 
@@ -29,35 +29,22 @@ class Context:
     settings: ProfileSettings
     store: Any
     """The job's key-value store (torch.distributed.Store)."""
-    phase: str = "start"
-    step: str = ""
     on_step: Callable[[str, str], None] = field(default=lambda phase, step: None)
+    heartbeat: Heartbeat = field(init=False)
+    """Where this rank is, in the store, for naming the rank left behind (``runtime.Heartbeat``)."""
+
+    def __post_init__(self) -> None:
+        self.heartbeat = Heartbeat(self.rank, self.world_size, self.store, HEARTBEAT_KEY)
 
     def at(self, phase: str, step: str = "") -> None:
         """Record where this rank is, so a failure elsewhere can be traced to the rank left behind."""
-        self.phase, self.step = phase, step
-        self.store.set(HEARTBEAT_KEY.format(rank=self.rank), f"{phase}|{step}")
+        self.heartbeat.at(phase, step)
         self.on_step(phase, step)
         fault = self.settings.inject_fault
         if fault is not None and fault[0] == self.rank and fault[1] == phase:
             if fault[2] == "exit":
                 os._exit(1)
             time.sleep(10 * self.settings.timeout_s)  # "hang"
-
-    def mark_failed(self) -> None:
-        """Tell the other ranks this one is alive but failed (so it is not blamed)."""
-        with contextlib.suppress(Exception):  # the store may be gone with the job
-            self.store.set(HEARTBEAT_KEY.format(rank=self.rank), f"failed|{self.phase}|{self.step}")
-
-    def where(self, rank: int) -> str:
-        """Where ``rank`` last said it was ("phase|step"), or "unknown"."""
-        key = HEARTBEAT_KEY.format(rank=rank)
-        try:
-            if not self.store.check([key]):
-                return "unknown"
-            return str(self.store.get(key).decode())
-        except Exception:  # the store itself may be gone with the job
-            return "unknown"
 
     def sync(self) -> None:
         """Wait for every rank (and, on CUDA, for queued kernels)."""

@@ -32,8 +32,6 @@ from runtime import cpu_threads_per_rank
 
 logger = logging.getLogger(__name__)
 FAILED_EXIT_CODE = 3
-FAILURE_GRACE_S = 2.0
-"""How long a failing rank waits for the other survivors to say they failed too."""
 
 
 class Stopped(Exception):
@@ -98,7 +96,7 @@ def profile(settings: ProfileSettings) -> ProfileOutcome:
         with _timed(seconds, "ops"):
             measured["ops"] = ops.measure(ctx)
     except (Stopped, RuntimeError, dist.DistBackendError) as e:
-        failure = _diagnose(ctx, e)
+        failure = ctx.heartbeat.diagnose(e, "profiling")
         logger.error("rank %d: %s", rank, failure)
     finally:
         progress.close()
@@ -117,22 +115,6 @@ def _broadcast(infos: list[topology.RankInfo] | None) -> list[topology.RankInfo]
     dist.broadcast_object_list(box, src=0)
     assert box[0] is not None
     return box[0]
-
-
-def _diagnose(ctx: Context, error: BaseException) -> str:
-    """Name the ranks that died or hung: every rank that fails marks itself failed, waits a moment
-    for the others to do the same, and blames the ranks that did not (with where they last were)."""
-    ctx.mark_failed()
-    time.sleep(FAILURE_GRACE_S)
-    silent = {r: ctx.where(r) for r in range(ctx.world_size) if r != ctx.rank and not ctx.where(r).startswith("failed")}
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if not silent:
-        return f"profiling failed on rank {ctx.rank} during {ctx.phase} ({ctx.step or 'start'}): {first_line}"
-    blamed = "; ".join(
-        f"rank {r} stopped responding in {at.replace('|', ' (', 1) + ')' if '|' in at else at}"
-        for r, at in silent.items()
-    )
-    return f"profiling stopped: {blamed}. Rank {ctx.rank} gave up during {ctx.phase}: {first_line}"
 
 
 @contextlib.contextmanager

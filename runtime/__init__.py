@@ -7,6 +7,7 @@ torch; the CLI imports it only inside the commands that need it.
 """
 
 from runtime.data_parallel import shard_units
+from runtime.heartbeat import Heartbeat
 from runtime.mesh import device_grid, group_mesh, layout_mesh
 from runtime.model import TORCH_DTYPES, Decoder, builds_moe_layer, default_dtype, loss_fn
 from runtime.tensor_parallel import loss_context, tensor_parallel
@@ -16,6 +17,7 @@ from runtime.trainer import Trainer
 __all__ = [
     "TORCH_DTYPES",
     "Decoder",
+    "Heartbeat",
     "Trainer",
     "builds_moe_layer",
     "core_share",

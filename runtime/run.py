@@ -9,27 +9,33 @@ predicted).
 """
 
 import hashlib
+import logging
 import os
+import signal
 import socket
 import statistics
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import FrameType
 
 import torch
 import torch.distributed as dist
 
 from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
-from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.errors import InfeasibleConfigError, JobFailed
 from planner.schemas.runtime_support import check_runnable
 from runtime import checkpoint
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.expert_parallel import expert_sent_bytes
+from runtime.heartbeat import Heartbeat
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +54,8 @@ class RunSettings:
     timeout_s: float = 300.0
     trace_routing: Path | None = None
     """Where rank 0 writes the run's routing trace (``runtime.routing_trace``); None: no trace."""
+    inject_fault: tuple[int, int, str] | None = None
+    """Testing: (rank, step, "exit" | "hang"): that rank dies or freezes at the start of that step."""
     checkpoint_dir: Path | None = None
     """Where checkpoints go (``runtime.checkpoint``); None: none are taken."""
     checkpoint_every: int = 0
@@ -113,31 +121,17 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
                 f"give --steps above {first}"
             )
     tokens = TokenFile(settings.data) if settings.data else None
-    times, losses, sent = [], [], []
-    memory: tuple[int, str, dict[str, int]] | None = None
-    for step in range(first, settings.steps):
-        inputs, targets = (
-            tokens.batch(training.global_batch_size, training.seq_len, step=step)
-            if tokens
-            else synthetic_batch(
-                plan.model.vocab_size, training.global_batch_size, training.seq_len, step=step, seed=settings.seed
-            )
-        )
-        track = step == tracked_step(settings, first)
-        dist.barrier()
-        sent_before = expert_sent_bytes(trainer.chunks)
-        start = time.perf_counter()
-        if track:
-            loss, memory = _tracked_step(trainer, inputs, targets, device)
-        else:
-            loss = trainer.step(inputs, targets)
-        dist.barrier()
-        times.append(time.perf_counter() - start)
-        losses.append(loss)
-        sent.append(expert_sent_bytes(trainer.chunks) - sent_before)
-        if settings.checkpoint_dir is not None and _checkpoint_due(settings, step + 1):
-            checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
-    assert memory is not None
+    heartbeat = Heartbeat(rank, world, dist.distributed_c10d._get_default_store(), HEARTBEAT_KEY)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        times, losses, sent, memory = _train(settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat)
+    except (Stopped, RuntimeError) as e:  # a peer died, hung past the timeout, or the launcher stopped us
+        if not (isinstance(e, Stopped) or communication_failed(e)):
+            raise  # a bug: it keeps its traceback
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher stopping us now must not cut the diagnosis
+        failure = heartbeat.diagnose(e, "training")
+        logger.error("rank %d: %s", rank, failure)
+        raise JobFailed(failure) from None
     if settings.trace_routing is not None:
         rows = training.global_batch_size // plan.layout.data_parallel_degree
         expert_ids = gather_routing(trainer, settings.steps * rows * training.seq_len)
@@ -168,6 +162,81 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     dist.barrier()
     dist.destroy_process_group()
     return report
+
+
+HEARTBEAT_KEY = "planner/run/at/{rank}"
+COMMUNICATION_MARKERS = ("gloo", "nccl", "Connection closed", "Connection reset", "timed out", "Timed out")
+"""Text of the errors a collective raises when a peer dies or hangs: gloo and NCCL raise a plain
+RuntimeError naming themselves or the broken connection (torch 2.13)."""
+
+
+def communication_failed(error: BaseException) -> bool:
+    """Whether ``error`` is a collective's failure (a peer died or hung), not a bug."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(marker.lower() in text.lower() for marker in COMMUNICATION_MARKERS)
+
+
+class Stopped(Exception):
+    """This rank was asked to stop (SIGTERM from the launcher, usually because a peer died)."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Stopped("stopped by the launcher (SIGTERM), usually because another rank failed")
+
+
+def _train(
+    settings: RunSettings,
+    plan: Plan,
+    trainer: Trainer,
+    tokens: TokenFile | None,
+    device: torch.device,
+    first: int,
+    plan_sha256: str,
+    heartbeat: Heartbeat,
+) -> tuple[list[float], list[float], list[float], tuple[int, str, dict[str, int]]]:
+    """Steps ``first`` .. ``settings.steps - 1``: their times, losses and expert bytes sent, and
+    the tracked step's memory; each step recorded in ``heartbeat`` before it starts."""
+    training = plan.training
+    times: list[float] = []
+    losses: list[float] = []
+    sent: list[float] = []
+    memory: tuple[int, str, dict[str, int]] | None = None
+    for step in range(first, settings.steps):
+        heartbeat.at("step", str(step))
+        _inject_fault(settings, heartbeat.rank, step)
+        inputs, targets = (
+            tokens.batch(training.global_batch_size, training.seq_len, step=step)
+            if tokens
+            else synthetic_batch(
+                plan.model.vocab_size, training.global_batch_size, training.seq_len, step=step, seed=settings.seed
+            )
+        )
+        track = step == tracked_step(settings, first)
+        dist.barrier()
+        sent_before = expert_sent_bytes(trainer.chunks)
+        start = time.perf_counter()
+        if track:
+            loss, memory = _tracked_step(trainer, inputs, targets, device)
+        else:
+            loss = trainer.step(inputs, targets)
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+        losses.append(loss)
+        sent.append(expert_sent_bytes(trainer.chunks) - sent_before)
+        if settings.checkpoint_dir is not None and _checkpoint_due(settings, step + 1):
+            heartbeat.at("checkpoint", str(step + 1))
+            checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
+    assert memory is not None
+    return times, losses, sent, memory
+
+
+def _inject_fault(settings: RunSettings, rank: int, step: int) -> None:
+    fault = settings.inject_fault
+    if fault is None or fault[:2] != (rank, step):
+        return
+    if fault[2] == "exit":
+        os._exit(1)
+    time.sleep(10 * settings.timeout_s)  # "hang"
 
 
 def tracked_step(settings: RunSettings, first: int = 0) -> int:

@@ -49,11 +49,11 @@ def _configure_logging() -> None:
 
 
 def main() -> None:
-    """Console-script entry point: PlannerError exits 2 with one line; usage errors exit 2
+    """Console-script entry point: PlannerError exits 2 (a failed job 3) with one line; usage errors exit 2
     through typer; nothing else is caught."""
     _configure_logging()
     try:
         app()
     except PlannerError as e:
         typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_code)

@@ -21,6 +21,7 @@ from planner.cli.options import (
     SeqLenOpt,
     parse_delay,
     parse_fault,
+    parse_step_fault,
     progress_bar,
     search_inputs,
     training_fields,
@@ -101,8 +102,12 @@ def run(
         bool,
         typer.Option(help="Continue from the newest complete checkpoint in --checkpoint-dir (same plan), to --steps."),
     ] = False,
+    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang.")] = None,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
+
+    If a rank dies or hangs, every other rank stops within --timeout, names it and where it last
+    was, and exits with code 3; checkpoints already complete stay intact.
 
     With --dry-run, no devices are needed: the runtime is built for one rank of the plan's world
     under fake tensors and its peak memory is traced, to check a plan before renting its cluster.
@@ -128,6 +133,7 @@ def run(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        inject_fault=parse_step_fault(inject_fault),
     )
     if measured is not None:  # rank 0
         traffic: tuple[float, ...] = ()

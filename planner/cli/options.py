@@ -4,7 +4,7 @@ inputs, and a progress bar the API reports to."""
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +22,8 @@ from planner.schemas import (
     Layout,
     ModelSpec,
     MoeDispatcher,
+    Recompute,
+    Schedule,
     TrainingSpec,
     ZeroStage,
 )
@@ -245,3 +247,76 @@ def parse_fault(text: str | None) -> tuple[int, str, str] | None:
     if not rank.isdigit() or kind not in ("exit", "hang"):
         raise SchemaError(f"--inject-fault {text!r} must be RANK,PHASE,exit|hang, e.g. 2,links,exit")
     return int(rank), phase, kind
+
+
+def parse_step_fault(text: str | None) -> tuple[int, int, str] | None:
+    """planner run's testing aid: RANK,STEP,exit|hang."""
+    fault = parse_fault(text)
+    if fault is None:
+        return None
+    if not fault[1].isdigit():
+        raise SchemaError(f"--inject-fault {text!r} must be RANK,STEP,exit|hang, e.g. 2,3,exit")
+    return fault[0], int(fault[1]), fault[2]
+
+
+CONSTRAINT_HELP = "a value, a range A-B or a list (e.g. 8, 1-16, 1,2,4)"
+IntRangeOpt = Annotated[str | None, typer.Option(help=f"Search only these; {CONSTRAINT_HELP}.")]
+CONSTRAINT_AXES: dict[str, tuple[str, type[StrEnum] | type[IntEnum] | None]] = {
+    "tp": ("tp", None),
+    "pp": ("pp", None),
+    "dp": ("dp", None),
+    "ep": ("ep", None),
+    "micro_batch_size": ("micro_batch_size", None),
+    "virtual_stages": ("virtual_stages", None),
+    "zero_stage": ("zero_stage", ZeroStage),
+    "schedule": ("schedule", Schedule),
+    "recompute": ("recompute", Recompute),
+}
+"""search's constraint options: option parameter -> (search axis, the values' enum, None for numbers)."""
+
+
+def constraint_fields(options: Mapping[str, Any]) -> dict[str, frozenset[Any]]:
+    """The search constraints given among ``options`` (a command's locals), by search axis, each
+    parsed from its text (``parse_constraint``); ``max_tp`` adds tp <= it."""
+    found: dict[str, frozenset[Any]] = {}
+    for param, (axis, kind) in CONSTRAINT_AXES.items():
+        text = options.get(param)
+        if text is not None:
+            found[axis] = parse_constraint("--" + param.replace("_", "-"), str(text), kind)
+    max_tp = options.get("max_tp")
+    if max_tp is not None:
+        capped = frozenset(range(1, int(max_tp) + 1))
+        found["tp"] = found["tp"] & capped if "tp" in found else capped
+    return found
+
+
+def parse_constraint(option: str, text: str, kind: type[StrEnum] | type[IntEnum] | None) -> frozenset[Any]:
+    """The values ``text`` names: numbers, ranges A-B and comma lists of either; or enum values
+    (ZeRO stages as numbers, ranges allowed). Raises SchemaError naming the option and the fix."""
+    values: set[Any] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if kind is not None and issubclass(kind, StrEnum):
+            try:
+                values.add(kind(part.lower()))
+            except ValueError:
+                raise SchemaError(
+                    f"{option} {text!r}: {part!r} is not one of {', '.join(str(v) for v in kind)}"
+                ) from None
+            continue
+        low, _, high = part.partition("-")
+        if not (low.strip().isdigit() and (not high or high.strip().isdigit())):
+            raise SchemaError(f"{option} {text!r}: give {CONSTRAINT_HELP}")
+        first, last = int(low), int(high or low)
+        if first > last:
+            raise SchemaError(f"{option} {text!r}: the range {part} runs backwards; write it low-high")
+        numbers = range(first, last + 1)
+        if kind is None:
+            values.update(numbers)
+            continue
+        try:
+            values.update(kind(n) for n in numbers)
+        except ValueError:
+            raise SchemaError(
+                f"{option} {text!r}: {kind.__name__} takes {', '.join(str(int(v)) for v in kind)}"
+            ) from None
+    return frozenset(values)

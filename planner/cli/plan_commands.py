@@ -20,6 +20,7 @@ from planner.cli.options import (
     DispatcherOpt,
     DTypeOpt,
     GlobalBatchOpt,
+    IntRangeOpt,
     KernelsOpt,
     ModelOpt,
     OutputFormat,
@@ -27,6 +28,7 @@ from planner.cli.options import (
     PpOverlapOpt,
     SeqLenOpt,
     TpOverlapOpt,
+    constraint_fields,
     layout_fields,
     progress_bar,
     resolve,
@@ -182,6 +184,25 @@ def search(
             "layers; the estimate counts them."
         ),
     ] = 0,
+    tp: IntRangeOpt = None,
+    pp: IntRangeOpt = None,
+    dp: IntRangeOpt = None,
+    ep: IntRangeOpt = None,
+    micro_batch_size: IntRangeOpt = None,
+    virtual_stages: IntRangeOpt = None,
+    zero_stage: Annotated[
+        str | None, typer.Option(help="Search only these ZeRO stages; 0-3 as a value, range or list (e.g. 1,3).")
+    ] = None,
+    schedule: Annotated[
+        str | None, typer.Option(help="Search only these pipeline schedules: 1f1b, interleaved (a list).")
+    ] = None,
+    recompute: Annotated[
+        str | None, typer.Option(help="Search only these recomputations: none, selective, full (a list).")
+    ] = None,
+    max_tp: Annotated[
+        int | None,
+        typer.Option(min=1, help="Largest tensor-parallel degree (default: one node's devices; above it spans nodes)."),
+    ] = None,
     hierarchical_sharding: Annotated[
         bool,
         typer.Option(
@@ -193,10 +214,16 @@ def search(
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
+    --tp, --pp, --dp, --ep, --micro-batch-size, --virtual-stages, --zero-stage, --schedule,
+    --recompute and --max-tp narrow the search before it starts (e.g. --tp 8 --pp 1-16
+    --zero-stage 1,3); if they leave no valid layout, the error says which one did.
+
     Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
     --output plan.json
     """
-    model, cluster, training = search_inputs(model, cluster, training_fields(locals()))
+    given = locals()
+    model, cluster, training = search_inputs(model, cluster, training_fields(given))
+    constraints = constraint_fields(given)
     with progress_bar("searching", transient=True) as progress:
         outcome, plans = api.search_outcome(
             model,
@@ -213,6 +240,7 @@ def search(
             expert_replicas=expert_replicas,
             vocabulary_layouts=vocabulary_layout,
             hierarchical_sharding=hierarchical_sharding,
+            constraints=constraints,
         )
     Console().print(ranked_table(outcome, plans))
     if training.moe_capacity_factor is not None and not training.moe_pad_to_capacity:

@@ -1,12 +1,15 @@
 """One exception hierarchy for everything the planner reports to a user.
 
 A ``PlannerError`` is the user's to fix: the CLI prints its message on one line
-and exits with code 2. Any other exception is a bug and keeps its traceback.
+and exits with its ``exit_code``, 2 (3 for a job that failed on its cluster: ``JobFailed``). Any
+other exception is a bug and keeps its traceback.
 """
 
 
 class PlannerError(Exception):
     """Base of every error caused by the user's input or situation."""
+
+    exit_code = 2
 
 
 class SchemaError(PlannerError):
@@ -32,3 +35,9 @@ class DoesNotFitError(InfeasibleConfigError):
         super().__init__(message)
         self.needed_bytes = needed_bytes
         self.usable_bytes = usable_bytes
+
+
+class JobFailed(PlannerError):
+    """A distributed job stopped because a rank died, hung or failed; the message names it."""
+
+    exit_code = 3

@@ -5,7 +5,7 @@ how close the best attempt came, what dominated its memory and what would make i
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from planner.schemas import (
@@ -22,7 +22,7 @@ from planner.search_engine.device_mapping import DeviceMappingRefiner
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
 from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.refiner import Refiner, refine_all
-from planner.search_engine.space import SearchSpace
+from planner.search_engine.space import Choice, SearchSpace
 from planner.search_engine.strategy import Budget, Candidate, Progress, SearchStrategy, fastest_first
 
 FINALISTS_PER_RESULT = 3
@@ -59,6 +59,7 @@ def run_search(
     routing: RoutingStats | None = None,
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
     hierarchical_sharding: bool = True,
+    constraints: Mapping[str, Iterable[Choice]] | None = None,
 ) -> SearchOutcome:
     """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
 
@@ -67,7 +68,8 @@ def run_search(
     ``routing`` (a routing trace's statistics) every layout's MoE layers are priced at their
     busiest rank's load; without, routing is assumed uniform. ``vocabulary_layouts`` narrows or
     widens where the vocabulary layers may go (default: ``SearchSpace.vocabulary_layouts``);
-    ``hierarchical_sharding`` False keeps ZeRO over whole data-parallel groups (no HSDP, no hpZ).
+    ``hierarchical_sharding`` False keeps ZeRO over whole data-parallel groups (no HSDP, no hpZ);
+    ``constraints`` (axis name -> allowed values, ``SearchSpace.constrained``) narrow the axes.
 
     Raises:
         InfeasibleConfigError: no layout fits; the message says why and what would help.
@@ -83,6 +85,10 @@ def run_search(
     )
     if vocabulary_layouts:
         space = replace(space, vocabulary_layouts=tuple(vocabulary_layouts))
+    if constraints:
+        space = space.constrained(constraints)
+        if space.size() == 0:
+            raise InfeasibleConfigError(explain_over_constrained(space))
     evaluate = Evaluator(model, training, cluster, memory_margin=memory_margin, routing=routing)
     finalists_wanted = max(10, FINALISTS_PER_RESULT * top_k)
     result = strategy.search(space, evaluate, budget, seed=seed, progress=progress, keep=finalists_wanted)
@@ -100,6 +106,25 @@ def run_search(
         elapsed_s=time.perf_counter() - start,
         usable_memory_bytes=evaluate.usable_memory_bytes,
     )
+
+
+def explain_over_constrained(space: SearchSpace) -> str:
+    """Which constraint leaves a search no valid layout, and how many each one's removal frees."""
+    given = ", ".join(f"{name} in {_values(values)}" for name, values in space.constraints)
+    freed = []
+    for name, _ in space.constraints:
+        rest = tuple((n, v) for n, v in space.constraints if n != name)
+        if (count := replace(space, constraints=rest).size()) > 0:
+            freed.append(f"without the one on {name}, {count} layouts")
+    culprit = "; ".join(freed) if freed else "no single one does it alone: loosen several"
+    return (
+        f"no valid layout of {space.model.name!r} on {space.world_size} ranks satisfies the constraints ({given}): "
+        f"{culprit}"
+    )
+
+
+def _values(values: frozenset[Choice]) -> str:
+    return "{" + ", ".join(sorted(str(v) for v in values)) + "}"
 
 
 def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:

@@ -29,14 +29,19 @@ combination they produce is a layout the cost models can price (memory fit aside
 - Recompute comes last, in increasing order of time (and decreasing memory): the exhaustive
   strategy's pruning relies on it (``groups``).
 
+Constraints (``SearchSpace.constrained``: ``--tp 8``, ``--pp 1-16``, ``--zero-stage 1,3`` ...) narrow
+an axis to the values given, before anything is enumerated or sampled; a constraint on tp may
+ask for tensor parallelism across nodes.
+
 The layer split starts even; refiners improve it on the finalists (``refiner``). A new axis
 (context parallelism, ...) is one more ``Axis`` in ``AXES``.
 """
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, VocabularyLayout, ZeroStage
+from planner.schemas.errors import SchemaError
 
 Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | None
 """A value one axis takes: what the matching Layout field holds."""
@@ -76,8 +81,11 @@ class Axis:
     data-parallel collectives and the model states)."""
 
     def choices(self, space: "SearchSpace", chosen: Assignment) -> Sequence[Choice]:
-        """The valid values of this axis once ``chosen`` holds (at least) the axes it depends on."""
-        return self.rule(space, {name: chosen[name] for name in self.depends_on})
+        """The valid values of this axis once ``chosen`` holds (at least) the axes it depends on,
+        narrowed to what the space's constraint on it allows (``SearchSpace.constraints``)."""
+        valid = self.rule(space, {name: chosen[name] for name in self.depends_on})
+        allowed = space.allowed(self.name)
+        return valid if allowed is None else [v for v in valid if v in allowed]
 
     def parameter_name(self, choices: Sequence[Choice]) -> str:
         """The name of a sampler's parameter for this axis offering ``choices``, e.g.
@@ -94,7 +102,8 @@ class Axis:
 
 def _tp(space: "SearchSpace", _: Assignment) -> list[int]:
     m = space.model
-    t_max = space.max_tensor_parallel or space.devices_per_node
+    asked = space.allowed("tp")  # a constraint may ask for tensor parallelism across nodes
+    t_max = space.max_tensor_parallel or max([space.devices_per_node, *(asked or ())])
     return [
         t
         for t in divisors(space.world_size)
@@ -271,6 +280,9 @@ class SearchSpace:
     max_virtual_stages: int = 8
     """Largest number of model chunks per pipeline rank for the interleaved schedule."""
     max_micro_batch_size: int = 64
+    constraints: tuple[tuple[str, frozenset[Choice]], ...] = ()
+    """Values some axes may take, by axis name (``constrained``): each such axis offers only
+    the valid values among them (``Axis.choices``)."""
     hierarchical_sharding: bool = True
     """Whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's weights after the
     forward over a node-sized secondary partition (hpZ), where the data-parallel group spans
@@ -287,6 +299,27 @@ class SearchSpace:
             if axis.name == name:
                 return axis
         raise KeyError(f"no axis {name!r}; the axes are {', '.join(a.name for a in AXES)}")
+
+    def allowed(self, name: str) -> frozenset[Choice] | None:
+        """The values the constraints allow axis ``name``; None when it is not constrained."""
+        return next((values for axis, values in self.constraints if axis == name), None)
+
+    def constrained(self, constraints: Mapping[str, Iterable[Choice]]) -> "SearchSpace":
+        """This space with ``constraints`` (axis name -> allowed values) added.
+
+        Raises:
+            SchemaError: an unknown axis, or an axis given no value.
+        """
+        names = [axis.name for axis in AXES]
+        merged = dict(self.constraints)
+        for name, values in constraints.items():
+            if name not in names:
+                raise SchemaError(f"no search axis {name!r} to constrain; the axes are {', '.join(names)}")
+            allowed = frozenset(values)
+            if not allowed:
+                raise SchemaError(f"the constraint on {name} allows no value; give at least one")
+            merged[name] = allowed
+        return replace(self, constraints=tuple(sorted(merged.items())))
 
     def choices(self, name: str, **chosen: Choice) -> Sequence[Choice]:
         """The valid values of axis ``name`` given the values of the axes it depends on."""
