@@ -169,7 +169,7 @@ def search_outcome(
             the pipeline by Vocabulary Parallelism's Algorithm 2).
         hierarchical_sharding: whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's
             weights over a node-sized secondary partition after the forward (hpZ); the planner's
-            own runtime runs neither yet.
+            own runtime runs both, but not hpZ beside tensor parallelism.
         constraints: values the search may give some axes, by axis name (``tp``, ``pp``, ``dp``,
             ``ep``, ``micro_batch_size``, ``schedule``, ``virtual_stages``, ``zero_stage``,
             ``recompute``, ...; ``planner.search_engine.space.AXES``), e.g. ``{"tp": [8],

@@ -12,9 +12,17 @@ state and parameters are shared across replicas.
 - Vocabulary shards split over the pipeline (``runtime.vocabulary_parallel``) live outside the
   chunks: averaged with the chunks' gradients under ZeRO-0/1; under ZeRO-2/3 fp32, outside FSDP,
   with a ZeRO-1 optimizer of their own over the data-parallel group.
+- Sharding groups of g ranks (``Layout.sharding_group_size``, HSDP): FSDP2 over the 2-D
+  (replicate, shard) mesh (``runtime.mesh.sharding_meshes``); the replicas all-reduce the
+  accumulated gradient shard once a step (``set_requires_all_reduce`` off but for the last
+  micro-batch), as the cost model prices it. ZeRO-1 in groups: gradients averaged over the whole
+  data-parallel group, the optimizer state shared out within the sharding group.
+- A secondary partition of s ranks (``Layout.secondary_partition_size``, ZeRO-3):
+  ``reshard_after_forward=s``, on the secondary mesh every rank built (``post_forward_mesh``).
 """
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -22,10 +30,13 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp_internals
+from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
 
 from planner.schemas import Layout, ZeroStage
 from planner.schemas.runtime_support import check_sharded_experts
 from runtime.expert_parallel import JointOptimizer, expert_parameters
+from runtime.mesh import ShardingMeshes
 from runtime.model import Decoder
 from runtime.optim import DataParallelOptimizer, make_optimizer
 
@@ -42,6 +53,19 @@ class DataParallel:
     """The 1-D mesh of this rank's data-parallel group."""
     expert_data_mesh: DeviceMesh | None = None
     """Under expert parallelism: the 1-D mesh of the replicas holding this rank's experts."""
+    sharding: ShardingMeshes | None = None
+    """The meshes ZeRO shares the dense states over (``runtime.mesh.sharding_meshes``); None:
+    ``mesh``, which needs a layout without sharding groups or a secondary partition."""
+
+    @property
+    def meshes(self) -> ShardingMeshes:
+        """``sharding``, or ``mesh`` alone."""
+        if self.sharding is not None:
+            return self.sharding
+        layout = self.layout
+        if layout.sharding_group_size is not None or layout.secondary_partition_size is not None:
+            raise ValueError(f"{layout.describe()} shards in groups: give DataParallel its sharding meshes")
+        return ShardingMeshes(self.mesh)
 
     @property
     def shards_with_fsdp(self) -> bool:
@@ -83,6 +107,8 @@ class DataParallel:
         """
         experts = expert_parameters(chunks) if self.expert_data_mesh is not None else []
         held = {id(p) for p in experts}
+        meshes = self.meshes
+        group, shard_group = self.mesh.get_group(), meshes.shard_group.get_group()
         main: DataParallelOptimizer | torch.optim.Optimizer | JointOptimizer
         if self.shards_with_fsdp:
             if experts:
@@ -90,16 +116,26 @@ class DataParallel:
             stage, ignored = self.layout.zero_stage, set(experts) or None
             for chunk in chunks:
                 units = [*vocabulary_units(chunk), *chunk.layers.values()]
-                shard_units(units, chunk, self.mesh, zero_stage=stage, dtype=compute_dtype, ignored=ignored)
+                shard_units(
+                    units,
+                    chunk,
+                    meshes.shard,
+                    zero_stage=stage,
+                    dtype=compute_dtype,
+                    ignored=ignored,
+                    secondary=meshes.secondary,
+                )
             # read after sharding: FSDP replaces each parameter it shards by a new one
             main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
             if outside:  # ZeRO-1 for them, as for experts, reduced in their fp32
-                vocabulary = DataParallelOptimizer(optimizer, list(outside), lr, self.mesh.get_group(), shard=True)
+                vocabulary = DataParallelOptimizer(
+                    optimizer, list(outside), lr, group, shard=True, shard_group=shard_group
+                )
                 main = JointOptimizer([main, vocabulary])
         else:
             dense = [p for p in parameters(chunks) if id(p) not in held] + list(outside)
             shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
-            main = DataParallelOptimizer(optimizer, dense, lr, self.mesh.get_group(), shard=shard)
+            main = DataParallelOptimizer(optimizer, dense, lr, group, shard=shard, shard_group=shard_group)
         if self.expert_data_mesh is None:
             return main
         expert = DataParallelOptimizer(
@@ -114,9 +150,16 @@ class DataParallel:
 
     def before_micro_batch(self, chunk: nn.Module, index: int, micro_batches: int) -> None:
         """Without a pipeline: ZeRO-2 keeps the gathered weights until the step's last backward
-        (the cost model's m reduce-scatters and one all-gather); ZeRO-3 gathers them each time."""
-        if self.shards_with_fsdp and not self.layout.zero_stage.shards_parameters:
-            cast(FSDPModule, chunk).set_reshard_after_backward(index == micro_batches - 1)
+        (the cost model's m reduce-scatters and one all-gather); ZeRO-3 gathers them each time.
+        Under sharding groups the replicas all-reduce the accumulated gradient shard in the last
+        micro-batch's backward only (the cost model's one all-reduce a step)."""
+        if not self.shards_with_fsdp:
+            return
+        last = index == micro_batches - 1
+        if not self.layout.zero_stage.shards_parameters:
+            cast(FSDPModule, chunk).set_reshard_after_backward(last)
+        if self.layout.sharding_group_size is not None:
+            cast(FSDPModule, chunk).set_requires_all_reduce(last)
 
 
 def vocabulary_units(chunk: Decoder) -> list[nn.Module | list[nn.Module]]:
@@ -150,15 +193,52 @@ def shard_units(
     zero_stage: ZeroStage,
     dtype: torch.dtype,
     ignored: set[nn.Parameter] | None = None,
+    secondary: DeviceMesh | None = None,
 ) -> None:
     """ZeRO-2/3 as the runtime shards (FSDP2): each unit (a module, or modules sharded together),
-    then the root with what remains, over ``dp_mesh``; fp32 shards gathered, computed and reduced
-    in ``dtype``; ZeRO-3 reshards after each forward. ``ignored`` parameters stay whole and
+    then the root with what remains, over ``dp_mesh`` (1-D, or HSDP's 2-D (replicate, shard));
+    fp32 shards gathered, computed and reduced in ``dtype``; ZeRO-3 reshards after each forward,
+    to the primary shard or, given the ``secondary`` (replicate, shard) mesh, to a shard over its
+    groups (``reshard_after_forward`` their size). ``ignored`` parameters stay whole and
     unreduced (experts, reduced over their own group). The profiler times its own cost this way."""
-    reshard = zero_stage.shards_parameters
+    reshard: bool | int = zero_stage.shards_parameters
+    if reshard and secondary is not None:  # a secondary partition of 1 rank keeps the weights whole
+        reshard = secondary.size(1) if secondary.size(1) > 1 else False
     # fp32 shards are the master weights; layers gather, compute and reduce in the plan's
     # precision (as ZeRO-0/1 reduce: measured, an fp32 reduce-scatter doubled the bytes).
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)
-    fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)
+    with post_forward_mesh(secondary) if secondary is not None else contextlib.nullcontext():
+        for unit in units:
+            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)
+        fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)
+
+
+@contextlib.contextmanager
+def post_forward_mesh(secondary: DeviceMesh) -> Iterator[None]:
+    """Within: ``fully_shard`` with ``reshard_after_forward`` an int below the shard axis's size
+    keeps the secondary shard on ``secondary``, the 2-D mesh every rank built from the layout.
+
+    FSDP2 (torch 2.13, ``_get_post_forward_mesh_info``) would build a new DeviceMesh of the data
+    mesh's ranks, ``view(-1, s)``, at each ``fully_shard`` call: new process groups for every
+    unit (measured, tiny-gpt's 5 units on 4 gloo ranks: 16 groups created building the trainer
+    against 6 with the one mesh; on GPUs each is a communicator), and from this rank's
+    data-parallel ranks only (under a pipeline, processes of different stages would create
+    different groups and hang: the gloo feasibility probe). This private hook hands it the one
+    mesh instead; s = 1 (keep the weights whole) and s = the shard axis go through."""
+    original = fsdp_internals._get_post_forward_mesh_info  # type: ignore[attr-defined]
+
+    def given(reshard_after_forward: bool | int, mesh_info: FSDPMeshInfo) -> FSDPMeshInfo | None:
+        if isinstance(reshard_after_forward, bool) or reshard_after_forward in (1, mesh_info.shard_mesh_size):
+            return original(reshard_after_forward, mesh_info)
+        if secondary.size(1) != reshard_after_forward or mesh_info.shard_mesh_size % reshard_after_forward:
+            raise ValueError(
+                f"reshard_after_forward={reshard_after_forward} must be the secondary mesh's group size "
+                f"{secondary.size(1)} and divide the shard axis ({mesh_info.shard_mesh_size} ranks)"
+            )
+        return HSDPMeshInfo(secondary, shard_mesh_dim=1, replicate_mesh_dim=0)
+
+    fsdp_internals._get_post_forward_mesh_info = given  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        fsdp_internals._get_post_forward_mesh_info = original  # type: ignore[attr-defined]

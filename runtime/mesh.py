@@ -11,6 +11,11 @@ Under expert parallelism a second mesh, ``expert_mesh``, splits the data axis in
 folded (``Layout.folds_experts``) it splits each stage's d t ranks, in rank order, into (edp, ep),
 its tensor axis of size 1 (``schemas.geometry.expert_rank_of``).
 
+ZeRO in groups (``Layout.sharding_group_size``, HSDP) shards over a (replicate, shard) mesh, the
+data axis split into groups of g consecutive ranks (``schemas.geometry.SHARDING_MESH_AXES``),
+and a secondary partition (``Layout.secondary_partition_size``) keeps the weights between
+forward and backward on such a mesh of groups of s: ``sharding_meshes``.
+
 torch orders the members of a process group by their rank, and a process's place on a mesh
 axis is its rank in that axis's group. A map under which some axis lists its devices out of
 increasing order would then give processes other coordinates than the plan's (measured on
@@ -20,6 +25,7 @@ groups that keep the mesh's order (``new_group(sort_ranks=False)``).
 
 import itertools
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -29,11 +35,14 @@ from planner.schemas import Layout
 from planner.schemas.geometry import (
     EXPERT_MESH_AXES,
     MESH_AXES,
+    SHARDING_MESH_AXES,
     MeshAxis,
+    ShardingMeshAxis,
     expert_mesh_shape,
     expert_rank_of,
     mesh_shape,
     rank_of,
+    sharding_mesh_shape,
 )
 
 logger = logging.getLogger(__name__)
@@ -95,6 +104,54 @@ def expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
         The mesh; index it by ``ExpertMeshAxis`` (``mesh[ExpertMeshAxis.EP]``).
     """
     return _mesh(expert_device_grid(layout), device_type, tuple(EXPERT_MESH_AXES), layout)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingMeshes:
+    """The meshes ZeRO shares a replica's states over (``sharding_meshes``)."""
+
+    shard: DeviceMesh
+    """FSDP's mesh: the 1-D data-parallel mesh, or under sharding groups the 2-D
+    (``ShardingMeshAxis.REPLICATE``, ``ShardingMeshAxis.SHARD``) mesh."""
+    secondary: DeviceMesh | None = None
+    """Under a secondary partition of s ranks: the 2-D (replicate, shard) mesh of groups of s
+    consecutive data-parallel ranks ZeRO-3 keeps the weights on after forward."""
+
+    @property
+    def shard_group(self) -> DeviceMesh:
+        """The 1-D mesh of the ranks that share this rank's states out (its sharding group)."""
+        return self.shard if self.shard.ndim == 1 else self.shard[ShardingMeshAxis.SHARD]
+
+
+def sharding_device_grid(layout: Layout, group_size: int) -> torch.Tensor:
+    """The torch rank at each coordinate of ``layout``'s sharding mesh for groups of
+    ``group_size``: a (p, d / group_size, group_size, t) int tensor, ``device_grid`` with its data
+    axis split (``schemas.geometry.sharding_mesh_shape``)."""
+    return device_grid(layout).view(sharding_mesh_shape(layout, group_size))
+
+
+def split_data_mesh(layout: Layout, device_type: str, group_size: int) -> DeviceMesh:
+    """The 2-D (replicate, shard) mesh of this rank's stage and tensor shard: ``layout``'s data
+    axis split into groups of ``group_size`` consecutive ranks, sliced from a (pp, replicate,
+    shard, tp) mesh of the whole job that every rank builds (call it on every rank, in the same
+    order), its devices placed by the DeviceMap as ``layout_mesh`` places them."""
+    whole = _mesh(sharding_device_grid(layout, group_size), device_type, tuple(SHARDING_MESH_AXES), layout)
+    return whole[ShardingMeshAxis.REPLICATE, ShardingMeshAxis.SHARD]
+
+
+def sharding_meshes(layout: Layout, device_type: str, dense: DeviceMesh) -> ShardingMeshes:
+    """The meshes ZeRO shares ``layout``'s states over (every rank calls it, in the same order):
+    ``dense``'s data-parallel mesh, or with ``Layout.sharding_group_size`` g the (replicate,
+    shard) mesh of groups of g; with ``Layout.secondary_partition_size`` s the mesh of groups of s.
+
+    Args:
+        layout: the plan's layout.
+        device_type: "cpu" or "cuda".
+        dense: ``layout_mesh(layout, device_type)``, built already.
+    """
+    g, s = layout.sharding_group_size, layout.secondary_partition_size
+    shard = dense[MeshAxis.DP] if g is None else split_data_mesh(layout, device_type, g)
+    return ShardingMeshes(shard, None if s is None else split_data_mesh(layout, device_type, s))
 
 
 def _mesh(grid: torch.Tensor, device_type: str, names: tuple[str, ...], layout: Layout) -> DeviceMesh:

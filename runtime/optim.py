@@ -105,20 +105,26 @@ class DataParallelOptimizer:
         *,
         shard: bool,
         grad_divisor: int | None = None,
+        shard_group: dist.ProcessGroup | None = None,
     ) -> None:
         """``grad_divisor``: what the gradients' sum over ``group`` is divided by (default the
         group's size: their mean); experts' sums over their expert-data-parallel group are divided
-        by the whole data-parallel degree (``runtime.expert_parallel``)."""
+        by the whole data-parallel degree (``runtime.expert_parallel``). ``shard_group``: with
+        ``shard``, the ranks of ``group`` that share the state out (ZeRO-1 in sharding groups,
+        ``Layout.sharding_group_size``: the other groups hold the same shares and, with the same
+        averaged gradients, step them alike); default ``group``."""
         self.params, self.group = params, group
-        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.size = dist.get_world_size(group)
         self.divisor = self.size if grad_divisor is None else grad_divisor
         self.shard = shard
+        self.shard_group = group if shard_group is None else shard_group
+        self.shards, self.rank = dist.get_world_size(self.shard_group), dist.get_rank(self.shard_group)
         self.mixed = any(p.dtype != torch.float32 for p in params)
         # What ZeRO-1 shares out: with mixed precision the masters' slices (so every rank owns
         # an even share, within a slice, as Megatron-LM's distributed optimizer splits its flat
         # buffer evenly), in fp32 the parameters themselves, whole.
         self.units = _pieces(params) if self.mixed else [_Piece(p, 0, local(p).numel()) for p in params]
-        self.owner = _balanced_owners([u.stop - u.start for u in self.units], self.size if shard else 1)
+        self.owner = _balanced_owners([u.stop - u.start for u in self.units], self.shards if shard else 1)
         mine = [u for u, o in zip(self.units, self.owner, strict=True) if not shard or o == self.rank]
         reduced = sum(local(p).numel() for p in params) if self.size > 1 else 0
         device = local(params[0]).device if params else None
@@ -155,16 +161,15 @@ class DataParallelOptimizer:
                     local(piece.param.data).view(-1)[piece.start : piece.stop].copy_(piece.master)
                     piece.master.grad = None  # the fp32 gradient lives only for its slice's update
         with torch.no_grad():
-            if self.shard and self.size > 1:
-                for owner in range(self.size):
+            if self.shard and self.shards > 1:
+                for owner in range(self.shards):
                     owned = [
                         local(u.param.data).view(-1)[u.start : u.stop]
                         for u, o in zip(self.units, self.owner, strict=True)
                         if o == owner
                     ]
-                    flat_apply(
-                        owned, partial(_broadcast, src=dist.get_global_rank(self.group, owner), group=self.group)
-                    )
+                    source = dist.get_global_rank(self.shard_group, owner)
+                    flat_apply(owned, partial(_broadcast, src=source, group=self.shard_group))
 
     def _reduce(self, grads: list[torch.Tensor]) -> None:
         """Sum ``grads`` over the group through the fp32 buckets, divided by ``divisor``: the

@@ -11,7 +11,8 @@ with a step that returns the global mean loss on every rank.
 - ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
   placement table) and their token exchange over the (pp, edp, ep, tp) expert mesh (with the
   experts folded, over a stage's d t ranks: ``runtime.mesh.expert_mesh``).
-- ``runtime.data_parallel``: the replica's rows of the batch, ZeRO's sharing and the optimizer.
+- ``runtime.data_parallel``: the replica's rows of the batch, ZeRO's sharing and the optimizer
+  (in sharding groups, HSDP, and with a secondary partition, over ``runtime.mesh.sharding_meshes``).
 - Gradient accumulation: micro-batches of the plan; each loss is divided by their count.
 """
 
@@ -39,7 +40,7 @@ from runtime.expert_parallel import (
     placement_table,
     replicated,
 )
-from runtime.mesh import expert_mesh, layout_mesh
+from runtime.mesh import ShardingMeshes, expert_mesh, layout_mesh, sharding_meshes
 from runtime.model import TORCH_DTYPES, default_dtype, loss_fn, set_recompute
 from runtime.pipeline import (
     PipelineSchedule,
@@ -71,6 +72,7 @@ class Trainer:
         dtype: DType = DType.FP32,
         placement: PlacementTable | None = None,
         experts_mesh: DeviceMesh | None = None,
+        sharding: ShardingMeshes | None = None,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
@@ -78,7 +80,9 @@ class Trainer:
         precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3);
         ``placement``: an MoE model's experts on each expert-parallel rank, by MoE layer (default
         the layout's, ``runtime.expert_parallel.placement_table``); ``experts_mesh``: the
-        layout's expert mesh built beforehand, as ``mesh`` (default: built here when needed).
+        layout's expert mesh built beforehand, as ``mesh`` (default: built here when needed);
+        ``sharding``: the meshes ZeRO shares the states over built beforehand, as ``mesh``
+        (default: ``runtime.mesh.sharding_meshes``, built here).
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
@@ -93,7 +97,10 @@ class Trainer:
             experts_mesh = expert_mesh(layout, device.type)
         experts_mesh = experts_mesh if own_experts else None
         self.data_parallel = DataParallel(
-            layout, self.mesh[MeshAxis.DP], experts_mesh[ExpertMeshAxis.EDP] if experts_mesh else None
+            layout,
+            self.mesh[MeshAxis.DP],
+            experts_mesh[ExpertMeshAxis.EDP] if experts_mesh else None,
+            sharding or sharding_meshes(layout, device.type, self.mesh),
         )
         place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         compute = TORCH_DTYPES[dtype]

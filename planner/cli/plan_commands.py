@@ -208,7 +208,7 @@ def search(
         typer.Option(
             help="Let ZeRO shard within one node's data-parallel ranks and replicate across nodes (HSDP), and keep "
             "ZeRO-3's weights over one node after the forward (ZeRO++ hpZ), where the data-parallel group spans "
-            "nodes. The planner's own runtime runs neither yet."
+            "nodes. The planner's own runtime runs both, but not hpZ beside tensor parallelism."
         ),
     ] = True,
 ) -> None:

@@ -64,6 +64,35 @@ EXPERT_MESH_AXES: tuple[MeshAxis | ExpertMeshAxis, ...] = (
 experts folded, its (data, tensor) axes split and a tensor axis of size 1."""
 
 
+class ShardingMeshAxis(StrEnum):
+    """The two axes ZeRO's groups split the data axis into (HSDP; a secondary partition), slowest first."""
+
+    REPLICATE = "dp_replicate"
+    """Groups of consecutive data-parallel ranks, one rank per group holding the same shard."""
+    SHARD = "dp_shard"
+    """Ranks of one group, sharing the states out (consecutive data-parallel ranks)."""
+
+
+SHARDING_MESH_AXES: tuple[MeshAxis | ShardingMeshAxis, ...] = (
+    MeshAxis.PP,
+    ShardingMeshAxis.REPLICATE,
+    ShardingMeshAxis.SHARD,
+    MeshAxis.TP,
+)
+"""A sharding mesh's axes, slowest first: the dense mesh with its data axis split into groups of
+consecutive ranks; data-parallel rank ``replica`` is (replica // size, replica % size), so the
+rank order is the dense mesh's."""
+
+
+def sharding_mesh_shape(layout: Layout, group_size: int) -> tuple[int, int, int, int]:
+    """Sizes of the sharding mesh's axes in ``SHARDING_MESH_AXES`` order for groups of
+    ``group_size`` consecutive data-parallel ranks (a divisor of d): (p, d / group_size, group_size, t)."""
+    p, d, t = mesh_shape(layout)
+    if group_size < 1 or d % group_size:
+        raise ValueError(f"group_size={group_size} must divide data_parallel_degree={d}")
+    return p, d // group_size, group_size, t
+
+
 def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
     """Sizes of the expert mesh's axes in ``EXPERT_MESH_AXES`` order: (p, d / ep, ep, t), or
     (p, d t / ep, ep, 1) with the experts folded (each expert whole on its rank)."""

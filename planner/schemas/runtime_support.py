@@ -35,10 +35,12 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             f"the plan is priced with the {training.moe_dispatcher} token dispatcher, but this runtime sends "
             "every (token, expert) pair with one all-to-all; plan with --moe-dispatcher alltoall to run it"
         )
-    if layout.sharding_group_size is not None or layout.secondary_partition_size is not None:
+    secondary = layout.secondary_partition_size
+    if secondary is not None and (layout.tensor_parallel_degree > 1 or layout.pipeline_parallel_degree > 1):
         raise InfeasibleConfigError(
-            f"the plan shards in groups ({layout.describe()}), which this runtime does not build yet; plan with "
-            "planner search --no-hierarchical-sharding, or run it with FSDP2 on a (replicate, shard) mesh"
+            f"the plan keeps ZeRO-3's weights on a secondary partition of {secondary} ranks ({layout.describe()}) "
+            "beside tensor or pipeline parallelism, which FSDP2 (torch 2.13) cannot reshard to; plan with "
+            "planner search --no-hierarchical-sharding, or without tensor and pipeline parallelism"
         )
     if plan.model.position_embedding_type is PositionEmbedding.ALIBI:
         raise InfeasibleConfigError(

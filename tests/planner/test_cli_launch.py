@@ -57,13 +57,9 @@ REFUSED = {
         lambda: _plan("tiny-gpt", _layout(2, pp=4, mb=4)),
         "2 micro-batch(es) a step through 4 pipeline stages",
     ),
-    "hsdp": (
-        lambda: _plan("tiny-gpt", _layout(8, zero_stage=ZeroStage.PARAMETERS, sharding_group_size=4)),
-        "shards in groups (dp8 tp1 pp1 mb1 zero3 hsdp4 rc-none), which this runtime does not build yet",
-    ),
-    "hpz": (
-        lambda: _plan("tiny-gpt", _layout(8, zero_stage=ZeroStage.PARAMETERS, secondary_partition_size=4)),
-        "--no-hierarchical-sharding",
+    "hpz-tensor-parallel": (
+        lambda: _plan("tiny-gpt", _layout(4, tp=2, zero_stage=ZeroStage.PARAMETERS, secondary_partition_size=2)),
+        "secondary partition of 2 ranks (dp4 tp2 pp1 mb1 zero3 hpz2 rc-none) beside tensor or pipeline parallelism",
     ),
     "alibi": (
         lambda: _plan_of(
@@ -101,9 +97,21 @@ def test_launch_refuses_a_plan_the_runtime_refuses(tmp_path: Path, case: str) ->
         assert not (tmp_path / "launch.sh").exists()
 
 
-def test_launch_prints_a_plan_the_runtime_runs(tmp_path: Path) -> None:
+RUNS = {
+    "expert-parallel": lambda: _plan("tiny-moe", _layout(8, ep=4)),
+    "hsdp-hpz": lambda: _plan(
+        "tiny-gpt", _layout(8, zero_stage=ZeroStage.PARAMETERS, sharding_group_size=4, secondary_partition_size=2)
+    ),
+    "hsdp-zero1-tensor-pipeline": lambda: _plan(
+        "tiny-gpt", _layout(2, tp=2, pp=2, zero_stage=ZeroStage.OPTIMIZER, sharding_group_size=1)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUNS))
+def test_launch_prints_a_plan_the_runtime_runs(tmp_path: Path, case: str) -> None:
     path = tmp_path / "plan.json"
-    save_plan(_plan("tiny-moe", _layout(8, ep=4)), path)
+    save_plan(RUNS[case](), path)
     proc = _launch(path)
     assert proc.returncode == 0, proc.stderr
     assert "torchrun --standalone --nproc-per-node 8 -m planner run" in proc.stdout

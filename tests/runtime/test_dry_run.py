@@ -54,3 +54,25 @@ def test_dry_run_of_a_pipeline_with_tied_embeddings(tmp_path: Path) -> None:
     save_plan(make_plan(model, training, cluster, "dgx-h100:1", layout, estimated), plan_path)
     for rank in (0, 7):
         assert _dry(plan_path, rank) > 0
+
+
+def test_dry_run_of_sharding_groups_and_a_secondary_partition(tmp_path: Path) -> None:
+    # HSDP builds a (replicate, shard) mesh and hpZ a secondary one outside the fake tensors, as
+    # the layout's mesh is built; sharded over 4 ranks rather than 8, the states take more room.
+    model, cluster = load_model("tiny-gpt"), load_cluster("dgx-h100:1")
+    training = TrainingSpec(global_batch_size=16, seq_len=64)
+    peaks = []
+    for groups in ({}, {"sharding_group_size": 4, "secondary_partition_size": 2}):
+        layout = Layout(
+            data_parallel_degree=8,
+            tensor_parallel_degree=1,
+            pipeline_parallel_degree=1,
+            micro_batch_size=1,
+            zero_stage=3,
+            **groups,  # type: ignore[arg-type]
+        )
+        plan_path = tmp_path / f"{layout.describe()}.json"
+        estimated = estimate(model, training, cluster, layout)
+        save_plan(make_plan(model, training, cluster, "dgx-h100:1", layout, estimated), plan_path)
+        peaks.append(_dry(plan_path, 7))
+    assert 0 < peaks[0] < peaks[1]

@@ -11,17 +11,19 @@ from harness import run_ranks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from cost_models.groups import expert_data_groups, expert_groups
-from planner.schemas import DeviceMap, Layout
+from cost_models.groups import expert_data_groups, expert_groups, replica_groups, sharding_groups
+from planner.schemas import DeviceMap, Layout, ZeroStage
 from planner.schemas.geometry import (
     EXPERT_MESH_AXES,
     MESH_AXES,
+    SHARDING_MESH_AXES,
     ExpertMeshAxis,
     MeshAxis,
+    ShardingMeshAxis,
     coordinates,
 )
 from runtime import device_grid, group_mesh, layout_mesh
-from runtime.mesh import expert_device_grid
+from runtime.mesh import expert_device_grid, sharding_device_grid
 
 
 def _layout(p: int = 1, **kw: object) -> Layout:
@@ -93,3 +95,35 @@ def test_expert_mesh_groups_are_the_cost_models(d: int, t: int, p: int, ep: int,
 
     assert fibers(ExpertMeshAxis.EP) == {tuple(g.devices) for g in expert_groups(layout)}
     assert fibers(ExpertMeshAxis.EDP) == {tuple(g.devices) for g in expert_data_groups(layout)}
+
+
+@pytest.mark.parametrize(
+    ("d", "t", "p", "g", "devices"),
+    [(4, 1, 1, 2, ()), (8, 2, 1, 4, ()), (4, 2, 2, 2, ()), (8, 1, 1, 2, ()), (4, 1, 1, 2, (3, 1, 0, 2))],
+)
+def test_sharding_mesh_groups_are_the_cost_models(d: int, t: int, p: int, g: int, devices: tuple[int, ...]) -> None:
+    """The runtime's sharding mesh and the cost model's groups name the same devices: its shard
+    axis the sharding groups (runs of g consecutive replicas), its replicate axis the replicas
+    holding the same shard (strided by g)."""
+    layout = Layout(
+        data_parallel_degree=d,
+        tensor_parallel_degree=t,
+        pipeline_parallel_degree=p,
+        micro_batch_size=1,
+        zero_stage=ZeroStage.PARAMETERS,
+        sharding_group_size=g,
+        device_map=DeviceMap(devices=devices),
+    )
+    grid = sharding_device_grid(layout, g)
+    axis = {name: i for i, name in enumerate(SHARDING_MESH_AXES)}
+
+    def fibers(name: ShardingMeshAxis) -> set[tuple[int, ...]]:
+        lines = grid.movedim(axis[name], -1).reshape(-1, grid.shape[axis[name]]).tolist()
+        return {tuple(line) for line in lines}
+
+    stages = range(p)
+    assert fibers(ShardingMeshAxis.SHARD) == {tuple(x.devices) for s in stages for x in sharding_groups(layout, s, g)}
+    assert fibers(ShardingMeshAxis.REPLICATE) == {
+        tuple(x.devices) for s in stages for x in replica_groups(layout, s, g)
+    }
+    assert len(fibers(ShardingMeshAxis.SHARD)) == p * t * d // g
