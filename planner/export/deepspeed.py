@@ -9,8 +9,8 @@ secondary_partition_size), the batch (``train_micro_batch_size_per_gpu`` b,
 ``gradient_accumulation_steps`` B / (d b), ``train_batch_size`` B) and the precision (bf16 or
 fp16 with fp32 master weights, fp32 as neither). Tensor, pipeline and expert parallelism are
 built by the model code (Megatron-DeepSpeed, DeepSpeed's PipelineModule and MoE layers), not by
-the config, and are refused; so is HSDP, whose DeepSpeed form (MiCS) 0.19.8 removed. Full
-recompute is the ``activation_checkpointing`` section, which configures
+the config, and are refused, as is a capacity factor of MoE layers; so is HSDP, whose DeepSpeed
+form (MiCS) 0.19.8 removed. Full recompute is the ``activation_checkpointing`` section, which configures
 ``deepspeed.checkpointing.checkpoint``: the model's layers must call it. Selective recompute has
 no DeepSpeed form and is refused. The optimizer and its schedule are left to the user.
 """
@@ -75,6 +75,13 @@ def _check(plan: Plan) -> None:
             f"HSDP (sharding_group_size={layout.sharding_group_size})",
             f"ZeRO shards over every data-parallel rank in DeepSpeed {VERSION} (MiCS was removed)",
             "plan with --no-hierarchical-sharding, or export to torchtitan",
+        )
+    if plan.training.moe_capacity_factor is not None:
+        refuse(
+            TARGET,
+            f"moe_capacity_factor={plan.training.moe_capacity_factor:g}",
+            "its config does not build the MoE layers, whose code sets their capacity",
+            "plan without --capacity-factor",
         )
     if layout.recompute is Recompute.SELECTIVE:
         refuse(

@@ -25,12 +25,16 @@ How the plan maps:
   no fp16 mixed precision, so fp16 is refused. Recompute: ``[activation_checkpoint] mode``;
   selective is torchtitan's per-op policy ("op": keeps matmul and attention outputs, recomputes
   the rest), the nearest to Korthikanti et al.'s.
+- MoE: the dispatcher (``expert_parallel_comm_backend`` standard or deepep); torchtitan's MoE
+  layers are dropless, so a capacity factor is refused. A plan that priced the tensor-parallel
+  collectives overlapped gets torchtitan's async tensor parallelism, with the model compiled,
+  which that needs.
 - Left to the user: the model (named for the Llama 3 presets), dataset, optimizer, steps,
-  compile and float8.
+  compile (but for async tensor parallelism) and float8.
 """
 
 from planner.export.common import check_common, layers_per_chunk, micro_batches, refuse
-from planner.schemas import DType, Plan, Recompute, Schedule, ZeroStage
+from planner.schemas import DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
 
 TARGET = "torchtitan"
 VERSION = "v0.2.2"
@@ -40,7 +44,7 @@ _SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.IN
 _MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
 """Presets with a torchtitan model of the same architecture: (model.name, model.flavor)."""
 
-TomlValue = int | str | bool | list[list[str]]
+TomlValue = int | str | bool | list[str] | list[list[str]]
 
 
 def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
@@ -71,6 +75,11 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     if plan.model.is_moe:
         parallelism["expert_parallel_degree"] = layout.expert_parallel_degree
         parallelism["expert_tensor_parallel_degree"] = layout.expert_tensor_degree
+        deepep = training.moe_dispatcher is MoeDispatcher.DEEPEP
+        parallelism["expert_parallel_comm_backend"] = "deepep" if deepep else "standard"
+    async_tp = training.tp_comm_overlap and t > 1
+    if async_tp:
+        parallelism["enable_async_tensor_parallel"] = True
     local_batch = layout.micro_batch_size * (micro_batches(plan) if p > 1 else 1)
     config: dict[str, dict[str, TomlValue]] = {
         "job": {"description": f"{plan.model.name} on {plan.cluster.spec}: {layout.describe()} (planner)"},
@@ -89,6 +98,8 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     config["activation_checkpoint"] = {"mode": str(layout.recompute)}
     if layout.recompute is Recompute.SELECTIVE:
         config["activation_checkpoint"]["selective_ac_option"] = "op"
+    if async_tp:  # torchtitan's async tensor parallelism is an inductor pass: it needs the model compiled
+        config["compile"] = {"enable": True, "components": ["model", "loss"]}
     return config
 
 
@@ -116,6 +127,13 @@ def _check(plan: Plan) -> None:
             "tensor parallelism without sequence parallelism",
             "its tensor-parallel plan always shards the norms along the sequence",
             "plan with --sequence-parallel",
+        )
+    if plan.training.moe_capacity_factor is not None:
+        refuse(
+            TARGET,
+            f"moe_capacity_factor={plan.training.moe_capacity_factor:g}",
+            "its MoE layers compute every routed token (dropless)",
+            "plan without --capacity-factor",
         )
     if layout.expert_parallel_degree > 1 and not layout.zero_stage.shards_gradients:
         refuse(
@@ -169,4 +187,6 @@ def _toml(value: TomlValue) -> str:
         return str(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return "[\n" + "".join(f"    [{', '.join(_toml(name) for name in part)}],\n" for part in value) + "]"
+    if all(isinstance(item, str) for item in value):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return "[\n" + "".join(f"    {_toml(part)},\n" for part in value) + "]"

@@ -128,7 +128,18 @@ def test_torchtitan_experts() -> None:
         expert_parallel_degree=4,
         expert_tensor_parallel_degree=1,
     )
-    assert _toml(_plan("tiny-moe", folded))["parallelism"]["expert_tensor_parallel_degree"] == 1
+    config = _toml(_plan("tiny-moe", folded, moe_dispatcher=MoeDispatcher.DEEPEP))
+    assert config["parallelism"]["expert_tensor_parallel_degree"] == 1
+    assert config["parallelism"]["expert_parallel_comm_backend"] == "deepep"
+    assert par["expert_parallel_comm_backend"] == "standard"
+
+
+def test_torchtitan_overlapped_tensor_parallel_collectives_are_async_tp_with_the_model_compiled() -> None:
+    layout = _layout(8, tp=2, zero_stage=ZeroStage.PARAMETERS, sequence_parallel=True)
+    assert "compile" not in _toml(_plan("tiny-gpt", layout))  # compile is the user's choice ...
+    config = _toml(_plan("tiny-gpt", layout, tp_comm_overlap=True))
+    assert config["parallelism"]["enable_async_tensor_parallel"] is True
+    assert config["compile"] == {"enable": True, "components": ["model", "loss"]}  # ... but async TP needs it
 
 
 # Megatron-LM --------------------------------------------------------------------------------------
@@ -204,6 +215,11 @@ REFUSED = {
         "(hpZ)",
     ),
     "torchtitan-ep-ddp": ("torchtitan", lambda: _plan("tiny-moe", _layout(16, expert_parallel_degree=4)), "ZeRO-0"),
+    "torchtitan-capacity-factor": (
+        "torchtitan",
+        lambda: _plan("tiny-moe", _layout(16, zero_stage=3, expert_parallel_degree=4), moe_capacity_factor=1.25),
+        "dropless",
+    ),
     "megatron-zero3-pipeline": (
         "megatron",
         lambda: _plan("tiny-gpt", _layout(8, pp=2, zero_stage=3)),
@@ -226,6 +242,11 @@ REFUSED = {
         "deepspeed",
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, sharding_group_size=8)),
         "HSDP",
+    ),
+    "deepspeed-capacity-factor": (
+        "deepspeed",
+        lambda: _plan("tiny-moe", _layout(16, zero_stage=3), moe_capacity_factor=1.25),
+        "--capacity-factor",
     ),
     "deepspeed-selective": ("deepspeed", lambda: _plan("tiny-gpt", _layout(16, recompute="selective")), "selective"),
     "deepspeed-device-map": (
@@ -300,11 +321,12 @@ def test_torchtitan_loads_the_export_with_its_own_config_manager(tmp_path: Path)
     manager = _torchtitan_config_manager()
     layout = _layout(2, tp=2, pp=4, zero_stage=3, sequence_parallel=True, schedule="interleaved", virtual_stages=2)
     path = tmp_path / "job.toml"
-    path.write_text(api.export(_plan(GPT16, layout), "torchtitan"))
+    path.write_text(api.export(_plan(GPT16, layout, tp_comm_overlap=True), "torchtitan"))
     config = manager().parse_args(["--job.config_file", str(path)])  # refuses unknown keys
     assert config.parallelism.data_parallel_shard_degree == 2
     assert config.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
     assert len(config.parallelism.module_fqns_per_model_part) == 8
+    assert config.parallelism.enable_async_tensor_parallel and config.compile.enable
 
 
 def test_deepspeed_accepts_the_export_with_its_own_config_class() -> None:
@@ -323,3 +345,32 @@ def test_deepspeed_accepts_the_export_with_its_own_config_class() -> None:
         config = config_module.DeepSpeedConfig(raw, mpu=DataParallel())  # checks B = b x accumulation x d
     assert (config.train_batch_size, config.gradient_accumulation_steps) == (64, 2)
     assert config.zero_optimization_stage == 3 and config.zero_config.zero_hpz_partition_size == 8
+
+
+def test_megatron_parses_the_export_with_its_own_argument_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    arguments = pytest.importorskip(
+        "megatron.training.arguments",
+        reason="Megatron-LM's training package is not importable (its source tree, core_v0.15.0, on PYTHONPATH)",
+    )
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    layout = _layout(
+        2,
+        tp=2,
+        pp=4,
+        mb=2,
+        zero_stage=ZeroStage.OPTIMIZER,
+        sequence_parallel=True,
+        recompute="full",
+        schedule="interleaved",
+        virtual_stages=2,
+        layer_split=(1, 2, 2, 2, 2, 2, 2, 3),
+    )
+    words = _megatron(_plan(GPT16, layout, tp_comm_overlap=True, pp_comm_overlap=False))
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *words])
+    args = arguments.parse_args(ignore_unknown_args=False)  # exits on an unknown flag or a bad choice
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.micro_batch_size) == (2, 4, 2)
+    assert args.sequence_parallel and args.use_distributed_optimizer and args.recompute_granularity == "full"
+    split = PipelineParallelLayerLayout(args.pipeline_model_parallel_layout, args.pipeline_model_parallel_size)
+    split.validate_layer_layout(num_layers=args.num_layers, mtp_num_layers=None)  # 16 layers, E first, L last
+    assert split.virtual_pipeline_model_parallel_size == 2
