@@ -5,7 +5,8 @@ Field names are torchtitan v0.2.2's ``torchtitan/config/job_config.py`` (tag v0.
 ConfigManager refuses unknown keys, so a renamed field fails at load, not silently.
 
 How the plan maps:
-- Data parallelism: ZeRO 0 is DDP (``data_parallel_replicate_degree`` d); ZeRO 2 and 3 are FSDP2
+- Data parallelism: ZeRO 0 is DDP (``data_parallel_replicate_degree`` d), which torchtitan runs
+  only as the sole parallelism (beside tp or pp it is refused); ZeRO 2 and 3 are FSDP2
   over the sharding group (``data_parallel_shard_degree`` g, or d) and HSDP replicates across the
   d / g groups (``data_parallel_replicate_degree``); ZeRO 3 reshards the weights after the forward
   (``fsdp_reshard_after_forward = "always"``), ZeRO 2 keeps them gathered for the backward
@@ -107,6 +108,14 @@ def _check(plan: Plan) -> None:
     layout = plan.layout
     if plan.training.dtype is DType.FP16:
         refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
+    model_parallel = layout.tensor_parallel_degree * layout.pipeline_parallel_degree
+    if layout.zero_stage is ZeroStage.NONE and layout.data_parallel_degree > 1 and model_parallel > 1:
+        refuse(
+            TARGET,
+            "ZeRO-0 data parallelism beside tensor or pipeline parallelism",
+            "its DDP runs only where data parallelism is the only parallelism",
+            "plan with --zero-stage 2 or 3",
+        )
     if layout.zero_stage is ZeroStage.OPTIMIZER and layout.shard_degree > 1:
         refuse(
             TARGET,

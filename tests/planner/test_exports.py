@@ -207,8 +207,17 @@ def test_deepspeed_config() -> None:
 
 REFUSED = {
     "torchtitan-zero1": ("torchtitan", lambda: _plan("tiny-gpt", _layout(16, zero_stage=1)), "ZeRO-1"),
+    "torchtitan-ddp-with-pipeline": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(8, pp=2)),
+        "ZeRO-0 data parallelism beside tensor or pipeline parallelism",
+    ),
     "torchtitan-fp16": ("torchtitan", lambda: _plan("tiny-gpt", _layout(16), dtype="fp16"), "dtype=fp16"),
-    "torchtitan-tp-without-sp": ("torchtitan", lambda: _plan("tiny-gpt", _layout(8, tp=2)), "--sequence-parallel"),
+    "torchtitan-tp-without-sp": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(8, tp=2, zero_stage=3)),
+        "--sequence-parallel",
+    ),
     "torchtitan-hpz": (
         "torchtitan",
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, secondary_partition_size=8)),
