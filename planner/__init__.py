@@ -11,6 +11,7 @@ from typing import Any
 
 _API = (
     "Budget",
+    "ExportTarget",
     "OptimizerName",
     "Selection",
     "StrategyName",

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from cost_models.estimate import estimate as _estimate
 from cost_models.expert_parallel import dropped_share, sent_bytes_per_step
 from cost_models.layer_work import profile_gemm_shapes
+from planner.export.targets import ExportTarget
+from planner.export.targets import export as _export
 from planner.inputs import load_cluster, load_model, save_cluster
 from planner.placement_comparison import PlacementComparison
 from planner.placement_comparison import compare_placements as _compare_placements
@@ -64,6 +66,7 @@ if TYPE_CHECKING:  # the modules behind these import torch (runtime) or scipy (t
 
 __all__ = [
     "Budget",
+    "ExportTarget",
     "OptimizerName",
     "Selection",
     "StrategyName",
@@ -85,6 +88,8 @@ __all__ = [
     "tune",
     "validate",
 ]
+# ``export`` is planner.api.export only: ``planner.export`` is the exports' subpackage, which an
+# attribute of that name on the package would hide (see planner/__init__.py).
 
 
 class OptimizerName(StrEnum):
@@ -304,6 +309,26 @@ def compare_placements(plan: Plan | str | Path, routing_trace: Path | str) -> Pl
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)
     stats = load_routing_stats(routing_trace, loaded.model)
     return _compare_placements(stats, loaded.model, loaded.layout, loaded.cluster.devices_per_node)
+
+
+def export(plan: Plan | str | Path, target: ExportTarget | str) -> str:
+    """A plan as another training framework's config or arguments (``planner.export``).
+
+    Args:
+        plan: a Plan or a plan file.
+        target: "torchtitan" (a TOML job config), "megatron" (Megatron-LM arguments) or
+            "deepspeed" (a JSON config), or an ``ExportTarget``.
+
+    Returns:
+        The export's text, ready to write to a file.
+
+    Raises:
+        SchemaError: the plan cannot be read, or the target is unknown.
+        InfeasibleConfigError: the plan uses a feature the target cannot express (one line
+            naming it, why, and what to plan instead); nothing is dropped silently.
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    return _export(loaded, target)
 
 
 def profile(

@@ -1,4 +1,4 @@
-"""Commands that plan without touching a cluster: estimate, search, explain, launch, presets."""
+"""Commands that plan without touching a cluster: estimate, search, explain, launch, export, presets."""
 
 import json
 import subprocess
@@ -35,6 +35,7 @@ from planner.cli.options import (
     search_inputs,
     training_fields,
 )
+from planner.export.targets import ExportTarget
 from planner.export.torchrun import MASTER_ADDR_HINT, launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets
 from planner.placement_comparison import placement_applies
@@ -339,6 +340,27 @@ def launch(
         typer.echo(f"# {MASTER_ADDR_HINT}; the lines read it from the shell, e.g. export MASTER_ADDR=10.0.0.1")
     for cmd in commands:
         typer.echo(f"{cmd.comment()}\n{cmd.shell()}")
+
+
+def export(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    to: Annotated[
+        ExportTarget,
+        typer.Option(help="torchtitan: a TOML job config; megatron: Megatron-LM arguments; deepspeed: a JSON config."),
+    ],
+    output: Annotated[Path | None, typer.Option(help="Write the export here [default: print it].")] = None,
+) -> None:
+    """Write a plan as torchtitan's, Megatron-LM's or DeepSpeed's config; a plan feature the target
+    cannot express is refused in one line, never dropped.
+
+    Example: planner export plan.json --to torchtitan --output job.toml
+    """
+    text = api.export(plan, to)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    output.write_text(text)
+    typer.echo(f"wrote {output} ({to} export of {plan})")
 
 
 def presets() -> None:

@@ -1,0 +1,101 @@
+"""A plan as a DeepSpeed config (JSON), for ``deepspeed.initialize(..., config=...)``.
+
+Key names are DeepSpeed 0.19.8's (``deepspeed/runtime/config.py``, ``runtime/zero/config.py``,
+whose ZeRO section refuses unknown keys).
+
+What a DeepSpeed config expresses is data parallelism: ZeRO's stage (0-3) and ZeRO++'s
+hierarchical partition of ZeRO-3's weights (``zero_hpz_partition_size``, the plan's
+secondary_partition_size), the batch (``train_micro_batch_size_per_gpu`` b,
+``gradient_accumulation_steps`` B / (d b), ``train_batch_size`` B) and the precision (bf16 or
+fp16 with fp32 master weights, fp32 as neither). Tensor, pipeline and expert parallelism are
+built by the model code (Megatron-DeepSpeed, DeepSpeed's PipelineModule and MoE layers), not by
+the config, and are refused, as is a capacity factor of MoE layers; so is HSDP, whose DeepSpeed
+form (MiCS) 0.19.8 removed. Full recompute is the ``activation_checkpointing`` section, which configures
+``deepspeed.checkpointing.checkpoint``: the model's layers must call it. Selective recompute has
+no DeepSpeed form and is refused. The optimizer and its schedule are left to the user.
+"""
+
+import json
+
+from planner.export.common import check_common, micro_batches, refuse
+from planner.schemas import DType, Plan, Recompute
+
+TARGET = "deepspeed"
+VERSION = "0.19.8"
+
+JsonValue = int | bool | str | dict[str, "JsonValue"]
+
+
+def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
+    """The DeepSpeed config of the plan.
+
+    Raises:
+        InfeasibleConfigError: the plan uses a feature a DeepSpeed config cannot express (the message says which).
+    """
+    check_common(plan, TARGET)
+    _check(plan)
+    layout, training = plan.layout, plan.training
+    zero: dict[str, JsonValue] = {"stage": int(layout.zero_stage)}
+    if layout.secondary_partition_size is not None:
+        zero["zero_hpz_partition_size"] = layout.secondary_partition_size
+    config: dict[str, JsonValue] = {
+        "train_batch_size": training.global_batch_size,
+        "train_micro_batch_size_per_gpu": layout.micro_batch_size,
+        "gradient_accumulation_steps": micro_batches(plan),
+        "zero_optimization": zero,
+        "bf16": {"enabled": training.dtype is DType.BF16},
+        "fp16": {"enabled": training.dtype is DType.FP16},
+    }
+    if layout.recompute is Recompute.FULL:
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+        }
+    return config
+
+
+def _check(plan: Plan) -> None:
+    layout = plan.layout
+    for name, flag, degree in (
+        ("tensor parallelism", "--tp", layout.tensor_parallel_degree),
+        ("pipeline parallelism", "--pp", layout.pipeline_parallel_degree),
+        ("expert parallelism", "--ep", layout.expert_parallel_degree),
+    ):
+        if degree > 1:
+            refuse(
+                TARGET,
+                f"{name} (degree {degree})",
+                "its config holds data parallelism; the model code builds the rest",
+                f"export to megatron or torchtitan, or plan with {flag} 1",
+            )
+    if layout.sharding_group_size is not None:
+        refuse(
+            TARGET,
+            f"HSDP (sharding_group_size={layout.sharding_group_size})",
+            f"ZeRO shards over every data-parallel rank in DeepSpeed {VERSION} (MiCS was removed)",
+            "plan with --no-hierarchical-sharding, or export to torchtitan",
+        )
+    if plan.training.moe_capacity_factor is not None:
+        refuse(
+            TARGET,
+            f"moe_capacity_factor={plan.training.moe_capacity_factor:g}",
+            "its config does not build the MoE layers, whose code sets their capacity",
+            "plan without --capacity-factor",
+        )
+    if layout.recompute is Recompute.SELECTIVE:
+        refuse(
+            TARGET,
+            "selective recompute",
+            "deepspeed.checkpointing recomputes whole modules",
+            "plan with --recompute none or full",
+        )
+
+
+def deepspeed_json(plan: Plan) -> str:
+    """The config as JSON text (JSON has no comments: its version is this module's).
+
+    Raises:
+        InfeasibleConfigError: as :func:`deepspeed_config`.
+    """
+    return json.dumps(deepspeed_config(plan), indent=2) + "\n"

@@ -1,0 +1,204 @@
+"""A plan as Megatron-LM command-line arguments, for ``torchrun ... pretrain_gpt.py <these> <yours>``.
+
+Argument names are Megatron-LM core_v0.15.0's ``megatron/training/arguments.py`` (commit
+0d7e02bd26d3eb347ad8d1bef625002babfa6df7, the last release whose arguments are spelled out
+there; later ones generate them from config dataclasses under the same names).
+
+How the plan maps:
+- Degrees: --tensor-model-parallel-size, --pipeline-model-parallel-size,
+  --expert-model-parallel-size and --expert-tensor-parallel-size (t, or 1 for MoE parallel
+  folding); Megatron's default rank order (tp fastest, then dp, then pp) is the planner's.
+- Data parallelism: ZeRO 1 is the distributed optimizer (--use-distributed-optimizer), and its
+  HSDP the partial distributed optimizer (--num-distributed-optimizer-instances d / g). ZeRO 2
+  and 3 are Megatron-FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads /
+  optim_grads_params, with the flags it requires), which supports tensor, expert and context
+  parallelism but not pipelines: ZeRO 2/3 with a pipeline, HSDP under them, and ZeRO-3's hpZ are
+  refused.
+- Pipeline: 1F1B, interleaved with v virtual stages; GPipe is not one of Megatron's schedules and
+  is refused. The plan's layer split: even needs nothing (or
+  --num-layers-per-virtual-pipeline-stage); uneven only in the first and last stage is
+  --decoder-first/last-pipeline-num-layers; any other split is --pipeline-model-parallel-layout
+  (E embedding, t layer, L loss, stages by "|" in chunk order, chunk c on rank c % p).
+  --no-overlap-p2p-communication where the plan priced interleaved transfers as exposed.
+- Recompute: full is --recompute-granularity full --recompute-method uniform
+  --recompute-num-layers 1 (every layer's input kept, the layer recomputed); selective is
+  --recompute-granularity selective (core attention, Korthikanti et al.'s).
+- Batch and precision: --micro-batch-size b, --global-batch-size B (Megatron accumulates
+  B / (d b) micro-batches), --seq-length, --bf16 / --fp16 (fp32 is the default).
+- MoE: --num-experts, --moe-router-topk, the dispatcher (alltoall; DeepEP as flex +
+  --moe-enable-deepep), capacity factor and padding; --tp-comm-overlap where the plan priced it.
+- Left to the user: the rest of the model's shape, tokenizer, data, optimizer and schedule.
+"""
+
+import shlex
+
+from planner.export.common import check_common, layers_per_chunk, refuse
+from planner.schemas import DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
+
+TARGET = "megatron"
+VERSION = "core_v0.15.0"
+COMMIT = "0d7e02bd26d3eb347ad8d1bef625002babfa6df7"
+
+
+def megatron_args(plan: Plan) -> tuple[str, ...]:
+    """Megatron-LM's arguments for the plan, flag and value as separate words.
+
+    Raises:
+        InfeasibleConfigError: the plan uses a feature Megatron-LM cannot express (the message says which).
+    """
+    check_common(plan, TARGET)
+    _check(plan)
+    layout, training, model = plan.layout, plan.training, plan.model
+    args = [
+        "--tensor-model-parallel-size",
+        str(layout.tensor_parallel_degree),
+        "--pipeline-model-parallel-size",
+        str(layout.pipeline_parallel_degree),
+    ]
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    if training.tp_comm_overlap and layout.sequence_parallel:
+        args.append("--tp-comm-overlap")
+    args += ["--num-layers", str(model.num_hidden_layers), *_pipeline_split(plan)]
+    if layout.virtual_stages > 1 and not training.pp_comm_overlap:
+        args.append("--no-overlap-p2p-communication")
+    args += _data_parallel(plan)
+    args += _recompute(layout.recompute)
+    args += ["--micro-batch-size", str(layout.micro_batch_size)]
+    args += ["--global-batch-size", str(training.global_batch_size), "--seq-length", str(training.seq_len)]
+    args += {DType.BF16: ["--bf16"], DType.FP16: ["--fp16"], DType.FP32: []}[training.dtype]
+    if model.is_moe:
+        args += _experts(plan)
+    return tuple(args)
+
+
+def _check(plan: Plan) -> None:
+    layout = plan.layout
+    if layout.pipeline_parallel_degree > 1 and layout.schedule is Schedule.GPIPE:
+        refuse(TARGET, "the GPipe schedule", "its pipelines run 1F1B or interleaved", "plan with --schedule 1f1b")
+    if layout.secondary_partition_size is not None:
+        refuse(
+            TARGET,
+            f"secondary_partition_size={layout.secondary_partition_size} (hpZ)",
+            "Megatron-FSDP gathers ZeRO-3's weights over the whole shard group",
+            "plan with --no-hierarchical-sharding",
+        )
+    fsdp = layout.zero_stage.shards_gradients and layout.data_parallel_degree > 1
+    if fsdp and layout.pipeline_parallel_degree > 1:
+        refuse(
+            TARGET,
+            f"ZeRO-{int(layout.zero_stage)} with a pipeline",
+            "Megatron-FSDP supports tensor, expert and context parallelism, not pipelines",
+            "plan with --zero-stage 0,1, or export to torchtitan",
+        )
+    if fsdp and layout.sharding_group_size is not None:
+        refuse(
+            TARGET,
+            f"HSDP (sharding_group_size={layout.sharding_group_size}) under ZeRO-{int(layout.zero_stage)}",
+            "its replicated instances are the distributed optimizer's (ZeRO-1)",
+            "plan with --zero-stage 1 or --no-hierarchical-sharding, or export to torchtitan",
+        )
+
+
+def _pipeline_split(plan: Plan) -> list[str]:
+    layout = plan.layout
+    p, v = layout.pipeline_parallel_degree, layout.virtual_stages
+    per_chunk = layers_per_chunk(plan)
+    if p == 1:
+        return []
+    if len(set(per_chunk)) == 1:
+        return ["--num-layers-per-virtual-pipeline-stage", str(per_chunk[0])] if v > 1 else []
+    first, *middle, last = per_chunk
+    if v == 1 and len(set(middle)) <= 1 and first > 0 and last > 0:
+        return [
+            "--decoder-first-pipeline-num-layers",
+            str(first),
+            "--decoder-last-pipeline-num-layers",
+            str(last),
+        ]
+    return ["--pipeline-model-parallel-layout", _layout_string(per_chunk)]
+
+
+def _layout_string(per_chunk: tuple[int, ...]) -> str:
+    """Megatron's pipeline layout: each chunk's layers as t (t*n for n > 1), the embedding E
+    before the first, the loss L after the last, chunks separated by "|"."""
+    stages = []
+    for chunk, layers in enumerate(per_chunk):
+        body = "t" if layers == 1 else f"t*{layers}" if layers else ""
+        stages.append(("E" if chunk == 0 else "") + body + ("L" if chunk == len(per_chunk) - 1 else ""))
+    return "|".join(stages)
+
+
+def _data_parallel(plan: Plan) -> list[str]:
+    layout = plan.layout
+    d, zero = layout.data_parallel_degree, layout.zero_stage
+    if d == 1 or zero is ZeroStage.NONE:
+        return []
+    if zero is ZeroStage.OPTIMIZER:
+        instances = d // layout.shard_degree
+        return ["--use-distributed-optimizer"] + (
+            ["--num-distributed-optimizer-instances", str(instances)] if instances > 1 else []
+        )
+    strategy = "optim_grads_params" if zero is ZeroStage.PARAMETERS else "optim_grads"
+    return [
+        "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy",
+        strategy,
+        "--use-distributed-optimizer",
+        "--no-gradient-accumulation-fusion",
+        "--ckpt-format",
+        "fsdp_dtensor",
+    ]
+
+
+def _recompute(recompute: Recompute) -> list[str]:
+    if recompute is Recompute.FULL:
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if recompute is Recompute.SELECTIVE:
+        return ["--recompute-granularity", "selective"]
+    return []
+
+
+def _experts(plan: Plan) -> list[str]:
+    layout, training, model = plan.layout, plan.training, plan.model
+    args = [
+        "--num-experts",
+        str(model.num_local_experts),
+        "--moe-router-topk",
+        str(model.num_experts_per_tok),
+        "--expert-model-parallel-size",
+        str(layout.expert_parallel_degree),
+        "--expert-tensor-parallel-size",
+        str(layout.expert_tensor_degree),
+    ]
+    if training.moe_dispatcher is MoeDispatcher.DEEPEP:
+        args += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"]
+    else:
+        args += ["--moe-token-dispatcher-type", "alltoall"]
+    if training.moe_capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", f"{training.moe_capacity_factor:g}"]
+        if training.moe_pad_to_capacity:
+            args.append("--moe-pad-expert-input-to-capacity")
+    return args
+
+
+def megatron_text(plan: Plan) -> str:
+    """The arguments as shell text: a header naming the plan and the Megatron-LM version, then
+    one flag (with its value) per line, continued with backslashes.
+
+    Raises:
+        InfeasibleConfigError: as :func:`megatron_args`.
+    """
+    args = megatron_args(plan)
+    lines: list[str] = []
+    for word in args:
+        if word.startswith("--") or not lines:
+            lines.append(shlex.quote(word))
+        else:
+            lines[-1] += " " + shlex.quote(word)
+    header = [
+        f"# Megatron-LM {VERSION} arguments from a planner plan: {plan.model.name} on {plan.cluster.spec}",
+        f"# {plan.layout.describe()}; predicted step time {plan.estimate.step_time_s:.3f} s. Add the model's "
+        "shape, tokenizer, data and optimizer.",
+    ]
+    return "\n".join([*header, " \\\n".join(lines)]) + "\n"

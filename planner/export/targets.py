@@ -1,0 +1,49 @@
+"""The export targets and one entry point: a plan as the config or arguments of another
+training framework (``planner export plan.json --to torchtitan|megatron|deepspeed``)."""
+
+from enum import StrEnum
+
+from planner.export.deepspeed import deepspeed_json
+from planner.export.megatron import megatron_text
+from planner.export.torchtitan import torchtitan_toml
+from planner.schemas import Plan
+from planner.schemas.errors import SchemaError
+
+
+class ExportTarget(StrEnum):
+    """Training frameworks a plan exports to, and what each export is."""
+
+    TORCHTITAN = "torchtitan"
+    """A job config (TOML) for torchtitan.train."""
+    MEGATRON = "megatron"
+    """Command-line arguments for Megatron-LM's pretrain_gpt.py."""
+    DEEPSPEED = "deepspeed"
+    """A DeepSpeed config (JSON)."""
+
+
+def export(plan: Plan, target: ExportTarget | str) -> str:
+    """The plan as ``target``'s config or arguments, as text to write to a file.
+
+    Args:
+        plan: the plan to export.
+        target: an ``ExportTarget`` or its name.
+
+    Returns:
+        The TOML (torchtitan), shell arguments (megatron) or JSON (deepspeed) text.
+
+    Raises:
+        SchemaError: ``target`` is not a known target.
+        InfeasibleConfigError: the plan uses a feature the target cannot express; the one-line
+            message names it, why, and what to plan instead.
+    """
+    try:
+        chosen = ExportTarget(target)
+    except ValueError as e:
+        known = ", ".join(t.value for t in ExportTarget)
+        raise SchemaError(f"export target {target!r} is not one of {known}") from e
+    writers = {
+        ExportTarget.TORCHTITAN: torchtitan_toml,
+        ExportTarget.MEGATRON: megatron_text,
+        ExportTarget.DEEPSPEED: deepspeed_json,
+    }
+    return writers[chosen](plan)

@@ -1,0 +1,201 @@
+"""A plan as a torchtitan job config (TOML), for ``torchrun ... -m torchtitan.train --job.config_file``.
+
+Field names are torchtitan v0.2.2's ``torchtitan/config/job_config.py`` (tag v0.2.2, commit
+73a0e6979dd10b6b1904098eb3c8f62c18ab87ce; later torchtitan moved to Python configs); its
+ConfigManager refuses unknown keys, so a renamed field fails at load, not silently.
+
+How the plan maps:
+- Data parallelism: ZeRO 0 is DDP (``data_parallel_replicate_degree`` d), which torchtitan runs
+  only as the sole parallelism (beside tp or pp it is refused); ZeRO 2 and 3 are FSDP2
+  over the sharding group (``data_parallel_shard_degree`` g, or d) and HSDP replicates across the
+  d / g groups (``data_parallel_replicate_degree``); ZeRO 3 reshards the weights after the forward
+  (``fsdp_reshard_after_forward = "always"``), ZeRO 2 keeps them gathered for the backward
+  ("never", FSDP's ZeRO-2 mode). FSDP2 has no optimizer-only sharding: ZeRO 1 is refused.
+- Tensor parallelism: torchtitan's always shards the norms along the sequence (sequence
+  parallelism), so a plan with t > 1 without it is refused. Experts: ``expert_parallel_degree``
+  and ``expert_tensor_parallel_degree`` (t, or 1 folded), which torchtitan takes from the FSDP
+  shard axis (and tp): expert parallelism under ZeRO 0 or 1 is refused.
+- Pipeline: the schedule ("GPipe", "1F1B", "Interleaved1F1B"), the micro-batch size, and the
+  plan's layer split as ``module_fqns_per_model_part`` (p v parts, part c on rank c % p, the
+  embedding with the first and the final norm and output layer with the last), always, because
+  torchtitan's own default split weighs the embedding and the output layer as one layer each.
+- Batch: ``local_batch_size`` is what one data-parallel rank takes per step through the
+  pipeline (B / d, in micro-batches of b), or per gradient-accumulation step without one (b,
+  with ``global_batch_size`` B making torchtitan accumulate B / (d b) of them).
+- Precision: bf16 and fp32 as ``mixed_precision_param`` with fp32 master weights; torchtitan has
+  no fp16 mixed precision, so fp16 is refused. Recompute: ``[activation_checkpoint] mode``;
+  selective is torchtitan's per-op policy ("op": keeps matmul and attention outputs, recomputes
+  the rest), the nearest to Korthikanti et al.'s.
+- MoE: the dispatcher (``expert_parallel_comm_backend`` standard or deepep); torchtitan's MoE
+  layers are dropless, so a capacity factor is refused. A plan that priced the tensor-parallel
+  collectives overlapped gets torchtitan's async tensor parallelism, with the model compiled,
+  which that needs.
+- Left to the user: the model (named for the Llama 3 presets), dataset, optimizer, steps,
+  compile (but for async tensor parallelism) and float8.
+"""
+
+from planner.export.common import check_common, layers_per_chunk, micro_batches, refuse
+from planner.schemas import DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
+
+TARGET = "torchtitan"
+VERSION = "v0.2.2"
+COMMIT = "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce"
+
+_SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B"}
+_MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+"""Presets with a torchtitan model of the same architecture: (model.name, model.flavor)."""
+
+TomlValue = int | str | bool | list[str] | list[list[str]]
+
+
+def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
+    """The job config's sections and keys that carry the plan.
+
+    Raises:
+        InfeasibleConfigError: the plan uses a feature torchtitan cannot express (the message says which).
+    """
+    check_common(plan, TARGET)
+    layout, training = plan.layout, plan.training
+    d, t, p = layout.data_parallel_degree, layout.tensor_parallel_degree, layout.pipeline_parallel_degree
+    _check(plan)
+    shard = layout.shard_degree if layout.zero_stage.shards_gradients else 1
+    parallelism: dict[str, TomlValue] = {
+        "data_parallel_replicate_degree": d // shard,
+        "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": t,
+        "pipeline_parallel_degree": p,
+        "context_parallel_degree": 1,
+    }
+    if shard > 1:
+        reshard = "always" if layout.zero_stage is ZeroStage.PARAMETERS else "never"
+        parallelism["fsdp_reshard_after_forward"] = reshard
+    if p > 1:
+        parallelism["pipeline_parallel_schedule"] = _SCHEDULES[layout.schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = layout.micro_batch_size
+        parallelism["module_fqns_per_model_part"] = _model_parts(layers_per_chunk(plan))
+    if plan.model.is_moe:
+        parallelism["expert_parallel_degree"] = layout.expert_parallel_degree
+        parallelism["expert_tensor_parallel_degree"] = layout.expert_tensor_degree
+        deepep = training.moe_dispatcher is MoeDispatcher.DEEPEP
+        parallelism["expert_parallel_comm_backend"] = "deepep" if deepep else "standard"
+    async_tp = training.tp_comm_overlap and t > 1
+    if async_tp:
+        parallelism["enable_async_tensor_parallel"] = True
+    local_batch = layout.micro_batch_size * (micro_batches(plan) if p > 1 else 1)
+    config: dict[str, dict[str, TomlValue]] = {
+        "job": {"description": f"{plan.model.name} on {plan.cluster.spec}: {layout.describe()} (planner)"},
+    }
+    if plan.model.name in _MODELS:
+        name, flavor = _MODELS[plan.model.name]
+        config["model"] = {"name": name, "flavor": flavor}
+    config["training"] = {
+        "local_batch_size": local_batch,
+        "global_batch_size": training.global_batch_size,
+        "seq_len": training.seq_len,
+        "dtype": "float32",
+        "mixed_precision_param": "bfloat16" if training.dtype is DType.BF16 else "float32",
+    }
+    config["parallelism"] = parallelism
+    config["activation_checkpoint"] = {"mode": str(layout.recompute)}
+    if layout.recompute is Recompute.SELECTIVE:
+        config["activation_checkpoint"]["selective_ac_option"] = "op"
+    if async_tp:  # torchtitan's async tensor parallelism is an inductor pass: it needs the model compiled
+        config["compile"] = {"enable": True, "components": ["model", "loss"]}
+    return config
+
+
+def _check(plan: Plan) -> None:
+    layout = plan.layout
+    if plan.training.dtype is DType.FP16:
+        refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
+    model_parallel = layout.tensor_parallel_degree * layout.pipeline_parallel_degree
+    if layout.zero_stage is ZeroStage.NONE and layout.data_parallel_degree > 1 and model_parallel > 1:
+        refuse(
+            TARGET,
+            "ZeRO-0 data parallelism beside tensor or pipeline parallelism",
+            "its DDP runs only where data parallelism is the only parallelism",
+            "plan with --zero-stage 2 or 3",
+        )
+    if layout.zero_stage is ZeroStage.OPTIMIZER and layout.shard_degree > 1:
+        refuse(
+            TARGET,
+            "ZeRO-1",
+            "FSDP2 shards the weights and gradients with the optimizer states, never the states alone",
+            "plan with --zero-stage 2 or 3, or export to megatron or deepspeed",
+        )
+    if layout.secondary_partition_size is not None:
+        refuse(
+            TARGET,
+            f"secondary_partition_size={layout.secondary_partition_size} (hpZ)",
+            "fsdp_reshard_after_forward reshards over the whole shard group or not at all",
+            "plan with --no-hierarchical-sharding",
+        )
+    if layout.tensor_parallel_degree > 1 and not layout.sequence_parallel:
+        refuse(
+            TARGET,
+            "tensor parallelism without sequence parallelism",
+            "its tensor-parallel plan always shards the norms along the sequence",
+            "plan with --sequence-parallel",
+        )
+    if plan.training.moe_capacity_factor is not None:
+        refuse(
+            TARGET,
+            f"moe_capacity_factor={plan.training.moe_capacity_factor:g}",
+            "its MoE layers compute every routed token (dropless)",
+            "plan without --capacity-factor",
+        )
+    if layout.expert_parallel_degree > 1 and not layout.zero_stage.shards_gradients:
+        refuse(
+            TARGET,
+            f"expert parallelism under ZeRO-{int(layout.zero_stage)}",
+            "it takes the expert-parallel ranks from the FSDP shard axis and shards the experts over the rest",
+            "plan with --zero-stage 2 or 3",
+        )
+
+
+def _model_parts(per_chunk: tuple[int, ...]) -> list[list[str]]:
+    """The module names of each model chunk: torchtitan's decoder names its modules
+    tok_embeddings, layers.<i>, norm and output."""
+    parts: list[list[str]] = []
+    first = 0
+    for chunk, layers in enumerate(per_chunk):
+        part = [f"layers.{i}" for i in range(first, first + layers)]
+        if chunk == 0:
+            part.insert(0, "tok_embeddings")
+        if chunk == len(per_chunk) - 1:
+            part += ["norm", "output"]
+        parts.append(part)
+        first += layers
+    return parts
+
+
+def torchtitan_toml(plan: Plan) -> str:
+    """The job config as TOML text, with a header naming the plan and the torchtitan version.
+
+    Raises:
+        InfeasibleConfigError: as :func:`torchtitan_config`.
+    """
+    config = torchtitan_config(plan)
+    lines = [
+        f"# torchtitan {VERSION} job config from a planner plan: {plan.model.name} on {plan.cluster.spec}",
+        f"# predicted step time {plan.estimate.step_time_s:.3f} s; dataset, optimizer, steps, compile and float8 "
+        "are yours to set",
+    ]
+    if "model" not in config:
+        lines.append(f"# [model] name and flavor: torchtitan's model of {plan.model.name!r}'s architecture")
+    for section, keys in config.items():
+        lines += ["", f"[{section}]"]
+        lines += [f"{key} = {_toml(value)}" for key, value in keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: TomlValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if all(isinstance(item, str) for item in value):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return "[\n" + "".join(f"    {_toml(part)},\n" for part in value) + "]"
