@@ -549,9 +549,9 @@ def _preset_named(spec: str, presets: tuple[str, ...]) -> str | None:
 
 
 def _did_you_mean(spec: str, presets: tuple[str, ...]) -> str:
-    """``"; did you mean 'llama3-8b'?"`` for the preset closest to ``spec``, or "" if none is close."""
+    """``" (did you mean 'llama3-8b'?)"`` for the preset closest to ``spec``, or "" if none is close."""
     close = difflib.get_close_matches(spec.casefold(), presets, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _read_preset(kind: str, name: str) -> Mapping[str, object]:
