@@ -60,6 +60,9 @@ _FAMILY_ALIASES = MappingProxyType(
         "activation_function": "hidden_act",  # GPT-2
         "activation": "hidden_act",  # Falcon
         "hidden_activation": "hidden_act",  # Gemma 2/3
+        "num_experts_per_token": "num_experts_per_tok",  # Kimi-Linear, Bailing
+        # AFMoE, EXAONE-MoE, Hunyuan v3, Cohere2-MoE: shared experts of the routed experts' width.
+        "num_shared_experts": "n_shared_experts",
     }
 )
 # Keys whose presence tells the norm; an explicit norm_type wins.
@@ -162,7 +165,13 @@ def spec_values(raw: Mapping[str, object], name: str) -> dict[str, object]:
     """
     raw = _decoder_text_model(raw, name)
     _reject_misspellings(raw, name)
-    values: dict[str, object] = {key: raw[key] for key in _SPEC_KEYS if key in raw}
+    # null means "the default" (transformers writes None for what it leaves unset; Qwen's
+    # mlp_only_layers: null is "none"); a required key's null is reported as a bad value.
+    values: dict[str, object] = {
+        key: raw[key]
+        for key in _SPEC_KEYS
+        if key in raw and (raw[key] is not None or ModelSpec.model_fields[key].is_required())
+    }
     for alias, key in (*_ALIASES.items(), *_FAMILY_ALIASES.items()):
         if raw.get(alias) is not None and key not in values:
             values[key] = raw[alias]
@@ -170,8 +179,6 @@ def spec_values(raw: Mapping[str, object], name: str) -> dict[str, object]:
     model_type = model_type if isinstance(model_type, str) else ""
     for key, value in _MODEL_TYPE_DEFAULTS.get(model_type, {}).items():
         values.setdefault(key, value)
-    if values.get("mlp_only_layers") is None:
-        values.pop("mlp_only_layers", None)  # Qwen writes null for "none"
     if raw.get(_MTP_KEY):
         logger.info(
             "model %r: %s=%r multi-token-prediction layers left out (transformers' model has none)",

@@ -356,6 +356,17 @@ def test_real_keys_are_not_taken_for_typos(raw: dict[str, object]) -> None:
     model_from_dict(raw, name="real")
 
 
+def test_other_spellings_of_expert_keys_and_nulls_read_as_transformers_means_them() -> None:
+    moe = {"num_local_experts": 8, "moe_intermediate_size": 1024, "num_experts_per_token": 2, "num_shared_experts": 1}
+    model = model_from_dict({**GEMMA2_9B, **moe}, name="kimi-like")
+    assert (model.num_experts_per_tok, model.shared_ffn_size) == (2, 1024)
+    # transformers writes null for what it leaves unset: DeepSeek-V2's dense default config.
+    dense = model_from_dict({**GEMMA2_9B, "num_experts_per_tok": None, "n_routed_experts": None}, name="v2-dense")
+    assert not dense.is_moe
+    with pytest.raises(SchemaError, match="hidden_size=None must be a whole number"):
+        model_from_dict({**GEMMA2_9B, "hidden_size": None}, name="no-width")
+
+
 def test_a_typo_is_still_refused() -> None:
     with pytest.raises(SchemaError, match="did you mean 'intermediate_size'"):
         model_from_dict({**GPT2, "intermediate_sise": 3072}, name="gpt2")
