@@ -95,8 +95,26 @@ _MODEL_TYPE_DEFAULTS: Mapping[str, Mapping[str, object]] = MappingProxyType(
         "gpt_bigcode": _GPT2_BLOCK,
     }
 )
-# Gemma's MLP is gate, up and down whatever its activation (GemmaMLP): GELU there is gated GELU.
-_GATED_MLP_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+# Model types whose MLP is gate, up and down whatever its activation (GemmaMLP, LlamaMLP and the
+# MLPs and experts copied from it): GELU there is gated GELU. Gemma's is GELU.
+_GATED_MLP_MODEL_TYPES = frozenset(
+    {
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3_text",
+        "llama",
+        "llama4_text",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+    }
+)
 _GELUS = frozenset({Activation.GELU, Activation.GELU_NEW, Activation.GELU_TANH})
 _FALCON_MODEL_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 # DeepSeek-V3's multi-token-prediction layers: trained beside the model by DeepSeek, absent from

@@ -225,6 +225,11 @@ def test_gemma3_text_model_normalizes_q_and_k_heads() -> None:
     assert model.qk_norm and model.hidden_act is Activation.GEGLU
 
 
+def test_a_llama_mlp_under_gelu_stays_gated() -> None:
+    raw = {**GEMMA2_9B, "model_type": "llama", "hidden_act": "gelu", "hidden_activation": None}
+    assert model_from_dict(raw, name="llama-gelu").hidden_act is Activation.GEGLU
+
+
 def test_gelu_keeps_two_matrices_outside_gemma() -> None:
     raw = {**GEMMA2_9B, "model_type": "gpt_neox"}
     assert model_from_dict(raw, name="neox-like").hidden_act is Activation.GELU_TANH
