@@ -16,19 +16,18 @@ with importlib.resources. Every error a user can cause is a SchemaError naming t
 
 import difflib
 import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from types import MappingProxyType
 from typing import TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.cluster_mix import MIX_SEPARATOR, mix_clusters
+from planner.hf_config import spec_values
 from planner.schemas import (
     AttentionRecord,
     ClusterProfile,
@@ -40,56 +39,12 @@ from planner.schemas import (
     LinkProfile,
     MatmulModel,
     ModelSpec,
-    NormKind,
-    PositionEmbedding,
     Provenance,
 )
 from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, NicKind, upgrade
 from planner.schemas.errors import SchemaError
 
-logger = logging.getLogger(__name__)
-
 MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
-
-# ModelSpec keys, read under their Hugging Face names.
-_SPEC_KEYS = tuple(key for key in ModelSpec.model_fields if key != "name")
-# Other Hugging Face spellings of the same quantity; the ModelSpec spelling wins when both are set.
-_ALIASES = MappingProxyType(
-    {
-        "resid_pdrop": "hidden_dropout",
-        "hidden_dropout_prob": "hidden_dropout",
-        "attn_pdrop": "attention_dropout",
-        "attention_probs_dropout_prob": "attention_dropout",
-        "num_experts": "num_local_experts",  # Qwen-MoE
-        "n_routed_experts": "num_local_experts",  # DeepSeek
-    }
-)
-# Keys whose presence tells the norm; an explicit norm_type wins.
-_NORM_HINTS = MappingProxyType(
-    {
-        "rms_norm_eps": NormKind.RMSNORM,
-        "layer_norm_eps": NormKind.LAYERNORM,
-        "layer_norm_epsilon": NormKind.LAYERNORM,
-    }
-)
-# What a model_type implies that its config.json has no key for (transformers' modeling files):
-# Qwen2 puts biases on q, k, v only; Qwen3 normalizes each q and k head.
-_MODEL_TYPE_DEFAULTS = MappingProxyType(
-    {
-        "qwen2": {"qkv_bias": True},
-        "qwen2_moe": {"qkv_bias": True},
-        "qwen3": {"qk_norm": True},
-        "qwen3_moe": {"qk_norm": True},
-    }
-)
-# DeepSeek-V3's multi-token-prediction layers: trained beside the model by DeepSeek, absent from
-# transformers' model; the planner plans the model without them.
-_MTP_KEY = "num_nextn_predict_layers"
-# Hugging Face keys derived from ones we read (qk_head_dim = qk_nope_head_dim + qk_rope_head_dim):
-# known, so not taken for misspellings.
-_DERIVED_KEYS = ("qk_head_dim",)
-_READ_KEYS = tuple(sorted({*_SPEC_KEYS, *_ALIASES, *_NORM_HINTS, "rope_theta", "model_type", _MTP_KEY, *_DERIVED_KEYS}))
-_MISSPELLING_CUTOFF = 0.85
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -107,15 +62,11 @@ def list_cluster_presets() -> tuple[str, ...]:
 def model_from_dict(raw: Mapping[str, object], *, name: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` mapping or our YAML.
 
-    Reads the ModelSpec keys and maps Hugging Face's other spellings: ``rms_norm_eps`` means RMSNorm,
-    ``layer_norm_eps``/``layer_norm_epsilon`` LayerNorm (an explicit ``norm_type`` wins);
-    ``rope_theta`` means rotary positions unless ``position_embedding_type`` says otherwise;
-    ``resid_pdrop``/``hidden_dropout_prob`` and ``attn_pdrop``/``attention_probs_dropout_prob`` are the
-    dropouts; ``num_experts`` (Qwen-MoE) and ``n_routed_experts`` (DeepSeek) are ``num_local_experts``;
-    ``model_type`` qwen2/qwen2_moe means q/k/v biases and qwen3/qwen3_moe per-head q/k norms (what
-    transformers builds for them); DeepSeek's ``num_nextn_predict_layers`` (multi-token prediction,
-    not part of transformers' model) is logged and left out. Other keys are logged at DEBUG and
-    ignored, unless one looks like a misspelling of a key we read.
+    Reads the ModelSpec keys under Hugging Face's names and the other families' spellings of them
+    (GPT-2, Falcon, Gemma, Llama 4, Qwen, DeepSeek, a multimodal config's ``text_config``), as
+    transformers builds those models: ``planner.hf_config``. Encoders and encoder-decoders are
+    refused. Other keys are logged at DEBUG and ignored, unless one looks like a misspelling of a
+    key that is read.
 
     Args:
         raw: the parsed file.
@@ -129,34 +80,8 @@ def model_from_dict(raw: Mapping[str, object], *, name: str) -> ModelSpec:
     """
     if not isinstance(raw, Mapping):
         raise SchemaError(f"model {name!r} must be a mapping of keys to values, not {type(raw).__name__}")
-    _reject_misspellings(raw, name)
-    values: dict[str, object] = {key: raw[key] for key in _SPEC_KEYS if key in raw}
-    for alias, key in _ALIASES.items():
-        if alias in raw and key not in values:
-            values[key] = raw[alias]
-    model_type = raw.get("model_type")
-    for key, value in _MODEL_TYPE_DEFAULTS.get(model_type, {}).items() if isinstance(model_type, str) else ():
-        values.setdefault(key, value)
-    if values.get("mlp_only_layers") is None:
-        values.pop("mlp_only_layers", None)  # Qwen writes null for "none"
-    if raw.get(_MTP_KEY):
-        logger.info(
-            "model %r: %s=%r multi-token-prediction layers left out (transformers' model has none)",
-            name,
-            _MTP_KEY,
-            raw[_MTP_KEY],
-        )
+    values = spec_values(raw, name)
     _reject_coercions(values, name)
-    if "norm_type" not in values:
-        hinted = {_NORM_HINTS[key] for key in _NORM_HINTS if key in raw}
-        if len(hinted) > 1:
-            raise SchemaError(
-                f"model {name!r} sets both an RMSNorm and a LayerNorm epsilon; add norm_type: rmsnorm or layernorm"
-            )
-        if hinted:
-            values["norm_type"] = hinted.pop()
-    if "position_embedding_type" not in values and "rope_theta" in raw:
-        values["position_embedding_type"] = PositionEmbedding.ROPE
     return _validate(ModelSpec, {"name": name, **values}, f"model {name!r}")
 
 
@@ -167,15 +92,16 @@ def load_model(spec: str) -> ModelSpec:
         SchemaError: unknown preset, missing or malformed file, or an invalid model.
     """
     presets = list_model_presets()
-    if spec in presets:
-        return model_from_dict(_read_preset("models", spec), name=spec)
+    preset = _preset_named(spec, presets)
+    if preset is not None:
+        return model_from_dict(_read_preset("models", preset), name=preset)
     path = Path(spec)
     hint = (
         f"give a model preset ({', '.join(presets)}) or a path to a model file ending in "
         f"{', '.join(MODEL_FILE_SUFFIXES)}"
     )
     if path.suffix.lower() not in MODEL_FILE_SUFFIXES:
-        raise SchemaError(f"unknown model {spec!r}: {hint}")
+        raise SchemaError(f"unknown model {spec!r}{_did_you_mean(spec, presets)}: {hint}")
     if not path.is_file():
         raise SchemaError(f"model file {spec!r} does not exist: {hint}")
     # A Hugging Face checkout names its file config.json; its folder names the model.
@@ -197,11 +123,14 @@ def cluster_preset(name: str, num_nodes: int) -> ClusterProfile:
         SchemaError: unknown preset or ``num_nodes`` not a whole number >= 1.
     """
     presets = list_cluster_presets()
-    if name not in presets:
-        raise SchemaError(f"unknown cluster preset {name!r}; presets: {', '.join(presets)}")
+    preset = _preset_named(name, presets)
+    if preset is None:
+        raise SchemaError(
+            f"unknown cluster preset {name!r}{_did_you_mean(name, presets)}; presets: {', '.join(presets)}"
+        )
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise SchemaError(f"num_nodes={num_nodes!r} must be a whole number >= 1")
-    return _build_cluster(_read_preset("clusters", name), name=name, num_nodes=num_nodes)
+    return _build_cluster(_read_preset("clusters", preset), name=preset, num_nodes=num_nodes)
 
 
 def load_cluster(spec: str) -> ClusterProfile:
@@ -229,13 +158,16 @@ def load_cluster(spec: str) -> ClusterProfile:
 
 def _preset_part(part: str, spec: str, presets: tuple[str, ...], form: str) -> ClusterProfile:
     """One ``NAME:NODES`` of a cluster spec (the whole spec, or one part of a mixed one)."""
-    name, colon, nodes = part.partition(":")
+    given, colon, nodes = part.partition(":")
+    name = _preset_named(given, presets)
     if not colon:
-        if name in presets:
+        if name is not None:
             raise SchemaError(f"cluster {spec!r} needs a node count: write {name}:NODES, e.g. {name}:16")
-        raise SchemaError(f"cluster {spec!r} is neither a preset nor an existing file; {form}")
-    if name not in presets:
-        raise SchemaError(f"unknown cluster preset {name!r} in {spec!r}; {form}")
+        raise SchemaError(
+            f"cluster {spec!r} is neither a preset nor an existing file{_did_you_mean(given, presets)}; {form}"
+        )
+    if name is None:
+        raise SchemaError(f"unknown cluster preset {given!r} in {spec!r}{_did_you_mean(given, presets)}; {form}")
     if not (nodes.isascii() and nodes.isdigit()) or int(nodes) < 1:
         raise SchemaError(f"cluster {spec!r}: NODES={nodes!r} must be a whole number >= 1, as in {name}:16")
     return cluster_preset(name, int(nodes))
@@ -254,19 +186,6 @@ def save_cluster(profile: ClusterProfile, path: str | Path) -> None:
 
 
 # --- models ---------------------------------------------------------------------------------------
-
-
-def _reject_misspellings(raw: Mapping[str, object], name: str) -> None:
-    """Ignore keys the planner does not read, but refuse those that look like a misspelled one."""
-    for key in raw:
-        if not isinstance(key, str):
-            raise SchemaError(f"model {name!r} has a non-text key {key!r}")
-        if key in _READ_KEYS:
-            continue
-        close = difflib.get_close_matches(key, _READ_KEYS, n=1, cutoff=_MISSPELLING_CUTOFF)
-        if close:
-            raise SchemaError(f"unknown key {key!r} in {name}; did you mean {close[0]!r}?")
-        logger.debug("model %r: key %r is not used by the planner; ignored", name, key)
 
 
 def _reject_coercions(values: Mapping[str, object], name: str) -> None:
@@ -622,6 +541,17 @@ def _list_presets(kind: str) -> tuple[str, ...]:
     if not folder.is_dir():
         return ()
     return tuple(sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")))
+
+
+def _preset_named(spec: str, presets: tuple[str, ...]) -> str | None:
+    """The preset ``spec`` names, whatever its case (``Llama3-8B`` is ``llama3-8b``), or None."""
+    return next((preset for preset in presets if preset.casefold() == spec.casefold()), None)
+
+
+def _did_you_mean(spec: str, presets: tuple[str, ...]) -> str:
+    """``" (did you mean 'llama3-8b'?)"`` for the preset closest to ``spec``, or "" if none is close."""
+    close = difflib.get_close_matches(spec.casefold(), presets, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _read_preset(kind: str, name: str) -> Mapping[str, object]:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.schemas import ModelSpec, NormKind
+from planner.schemas import Activation, ModelSpec, NormKind
 
 
 class LocalLayer(nn.Module):
@@ -22,6 +22,7 @@ class LocalLayer(nn.Module):
         self.qkv = nn.Linear(h, (self.heads + 2 * self.kv_heads) * hd, bias=model.attention_bias)
         self.out = nn.Linear(self.heads * hd, h, bias=model.attention_bias)
         self.gated = model.hidden_act.gated
+        self.gelu_gate = model.hidden_act is Activation.GEGLU
         f = model.ffn_size // t
         self.up = nn.Linear(h, (2 if self.gated else 1) * f, bias=model.mlp_bias)
         self.down = nn.Linear(f, h, bias=model.mlp_bias)
@@ -39,7 +40,7 @@ class LocalLayer(nn.Module):
         up = self.up(self.norm2(x))
         if self.gated:
             gate, value = up.chunk(2, dim=-1)
-            hidden = F.silu(gate) * value
+            hidden = (F.gelu(gate, approximate="tanh") if self.gelu_gate else F.silu(gate)) * value
         else:
             hidden = F.gelu(up)
         out: torch.Tensor = x + self.down(hidden)

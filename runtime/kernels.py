@@ -9,6 +9,8 @@ backward what the fused kernels keep, on every device.
 - ``swiglu``: SiLU(gate) x up keeping its two inputs and recomputing SiLU in the backward, as
   Megatron-Core's ``SwiGLUFunction``; autograd over ``F.silu(gate) * up`` also keeps SiLU(gate),
   one more tensor of the MLP's width.
+- ``geglu``: GELU(gate) x up (tanh approximation: Gemma's gated MLP), kept and recomputed the
+  same way, as Megatron-Core's ``GeGLUFunction``.
 
 Both compute what the composites compute: the forward is the same arithmetic; the backward
 is the textbook derivative (RMSNorm in fp32, as the forward; SwiGLU in the inputs' precision,
@@ -78,6 +80,34 @@ class _SwiGLUFunction(torch.autograd.Function):
         grad_up = grad * gate * sigmoid
         grad_gate = grad * up * sigmoid * (1 + gate * (1 - sigmoid))
         return grad_gate, grad_up
+
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_CUBIC = 0.044715
+
+
+class _GeGLUFunction(torch.autograd.Function):
+    """GELU(gate) x up, GELU by its tanh approximation; keeps gate and up."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.gelu(gate, approximate="tanh") * up
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = ctx.saved_tensors
+        # GELU(x) = x (1 + tanh u) / 2, u = sqrt(2 / pi) (x + 0.044715 x^3).
+        tanh = torch.tanh(_SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate**3))
+        gelu = 0.5 * gate * (1 + tanh)
+        slope = 0.5 * (1 + tanh) + 0.5 * gate * (1 - tanh * tanh) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_CUBIC * gate**2)
+        return grad * up * slope, grad * gelu
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GELU(gate) x up (Shazeer 2020; tanh GELU, as Gemma), keeping only ``gate`` and ``up`` for the backward."""
+    out: torch.Tensor = _GeGLUFunction.apply(gate, up)  # type: ignore[no-untyped-call]
+    return out
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

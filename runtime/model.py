@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.schemas import DType, ModelSpec, NormKind, PositionEmbedding, Recompute
-from runtime.kernels import RMSNorm, swiglu
+from planner.schemas import Activation, DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+from runtime.kernels import RMSNorm, geglu, swiglu
 from runtime.loss import cross_entropy
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
@@ -86,18 +86,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU (up, down) or SwiGLU (gate, up, down; ``runtime.kernels.swiglu``)."""
+    """GELU (up, down), or SwiGLU or GEGLU (gate, up, down; ``runtime.kernels.swiglu``, ``geglu``)."""
 
     def __init__(self, model: ModelSpec) -> None:
         super().__init__()
         h, f = model.hidden_size, model.ffn_size
         self.gated = model.hidden_act.gated
+        self.gated_kernel = geglu if model.hidden_act is Activation.GEGLU else swiglu
         self.gate = nn.Linear(h, f, bias=model.mlp_bias) if self.gated else None
         self.up = nn.Linear(h, f, bias=model.mlp_bias)
         self.down = nn.Linear(f, h, bias=model.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = swiglu(self.gate(x), self.up(x)) if self.gate is not None else F.gelu(self.up(x))
+        hidden = self.gated_kernel(self.gate(x), self.up(x)) if self.gate is not None else F.gelu(self.up(x))
         out: torch.Tensor = self.down(hidden)
         return out
 

@@ -25,11 +25,13 @@ class Activation(StrEnum):
     RELU = "relu"
     SILU = "silu"
     SWIGLU = "swiglu"
+    GEGLU = "geglu"
+    """GELU(gate) x up (Shazeer 2020): Gemma's MLP, whose hidden_act names the GELU alone."""
 
     @property
     def gated(self) -> bool:
-        """Whether the MLP is gated (SwiGLU: three matrices) rather than two matrices."""
-        return self in (Activation.SILU, Activation.SWIGLU)
+        """Whether the MLP is gated (SwiGLU, GEGLU: three matrices) rather than two matrices."""
+        return self in (Activation.SILU, Activation.SWIGLU, Activation.GEGLU)
 
 
 class NormKind(StrEnum):

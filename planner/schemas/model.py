@@ -35,7 +35,9 @@ class ModelSpec(FrozenModel):
         "defaults to 4h.",
     )
     vocab_size: int = Field(ge=1, description="Vocabulary size V.")
-    hidden_act: Activation = Field(default=Activation.GELU, description="'silu'/'swiglu' mean a gated (SwiGLU) MLP.")
+    hidden_act: Activation = Field(
+        default=Activation.GELU, description="'silu'/'swiglu'/'geglu' mean a gated MLP (gate, up, down)."
+    )
     tie_word_embeddings: bool = Field(
         default=True, description="Output layer shares the input embedding (HF's default)."
     )

@@ -93,6 +93,48 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "tie_word_embeddings": False,
         },
     ),
+    # Gemma: gate, up and down under its GELU (Gemma 2 and 3 add two norms a layer, not modelled).
+    "gemma": ("GemmaConfig", {**_SMALL, "num_hidden_layers": 2, "num_key_value_heads": 2, "intermediate_size": 96}),
+    "gpt2": ("GPT2Config", {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 128, "vocab_size": 320}),
+    "gpt-bigcode-multi-query": (
+        "GPTBigCodeConfig",
+        {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 128, "vocab_size": 320, "multi_query": True},
+    ),
+    # Falcon under parallel_attn has one LayerNorm a layer; the planner counts two.
+    "falcon-multi-query": (
+        "FalconConfig",
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "vocab_size": 320,
+            "parallel_attn": False,
+        },
+    ),
+    "falcon-new-decoder": (
+        "FalconConfig",
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "vocab_size": 320,
+            "new_decoder_architecture": True,
+            "num_kv_heads": 2,
+        },
+    ),
+    "llama4-text-interleaved": (
+        "Llama4TextConfig",
+        {
+            **_SMALL,
+            "num_hidden_layers": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 48,
+            "intermediate_size_mlp": 96,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 2,
+        },
+    ),
     "deepseek-v2-no-q-lora": (
         "DeepseekV2Config",
         {

@@ -109,7 +109,7 @@ def test_gpt3_preset_is_a_gpt_block() -> None:
 
 
 def test_a_real_llama_config_json_loads_and_equals_the_preset(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="planner.inputs"):
+    with caplog.at_level(logging.DEBUG, logger="planner"):
         model = model_from_dict(LLAMA3_8B_CONFIG, name="llama3-8b")
     assert model == load_model("llama3-8b")
     assert model.norm_type is NormKind.RMSNORM and model.position_embedding_type is PositionEmbedding.ROPE

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.kernels import RMSNorm, swiglu
-from runtime.model import add_rows
+from planner.schemas import Activation, ModelSpec
+from runtime.kernels import RMSNorm, geglu, swiglu
+from runtime.model import MLP, add_rows
 
 
 def test_rms_norm_matches_torch_in_value_and_gradient() -> None:
@@ -35,6 +36,33 @@ def test_swiglu_matches_torch_in_value_and_gradient() -> None:
     ref = torch.autograd.grad(F.silu(gate) * up, (gate, up), grad)
     torch.testing.assert_close(swiglu(gate, up), F.silu(gate) * up)
     torch.testing.assert_close(ours, ref)
+
+
+def test_geglu_matches_torch_in_value_and_gradient_keeping_only_its_inputs() -> None:
+    torch.manual_seed(0)
+    gate = torch.randn(4, 7, dtype=torch.float64, requires_grad=True) * 3
+    up = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(4, 7, dtype=torch.float64)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = geglu(gate, up)
+    ref_out = F.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(
+        torch.autograd.grad(out, (gate, up), grad), torch.autograd.grad(ref_out, (gate, up), grad)
+    )
+    assert len(saved) == 2  # gate and up, not GELU(gate)
+
+
+def test_a_geglu_model_runs_gelu_on_its_gate() -> None:
+    torch.manual_seed(0)
+    spec = ModelSpec(
+        hidden_size=8, num_hidden_layers=1, num_attention_heads=2, vocab_size=16, hidden_act=Activation.GEGLU
+    )
+    mlp = MLP(spec).double()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    assert mlp.gate is not None
+    torch.testing.assert_close(mlp(x), mlp.down(F.gelu(mlp.gate(x), approximate="tanh") * mlp.up(x)))
 
 
 def test_add_rows_is_index_add_keeping_only_the_index() -> None:
