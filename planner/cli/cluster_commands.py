@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from planner import api
 from planner.api import OptimizerName, Selection
@@ -19,6 +18,7 @@ from planner.cli.options import (
     GlobalBatchOpt,
     ModelOpt,
     SeqLenOpt,
+    output_console,
     parse_delay,
     parse_fault,
     parse_step_fault,
@@ -117,7 +117,7 @@ def run(
     (`planner launch plan.json` prints the command for every node)
     """
     if dry_run:
-        Console().print(dry_run_table([api.dry_run(plan, rank, optimizer=optimizer)]))
+        output_console().print(dry_run_table([api.dry_run(plan, rank, optimizer=optimizer)]))
         return
     measured = api.run(
         plan,
@@ -263,7 +263,7 @@ def _show_tune(result: "TuneResult", plot: Path | None) -> None:
     from planner.tuning.plot import save_plot  # matplotlib: only for the commands that draw
     from planner.tuning.render import tune_view
 
-    Console().print(tune_view(result))
+    output_console().print(tune_view(result))
     if result.calibration_path is not None:
         typer.echo(f"stored the calibration in {result.calibration_path}: estimate and search on it use the factors")
     if plot is not None and result.validations:

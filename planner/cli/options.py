@@ -1,6 +1,7 @@
 """What the commands share: their common options, the parsing of options into the API's
 inputs, and a progress bar the API reports to."""
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -220,6 +221,20 @@ def resolve(
         cluster_spec,
         replace(plan.layout, **layout),
     )
+
+
+WIDE_COLUMNS = 200
+"""Width of tables written to a file or pipe: wide enough that no plan's row wraps."""
+
+
+def output_console() -> Console:
+    """Where a command's tables go: the terminal at its width; redirected to a file or a pipe
+    (no terminal to fit), wide enough that every row stays on one line, for people and for grep
+    (a COLUMNS setting still decides)."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        return Console(width=WIDE_COLUMNS)
+    return console
 
 
 @contextmanager

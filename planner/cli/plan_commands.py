@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from planner import api
 from planner.api import StrategyName
@@ -30,6 +29,7 @@ from planner.cli.options import (
     TpOverlapOpt,
     constraint_fields,
     layout_fields,
+    output_console,
     progress_bar,
     resolve,
     search_inputs,
@@ -129,7 +129,7 @@ def estimate(
     if output_format is OutputFormat.JSON:
         typer.echo(json.dumps(est.to_json_dict(), indent=2))
     else:
-        Console().print(estimate_view(est, inputs.model, inputs.training, inputs.cluster, inputs.layout))
+        output_console().print(estimate_view(est, inputs.model, inputs.training, inputs.cluster, inputs.layout))
 
 
 def search(
@@ -243,7 +243,7 @@ def search(
             hierarchical_sharding=hierarchical_sharding,
             constraints=constraints,
         )
-    Console().print(ranked_table(outcome, plans))
+    output_console().print(ranked_table(outcome, plans))
     if training.moe_capacity_factor is not None and not training.moe_pad_to_capacity:
         dropped = api.dropped_token_share(model, training, routing_trace)
         routing = "the routing trace" if routing_trace is not None else "uniform routing"
@@ -275,7 +275,7 @@ def explain(
     loaded = api.load_plan(plan)
     cluster = api.load_cluster(loaded.cluster.spec)
     placement = api.compare_placements(loaded, routing_trace) if routing_trace is not None else None
-    console = Console()
+    console = output_console()
     console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
     console.print(comparison_view(loaded))
     if not loaded.layout.device_map.is_identity:
