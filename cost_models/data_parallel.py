@@ -122,8 +122,6 @@ def _dense_groups(layout: Layout, stage: int, part: GroupCollectives) -> tuple[I
     if part.over is ShardGroupKind.REPLICAS:
         return grp.replica_groups(layout, stage, g), d // g
     size = layout.gathers_backward_over if part.over is ShardGroupKind.SECONDARY else g
-    if size == d:
-        return grp.data_groups(layout, stage), d
     return grp.sharding_groups(layout, stage, size), size
 
 

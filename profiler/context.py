@@ -1,7 +1,6 @@
 """What every profiling phase needs: this rank's place in the job, the settings, the store that
 records how far each rank got, and a clock that all ranks start together."""
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ import torch.distributed as dist
 
 from profiler.settings import ProfileSettings
 from profiler.stats import Timing
-from runtime import Heartbeat
+from runtime import Heartbeat, act_out_fault
 
 HEARTBEAT_KEY = "planner/profile/at/{rank}"
 
@@ -42,9 +41,7 @@ class Context:
         self.on_step(phase, step)
         fault = self.settings.inject_fault
         if fault is not None and fault[0] == self.rank and fault[1] == phase:
-            if fault[2] == "exit":
-                os._exit(1)
-            time.sleep(10 * self.settings.timeout_s)  # "hang"
+            act_out_fault(fault[2], self.settings.timeout_s)
 
     def sync(self) -> None:
         """Wait for every rank (and, on CUDA, for queued kernels)."""

@@ -10,13 +10,11 @@ in, and exits with code 3; rank 0 returns what it measured, marked incomplete.
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from types import FrameType
 from typing import Any
 
 import torch
@@ -28,18 +26,10 @@ from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context
 from profiler.settings import ProfileSettings
-from runtime import cpu_threads_per_rank
+from runtime import Stopped, cpu_threads_per_rank, stop_on_sigterm
 
 logger = logging.getLogger(__name__)
 FAILED_EXIT_CODE = 3
-
-
-class Stopped(Exception):
-    """This rank was asked to stop (SIGTERM from the launcher, usually because a peer died)."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Stopped("stopped by the launcher (another rank probably failed)")
 
 
 def _environment() -> tuple[int, int, int, int]:
@@ -76,7 +66,7 @@ def profile(settings: ProfileSettings) -> ProfileOutcome:
     else:
         torch.set_num_threads(cpu_threads_per_rank(local_world))
     backend = "nccl" if cuda else "gloo"
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    stop_on_sigterm()
     dist.init_process_group(backend, timeout=timedelta(seconds=settings.timeout_s))
     store = dist.distributed_c10d._get_default_store()
     ctx = Context(rank, world, local_rank, local_world, device, settings, store)

@@ -7,7 +7,7 @@ torch; the CLI imports it only inside the commands that need it.
 """
 
 from runtime.data_parallel import shard_units
-from runtime.heartbeat import Heartbeat
+from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.mesh import device_grid, group_mesh, layout_mesh
 from runtime.model import TORCH_DTYPES, Decoder, builds_moe_layer, default_dtype, loss_fn
 from runtime.tensor_parallel import loss_context, tensor_parallel
@@ -18,7 +18,9 @@ __all__ = [
     "TORCH_DTYPES",
     "Decoder",
     "Heartbeat",
+    "Stopped",
     "Trainer",
+    "act_out_fault",
     "builds_moe_layer",
     "core_share",
     "cpu_threads_per_rank",
@@ -29,5 +31,6 @@ __all__ = [
     "loss_context",
     "loss_fn",
     "shard_units",
+    "stop_on_sigterm",
     "tensor_parallel",
 ]

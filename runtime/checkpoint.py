@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from runtime.data_parallel import Optimizer
 from runtime.expert_parallel import JointOptimizer
-from runtime.optim import DataParallelOptimizer
+from runtime.optim import DataParallelOptimizer, local
 from runtime.trainer import Trainer
 
 LATEST = "latest"
@@ -119,17 +119,13 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
 def _rank_state(trainer: Trainer) -> dict[str, Any]:
     """What this rank must keep to continue: local tensors that alias the live ones where they can."""
     model = {
-        f"chunk{i}.{name}": _local(tensor)
+        f"chunk{i}.{name}": local(tensor)
         for i, chunk in enumerate(trainer.chunks)
         for name, tensor in chunk.state_dict().items()
     }
     if trainer.vocabulary is not None:
-        model |= {f"vocabulary.{i}": _local(p.detach()) for i, p in enumerate(trainer.vocabulary.parameters())}
+        model |= {f"vocabulary.{i}": local(p.detach()) for i, p in enumerate(trainer.vocabulary.parameters())}
     return {"model": model, "optimizer": _optimizer_state(trainer.optimizer), "rng": _rng_state()}
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _optimizer_state(optimizer: Optimizer | object) -> dict[str, Any]:
@@ -140,7 +136,7 @@ def _optimizer_state(optimizer: Optimizer | object) -> dict[str, Any]:
         if isinstance(inner, torch.optim.Optimizer):
             sd = inner.state_dict()
             state[f"{i}.state"] = {
-                str(k): {n: _local(v) if isinstance(v, torch.Tensor) else v for n, v in s.items()}
+                str(k): {n: local(v) if isinstance(v, torch.Tensor) else v for n, v in s.items()}
                 for k, s in sd["state"].items()
             }
             state[f"{i}.param_groups"] = sd["param_groups"]

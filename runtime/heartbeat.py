@@ -9,12 +9,35 @@ collective's peers that never arrive).
 """
 
 import contextlib
+import os
+import signal
 import time
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 FAILURE_GRACE_S = 2.0
 """How long a failing rank waits for the other survivors to say they failed too."""
+
+
+class Stopped(Exception):
+    """This rank was asked to stop (SIGTERM from the launcher, usually because a peer died)."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Stopped("stopped by the launcher (SIGTERM), usually because another rank failed")
+
+
+def stop_on_sigterm() -> None:
+    """Turn the launcher's SIGTERM into ``Stopped``, so the rank can say why it stops."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def act_out_fault(kind: str, timeout_s: float) -> None:
+    """Testing aid: die at once ("exit"), or freeze ("hang") for far longer than the job's timeout."""
+    if kind == "exit":
+        os._exit(1)
+    time.sleep(10 * timeout_s)
 
 
 @dataclass

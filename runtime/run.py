@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,7 @@ from runtime import checkpoint
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.expert_parallel import expert_sent_bytes
-from runtime.heartbeat import Heartbeat
+from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
@@ -122,7 +121,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
             )
     tokens = TokenFile(settings.data) if settings.data else None
     heartbeat = Heartbeat(rank, world, dist.distributed_c10d._get_default_store(), HEARTBEAT_KEY)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    stop_on_sigterm()
     try:
         times, losses, sent, memory = _train(settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat)
     except (Stopped, RuntimeError) as e:  # a peer died, hung past the timeout, or the launcher stopped us
@@ -157,7 +156,9 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     report = None
     if rank == 0:
         assert everyone is not None and hosts is not None and sent_by_rank is not None
-        report = _report(settings, plan, times, losses, everyone, hosts, device, world, sent_by_rank, first)
+        report = _report(
+            settings, plan, plan_sha256, times, losses, everyone, hosts, device, world, sent_by_rank, first
+        )
         settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
     dist.barrier()
     dist.destroy_process_group()
@@ -174,14 +175,6 @@ def communication_failed(error: BaseException) -> bool:
     """Whether ``error`` is a collective's failure (a peer died or hung), not a bug."""
     text = str(error)
     return isinstance(error, dist.DistError) or any(marker.lower() in text.lower() for marker in COMMUNICATION_MARKERS)
-
-
-class Stopped(Exception):
-    """This rank was asked to stop (SIGTERM from the launcher, usually because a peer died)."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Stopped("stopped by the launcher (SIGTERM), usually because another rank failed")
 
 
 def _train(
@@ -232,11 +225,8 @@ def _train(
 
 def _inject_fault(settings: RunSettings, rank: int, step: int) -> None:
     fault = settings.inject_fault
-    if fault is None or fault[:2] != (rank, step):
-        return
-    if fault[2] == "exit":
-        os._exit(1)
-    time.sleep(10 * settings.timeout_s)  # "hang"
+    if fault is not None and fault[:2] == (rank, step):
+        act_out_fault(fault[2], settings.timeout_s)
 
 
 def tracked_step(settings: RunSettings, first: int = 0) -> int:
@@ -268,6 +258,7 @@ def _tracked_step(
 def _report(
     settings: RunSettings,
     plan: Plan,
+    plan_sha256: str,
     times: list[float],
     losses: list[float],
     memory: list[RankMemory],
@@ -283,7 +274,7 @@ def _report(
     measured = statistics.median(steady)
     return RunReport(
         created=datetime.now(UTC),
-        plan_sha256=hashlib.sha256(settings.plan_path.read_bytes()).hexdigest(),
+        plan_sha256=plan_sha256,
         first_step=first,
         model=plan.model.name,
         layout=plan.layout,
