@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from planner.schemas import Plan
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import chunk_layers
+from planner.schemas.geometry import chunk_layers, num_micro_batches
 
 
 def refuse(target: str, feature: str, reason: str, fix: str) -> NoReturn:
@@ -56,7 +56,7 @@ def micro_batches(plan: Plan) -> int:
             f"global_batch_size={batch} is not a multiple of data_parallel_degree x micro_batch_size={per_step}; "
             "plan again with a batch that divides"
         )
-    return batch // per_step
+    return num_micro_batches(batch, layout)
 
 
 def layers_per_chunk(plan: Plan) -> tuple[int, ...]:
