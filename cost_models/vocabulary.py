@@ -139,15 +139,10 @@ def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: Clu
     backward and before the update, behind no compute. 0 without tied embeddings, with one
     stage, with both layers on one rank, or with the vocabulary split over the pipeline (each
     rank's rows then serve both)."""
-    if not model.tie_word_embeddings or layout.vocabulary_layout.over_pipeline:
+    stages = geometry.tied_copy_stages(model, layout)
+    if stages is None:
         return 0.0
-    if geometry.embedding_chunk(layout) == geometry.output_chunk(layout) or layout.pipeline_parallel_degree == 1:
-        return 0.0
-    stages = range(layout.pipeline_parallel_degree)
-    first = next(s for s in stages if geometry.holds_embedding(layout, s))
-    last = next(s for s in stages if geometry.holds_output_layer(layout, s))
-    if first == last:
-        return 0.0
+    first, last = stages
     device = layout.device_map.device_of
     pairs = (
         Group((device(geometry.rank_of(layout, first, r, j)), device(geometry.rank_of(layout, last, r, j))))

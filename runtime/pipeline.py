@@ -23,11 +23,10 @@ from planner.schemas.geometry import (
     chunk_layer_range,
     chunk_stage,
     embedding_chunk,
-    holds_embedding,
-    holds_output_layer,
     output_chunk,
     rank_of,
     stage_chunks,
+    tied_copy_stages,
 )
 from runtime.model import Decoder, loss_fn
 from runtime.optim import local
@@ -130,17 +129,10 @@ class TiedEmbedding:
         """Every rank calls this (it creates process groups)."""
         self.group: dist.ProcessGroup | None = None
         """The (embedding rank, output-layer rank) pair of this rank's (dp, tp) coordinate, or None."""
-        if (
-            not model.tie_word_embeddings
-            or embedding_chunk(layout) == output_chunk(layout)
-            or layout.vocabulary_layout.over_pipeline  # each rank's rows serve both (runtime.vocabulary_parallel)
-        ):
+        stages = tied_copy_stages(model, layout)
+        if stages is None:
             return
-        p = layout.pipeline_parallel_degree
-        if p == 1:
-            return  # one rank holds every chunk: both copies are local
-        first = next(s for s in range(p) if holds_embedding(layout, s))
-        last = next(s for s in range(p) if holds_output_layer(layout, s))
+        first, last = stages
         # Torch ranks from the geometry and the device map (as runtime.mesh.device_grid), not
         # from the mesh's tensor: under the dry run's fake tensors that tensor has no values.
         torch_rank = layout.device_map.device_of

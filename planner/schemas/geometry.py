@@ -235,6 +235,16 @@ def holds_output_layer(layout: Layout, stage: int) -> bool:
     return not layout.vocabulary_layout.over_pipeline and chunk_stage(layout, output_chunk(layout)) == stage
 
 
+def tied_copy_stages(model: ModelSpec, layout: Layout) -> tuple[int, int] | None:
+    """The (embedding, output layer) pipeline ranks of a tied embedding held twice, whose two
+    copies' gradients are summed every step; None when there is one copy: untied, both layers on
+    one rank, or the vocabulary split over the pipeline (each rank's rows serve both)."""
+    if not model.tie_word_embeddings or layout.vocabulary_layout.over_pipeline:
+        return None
+    first, last = chunk_stage(layout, embedding_chunk(layout)), chunk_stage(layout, output_chunk(layout))
+    return None if first == last else (first, last)
+
+
 def vocabulary_share(layout: Layout, stage: int) -> tuple[float, float]:
     """(embedding, output layer) shares pipeline rank ``stage`` holds of the vocabulary layers'
     weights and work: all or nothing pinned, 1/p each split over the pipeline."""
