@@ -3,7 +3,9 @@ the links those devices actually use.
 
 A group's members are the devices that run its ranks: the rank order is
 ``schemas.geometry.rank_of``'s and the layout's ``DeviceMap`` places each rank on a device.
-Expert-parallel groups are runs of ep consecutive data-parallel replicas; expert gradients are
+The data axis holds the d cp ranks that hold the same weights (``Layout.dense_replicas``):
+dense gradients are reduced over it, and a context-parallel group is cp consecutive ranks of it.
+Expert-parallel groups are runs of ep consecutive data-axis ranks; expert gradients are
 reduced over the replicas holding the same experts. With the experts folded over a stage's d t
 ranks (``Layout.folds_experts``) they are runs of ep consecutive ranks of the stage, and the
 ranks at the same place of every run hold the same experts (``schemas.geometry``).
@@ -20,6 +22,7 @@ from planner.schemas.geometry import (
     expert_axis_stride,
     expert_mesh_shape,
     expert_rank_of,
+    mesh_shape,
     rank_of,
 )
 
@@ -44,9 +47,9 @@ def _run(layout: Layout, first: int, size: int, stride: int) -> Group:
 
 def tensor_groups(layout: Layout) -> Iterator[Group]:
     """Every tensor-parallel group."""
-    t = layout.tensor_parallel_degree
-    for s in range(layout.pipeline_parallel_degree):
-        for r in range(layout.data_parallel_degree):
+    p, d, t = mesh_shape(layout)
+    for s in range(p):
+        for r in range(d):
             yield _group(layout, rank_of(layout, s, r, 0), MeshAxis.TP, t)
 
 
@@ -55,24 +58,34 @@ def _stages(layout: Layout, stage: int | None) -> range:
 
 
 def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
-    """Every data-parallel group (dense parameters' gradient reduction), or those of one stage."""
+    """Every data-axis group (the d cp ranks reducing dense gradients), or those of one stage."""
     for s in _stages(layout, stage):
         for j in range(layout.tensor_parallel_degree):
-            yield _group(layout, rank_of(layout, s, 0, j), MeshAxis.DP, layout.data_parallel_degree)
+            yield _group(layout, rank_of(layout, s, 0, j), MeshAxis.DP, layout.dense_replicas)
+
+
+def context_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
+    """Every context-parallel group (cp consecutive data-axis ranks sharing sequences), or those
+    of one stage."""
+    cp, stride = layout.context_parallel_degree, axis_stride(layout, MeshAxis.DP)
+    for s in _stages(layout, stage):
+        for j in range(layout.tensor_parallel_degree):
+            for first in range(0, layout.dense_replicas, cp):
+                yield _run(layout, rank_of(layout, s, first, j), cp, stride)
 
 
 def sharding_groups(layout: Layout, stage: int, size: int) -> Iterator[Group]:
-    """Runs of ``size`` consecutive data-parallel ranks of ``stage`` (a sharding group or a
-    secondary partition: the inner dimension of a (replicate, shard) mesh over the replicas)."""
+    """Runs of ``size`` consecutive data-axis ranks of ``stage`` (a sharding group or a
+    secondary partition: the inner dimension of a (replicate, shard) mesh over the data axis)."""
     for j in range(layout.tensor_parallel_degree):
-        for first in range(0, layout.data_parallel_degree, size):
+        for first in range(0, layout.dense_replicas, size):
             yield _group(layout, rank_of(layout, stage, first, j), MeshAxis.DP, size)
 
 
 def replica_groups(layout: Layout, stage: int, sharding_group_size: int) -> Iterator[Group]:
-    """The data-parallel ranks of ``stage`` at the same place of every sharding group of
-    ``sharding_group_size``: the d / g replicas of one shard."""
-    d, stride = layout.data_parallel_degree, axis_stride(layout, MeshAxis.DP)
+    """The data-axis ranks of ``stage`` at the same place of every sharding group of
+    ``sharding_group_size``: the d cp / g replicas of one shard."""
+    d, stride = layout.dense_replicas, axis_stride(layout, MeshAxis.DP)
     for j in range(layout.tensor_parallel_degree):
         for i in range(sharding_group_size):
             yield _run(layout, rank_of(layout, stage, i, j), d // sharding_group_size, sharding_group_size * stride)
@@ -106,7 +119,7 @@ def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Gro
 
 def pipeline_groups(layout: Layout) -> Iterator[Group]:
     """Every pipeline group: the p stages of one (replica, shard) coordinate."""
-    for r in range(layout.data_parallel_degree):
+    for r in range(layout.dense_replicas):
         for j in range(layout.tensor_parallel_degree):
             yield _group(layout, rank_of(layout, 0, r, j), MeshAxis.PP, layout.pipeline_parallel_degree)
 
@@ -114,7 +127,7 @@ def pipeline_groups(layout: Layout) -> Iterator[Group]:
 def stage_boundaries(layout: Layout, *, first_pipeline_only: bool = False) -> Iterator[tuple[int, int]]:
     """(sender, receiver) device pairs between consecutive pipeline stages: of every pipeline, or
     of the first (replica 0, shard 0) only."""
-    replicas, shards = (1, 1) if first_pipeline_only else (layout.data_parallel_degree, layout.tensor_parallel_degree)
+    replicas, shards = (1, 1) if first_pipeline_only else (layout.dense_replicas, layout.tensor_parallel_degree)
     for s in range(layout.pipeline_parallel_degree - 1):
         for r in range(replicas):
             for j in range(shards):

@@ -146,7 +146,7 @@ def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: Clu
     device = layout.device_map.device_of
     pairs = (
         Group((device(geometry.rank_of(layout, first, r, j)), device(geometry.rank_of(layout, last, r, j))))
-        for r in range(layout.data_parallel_degree)
+        for r in range(layout.dense_replicas)
         for j in range(layout.tensor_parallel_degree)
     )
     rows = -(-model.vocab_size // layout.tensor_parallel_degree)

@@ -11,6 +11,9 @@ Under expert parallelism a second mesh, ``expert_mesh``, splits the data axis in
 folded (``Layout.folds_experts``) it splits each stage's d t ranks, in rank order, into (edp, ep),
 its tensor axis of size 1 (``schemas.geometry.expert_rank_of``).
 
+Context parallelism (``Layout.context_parallel_degree``) splits the data axis into (batch, cp)
+over the same grid (``schemas.geometry.CONTEXT_MESH_AXES``): ``context_mesh``.
+
 ZeRO in groups (``Layout.sharding_group_size``, HSDP) shards over a (replicate, shard) mesh, the
 data axis split into groups of g consecutive ranks (``schemas.geometry.SHARDING_MESH_AXES``),
 and a secondary partition (``Layout.secondary_partition_size``) keeps the weights between
@@ -33,11 +36,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from planner.schemas import Layout
 from planner.schemas.geometry import (
+    CONTEXT_MESH_AXES,
     EXPERT_MESH_AXES,
     MESH_AXES,
     SHARDING_MESH_AXES,
     MeshAxis,
     ShardingMeshAxis,
+    context_mesh_shape,
     expert_mesh_shape,
     expert_rank_of,
     mesh_shape,
@@ -52,7 +57,7 @@ GROUPS_AXIS = "groups"
 
 
 def device_grid(layout: Layout) -> torch.Tensor:
-    """The torch rank at each coordinate of ``layout``'s mesh: a (p, d, t) int tensor holding
+    """The torch rank at each coordinate of ``layout``'s mesh: a (p, d cp, t) int tensor holding
     ``device_map.device_of(rank_of(s, r, j))``."""
     p, d, t = mesh_shape(layout)
     devices = [
@@ -104,6 +109,18 @@ def expert_mesh(layout: Layout, device_type: str) -> DeviceMesh:
         The mesh; index it by ``ExpertMeshAxis`` (``mesh[ExpertMeshAxis.EP]``).
     """
     return _mesh(expert_device_grid(layout), device_type, tuple(EXPERT_MESH_AXES), layout)
+
+
+def context_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """The (pp, batch, cp, tp) mesh of ``layout``: its mesh with the data axis split into (batch,
+    cp), every process keeping its coordinates on pp and tp (``schemas.geometry.CONTEXT_MESH_AXES``).
+    Every rank calls it, in the same order.
+
+    Returns:
+        The mesh; index it by ``ContextMeshAxis`` (``mesh[ContextMeshAxis.CP]``).
+    """
+    grid = device_grid(layout).view(context_mesh_shape(layout))
+    return _mesh(grid, device_type, tuple(CONTEXT_MESH_AXES), layout)
 
 
 @dataclass(frozen=True, slots=True)

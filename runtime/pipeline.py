@@ -138,7 +138,7 @@ class TiedEmbedding:
         torch_rank = layout.device_map.device_of
         pairs = [
             sorted({torch_rank(rank_of(layout, first, d, t)), torch_rank(rank_of(layout, last, d, t))})
-            for d in range(layout.data_parallel_degree)
+            for d in range(layout.dense_replicas)
             for t in range(layout.tensor_parallel_degree)
         ]
         mine, _ = dist.new_subgroups_by_enumeration(pairs)  # type: ignore[no-untyped-call]

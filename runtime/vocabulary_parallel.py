@@ -98,7 +98,7 @@ def _groups(layout: Layout, mesh: DeviceMesh) -> _Groups:
     p = layout.pipeline_parallel_degree
     lines = [
         [int(grid[s, d, t]) for s in range(p)]
-        for d in range(layout.data_parallel_degree)
+        for d in range(layout.dense_replicas)
         for t in range(layout.tensor_parallel_degree)
     ]
     kinds = []

@@ -25,6 +25,7 @@ OLD_PLANS = (
     "plan_v3_mixtral_folded_capacity.json",
     "plan_v4_llama3_70b_interleaved.json",
     "plan_v5_llama3_8b_tp2.json",
+    "plan_v6_llama3_8b_zero3_eager.json",
 )
 
 

@@ -3,9 +3,16 @@ vocabulary layers sit. Stated once here; the cost models, the runtime, the profi
 exports all read it.
 
 Rank order: a (pipeline, data, tensor) mesh with the tensor axis fastest,
-rank = stage * (d * t) + replica * t + shard, so a tensor-parallel group is t consecutive ranks
+rank = stage * (D * t) + replica * t + shard, so a tensor-parallel group is t consecutive ranks
 (one node, when it fits) and a data-parallel group is strided by t. Which device runs each rank
 is the layout's ``DeviceMap`` (identity by default).
+
+The data axis holds the D = d cp ranks of a stage and tensor shard that hold the same weights
+(``Layout.dense_replicas``). Context parallelism splits it into (batch, cp), cp fastest
+(``CONTEXT_MESH_AXES``, Megatron-Core's order tp, cp, dp, pp): replica = row_block * cp + ctx,
+where ``row_block`` says which d-th of the batch the rank trains on and ``ctx`` which share of
+each sequence (``context_chunks``). Without context parallelism (cp 1) the data axis is the d
+replicas. Gradients are reduced, and ZeRO shards, over the whole data axis.
 
 Expert parallelism splits the data axis into (edp, ep), ep fastest: an expert-parallel group is
 ep consecutive replicas (g * ep .. g * ep + ep - 1), and the replicas at the same place of every
@@ -38,6 +45,7 @@ class MeshAxis(StrEnum):
 
     PP = "pp"
     DP = "dp"
+    """The d cp ranks holding the same weights (d replicas, each sequence split over cp)."""
     TP = "tp"
 
 
@@ -84,18 +92,62 @@ consecutive ranks; data-parallel rank ``replica`` is (replica // size, replica %
 rank order is the dense mesh's."""
 
 
+class ContextMeshAxis(StrEnum):
+    """The two axes context parallelism splits the data axis into, slowest first."""
+
+    BATCH = "dp_batch"
+    """Ranks training on different rows of the batch (d of them, strided by cp)."""
+    CP = "cp"
+    """Ranks of one context-parallel group, each holding a share of the same sequences (cp
+    consecutive data-axis ranks)."""
+
+
+CONTEXT_MESH_AXES: tuple[MeshAxis | ContextMeshAxis, ...] = (
+    MeshAxis.PP,
+    ContextMeshAxis.BATCH,
+    ContextMeshAxis.CP,
+    MeshAxis.TP,
+)
+"""The context mesh's axes, slowest first: the dense mesh with its data axis split into
+(batch, cp); data-axis rank ``replica`` is (replica // cp, replica % cp), so the rank order is
+the dense mesh's."""
+
+
+def context_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
+    """Sizes of the context mesh's axes in ``CONTEXT_MESH_AXES`` order: (p, d, cp, t)."""
+    p, _, t = mesh_shape(layout)
+    return p, layout.data_parallel_degree, layout.context_parallel_degree, t
+
+
+def context_coordinates(layout: Layout, replica: int) -> tuple[int, int]:
+    """(row block, context rank) of data-axis rank ``replica``: which d-th of the batch it
+    trains on and which share of each sequence it holds."""
+    return divmod(replica, layout.context_parallel_degree)
+
+
+def context_chunks(context_parallel_degree: int, context_rank: int) -> tuple[int, int]:
+    """The two of a sequence's 2 cp equal chunks that context rank ``context_rank`` holds:
+    (r, 2 cp - 1 - r). Under causal attention a token attends to those before it, so pairing an
+    early chunk with a late one gives every rank the same work (the zig-zag split of
+    Megatron-Core's and torchtitan's context parallelism)."""
+    cp = context_parallel_degree
+    if not 0 <= context_rank < cp:
+        raise ValueError(f"context_rank={context_rank} must be in 0..{cp - 1}")
+    return context_rank, 2 * cp - 1 - context_rank
+
+
 def sharding_mesh_shape(layout: Layout, group_size: int) -> tuple[int, int, int, int]:
     """Sizes of the sharding mesh's axes in ``SHARDING_MESH_AXES`` order for groups of
-    ``group_size`` consecutive data-parallel ranks (a divisor of d): (p, d / group_size, group_size, t)."""
+    ``group_size`` consecutive data-axis ranks (a divisor of D = d cp): (p, D / group_size, group_size, t)."""
     p, d, t = mesh_shape(layout)
     if group_size < 1 or d % group_size:
-        raise ValueError(f"group_size={group_size} must divide data_parallel_degree={d}")
+        raise ValueError(f"group_size={group_size} must divide the data axis's {d} ranks")
     return p, d // group_size, group_size, t
 
 
 def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
-    """Sizes of the expert mesh's axes in ``EXPERT_MESH_AXES`` order: (p, d / ep, ep, t), or
-    (p, d t / ep, ep, 1) with the experts folded (each expert whole on its rank)."""
+    """Sizes of the expert mesh's axes in ``EXPERT_MESH_AXES`` order: (p, D / ep, ep, t), or
+    (p, D t / ep, ep, 1) with the experts folded (each expert whole on its rank); D = d cp."""
     p, _, t = mesh_shape(layout)
     ep = layout.expert_parallel_degree
     return p, layout.expert_data_parallel_degree, ep, 1 if layout.folds_experts else t
@@ -104,10 +156,10 @@ def expert_mesh_shape(layout: Layout) -> tuple[int, int, int, int]:
 def expert_rank_of(layout: Layout, stage: int, group: int, place: int, shard: int = 0) -> int:
     """Global rank of expert-mesh coordinate (stage, expert-parallel group, place in it, tensor
     shard): the expert mesh is the dense mesh's rank order reshaped, so
-    stage * d t + (group * ep + place) * t' + shard, t' = t (the replica is group * ep + place),
-    or 1 folded (the stage rank is group * ep + place; ``shard`` is then 0)."""
+    stage * D t + (group * ep + place) * t' + shard, t' = t (the replica is group * ep + place),
+    or 1 folded (the stage rank is group * ep + place; ``shard`` is then 0); D = d cp."""
     _, _, ep, shards = expert_mesh_shape(layout)
-    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    _, d, t = mesh_shape(layout)
     return stage * d * t + (group * ep + place) * shards + shard
 
 
@@ -119,30 +171,31 @@ def expert_axis_stride(layout: Layout, axis: ExpertMeshAxis) -> int:
 
 
 def stage_rank(layout: Layout, replica: int, shard: int) -> int:
-    """Place of mesh coordinate (replica, shard) among its stage's d t ranks: replica * t + shard."""
+    """Place of mesh coordinate (replica, shard) among its stage's D t ranks: replica * t + shard."""
     return replica * layout.tensor_parallel_degree + shard
 
 
 def mesh_shape(layout: Layout) -> tuple[int, int, int]:
-    """Sizes of the mesh's axes in ``MESH_AXES`` order: (p, d, t)."""
-    return layout.pipeline_parallel_degree, layout.data_parallel_degree, layout.tensor_parallel_degree
+    """Sizes of the mesh's axes in ``MESH_AXES`` order: (p, D, t), D = d cp."""
+    return layout.pipeline_parallel_degree, layout.dense_replicas, layout.tensor_parallel_degree
 
 
 def rank_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
-    """Global rank of mesh coordinate (stage, replica, shard)."""
-    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    """Global rank of mesh coordinate (stage, replica, shard); ``replica`` is a data-axis rank
+    (0..d cp - 1)."""
+    _, d, t = mesh_shape(layout)
     return stage * d * t + stage_rank(layout, replica, shard)
 
 
 def axis_stride(layout: Layout, axis: MeshAxis) -> int:
-    """Ranks between neighbours along ``axis``: d * t for pp, t for dp, 1 for tp."""
+    """Ranks between neighbours along ``axis``: D * t for pp, t for dp, 1 for tp (D = d cp)."""
     _, d, t = mesh_shape(layout)
     return {MeshAxis.PP: d * t, MeshAxis.DP: t, MeshAxis.TP: 1}[axis]
 
 
 def coordinates(layout: Layout, rank: int) -> tuple[int, int, int]:
-    """Mesh coordinate (stage, replica, shard) of ``rank``."""
-    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    """Mesh coordinate (stage, replica, shard) of ``rank``; ``replica`` is a data-axis rank."""
+    _, d, t = mesh_shape(layout)
     stage, rest = divmod(rank, d * t)
     replica, shard = divmod(rest, t)
     return stage, replica, shard

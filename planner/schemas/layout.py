@@ -27,10 +27,16 @@ class Layout:
     """Pipeline stages (p)."""
     micro_batch_size: int
     """Sequences per micro-batch (b)."""
+    context_parallel_degree: int = 1
+    """Ranks that split every sequence (cp): each holds 1/cp of a micro-batch's tokens, load
+    balanced for causal attention (``schemas.geometry.context_chunks``), and attention passes
+    key/value blocks around them (ring attention). They hold the same weights, so gradients are
+    reduced and ZeRO shards over the d cp ranks (``dense_replicas``), as Megatron-Core's data-
+    and context-parallel group."""
     expert_parallel_degree: int = 1
-    """Ranks that split the experts of an MoE layer: of a data-parallel group (divides d), or with
-    the experts whole on every rank (``expert_tensor_parallel_degree`` 1) of a stage's d t ranks
-    (divides d t)."""
+    """Ranks that split the experts of an MoE layer: of a data-parallel group (divides d cp), or
+    with the experts whole on every rank (``expert_tensor_parallel_degree`` 1) of a stage's d cp t
+    ranks (divides d cp t)."""
     expert_tensor_parallel_degree: int | None = None
     """Ranks that split each routed expert's matrices (ETP): None (or t), the tensor-parallel
     group, as attention; 1, every expert whole on its rank while attention keeps t ("MoE parallel
@@ -72,6 +78,7 @@ class Layout:
             "tensor_parallel_degree",
             "pipeline_parallel_degree",
             "micro_batch_size",
+            "context_parallel_degree",
             "expert_parallel_degree",
             "virtual_stages",
         ):
@@ -114,6 +121,7 @@ class Layout:
         self._check_sharding_groups()
         if self.expert_ranks % self.expert_parallel_degree:
             over = "data x tensor_parallel_degree" if self.folds_experts else "data_parallel_degree"
+            over = over.replace("data", "data x context", 1) if self.context_parallel_degree > 1 else over
             raise SchemaError(
                 f"expert_parallel_degree={self.expert_parallel_degree} must divide {over}={self.expert_ranks}"
             )
@@ -128,10 +136,11 @@ class Layout:
                 raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
 
     def _check_sharding_groups(self) -> None:
-        d, g, s = self.data_parallel_degree, self.sharding_group_size, self.secondary_partition_size
+        d, g, s = self.dense_replicas, self.sharding_group_size, self.secondary_partition_size
+        over = "data_parallel_degree" if self.context_parallel_degree == 1 else "data x context_parallel_degree"
         for name, size in (("sharding_group_size", g), ("secondary_partition_size", s)):
             if size is not None and (not isinstance(size, int) or size < 1 or d % size):
-                raise SchemaError(f"{name}={size!r} must divide data_parallel_degree={d}; give a divisor or None")
+                raise SchemaError(f"{name}={size!r} must divide {over}={d}; give a divisor or None")
         if g == d:  # the default, stored one way so that equal layouts compare equal
             object.__setattr__(self, "sharding_group_size", g := None)
         if g is not None and not self.zero_stage.shards_optimizer_states:
@@ -157,9 +166,15 @@ class Layout:
             )
 
     @property
+    def dense_replicas(self) -> int:
+        """Ranks of a stage and tensor shard that hold the same dense weights: d cp (the data
+        axis of ``schemas.geometry``'s mesh). Dense gradients are reduced over them."""
+        return self.data_parallel_degree * self.context_parallel_degree
+
+    @property
     def shard_degree(self) -> int:
-        """Ranks over which ZeRO shards the dense model states: ``sharding_group_size``, else d."""
-        return self.sharding_group_size or self.data_parallel_degree
+        """Ranks over which ZeRO shards the dense model states: ``sharding_group_size``, else d cp."""
+        return self.sharding_group_size or self.dense_replicas
 
     @property
     def gathers_backward_over(self) -> int:
@@ -197,19 +212,19 @@ class Layout:
     @property
     def expert_ranks(self) -> int:
         """Ranks of one stage over which expert parallelism and expert data parallelism split:
-        d, or d t when the experts are folded (``folds_experts``)."""
-        return self.data_parallel_degree * (self.tensor_parallel_degree if self.folds_experts else 1)
+        d cp, or d cp t when the experts are folded (``folds_experts``)."""
+        return self.dense_replicas * (self.tensor_parallel_degree if self.folds_experts else 1)
 
     @property
     def expert_data_parallel_degree(self) -> int:
-        """Ranks of a stage that hold the same experts (expert-data-parallel group): d / ep, or
-        d t / ep folded. Expert gradients and ZeRO's expert shards are over them."""
+        """Ranks of a stage that hold the same experts (expert-data-parallel group): d cp / ep,
+        or d cp t / ep folded. Expert gradients and ZeRO's expert shards are over them."""
         return self.expert_ranks // self.expert_parallel_degree
 
     @property
     def world_size(self) -> int:
-        """Ranks the layout occupies: d * t * p."""
-        return self.data_parallel_degree * self.tensor_parallel_degree * self.pipeline_parallel_degree
+        """Ranks the layout occupies: d * cp * t * p."""
+        return self.dense_replicas * self.tensor_parallel_degree * self.pipeline_parallel_degree
 
     @property
     def num_chunks(self) -> int:
@@ -223,6 +238,8 @@ class Layout:
             f"tp{self.tensor_parallel_degree}",
             f"pp{self.pipeline_parallel_degree}",
         ]
+        if self.context_parallel_degree > 1:
+            parts.append(f"cp{self.context_parallel_degree}")
         if self.expert_parallel_degree > 1:
             parts.append(f"ep{self.expert_parallel_degree}")
         if self.folds_experts:

@@ -56,7 +56,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[6] = 6
+    schema_version: Literal[7] = 7
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -95,9 +95,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 6
+PLAN_SCHEMA_VERSION = 7
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 """The versions ``upgrade`` reads."""
 
 
@@ -112,7 +112,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     are what a version-2 plan ran. Version 3 -> 4: likewise (tensor-parallel collectives not
     overlapped, the plain all-to-all dispatcher). Version 4 -> 5: pipeline transfers not overlapped,
     as version 4 priced them, although the new field's default overlaps them. Version 5 -> 6: the
-    new field's default (fused kernels) is what version 5 priced.
+    new field's default (fused kernels) is what version 5 priced. Version 6 -> 7: the layout's
+    new field's default (no context parallelism) is what version 6 ran.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -130,4 +131,6 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
             raw["training"] = {"pp_comm_overlap": False, **training}
     if raw.get("schema_version") == 5:
         raw = {**raw, "schema_version": 6}
+    if raw.get("schema_version") == 6:
+        raw = {**raw, "schema_version": 7}
     return raw

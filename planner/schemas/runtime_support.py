@@ -42,6 +42,11 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             "beside tensor or pipeline parallelism, which FSDP2 (torch 2.13) cannot reshard to; plan with "
             "planner search --no-hierarchical-sharding, or without tensor and pipeline parallelism"
         )
+    if layout.context_parallel_degree > 1:  # the runtime's context parallelism is being built (issue 20)
+        raise InfeasibleConfigError(
+            f"the plan splits every sequence over {layout.context_parallel_degree} context-parallel ranks, which "
+            "this runtime does not run yet; plan with context_parallel_degree 1 to run it here"
+        )
     if plan.model.position_embedding_type is PositionEmbedding.ALIBI:
         raise InfeasibleConfigError(
             f"{plan.model.name} uses ALiBi position biases, which this runtime does not build (it runs rotary or "

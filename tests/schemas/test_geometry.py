@@ -19,6 +19,8 @@ from planner.schemas.geometry import (
     accounted_split,
     chunk_layer_range,
     chunk_stage,
+    context_chunks,
+    context_coordinates,
     coordinates,
     holds_embedding,
     holds_output_layer,
@@ -44,6 +46,33 @@ def test_rank_order_is_pp_dp_tp_with_tp_fastest() -> None:
     assert rank_of(layout, 2, 1, 2) == 2 * 8 + 4 + 2
 
 
+def test_context_parallel_ranks_sit_between_data_and_tensor() -> None:
+    """Megatron-Core's order (tp, cp, dp, pp fastest first): with d 2, cp 2, t 2 a context-parallel
+    group is the data-axis ranks 2k, 2k + 1, t apart in rank order, and a replica's two groups
+    hold the two halves of the batch."""
+    layout = _layout(2, 2, 1, context_parallel_degree=2)
+    assert layout.world_size == 8 and layout.dense_replicas == 4 and mesh_shape(layout) == (1, 4, 2)
+    assert [tuple(g.devices) for g in grp.context_groups(layout)] == [(0, 2), (4, 6), (1, 3), (5, 7)]
+    assert [tuple(g.devices) for g in grp.data_groups(layout)] == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    assert [context_coordinates(layout, r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert layout.describe().startswith("dp2 tp2 pp1 cp2 ")
+
+
+def test_context_chunks_pair_an_early_chunk_with_a_late_one() -> None:
+    # 2 cp chunks: rank r holds r and 2 cp - 1 - r, so each rank's causal work is equal
+    assert [context_chunks(4, r) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    with pytest.raises(ValueError, match="context_rank=2"):
+        context_chunks(2, 2)
+
+
+@given(cp=st.integers(1, 8))
+def test_context_chunks_cover_the_sequence_once_with_equal_causal_work(cp: int) -> None:
+    held = [context_chunks(cp, r) for r in range(cp)]
+    assert sorted(c for pair in held for c in pair) == list(range(2 * cp))
+    # chunk c's queries attend to c + 1/2 chunks' keys on average: every rank's sum is 2 cp
+    assert {sum(c + 0.5 for c in pair) for pair in held} == {2 * cp}
+
+
 @given(p=st.integers(2, 6), v=st.integers(1, 4))
 def test_chunk_stage_inverts_stage_chunks(p: int, v: int) -> None:
     layout = _layout(1, 1, p, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
@@ -51,9 +80,9 @@ def test_chunk_stage_inverts_stage_chunks(p: int, v: int) -> None:
         assert all(chunk_stage(layout, c) == stage for c in stage_chunks(layout, stage))
 
 
-@given(d=st.integers(1, 4), t=st.integers(1, 4), p=st.integers(1, 4), data=st.data())
-def test_coordinates_invert_rank_of(d: int, t: int, p: int, data: st.DataObject) -> None:
-    layout = _layout(d, t, p)
+@given(d=st.integers(1, 4), t=st.integers(1, 4), p=st.integers(1, 4), cp=st.integers(1, 3), data=st.data())
+def test_coordinates_invert_rank_of(d: int, t: int, p: int, cp: int, data: st.DataObject) -> None:
+    layout = _layout(d, t, p, context_parallel_degree=cp)
     rank = data.draw(st.integers(0, layout.world_size - 1))
     assert rank_of(layout, *coordinates(layout, rank)) == rank
 
