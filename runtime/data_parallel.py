@@ -34,6 +34,7 @@ from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp_internals
 from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
 
 from planner.schemas import Layout, ZeroStage
+from planner.schemas.geometry import context_coordinates
 from planner.schemas.runtime_support import check_sharded_experts
 from runtime.expert_parallel import JointOptimizer, expert_parameters
 from runtime.mesh import ShardingMeshes
@@ -72,7 +73,7 @@ class DataParallel:
         """ZeRO-2/3 shard with FSDP; over one replica there is nothing to shard, and FSDP would
         still gather and reduce every unit of every micro-batch (as the cost model says, ZeRO is
         then ZeRO-0)."""
-        return self.layout.zero_stage.shards_gradients and self.layout.data_parallel_degree > 1
+        return self.layout.zero_stage.shards_gradients and self.layout.dense_replicas > 1
 
     def parameter_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """The precision the model is built in: ZeRO-0/1 keep it in the plan's precision (fp32
@@ -80,10 +81,11 @@ class DataParallel:
         return torch.float32 if self.shards_with_fsdp else compute_dtype
 
     def rows(self, batch_size: int) -> slice:
-        """This replica's rows of a global batch of ``batch_size`` rows."""
+        """This replica's rows of a global batch of ``batch_size`` rows (a context-parallel group's
+        ranks share their rows: ``schemas.geometry.context_coordinates``)."""
         per_replica = batch_size // self.layout.data_parallel_degree
-        replica = self.mesh.get_local_rank()
-        return slice(replica * per_replica, (replica + 1) * per_replica)
+        block, _ = context_coordinates(self.layout, self.mesh.get_local_rank())
+        return slice(block * per_replica, (block + 1) * per_replica)
 
     def share(
         self,
@@ -144,7 +146,7 @@ class DataParallel:
             lr,
             self.expert_data_mesh.get_group(),
             shard=self.layout.zero_stage is not ZeroStage.NONE,
-            grad_divisor=self.layout.data_parallel_degree,
+            grad_divisor=self.layout.dense_replicas,
         )
         return JointOptimizer([main, expert])
 

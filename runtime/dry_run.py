@@ -31,7 +31,7 @@ from planner.schemas import AttentionKernel, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import embedding_chunk, in_flight_micro_batches, output_chunk, stage_chunks
 from runtime.expert_parallel import ExpertExchange, JointOptimizer, Traffic, all_to_all
-from runtime.mesh import expert_mesh, layout_mesh, sharding_meshes
+from runtime.mesh import context_mesh, expert_mesh, layout_mesh, sharding_meshes
 from runtime.model import TORCH_DTYPES, MoE, add_rows, loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer
@@ -66,6 +66,7 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
         mesh = layout_mesh(layout, "cpu")
         experts = expert_mesh(layout, "cpu") if layout.expert_parallel_degree > 1 or layout.folds_experts else None
         sharding = sharding_meshes(layout, "cpu", mesh)
+        contexts = context_mesh(layout, "cpu") if layout.context_parallel_degree > 1 else None
         # The backend the real run picks on a CPU (fake tensors would otherwise fall back to the
         # math kernel, which keeps the s x s attention weights for the backward).
         backend = (
@@ -90,6 +91,7 @@ def dry_run(plan: Plan, rank: int, *, optimizer: str = "adamw") -> DryRunResult:
                 dtype=plan.training.dtype,
                 experts_mesh=experts,
                 sharding=sharding,
+                contexts_mesh=contexts,
             )
             trainer.report_loss = False
             _route_evenly(trainer)

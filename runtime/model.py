@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import Activation, DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+from runtime.context_parallel import ContextShare
 from runtime.kernels import RMSNorm, geglu, swiglu
 from runtime.loss import cross_entropy
 
@@ -55,6 +56,14 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> 
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
+def positions_of(held: int, device: torch.device, context: ContextShare | None) -> torch.Tensor:
+    """The sequence positions of the ``held`` tokens a rank holds: 0..held - 1, or under context
+    parallelism its share's positions in the whole sequence."""
+    if context is None:
+        return torch.arange(held, device=device)
+    return context.positions(held).to(device)
+
+
 class Attention(nn.Module):
     """Causal self-attention; head counts follow the (possibly tensor-parallel) projection widths.
 
@@ -72,14 +81,21 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
         self.v = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
         self.o = nn.Linear(model.num_attention_heads * hd, h, bias=model.attention_bias)
+        self.context: ContextShare | None = None
+        """Set under context parallelism: this rank holds a share of each sequence, and attention
+        passes key/value blocks around its context-parallel group (``runtime.context_parallel``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
         if self.rope:
-            positions = torch.arange(s, device=x.device)
+            positions = positions_of(s, x.device, self.context)
             q, k = rotary(q, positions), rotary(k, positions)
-        core = partial(F.scaled_dot_product_attention, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        core: Callable[..., torch.Tensor]
+        if self.context is not None:
+            core = self.context.attention
+        else:
+            core = partial(F.scaled_dot_product_attention, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         out = checkpoint(core, q, k, v, use_reentrant=False) if self.recompute_core else core(q, k, v)
         result: torch.Tensor = self.o(out.transpose(1, 2).reshape(b, s, -1))
         return result
@@ -285,6 +301,9 @@ class Decoder(nn.Module):
                 # A last pipeline stage's own copy of the tied matrix: the embedding's values.
                 self.head.weight = nn.Parameter(self.tok_emb.weight.detach().clone())
                 self.tok_emb = None
+        self.context: ContextShare | None = None
+        """Set under context parallelism (``runtime.context_parallel.split_sequences``): the
+        chunk takes this rank's share of each sequence."""
         self.to_sequence_shards: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set under sequence parallelism: splits the embedded sequence over the tensor-parallel ranks."""
 
@@ -296,7 +315,7 @@ class Decoder(nn.Module):
             assert embed is not None, "a chunk without its token embedding needs embed_tokens"
             h = embed(x)
             if self.pos_emb is not None:
-                h = h + self.pos_emb(torch.arange(x.shape[1], device=x.device))
+                h = h + self.pos_emb(positions_of(x.shape[1], x.device, self.context))
             if self.to_sequence_shards is not None:
                 h = self.to_sequence_shards(h)
         else:

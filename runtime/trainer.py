@@ -11,6 +11,9 @@ with a step that returns the global mean loss on every rank.
 - ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
   placement table) and their token exchange over the (pp, edp, ep, tp) expert mesh (with the
   experts folded, over a stage's d t ranks: ``runtime.mesh.expert_mesh``).
+- ``runtime.context_parallel``: under context parallelism, this rank's share of every
+  sequence and attention over the whole sequences (over the (pp, batch, cp, tp) context mesh,
+  ``runtime.mesh.context_mesh``).
 - ``runtime.data_parallel``: the replica's rows of the batch, ZeRO's sharing and the optimizer
   (in sharding groups, HSDP, and with a secondary partition, over ``runtime.mesh.sharding_meshes``).
 - Gradient accumulation: micro-batches of the plan; each loss is divided by their count.
@@ -27,8 +30,9 @@ from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import ExpertMeshAxis, MeshAxis, num_micro_batches
+from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches
 from planner.schemas.layout import check_experts
+from runtime.context_parallel import ContextShare
 from runtime.data_parallel import DataParallel, Optimizer, parameters
 from runtime.expert_parallel import (
     JointOptimizer,
@@ -40,7 +44,7 @@ from runtime.expert_parallel import (
     placement_table,
     replicated,
 )
-from runtime.mesh import ShardingMeshes, expert_mesh, layout_mesh, sharding_meshes
+from runtime.mesh import ShardingMeshes, context_mesh, expert_mesh, layout_mesh, sharding_meshes
 from runtime.model import TORCH_DTYPES, default_dtype, loss_fn, set_recompute
 from runtime.pipeline import (
     PipelineSchedule,
@@ -73,6 +77,7 @@ class Trainer:
         placement: PlacementTable | None = None,
         experts_mesh: DeviceMesh | None = None,
         sharding: ShardingMeshes | None = None,
+        contexts_mesh: DeviceMesh | None = None,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
@@ -82,7 +87,8 @@ class Trainer:
         the layout's, ``runtime.expert_parallel.placement_table``); ``experts_mesh``: the
         layout's expert mesh built beforehand, as ``mesh`` (default: built here when needed);
         ``sharding``: the meshes ZeRO shares the states over built beforehand, as ``mesh``
-        (default: ``runtime.mesh.sharding_meshes``, built here).
+        (default: ``runtime.mesh.sharding_meshes``, built here); ``contexts_mesh``: under context
+        parallelism the layout's context mesh built beforehand, as ``mesh`` (default: built here).
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
@@ -102,6 +108,11 @@ class Trainer:
             experts_mesh[ExpertMeshAxis.EDP] if experts_mesh else None,
             sharding or sharding_meshes(layout, device.type, self.mesh),
         )
+        self.context: ContextShare | None = None
+        """Under context parallelism: this rank's share of each sequence and its group."""
+        if layout.context_parallel_degree > 1:
+            cp_mesh = (contexts_mesh or context_mesh(layout, device.type))[ContextMeshAxis.CP]
+            self.context = ContextShare(layout.context_parallel_degree, cp_mesh.get_local_rank(), cp_mesh.get_group())
         place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         compute = TORCH_DTYPES[dtype]
         with default_dtype(self.data_parallel.parameter_dtype(compute)):
@@ -109,6 +120,8 @@ class Trainer:
             self.chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
         for chunk in self.chunks:
             set_recompute(chunk, layout.recompute)
+            if self.context is not None:
+                self.context.hold(chunk)
             if experts_mesh is not None and layout.expert_parallel_degree > 1:
                 expert_parallel(chunk, model, self.placement, experts_mesh[ExpertMeshAxis.EP].get_group())
             if layout.tensor_parallel_degree > 1:
@@ -175,7 +188,10 @@ class Trainer:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """Train on the global batch (every rank passes all of it); the global mean loss."""
         mine = self.data_parallel.rows(inputs.shape[0])
-        x, y = inputs[mine].to(self.device), targets[mine].to(self.device)
+        x, y = inputs[mine], targets[mine]
+        if self.context is not None:
+            x, y = self.context.split(x), self.context.split(y)
+        x, y = x.to(self.device), y.to(self.device)
         self.optimizer.zero_grad()
         if self.vocabulary is not None and self._schedule_seq_len != x.shape[1]:
             self.schedule, self._schedule_seq_len = self._build_schedule(x.shape[1]), x.shape[1]
@@ -195,8 +211,10 @@ class Trainer:
         if not self.report_loss:
             return 0.0
         total = torch.tensor([loss], dtype=torch.float64)
-        dist.all_reduce(total)  # every (dp, tp) copy of the output layer's stage reports its replica's loss
-        return float(total.item()) / (self.layout.data_parallel_degree * self.layout.tensor_parallel_degree)
+        # every (dp, cp, tp) rank of the output layer's stage reports its share's mean loss (cp's
+        # shares hold equal token counts, so their mean is the replica's)
+        dist.all_reduce(total)
+        return float(total.item()) / (self.layout.dense_replicas * self.layout.tensor_parallel_degree)
 
     def _build_schedule(self, seq_len: int | None = None) -> PipelineSchedule:
         """The pipeline schedule; under a vocabulary layout split over the pipeline, with its loss

@@ -42,10 +42,16 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             "beside tensor or pipeline parallelism, which FSDP2 (torch 2.13) cannot reshard to; plan with "
             "planner search --no-hierarchical-sharding, or without tensor and pipeline parallelism"
         )
-    if layout.context_parallel_degree > 1:  # the runtime's context parallelism is being built (issue 20)
+    cp = layout.context_parallel_degree
+    if cp > 1 and training.seq_len % (2 * cp):
         raise InfeasibleConfigError(
-            f"the plan splits every sequence over {layout.context_parallel_degree} context-parallel ranks, which "
-            "this runtime does not run yet; plan with context_parallel_degree 1 to run it here"
+            f"the plan splits sequences of {training.seq_len} tokens over {cp} context-parallel ranks, which hold "
+            f"2 of {2 * cp} equal chunks each; use a sequence length divisible by {2 * cp}"
+        )
+    if cp > 1 and layout.vocabulary_layout.over_pipeline:
+        raise InfeasibleConfigError(
+            f"the plan splits the vocabulary over the pipeline ({layout.vocabulary_layout!s}) beside context "
+            "parallelism, which this runtime does not combine yet; plan with vocabulary_layout 'pinned' to run it"
         )
     if plan.model.position_embedding_type is PositionEmbedding.ALIBI:
         raise InfeasibleConfigError(
