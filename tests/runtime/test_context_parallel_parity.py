@@ -47,11 +47,11 @@ def L(d: int, cp: int, t: int = 1, p: int = 1, b: int = 1, **kw: Any) -> dict[st
 
 
 @functools.cache
-def reference_of(model: ModelSpec) -> list[float]:
-    return reference_losses(model, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR)
+def reference_of(model: ModelSpec, seq: int) -> list[float]:
+    return reference_losses(model, global_batch_size=BATCH, seq_len=seq, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR)
 
 
-def train(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
+def train(model: ModelSpec, layouts: list[dict[str, Any]], seq: int) -> list[list[float]]:
     results = []
     for kw in layouts:
         trainer = Trainer(
@@ -59,15 +59,15 @@ def train(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
         )
         losses = []
         for step in range(STEPS):
-            inputs, targets = synthetic_batch(model.vocab_size, BATCH, SEQ, step=step, seed=SEED)
+            inputs, targets = synthetic_batch(model.vocab_size, BATCH, seq, step=step, seed=SEED)
             losses.append(trainer.step(inputs, targets))
         results.append(losses)
     return results
 
 
-def check(model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path) -> None:
-    reference = reference_of(model)
-    results = run_ranks(world, train, model, layouts, workdir=tmp_path)
+def check(model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path, seq: int = SEQ) -> None:
+    reference = reference_of(model, seq)
+    results = run_ranks(world, train, model, layouts, seq, workdir=tmp_path)
     for kw, losses in zip(layouts, results, strict=True):
         assert losses == pytest.approx(reference, abs=TOLERANCE), kw
     assert len(set(reference)) == STEPS
@@ -76,6 +76,14 @@ def check(model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path:
 def test_two_context_ranks(tmp_path: Path) -> None:
     check(GPT, 2, [L(1, 2), L(1, 2, b=2, zero_stage=3, recompute="full")], tmp_path / "gpt")
     check(LLAMA, 2, [L(1, 2, recompute="selective")], tmp_path / "llama")
+
+
+MOE = load_model("tiny-moe")  # its own 256 positions: every token's experts run on the CPU
+
+
+def test_context_beside_expert_parallelism(tmp_path: Path) -> None:
+    # the experts split over the d cp data axis: their tokens are the ranks' sequence shares
+    check(MOE, 2, [L(1, 2), L(1, 2, expert_parallel_degree=2)], tmp_path / "moe", seq=256)
 
 
 def test_context_beside_data_tensor_and_pipeline(tmp_path: Path) -> None:
