@@ -11,6 +11,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from harness import run_ranks
 
+from planner.inputs import load_model
+from planner.schemas import PositionEmbedding
 from runtime.context_parallel import (
     SentBytes,
     gather_sequence,
@@ -21,6 +23,7 @@ from runtime.context_parallel import (
     visible_block,
     zigzag_positions,
 )
+from runtime.model import Attention, rotary
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 3e-2}
@@ -179,3 +182,45 @@ def _refuse(workdir: str) -> str:
 def test_ring_attention_refuses_an_odd_share(tmp_path: Path) -> None:
     message = run_ranks(2, _refuse, str(tmp_path), workdir=tmp_path)
     assert "sequence length 6" in message and "divisible by 4" in message
+
+
+def _attention_layer(workdir: str) -> dict[str, float]:
+    """Runs on every rank: the model's attention layer (rotary, GQA, float64) on the whole sequence,
+    and on this rank's share with rotary at ``zigzag_positions`` and ring attention; the largest
+    differences of the summed loss and of the weight gradients (summed over the cp ranks)."""
+    group = dist.group.WORLD
+    assert group is not None
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    spec = load_model("tiny-gpt").model_copy(
+        update={"position_embedding_type": PositionEmbedding.ROPE, "num_key_value_heads": 2}
+    )
+    torch.manual_seed(0)
+    layer = Attention(spec).double()
+    b, s = 2, 8 * cp
+    x, weights = (
+        torch.randn(b, s, spec.hidden_size, dtype=torch.float64),
+        torch.randn(b, s, spec.hidden_size, dtype=torch.float64),
+    )
+    reference = (layer(x) * weights).sum()
+    reference_grads = torch.autograd.grad(reference, list(layer.parameters()))
+
+    local_x, positions = split_sequence(x, cp, rank, dim=1), zigzag_positions(s, cp, rank)
+    q, k, v = (p(local_x).view(b, s // cp, -1, layer.head_dim).transpose(1, 2) for p in (layer.q, layer.k, layer.v))
+    out = ring_attention(rotary(q, positions), rotary(k, positions), v, group)
+    local_out = layer.o(out.transpose(1, 2).reshape(b, s // cp, -1))
+    loss = (local_out * split_sequence(weights, cp, rank, dim=1)).sum()
+    grads = torch.autograd.grad(loss, list(layer.parameters()))
+    loss = loss.detach()
+    for t in (loss, *grads):
+        dist.all_reduce(t)
+    grad_error = max((g - r).abs().max().item() for g, r in zip(grads, reference_grads, strict=True))
+    return {"loss": abs(loss.item() - reference.item()), "grads": grad_error, "scale": abs(reference.item())}
+
+
+@pytest.mark.distributed
+def test_attention_layer_with_rotary_matches_the_whole_sequence(tmp_path: Path) -> None:
+    """How a trainer uses the module: split the sequence, rotate at the held positions, attend on
+    the ring; the loss and the weight gradients (summed over the cp ranks) are the reference's."""
+    r = run_ranks(2, _attention_layer, str(tmp_path), workdir=tmp_path)
+    assert r["scale"] > 1.0
+    assert r["loss"] < 1e-10 and r["grads"] < 1e-10, r
