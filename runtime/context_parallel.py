@@ -17,7 +17,8 @@ overlap. Each block's output and per-row log-sum-exp are merged into the running
 log-sum-exp rule: lse = log(e^lse_a + e^lse_b), out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse).
 
 Backward (an autograd Function): the keys and values go round the ring again, the blocks'
-probabilities are recomputed from the saved final lse (P = exp(q k^T scale - lse)), and each rank's
+probabilities are recomputed from the saved final output and lse (``block_attention_backward``:
+P = exp(q k^T scale - lse)), and each rank's
 key/value gradient accumulator travels with a one-step lag behind them: the accumulator of rank j's
 block starts at rank j + 1, collects the contribution of each rank it passes and reaches j after
 cp - 1 hops, where j adds its own (diagonal) contribution.
@@ -25,7 +26,8 @@ cp - 1 hops, where j adds its own (diagonal) contribution.
 Grouped-query attention: query head i reads key/value head i // (heads / kv_heads), as SDPA's
 ``enable_gqa`` does; only the kv heads travel. Arithmetic is in float32 (float64 inputs stay
 float64); the key/value gradient accumulators travel in that precision, the keys and values in
-their own dtype.
+their own dtype. Each block runs torch's CPU flash-attention kernel (``block_attention``: it returns
+the lse and its backward takes it back); on other devices the same math in plain matmuls.
 """
 
 from collections.abc import Sequence
@@ -202,8 +204,49 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> tor
     s = q @ k.transpose(-1, -2) * scale
     if causal:
         m, n = s.shape[-2:]
-        s = s.masked_fill(torch.ones(m, n, dtype=torch.bool).triu(1 + n - m), float("-inf"))
+        s = s.masked_fill(torch.ones(m, n, dtype=torch.bool, device=s.device).triu(1 + n - m), float("-inf"))
     return s
+
+
+def block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, flash: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's attention output (b, h, m, d) and log-sum-exp of its scores (b, h, m), keys and
+    values already expanded to q's heads; ``causal`` masks a square block's upper triangle.
+    ``flash``: torch's CPU flash-attention kernel (it returns the lse; tiled, so it does not hold
+    the m x n scores); otherwise plain matmuls, on any device."""
+    scale = q.shape[-1] ** -0.5
+    if flash:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse.to(out.dtype)
+    s = _scores(q, k, scale, causal)
+    lse = s.logsumexp(-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def block_attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    causal: bool,
+    flash: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block's share of dq, dk, dv given the whole row's output and lse (not the block's own):
+    P = exp(q k^T scale - lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K scale,
+    dK = dS^T Q scale. Summed over a row's blocks they are the whole attention's gradients."""
+    scale = q.shape[-1] ** -0.5
+    if flash:
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, causal, scale=scale
+        )
+        return dq, dk, dv
+    p = torch.exp(_scores(q, k, scale, causal) - lse.unsqueeze(-1))
+    ds = p * (grad_out @ v.transpose(-1, -2) - (grad_out * out).sum(-1, keepdim=True)) * scale
+    return ds @ k, ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ grad_out
 
 
 def _halves(block: Block, local: int) -> tuple[slice, slice]:
@@ -255,10 +298,10 @@ class _RingAttention(torch.autograd.Function):
     ) -> torch.Tensor:
         ring = _Ring(group, sent)
         dtype = torch.promote_types(q.dtype, torch.float32)
-        heads, local, scale = q.shape[1], q.shape[2], q.shape[-1] ** -0.5
+        heads, local, flash = q.shape[1], q.shape[2], q.device.type == "cpu"
         qf = q.to(dtype)
         out = torch.zeros_like(qf)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
         kv = torch.stack((k, v)).contiguous()
         for step in range(ring.cp):
             works: list[dist.Work] = []
@@ -268,9 +311,7 @@ class _RingAttention(torch.autograd.Function):
             block = visible_block(ring.rank, source, ring.cp) if causal else Block(range(2), range(2), False)
             rows, cols = _halves(block, local)
             kb, vb = (_expand(t[:, :, cols].to(dtype), heads) for t in kv)
-            s = _scores(qf[:, :, rows], kb, scale, block.causal)
-            block_lse = s.logsumexp(-1)
-            block_out = torch.exp(s - block_lse.unsqueeze(-1)) @ vb
+            block_out, block_lse = block_attention(qf[:, :, rows], kb, vb, causal=block.causal, flash=flash)
             merged = torch.logaddexp(lse[:, :, rows], block_lse)
             out[:, :, rows] = out[:, :, rows] * torch.exp(lse[:, :, rows] - merged).unsqueeze(-1) + block_out * (
                 torch.exp(block_lse - merged).unsqueeze(-1)
@@ -288,11 +329,10 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         ring: _Ring = ctx.ring
         dtype, kv_heads = out.dtype, k.shape[1]
-        heads, local, scale = q.shape[1], q.shape[2], q.shape[-1] ** -0.5
+        heads, local, flash = q.shape[1], q.shape[2], q.device.type == "cpu"
         qf, go = q.to(dtype), grad_out.to(dtype)
-        delta = (go * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(dP * P) per query
         dq = torch.zeros_like(qf)
-        own_dkv = torch.zeros((2, *k.shape), dtype=dtype)
+        own_dkv = torch.zeros((2, *k.shape), dtype=dtype, device=k.device)
         kv = torch.stack((k, v)).contiguous()
         carried: torch.Tensor | None = None  # the accumulator of the block in hand, from the previous rank
         carry_works: list[dist.Work] = []
@@ -304,11 +344,18 @@ class _RingAttention(torch.autograd.Function):
             block = visible_block(ring.rank, source, ring.cp) if ctx.causal else Block(range(2), range(2), False)
             rows, cols = _halves(block, local)
             kb, vb = (_expand(t[:, :, cols].to(dtype), heads) for t in kv)
-            qb, gb = qf[:, :, rows], go[:, :, rows]
-            p = torch.exp(_scores(qb, kb, scale, block.causal) - lse[:, :, rows].unsqueeze(-1))
-            ds = p * (gb @ vb.transpose(-1, -2) - delta[:, :, rows]) * scale
-            dq[:, :, rows] += ds @ kb
-            dk, dv = _fold(ds.transpose(-1, -2) @ qb, kv_heads), _fold(p.transpose(-1, -2) @ gb, kv_heads)
+            dqb, dkb, dvb = block_attention_backward(
+                go[:, :, rows],
+                qf[:, :, rows],
+                kb,
+                vb,
+                out[:, :, rows],
+                lse[:, :, rows],
+                causal=block.causal,
+                flash=flash,
+            )
+            dq[:, :, rows] += dqb
+            dk, dv = _fold(dkb, kv_heads), _fold(dvb, kv_heads)
             if step == 0:
                 target = own_dkv
             else:

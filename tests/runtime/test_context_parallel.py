@@ -15,6 +15,8 @@ from planner.inputs import load_model
 from planner.schemas import PositionEmbedding
 from runtime.context_parallel import (
     SentBytes,
+    block_attention,
+    block_attention_backward,
     gather_sequence,
     merge_sequence,
     ring_attention,
@@ -76,6 +78,24 @@ def test_visible_blocks_are_the_causal_mask(cp: int) -> None:
             inside = torch.ones(rows.stop - rows.start, cols.stop - cols.start, dtype=torch.bool)
             expected[rows, cols] = inside.tril() if block.causal else inside
             assert torch.equal(mask, expected), (rank, source)
+
+
+@pytest.mark.parametrize(("m", "n", "causal"), [(6, 6, True), (6, 6, False), (3, 6, False), (6, 3, False)])
+def test_block_kernels_agree(m: int, n: int, causal: bool) -> None:
+    """The CPU flash kernel and the matmul math (the one other devices run) give one block's output,
+    lse and gradients alike, the gradients from an output and lse that are not the block's own."""
+    gen = torch.Generator().manual_seed(0)
+    q, go, out = (torch.randn(2, 3, m, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    k, v = (torch.randn(2, 3, n, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    lse = torch.randn(2, 3, m, generator=gen, dtype=torch.float64) + 3.0
+    flash = block_attention(q, k, v, causal=causal, flash=True)
+    matmul = block_attention(q, k, v, causal=causal, flash=False)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert (flash[0] - expected).abs().max() < 1e-12 and (matmul[0] - expected).abs().max() < 1e-12
+    assert (flash[1] - matmul[1]).abs().max() < 1e-12
+    grads = [block_attention_backward(go, q, k, v, out, lse, causal=causal, flash=f) for f in (True, False)]
+    for a, b in zip(*grads, strict=True):
+        assert a.abs().max() > 1e-3 and (a - b).abs().max() < 1e-12
 
 
 def test_traffic_by_hand() -> None:
