@@ -3,8 +3,8 @@ by ring attention (Liu et al. 2023, arXiv 2310.01889) on a load-balanced ("zig-z
 
 torch's own ``torch.distributed.tensor.experimental.context_parallel`` replaces only the CUDA SDPA
 kernels (flash, efficient, cuDNN); on CPU, SDPA runs ``_scaled_dot_product_flash_attention_for_cpu``,
-for which it has no sharding rule (torch 2.13), so this module does the work itself with plain
-matmuls and point-to-point sends.
+for which it has no sharding rule (torch 2.13), so this module does the work itself: that kernel
+on blocks, point-to-point sends between them.
 
 Split. The sequence of length s is cut into 2 cp chunks of c = s / (2 cp) tokens; rank r holds
 chunks r and 2 cp - 1 - r, in that order (as Megatron-Core and torchtitan split it). Under a causal
@@ -18,10 +18,9 @@ log-sum-exp rule: lse = log(e^lse_a + e^lse_b), out = out_a e^(lse_a - lse) + ou
 
 Backward (an autograd Function): the keys and values go round the ring again, the blocks'
 probabilities are recomputed from the saved final output and lse (``block_attention_backward``:
-P = exp(q k^T scale - lse)), and each rank's
-key/value gradient accumulator travels with a one-step lag behind them: the accumulator of rank j's
-block starts at rank j + 1, collects the contribution of each rank it passes and reaches j after
-cp - 1 hops, where j adds its own (diagonal) contribution.
+P = exp(q k^T scale - lse)), and each rank's key/value gradient accumulator travels one step
+behind them: the accumulator of rank j's block starts at rank j + 1, collects the contribution of
+each rank it passes and reaches j after cp - 1 hops, where j adds its own (diagonal) contribution.
 
 Grouped-query attention: query head i reads key/value head i // (heads / kv_heads), as SDPA's
 ``enable_gqa`` does; only the kv heads travel. Arithmetic is in float32 (float64 inputs stay
