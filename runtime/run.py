@@ -150,8 +150,9 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     hosts: list[str] | None = [""] * world if rank == 0 else None
     dist.gather_object(socket.gethostname(), hosts, dst=0)
     # A pipeline stage's first step also forwards placeholders (shape inference): leave it out.
-    steady_sent = statistics.mean(sent[1:] or sent)
-    sent_by_rank: list[float] | None = [0.0] * world if rank == 0 else None
+    steady = sent[1:] or sent
+    steady_sent = (statistics.mean(e for e, _ in steady), statistics.mean(c for _, c in steady))
+    sent_by_rank: list[tuple[float, float]] | None = [(0.0, 0.0)] * world if rank == 0 else None
     dist.gather_object(steady_sent, sent_by_rank, dst=0)
     report = None
     if rank == 0:
@@ -177,6 +178,12 @@ def communication_failed(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or any(marker.lower() in text.lower() for marker in COMMUNICATION_MARKERS)
 
 
+def _sent_bytes(trainer: Trainer) -> tuple[float, float]:
+    """Bytes this rank has sent so far: (its MoE all-to-alls', its ring attention's)."""
+    context = trainer.context.sent if trainer.context is not None and trainer.context.sent is not None else None
+    return float(expert_sent_bytes(trainer.chunks)), float(context.total_bytes if context else 0)
+
+
 def _train(
     settings: RunSettings,
     plan: Plan,
@@ -186,13 +193,13 @@ def _train(
     first: int,
     plan_sha256: str,
     heartbeat: Heartbeat,
-) -> tuple[list[float], list[float], list[float], tuple[int, str, dict[str, int]]]:
-    """Steps ``first`` .. ``settings.steps - 1``: their times, losses and expert bytes sent, and
+) -> tuple[list[float], list[float], list[tuple[float, float]], tuple[int, str, dict[str, int]]]:
+    """Steps ``first`` .. ``settings.steps - 1``: their times, losses and bytes sent (``_sent_bytes``), and
     the tracked step's memory; each step recorded in ``heartbeat`` before it starts."""
     training = plan.training
     times: list[float] = []
     losses: list[float] = []
-    sent: list[float] = []
+    sent: list[tuple[float, float]] = []
     memory: tuple[int, str, dict[str, int]] | None = None
     for step in range(first, settings.steps):
         heartbeat.at("step", str(step))
@@ -206,7 +213,7 @@ def _train(
         )
         track = step == tracked_step(settings, first)
         dist.barrier()
-        sent_before = expert_sent_bytes(trainer.chunks)
+        sent_before = _sent_bytes(trainer)
         start = time.perf_counter()
         if track:
             loss, memory = _tracked_step(trainer, inputs, targets, device)
@@ -215,7 +222,8 @@ def _train(
         dist.barrier()
         times.append(time.perf_counter() - start)
         losses.append(loss)
-        sent.append(expert_sent_bytes(trainer.chunks) - sent_before)
+        (expert, context), (expert_before, context_before) = _sent_bytes(trainer), sent_before
+        sent.append((expert - expert_before, context - context_before))
         if settings.checkpoint_dir is not None and _checkpoint_due(settings, step + 1):
             heartbeat.at("checkpoint", str(step + 1))
             checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
@@ -265,7 +273,7 @@ def _report(
     hosts: list[str],
     device: torch.device,
     world: int,
-    sent_by_rank: list[float],
+    sent_by_rank: list[tuple[float, float]],
     first: int,
 ) -> RunReport:
     # Tracking memory slows its step several times over: it is not a step to time.
@@ -294,5 +302,8 @@ def _report(
         measured_tokens_per_s=plan.training.tokens_per_step / measured,
         predicted_tokens_per_s=plan.estimate.tokens_per_s,
         memory=tuple(memory),
-        expert_sent_bytes_per_step=tuple(sent_by_rank) if plan.layout.expert_parallel_degree > 1 else (),
+        expert_sent_bytes_per_step=tuple(e for e, _ in sent_by_rank) if plan.layout.expert_parallel_degree > 1 else (),
+        context_sent_bytes_per_step=tuple(c for _, c in sent_by_rank)
+        if plan.layout.context_parallel_degree > 1
+        else (),
     )

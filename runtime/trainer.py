@@ -32,7 +32,7 @@ from planner.schemas import DType, Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches
 from planner.schemas.layout import check_experts
-from runtime.context_parallel import ContextShare
+from runtime.context_parallel import ContextShare, SentBytes
 from runtime.data_parallel import DataParallel, Optimizer, parameters
 from runtime.expert_parallel import (
     JointOptimizer,
@@ -112,7 +112,9 @@ class Trainer:
         """Under context parallelism: this rank's share of each sequence and its group."""
         if layout.context_parallel_degree > 1:
             cp_mesh = (contexts_mesh or context_mesh(layout, device.type))[ContextMeshAxis.CP]
-            self.context = ContextShare(layout.context_parallel_degree, cp_mesh.get_local_rank(), cp_mesh.get_group())
+            self.context = ContextShare(
+                layout.context_parallel_degree, cp_mesh.get_local_rank(), cp_mesh.get_group(), SentBytes()
+            )
         place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         compute = TORCH_DTYPES[dtype]
         with default_dtype(self.data_parallel.parameter_dtype(compute)):

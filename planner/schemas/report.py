@@ -56,3 +56,8 @@ class RunReport(FrozenModel):
         description="Per rank, in rank order: bytes its MoE all-to-alls sent to other ranks in a step (dispatch "
         "and combine, forward and backward), mean over the steps after the first; empty without expert parallelism.",
     )
+    context_sent_bytes_per_step: tuple[float, ...] = Field(
+        default=(),
+        description="Per rank, in rank order: key/value bytes its ring attention sent in a step (blocks and their "
+        "gradients, forward and backward), mean over the steps after the first; empty without context parallelism.",
+    )
