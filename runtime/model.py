@@ -68,6 +68,7 @@ class Attention(nn.Module):
         h, hd = model.hidden_size, model.head_size
         self.head_dim = hd
         self.rope = model.position_embedding_type is PositionEmbedding.ROPE
+        self.rope_theta = model.rope_theta
         self.q = nn.Linear(h, model.num_attention_heads * hd, bias=model.attention_bias)
         self.k = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
         self.v = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
@@ -78,7 +79,7 @@ class Attention(nn.Module):
         q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
         if self.rope:
             positions = torch.arange(s, device=x.device)
-            q, k = rotary(q, positions), rotary(k, positions)
+            q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
         core = partial(F.scaled_dot_product_attention, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         out = checkpoint(core, q, k, v, use_reentrant=False) if self.recompute_core else core(q, k, v)
         result: torch.Tensor = self.o(out.transpose(1, 2).reshape(b, s, -1))
