@@ -49,6 +49,7 @@ from planner.schemas import (
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import num_micro_batches
 from planner.schemas.layout import check_experts
+from planner.schemas.model import check_seq_len
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
@@ -121,10 +122,11 @@ def estimate(
         The Estimate: seconds per step, tokens/s, FLOPs, MFU, bytes per rank by category.
 
     Raises:
-        SchemaError: an input could not be read or is invalid.
+        SchemaError: an input could not be read or is invalid, or the sequence is longer than the
+            model allows (``ModelSpec.max_seq_len``).
         InfeasibleConfigError: the layout does not divide the model, batch or cluster.
     """
-    model_spec = load_model(model) if isinstance(model, str) else model
+    model_spec = _model_for(model, training)
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     _note_mixed_devices(cluster_profile)
     check_experts(model_spec, layout)  # first: its messages say which expert-parallel degrees would do
@@ -185,7 +187,8 @@ def search_outcome(
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
 
     Raises:
-        SchemaError: an input could not be read or is invalid, or ``strategy`` names no strategy.
+        SchemaError: an input could not be read or is invalid, the sequence is longer than the model
+            allows (``ModelSpec.max_seq_len``), or ``strategy`` names no strategy.
         InfeasibleConfigError: no layout fits; the message says how close one came and what would help.
     """
     if expert_replicas < 0:
@@ -195,7 +198,7 @@ def search_outcome(
             f"--expert-replicas {expert_replicas} needs a routing trace (--routing-trace): it shows which experts are "
             "hot enough to replicate"
         )
-    model_spec = load_model(model) if isinstance(model, str) else model
+    model_spec = _model_for(model, training)
     cluster_spec = cluster if isinstance(cluster, str) else cluster.name
     cluster_profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     _note_mixed_devices(cluster_profile)
@@ -624,6 +627,18 @@ def validate(storage: str = "sqlite:///tune.db", study: str | None = None, clust
     name, finished = stored_records(storage, study)
     profile = load_cluster(cluster or finished[0].plan.cluster.spec)
     return summarize(study_name=name, records=finished, cluster=profile, source=f"{storage} {name}")
+
+
+def _model_for(model: ModelSpec | str, training: TrainingSpec) -> ModelSpec:
+    """The model (loaded if named) where it meets the training: every estimate and search (and so
+    every tune and plan) passes here, and a sequence longer than the model allows stops here.
+
+    Raises:
+        SchemaError: the model cannot be read, or ``training.seq_len`` exceeds ``max_seq_len``.
+    """
+    model_spec = load_model(model) if isinstance(model, str) else model
+    check_seq_len(model_spec, training.seq_len)
+    return model_spec
 
 
 def _note_mixed_devices(cluster: ClusterProfile) -> None:

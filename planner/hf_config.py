@@ -16,6 +16,11 @@ config (``modeling_<type>.py``), named where it is applied:
   dense layers', ``interleave_moe_layer_step``/``moe_layers`` choose the MoE layers, and every MoE
   layer has one shared expert.
 - A multimodal config's ``text_config`` is the language model; its other towers are left out.
+- ``rope_scaling`` (transformers 5: ``rope_parameters``, for Gemma 3 per layer type, of which the
+  full-attention layers' reach the whole sequence), ``type`` being its older spelling of
+  ``rope_type`` and ``su`` Phi-3's first name for ``longrope``; Phi-3's top-level
+  ``original_max_position_embeddings``; Gemma 3's ``max_position_embeddings`` is its scaled length
+  (vLLM reads it so too). List-valued parameters are left out (``planner.schemas.rope``).
 - Encoders and encoder-decoders are refused: the planner plans decoder-only models.
 
 Keys no rule reads are logged and ignored, unless one looks like a misspelling of a key that is
@@ -27,7 +32,7 @@ import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from planner.schemas import Activation, ModelSpec, NormKind, PositionEmbedding
+from planner.schemas import Activation, ModelSpec, NormKind, PositionEmbedding, RopeScaling, RopeType
 from planner.schemas.errors import SchemaError
 
 logger = logging.getLogger(__name__)
@@ -76,6 +81,13 @@ _NORM_HINTS = MappingProxyType(
 # Keys whose presence means rotary positions unless position_embedding_type says otherwise
 # (rope_parameters is transformers 5's spelling of rope_theta and rope_scaling).
 _ROPE_HINTS = ("rope_theta", "rope_parameters")
+_ROPE_FIELDS = tuple(RopeScaling.model_fields)
+_ROPE_TYPE_ALIASES = MappingProxyType({"su": RopeType.LONGROPE})  # Phi-3's first configs, as transformers reads them
+# transformers 5's rope_parameters by layer type: the full-attention layers reach the whole sequence.
+_FULL_ATTENTION = "full_attention"
+# Model types whose max_position_embeddings already is the length linear scaling reaches (Gemma 3: 128K).
+_SCALED_MAX_POSITIONS_MODEL_TYPES = frozenset({"gemma3", "gemma3_text"})
+_ORIGINAL_MAX_POSITIONS = "original_max_position_embeddings"
 # What a model_type implies that its config.json has no key for (transformers' modeling files):
 # Qwen2 puts biases on q, k, v only; Qwen3 and Gemma 3 normalize each q and k head; GPT-2 learns its positions
 # and has biases on every projection.
@@ -149,13 +161,13 @@ _RULE_KEYS = (
     "intermediate_size_mlp",  # Llama 4
     "interleave_moe_layer_step",  # Llama 4
     "moe_layers",  # Llama 4
+    _ORIGINAL_MAX_POSITIONS,  # Phi-3: the length before its longrope scaling
     _MTP_KEY,
 )
 # Real keys that change nothing the planner prices, or that it does not model yet, each named by
 # the family that writes it; known, so never taken for a misspelling of a key that is read.
 _KNOWN_UNREAD_KEYS = (
     "qk_head_dim",  # DeepSeek: qk_nope_head_dim + qk_rope_head_dim
-    "rope_scaling",
     "n_ctx",  # GPT-2: the same as n_positions
     "parallel_attn",  # Falcon: attention and MLP side by side (same matrices)
     "num_ln_in_parallel_attn",  # Falcon
@@ -205,6 +217,7 @@ def spec_values(raw: Mapping[str, object], name: str) -> dict[str, object]:
             raw[_MTP_KEY],
         )
     _key_value_heads(raw, model_type, values)
+    _rope(raw, model_type, values, name)
     if model_type in _FALCON_MODEL_TYPES:
         _falcon(raw, values)
     if model_type == "llama4_text":
@@ -317,6 +330,60 @@ def _llama4_text(raw: Mapping[str, object], values: dict[str, object]) -> None:
         values.setdefault("mlp_only_layers", [i for i in range(layers) if i not in moe_layers])
     elif raw.get("interleave_moe_layer_step") is not None:
         values.setdefault("decoder_sparse_step", raw["interleave_moe_layer_step"])
+
+
+def _rope(raw: Mapping[str, object], model_type: str, values: dict[str, object], name: str) -> None:
+    """``rope_theta`` and ``rope_scaling`` from ``rope_scaling`` or transformers 5's ``rope_parameters``.
+
+    ``rope_type: default`` means no scaling; a type the planner does not know is kept, with a warning.
+    """
+    where = f"model {name!r}"
+    scaling = raw.get("rope_scaling")
+    parameters = raw.get("rope_parameters")
+    if parameters is not None:
+        if isinstance(parameters, Mapping) and _FULL_ATTENTION in parameters:
+            parameters = parameters[_FULL_ATTENTION]
+        if not isinstance(parameters, Mapping):
+            raise SchemaError(f"{where}: rope_parameters must be a mapping (rope_type, rope_theta, factor, ...)")
+        if parameters.get("rope_theta") is not None:
+            values.setdefault("rope_theta", parameters["rope_theta"])
+        scaling = parameters if scaling is None else scaling
+    values.pop("rope_scaling", None)
+    if scaling is None:
+        return
+    if not isinstance(scaling, Mapping):
+        raise SchemaError(f"{where}: rope_scaling={scaling!r} must be a mapping, e.g. {{rope_type: yarn, factor: 4.0}}")
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if not isinstance(rope_type, str):
+        raise SchemaError(
+            f"{where}: rope_scaling needs a rope_type ({', '.join(RopeType)}), e.g. {{rope_type: yarn, factor: 4.0}}"
+        )
+    rope_type = _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
+    if rope_type == RopeType.DEFAULT:
+        return
+    kept: dict[str, object] = {key: scaling[key] for key in _ROPE_FIELDS if scaling.get(key) is not None}
+    kept["rope_type"] = rope_type
+    if _ORIGINAL_MAX_POSITIONS not in kept and raw.get(_ORIGINAL_MAX_POSITIONS) is not None:
+        kept[_ORIGINAL_MAX_POSITIONS] = raw[_ORIGINAL_MAX_POSITIONS]
+    if model_type in _SCALED_MAX_POSITIONS_MODEL_TYPES and rope_type in (RopeType.LINEAR, RopeType.DYNAMIC):
+        kept.setdefault("scaled_max_position_embeddings", True)
+    for key, value in kept.items():
+        flag = key == "scaled_max_position_embeddings"
+        if key != "rope_type" and (isinstance(value, bool) != flag or not isinstance(value, int | float)):
+            expected = "true or false" if flag else "a number"
+            raise SchemaError(f"{where}: rope_scaling.{key}={value!r} must be {expected}")
+    left_out = sorted(set(scaling) - {*_ROPE_FIELDS, "type", "rope_theta"})
+    if left_out:
+        logger.debug("%s: rope_scaling keys %s change no length; not kept", where, ", ".join(map(str, left_out)))
+    if rope_type not in tuple(RopeType):
+        logger.warning(
+            "%s: rope_scaling type %r is not one the planner knows (%s); its longest sequence is taken as "
+            "max_position_embeddings",
+            where,
+            rope_type,
+            ", ".join(RopeType),
+        )
+    values["rope_scaling"] = kept
 
 
 def _activation(value: object) -> Activation | None:

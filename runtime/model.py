@@ -77,6 +77,7 @@ class Attention(nn.Module):
         h, hd = model.hidden_size, model.head_size
         self.head_dim = hd
         self.rope = model.position_embedding_type is PositionEmbedding.ROPE
+        self.rope_theta = model.rope_theta
         self.q = nn.Linear(h, model.num_attention_heads * hd, bias=model.attention_bias)
         self.k = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
         self.v = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
@@ -90,7 +91,7 @@ class Attention(nn.Module):
         q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
         if self.rope:
             positions = positions_of(s, x.device, self.context)
-            q, k = rotary(q, positions), rotary(k, positions)
+            q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
         core: Callable[..., torch.Tensor]
         if self.context is not None:
             core = self.context.attention

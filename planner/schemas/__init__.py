@@ -46,6 +46,7 @@ from planner.schemas.op_records import (
 )
 from planner.schemas.plan import Alternative, ClusterRef, Plan
 from planner.schemas.report import RankMemory, RunReport
+from planner.schemas.rope import RopeScaling, RopeType
 from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats
 from planner.schemas.training import TrainingSpec
 
@@ -92,6 +93,8 @@ __all__ = [
     "Provenance",
     "RankMemory",
     "Recompute",
+    "RopeScaling",
+    "RopeType",
     "RoutingStats",
     "RunReport",
     "Schedule",

@@ -8,6 +8,7 @@ a dense Llama/GPT-style model means, so a dense config reads as before.
 """
 
 import functools
+import math
 from typing import Self
 
 from pydantic import Field, model_validator
@@ -15,6 +16,7 @@ from pydantic import Field, model_validator
 from planner.schemas._base import FrozenModel
 from planner.schemas.enums import Activation, NormKind, PositionEmbedding
 from planner.schemas.errors import SchemaError
+from planner.schemas.rope import RopeScaling, RopeType
 
 
 class ModelSpec(FrozenModel):
@@ -41,8 +43,17 @@ class ModelSpec(FrozenModel):
     tie_word_embeddings: bool = Field(
         default=True, description="Output layer shares the input embedding (HF's default)."
     )
-    max_position_embeddings: int = Field(default=2048, ge=1)
+    max_position_embeddings: int = Field(
+        default=2048,
+        ge=1,
+        description="Positions the model was built for (Hugging Face's default 2048); with rope_scaling, "
+        "see max_seq_len.",
+    )
     position_embedding_type: PositionEmbedding = Field(default=PositionEmbedding.ROPE)
+    rope_theta: float = Field(default=10000.0, gt=0, description="Base of the rotary angles (rotary positions).")
+    rope_scaling: RopeScaling | None = Field(
+        default=None, description="How rotary positions are stretched past max_position_embeddings (HF's dict)."
+    )
     norm_type: NormKind = Field(default=NormKind.RMSNORM)
     attention_bias: bool = Field(default=False, description="Biases on q, k, v and output projections.")
     mlp_bias: bool = Field(default=False, description="Biases on the MLP projections.")
@@ -121,6 +132,11 @@ class ModelSpec(FrozenModel):
             )
         if self.topk_group is not None and self.topk_group > (self.n_group or 1):
             raise SchemaError(f"topk_group={self.topk_group} exceeds n_group={self.n_group}; lower topk_group")
+        if self.rope_scaling is not None and self.position_embedding_type is not PositionEmbedding.ROPE:
+            raise SchemaError(
+                f"rope_scaling ({self.rope_scaling.rope_type}) stretches rotary positions, but the model's are "
+                f"{self.position_embedding_type}; drop rope_scaling or set position_embedding_type: rope"
+            )
         if self.is_moe and not any(self.is_moe_layer(i) for i in range(self.num_hidden_layers)):
             raise SchemaError(
                 f"model has {self.num_local_experts} experts but no MoE layer (first_k_dense_replace="
@@ -128,6 +144,23 @@ class ModelSpec(FrozenModel):
                 "fix the layer keys or set num_local_experts: 1"
             )
         return self
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """The longest sequence the model allows, in tokens; None where nothing limits it.
+
+        Learned absolute positions (GPT-2, GPT-3): ``max_position_embeddings``, the rows of the
+        position table. Rotary positions: ``max_position_embeddings``, or with ``rope_scaling``
+        the length its type reaches (``RopeScaling.max_seq_len``: linear and dynamic multiply
+        ``max_position_embeddings`` by the factor, yarn the original length; llama3 and longrope
+        configs state the scaled length). ALiBi has no positions to run out of (Press et al.
+        2022 train short and test long): None.
+        """
+        if self.position_embedding_type is PositionEmbedding.ALIBI:
+            return None
+        if self.rope_scaling is None:
+            return self.max_position_embeddings
+        return self.rope_scaling.max_seq_len(self.max_position_embeddings)
 
     @property
     def kv_heads(self) -> int:
@@ -234,3 +267,44 @@ def _moe_layers_before(model: ModelSpec) -> tuple[int, ...]:
     for i in range(model.num_hidden_layers):
         before.append(before[-1] + model.is_moe_layer(i))
     return tuple(before)
+
+
+def check_seq_len(model: ModelSpec, seq_len: int) -> None:
+    """Refuse a sequence longer than ``model`` allows (``ModelSpec.max_seq_len``).
+
+    Args:
+        model: the model.
+        seq_len: tokens per sequence of the training.
+
+    Raises:
+        SchemaError: one line naming seq_len, the model's limit and where it comes from, and the fix:
+            a shorter sequence, or (rotary positions) a model file whose rope_scaling reaches further.
+    """
+    limit = model.max_seq_len
+    if limit is None or seq_len <= limit:
+        return
+    mpe = model.max_position_embeddings
+    unset = "" if "max_position_embeddings" in model.model_fields_set else " (not set: Hugging Face's default)"
+    shorter = f"use a --seq-len of at most {limit}"
+    if model.position_embedding_type is PositionEmbedding.ABSOLUTE:
+        raise SchemaError(
+            f"seq_len={seq_len} is longer than model {model.name!r} allows: {limit} tokens (learned absolute "
+            f"positions, max_position_embeddings={mpe}{unset}: one table row per position); {shorter}, or a model "
+            "with a larger max_position_embeddings (a larger table, trained to that length)"
+        )
+    scaling = model.rope_scaling
+    if scaling is None or scaling.known_type is RopeType.DEFAULT:
+        why = f"rotary positions, max_position_embeddings={mpe}{unset}, no rope_scaling"
+        original = mpe
+    else:
+        why = f"rotary positions, {scaling.describe(mpe)}"
+        original = scaling.original_max_position_embeddings or mpe
+    example = (
+        f"rope_scaling: {{rope_type: yarn, factor: {math.ceil(seq_len / original)}, "
+        f"original_max_position_embeddings: {original}}}"
+    )
+    raise SchemaError(
+        f"seq_len={seq_len} is longer than model {model.name!r} allows: {limit} tokens ({why}); {shorter}, or "
+        f"extend the context in a model file (a copy of the model's keys): {example} reaches {seq_len} tokens or "
+        "more (or raise max_position_embeddings if the model was trained that long)"
+    )

@@ -14,7 +14,9 @@ overlapped, every routed pair sent) mean what a version-3 plan meant; 5 adds the
 ``pp_comm_overlap``, on by default, which version 4 did not price: a version-4 plan reads with it off;
 6 adds the training's ``kernels``, whose default (fused) is what a version-5 plan priced, and the
 layout's ``sharding_group_size`` and ``secondary_partition_size``, whose defaults (ZeRO over the
-whole data-parallel group) are what a version-5 plan ran.
+whole data-parallel group) are what a version-5 plan ran; version 6 later gained the model's
+``rope_theta`` and ``rope_scaling``, whose defaults (10000, none) are what the runtime ran and the
+cost model priced before (neither prices them), so every version-6 plan reads unchanged.
 """
 
 from datetime import datetime

@@ -111,7 +111,9 @@ def test_gpt3_preset_is_a_gpt_block() -> None:
 def test_a_real_llama_config_json_loads_and_equals_the_preset(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="planner"):
         model = model_from_dict(LLAMA3_8B_CONFIG, name="llama3-8b")
-    assert model == load_model("llama3-8b")
+    # The preset is Llama 3.1 8B: Llama 3 8B's shapes with a 128K context (tests/planner/test_hf_config_rope.py).
+    assert model == load_model("llama3-8b").model_copy(update={"max_position_embeddings": 8192, "rope_scaling": None})
+    assert model.max_seq_len == 8192
     assert model.norm_type is NormKind.RMSNORM and model.position_embedding_type is PositionEmbedding.ROPE
     assert "torch_dtype" in caplog.text  # ignored knowingly, not silently
 
