@@ -41,6 +41,8 @@ TIME_TERMS = (
 )
 """TimeBreakdown terms in critical-path order: field, label, colour (the schedule's where it has one)."""
 DPI = 100
+LABEL_MIN_SHARE = 0.012
+"""A span is numbered by its micro-batch where it is at least this share of the schedule's width."""
 EXPLAIN_FILES = ("schedule.png", "memory.png", "step_time.png")
 
 
@@ -64,6 +66,11 @@ def _unit(seconds: float) -> tuple[float, str]:
     return (1e3, "ms") if seconds >= 1e-3 else (1e6, "µs")
 
 
+def _number(value: float) -> str:
+    """Three significant digits, without an exponent up to billions."""
+    return f"{value:.3g}" if value < 1000 else f"{value:,.0f}"
+
+
 def _schedule(plan: Plan, timeline: Timeline) -> Figure:
     p = timeline.stages
     predicted_s = pipeline_time_s(plan.estimate.time)
@@ -82,18 +89,19 @@ def _schedule(plan: Plan, timeline: Timeline) -> Figure:
             edgecolor="white",
             linewidth=0.3,
         )
-    labelled = len(timeline.spans) <= 40 * p  # micro-batch numbers only where they can be read
-    if labelled:
-        for s in timeline.spans:
-            if s.activity in (Activity.FORWARD, Activity.BACKWARD) and s.micro_batch >= 0:
-                middle = (s.start_s + s.end_s) / 2 * scale
-                ax.text(middle, s.stage, str(s.micro_batch), ha="center", va="center", fontsize=7, color="white")
+    labelled = False
+    for s in timeline.spans:  # micro-batch numbers where they can be read
+        wide = (s.end_s - s.start_s) > LABEL_MIN_SHARE * timeline.length_s
+        if wide and s.activity in (Activity.FORWARD, Activity.BACKWARD) and s.micro_batch >= 0:
+            middle = (s.start_s + s.end_s) / 2 * scale
+            ax.text(middle, s.stage, str(s.micro_batch), ha="center", va="center", fontsize=7, color="white")
+            labelled = True
     predicted = ax.axvline(
         predicted_s * scale,
         color="black",
         linestyle="--",
         linewidth=1,
-        label=f"estimate: {predicted_s * scale:.3g} {unit} (every slot at the slowest stage)",
+        label=f"estimate: {_number(predicted_s * scale)} {unit} (every slot at the slowest stage)",
     )
     ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
     ax.set_ylim(p - 0.5, -0.5)  # stage 0 on top
@@ -143,14 +151,14 @@ def _step_time(plan: Plan, timeline: Timeline) -> Figure:
     ax.barh(y, [v * scale for _, v, _ in terms], color=[c for _, _, c in terms], height=0.6)
     for i, (_, value, _) in enumerate(terms):
         share = value / step_s if step_s > 0 else 0.0
-        ax.text(value * scale, i, f"  {value * scale:.3g} {unit} ({share:.0%})", va="center", fontsize=8)
+        ax.text(value * scale, i, f"  {_number(value * scale)} {unit} ({share:.0%})", va="center", fontsize=8)
     ax.set_yticks(y, [label for label, _, _ in terms])
     ax.set_ylim(len(terms) - 0.5, -0.5)
     ax.set_xlim(0, max(v for _, v, _ in terms) * scale * 1.35)
     ax.set_xlabel(f"seconds of the step's critical path ({unit})")
     est = plan.estimate
     ax.set_title(
-        f"step time {step_s * scale:.3g} {unit}: {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}", fontsize=10
+        f"step time {_number(step_s * scale)} {unit}: {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}", fontsize=10
     )
     return fig
 
