@@ -27,7 +27,12 @@ class ProfileProgress:
         self.stream = stream if stream is not None else sys.stderr
         console = Console(file=self.stream)
         self.bar = (
-            Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+            Progress(
+                SpinnerColumn(finished_text="✓"),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=console,
+            )
             if enabled and console.is_terminal
             else None
         )
@@ -65,8 +70,8 @@ class ProfileProgress:
         """The current phase is done, after ``seconds``."""
         done = f"{self._index()} {self.phase}: {self.steps} measured in {seconds:.1f} s"
         if self.bar is not None and self.task is not None:
-            self.bar.update(self.task, description=done)
-            self.bar.stop_task(self.task)
+            finished = max(self.steps, 1)  # a finished task: its spinner becomes a tick, its clock stops
+            self.bar.update(self.task, description=done, total=finished, completed=finished)
         elif self.enabled:
             self._print(done)
 
@@ -82,6 +87,6 @@ class ProfileProgress:
         return f"[{PHASES.index(self.phase) + 1}/{len(PHASES)}]" if self.phase in PHASES else ""
 
     def _line(self, what: str) -> str:
-        count = f"{self.steps}/{self.expected}" if self.expected else f"{self.steps}"
+        count = f"{self.steps}/{self.expected}" if self.expected else f"step {self.steps}"
         detail = f" {count}" + (f" {what}" if what else "") if self.steps else " ..."
         return f"{self._index()} {self.phase}:{detail}"

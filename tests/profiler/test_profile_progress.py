@@ -46,8 +46,8 @@ def test_redirected_a_long_phase_says_where_it_is(monkeypatch: pytest.MonkeyPatc
     progress.step("ops", "optimizer")  # 22 s: too soon after it
     progress.step("ops", "pipeline slot")  # 40 s: a line
     assert out.getvalue().splitlines() == [
-        "profile [4/4] ops: 2 layernorm (20 s)",
-        "profile [4/4] ops: 4 pipeline slot (40 s)",
+        "profile [4/4] ops: step 2 layernorm (20 s)",
+        "profile [4/4] ops: step 4 pipeline slot (40 s)",
     ]
 
 
@@ -56,7 +56,7 @@ def test_on_a_terminal_a_line_per_phase_with_n_of_n() -> None:
     _run(ProfileProgress(True, out))
     text = out.getvalue()
     assert "[2/4] links: 4 measured in 1.2 s" in text and "[4/4] ops: 1 measured in 3.0 s" in text
-    assert "0:00:0" in text  # elapsed
+    assert "0:00:0" in text and "✓" in text  # elapsed; finished phases ticked
 
 
 def test_other_ranks_say_nothing() -> None:
