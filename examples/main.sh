@@ -18,7 +18,7 @@ echo "== Profile this machine as a 4-rank cluster (links, collectives, GEMMs, me
 echo "== Search: tiny-gpt on the measured cluster"
 "$planner" search --model tiny-gpt --cluster "$out/cluster.json" --global-batch-size 32 --seq-len 128 \
     --top-k 5 --output "$out/plan.json"
-"$planner" explain "$out/plan.json"
+"$planner" explain "$out/plan.json" --plot "$out/plots"
 
 echo "== Run the plan for 6 steps, as planner launch prints it, and compare with the prediction"
 "$planner" launch "$out/plan.json" --steps 6 --report "$out/report.json"

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from cost_models.estimate import estimate as _estimate
 from cost_models.expert_parallel import dropped_share, sent_bytes_per_step
 from cost_models.layer_work import profile_gemm_shapes
+from cost_models.schedule_timeline import Timeline, estimate_timeline
 from planner.export.targets import ExportTarget
 from planner.export.targets import export as _export
 from planner.inputs import load_cluster, load_model, save_cluster
@@ -152,6 +153,7 @@ def search_outcome(
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
     hierarchical_sharding: bool = True,
     constraints: Mapping[str, Iterable[Choice]] | None = None,
+    record_points: bool = False,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """Search layouts; the search's account (space size, evaluations, time) and the ranked plans.
 
@@ -182,6 +184,8 @@ def search_outcome(
             ``recompute``, ...; ``planner.search_engine.space.AXES``), e.g. ``{"tp": [8],
             "pp": range(1, 17)}``; applied before anything is enumerated, and a search they
             leave without a valid layout says which constraint did it.
+        record_points: keep every evaluated layout's predicted time and peak memory in the
+            outcome's ``points`` (for a plot; layouts that do not fit are then priced in full too).
 
     Returns:
         The search's outcome, and its top-k plans fastest first, each naming its runner-up.
@@ -221,6 +225,7 @@ def search_outcome(
         vocabulary_layouts=vocabulary_layouts,
         hierarchical_sharding=hierarchical_sharding,
         constraints=constraints,
+        record_points=record_points,
     )
     ranked = outcome.ranked
     plans = tuple(
@@ -312,6 +317,25 @@ def compare_placements(plan: Plan | str | Path, routing_trace: Path | str) -> Pl
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)
     stats = load_routing_stats(routing_trace, loaded.model)
     return _compare_placements(stats, loaded.model, loaded.layout, loaded.cluster.devices_per_node)
+
+
+def pipeline_timeline(plan: Plan | str | Path, cluster: ClusterProfile | None = None) -> Timeline:
+    """A plan's step replayed stage by stage: each micro-batch's forward, recompute, backward
+    and communication, from the estimate's own per-stage times (``cost_models.schedule_timeline``).
+
+    Args:
+        plan: a Plan or a plan file.
+        cluster: the plan's cluster profile, when already loaded (default: loaded from the plan).
+
+    Returns:
+        The timeline; an MoE model's routing is taken as uniform.
+
+    Raises:
+        SchemaError: the plan or its cluster cannot be read.
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    profile = cluster if cluster is not None else load_cluster(loaded.cluster.spec)
+    return estimate_timeline(loaded.model, loaded.training, profile, loaded.layout)
 
 
 def export(plan: Plan | str | Path, target: ExportTarget | str) -> str:

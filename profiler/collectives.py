@@ -79,7 +79,9 @@ class CollectiveSample:
 def measure(ctx: Context, infos: list[RankInfo]) -> list[list[CollectiveSample]] | None:
     """Every rank's samples, on rank 0."""
     samples: list[CollectiveSample] = []
-    for shape in group_shapes(infos):
+    shapes = group_shapes(infos)
+    ctx.expect("collectives", len(shapes) * len(ctx.settings.collective_bytes) * len(CollectiveOp))
+    for shape in shapes:
         mine, _ = dist.new_subgroups_by_enumeration([list(g) for g in shape.groups])  # type: ignore[no-untyped-call]
         n = len(shape.groups[0])
         for size in ctx.settings.collective_bytes:

@@ -29,11 +29,18 @@ class Context:
     store: Any
     """The job's key-value store (torch.distributed.Store)."""
     on_step: Callable[[str, str], None] = field(default=lambda phase, step: None)
+    """Told of every step (phase, what it measures): rank 0's progress line."""
+    on_expect: Callable[[str, int], None] = field(default=lambda phase, steps: None)
+    """Told how many steps a phase will take, where it knows beforehand."""
     heartbeat: Heartbeat = field(init=False)
     """Where this rank is, in the store, for naming the rank left behind (``runtime.Heartbeat``)."""
 
     def __post_init__(self) -> None:
         self.heartbeat = Heartbeat(self.rank, self.world_size, self.store, HEARTBEAT_KEY)
+
+    def expect(self, phase: str, steps: int) -> None:
+        """Announce that ``phase`` will take ``steps`` steps (``at`` calls), for the progress line."""
+        self.on_expect(phase, steps)
 
     def at(self, phase: str, step: str = "") -> None:
         """Record where this rank is, so a failure elsewhere can be traced to the rank left behind."""

@@ -61,6 +61,7 @@ def measure(ctx: Context) -> list[list[LinkSample]] | None:
     ack = torch.zeros(1, device=ctx.device)
     samples: list[LinkSample] = []
     rounds = round_robin(ctx.world_size)
+    ctx.expect("links", 2 * len(rounds))
     for index, pairs in enumerate(rounds):
         partner = {a: b for a, b in pairs} | {b: a for a, b in pairs}
         for direction in ("up", "down"):

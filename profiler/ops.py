@@ -71,11 +71,12 @@ class OpsSample:
 
 def measure(ctx: Context) -> list[OpsSample] | None:
     """Every rank's op samples, on rank 0."""
-    gemms = []
+    gemms: list[GemmSample] = []
     shapes = sorted({*ctx.settings.gemm_shapes, *ctx.settings.model_gemm_shapes})
+    count = len(ctx.settings.gemm_dtypes) * len(shapes)
     for dtype in ctx.settings.gemm_dtypes:
         for m, n, k in shapes:
-            ctx.at("ops", f"gemm {m}x{n}x{k} {dtype}")
+            ctx.at("ops", f"gemm {len(gemms) + 1}/{count} {m}x{n}x{k} {dtype}")
             a = torch.randn(m, k, device=ctx.device, dtype=TORCH_DTYPES[dtype])
             b = torch.randn(k, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
             timing = ctx.time(partial(torch.mm, a, b), lockstep=True)

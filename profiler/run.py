@@ -25,6 +25,7 @@ from planner.schemas.errors import ProfileError
 from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context
+from profiler.progress import ProfileProgress
 from profiler.settings import ProfileSettings
 from runtime import Stopped, cpu_threads_per_rank, stop_on_sigterm
 
@@ -70,20 +71,20 @@ def profile(settings: ProfileSettings) -> ProfileOutcome:
     dist.init_process_group(backend, timeout=timedelta(seconds=settings.timeout_s))
     store = dist.distributed_c10d._get_default_store()
     ctx = Context(rank, world, local_rank, local_world, device, settings, store)
-    progress = _Progress(rank == 0)
-    ctx.on_step = progress.step
+    progress = ProfileProgress(rank == 0)
+    ctx.on_step, ctx.on_expect = progress.step, progress.expect
     measured: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     failure = None
     try:
-        with _timed(seconds, "topology"):
+        with _timed(seconds, "topology", progress):
             measured["topology"] = topology.measure(ctx)
             infos = _broadcast(measured["topology"])
-        with _timed(seconds, "links"):
+        with _timed(seconds, "links", progress):
             measured["links"] = links.measure(ctx)
-        with _timed(seconds, "collectives"):
+        with _timed(seconds, "collectives", progress):
             measured["collectives"] = collectives.measure(ctx, infos)
-        with _timed(seconds, "ops"):
+        with _timed(seconds, "ops", progress):
             measured["ops"] = ops.measure(ctx)
     except (Stopped, RuntimeError, dist.DistBackendError) as e:
         failure = ctx.heartbeat.diagnose(e, "profiling")
@@ -108,10 +109,12 @@ def _broadcast(infos: list[topology.RankInfo] | None) -> list[topology.RankInfo]
 
 
 @contextlib.contextmanager
-def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+def _timed(seconds: dict[str, float], phase: str, progress: ProfileProgress) -> Iterator[None]:
     start = time.perf_counter()
+    progress.begin(phase)
     yield
     seconds[phase] = time.perf_counter() - start
+    progress.end(seconds[phase])
 
 
 def _outcome(
@@ -144,31 +147,3 @@ def _teardown(clean: bool) -> None:
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-
-
-class _Progress:
-    """A progress line on rank 0 (rich), silent elsewhere."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
-            self.bar.start()
-            self.task = self.bar.add_task("profiling")
-
-    def step(self, phase: str, step: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=f"profiling {phase}: {step}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()

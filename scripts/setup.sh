@@ -2,12 +2,35 @@
 # Creates .venv and installs the project with its test tools. Idempotent.
 # torch first, pinned to the CPU build where no torch is present: an unpinned torch would pull
 # a multi-GB CUDA build. A machine that already has torch 2.13 (CPU or CUDA) keeps it.
+# Says on stderr what each of its 4 steps installs and how long the setup has taken (one line a
+# step; pip itself stays quiet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+start=$SECONDS
+step() { printf 'setup [%s/4] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - start))" >&2; }
+
+if [ -x .venv/bin/python ]; then
+    step 1 ".venv exists: $(.venv/bin/python --version)"
+else
+    step 1 "creating .venv with $("$PY" --version 2>&1) ($PY)"
+    "$PY" -m venv .venv
+fi
+step 2 "upgrading pip in .venv"
 .venv/bin/python -m pip install --quiet --upgrade pip
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+if torch_version=$(.venv/bin/python -c "import torch; print(torch.__version__)" 2>/dev/null); then
+    step 3 "torch $torch_version already in .venv: kept"
+else
+    step 3 "installing torch==2.13.0 (a large download: the longest step)"
     .venv/bin/python -m pip install --quiet "torch==2.13.0"
 fi
+deps=$(.venv/bin/python - <<'EOF'
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+names = lambda reqs: ", ".join(re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] for r in reqs if not r.startswith("torch"))
+print(f"{names(project['dependencies'])}; test tools: {names(project['optional-dependencies']['dev'])}")
+EOF
+)
+step 4 "installing the project (editable) and what it needs: $deps"
 .venv/bin/python -m pip install --quiet -e ".[dev]"
+printf 'setup done in %ss: .venv/bin/planner --help; .venv/bin/python -m pytest\n' "$((SECONDS - start))" >&2

@@ -27,6 +27,8 @@ from planner.cli.options import (
     PpOverlapOpt,
     SeqLenOpt,
     TpOverlapOpt,
+    check_plot_dir,
+    check_plot_file,
     constraint_fields,
     layout_fields,
     output_console,
@@ -212,6 +214,13 @@ def search(
             "nodes. The planner's own runtime runs both, but not hpZ beside tensor parallelism."
         ),
     ] = True,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also draw every evaluated layout's predicted step time against its peak memory, the chosen plan "
+            "and the usable memory, as a PNG file here (layouts that do not fit are then priced too)."
+        ),
+    ] = None,
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
@@ -223,6 +232,7 @@ def search(
     --output plan.json
     """
     given = locals()
+    check_plot_file(plot)
     model, cluster, training = search_inputs(model, cluster, training_fields(given))
     constraints = constraint_fields(given)
     with progress_bar("searching", transient=True) as progress:
@@ -242,8 +252,14 @@ def search(
             vocabulary_layouts=vocabulary_layout,
             hierarchical_sharding=hierarchical_sharding,
             constraints=constraints,
+            record_points=plot is not None,
         )
     output_console().print(ranked_table(outcome, plans))
+    if plot is not None:
+        from planner.plots import save_search_plot  # matplotlib: only for the commands that draw
+
+        save_search_plot(outcome.points, plans[0], outcome.usable_memory_bytes, plot, title=_search_title(plans[0]))
+        typer.echo(f"wrote the search plot ({len(outcome.points)} layouts) to {plot}")
     if training.moe_capacity_factor is not None and not training.moe_pad_to_capacity:
         dropped = api.dropped_token_share(model, training, routing_trace)
         routing = "the routing trace" if routing_trace is not None else "uniform routing"
@@ -267,11 +283,22 @@ def explain(
             "round-robin on it (hottest and mean rank's tokens, tokens crossing ranks and nodes)."
         ),
     ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also draw the plan as PNGs in this directory (created if missing): the pipeline schedule stage by "
+            "stage (schedule.png), memory per stage against capacity (memory.png), the step time's terms "
+            "(step_time.png)."
+        ),
+    ] = None,
 ) -> None:
     """Show a plan's memory and time breakdowns, and why it beat the runner-up.
 
     Example: planner explain plan.json --routing-trace routing.npz
+
+    Example: planner explain plan.json --plot plots
     """
+    check_plot_dir(plot)
     loaded = api.load_plan(plan)
     cluster = api.load_cluster(loaded.cluster.spec)
     placement = api.compare_placements(loaded, routing_trace) if routing_trace is not None else None
@@ -291,6 +318,19 @@ def explain(
         typer.echo(NO_PLACEMENT)
     elif placement_applies(loaded.model, loaded.layout):
         typer.echo(placement_hint(str(plan)))
+    if plot is not None:
+        from planner.plots import save_explain_plots  # matplotlib: only for the commands that draw
+
+        written = save_explain_plots(loaded, api.pipeline_timeline(loaded, cluster), plot)
+        typer.echo(f"wrote {', '.join(str(p) for p in written)}")
+
+
+def _search_title(best: Plan) -> str:
+    training = best.training
+    return (
+        f"{best.model.name} on {best.cluster.spec}: global batch {training.global_batch_size} x "
+        f"{training.seq_len} tokens: the layouts the search priced"
+    )
 
 
 def _other_vocabulary(layout: Layout) -> Layout | None:

@@ -28,6 +28,16 @@ DEFAULT_MEMORY_MARGIN = 0.05
 """Share of device memory kept free for allocator fragmentation and untracked buffers."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutPoint:
+    """One evaluated layout as a search plot draws it."""
+
+    step_time_s: float
+    peak_memory_bytes: float
+    fits: bool
+    """Whether its largest rank fits in the usable memory."""
+
+
 @dataclass(frozen=True, slots=True)
 class Miss:
     """The layout that came closest to fitting, with its largest rank's memory."""
@@ -65,6 +75,7 @@ class Evaluator:
         *,
         memory_margin: float = DEFAULT_MEMORY_MARGIN,
         routing: RoutingStats | None = None,
+        record_points: bool = False,
     ) -> None:
         self.model, self.training, self.cluster = model, training, cluster
         self.routing = routing
@@ -78,6 +89,9 @@ class Evaluator:
         self._floors: dict[object, float] = {}
         self._too_big_from: dict[object, int] = {}
         """Smallest micro-batch size found too big, per layout but for it."""
+        self.points: list[LayoutPoint] | None = [] if record_points else None
+        """With ``record_points``: every layout evaluated, in order, those that do not fit
+        priced in full too (a search plot draws them; it costs their time and every stage's memory)."""
 
     def memory(self, layout: Layout) -> tuple[MemoryBreakdown, ...]:
         """Per-stage memory of a valid layout; raises InfeasibleConfigError if it cannot run or fit.
@@ -149,8 +163,24 @@ class Evaluator:
     def __call__(self, layout: Layout) -> Estimate:
         """The estimate of a layout that fits; raises InfeasibleConfigError otherwise."""
         self.evaluations += 1
-        memories = self.memory(layout)
-        return estimate(self.model, self.training, self.cluster, layout, memories=memories, routing=self.routing)
+        try:
+            memories = self.memory(layout)
+        except DoesNotFitError:
+            if self.points is not None:
+                whole = all_stage_memory(self.model, self.training, self.cluster, layout, self.routing)
+                self._record(
+                    estimate(self.model, self.training, self.cluster, layout, memories=whole, routing=self.routing)
+                )
+            raise
+        est = estimate(self.model, self.training, self.cluster, layout, memories=memories, routing=self.routing)
+        if self.points is not None:
+            self._record(est)
+        return est
+
+    def _record(self, est: Estimate) -> None:
+        assert self.points is not None
+        fits = est.peak_memory_bytes <= self.usable_memory_bytes
+        self.points.append(LayoutPoint(step_time_s=est.step_time_s, peak_memory_bytes=est.peak_memory_bytes, fits=fits))
 
     def split_costs(self, layout: Layout) -> SplitCosts:
         """Per-stage affine time and memory in the stage's layer count, for the CP-SAT split.

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from planner.schemas.errors import InfeasibleConfigError
-from planner.search_engine.evaluate import Evaluator, Miss
+from planner.search_engine.evaluate import Evaluator, LayoutPoint, Miss
 from planner.search_engine.space import Assignment, SearchSpace, as_int
 from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
 
@@ -49,6 +49,8 @@ class _Scan:
     miss: tuple[Index, Miss] | None
     evaluations: int
     ruled_out: int
+    points: tuple[LayoutPoint, ...] = ()
+    """What the evaluator recorded during the pass (``Evaluator.points``), in a forked worker."""
 
 
 class ExhaustiveSearch:
@@ -120,6 +122,7 @@ def _scan(
     """Evaluate the groups of ``blocks`` in order (module docstring); the first layout of a group
     that fits is kept. ``progress`` hears of every block done, out of ``total``."""
     evaluations, ruled_out = evaluate.evaluations, evaluate.ruled_out
+    recorded = len(evaluate.points or ())
     found: list[tuple[Index, Candidate]] = []
     asked, complete, miss = 0, True, None
     for done, (number, block) in enumerate(blocks):
@@ -154,6 +157,7 @@ def _scan(
         miss=miss,
         evaluations=evaluate.evaluations - evaluations,
         ruled_out=evaluate.ruled_out - ruled_out,
+        points=tuple((evaluate.points or [])[recorded:]),
     )
 
 
@@ -236,6 +240,8 @@ def _merge(scans: list[_Scan], evaluate: Evaluator) -> _Scan:
     miss = min(misses, key=lambda item: (item[1].memory.total_bytes, item[0])) if misses else None
     evaluate.evaluations += sum(scan.evaluations for scan in scans)
     evaluate.ruled_out += sum(scan.ruled_out for scan in scans)
+    if evaluate.points is not None:
+        evaluate.points += [point for scan in scans for point in scan.points]
     if miss is not None:
         evaluate.closest_miss = miss[1]
     return _Scan(

@@ -19,7 +19,7 @@ from planner.schemas import (
 )
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.device_mapping import DeviceMappingRefiner
-from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, dominant_term
+from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, LayoutPoint, dominant_term
 from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.refiner import Refiner, refine_all
 from planner.search_engine.space import Choice, SearchSpace
@@ -42,6 +42,8 @@ class SearchOutcome:
     complete: bool
     elapsed_s: float
     usable_memory_bytes: float
+    points: tuple[LayoutPoint, ...] = ()
+    """Every layout evaluated, when the search was asked to record them (``record_points``)."""
 
 
 def run_search(
@@ -60,6 +62,7 @@ def run_search(
     vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
     hierarchical_sharding: bool = True,
     constraints: Mapping[str, Iterable[Choice]] | None = None,
+    record_points: bool = False,
 ) -> SearchOutcome:
     """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
 
@@ -69,7 +72,8 @@ def run_search(
     busiest rank's load; without, routing is assumed uniform. ``vocabulary_layouts`` narrows or
     widens where the vocabulary layers may go (default: ``SearchSpace.vocabulary_layouts``);
     ``hierarchical_sharding`` False keeps ZeRO over whole data-parallel groups (no HSDP, no hpZ);
-    ``constraints`` (axis name -> allowed values, ``SearchSpace.constrained``) narrow the axes.
+    ``constraints`` (axis name -> allowed values, ``SearchSpace.constrained``) narrow the axes;
+    ``record_points`` keeps every evaluated layout's time and memory in ``SearchOutcome.points``.
 
     Raises:
         InfeasibleConfigError: no layout fits; the message says why and what would help.
@@ -89,7 +93,9 @@ def run_search(
         space = space.constrained(constraints)
         if space.size() == 0:
             raise InfeasibleConfigError(explain_over_constrained(space))
-    evaluate = Evaluator(model, training, cluster, memory_margin=memory_margin, routing=routing)
+    evaluate = Evaluator(
+        model, training, cluster, memory_margin=memory_margin, routing=routing, record_points=record_points
+    )
     finalists_wanted = max(10, FINALISTS_PER_RESULT * top_k)
     result = strategy.search(space, evaluate, budget, seed=seed, progress=progress, keep=finalists_wanted)
     if not result.feasible:
@@ -105,6 +111,7 @@ def run_search(
         complete=result.complete,
         elapsed_s=time.perf_counter() - start,
         usable_memory_bytes=evaluate.usable_memory_bytes,
+        points=tuple(evaluate.points or ()),
     )
 
 
