@@ -44,7 +44,7 @@ from typing import Final
 
 from cost_models.comm import Group, device_link, priced_groups, transfer_time_s
 from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN, hides_communication, overlapped_comm_cost_s
-from planner.schemas import ClusterProfile, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import ClusterProfile, Layout, LinkProfile, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.geometry import num_micro_batches, stage_layers
 
 GRADIENT_ELEMENT_BYTES: Final = 4
@@ -124,16 +124,20 @@ def ring_bytes_sent_per_step(model: ModelSpec, training: TrainingSpec, layout: L
     return RingBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
 
 
-def ring_hop_s(message_bytes: float, cluster: ClusterProfile, layout: Layout, context_groups: Iterable[Group]) -> float:
-    """Seconds of one ring step's send of ``message_bytes`` by every rank at once: the slowest
-    link between consecutive members of the context-parallel groups (the last sends to the
-    first)."""
+def ring_links(cluster: ClusterProfile, layout: Layout, context_groups: Iterable[Group]) -> frozenset[LinkProfile]:
+    """The links between consecutive members of the context-parallel groups (the last sends to
+    the first), of the groups that need pricing (``comm.priced_groups``)."""
     groups = priced_groups(context_groups, cluster, rank_order=layout.device_map.is_identity)
-    links = {
+    return frozenset(
         device_link(cluster, devices[i], devices[(i + 1) % len(devices)])
         for devices in (g.devices for g in groups)
         for i in range(len(devices))
-    }
+    )
+
+
+def ring_hop_s(message_bytes: float, links: Iterable[LinkProfile]) -> float:
+    """Seconds of one ring step's send of ``message_bytes`` by every rank at once, each over its
+    own link to the next: the slowest of ``links`` (``ring_links``)."""
     return max(transfer_time_s(message_bytes, link) for link in links)
 
 
@@ -175,11 +179,11 @@ def context_parallel_layer_s(
     cp = layout.context_parallel_degree
     if cp == 1:
         return 0.0
-    groups = tuple(context_groups)
+    links = ring_links(cluster, layout, context_groups)
     block = kv_block_elements(model, training, layout)
-    kv_s = ring_hop_s(block * training.dtype.bytes, cluster, layout, groups)
-    both_s = ring_hop_s(block * (training.dtype.bytes + GRADIENT_ELEMENT_BYTES), cluster, layout, groups)
-    dkv_s = ring_hop_s(block * GRADIENT_ELEMENT_BYTES, cluster, layout, groups)
+    kv_s = ring_hop_s(block * training.dtype.bytes, links)
+    both_s = ring_hop_s(block * (training.dtype.bytes + GRADIENT_ELEMENT_BYTES), links)
+    dkv_s = ring_hop_s(block * GRADIENT_ELEMENT_BYTES, links)
     hides = hides_communication(cluster)
     fwd_s = ring_exposed_s([kv_s] * (cp - 1), attention_s[0] / cp, hides=hides)
     bwd_s = ring_exposed_s([both_s] * (cp - 1), attention_s[1] / cp, hides=hides) + dkv_s
