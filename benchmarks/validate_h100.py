@@ -84,6 +84,7 @@ def pinned_axes(run: PublishedRun) -> dict[str, tuple[Choice, ...]]:
         "tp": (p.tp,),
         "pp": (p.pp,),
         "dp": (p.dp,),
+        "cp": (p.cp,),
         "ep": (p.ep,),
         "vocabulary": (VocabularyLayout.PINNED,),
         # every source shards over the whole data-parallel group (Megatron's distributed

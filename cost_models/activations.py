@@ -68,6 +68,7 @@ def layer_activations(
     attention_kernel: AttentionKernel = AttentionKernel.EAGER,
     moe: bool | None = None,
     expert_load: float = 1.0,
+    context_parallel_degree: int = 1,
 ) -> LayerActivations:
     """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized).
 
@@ -123,6 +124,10 @@ def layer_activations(
             if it has any, else its dense layer.
         expert_load: the rank's routed copies over a balanced rank's k s b (a hot rank's
             ``expert_parallel.ExpertLoad.compute_factor``); scales the routed experts' terms.
+        context_parallel_degree: cp: the rank keeps its s / cp tokens of every sequence, so
+            every term above holds with s / cp for s, but for the eager scores, a (s/cp) s b /t
+            (its queries against all keys). The k/v blocks the ring passes are transient
+            (``context_parallel.ring_buffer_bytes``).
 
     Returns:
         The layer's activations by group, in bytes, before any recomputation. Memoized (the
@@ -130,7 +135,8 @@ def layer_activations(
     """
     act, t = dtype.bytes, tensor_parallel_degree
     sp = t if sequence_parallel else 1
-    tokens = seq_len * micro_batch_size
+    local = seq_len // context_parallel_degree
+    tokens = local * micro_batch_size
     h, a = model.hidden_size, model.num_attention_heads
     q, kv = a * model.head_size, model.kv_heads * model.head_size
     hidden_mask = MASK_BYTES * tokens * h / sp if model.hidden_dropout > 0 else 0.0
@@ -158,7 +164,7 @@ def layer_activations(
     if attention_kernel is AttentionKernel.FLASH:
         scores = SOFTMAX_STAT_BYTES * a * tokens / t  # log-sum-exp; the dropout mask is regenerated
     else:
-        scores_elements = a * seq_len * seq_len * micro_batch_size / t
+        scores_elements = a * local * seq_len * micro_batch_size / t
         scores = act * scores_elements  # softmax output
         if model.attention_dropout > 0:
             scores += MASK_BYTES * scores_elements + act * scores_elements  # mask, dropout output

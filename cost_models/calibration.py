@@ -17,7 +17,7 @@ COMPUTE_TERMS: Final = ("compute_s", "recompute_s", "pipeline_bubble_s", "optimi
 """TimeBreakdown terms a calibration's compute_scale multiplies."""
 TENSOR_PARALLEL_TERMS: Final = ("tensor_parallel_comm_s",)
 """TimeBreakdown terms a calibration's tensor_parallel_scale multiplies."""
-_SCALED_AFTER_COMPOSITION: Final = ("expert_parallel_comm_s", "pipeline_comm_s")
+_SCALED_AFTER_COMPOSITION: Final = ("expert_parallel_comm_s", "pipeline_comm_s", "context_parallel_comm_s")
 COMMUNICATION_TERMS: Final = (*_SCALED_AFTER_COMPOSITION, "data_parallel_comm_s")
 """TimeBreakdown terms a calibration's communication_scale multiplies (the data-parallel one
 inside ``estimate``, before the overlap with the scaled backward is decided)."""

@@ -118,7 +118,7 @@ def stage_data_parallel_comm(
 
 def _dense_groups(layout: Layout, stage: int, part: GroupCollectives) -> tuple[Iterator[Group], int]:
     """The groups of ``stage`` that ``part`` runs over, and their size."""
-    d, g = layout.data_parallel_degree, layout.shard_degree
+    d, g = layout.dense_replicas, layout.shard_degree  # the data axis: d cp ranks hold the same weights
     if part.over is ShardGroupKind.REPLICAS:
         return grp.replica_groups(layout, stage, g), d // g
     size = layout.gathers_backward_over if part.over is ShardGroupKind.SECONDARY else g
@@ -209,12 +209,13 @@ def _stage_comms(
     if not (layout.device_map.is_identity and has_uniform_links(cluster)):
         yield from (stage_data_parallel_comm(model, training, cluster, layout, s, micro_batches) for s in stages)
         return
-    stage_ranks, per_node = layout.data_parallel_degree * layout.tensor_parallel_degree, cluster.devices_per_node
+    stage_ranks, per_node = layout.dense_replicas * layout.tensor_parallel_degree, cluster.devices_per_node
     aligned = stage_ranks % per_node == 0 or per_node % stage_ranks == 0
     shared = (
         model,
         training.dtype,
         layout.data_parallel_degree,
+        layout.context_parallel_degree,
         layout.tensor_parallel_degree,
         layout.pipeline_parallel_degree,
         layout.expert_parallel_degree,

@@ -1,8 +1,9 @@
 """Compose memory and time into an Estimate of one layout: the cost models' entry point.
 
 Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3) is the sum of:
-- m micro-batches through the slowest stage: compute, recompute, tensor- and expert-parallel
-  communication (``cost_models.timing``, ``.tensor_parallel``, ``.expert_parallel``);
+- m micro-batches through the slowest stage: compute, recompute, tensor-, expert- and
+  context-parallel communication (``cost_models.timing``, ``.tensor_parallel``,
+  ``.expert_parallel``, ``.context_parallel``);
 - the pipeline's bubble and point-to-point transfers (``cost_models.pipeline``), and the sum of
   a tied embedding's two copies' gradients across the pipeline (``cost_models.vocabulary``);
 - the data-parallel communication that compute does not hide (``cost_models.data_parallel``,
@@ -76,6 +77,7 @@ def estimate(
         layout,
         tensor_groups=grp.tensor_groups(layout),
         expert_groups=grp.expert_groups(layout),
+        context_groups=grp.context_groups(layout),
         routing=routing,
     )
     if memories is None:
@@ -106,6 +108,7 @@ def estimate(
         data_parallel_comm_s=data_parallel.exposed_s,
         optimizer_s=optimizer_step_s(model, cluster, layout, training.kernels),
         data_parallel_comm_overlapped_s=data_parallel.overlapped_s,
+        context_parallel_comm_s=shared * m * slowest.context_parallel_comm_s,
     )
     if cal is not None:
         time = calibrated_time(time, cal, micro_batch_slots(layout, m))

@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cost_models.comm import Group, collective_time_s, nodes_spanned, priced_groups
+from cost_models.context_parallel import local_seq_len
 from cost_models.params import stage_moe_layers
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, MoeDispatcher, Recompute, TrainingSpec
 from planner.schemas.geometry import chunk_layer_range, stage_chunks
@@ -214,9 +215,10 @@ def dropped_share(model: ModelSpec, training: TrainingSpec, routing: RoutingStat
 
 
 def routed_pairs(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
-    """P: (token, expert) pairs one rank routes per MoE layer and micro-batch, k s b; k s b / t
-    with the experts folded (each rank routes its own share of the sequence)."""
-    pairs = layout.micro_batch_size * training.seq_len * model.num_experts_per_tok
+    """P: (token, expert) pairs one rank routes per MoE layer and micro-batch, k s b / cp (its
+    share of the sequence under context parallelism); k s b / (cp t) with the experts folded (each
+    rank routes its own share of the sequence)."""
+    pairs = layout.micro_batch_size * local_seq_len(training, layout) * model.num_experts_per_tok
     return pairs // layout.tensor_parallel_degree if layout.folds_experts else pairs
 
 

@@ -5,13 +5,16 @@ GEMM shapes follow Megatron-LM's tensor parallelism (Shoeybi et al. 2019): q/k/v
 up-projections are split by columns, the output and down projections by rows, attention heads
 by t. Elementwise traffic is counted operation by operation, as fused or eager kernels run it
 (``cost_models.kernels``, ``TrainingSpec.kernels``; forward; the backward moves about twice as
-much), with T = b s tokens, T' = T / t under sequence parallel:
+much), with T = b s / cp tokens (the rank's share of the micro-batch under context parallelism,
+``cost_models.context_parallel``), T' = T / t under sequence parallel:
 - two norms and two dropout-residual adds over T' h;
 - the MLP activation (GELU, or SwiGLU) over T f/t;
 - rotary embedding over the q and k slices (ALiBi's bias is added inside the attention kernel,
   and to the stored scores under eager attention); Qwen3's q/k norms over them;
 - eager kernels copy the attention core's output back to token-major layout;
-- eager attention: scale-mask-softmax reads and writes b (a/t) s^2 e, attention dropout reads
+- the attention core: the rank's s / cp queries against all s keys, 1/cp of the layer's scores
+  (balanced for causal attention by the zig-zag split);
+- eager attention: scale-mask-softmax reads and writes b (a/t) (s/cp) s e, attention dropout reads
   and writes it again plus a 1-byte mask; FlashAttention keeps scores on chip and moves nothing;
 - MoE: permuting tokens to experts and back reads and writes T k h e twice (two kernels); routed experts
   are moe_intermediate_size wide, shared experts see all T tokens, split over t as a dense MLP;
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from cost_models import kernels
 from cost_models.compute import Gemm
+from cost_models.context_parallel import local_seq_len
 from planner.schemas import AttentionKernel, Kernels, Layout, ModelSpec, PositionEmbedding, Recompute, TrainingSpec
 
 
@@ -56,7 +60,8 @@ def expert_gemms(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tu
     the group's routed pairs), split over t; with the experts folded, ep k s b / (t E) tokens
     (every rank routes s b / t) on whole experts: the same FLOPs, other shapes. A rank hotter
     than the mean (``expert_parallel.ExpertLoad``) scales their time."""
-    t, tokens, h = layout.expert_tensor_degree, layout.micro_batch_size * training.seq_len, model.hidden_size
+    t, h = layout.expert_tensor_degree, model.hidden_size
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)
     k, experts, f = model.num_experts_per_tok, model.num_local_experts, model.expert_ffn_size
     ep = layout.expert_parallel_degree
     routing = tokens // layout.tensor_parallel_degree if layout.folds_experts else tokens
@@ -77,7 +82,8 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
     """
     t, b, s = layout.tensor_parallel_degree, layout.micro_batch_size, training.seq_len
     h, e = model.hidden_size, training.dtype.bytes
-    tokens = b * s
+    s_local = local_seq_len(training, layout)  # s / cp: the rank's queries; its keys are all s
+    tokens = b * s_local
     seq_tokens = tokens // t if layout.sequence_parallel else tokens
     heads = model.num_attention_heads // t
     sparse = model.is_moe if moe is None else moe
@@ -120,8 +126,8 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         permute = kernels.NONE
 
     attention = (
-        Gemm(s, s, model.qk_head_size, batch=b * heads),
-        Gemm(s, model.v_head_size, s, batch=b * heads),
+        Gemm(s_local, s, model.qk_head_size, batch=b * heads),
+        Gemm(s_local, model.v_head_size, s, batch=b * heads),
     )
 
     dropout = model.hidden_dropout > 0
@@ -139,7 +145,7 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
     )
 
     flash = training.attention_kernel is AttentionKernel.FLASH
-    scores = b * heads * s * s
+    scores = b * heads * s_local * s
     attn_mask = 1 if model.attention_dropout > 0 else 0
     alibi = 2 * e if model.position_embedding_type is PositionEmbedding.ALIBI else 0  # its bias, one more pass
     attention_bytes = 0.0 if flash else (2 * e + alibi + (2 * e + attn_mask if attn_mask else 0)) * scores
@@ -207,15 +213,15 @@ def attention_core_flops_per_sequence(model: ModelSpec, seq_len: int) -> int:
 
 
 def output_layer_gemm(model: ModelSpec, training: TrainingSpec, layout: Layout) -> Gemm:
-    """Logits: (b s x h) @ (h x V/t), the vocabulary split over the tensor-parallel group."""
-    tokens = layout.micro_batch_size * training.seq_len
+    """Logits: (b s/cp x h) @ (h x V/t), the vocabulary split over the tensor-parallel group."""
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)
     return Gemm(tokens, -(-model.vocab_size // layout.tensor_parallel_degree), model.hidden_size)
 
 
 def output_layer_elementwise(model: ModelSpec, training: TrainingSpec, layout: Layout) -> kernels.Traffic:
     """The final norm and the cross-entropy over the rank's logits (``kernels.cross_entropy``),
     forward and backward."""
-    tokens = layout.micro_batch_size * training.seq_len
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)
     logits = tokens * -(-model.vocab_size // layout.tensor_parallel_degree)
     norm = kernels.norm(model.norm_type, tokens * model.hidden_size, training.dtype.bytes, training.kernels)
     return kernels.cross_entropy(logits, training.dtype.bytes, training.kernels) + norm + norm + norm
@@ -223,7 +229,7 @@ def output_layer_elementwise(model: ModelSpec, training: TrainingSpec, layout: L
 
 def embedding_elementwise_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """Embedding lookup (and position add, dropout): write, read, write b s h e."""
-    tokens = layout.micro_batch_size * training.seq_len
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)
     return 3.0 * tokens * model.hidden_size * training.dtype.bytes
 
 

@@ -19,6 +19,8 @@ Constants (conventions, stated once here):
     global buffer for the sequence-parallel all-gather / all-reduce).
   - Expert-parallel staging: send and receive buffers of one micro-batch's routed tokens,
     2 x k s b h x dtype bytes (split by t with sequence parallelism), when ep > 1.
+Under context parallelism every s above is the rank's s / cp tokens of each sequence, and a
+stage with layers adds one layer's ring-attention buffers (``context_parallel.ring_buffer_bytes``).
 """
 
 from typing import Final
@@ -32,6 +34,7 @@ from cost_models.activations import (
     output_layer_activation_bytes,
     rematerialized_bytes,
 )
+from cost_models.context_parallel import local_seq_len, ring_buffer_bytes
 from cost_models.expert_parallel import StageExpertLoad, stage_expert_loads
 from cost_models.params import StageParams, all_stage_params, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
@@ -126,6 +129,7 @@ def _activation_terms(
     ``last_stage``: stages alike in these differ only in their micro-batches in flight."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
     sp, dtype, recompute = layout.sequence_parallel, training.dtype, layout.recompute
+    s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
     per_micro_batch, once = 0.0, 0.0
     working = [0.0]
     for moe, count in ((False, layers_here - moe_here), (True, moe_here)):
@@ -141,16 +145,19 @@ def _activation_terms(
             attention_kernel=training.attention_kernel,
             moe=moe,
             expert_load=load.compute_sum / load.moe_layers if moe and load and load.moe_layers else 1.0,
+            context_parallel_degree=layout.context_parallel_degree,
         )
         per_micro_batch += kept_bytes(terms, recompute) * count
         working.append(rematerialized_bytes(terms, recompute))
     once += max(working)
+    if layers_here:  # one layer's ring attention at a time: the k/v blocks it receives
+        once += ring_buffer_bytes(model, training, layout)
     if params.embedding_share:  # its token ids (every rank of a vocabulary split looks them up)
         per_micro_batch += embedding_activation_bytes(
-            model, seq_len=s, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp
+            model, seq_len=s_local, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp
         )
     output = output_layer_activation_bytes(
-        model, seq_len=s, micro_batch_size=b, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
+        model, seq_len=s_local, micro_batch_size=b, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
     )
     if params.holds_output_layer:
         once += output * _loss_micro_batches(layout, micro_batches)
@@ -177,7 +184,7 @@ def stage_logits_bytes(
         return vocabulary_logits_bytes(model, training, layout)
     fp32_copy = logits_bytes(
         model,
-        seq_len=training.seq_len,
+        seq_len=local_seq_len(training, layout),
         micro_batch_size=layout.micro_batch_size,
         tensor_parallel_degree=layout.tensor_parallel_degree,
     )
@@ -224,14 +231,14 @@ def communication_buffer_bytes(
     times ``compute_max``, the hottest rank's load in its hottest MoE layer
     (``expert_parallel.StageExpertLoad``): what it receives.
     """
-    d, t = layout.data_parallel_degree, layout.tensor_parallel_degree
+    d, t = layout.dense_replicas, layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
     buckets_dense = d > 1 and not layout.zero_stage.shards_gradients
     reduced = (params.dense if buckets_dense else 0.0) + (
         params.expert if layout.expert_data_parallel_degree > 1 else 0.0
     )
     total = GRAD_BUCKET_ELEMENT_BYTES * grad_bucket_elements(reduced)
-    tokens = training.seq_len * layout.micro_batch_size
+    tokens = local_seq_len(training, layout) * layout.micro_batch_size
     if t > 1:
         total += tokens * model.hidden_size * training.dtype.bytes
     if ep > 1:

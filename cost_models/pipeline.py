@@ -32,6 +32,7 @@ Units: seconds, bytes.
 from cost_models import groups as grp
 from cost_models.comm import device_link, has_uniform_links, transfer_time_s
 from cost_models.compute import measured_pipeline_slot_s
+from cost_models.context_parallel import local_seq_len
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
 
@@ -83,7 +84,8 @@ def pipeline_comm_s(
     p, v, t = layout.pipeline_parallel_degree, layout.virtual_stages, layout.tensor_parallel_degree
     if p == 1:
         return 0.0
-    act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * training.dtype.bytes / t
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)  # the rank's share under context parallelism
+    act_bytes = tokens * model.hidden_size * training.dtype.bytes / t
     # With uniform links of each class a hop costs what its crossing or not of nodes does. In rank
     # order every (replica, shard) crosses nodes at the same stages, so the first pipeline's
     # boundaries stand for all; not its first boundary alone: with d t below a node's devices
@@ -113,6 +115,4 @@ def overlaps_transfers(training: TrainingSpec, cluster: ClusterProfile, layout: 
 def defers_gradient_reduction(layout: Layout) -> bool:
     """Whether sharded gradients are kept whole and reduced once a step, after the last backward:
     ZeRO 2-3 with a pipeline and data-parallel peers (module docstring)."""
-    return (
-        layout.pipeline_parallel_degree > 1 and layout.data_parallel_degree > 1 and layout.zero_stage.shards_gradients
-    )
+    return layout.pipeline_parallel_degree > 1 and layout.dense_replicas > 1 and layout.zero_stage.shards_gradients

@@ -7,7 +7,9 @@ the optimizer step (``cost_models.optimizer``) ask it. What each stage shards is
 ``ZeroStage`` (``shards_optimizer_states``, ``shards_gradients``, ``shards_parameters``).
 
 Model states (SC20 sec. 5): stage 1 shards the optimizer states, stage 2 also the gradients,
-stage 3 also the weights, over the d ranks of the data-parallel group (experts over the ranks
+stage 3 also the weights, over the d cp ranks of the data axis (``Layout.dense_replicas``: the
+data-parallel replicas and, under context parallelism, the cp ranks sharing each sequence, which
+hold the same weights and whose gradients are summed with theirs; experts over the ranks
 holding the same experts, ``Layout.expert_data_parallel_degree``: d / ep, or d t / ep when the
 experts are folded over the stage's d t ranks). ZeRO-3 gathers its parameters module by
 module: ``ZERO3_GATHERED_UNITS`` = 2 units (the one in use and the next, prefetched), a unit
@@ -159,7 +161,7 @@ def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dt
     Returns:
         Weights (gathered buffer included), gradients and optimizer states, in bytes.
     """
-    edp = layout.expert_data_parallel_degree if model.is_moe else layout.data_parallel_degree
+    edp = layout.expert_data_parallel_degree if model.is_moe else layout.dense_replicas
     secondary = layout.secondary_partition_size
     return _model_states(params, layout.shard_degree, edp, held_zero_stage(layout), dtype, secondary)
 
@@ -202,7 +204,7 @@ def sharded_unit_s(device: DeviceProfile, layout: Layout, dtype: DType) -> float
     """Seconds FSDP spends of its own on one sharded unit and micro-batch under ZeRO 2-3 with
     d > 1 (hooks, casts, copies, beyond compute and collectives), as the profiler timed it
     (``compute.measured_sharded_unit_s``); 0 without sharded units or without the record."""
-    if not (layout.zero_stage.shards_gradients and layout.data_parallel_degree > 1):
+    if not (layout.zero_stage.shards_gradients and layout.dense_replicas > 1):
         return 0.0
     measured = measured_sharded_unit_s(device, layout.zero_stage, defers_gradient_reduction(layout), dtype)
     return measured or 0.0
@@ -408,7 +410,7 @@ def dense_group_collectives(layout: Layout, micro_batches: int) -> tuple[GroupCo
     plan = step_collectives(layout, micro_batches)
     parts = [GroupCollectives(over=ShardGroupKind.SHARDING, collectives=plan)]
     secondary = layout.secondary_partition_size
-    if secondary is not None and layout.zero_stage.shards_parameters and layout.data_parallel_degree > 1:
+    if secondary is not None and layout.zero_stage.shards_parameters and layout.dense_replicas > 1:
         per_micro_batch = plan.per_micro_batch
         sharding = replace(plan, per_micro_batch=replace(per_micro_batch, all_gather=per_micro_batch.all_gather - 1))
         backward = StepCollectives(

@@ -1,6 +1,7 @@
 """Tensor (and sequence) parallelism's time per layer and micro-batch.
 
-Megatron-LM's tensor parallelism runs 2 all-reduces of the b s h activations forward and 2
+Megatron-LM's tensor parallelism runs 2 all-reduces of the b s h activations (the rank's b s/cp
+tokens under context parallelism) forward and 2
 backward per layer; with sequence parallelism 2 all-gathers and 2 reduce-scatters each way
 (Korthikanti et al. 2022, sec. 4.2.2). Full recomputation repeats the forward's collectives.
 Where the profile timed this model's real tensor-parallel layer (``compute.measured_layer_s``
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 
 from cost_models.comm import Group, priced_groups, slowest_collective_s
 from cost_models.compute import measured_layer_s
+from cost_models.context_parallel import local_seq_len
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
 
 
@@ -84,7 +86,7 @@ def _forward_backward_s(
         )
         if real is not None:
             return max(0.0, real[0] - local[0]), max(0.0, real[1] - local[1])
-    act_bytes = layout.micro_batch_size * training.seq_len * model.hidden_size * dt.bytes
+    act_bytes = layout.micro_batch_size * local_seq_len(training, layout) * model.hidden_size * dt.bytes
     groups = priced_groups(tensor_groups, cluster, rank_order=layout.device_map.is_identity)
     if layout.sequence_parallel:
         fwd = 2 * (

@@ -42,7 +42,11 @@ runs attention's tensor-parallel collectives alone (``tensor_parallel.moe_layer_
 priced from its modeled kernels over the measured dense layer, the runtime's MoE layer (which
 splits experts over t) not being what runs. With ``TrainingSpec.tp_comm_overlap`` under sequence
 parallelism on GPUs, a layer waits only for the part of its tensor-parallel time that its dense
-GEMMs do not hide (``overlap.tensor_parallel_exposed_s``).
+GEMMs do not hide (``overlap.tensor_parallel_exposed_s``). Under context parallelism a rank's
+kernels run over its s / cp tokens of each sequence (``layer_work``; the profile's timed layers,
+over whole sequences, are not read), and each layer waits for the part of its ring attention's
+key/value exchange that the attention core's blocks do not hide
+(``context_parallel.context_parallel_layer_s``).
 Units: seconds.
 """
 
@@ -62,6 +66,7 @@ from cost_models.compute import (
     measured_moe_layer_s,
     measured_output_layer_s,
 )
+from cost_models.context_parallel import context_parallel_layer_s, local_seq_len
 from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
 from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
@@ -92,6 +97,9 @@ class StageTime:
     vocabulary_comm_s: float = 0.0
     """The vocabulary collectives over the pipeline group the stage waits for, when the
     vocabulary is split over it (``vocabulary.VocabularyComm.exposed_s``)."""
+    context_parallel_comm_s: float = 0.0
+    """The ring attention's key/value exchange its compute does not hide
+    (``context_parallel.context_parallel_layer_s``)."""
 
     @property
     def total_s(self) -> float:
@@ -102,6 +110,7 @@ class StageTime:
             + self.tensor_parallel_comm_s
             + self.expert_parallel_comm_s
             + self.vocabulary_comm_s
+            + self.context_parallel_comm_s
         )
 
 
@@ -113,6 +122,7 @@ def stage_times(
     *,
     tensor_groups: Iterable[Group],
     expert_groups: Iterable[Group],
+    context_groups: Iterable[Group] = (),
     routing: RoutingStats | None = None,
 ) -> tuple[StageTime, ...]:
     """Per-micro-batch time of every pipeline stage (module docstring).
@@ -124,6 +134,7 @@ def stage_times(
         layout: degrees, micro-batch size, recompute, ZeRO stage.
         tensor_groups: the tensor-parallel groups (devices).
         expert_groups: the expert-parallel groups (devices).
+        context_groups: the context-parallel groups (devices); read only with cp > 1.
         routing: a routing trace's statistics; None assumes uniform routing. Each MoE layer's
             expert GEMMs and all-to-alls scale with its busiest rank's load
             (``expert_parallel.ExpertLoad``).
@@ -144,6 +155,12 @@ def stage_times(
         moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t) if tp_overlap else tp_of[moe] for moe in kinds
     }
     ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
+    cp_of = {
+        moe: context_parallel_layer_s(model, training, cluster, layout, context_groups, kinds[moe].attention_s)
+        if layout.context_parallel_degree > 1
+        else 0.0
+        for moe in kinds
+    }
 
     if layout.vocabulary_layout.over_pipeline:
         # Every tp rank does its stage's share of the unsplit layers, over its tokens (cost_models.vocabulary).
@@ -159,7 +176,7 @@ def stage_times(
             if t > 1
             else layout
         )
-        tokens_share = vocabulary_tokens(training, layout) / (training.seq_len * b)
+        tokens_share = vocabulary_tokens(training, layout) / (local_seq_len(training, layout) * b)
         output_s, embed_s = (x * tokens_share for x in _shared_kernels(model, training, cluster, alone).vocabulary_s)
     else:
         output_s, embed_s = kernels.vocabulary_s
@@ -196,6 +213,7 @@ def stage_times(
                 expert_parallel_comm_s=load.exchange_sum * ep_layer,
                 backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s,
                 vocabulary_comm_s=vocabulary.exposed_s(layers_s),
+                context_parallel_comm_s=sum((c * cp_of[moe] for c, moe, _ in here), 0.0),
             )
         out.append(stage_time)
     return tuple(out)
@@ -232,19 +250,23 @@ def _shared_kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterPr
         layout.expert_parallel_degree,
         layout.expert_tensor_parallel_degree,
         layout.recompute,
+        layout.context_parallel_degree,
     )
     return _KERNELS.get(cluster.pricing_device, key, lambda: _kernels(model, training, cluster, layout))
 
 
 def _kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _Kernels:
     """Each kind of layer's time (from the profile's timing of this model's dense or MoE layer
-    where there is one), the routed experts' GEMMs and the vocabulary layers of ``layout``."""
+    where there is one), the routed experts' GEMMs and the vocabulary layers of ``layout``.
+    Under context parallelism the profile's layers (timed over whole sequences, without the ring)
+    are not what a rank runs: its kernels are priced from its share (``layer_work``)."""
     dev, dt = cluster.pricing_device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
-    measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len)
+    whole = layout.context_parallel_degree == 1
+    measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len) if whole else None
     measured_moe = (
         measured_moe_layer_s(dev, model.name, dt, t, b, training.seq_len)
-        if model.is_moe and not layout.folds_experts
+        if whole and model.is_moe and not layout.folds_experts
         else None
     )
     kinds = {
@@ -256,7 +278,7 @@ def _kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, 
     timed = kinds.get(model.is_moe) or _layer_time(
         model, training, cluster, layout, measured, measured_moe, moe=model.is_moe
     )
-    none = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0)
+    none = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0, attention_s=(0.0, 0.0))
     return _Kernels(
         kinds=kinds,
         timed_local=None if measured is None else (timed.forward_s, timed.backward_s),
@@ -271,14 +293,18 @@ def _vocabulary_layers_s(
     """(output layer, embedding) seconds of one micro-batch on one rank of ``layout``, whole: the
     profiled output layer where there is one, else its GEMM and elementwise traffic."""
     dev, dt = cluster.pricing_device, training.dtype
-    output_s = measured_output_layer_s(
-        dev,
-        model.name,
-        dt,
-        layout.tensor_parallel_degree,
-        layout.micro_batch_size,
-        training.seq_len,
-        sequence_parallel=layout.sequence_parallel,
+    output_s = (
+        measured_output_layer_s(
+            dev,
+            model.name,
+            dt,
+            layout.tensor_parallel_degree,
+            layout.micro_batch_size,
+            training.seq_len,
+            sequence_parallel=layout.sequence_parallel,
+        )
+        if layout.context_parallel_degree == 1
+        else None
     )
     if output_s is None:
         gemm = lw.output_layer_gemm(model, training, layout)
@@ -296,6 +322,8 @@ class _LayerTime:
     gemm_s: float = 0.0
     """The layer's dense GEMMs (projections and MLP or shared experts), forward, backward and
     recomputed: what its tensor-parallel collectives can run behind."""
+    attention_s: tuple[float, float] = (0.0, 0.0)
+    """The attention core's forward and backward: what a context-parallel ring runs behind."""
 
 
 def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _LayerTime:
@@ -336,9 +364,14 @@ def _layer_time(
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev, work.elementwise_kernels)
     dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
     dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
+    # the kernel's rate at the blocks it runs: s / cp wide under context parallelism
     fused = (
         fused_attention_s(
-            0.5 * sum(g.flop for g in work.attention_gemms), training.seq_len, model.qk_head_size, dev, dt
+            0.5 * sum(g.flop for g in work.attention_gemms),
+            local_seq_len(training, layout),
+            model.qk_head_size,
+            dev,
+            dt,
         )
         if work.flash_attention
         else None
@@ -368,4 +401,10 @@ def _layer_time(
         Recompute.FULL: layer_fwd,
     }[layout.recompute]
     gemm_s = dense_fwd + dense_bwd + (dense_fwd if layout.recompute is Recompute.FULL else 0.0)
-    return _LayerTime(forward_s=layer_fwd, backward_s=layer_bwd, recompute_s=recompute, gemm_s=gemm_s)
+    return _LayerTime(
+        forward_s=layer_fwd,
+        backward_s=layer_bwd,
+        recompute_s=recompute,
+        gemm_s=gemm_s,
+        attention_s=(attn_fwd, attn_bwd),
+    )

@@ -4,7 +4,7 @@ Each failure raises InfeasibleConfigError naming the values and what would fix t
 fit is not checked here: the Estimate says whether the layout fits.
 """
 
-from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
+from planner.schemas import AttentionKernel, ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import chunk_layers
 from planner.schemas.layout import check_experts
@@ -23,8 +23,10 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             "use a tp that divides it (replicating key/value heads is not modeled)"
         )
     if layout.world_size != cluster.world_size:
+        cp = layout.context_parallel_degree
+        degrees = f"dp x tp x pp = {d} x {t} x {p}" if cp == 1 else f"dp x cp x tp x pp = {d} x {cp} x {t} x {p}"
         raise InfeasibleConfigError(
-            f"dp x tp x pp = {d} x {t} x {p} = {layout.world_size} ranks, but cluster {cluster.name!r} has "
+            f"{degrees} = {layout.world_size} ranks, but cluster {cluster.name!r} has "
             f"{cluster.world_size} ({cluster.num_nodes} nodes x {cluster.devices_per_node}); "
             "choose degrees whose product is the cluster's size"
         )
@@ -32,8 +34,11 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
         if width % t:
             key = "intermediate_size" if width == model.ffn_size else "the MoE MLP width (experts or shared experts)"
             raise InfeasibleConfigError(f"tp={t} does not divide {key}={width}")
-    if layout.sequence_parallel and training.seq_len % t:
-        raise InfeasibleConfigError(f"sequence parallel needs tp={t} to divide seq_len={training.seq_len}")
+    check_context_parallel(training, layout)
+    local = training.seq_len // layout.context_parallel_degree
+    if layout.sequence_parallel and local % t:
+        share = "seq_len" if layout.context_parallel_degree == 1 else "each context-parallel rank's share, seq_len / cp"
+        raise InfeasibleConfigError(f"sequence parallel needs tp={t} to divide {share}={local}")
     replica_batch = d * layout.micro_batch_size
     if training.global_batch_size % replica_batch:
         raise InfeasibleConfigError(
@@ -55,6 +60,25 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             f"{model.num_hidden_layers} layers cannot fill pp x v = {layout.num_chunks} model chunks"
         )
     check_experts(model, layout)
+
+
+def check_context_parallel(training: TrainingSpec, layout: Layout) -> None:
+    """Raise InfeasibleConfigError unless context parallelism (cp > 1) can split the sequence:
+    into 2 cp equal chunks (``schemas.geometry.context_chunks``, the zig-zag split that balances
+    causal attention), with the fused attention kernel that ring attention runs block by block."""
+    cp, s = layout.context_parallel_degree, training.seq_len
+    if cp == 1:
+        return
+    if s % (2 * cp):
+        raise InfeasibleConfigError(
+            f"context parallelism over cp={cp} ranks splits every sequence into 2 x cp = {2 * cp} equal chunks, "
+            f"but seq_len={s} is not divisible by {2 * cp}; use a cp for which 2 cp divides it"
+        )
+    if training.attention_kernel is not AttentionKernel.FLASH:
+        raise InfeasibleConfigError(
+            f"context parallelism (cp={cp}) runs ring attention with the fused kernel block by block; "
+            "use attention_kernel flash or cp 1"
+        )
 
 
 def check_stage(layout: Layout, stage: int) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from cost_models.activations import logits_bytes
 from cost_models.comm import Group, priced_groups, slowest_collective_s
+from cost_models.context_parallel import local_seq_len
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec, VocabularyLayout, geometry
 
 FP32_BYTES = 4
@@ -66,9 +67,10 @@ NO_COMM = VocabularyComm(total_s=0.0, barrier_s=0.0)
 
 
 def vocabulary_tokens(training: TrainingSpec, layout: Layout) -> float:
-    """Tokens of one micro-batch whose vocabulary passes one rank takes part in: s b, or s b / t
-    with sequence parallelism (each tensor-parallel rank its part of the sequence)."""
-    tokens = training.seq_len * layout.micro_batch_size
+    """Tokens of one micro-batch whose vocabulary passes one rank takes part in: s b / cp (its
+    share under context parallelism), or s b / (cp t) with sequence parallelism (each
+    tensor-parallel rank its part of the sequence)."""
+    tokens = local_seq_len(training, layout) * layout.micro_batch_size
     return tokens / layout.tensor_parallel_degree if layout.sequence_parallel else tokens
 
 

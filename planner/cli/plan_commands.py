@@ -70,6 +70,14 @@ def estimate(
     dp: Annotated[int | None, typer.Option(min=1, help="Data-parallel degree [default: 1].")] = None,
     tp: Annotated[int | None, typer.Option(min=1, help="Tensor-parallel degree [default: 1].")] = None,
     pp: Annotated[int | None, typer.Option(min=1, help="Pipeline-parallel degree [default: 1].")] = None,
+    cp: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Context-parallel degree: ranks that split every sequence (ring attention; 2 cp divides "
+            "--seq-len); the world is dp x cp x tp x pp [default: 1].",
+        ),
+    ] = None,
     ep: Annotated[
         int | None,
         typer.Option(min=1, help="Expert-parallel degree (MoE; divides dp, or dp x tp with --etp 1) [default: 1]."),
@@ -190,6 +198,7 @@ def search(
     tp: IntRangeOpt = None,
     pp: IntRangeOpt = None,
     dp: IntRangeOpt = None,
+    cp: IntRangeOpt = None,
     ep: IntRangeOpt = None,
     micro_batch_size: IntRangeOpt = None,
     virtual_stages: IntRangeOpt = None,
@@ -224,9 +233,9 @@ def search(
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
-    --tp, --pp, --dp, --ep, --micro-batch-size, --virtual-stages, --zero-stage, --schedule,
+    --tp, --pp, --dp, --cp, --ep, --micro-batch-size, --virtual-stages, --zero-stage, --schedule,
     --recompute and --max-tp narrow the search before it starts (e.g. --tp 8 --pp 1-16
-    --zero-stage 1,3); if they leave no valid layout, the error says which one did.
+    --zero-stage 1,3 --cp 1-8); if they leave no valid layout, the error says which one did.
 
     Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
     --output plan.json

@@ -6,8 +6,11 @@ there; later ones generate them from config dataclasses under the same names).
 
 How the plan maps:
 - Degrees: --tensor-model-parallel-size, --pipeline-model-parallel-size,
+  --context-parallel-size with --cp-comm-type p2p (the ring attention the plan priced),
   --expert-model-parallel-size and --expert-tensor-parallel-size (t, or 1 for MoE parallel
-  folding); Megatron's default rank order (tp fastest, then dp, then pp) is the planner's.
+  folding); Megatron's default rank order (tp fastest, then cp, then dp, then pp) is the
+  planner's. Its distributed optimizer and Megatron-FSDP shard over the data-and-context group,
+  the d cp ranks over which the planner's ZeRO shards.
 - Data parallelism: ZeRO 1 is the distributed optimizer (--use-distributed-optimizer), and its
   HSDP the partial distributed optimizer (--num-distributed-optimizer-instances d / g). ZeRO 2
   and 3 are Megatron-FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads /
@@ -55,6 +58,8 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
         "--pipeline-model-parallel-size",
         str(layout.pipeline_parallel_degree),
     ]
+    if layout.context_parallel_degree > 1:
+        args += ["--context-parallel-size", str(layout.context_parallel_degree), "--cp-comm-type", "p2p"]
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if training.tp_comm_overlap and layout.sequence_parallel:
@@ -83,7 +88,7 @@ def _check(plan: Plan) -> None:
             "Megatron-FSDP gathers ZeRO-3's weights over the whole shard group",
             "plan with --no-hierarchical-sharding",
         )
-    fsdp = layout.zero_stage.shards_gradients and layout.data_parallel_degree > 1
+    fsdp = layout.zero_stage.shards_gradients and layout.dense_replicas > 1
     if fsdp and layout.pipeline_parallel_degree > 1:
         refuse(
             TARGET,
@@ -131,7 +136,7 @@ def _layout_string(per_chunk: tuple[int, ...]) -> str:
 
 def _data_parallel(plan: Plan) -> list[str]:
     layout = plan.layout
-    d, zero = layout.data_parallel_degree, layout.zero_stage
+    d, zero = layout.dense_replicas, layout.zero_stage  # the data-and-context group: d cp ranks
     if d == 1 or zero is ZeroStage.NONE:
         return []
     if zero is ZeroStage.OPTIMIZER:

@@ -11,6 +11,10 @@ How the plan maps:
   d / g groups (``data_parallel_replicate_degree``); ZeRO 3 reshards the weights after the forward
   (``fsdp_reshard_after_forward = "always"``), ZeRO 2 keeps them gathered for the backward
   ("never", FSDP's ZeRO-2 mode). FSDP2 has no optimizer-only sharding: ZeRO 1 is refused.
+- Context parallelism: ``context_parallel_degree`` cp; torchtitan's FSDP shards over its
+  dp_shard x cp ranks, as the planner's ZeRO over the d cp data axis (cp fastest in both), so
+  ``data_parallel_shard_degree`` is the sharding group over cp, and cp > 1 needs ZeRO 2 or 3 with
+  sharding groups of whole context-parallel groups.
 - Tensor parallelism: torchtitan's always shards the norms along the sequence (sequence
   parallelism), so a plan with t > 1 without it is refused. Experts: ``expert_parallel_degree``
   and ``expert_tensor_parallel_degree`` (t, or 1 folded), which torchtitan takes from the FSDP
@@ -58,13 +62,14 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     layout, training = plan.layout, plan.training
     d, t, p = layout.data_parallel_degree, layout.tensor_parallel_degree, layout.pipeline_parallel_degree
     _check(plan)
+    cp = layout.context_parallel_degree
     shard = layout.shard_degree if layout.zero_stage.shards_gradients else 1
     parallelism: dict[str, TomlValue] = {
-        "data_parallel_replicate_degree": d // shard,
-        "data_parallel_shard_degree": shard,
+        "data_parallel_replicate_degree": d * cp // shard,
+        "data_parallel_shard_degree": shard // cp if cp > 1 else shard,
         "tensor_parallel_degree": t,
         "pipeline_parallel_degree": p,
-        "context_parallel_degree": 1,
+        "context_parallel_degree": cp,
     }
     if shard > 1:
         reshard = "always" if layout.zero_stage is ZeroStage.PARAMETERS else "never"
@@ -108,6 +113,15 @@ def _check(plan: Plan) -> None:
     layout = plan.layout
     if plan.training.dtype is DType.FP16:
         refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
+    cp = layout.context_parallel_degree
+    if cp > 1 and not (layout.zero_stage.shards_gradients and layout.shard_degree % cp == 0):
+        refuse(
+            TARGET,
+            f"context parallelism (cp={cp}) under ZeRO-{int(layout.zero_stage)}"
+            + (f" in sharding groups of {layout.shard_degree}" if layout.zero_stage.shards_gradients else ""),
+            "its FSDP shards the weights over the context-parallel ranks with the data-parallel ones",
+            "plan with --zero-stage 2 or 3 (sharding groups a multiple of cp), or export to megatron",
+        )
     model_parallel = layout.tensor_parallel_degree * layout.pipeline_parallel_degree
     if layout.zero_stage is ZeroStage.NONE and layout.data_parallel_degree > 1 and model_parallel > 1:
         refuse(

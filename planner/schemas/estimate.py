@@ -88,6 +88,9 @@ class TimeBreakdown:
     """Per-step time the model does not price, from the cluster's calibration (0 uncalibrated)."""
     data_parallel_comm_overlapped_s: float = 0.0
     """Part of the data-parallel communication hidden behind compute (not in the step time)."""
+    context_parallel_comm_s: float = 0.0
+    """Ring attention's key/value exchange that compute does not hide (0 without context
+    parallelism)."""
 
     @property
     def step_time_s(self) -> float:
@@ -102,6 +105,7 @@ class TimeBreakdown:
             + self.data_parallel_comm_s
             + self.optimizer_s
             + self.overhead_s
+            + self.context_parallel_comm_s
         )
 
 

@@ -202,6 +202,7 @@ class Evaluator:
                 trial,
                 tensor_groups=grp.tensor_groups(trial),
                 expert_groups=grp.expert_groups(trial),
+                context_groups=grp.context_groups(trial),
                 routing=self.routing,
             )
             memories = all_stage_memory(self.model, self.training, self.cluster, trial, self.routing)

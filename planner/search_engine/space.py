@@ -7,20 +7,22 @@ combination they produce is a layout the cost models can price (memory fit aside
 
 - tp divides the query and key/value heads and the MLP width and is at most one node's devices
   (tensor parallelism across nodes is never worth its traffic; raise ``max_tensor_parallel``
-  to include it); pp divides what tp leaves of the world and is at most the layer count; dp
-  is the rest.
+  to include it); pp divides what tp leaves of the world and is at most the layer count; cp
+  (context parallelism, with the fused attention kernel) divides what tp and pp leave and splits
+  the sequence into 2 cp equal chunks, each rank keeping at least ``min_context_share_tokens``
+  (whether it pays, at short sequences it does not, is the cost model's to say); dp is the rest.
 - etp (expert tensor parallelism, MoE models only): t, every expert split over the tensor-parallel
   group as attention is, or 1 under t > 1, every expert whole on its rank (MoE parallel folding),
   where sequence parallelism can be on (it then is: each rank routes its own share of the sequence).
-- ep (expert parallelism, MoE models only) divides the number of experts and dp, or with etp 1
-  under t > 1 the stage's dp x tp ranks.
+- ep (expert parallelism, MoE models only) divides the number of experts and the data axis's
+  dp x cp ranks, or with etp 1 under t > 1 the stage's dp x cp x tp ranks.
 - The micro-batch size divides the per-replica batch, and a pipeline gets at least pp micro-batches.
 - Schedules: 1F1B, and interleaved when pp divides the micro-batch count, with every v whose
   pp x v chunks each get a layer.
-- Sequence parallelism needs tp > 1 dividing the sequence length.
+- Sequence parallelism needs tp > 1 dividing each rank's share of the sequence (s / cp).
 - The vocabulary layers pinned to the first and last stage, or split over the pipeline ranks
   (Vocabulary Parallelism) when there are two or more stages under 1F1B.
-- ZeRO stages that can differ (``zero_stages_for``): over one replica nothing is sharded, so
+- ZeRO stages that can differ (``zero_stages_for``): over one data-axis rank (dp cp = 1) nothing is sharded, so
   only the lowest stage; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds and take longer
   (cost_models.pipeline.defers_gradient_reduction), so none above ZeRO-1.
 - Sharding in groups of one node's data-parallel ranks (HSDP) under ZeRO 1-3 without expert
@@ -34,13 +36,22 @@ an axis to the values given, before anything is enumerated or sampled; a constra
 ask for tensor parallelism across nodes.
 
 The layer split starts even; refiners improve it on the finalists (``refiner``). A new axis
-(context parallelism, ...) is one more ``Axis`` in ``AXES``.
+is one more ``Axis`` in ``AXES``.
 """
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, VocabularyLayout, ZeroStage
+from planner.schemas import (
+    AttentionKernel,
+    Layout,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    TrainingSpec,
+    VocabularyLayout,
+    ZeroStage,
+)
 from planner.schemas.errors import SchemaError
 
 Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | None
@@ -115,14 +126,32 @@ def _pp(space: "SearchSpace", chosen: Assignment) -> list[int]:
     return [p for p in divisors(space.world_size // as_int(chosen, "tp")) if p <= space.model.num_hidden_layers]
 
 
+def _cp(space: "SearchSpace", chosen: Assignment) -> list[int]:
+    """Context-parallel ranks: divide what tp and pp leave of the world, and split every sequence
+    into 2 cp equal chunks (the zig-zag split) leaving each rank at least
+    ``min_context_share_tokens`` of it (unless a constraint asks for more ranks); only with the
+    fused attention kernel that ring attention runs. Whether it pays is the cost model's to say."""
+    if space.training.attention_kernel is not AttentionKernel.FLASH:
+        return [1]
+    rest = space.world_size // (as_int(chosen, "tp") * as_int(chosen, "pp"))
+    s = space.training.seq_len
+    floor = 1 if space.allowed("cp") else space.min_context_share_tokens
+    return [c for c in divisors(rest) if c == 1 or (s % (2 * c) == 0 and s // c >= floor)]
+
+
 def _dp(space: "SearchSpace", chosen: Assignment) -> tuple[int]:
-    return (space.world_size // (as_int(chosen, "tp") * as_int(chosen, "pp")),)
+    return (space.world_size // (as_int(chosen, "tp") * as_int(chosen, "pp") * as_int(chosen, "cp")),)
+
+
+def _local_seq_len(space: "SearchSpace", chosen: Assignment) -> int:
+    """Tokens of each sequence one rank holds: s / cp."""
+    return space.training.seq_len // as_int(chosen, "cp")
 
 
 def _etp(space: "SearchSpace", chosen: Assignment) -> tuple[int, ...]:
     """t; and 1 for an MoE model under t > 1 where sequence parallelism can be on."""
     tp = as_int(chosen, "tp")
-    if not space.model.is_moe or tp == 1 or True not in space.sequence_parallel or space.training.seq_len % tp:
+    if not space.model.is_moe or tp == 1 or True not in space.sequence_parallel or _local_seq_len(space, chosen) % tp:
         return (tp,)
     return (tp, 1)
 
@@ -132,7 +161,8 @@ def _ep(space: "SearchSpace", chosen: Assignment) -> list[int]:
     of a stage's dp x tp ranks: ep divides those and the expert count."""
     if not space.model.is_moe:
         return [1]
-    ranks = as_int(chosen, "dp") * (as_int(chosen, "tp") if as_int(chosen, "etp") < as_int(chosen, "tp") else 1)
+    data_axis = as_int(chosen, "dp") * as_int(chosen, "cp")
+    ranks = data_axis * (as_int(chosen, "tp") if as_int(chosen, "etp") < as_int(chosen, "tp") else 1)
     return [e for e in divisors(ranks) if space.model.num_local_experts % e == 0]
 
 
@@ -175,7 +205,7 @@ def _sequence_parallel(space: "SearchSpace", chosen: Assignment) -> list[bool]:
         return [False]
     if as_int(chosen, "etp") < tp:  # folded experts route each rank's own share of the sequence
         return [True]
-    return [sp for sp in space.sequence_parallel if not (sp and space.training.seq_len % tp)]
+    return [sp for sp in space.sequence_parallel if not (sp and _local_seq_len(space, chosen) % tp)]
 
 
 def _vocabulary(space: "SearchSpace", chosen: Assignment) -> list[VocabularyLayout]:
@@ -184,19 +214,24 @@ def _vocabulary(space: "SearchSpace", chosen: Assignment) -> list[VocabularyLayo
     return [v for v in space.vocabulary_layouts if split or not v.over_pipeline]
 
 
+def _data_axis(chosen: Assignment) -> int:
+    """Ranks holding the same weights, over which ZeRO shards: dp cp (``Layout.dense_replicas``)."""
+    return as_int(chosen, "dp") * as_int(chosen, "cp")
+
+
 def _zero_stage(space: "SearchSpace", chosen: Assignment) -> tuple[ZeroStage, ...]:
-    return space.zero_stages_for(as_int(chosen, "dp"), as_int(chosen, "pp"))
+    return space.zero_stages_for(_data_axis(chosen), as_int(chosen, "pp"))
 
 
 def _node_group(space: "SearchSpace", chosen: Assignment) -> int:
-    """Data-parallel ranks of one node: a node's devices over tp."""
+    """Data-axis ranks of one node: a node's devices over tp."""
     return max(1, space.devices_per_node // as_int(chosen, "tp"))
 
 
 def _sharding_group(space: "SearchSpace", chosen: Assignment) -> list[int | None]:
-    """The whole data-parallel group; or, under ZeRO 1-3 without expert parallelism, sharding
-    groups of one node's data-parallel ranks when they are fewer than dp (HSDP)."""
-    g, dp = _node_group(space, chosen), as_int(chosen, "dp")
+    """The whole data axis (dp cp ranks); or, under ZeRO 1-3 without expert parallelism, sharding
+    groups of one node's data-axis ranks when they are fewer (HSDP)."""
+    g, dp = _node_group(space, chosen), _data_axis(chosen)
     zero = chosen["zero_stage"]
     assert isinstance(zero, ZeroStage)
     grouped = space.hierarchical_sharding and zero.shards_optimizer_states and as_int(chosen, "ep") == 1
@@ -206,7 +241,7 @@ def _sharding_group(space: "SearchSpace", chosen: Assignment) -> list[int | None
 def _secondary_partition(space: "SearchSpace", chosen: Assignment) -> list[int | None]:
     """None; or, under ZeRO-3 without a pipeline, a secondary partition of one node's
     data-parallel ranks when the sharding group spans more (hpZ)."""
-    s, group = _node_group(space, chosen), chosen["sharding_group"] or chosen["dp"]
+    s, group = _node_group(space, chosen), chosen["sharding_group"] or _data_axis(chosen)
     assert isinstance(group, int)
     ok = space.hierarchical_sharding and chosen["zero_stage"] is ZeroStage.PARAMETERS and as_int(chosen, "pp") == 1
     return [None, s] if ok and 1 < s < group and group % s == 0 else [None]
@@ -219,13 +254,14 @@ def _recompute(space: "SearchSpace", _: Assignment) -> tuple[Recompute, ...]:
 AXES: tuple[Axis, ...] = (
     Axis(name="tp", field="tensor_parallel_degree", rule=_tp),
     Axis(name="pp", field="pipeline_parallel_degree", depends_on=("tp",), rule=_pp),
-    Axis(name="dp", field="data_parallel_degree", depends_on=("tp", "pp"), rule=_dp),
-    Axis(name="etp", field="expert_tensor_parallel_degree", depends_on=("tp",), rule=_etp),
-    Axis(name="ep", field="expert_parallel_degree", depends_on=("tp", "dp", "etp"), rule=_ep),
+    Axis(name="cp", field="context_parallel_degree", depends_on=("tp", "pp"), rule=_cp),
+    Axis(name="dp", field="data_parallel_degree", depends_on=("tp", "pp", "cp"), rule=_dp),
+    Axis(name="etp", field="expert_tensor_parallel_degree", depends_on=("tp", "cp"), rule=_etp),
+    Axis(name="ep", field="expert_parallel_degree", depends_on=("tp", "dp", "cp", "etp"), rule=_ep),
     Axis(name="micro_batch_size", field="micro_batch_size", depends_on=("dp", "pp"), rule=_micro_batch_size),
     Axis(name="schedule", field="schedule", depends_on=("dp", "pp", "micro_batch_size"), rule=_schedule),
     Axis(name="virtual_stages", field="virtual_stages", depends_on=("pp", "schedule"), rule=_virtual_stages),
-    Axis(name="sequence_parallel", field="sequence_parallel", depends_on=("tp", "etp"), rule=_sequence_parallel),
+    Axis(name="sequence_parallel", field="sequence_parallel", depends_on=("tp", "cp", "etp"), rule=_sequence_parallel),
     Axis(
         name="vocabulary",
         field="vocabulary_layout",
@@ -233,18 +269,18 @@ AXES: tuple[Axis, ...] = (
         rule=_vocabulary,
         tried_in_full=True,
     ),
-    Axis(name="zero_stage", field="zero_stage", depends_on=("dp", "pp"), rule=_zero_stage),
+    Axis(name="zero_stage", field="zero_stage", depends_on=("dp", "pp", "cp"), rule=_zero_stage),
     Axis(
         name="sharding_group",
         field="sharding_group_size",
-        depends_on=("tp", "dp", "ep", "zero_stage"),
+        depends_on=("tp", "dp", "cp", "ep", "zero_stage"),
         rule=_sharding_group,
         tried_in_full=True,
     ),
     Axis(
         name="secondary_partition",
         field="secondary_partition_size",
-        depends_on=("tp", "pp", "dp", "zero_stage", "sharding_group"),
+        depends_on=("tp", "pp", "dp", "cp", "zero_stage", "sharding_group"),
         rule=_secondary_partition,
         tried_in_full=True,
     ),
@@ -253,7 +289,7 @@ AXES: tuple[Axis, ...] = (
 """Every axis of the search, in the order they are chosen (each after those it depends on).
 Recompute stays last: ``SearchSpace.groups`` groups by it."""
 
-DEGREE_AXES = ("tp", "pp", "dp", "etp", "ep")
+DEGREE_AXES = ("tp", "pp", "cp", "dp", "etp", "ep")
 """The leading axes, the parallel degrees: ``SearchSpace.blocks``."""
 
 
@@ -280,6 +316,11 @@ class SearchSpace:
     max_virtual_stages: int = 8
     """Largest number of model chunks per pipeline rank for the interleaved schedule."""
     max_micro_batch_size: int = 64
+    min_context_share_tokens: int = 2048
+    """Fewest tokens of a sequence a context-parallel rank may hold (s / cp) unless cp is
+    constrained: below it a ring step's attention block (two chunks of s / (2 cp)) and its k/v
+    send are too small to keep the kernel and the links busy, and the search would price many
+    layouts to find what the cost model says anyway (at 2k tokens a rank, cp 1)."""
     constraints: tuple[tuple[str, frozenset[Choice]], ...] = ()
     """Values some axes may take, by axis name (``constrained``): each such axis offers only
     the valid values among them (``Axis.choices``)."""

@@ -189,6 +189,34 @@ def test_megatron_sharding_and_experts() -> None:
     assert moe["--moe-expert-capacity-factor"] == "1.25"
 
 
+def test_context_parallelism_in_megatron_and_torchtitan() -> None:
+    # 16 ranks: dp 4 x cp 4; torchtitan's FSDP shards over dp_shard x cp, as ZeRO over the d cp data axis.
+    par = _toml(_plan("llama3-8b", _layout(4, zero_stage=ZeroStage.PARAMETERS, context_parallel_degree=4)))[
+        "parallelism"
+    ]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 4)
+    assert par["context_parallel_degree"] == 4
+    grouped = _layout(4, zero_stage=ZeroStage.GRADIENTS, context_parallel_degree=4, sharding_group_size=8)
+    par = _toml(_plan("llama3-8b", grouped))["parallelism"]  # 16 / 8 replicas of groups of 8 = 2 dp_shard x 4 cp
+    assert (
+        par["data_parallel_replicate_degree"],
+        par["data_parallel_shard_degree"],
+        par["context_parallel_degree"],
+    ) == (
+        2,
+        2,
+        4,
+    )
+    assert _toml(_plan("llama3-8b", _layout(16, zero_stage=3)))["parallelism"]["context_parallel_degree"] == 1
+    flags = _flags(_megatron(_plan("tiny-gpt", _layout(4, tp=2, context_parallel_degree=2, zero_stage=1))))
+    assert flags["--context-parallel-size"] == "2" and flags["--cp-comm-type"] == "p2p"
+    assert flags["--tensor-model-parallel-size"] == "2"
+    # The distributed optimizer shards over the data-and-context group: dp 1 x cp 16 still shards.
+    alone = _flags(_megatron(_plan("tiny-gpt", _layout(1, context_parallel_degree=16, zero_stage=1), batch=4)))
+    assert "--use-distributed-optimizer" in alone and "--num-distributed-optimizer-instances" not in alone
+    assert "--context-parallel-size" not in _flags(_megatron(_plan("tiny-gpt", _layout(16, zero_stage=1))))
+
+
 # DeepSpeed ----------------------------------------------------------------------------------------
 
 
@@ -244,6 +272,21 @@ REFUSED = {
         "megatron",
         lambda: _plan("tiny-gpt", _layout(8, pp=2, vocabulary_layout="vocab-2")),
         "--vocabulary-layout pinned",
+    ),
+    "torchtitan-cp-ddp": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(8, context_parallel_degree=2)),
+        "context parallelism (cp=2) under ZeRO-0",
+    ),
+    "torchtitan-cp-small-groups": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(4, zero_stage=3, context_parallel_degree=4, sharding_group_size=2)),
+        "in sharding groups of 2",
+    ),
+    "deepspeed-cp": (
+        "deepspeed",
+        lambda: _plan("tiny-gpt", _layout(8, context_parallel_degree=2)),
+        "Ulysses",
     ),
     "deepspeed-tp": ("deepspeed", lambda: _plan("tiny-gpt", _layout(8, tp=2)), "tensor parallelism (degree 2)"),
     "deepspeed-pp": ("deepspeed", lambda: _plan("tiny-gpt", _layout(8, pp=2)), "--pp 1"),

@@ -72,12 +72,12 @@ def test_a_moe_model_searches_expert_parallel_degrees_and_a_dense_one_does_not()
     dense = _space("tiny-gpt", world=8, batch=16)
     assert {c.expert_parallel_degree for c in dense.candidates()} == {1}
     assert not any(c.folds_experts for c in dense.candidates())
-    assert moe.choices("ep", tp=1, dp=8, etp=1) == [1, 2, 4]  # tiny-moe has 4 experts
-    assert moe.choices("ep", tp=2, dp=1, etp=2) == [1] and moe.choices("ep", tp=2, dp=1, etp=1) == [1, 2]
-    assert dense.choices("ep", tp=1, dp=8, etp=1) == [1]
-    assert moe.choices("etp", tp=2) == (2, 1) and moe.choices("etp", tp=1) == (1,)
-    assert dense.choices("etp", tp=2) == (2,)
-    assert moe.choices("sequence_parallel", tp=2, etp=1) == [True]
+    assert moe.choices("ep", tp=1, dp=8, cp=1, etp=1) == [1, 2, 4]  # tiny-moe has 4 experts
+    assert moe.choices("ep", tp=2, dp=1, cp=1, etp=2) == [1] and moe.choices("ep", tp=2, dp=1, cp=1, etp=1) == [1, 2]
+    assert dense.choices("ep", tp=1, dp=8, cp=1, etp=1) == [1]
+    assert moe.choices("etp", tp=2, cp=1) == (2, 1) and moe.choices("etp", tp=1, cp=1) == (1,)
+    assert dense.choices("etp", tp=2, cp=1) == (2,)
+    assert moe.choices("sequence_parallel", tp=2, cp=1, etp=1) == [True]
 
 
 def test_expert_parallel_layouts_are_priced() -> None:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from cost_models.validate import check_layout
 from planner.inputs import load_cluster, load_model
-from planner.schemas import Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import AttentionKernel, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.search_engine.space import AXES, SearchSpace, divisors
 
 TINY = load_model("tiny-gpt")
@@ -41,8 +41,9 @@ def test_every_candidate_is_a_valid_layout(world: int, batch: int) -> None:
 
 def test_degrees_are_all_factorizations_within_the_bounds() -> None:
     # tiny-gpt: 4 heads, 4 layers; 8 ranks on one node of 8.
-    degree_axes = [a for a in AXES if a.name in {"tp", "pp", "dp"}]
-    assert degree_axes == list(AXES[:3])
+    degree_axes = [a for a in AXES if a.name in {"tp", "pp", "cp", "dp"}]
+    assert degree_axes == list(AXES[:4])
+    assert {a["cp"] for a in space(8).assignments(degree_axes)} == {1}  # 64 tokens: too short to split
     degrees = [(a["dp"], a["tp"], a["pp"]) for a in space(8).assignments(degree_axes)]
     assert sorted(degrees) == sorted(
         [(8, 1, 1), (4, 1, 2), (2, 1, 4), (4, 2, 1), (2, 2, 2), (1, 2, 4), (2, 4, 1), (1, 4, 2)]
@@ -87,3 +88,28 @@ def test_only_zero_stages_that_differ_are_searched() -> None:
         for c in s.candidates()
         if c.pipeline_parallel_degree > 1 or c.data_parallel_degree == 1
     )
+
+
+def test_context_parallel_splits_the_sequence_into_two_chunks_a_rank_and_leaves_dp_the_rest() -> None:
+    def long(seq_len: int, kernel: AttentionKernel = AttentionKernel.FLASH) -> SearchSpace:
+        training = TrainingSpec(global_batch_size=32, seq_len=seq_len, attention_kernel=kernel)
+        return replace(space(8), training=training)
+
+    # 8192 tokens: cp 8 would leave each rank 1024 < 2048 (min_context_share_tokens).
+    assert long(8192).choices("cp", tp=1, pp=1) == [1, 2, 4]
+    assert long(8192).choices("cp", tp=2, pp=2) == [1, 2]
+    assert long(8192).choices("dp", tp=2, pp=1, cp=2) == (2,)
+    # cp 4 would leave 1536 and 1500 tokens a rank; 2 cp divides both.
+    assert long(6144).choices("cp", tp=1, pp=1) == [1, 2]
+    assert long(6000).choices("cp", tp=1, pp=1) == [1, 2]
+    # A constraint asks for more ranks than the floor allows; still whole chunks.
+    assert long(8192).constrained({"cp": {8}}).choices("cp", tp=1, pp=1) == [8]
+    assert long(8190).constrained({"cp": {2}}).choices("cp", tp=1, pp=1) == []  # 8190 % 4
+    # Ring attention runs the fused kernel: eager attention keeps cp 1.
+    assert long(8192, AttentionKernel.EAGER).choices("cp", tp=1, pp=1) == [1]
+    # ZeRO shards over the data axis, dp x cp: one replica of two context ranks still shards.
+    assert long(8192).choices("zero_stage", dp=1, pp=1, cp=2) == tuple(ZeroStage)
+    # Sequence parallelism splits each rank's share: 8192 / 4 = 2048 over tp 2.
+    assert long(8192).choices("sequence_parallel", tp=2, cp=4, etp=2) == [True, False]
+    for layout in long(8192).candidates():
+        assert layout.world_size == 8 and 8192 % (2 * layout.context_parallel_degree) == 0

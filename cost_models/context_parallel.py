@@ -1,0 +1,205 @@
+"""Context parallelism: each rank's share of a sequence, the key/value exchange of ring attention
+per layer and micro-batch, and the memory of the blocks it receives.
+
+The cp ranks of a context-parallel group (``groups.context_groups``) each hold 1/cp of every
+sequence of the micro-batch, two of its 2 cp chunks (``schemas.geometry.context_chunks``, the
+zig-zag split), so every rank's projections, MLP, norms, loss and collectives see b s / cp
+tokens (``local_seq_len``) and, under causal attention, every rank does 1/cp of the layer's
+attention: its s / cp queries against the whole sequence's keys, half of them masked.
+
+Ring exchange (Liu et al. 2023, "Ring Attention with Blockwise Transformers"; the p2p exchange of
+Megatron-Core's context parallelism through Transformer Engine, and torch's
+``context_parallel``): attention runs cp steps; at each the rank computes its queries against the
+key/value block it holds while it sends that block to the next rank of the ring and receives the
+previous rank's. A block is the k and v of the rank's tokens, b (s / cp) (k_v + v_w) / t elements
+in training precision (``kv_block_bytes``; k_v, v_w the key and value widths of all heads, split
+over the tensor-parallel group). With the zig-zag split every step computes the same work, half
+of a full (s/cp) x (s/cp) block, so a step's compute is 1/cp of the layer's attention.
+- forward: cp - 1 sends of a k/v block, each behind one step's compute;
+- backward: cp - 1 sends of the k/v block again and cp sends of the dk/dv being accumulated for
+  the block (it travels with it and its last hop returns it to its owner), fp32 as torch's ring
+  attention accumulates them (``GRADIENT_ELEMENT_BYTES``); steps 1..cp - 1 receive a k/v block and
+  a dk/dv block behind that step's compute, the last dk/dv hop follows the last compute, exposed;
+- full recomputation repeats the forward's exchange.
+A step's transfer runs behind its compute at the overlap's cost (``overlap.overlapped_comm_cost_s``:
+what the compute cannot hold, at least sigma / (1 + sigma) of it); on a CPU, where gloo cannot run
+behind compute (``overlap.hides_communication``), all of it is exposed. A hop is priced over the
+slowest link between consecutive ranks of the ring (``comm.device_link``); all ranks send at once,
+each over its own link.
+
+Memory (beyond the rank's own k and v, which its activations count): the blocks in flight,
+double-buffered (the one computed on and the one arriving): forward 2 k/v blocks and the fp32
+partial output and log-sum-exp merged step by step (b s/cp a/t (v + 1) x 4); backward 2 k/v blocks,
+2 fp32 dk/dv blocks and the fp32 dq accumulator (b s/cp q/t x 4). The larger is held while one
+layer's attention runs (``ring_buffer_bytes``).
+
+The all-to-all variant (DeepSpeed-Ulysses: 2 all-to-alls of q, k, v and the output per
+attention) is not modelled here.
+Units: bytes, seconds.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from cost_models.comm import Group, device_link, priced_groups, transfer_time_s
+from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN, hides_communication, overlapped_comm_cost_s
+from planner.schemas import ClusterProfile, Layout, LinkProfile, ModelSpec, Recompute, TrainingSpec
+from planner.schemas.geometry import num_micro_batches, stage_layers
+
+GRADIENT_ELEMENT_BYTES: Final = 4
+"""One dk/dv element as the backward passes it around the ring: fp32 (torch's ring attention
+accumulates the key/value gradients in fp32, ``_cp_options.convert_to_f32``)."""
+STATISTIC_ELEMENT_BYTES: Final = 4
+"""One fp32 partial-output, log-sum-exp or dq element the ring keeps while it merges blocks."""
+
+
+def local_seq_len(training: TrainingSpec, layout: Layout) -> int:
+    """Tokens of each sequence one rank holds: s / cp (s without context parallelism)."""
+    return training.seq_len // layout.context_parallel_degree
+
+
+def kv_block_elements(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
+    """Elements of one rank's key and value block, one micro-batch and layer:
+    b (s / cp) (k_v + v_w) / t, k_v and v_w the key and value widths of all heads (GQA's kv heads;
+    MLA's up-projected keys and values, a heads each)."""
+    if model.is_mla:
+        width = model.num_attention_heads * (model.qk_head_size + model.v_head_size)
+    else:
+        width = 2 * model.kv_heads * model.head_size
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)
+    return tokens * width // layout.tensor_parallel_degree
+
+
+def kv_block_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
+    """Bytes of one rank's k/v block in training precision (``kv_block_elements``)."""
+    return kv_block_elements(model, training, layout) * training.dtype.bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RingBytes:
+    """Bytes one rank sends to the next rank of its context-parallel ring."""
+
+    forward_bytes: float
+    """Forward (and, under full recomputation, the repeated forward): k/v blocks."""
+    backward_bytes: float
+    """Backward: k/v blocks and fp32 dk/dv blocks."""
+
+    @property
+    def total_bytes(self) -> float:
+        """Both directions of the step."""
+        return self.forward_bytes + self.backward_bytes
+
+
+def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> RingBytes:
+    """Bytes one rank sends for one attention layer and micro-batch (module docstring):
+    forward (cp - 1) B, twice under full recomputation; backward (cp - 1) B + cp B', B the k/v
+    block in training precision, B' the same elements in fp32. Zero without context parallelism."""
+    cp = layout.context_parallel_degree
+    if cp == 1:
+        return RingBytes(forward_bytes=0.0, backward_bytes=0.0)
+    elements = kv_block_elements(model, training, layout)
+    forward = float((cp - 1) * elements * training.dtype.bytes)
+    backward = forward + cp * elements * GRADIENT_ELEMENT_BYTES
+    forwards = 2 if layout.recompute is Recompute.FULL else 1
+    return RingBytes(forward_bytes=forwards * forward, backward_bytes=backward)
+
+
+def ring_bytes_sent_per_step(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0) -> RingBytes:
+    """Bytes one rank of pipeline stage ``stage`` sends around its context-parallel ring in one
+    optimizer step: ``ring_bytes_per_layer`` x the stage's layers x the step's micro-batches
+    (``schemas.geometry.num_micro_batches``). What a runtime counting its sends should measure.
+
+    Args:
+        model: key/value widths, layers.
+        training: sequence length, precision, global batch.
+        layout: degrees (cp, t, p, d), micro-batch size, recompute, layer split.
+        stage: pipeline rank.
+
+    Returns:
+        Forward and backward bytes.
+    """
+    per_layer = ring_bytes_per_layer(model, training, layout)
+    times = stage_layers(model, layout)[stage] * num_micro_batches(training.global_batch_size, layout)
+    return RingBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
+
+
+def ring_links(cluster: ClusterProfile, layout: Layout, context_groups: Iterable[Group]) -> frozenset[LinkProfile]:
+    """The links between consecutive members of the context-parallel groups (the last sends to
+    the first), of the groups that need pricing (``comm.priced_groups``)."""
+    groups = priced_groups(context_groups, cluster, rank_order=layout.device_map.is_identity)
+    return frozenset(
+        device_link(cluster, devices[i], devices[(i + 1) % len(devices)])
+        for devices in (g.devices for g in groups)
+        for i in range(len(devices))
+    )
+
+
+def ring_hop_s(message_bytes: float, links: Iterable[LinkProfile]) -> float:
+    """Seconds of one ring step's send of ``message_bytes`` by every rank at once, each over its
+    own link to the next: the slowest of ``links`` (``ring_links``)."""
+    return max(transfer_time_s(message_bytes, link) for link in links)
+
+
+def ring_exposed_s(
+    step_transfers_s: Iterable[float],
+    step_compute_s: float,
+    *,
+    hides: bool = True,
+    slowdown: float = OVERLAP_COMPUTE_SLOWDOWN,
+) -> float:
+    """Seconds a ring's transfers add to its steps' compute: for each step, what of its transfer
+    the step's ``step_compute_s`` does not hold (``overlap.overlapped_comm_cost_s``, which with
+    ``slowdown`` 0 is max(0, transfer - compute)); every transfer in full when not ``hides``."""
+    if not hides:
+        return sum(step_transfers_s)
+    return sum(overlapped_comm_cost_s(c, step_compute_s, slowdown) for c in step_transfers_s)
+
+
+def context_parallel_layer_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    context_groups: Iterable[Group],
+    attention_s: tuple[float, float],
+) -> float:
+    """Exposed seconds of one layer's ring exchange, one micro-batch: forward, backward and,
+    under full recomputation, the forward again (module docstring); 0 with cp = 1.
+
+    Args:
+        model: key/value widths.
+        training: sequence length and precision.
+        cluster: links; whether communication runs behind compute.
+        layout: degrees, micro-batch size, recompute, device map.
+        context_groups: the context-parallel groups (devices).
+        attention_s: the rank's attention core forward and backward seconds for the layer (1/cp
+            of the layer's whole attention), of which each step computes 1/cp.
+    """
+    cp = layout.context_parallel_degree
+    if cp == 1:
+        return 0.0
+    links = ring_links(cluster, layout, context_groups)
+    block = kv_block_elements(model, training, layout)
+    kv_s = ring_hop_s(block * training.dtype.bytes, links)
+    both_s = ring_hop_s(block * (training.dtype.bytes + GRADIENT_ELEMENT_BYTES), links)
+    dkv_s = ring_hop_s(block * GRADIENT_ELEMENT_BYTES, links)
+    hides = hides_communication(cluster)
+    fwd_s = ring_exposed_s([kv_s] * (cp - 1), attention_s[0] / cp, hides=hides)
+    bwd_s = ring_exposed_s([both_s] * (cp - 1), attention_s[1] / cp, hides=hides) + dkv_s
+    return fwd_s + bwd_s + (fwd_s if layout.recompute is Recompute.FULL else 0.0)
+
+
+def ring_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """Transient bytes of one layer's ring attention on one rank (module docstring): the larger
+    of the forward's (2 k/v blocks, fp32 partial output and log-sum-exp) and the backward's (2
+    k/v blocks, 2 fp32 dk/dv blocks, fp32 dq); 0 with cp = 1."""
+    if layout.context_parallel_degree == 1:
+        return 0.0
+    block = kv_block_elements(model, training, layout)
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)
+    heads = model.num_attention_heads // layout.tensor_parallel_degree
+    kv = 2.0 * block * training.dtype.bytes
+    forward = kv + STATISTIC_ELEMENT_BYTES * tokens * heads * (model.v_head_size + 1)
+    backward = kv + 2 * block * GRADIENT_ELEMENT_BYTES + STATISTIC_ELEMENT_BYTES * tokens * heads * model.qk_head_size
+    return max(forward, backward)

@@ -1,0 +1,166 @@
+"""Context parallelism's cost (issue 20): the ring's bytes and exposed time worked by hand, every
+rank's share of the work and memory, the validity rules, and the search choosing it where
+sequences are long."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cost_models import groups as grp
+from cost_models.context_parallel import (
+    context_parallel_layer_s,
+    kv_block_bytes,
+    ring_buffer_bytes,
+    ring_bytes_per_layer,
+    ring_bytes_sent_per_step,
+    ring_exposed_s,
+)
+from cost_models.estimate import estimate
+from cost_models.layer_work import layer_work
+from cost_models.memory import stage_memory
+from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN
+from planner import api
+from planner.inputs import load_cluster, load_model
+from planner.schemas import AttentionKernel, Layout, Recompute, TrainingSpec, ZeroStage
+from planner.schemas.errors import InfeasibleConfigError
+
+LLAMA = load_model("llama3-8b")  # 32 layers, 8 kv heads of 128
+NODE = load_cluster("dgx-h100:1")  # NVLink: 370e9 B/s, 2.8 us
+TINY = load_model("tiny-gpt")
+SIGMA = OVERLAP_COMPUTE_SLOWDOWN / (1 + OVERLAP_COMPUTE_SLOWDOWN)
+
+
+def _layout(dp: int, cp: int, tp: int = 1, **more: object) -> Layout:
+    return Layout(
+        data_parallel_degree=dp,
+        tensor_parallel_degree=tp,
+        pipeline_parallel_degree=1,
+        micro_batch_size=1,
+        context_parallel_degree=cp,
+        **more,  # type: ignore[arg-type]
+    )
+
+
+TRAINING = TrainingSpec(global_batch_size=16, seq_len=8192)
+BLOCK = 4096 * 2 * 8 * 128  # b (s/cp) (k + v) elements of one rank at cp 2: 8,388,608
+
+
+def test_ring_bytes_per_step_by_hand() -> None:
+    layout = _layout(dp=4, cp=2)
+    assert kv_block_bytes(LLAMA, TRAINING, layout) == 2 * BLOCK == 16_777_216  # bf16
+    per_layer = ring_bytes_per_layer(LLAMA, TRAINING, layout)
+    assert per_layer.forward_bytes == 16_777_216  # cp - 1 = 1 k/v block
+    assert per_layer.backward_bytes == 16_777_216 + 2 * BLOCK * 4  # 1 k/v block and cp = 2 fp32 dk/dv blocks
+    step = ring_bytes_sent_per_step(LLAMA, TRAINING, layout)
+    micro_batches = 16 // 4  # B / (d b): the cp ranks share the same sequences
+    assert step.forward_bytes == 32 * micro_batches * 16_777_216 == 2_147_483_648
+    assert step.backward_bytes == 32 * micro_batches * 83_886_080 == 10_737_418_240
+    full = ring_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.FULL))
+    assert full.forward_bytes == 2 * step.forward_bytes and full.backward_bytes == step.backward_bytes
+    # cp 4 under tp 2: a block is b (s/4) (k + v) / t, sent 3 times forward, 3 + 4 (fp32) backward.
+    four = ring_bytes_per_layer(LLAMA, TRAINING, _layout(dp=1, cp=4, tp=2))
+    block = 2048 * 2 * 8 * 128 // 2
+    assert (four.forward_bytes, four.backward_bytes) == (3 * 2 * block, 3 * 2 * block + 4 * 4 * block)
+    assert ring_bytes_per_layer(LLAMA, TRAINING, _layout(dp=8, cp=1)).total_bytes == 0
+
+
+def test_a_ring_step_exposes_what_its_block_compute_does_not_hold() -> None:
+    assert ring_exposed_s([3.0, 1.0], 2.0, slowdown=0.0) == 1.0  # max(0, 3 - 2) + max(0, 1 - 2)
+    assert ring_exposed_s([3.0, 1.0], 2.0, hides=False) == 4.0  # gloo on CPU: all of it
+    assert ring_exposed_s([3.0], 2.0) == pytest.approx(max(1.0, 3.0 * SIGMA))
+
+
+def test_two_ranks_over_nvlink_by_hand() -> None:
+    layout = _layout(dp=4, cp=2)  # 8 ranks: context groups (0, 1), (2, 3), ... inside the node
+    latency, bandwidth = 2.8e-6, 370e9
+    kv_s = latency + 2 * BLOCK / bandwidth  # the k/v block, bf16
+    both_s = latency + 6 * BLOCK / bandwidth  # k/v and fp32 dk/dv arriving together
+    dkv_s = latency + 4 * BLOCK / bandwidth  # the last dk/dv hop home, behind no compute
+
+    def layer_s(attention: tuple[float, float]) -> float:
+        return context_parallel_layer_s(LLAMA, TRAINING, NODE, layout, grp.context_groups(layout), attention)
+
+    assert layer_s((0.0, 0.0)) == pytest.approx(kv_s + both_s + dkv_s)  # nothing to hide behind
+    hidden = SIGMA * (kv_s + both_s) + dkv_s  # blocks long enough: what overlapping costs
+    assert layer_s((1.0, 1.0)) == pytest.approx(hidden)
+    # A forward block of 50 us holds the 48 us send; a backward block of 100 us leaves 38.8 us exposed.
+    assert kv_s < 5e-5 and both_s - 1e-4 > SIGMA * both_s
+    assert layer_s((2 * 5e-5, 2 * 1e-4)) == pytest.approx(SIGMA * kv_s + (both_s - 1e-4) + dkv_s)
+
+
+def test_each_rank_does_its_share_of_the_work() -> None:
+    one, two = (layer_work(LLAMA, TRAINING, _layout(dp=8 // c, cp=c)) for c in (1, 2))
+    assert [g.m for g in two.dense_gemms] == [4096, 4096, 4096, 4096]  # b s / cp tokens
+    assert sum(g.flop for g in two.dense_gemms) == sum(g.flop for g in one.dense_gemms) / 2
+    # Attention: s/cp queries against all s keys, half the whole (the zig-zag balances its causal half).
+    assert (two.attention_gemms[0].m, two.attention_gemms[0].n) == (4096, 8192)
+    assert sum(g.flop for g in two.attention_gemms) == sum(g.flop for g in one.attention_gemms) / 2
+
+
+def test_cp_one_is_the_layout_without_it() -> None:
+    plain = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    assert estimate(LLAMA, TRAINING, NODE, plain) == estimate(LLAMA, TRAINING, NODE, _layout(dp=8, cp=1))
+    assert estimate(LLAMA, TRAINING, NODE, plain).time.context_parallel_comm_s == 0.0
+
+
+def test_context_parallel_time_is_a_term_of_the_step() -> None:
+    est = estimate(LLAMA, TRAINING, NODE, _layout(dp=4, cp=2, zero_stage=ZeroStage.OPTIMIZER))
+    assert est.time.context_parallel_comm_s > 0
+    terms = [getattr(est.time, f.name) for f in dataclasses.fields(est.time)]
+    assert est.step_time_s == pytest.approx(sum(terms) - est.time.data_parallel_comm_overlapped_s)
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "kernel", "fragment"),
+    [
+        (8190, AttentionKernel.FLASH, "2 x cp = 4 equal chunks, but seq_len=8190"),
+        (8192, AttentionKernel.EAGER, "use attention_kernel flash or cp 1"),
+    ],
+)
+def test_what_context_parallelism_needs(seq_len: int, kernel: AttentionKernel, fragment: str) -> None:
+    training = TrainingSpec(global_batch_size=16, seq_len=seq_len, attention_kernel=kernel)
+    with pytest.raises(InfeasibleConfigError, match="context") as refused:
+        estimate(LLAMA, training, NODE, _layout(dp=4, cp=2))
+    assert fragment in str(refused.value)
+
+
+def test_the_world_counts_the_context_ranks() -> None:
+    with pytest.raises(InfeasibleConfigError, match=r"dp x cp x tp x pp = 8 x 2 x 1 x 1 = 16 ranks"):
+        estimate(LLAMA, TRAINING, NODE, _layout(dp=8, cp=2))
+
+
+@given(
+    cp=st.sampled_from([2, 4, 8]),
+    tp=st.sampled_from([1, 2, 4]),
+    micro_batch=st.sampled_from([1, 2]),
+    recompute=st.sampled_from(list(Recompute)),
+    kernel=st.sampled_from(list(AttentionKernel)),
+    seq_len=st.sampled_from([1024, 4096]),
+)
+@settings(max_examples=40, deadline=None)
+def test_context_parallelism_never_adds_activation_memory(
+    cp: int, tp: int, micro_batch: int, recompute: Recompute, kernel: AttentionKernel, seq_len: int
+) -> None:
+    training = TrainingSpec(global_batch_size=16, seq_len=seq_len, attention_kernel=kernel)
+    base = Layout(
+        data_parallel_degree=2,
+        tensor_parallel_degree=tp,
+        pipeline_parallel_degree=1,
+        micro_batch_size=micro_batch,
+        recompute=recompute,
+        sequence_parallel=tp > 1,
+    )
+    split = dataclasses.replace(base, context_parallel_degree=cp)
+    alone, shared = (stage_memory(TINY, training, NODE, layout, 0) for layout in (base, split))
+    assert shared.activations_bytes + shared.logits_bytes <= alone.activations_bytes + alone.logits_bytes
+    assert ring_buffer_bytes(TINY, training, split) > 0 == ring_buffer_bytes(TINY, training, base)
+
+
+def test_the_search_splits_long_sequences_and_the_plan_fits() -> None:
+    # llama3-8b at 128k tokens on 64 H100s: a sequence's activations do not fit one rank.
+    plan = api.search("llama3-8b", "dgx-h100:8", TrainingSpec(global_batch_size=64, seq_len=131072), top_k=1)[0]
+    assert plan.layout.context_parallel_degree > 1
+    assert plan.estimate.peak_memory_bytes <= plan.estimate.memory_capacity_bytes
+    assert plan.estimate.time.context_parallel_comm_s > 0
