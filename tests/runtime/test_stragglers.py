@@ -10,7 +10,8 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.schemas import Layout, RankMemory, RunReport
+from planner.render import run_summary
+from planner.schemas import Layout, RankMemory, RunReport, Straggler
 from runtime.collective_clock import CollectiveClock
 from runtime.stragglers import (
     DetectorSettings,
@@ -181,10 +182,10 @@ def test_the_clock_sums_collectives_once_and_puts_them_back() -> None:
     assert dist.all_reduce is original
 
 
-def test_a_version_2_run_report_still_reads() -> None:
+def _report(**fields: object) -> RunReport:
     layout = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
     memory = RankMemory(rank=0, stage=0, peak_bytes=1, predicted_bytes=1.0, method="MemTracker")
-    report = RunReport(
+    return RunReport(
         created=datetime(2026, 1, 1, tzinfo=UTC),
         plan_sha256="0" * 64,
         model="tiny-gpt",
@@ -205,10 +206,35 @@ def test_a_version_2_run_report_still_reads() -> None:
         measured_tokens_per_s=1.0,
         predicted_tokens_per_s=1.0,
         memory=(memory,),
+        **fields,
     )
+
+
+def test_a_version_2_run_report_still_reads() -> None:
+    report = _report()
     assert report.schema_version == 3
     old = json.loads(report.model_dump_json())
     for key in ("stragglers", "timing_windows", "straggler_checks", "stopped_by_fault"):
         del old[key]
     read = RunReport.model_validate({**old, "schema_version": 2})
     assert read.stragglers == () and read.straggler_checks == 0 and not read.stopped_by_fault
+
+
+def test_the_run_summary_names_the_straggler() -> None:
+    straggler = Straggler(
+        rank=2,
+        host="node7",
+        since_step=6,
+        named_at_step=13,
+        compute_s=0.08,
+        peers=(0, 1, 3),
+        peers_compute_s=0.03,
+        peers_wait_s=0.05,
+        message="",
+    )
+    lines = run_summary(_report(stragglers=(straggler,), stopped_by_fault=True)).splitlines()
+    assert lines[-1] == (
+        "  straggler   rank 2 on host node7 since step 6: 80.0 ms a step outside collectives, its peers 30.0 ms"
+        " (run stopped)"
+    )
+    assert not any("straggler" in line for line in run_summary(_report()).splitlines())
