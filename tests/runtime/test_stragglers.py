@@ -5,7 +5,9 @@ import json
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -238,3 +240,19 @@ def test_the_run_summary_names_the_straggler() -> None:
         " (run stopped)"
     )
     assert not any("straggler" in line for line in run_summary(_report()).splitlines())
+
+
+def test_the_clock_times_a_real_collective(tmp_path: Path) -> None:
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        clock = CollectiveClock()
+        with clock.running():
+            dist.all_reduce(torch.ones(4))
+            dist.barrier()
+        assert clock.inside_s > 0
+        timed = clock.inside_s
+        dist.all_reduce(torch.ones(4))  # outside the block: not timed
+        assert clock.inside_s == timed
+    finally:
+        dist.destroy_process_group()
