@@ -35,6 +35,7 @@ ALTERNATIVES = {
     "noise x 3": replace(DEFAULT, mad_factor=3.0),
     "4 steps x 2": replace(DEFAULT, window_steps=4, windows_to_flag=2),
     "4 steps x 3": replace(DEFAULT, window_steps=4, windows_to_flag=3),
+    "4-1 steps x 3": replace(DEFAULT, window_steps=4, outlier_steps=1, windows_to_flag=3),
 }
 """Thresholds and windows judged offline on the same timings (steps regrouped into windows)."""
 

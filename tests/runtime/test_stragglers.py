@@ -64,6 +64,8 @@ def test_excess_is_the_least_over_the_window_of_each_steps_excess() -> None:
     assert abs(excess_s(compute, (0, 1, 2), 3) - 10 * MS) < 1e-12
     # rank 1 is 2 ms above its peers' median (10 ms) in step 2, level with it in step 1
     assert abs(excess_s(compute, (0, 2, 3), 1)) < 1e-12
+    # with the least step set aside, rank 3's excess is its other step's: 15 ms
+    assert abs(excess_s(compute, (0, 1, 2), 3, outlier_steps=1) - 15 * MS) < 1e-12
 
 
 def test_noise_is_the_scaled_median_absolute_deviation() -> None:
