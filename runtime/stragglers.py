@@ -40,9 +40,10 @@ MAD_TO_SIGMA = 1.4826
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DetectorSettings:
     """How the detector judges. The defaults are the best of those benchmarks/straggler_detection.py
-    judged on 4 ranks of tiny-gpt sharing 2 busy cores (no false positive in 2,092 rank-windows of
-    8 undisturbed runs; a rank slowed 2x named after 9-12 steps in 7 runs of 8, after 33 in the
-    eighth): a noisy host, where one rank in four is often 50% slower for a few steps."""
+    judged on 4 ranks of tiny-gpt sharing 2 busy cores (no false positive in 2,884 rank-windows of
+    11 undisturbed runs of 200 steps; a rank slowed 2x named after 9-12 steps in 10 runs of 11,
+    after 33 in the eleventh): a noisy host, where one rank in four is often 50% slower for a few
+    steps."""
 
     window_steps: int = 3
     """Steps per window: the ranks exchange their timings once a window."""
