@@ -41,6 +41,7 @@ from planner.schemas import (
     Estimate,
     Layout,
     ModelSpec,
+    OnFault,
     Plan,
     RoutingStats,
     RunReport,
@@ -433,6 +434,7 @@ def run(
     checkpoint_every: int = 0,
     resume: bool = False,
     inject_fault: tuple[int, int, str] | None = None,
+    on_fault: OnFault = OnFault.WARN,
 ) -> RunReport | None:
     """Train with a plan file for a few steps; call it on every rank under torchrun.
 
@@ -453,7 +455,10 @@ def run(
         checkpoint_every: steps between checkpoints (0: one after the last step).
         resume: continue from the newest complete checkpoint in ``checkpoint_dir``, taken under
             the same plan: the steps after it compute what an uninterrupted run computes.
-        inject_fault: testing aid, (rank, step, "exit" | "hang").
+        inject_fault: testing aid, (rank, step, "exit" | "hang" | "slow").
+        on_fault: what a straggler does to the run (``runtime.straggler_watch``): WARN logs it
+            and records it in the report; EXIT also stops every rank after that step (a
+            checkpoint is taken there, if they are) and raises StragglerFound.
 
     Returns:
         On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
@@ -464,6 +469,8 @@ def run(
         InfeasibleConfigError: the plan is for another world size or device.
         JobFailed: a rank died, hung past ``timeout_s`` or was stopped; the message names the
             ranks that stopped responding and where they last were (every surviving rank raises it).
+        StragglerFound: under ``OnFault.EXIT``, a rank was far slower than its peers; the message
+            names it and its host (every rank raises it; rank 0 has written the report).
     """
     if "RANK" not in os.environ:
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
@@ -490,6 +497,7 @@ def run(
         checkpoint_every=checkpoint_every,
         resume=resume,
         inject_fault=inject_fault,
+        on_fault=on_fault,
     )
     return run_plan(settings, loaded)
 

@@ -224,7 +224,7 @@ def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routi
     """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes),
     and a fifth for expert parallelism: the bytes a rank's all-to-alls sent to other ranks per
     step, measured (mean rank) beside ``expert_traffic`` (per stage, ``api.expert_traffic``;
-    ``routing`` names what it assumed)."""
+    ``routing`` names what it assumed); then a line per straggler the run named."""
     lines = [
         f"{report.model} {report.layout.describe()} on {report.world_size} {report.device} ranks, {report.steps} steps",
         f"  step time   measured {report.measured_step_time_s:.4f} s   predicted {report.predicted_step_time_s:.4f} s"
@@ -243,6 +243,12 @@ def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routi
             f"  all-to-all  measured {measured / MIB:.2f} MiB a step per rank   predicted {predicted / MIB:.2f} MiB"
             f"   ratio {measured / predicted:.2f} ({routing})"
         )
+    lines += [
+        f"  straggler   rank {s.rank} on host {s.host} since step {s.since_step}: {s.compute_s * 1e3:.1f} ms a step "
+        f"outside collectives, its peers {s.peers_compute_s * 1e3:.1f} ms"
+        + (" (run stopped)" if report.stopped_by_fault else "")
+        for s in report.stragglers
+    ]
     return "\n".join(lines)
 
 

@@ -33,11 +33,16 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+SLOW_FAULT_S = 0.05
+"""How long the "slow" testing aid sleeps each time."""
+
+
 def act_out_fault(kind: str, timeout_s: float) -> None:
-    """Testing aid: die at once ("exit"), or freeze ("hang") for far longer than the job's timeout."""
+    """Testing aid: die at once ("exit"), freeze ("hang") for far longer than the job's timeout, or
+    lag ("slow", ``SLOW_FAULT_S``: the caller repeats it, as a straggler lags again and again)."""
     if kind == "exit":
         os._exit(1)
-    time.sleep(10 * timeout_s)
+    time.sleep(SLOW_FAULT_S if kind == "slow" else 10 * timeout_s)
 
 
 @dataclass

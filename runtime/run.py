@@ -8,6 +8,7 @@ names the method. Rank 0 writes the RunReport and returns it (the CLI prints mea
 predicted).
 """
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -22,8 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
-from planner.schemas.errors import InfeasibleConfigError, JobFailed
+from planner.schemas import DeviceKind, DType, OnFault, Plan, RankMemory, RunReport
+from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
 from planner.schemas.runtime_support import check_runnable
 from runtime import checkpoint
 from runtime.data import TokenFile, synthetic_batch
@@ -31,6 +32,7 @@ from runtime.dry_run import tracked_peak
 from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
+from runtime.straggler_watch import StragglerWatch
 from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
 
@@ -54,7 +56,10 @@ class RunSettings:
     trace_routing: Path | None = None
     """Where rank 0 writes the run's routing trace (``runtime.routing_trace``); None: no trace."""
     inject_fault: tuple[int, int, str] | None = None
-    """Testing: (rank, step, "exit" | "hang"): that rank dies or freezes at the start of that step."""
+    """Testing: (rank, step, "exit" | "hang" | "slow"): that rank dies or freezes at the start of that
+    step, or from that step on sleeps in each forward pass of its first chunk (``act_out_fault``)."""
+    on_fault: OnFault = OnFault.WARN
+    """What a straggler named by the detector (``runtime.straggler_watch``) does to the run."""
     checkpoint_dir: Path | None = None
     """Where checkpoints go (``runtime.checkpoint``); None: none are taken."""
     checkpoint_every: int = 0
@@ -120,10 +125,26 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
                 f"give --steps above {first}"
             )
     tokens = TokenFile(settings.data) if settings.data else None
+    placed: list[tuple[str, int]] = [("", 0)] * world
+    dist.all_gather_object(placed, (socket.gethostname(), trainer.pp_rank))
+    hosts = [host for host, _ in placed]
+    watch = None
+    if cuda:  # its collectives return once queued: the clock would not see the waits
+        logger.info("straggler detection is off on CUDA (runtime.collective_clock)")
+    else:
+        watch = StragglerWatch(
+            rank=rank,
+            hosts=hosts,
+            stages=[stage for _, stage in placed],
+            first_step=tracked_step(settings, first) + 1,
+            on_fault=settings.on_fault,
+        )
     heartbeat = Heartbeat(rank, world, dist.distributed_c10d._get_default_store(), HEARTBEAT_KEY)
     stop_on_sigterm()
     try:
-        times, losses, sent, memory = _train(settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat)
+        times, losses, sent, memory = _train(
+            settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat, watch
+        )
     except (Stopped, RuntimeError) as e:  # a peer died, hung past the timeout, or the launcher stopped us
         if not (isinstance(e, Stopped) or communication_failed(e)):
             raise  # a bug: it keeps its traceback
@@ -147,8 +168,6 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     )
     everyone: list[RankMemory] | None = [rank_memory] * world if rank == 0 else None
     dist.gather_object(rank_memory, everyone, dst=0)
-    hosts: list[str] | None = [""] * world if rank == 0 else None
-    dist.gather_object(socket.gethostname(), hosts, dst=0)
     # A pipeline stage's first step also forwards placeholders (shape inference): leave it out.
     steady = sent[1:] or sent
     steady_sent = (statistics.mean(e for e, _ in steady), statistics.mean(c for _, c in steady))
@@ -156,13 +175,26 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     dist.gather_object(steady_sent, sent_by_rank, dst=0)
     report = None
     if rank == 0:
-        assert everyone is not None and hosts is not None and sent_by_rank is not None
+        assert everyone is not None and sent_by_rank is not None
         report = _report(
             settings, plan, plan_sha256, times, losses, everyone, hosts, device, world, sent_by_rank, first
         )
+        if watch is not None:
+            report = report.model_copy(
+                update={
+                    "stragglers": tuple(watch.found),
+                    "timing_windows": tuple(watch.windows),
+                    "straggler_checks": watch.checks,
+                    "stopped_by_fault": watch.stopped,
+                }
+            )
         settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
     dist.barrier()
     dist.destroy_process_group()
+    if watch is not None and watch.stopped:  # every rank: the launcher sees the job end with this code
+        raise StragglerFound(
+            f"stopped after step {first + len(times) - 1}: " + "; ".join(s.message for s in watch.found)
+        )
     return report
 
 
@@ -193,48 +225,62 @@ def _train(
     first: int,
     plan_sha256: str,
     heartbeat: Heartbeat,
+    watch: StragglerWatch | None,
 ) -> tuple[list[float], list[float], list[tuple[float, float]], tuple[int, str, dict[str, int]]]:
     """Steps ``first`` .. ``settings.steps - 1``: their times, losses and bytes sent (``_sent_bytes``), and
-    the tracked step's memory; each step recorded in ``heartbeat`` before it starts."""
+    the tracked step's memory; each step recorded in ``heartbeat`` before it starts, and timed
+    for ``watch``, which may stop the run early (a checkpoint is then taken, if they are)."""
     training = plan.training
     times: list[float] = []
     losses: list[float] = []
     sent: list[tuple[float, float]] = []
     memory: tuple[int, str, dict[str, int]] | None = None
-    for step in range(first, settings.steps):
-        heartbeat.at("step", str(step))
-        _inject_fault(settings, heartbeat.rank, step)
-        inputs, targets = (
-            tokens.batch(training.global_batch_size, training.seq_len, step=step)
-            if tokens
-            else synthetic_batch(
-                plan.model.vocab_size, training.global_batch_size, training.seq_len, step=step, seed=settings.seed
+    with watch.clock.running() if watch is not None else contextlib.nullcontext():
+        for step in range(first, settings.steps):
+            began = time.perf_counter()
+            inside_before = watch.clock.inside_s if watch is not None else 0.0
+            heartbeat.at("step", str(step))
+            _inject_fault(settings, trainer, heartbeat.rank, step)
+            inputs, targets = (
+                tokens.batch(training.global_batch_size, training.seq_len, step=step)
+                if tokens
+                else synthetic_batch(
+                    plan.model.vocab_size, training.global_batch_size, training.seq_len, step=step, seed=settings.seed
+                )
             )
-        )
-        track = step == tracked_step(settings, first)
-        dist.barrier()
-        sent_before = _sent_bytes(trainer)
-        start = time.perf_counter()
-        if track:
-            loss, memory = _tracked_step(trainer, inputs, targets, device)
-        else:
-            loss = trainer.step(inputs, targets)
-        dist.barrier()
-        times.append(time.perf_counter() - start)
-        losses.append(loss)
-        (expert, context), (expert_before, context_before) = _sent_bytes(trainer), sent_before
-        sent.append((expert - expert_before, context - context_before))
-        if settings.checkpoint_dir is not None and _checkpoint_due(settings, step + 1):
-            heartbeat.at("checkpoint", str(step + 1))
-            checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
+            track = step == tracked_step(settings, first)
+            dist.barrier()
+            sent_before = _sent_bytes(trainer)
+            start = time.perf_counter()
+            if track:
+                loss, memory = _tracked_step(trainer, inputs, targets, device)
+            else:
+                loss = trainer.step(inputs, targets)
+            dist.barrier()
+            times.append(time.perf_counter() - start)
+            losses.append(loss)
+            (expert, context), (expert_before, context_before) = _sent_bytes(trainer), sent_before
+            sent.append((expert - expert_before, context - context_before))
+            stop = watch is not None and watch.step_done(
+                step, time.perf_counter() - began, watch.clock.inside_s - inside_before
+            )
+            if settings.checkpoint_dir is not None and (stop or _checkpoint_due(settings, step + 1)):
+                heartbeat.at("checkpoint", str(step + 1))
+                checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
+            if stop:
+                break
     assert memory is not None
     return times, losses, sent, memory
 
 
-def _inject_fault(settings: RunSettings, rank: int, step: int) -> None:
+def _inject_fault(settings: RunSettings, trainer: Trainer, rank: int, step: int) -> None:
     fault = settings.inject_fault
-    if fault is not None and fault[:2] == (rank, step):
-        act_out_fault(fault[2], settings.timeout_s)
+    if fault is None or fault[:2] != (rank, step):
+        return
+    if fault[2] == "slow":  # from now on, inside the compute, where its peers will wait for it
+        trainer.chunks[0].register_forward_pre_hook(lambda module, args: act_out_fault("slow", settings.timeout_s))
+        return
+    act_out_fault(fault[2], settings.timeout_s)
 
 
 def tracked_step(settings: RunSettings, first: int = 0) -> int:

@@ -27,7 +27,7 @@ from planner.cli.options import (
     training_fields,
 )
 from planner.render import dry_run_table, run_summary
-from planner.schemas import AttentionKernel, DType, Kernels
+from planner.schemas import AttentionKernel, DType, Kernels, OnFault
 from planner.schemas.errors import PlannerError
 
 if TYPE_CHECKING:
@@ -102,12 +102,27 @@ def run(
         bool,
         typer.Option(help="Continue from the newest complete checkpoint in --checkpoint-dir (same plan), to --steps."),
     ] = False,
-    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang.")] = None,
+    on_fault: Annotated[
+        OnFault,
+        typer.Option(
+            help="When a rank is far slower than the ranks doing the same work (a straggler): warn (log it, "
+            "record it in the report) or exit (also stop every rank after that step, checkpoint there if "
+            "--checkpoint-dir, exit with code 4)."
+        ),
+    ] = OnFault.WARN,
+    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang|slow.")] = None,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
 
     If a rank dies or hangs, every other rank stops within --timeout, names it and where it last
     was, and exits with code 3; checkpoints already complete stay intact.
+
+    Every rank times its compute and its waits in collectives; every 3 steps the ranks compare
+    them (one small all-gather), and a rank computing 60% longer than the others of its pipeline
+    stage in every step of 3 windows running is named, with its host, in the log and the report
+    (CPU/gloo runs).
+    With --on-fault exit every rank then stops and exits with code 4, so that an elastic launcher
+    can re-plan without it.
 
     With --dry-run, no devices are needed: the runtime is built for one rank of the plan's world
     under fake tensors and its peak memory is traced, to check a plan before renting its cluster.
@@ -134,6 +149,7 @@ def run(
         checkpoint_every=checkpoint_every,
         resume=resume,
         inject_fault=parse_step_fault(inject_fault),
+        on_fault=on_fault,
     )
     if measured is not None:  # rank 0
         traffic: tuple[float, ...] = ()

@@ -266,13 +266,13 @@ def parse_fault(text: str | None) -> tuple[int, str, str] | None:
 
 
 def parse_step_fault(text: str | None) -> tuple[int, int, str] | None:
-    """planner run's testing aid: RANK,STEP,exit|hang."""
-    fault = parse_fault(text)
-    if fault is None:
+    """planner run's testing aid: RANK,STEP,exit|hang|slow."""
+    if text is None:
         return None
-    if not fault[1].isdigit():
-        raise SchemaError(f"--inject-fault {text!r} must be RANK,STEP,exit|hang, e.g. 2,3,exit")
-    return fault[0], int(fault[1]), fault[2]
+    rank, step, kind = [*text.split(","), "", "", ""][:3]
+    if not rank.isdigit() or not step.isdigit() or kind not in ("exit", "hang", "slow"):
+        raise SchemaError(f"--inject-fault {text!r} must be RANK,STEP,exit|hang|slow, e.g. 2,3,exit")
+    return int(rank), int(step), kind
 
 
 CONSTRAINT_HELP = "a value, a range A-B or a list (e.g. 8, 1-16, 1,2,4)"

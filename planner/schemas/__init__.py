@@ -21,6 +21,7 @@ from planner.schemas.enums import (
     Kernels,
     MoeDispatcher,
     NormKind,
+    OnFault,
     Optimizer,
     Placement,
     PositionEmbedding,
@@ -45,7 +46,7 @@ from planner.schemas.op_records import (
     ShardedUnitRecord,
 )
 from planner.schemas.plan import Alternative, ClusterRef, Plan
-from planner.schemas.report import RankMemory, RunReport
+from planner.schemas.report import RankMemory, RunReport, Straggler, TimingWindow
 from planner.schemas.rope import RopeScaling, RopeType
 from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats
 from planner.schemas.training import TrainingSpec
@@ -81,6 +82,7 @@ __all__ = [
     "NicKind",
     "NodeOverride",
     "NormKind",
+    "OnFault",
     "OpKind",
     "OpRecord",
     "Optimizer",
@@ -100,7 +102,9 @@ __all__ = [
     "Schedule",
     "ShardedUnitRecord",
     "StageEstimate",
+    "Straggler",
     "TimeBreakdown",
+    "TimingWindow",
     "TrainingSpec",
     "VocabularyLayout",
     "ZeroStage",

@@ -172,3 +172,12 @@ class Placement(StrEnum):
 
     INTRA_NODE = "intra_node"
     INTER_NODE = "inter_node"
+
+
+class OnFault(StrEnum):
+    """What ``planner run`` does when its straggler detector names a rank."""
+
+    WARN = "warn"
+    """Log it, record it in the run report, train on."""
+    EXIT = "exit"
+    """As WARN, then every rank stops after that step and exits with ``StragglerFound``'s code."""

@@ -1,7 +1,8 @@
 """One exception hierarchy for everything the planner reports to a user.
 
 A ``PlannerError`` is the user's to fix: the CLI prints its message on one line
-and exits with its ``exit_code``, 2 (3 for a job that failed on its cluster: ``JobFailed``). Any
+and exits with its ``exit_code``, 2 (3 for a job that failed on its cluster: ``JobFailed``; 4 for
+one stopped on a straggler: ``StragglerFound``). Any
 other exception is a bug and keeps its traceback.
 """
 
@@ -41,3 +42,11 @@ class JobFailed(PlannerError):
     """A distributed job stopped because a rank died, hung or failed; the message names it."""
 
     exit_code = 3
+
+
+class StragglerFound(JobFailed):
+    """``planner run --on-fault exit`` stopped the job because a rank was far slower than its peers;
+    the message names it and its host. Its own code, so a launcher can tell it from a crash and
+    re-plan without that rank."""
+
+    exit_code = 4

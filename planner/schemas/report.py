@@ -20,11 +20,37 @@ class RankMemory(FrozenModel):
     breakdown_bytes: dict[str, int] = Field(default_factory=dict, description="By category, where the method tells.")
 
 
+class Straggler(FrozenModel):
+    """A rank whose time outside collectives departed from its peers' (``runtime.stragglers``)."""
+
+    rank: int = Field(ge=0)
+    host: str
+    since_step: int = Field(ge=0, description="First step of the first window in which it departed.")
+    named_at_step: int = Field(ge=0, description="Last step of the window that confirmed it.")
+    compute_s: float = Field(
+        ge=0, description="Its time a step outside collectives (median over the window that named it)."
+    )
+    peers: tuple[int, ...] = Field(description="The ranks it was compared with: those doing the same work.")
+    peers_compute_s: float = Field(ge=0, description="The peers' median time a step outside collectives.")
+    peers_wait_s: float = Field(ge=0, description="The peers' median time a step waiting inside collectives.")
+    message: str = Field(description="The line the runtime logged.")
+
+
+class TimingWindow(FrozenModel):
+    """Every rank's timings over one window of steps of the straggler detector."""
+
+    first_step: int = Field(ge=0)
+    compute_s: tuple[tuple[float, ...], ...] = Field(description="Per step, per rank: time outside collectives.")
+    wait_s: tuple[tuple[float, ...], ...] = Field(description="Per step, per rank: time inside collectives.")
+
+
 class RunReport(FrozenModel):
     """A plan run for a few steps: times, losses and memory, each beside its prediction."""
 
-    schema_version: Literal[1, 2] = Field(
-        default=2, description="2: the layout may carry a device map, expert placement and vocabulary layout."
+    schema_version: Literal[1, 2, 3] = Field(
+        default=3,
+        description="2: the layout may carry a device map, expert placement and vocabulary layout; "
+        "3: the straggler detector's findings (stragglers, timing_windows, straggler_checks, stopped_by_fault).",
     )
     created: datetime
     plan_sha256: str
@@ -60,4 +86,19 @@ class RunReport(FrozenModel):
         default=(),
         description="Per rank, in rank order: key/value bytes its ring attention sent in a step (blocks and their "
         "gradients, forward and backward), mean over the steps after the first; empty without context parallelism.",
+    )
+    stragglers: tuple[Straggler, ...] = Field(
+        default=(), description="Ranks the straggler detector named, in the order it named them."
+    )
+    timing_windows: tuple[TimingWindow, ...] = Field(
+        default=(), description="What the straggler detector judged, window by window (to judge again offline)."
+    )
+    straggler_checks: int = Field(
+        default=0,
+        ge=0,
+        description="Times the detector judged one rank over one window (ranks with peers x windows): the "
+        "denominator of its false-positive rate.",
+    )
+    stopped_by_fault: bool = Field(
+        default=False, description="The run ended early on a straggler (--on-fault exit); its times stop there."
     )
