@@ -16,11 +16,14 @@ in training precision (``kv_block_bytes``; k_v, v_w the key and value widths of 
 over the tensor-parallel group). With the zig-zag split every step computes the same work, half
 of a full (s/cp) x (s/cp) block, so a step's compute is 1/cp of the layer's attention.
 - forward: cp - 1 sends of a k/v block, each behind one step's compute;
-- backward: cp - 1 sends of the k/v block again and cp sends of the dk/dv being accumulated for
-  the block (it travels with it and its last hop returns it to its owner), fp32 as torch's ring
-  attention accumulates them (``GRADIENT_ELEMENT_BYTES``); steps 1..cp - 1 receive a k/v block and
-  a dk/dv block behind that step's compute, the last dk/dv hop follows the last compute, exposed;
-- full recomputation repeats the forward's exchange.
+- backward: cp - 1 sends of the k/v block again and cp - 1 sends of the dk/dv being accumulated
+  for a block, fp32 (``GRADIENT_ELEMENT_BYTES``): the accumulator of rank j's block starts at rank
+  j + 1, gathers each rank's share as it passes and reaches j after cp - 1 hops (this runtime's
+  ring, ``runtime.context_parallel``; torch's own ring attention sends it cp times, its last hop
+  returning it). Step 0 sends the k/v block behind its compute, steps 1 .. cp - 2 a k/v block and
+  an accumulator, and the last accumulator hop follows the last compute, exposed;
+- recomputation (full, or selective: the attention core is what it recomputes) repeats the
+  forward's exchange.
 A step's transfer runs behind its compute at the overlap's cost (``overlap.overlapped_comm_cost_s``:
 what the compute cannot hold, at least sigma / (1 + sigma) of it); on a CPU, where gloo cannot run
 behind compute (``overlap.hides_communication``), all of it is exposed. A hop is priced over the
@@ -48,8 +51,8 @@ from planner.schemas import ClusterProfile, Layout, LinkProfile, ModelSpec, Reco
 from planner.schemas.geometry import num_micro_batches, stage_layers
 
 GRADIENT_ELEMENT_BYTES: Final = 4
-"""One dk/dv element as the backward passes it around the ring: fp32 (torch's ring attention
-accumulates the key/value gradients in fp32, ``_cp_options.convert_to_f32``)."""
+"""One dk/dv element as the backward passes it around the ring: fp32 (this runtime's ring and
+torch's accumulate the key/value gradients in fp32, torch's ``_cp_options.convert_to_f32``)."""
 STATISTIC_ELEMENT_BYTES: Final = 4
 """One fp32 partial-output, log-sum-exp or dq element the ring keeps while it merges blocks."""
 
@@ -93,15 +96,15 @@ class RingBytes:
 
 def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> RingBytes:
     """Bytes one rank sends for one attention layer and micro-batch (module docstring):
-    forward (cp - 1) B, twice under full recomputation; backward (cp - 1) B + cp B', B the k/v
-    block in training precision, B' the same elements in fp32. Zero without context parallelism."""
+    forward (cp - 1) B, twice under recomputation; backward (cp - 1) (B + B'), B the k/v block in
+    training precision, B' the same elements in fp32. Zero without context parallelism."""
     cp = layout.context_parallel_degree
     if cp == 1:
         return RingBytes(forward_bytes=0.0, backward_bytes=0.0)
     elements = kv_block_elements(model, training, layout)
     forward = float((cp - 1) * elements * training.dtype.bytes)
-    backward = forward + cp * elements * GRADIENT_ELEMENT_BYTES
-    forwards = 2 if layout.recompute is Recompute.FULL else 1
+    backward = forward + (cp - 1) * elements * GRADIENT_ELEMENT_BYTES
+    forwards = 1 if layout.recompute is Recompute.NONE else 2
     return RingBytes(forward_bytes=forwards * forward, backward_bytes=backward)
 
 
@@ -165,7 +168,7 @@ def context_parallel_layer_s(
     attention_s: tuple[float, float],
 ) -> float:
     """Exposed seconds of one layer's ring exchange, one micro-batch: forward, backward and,
-    under full recomputation, the forward again (module docstring); 0 with cp = 1.
+    under recomputation, the forward again (module docstring); 0 with cp = 1.
 
     Args:
         model: key/value widths.
@@ -186,8 +189,8 @@ def context_parallel_layer_s(
     dkv_s = ring_hop_s(block * GRADIENT_ELEMENT_BYTES, links)
     hides = hides_communication(cluster)
     fwd_s = ring_exposed_s([kv_s] * (cp - 1), attention_s[0] / cp, hides=hides)
-    bwd_s = ring_exposed_s([both_s] * (cp - 1), attention_s[1] / cp, hides=hides) + dkv_s
-    return fwd_s + bwd_s + (fwd_s if layout.recompute is Recompute.FULL else 0.0)
+    bwd_s = ring_exposed_s([kv_s] + [both_s] * (cp - 2), attention_s[1] / cp, hides=hides) + dkv_s
+    return fwd_s + bwd_s + (0.0 if layout.recompute is Recompute.NONE else fwd_s)
 
 
 def ring_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

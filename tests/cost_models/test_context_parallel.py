@@ -52,17 +52,18 @@ def test_ring_bytes_per_step_by_hand() -> None:
     assert kv_block_bytes(LLAMA, TRAINING, layout) == 2 * BLOCK == 16_777_216  # bf16
     per_layer = ring_bytes_per_layer(LLAMA, TRAINING, layout)
     assert per_layer.forward_bytes == 16_777_216  # cp - 1 = 1 k/v block
-    assert per_layer.backward_bytes == 16_777_216 + 2 * BLOCK * 4  # 1 k/v block and cp = 2 fp32 dk/dv blocks
+    assert per_layer.backward_bytes == 16_777_216 + BLOCK * 4  # cp - 1 = 1 k/v block and 1 fp32 dk/dv block
     step = ring_bytes_sent_per_step(LLAMA, TRAINING, layout)
     micro_batches = 16 // 4  # B / (d b): the cp ranks share the same sequences
     assert step.forward_bytes == 32 * micro_batches * 16_777_216 == 2_147_483_648
-    assert step.backward_bytes == 32 * micro_batches * 83_886_080 == 10_737_418_240
-    full = ring_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.FULL))
-    assert full.forward_bytes == 2 * step.forward_bytes and full.backward_bytes == step.backward_bytes
-    # cp 4 under tp 2: a block is b (s/4) (k + v) / t, sent 3 times forward, 3 + 4 (fp32) backward.
+    assert step.backward_bytes == 32 * micro_batches * 50_331_648 == 6_442_450_944
+    for recompute in (Recompute.FULL, Recompute.SELECTIVE):  # both recompute the attention core, ring included
+        again = ring_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=recompute))
+        assert again.forward_bytes == 2 * step.forward_bytes and again.backward_bytes == step.backward_bytes
+    # cp 4 under tp 2: a block is b (s/4) (k + v) / t, sent 3 times forward, 3 + 3 (fp32) backward.
     four = ring_bytes_per_layer(LLAMA, TRAINING, _layout(dp=1, cp=4, tp=2))
     block = 2048 * 2 * 8 * 128 // 2
-    assert (four.forward_bytes, four.backward_bytes) == (3 * 2 * block, 3 * 2 * block + 4 * 4 * block)
+    assert (four.forward_bytes, four.backward_bytes) == (3 * 2 * block, 3 * 2 * block + 3 * 4 * block)
     assert ring_bytes_per_layer(LLAMA, TRAINING, _layout(dp=8, cp=1)).total_bytes == 0
 
 
@@ -76,18 +77,18 @@ def test_two_ranks_over_nvlink_by_hand() -> None:
     layout = _layout(dp=4, cp=2)  # 8 ranks: context groups (0, 1), (2, 3), ... inside the node
     latency, bandwidth = 2.8e-6, 370e9
     kv_s = latency + 2 * BLOCK / bandwidth  # the k/v block, bf16
-    both_s = latency + 6 * BLOCK / bandwidth  # k/v and fp32 dk/dv arriving together
-    dkv_s = latency + 4 * BLOCK / bandwidth  # the last dk/dv hop home, behind no compute
+    dkv_s = latency + 4 * BLOCK / bandwidth  # the dk/dv accumulator's one hop home, behind no compute
 
     def layer_s(attention: tuple[float, float]) -> float:
         return context_parallel_layer_s(LLAMA, TRAINING, NODE, layout, grp.context_groups(layout), attention)
 
-    assert layer_s((0.0, 0.0)) == pytest.approx(kv_s + both_s + dkv_s)  # nothing to hide behind
-    hidden = SIGMA * (kv_s + both_s) + dkv_s  # blocks long enough: what overlapping costs
+    # cp 2: the k/v block goes out once forward and once backward, each behind a block's compute
+    assert layer_s((0.0, 0.0)) == pytest.approx(2 * kv_s + dkv_s)  # nothing to hide behind
+    hidden = SIGMA * 2 * kv_s + dkv_s  # blocks long enough: what overlapping costs
     assert layer_s((1.0, 1.0)) == pytest.approx(hidden)
-    # A forward block of 50 us holds the 48 us send; a backward block of 100 us leaves 38.8 us exposed.
-    assert kv_s < 5e-5 and both_s - 1e-4 > SIGMA * both_s
-    assert layer_s((2 * 5e-5, 2 * 1e-4)) == pytest.approx(SIGMA * kv_s + (both_s - 1e-4) + dkv_s)
+    # A forward block of 50 us holds the 48 us send; a backward block of 20 us leaves 28 us of it exposed.
+    assert 2e-5 < kv_s < 5e-5 and kv_s - 2e-5 > SIGMA * kv_s
+    assert layer_s((2 * 5e-5, 2 * 2e-5)) == pytest.approx(SIGMA * kv_s + (kv_s - 2e-5) + dkv_s)
 
 
 def test_each_rank_does_its_share_of_the_work() -> None:
