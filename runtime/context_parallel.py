@@ -39,20 +39,6 @@ import torch.distributed as dist
 from planner.schemas.geometry import context_chunks
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RingTrafficBytes:
-    """What one rank sends for one ring attention call."""
-
-    forward_bytes: int
-    """Keys and values passed on in the forward."""
-    backward_bytes: int
-    """Keys and values passed on again in the backward, and the key/value gradient accumulators."""
-
-    @property
-    def total_bytes(self) -> int:
-        return self.forward_bytes + self.backward_bytes
-
-
 @dataclass(slots=True)
 class SentBytes:
     """A counter of the bytes this rank hands to its sends, by pass; give one to ``ring_attention``
@@ -64,44 +50,6 @@ class SentBytes:
     @property
     def total_bytes(self) -> int:
         return self.forward_bytes + self.backward_bytes
-
-
-def ring_traffic_bytes(
-    *,
-    batch_size: int,
-    kv_heads: int,
-    seq_len: int,
-    head_dim: int,
-    cp: int,
-    element_bytes: int,
-    gradient_element_bytes: int,
-) -> RingTrafficBytes:
-    """Bytes each rank sends in one ring attention call (``ring_attention`` here).
-
-    Forward: cp - 1 steps, each passing on one block of keys and values,
-    2 b kv_heads (s / cp) d element_bytes. Backward: the same cp - 1 key/value blocks, and cp - 1
-    hops of a key/value gradient accumulator, 2 b kv_heads (s / cp) d gradient_element_bytes.
-
-    Args:
-        batch_size: sequences per micro-batch, b.
-        kv_heads: key/value heads on this rank (after any tensor-parallel split).
-        seq_len: the whole sequence's length, s (tokens), split over the cp ranks.
-        head_dim: d.
-        cp: context-parallel degree.
-        element_bytes: bytes per key/value element (their dtype's size).
-        gradient_element_bytes: bytes per element of the gradient accumulators (4 for bf16, fp16
-            or fp32 keys and values, 8 for fp64).
-
-    Returns:
-        The forward's and the backward's bytes sent per rank.
-    """
-    check_divisible(seq_len, cp)
-    block_elements = 2 * batch_size * kv_heads * (seq_len // cp) * head_dim
-    steps = cp - 1
-    return RingTrafficBytes(
-        forward_bytes=steps * block_elements * element_bytes,
-        backward_bytes=steps * block_elements * (element_bytes + gradient_element_bytes),
-    )
 
 
 # --- the split -----------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Ring attention over a zig-zag split (runtime.context_parallel) equals causal attention on one
 process: outputs and q/k/v gradients, cp 2 and 4 gloo ranks, with and without grouped-query
-attention; its measured traffic equals ``ring_traffic_bytes``; the split helpers by hand."""
+attention; its measured traffic equals ``ring_traffic_bytes``, the sends its algorithm makes (the
+cost model counts the same per plan: tests/runtime/test_run_context_parallel.py); the split
+helpers by hand."""
 
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,6 @@ from runtime.context_parallel import (
     gather_sequence,
     merge_sequence,
     ring_attention,
-    ring_traffic_bytes,
     split_sequence,
     visible_block,
     zigzag_positions,
@@ -96,6 +97,27 @@ def test_block_kernels_agree(m: int, n: int, causal: bool) -> None:
     grads = [block_attention_backward(go, q, k, v, out, lse, causal=causal, flash=f) for f in (True, False)]
     for a, b in zip(*grads, strict=True):
         assert a.abs().max() > 1e-3 and (a - b).abs().max() < 1e-12
+
+
+def ring_traffic_bytes(
+    *,
+    batch_size: int,
+    kv_heads: int,
+    seq_len: int,
+    head_dim: int,
+    cp: int,
+    element_bytes: int,
+    gradient_element_bytes: int,
+) -> SentBytes:
+    """What one rank sends in one ring attention call: forward, its k/v block (b kv_heads s/cp d,
+    twice: k and v) to the next rank cp - 1 times; backward the block again cp - 1 times, and the
+    dk/dv accumulator cp - 1 times in the gradients' precision."""
+    block = 2 * batch_size * kv_heads * (seq_len // cp) * head_dim
+    steps = cp - 1
+    return SentBytes(
+        forward_bytes=steps * block * element_bytes,
+        backward_bytes=steps * block * (element_bytes + gradient_element_bytes),
+    )
 
 
 def test_traffic_by_hand() -> None:
