@@ -14,7 +14,6 @@ calibrated cluster scales the terms and adds its overheads (``cost_models.calibr
 Memory per stage comes from ``cost_models.memory``. Units: seconds, bytes, FLOP.
 """
 
-from cost_models import groups as grp
 from cost_models.calibration import calibrated_time
 from cost_models.data_parallel import data_parallel_time
 from cost_models.layer_work import hardware_flop_ratio, model_flops_per_sequence
@@ -75,9 +74,6 @@ def estimate(
         training,
         cluster,
         layout,
-        tensor_groups=grp.tensor_groups(layout),
-        expert_groups=grp.expert_groups(layout),
-        context_groups=grp.context_groups(layout),
         routing=routing,
     )
     if memories is None:

@@ -23,7 +23,6 @@ estimate charging every slot at the slowest stage. Pure: no I/O. Units: seconds.
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cost_models import groups as grp
 from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.shared_cores import shared_core_factor
 from cost_models.timing import stage_times
@@ -195,6 +194,7 @@ def pipeline_time_s(time: TimeBreakdown) -> float:
         + time.recompute_s
         + time.tensor_parallel_comm_s
         + time.expert_parallel_comm_s
+        + time.context_parallel_comm_s
         + time.pipeline_comm_s
         + time.pipeline_bubble_s
     )
@@ -223,8 +223,6 @@ def estimate_timeline(
         training,
         cluster,
         layout,
-        tensor_groups=grp.tensor_groups(layout),
-        expert_groups=grp.expert_groups(layout),
         routing=routing,
     )
     slowest = max(times, key=lambda st: st.total_s)
@@ -241,7 +239,7 @@ def estimate_timeline(
             recompute_s=compute * st.recompute_s / v,
             collectives_s=(
                 tp_scale * st.tensor_parallel_comm_s
-                + shared * comm_scale * (st.expert_parallel_comm_s + st.vocabulary_comm_s)
+                + shared * comm_scale * (st.expert_parallel_comm_s + st.vocabulary_comm_s + st.context_parallel_comm_s)
             )
             / v,
         )

@@ -120,9 +120,9 @@ def stage_times(
     cluster: ClusterProfile,
     layout: Layout,
     *,
-    tensor_groups: Iterable[Group],
-    expert_groups: Iterable[Group],
-    context_groups: Iterable[Group] = (),
+    tensor_groups: Iterable[Group] | None = None,
+    expert_groups: Iterable[Group] | None = None,
+    context_groups: Iterable[Group] | None = None,
     routing: RoutingStats | None = None,
 ) -> tuple[StageTime, ...]:
     """Per-micro-batch time of every pipeline stage (module docstring).
@@ -132,7 +132,8 @@ def stage_times(
         training: sequence length, precision, attention kernel.
         cluster: the device and links.
         layout: degrees, micro-batch size, recompute, ZeRO stage.
-        tensor_groups: the tensor-parallel groups (devices).
+        tensor_groups: the tensor-parallel groups (devices); default the layout's own
+            (``cost_models.groups``), as for the next two.
         expert_groups: the expert-parallel groups (devices).
         context_groups: the context-parallel groups (devices); read only with cp > 1.
         routing: a routing trace's statistics; None assumes uniform routing. Each MoE layer's
@@ -142,6 +143,9 @@ def stage_times(
     Returns:
         One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch.
     """
+    tensor_groups = grp.tensor_groups(layout) if tensor_groups is None else tensor_groups
+    expert_groups = grp.expert_groups(layout) if expert_groups is None else expert_groups
+    context_groups = grp.context_groups(layout) if context_groups is None else context_groups
     dev, dt = cluster.pricing_device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     kernels = _shared_kernels(model, training, cluster, layout)

@@ -16,7 +16,6 @@ micro-batches in flight times b, min(in flight, m) b with m = B / (d b), cannot 
 import operator
 from dataclasses import dataclass, fields, replace
 
-from cost_models import groups as grp
 from cost_models.estimate import estimate
 from cost_models.memory import LayoutMemory, all_stage_memory, stage_memory_floor
 from cost_models.timing import stage_times
@@ -200,9 +199,6 @@ class Evaluator:
                 self.training,
                 self.cluster,
                 trial,
-                tensor_groups=grp.tensor_groups(trial),
-                expert_groups=grp.expert_groups(trial),
-                context_groups=grp.context_groups(trial),
                 routing=self.routing,
             )
             memories = all_stage_memory(self.model, self.training, self.cluster, trial, self.routing)

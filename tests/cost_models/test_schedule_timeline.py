@@ -83,12 +83,19 @@ TRAINING = TrainingSpec(global_batch_size=32, seq_len=1024, dtype=DType.BF16)
 
 
 @pytest.mark.parametrize(
-    ("schedule", "v", "tp"), [(Schedule.ONE_F_ONE_B, 1, 1), (Schedule.ONE_F_ONE_B, 1, 2), (Schedule.GPIPE, 1, 1)]
+    ("schedule", "v", "tp", "cp"),
+    [
+        (Schedule.ONE_F_ONE_B, 1, 1, 1),
+        (Schedule.ONE_F_ONE_B, 1, 2, 1),
+        (Schedule.ONE_F_ONE_B, 1, 1, 2),  # the ring's exposed time is in the stages' time (it was left out)
+        (Schedule.GPIPE, 1, 1, 1),
+    ],
 )
-def test_equal_stages_last_the_estimates_pipeline_time(schedule: Schedule, v: int, tp: int) -> None:
+def test_equal_stages_last_the_estimates_pipeline_time(schedule: Schedule, v: int, tp: int, cp: int) -> None:
     # The vocabulary split over the pipeline gives every stage the same share: equal stages.
     layout = Layout(
         data_parallel_degree=1,
+        context_parallel_degree=cp,
         tensor_parallel_degree=tp,
         pipeline_parallel_degree=4,
         micro_batch_size=1,
@@ -96,8 +103,9 @@ def test_equal_stages_last_the_estimates_pipeline_time(schedule: Schedule, v: in
         virtual_stages=v,
         vocabulary_layout=VocabularyLayout.VOCAB_2 if schedule is Schedule.ONE_F_ONE_B else VocabularyLayout.PINNED,
     )
-    cluster = make_cluster(per_node=4 * tp)
+    cluster = make_cluster(per_node=4 * tp * cp)
     est = estimate(MODEL, TRAINING, cluster, layout)
+    assert (est.time.context_parallel_comm_s > 0) == (cp > 1)
     timeline = estimate_timeline(MODEL, TRAINING, cluster, layout)
     if schedule is Schedule.ONE_F_ONE_B:
         busy = [timeline.busy_s(s) for s in range(4)]
