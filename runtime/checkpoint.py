@@ -1,15 +1,32 @@
-"""Checkpoints of a run: every rank's model and optimizer state, the step reached and the random
-state, saved with ``torch.distributed.checkpoint`` (each rank writes its own part, in parallel),
-and resumed on the same plan.
+"""Checkpoints of a run in one layout-independent form: every tensor under its reference name,
+saved with ``torch.distributed.checkpoint`` (DCP; each rank writes its part, in parallel), so a
+checkpoint taken under one layout resumes under the same one exactly and under another (a
+re-plan: data, tensor and pipeline degrees may all change) by DCP's resharding.
 
-What a rank holds is saved under its own rank's key, as local tensors (a DTensor's local
-shard): the chunks' parameters and buffers, the vocabulary shards, every optimizer's state (a
-torch optimizer's ``state_dict``; ZeRO-0/1's fp32 master slices beside it), and the random
-number generators. Resuming rebuilds the trainer from the same plan and seed, creates the
-optimizer states (one step with zero gradients, which changes no weight: the states are then
-overwritten), and loads every tensor in place. The same plan places every tensor on the same
-rank with the same shape, so the resumed steps compute what the uninterrupted run computes.
-Loading into another layout (re-planning) is not this module's yet.
+The state is keyed by fully-qualified reference names (the runtime's chunks keep the single
+process model's names, ``runtime.model``):
+
+- ``model.<name>``: each parameter and buffer as the rank holds it: a DTensor under tensor
+  parallelism or ZeRO-2/3 (FSDP2's shards), a plain tensor otherwise. DCP records each DTensor's
+  chunks with their offsets in the global tensor and reads, on load, the parts overlapping the
+  loading rank's own chunks, whatever the meshes and placements were; a tensor several ranks hold
+  (data-parallel replicas, a replicated DTensor) is written once (DCP drops duplicate chunks).
+  Under ZeRO-0/1 in bf16/fp16 the value saved is the fp32 master (the low-precision weight is its
+  cast), so the form holds the fp32 truth whatever the precision scheme.
+- ``optim.<name>.<state>``: the optimizer's state of that parameter (AdamW's ``exp_avg``,
+  ``exp_avg_sq``, ``step``) laid out as the parameter. A tied output layer's copy on the last
+  pipeline stage takes the embedding's name (``tok_emb.weight``): the copies step alike. ZeRO-1
+  saves the owner's state only; under ZeRO-0/1 in mixed precision the masters' slices (and their
+  states) are gathered over the sharing group into the parameter's shape first.
+- ``rng.rank<r>``: the random generators, restored only on the same plan.
+- Under a vocabulary layout split over the pipeline, its row shards are saved under their rows
+  (``vocabulary.<name>[start:stop]``): they resume on the same plan only.
+
+``meta.json`` records the step, the plan's hash, the model's identity and the global batch size:
+resuming refuses another model or another global batch size (the micro-batch count follows
+the new layout; the loss is the global batch's mean either way). Resuming rebuilds the trainer
+from the plan and seed, creates the optimizer's states (one step with zero gradients at learning
+rate 0, which changes no weight), and loads every tensor in place.
 
 Atomic: a checkpoint is written to ``step-NNNNNNNN.partial`` and renamed to ``step-NNNNNNNN``
 by rank 0 once every rank has written its part (``torch.distributed.checkpoint.save`` returns
@@ -18,20 +35,24 @@ atomically. A job killed while saving leaves a ``.partial`` folder and the previ
 as ``latest``.
 """
 
+import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import TypeAdapter
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
+from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from runtime.data_parallel import Optimizer
 from runtime.expert_parallel import JointOptimizer
@@ -40,6 +61,7 @@ from runtime.trainer import Trainer
 
 LATEST = "latest"
 META = "meta.json"
+TIED_OUTPUT, EMBEDDING = "head.weight", "tok_emb.weight"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +71,8 @@ class Resumed:
     step: int
     """Steps completed: the next step to run."""
     path: Path
+    resharded: bool
+    """Taken under another plan: loaded into this layout by DCP's resharding."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -56,8 +80,13 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def model_sha256(model: ModelSpec) -> str:
+    """The model's identity: a checkpoint resumes into the same architecture only."""
+    return hashlib.sha256(model.model_dump_json().encode()).hexdigest()
+
+
 def save(trainer: Trainer, directory: Path, step: int, plan_sha256: str) -> Path:
-    """Save every rank's state after ``step`` completed steps (collective: every rank calls it).
+    """Save the run's state after ``step`` completed steps (collective: every rank calls it).
 
     Returns:
         The complete checkpoint's folder.
@@ -69,10 +98,19 @@ def save(trainer: Trainer, directory: Path, step: int, plan_sha256: str) -> Path
         directory.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)
     dist.barrier()
-    dcp_save({f"rank{rank}": _rank_state(trainer)}, checkpoint_id=str(partial))
+    state, _ = _state(trainer, saving=True)
+    dcp_save(state, checkpoint_id=str(partial))
     dist.barrier()
     if rank == 0:
-        (partial / META).write_text(json.dumps({"step": step, "plan_sha256": plan_sha256}) + "\n")
+        meta = {
+            "step": step,
+            "plan_sha256": plan_sha256,
+            "model_name": trainer.model.name,
+            "model_sha256": model_sha256(trainer.model),
+            "global_batch_size": trainer.global_batch_size,
+            "layout": TypeAdapter(Layout).dump_python(trainer.layout, mode="json"),
+        }
+        (partial / META).write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
         pointer = directory / (LATEST + ".tmp")
@@ -91,88 +129,213 @@ def latest(directory: Path) -> Path | None:
     return path if (path / META).is_file() else None
 
 
-def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
-    """Load the newest complete checkpoint of ``directory`` into ``trainer`` (collective).
+def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int) -> dict[str, Any]:
+    """The newest complete checkpoint's metadata, if a run of ``model`` at ``global_batch_size``
+    can resume from it (any layout).
 
     Raises:
         SchemaError: no complete checkpoint there.
-        InfeasibleConfigError: it was taken under another plan.
+        InfeasibleConfigError: it was taken for another model or global batch size.
     """
     path = latest(directory)
     if path is None:
         raise SchemaError(f"no complete checkpoint in {str(directory)!r}; run without --resume to start afresh")
-    meta = json.loads((path / META).read_text())
-    if meta["plan_sha256"] != plan_sha256:
+    meta: dict[str, Any] = json.loads((path / META).read_text())
+    if meta.get("model_sha256") != model_sha256(model):
         raise InfeasibleConfigError(
-            f"the checkpoint {str(path)!r} was taken under another plan; resume with the plan it was taken under "
-            "(re-planning onto another layout is not supported yet)"
+            f"the checkpoint {str(path)!r} was taken for model {meta.get('model_name')!r}, not this plan's "
+            f"{model.name!r}; resume with a plan for that model"
         )
-    _create_optimizer_states(trainer.optimizer)
-    rank = dist.get_rank()
-    state = {f"rank{rank}": _rank_state(trainer)}
+    if meta.get("global_batch_size") != global_batch_size:
+        raise InfeasibleConfigError(
+            f"the checkpoint {str(path)!r} was taken at global batch size {meta.get('global_batch_size')}, not this "
+            f"plan's {global_batch_size}; re-plan with the same global batch size (planner replan)"
+        )
+    return meta
+
+
+def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
+    """Load the newest complete checkpoint of ``directory`` into ``trainer`` (collective), taken
+    under this plan or another layout of the same model and global batch size.
+
+    Raises:
+        SchemaError: no complete checkpoint there.
+        InfeasibleConfigError: it was taken for another model or global batch size, or holds
+            state this layout cannot read (vocabulary shards of another layout).
+    """
+    meta = check_loadable(directory, trainer.model, trainer.global_batch_size)
+    path = latest(directory)
+    assert path is not None
+    same_plan = meta["plan_sha256"] == plan_sha256
+    saved = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    if any(key.startswith("optim.") for key in saved):
+        _create_optimizer_states(trainer.optimizer)
+    state, apply = _state(trainer, saving=False, rng=same_plan)
+    wanted = {key for key in state if key.startswith(("model.", "vocabulary."))}
+    missing = sorted(wanted - saved)
+    if missing:
+        raise InfeasibleConfigError(
+            f"the checkpoint {str(path)!r} has no {missing[0]!r} this layout needs (vocabulary shards resume "
+            "on the plan they were taken under only); resume with that plan"
+        )
+    state = {key: value for key, value in state.items() if key in saved}
     dcp_load(state, checkpoint_id=str(path))
-    _apply(trainer, state[f"rank{rank}"])
+    for finish in apply:
+        finish(state)
     dist.barrier()
-    return Resumed(step=int(meta["step"]), path=path)
+    return Resumed(step=int(meta["step"]), path=path, resharded=not same_plan)
 
 
-def _rank_state(trainer: Trainer) -> dict[str, Any]:
-    """What this rank must keep to continue: local tensors that alias the live ones where they can."""
-    model = {
-        f"chunk{i}.{name}": local(tensor)
-        for i, chunk in enumerate(trainer.chunks)
-        for name, tensor in chunk.state_dict().items()
-    }
-    if trainer.vocabulary is not None:
-        model |= {f"vocabulary.{i}": local(p.detach()) for i, p in enumerate(trainer.vocabulary.parameters())}
-    return {"model": model, "optimizer": _optimizer_state(trainer.optimizer), "rng": _rng_state()}
+Apply = Callable[[dict[str, Any]], None]
+"""Puts what ``dcp.load`` read into the trainer where it was not loaded in place."""
 
 
-def _optimizer_state(optimizer: Optimizer | object) -> dict[str, Any]:
-    """Each torch optimizer's state dict (DTensor states as their local shards) and ZeRO-0/1's
-    fp32 masters, in the order the optimizers nest."""
+def _state(trainer: Trainer, *, saving: bool, rng: bool = True) -> tuple[dict[str, Any], list[Apply]]:
+    """The rank's state by reference name (tensors aliasing the live ones where they can), and
+    what puts the loaded values in place afterwards."""
+    names = _parameter_names(trainer)
     state: dict[str, Any] = {}
-    for i, inner in enumerate(_optimizers(optimizer)):
-        if isinstance(inner, torch.optim.Optimizer):
-            sd = inner.state_dict()
-            state[f"{i}.state"] = {
-                str(k): {n: local(v) if isinstance(v, torch.Tensor) else v for n, v in s.items()}
-                for k, s in sd["state"].items()
-            }
-            state[f"{i}.param_groups"] = sd["param_groups"]
+    apply: list[Apply] = []
+    masters: dict[int, torch.Tensor] = {}  # fp32 truths of mixed-precision ZeRO-0/1 parameters
+    for part in _parts(trainer.optimizer):
+        if isinstance(part, DataParallelOptimizer) and part.mixed:
+            entries, finish = _mixed(part, names, saving=saving)
+            masters |= {id(p): entries[f"model.{names[id(p)]}"] for p in part.params}
+            state |= {k: v for k, v in entries.items() if k.startswith("optim.")}
+            apply.append(finish)
         else:
-            state[f"{i}.master"] = inner
-    return state
+            for inner in part.inner if isinstance(part, DataParallelOptimizer) else [part]:
+                state |= _optimizer_entries(inner, names)
+    for chunk in trainer.chunks:
+        for name, tensor in chunk.state_dict(keep_vars=True).items():
+            state[f"model.{name}"] = masters.get(id(tensor), tensor.detach())
+    if trainer.vocabulary is not None:
+        rows = trainer.vocabulary.rows
+        for name, p in trainer.vocabulary.shards.named_parameters():
+            state[f"vocabulary.{name}[{rows.start}:{rows.stop}]"] = masters.get(id(p), p.detach())
+    if rng:
+        key = f"rng.rank{dist.get_rank()}"
+        state[key] = _rng_state()
+        apply.append(lambda loaded: _set_rng(loaded[key]) if key in loaded else None)
+    return state, apply
 
 
-def _optimizers(optimizer: Optimizer | object) -> Iterator[torch.optim.Optimizer | torch.Tensor]:
-    """The torch optimizers and fp32 master slices inside ``optimizer``, in a fixed order."""
-    if isinstance(optimizer, torch.optim.Optimizer):
+def _parameter_names(trainer: Trainer) -> dict[int, str]:
+    """Each parameter's reference name, by identity (a tied output copy: the embedding's)."""
+    names: dict[int, str] = {}
+    for chunk in trainer.chunks:
+        for name, p in chunk.named_parameters():
+            names[id(p)] = EMBEDDING if name == TIED_OUTPUT and trainer.model.tie_word_embeddings else name
+    if trainer.vocabulary is not None:
+        rows = trainer.vocabulary.rows
+        for name, p in trainer.vocabulary.shards.named_parameters():
+            names[id(p)] = f"vocabulary.{name}[{rows.start}:{rows.stop}]"
+    return names
+
+
+def _parts(optimizer: Optimizer | object) -> Iterator[torch.optim.Optimizer | DataParallelOptimizer]:
+    """The torch optimizers and data-parallel optimizers inside ``optimizer``, in a fixed order."""
+    if isinstance(optimizer, torch.optim.Optimizer | DataParallelOptimizer):
         yield optimizer
-    elif isinstance(optimizer, DataParallelOptimizer):
-        yield from optimizer.inner
-        yield from (piece.master for group in optimizer.slices for piece in group)
     elif isinstance(optimizer, JointOptimizer):
         for part in optimizer.parts:
-            yield from _optimizers(part)
+            yield from _parts(part)
+
+
+def _optimizer_entries(inner: torch.optim.Optimizer, names: dict[int, str]) -> dict[str, torch.Tensor]:
+    """A torch optimizer's state tensors by their parameter's name (DTensors as the parameter's)."""
+    return {
+        f"optim.{names[id(p)]}.{key}": value
+        for group in inner.param_groups
+        for p in group["params"]
+        for key, value in inner.state.get(p, {}).items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _mixed(
+    part: DataParallelOptimizer, names: dict[int, str], *, saving: bool
+) -> tuple[dict[str, torch.Tensor], Apply]:
+    """ZeRO-0/1's fp32 masters and their states in their parameters' shapes: when saving,
+    gathered from the owned slices over the sharing group; when loading, buffers to load into,
+    and what copies them to the owned slices (and the masters' casts to the parameters)."""
+    pieces = [(piece, inner) for group, inner in zip(part.slices, part.inner, strict=True) for piece in group]
+    kinds = sorted({k for piece, inner in pieces for k in inner.state.get(piece.master, {}) if k != "step"})
+    if part.shard and part.shards > 1:  # every rank must gather the same kinds
+        everyone: list[list[str]] = [[] for _ in range(part.shards)]
+        dist.all_gather_object(everyone, kinds, group=part.shard_group)
+        kinds = sorted({k for ks in everyone for k in ks})
+    flats = {p: {k: torch.zeros(local(p).numel()) for k in ["master", *kinds]} for p in part.params}
+    steps = torch.zeros(1)
+    for piece, inner in pieces:
+        flats[piece.param]["master"][piece.start : piece.stop] = piece.master
+        for k, value in inner.state.get(piece.master, {}).items():
+            if k == "step":
+                steps = torch.maximum(steps, value.detach().reshape(1).float().cpu())
+            elif saving:
+                flats[piece.param][k][piece.start : piece.stop] = value
+    if saving and part.shard and part.shards > 1:
+        flat = torch.cat([t for p in part.params for t in flats[p].values()])
+        dist.all_reduce(flat, group=part.shard_group)  # the owners' slices fill one another's zeros
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=part.shard_group)  # a rank owning none has 0
+        offset = 0
+        for p in part.params:
+            for t in flats[p].values():
+                t.copy_(flat[offset : offset + t.numel()])
+                offset += t.numel()
+    entries: dict[str, torch.Tensor] = {}
+    for p in part.params:
+        name = names[id(p)]
+        for k, flat_tensor in flats[p].items():
+            entries[f"model.{name}" if k == "master" else f"optim.{name}.{k}"] = _shaped(flat_tensor, p)
+        if kinds:
+            entries[f"optim.{name}.step"] = steps.reshape(())
+
+    def finish(loaded: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for p in part.params:
+                master = local(loaded[f"model.{names[id(p)]}"]).reshape(-1)
+                local(p.data).view(-1).copy_(master)
+            for piece, inner in pieces:
+                name = names[id(piece.param)]
+                piece.master.copy_(local(loaded[f"model.{name}"]).reshape(-1)[piece.start : piece.stop])
+                for k, value in inner.state.get(piece.master, {}).items():
+                    key = f"optim.{name}.{k}"
+                    if key not in loaded:
+                        continue
+                    source = local(loaded[key]).reshape(-1)
+                    value.copy_(source[piece.start : piece.stop] if k != "step" else source.reshape(value.shape))
+
+    return entries, finish
+
+
+def _shaped(flat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``flat`` (a parameter's local elements, flattened) in the shape and placement of ``like``."""
+    if isinstance(like, DTensor):
+        view = flat.view(like.to_local().shape)
+        return DTensor.from_local(
+            view, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
+        )
+    return flat.view(like.shape)
 
 
 def _create_optimizer_states(optimizer: Optimizer) -> None:
     """Give every torch optimizer inside its states, as a first step would, without changing a
     weight: a step with zero gradients at learning rate 0, then the learning rates restored."""
-    for inner in _optimizers(optimizer):
-        if not isinstance(inner, torch.optim.Optimizer) or inner.state:
-            continue
-        rates = [group["lr"] for group in inner.param_groups]
-        for group in inner.param_groups:
-            group["lr"] = 0.0
-            for p in group["params"]:
-                p.grad = torch.zeros_like(p)
-        inner.step()
-        for group, lr in zip(inner.param_groups, rates, strict=True):
-            group["lr"] = lr
-            for p in group["params"]:
-                p.grad = None
+    for part in _parts(optimizer):
+        for inner in part.inner if isinstance(part, DataParallelOptimizer) else [part]:
+            if inner.state:
+                continue
+            rates = [group["lr"] for group in inner.param_groups]
+            for group in inner.param_groups:
+                group["lr"] = 0.0
+                for p in group["params"]:
+                    p.grad = torch.zeros_like(p)
+            inner.step()
+            for group, lr in zip(inner.param_groups, rates, strict=True):
+                group["lr"] = lr
+                for p in group["params"]:
+                    p.grad = None
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -182,23 +345,7 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return state
 
 
-def _apply(trainer: Trainer, state: dict[str, Any]) -> None:
-    """Put what ``dcp.load`` read in place: tensors were loaded into the live ones; the torch
-    optimizers take their loaded state dicts (step counts, learning rates); the generators their
-    states."""
-    saved = state["optimizer"]
-    for i, inner in enumerate(_optimizers(trainer.optimizer)):
-        if isinstance(inner, torch.optim.Optimizer):
-            live = inner.state_dict()
-            for key, entry in saved[f"{i}.state"].items():
-                for name, value in entry.items():
-                    current = live["state"][int(key)][name]
-                    if not isinstance(value, torch.Tensor):  # loaded by value, not in place
-                        live["state"][int(key)][name] = value
-                    elif isinstance(current, DTensor):
-                        current.to_local().copy_(value)
-            live["param_groups"] = saved[f"{i}.param_groups"]
-            inner.load_state_dict(live)
-    torch.set_rng_state(state["rng"]["cpu"])
-    if "cuda" in state["rng"]:
-        torch.cuda.set_rng_state(state["rng"]["cuda"])
+def _set_rng(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
