@@ -35,7 +35,6 @@ atomically. A job killed while saving leaves a ``.partial`` folder and the previ
 as ``latest``.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -46,21 +45,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import TypeAdapter
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
-from planner.schemas import Layout, ModelSpec
-from planner.schemas.errors import InfeasibleConfigError, SchemaError
+from planner.schemas.errors import InfeasibleConfigError
+from runtime.checkpoint_meta import LATEST, META, check_loadable, latest, layout_json, model_sha256
 from runtime.data_parallel import Optimizer
 from runtime.expert_parallel import JointOptimizer
 from runtime.optim import DataParallelOptimizer, local
 from runtime.trainer import Trainer
 
-LATEST = "latest"
-META = "meta.json"
 TIED_OUTPUT, EMBEDDING = "head.weight", "tok_emb.weight"
 
 
@@ -78,11 +74,6 @@ class Resumed:
 def checkpoint_name(step: int) -> str:
     """The folder of the checkpoint taken after ``step`` steps."""
     return f"step-{step:08d}"
-
-
-def model_sha256(model: ModelSpec) -> str:
-    """The model's identity: a checkpoint resumes into the same architecture only."""
-    return hashlib.sha256(model.model_dump_json().encode()).hexdigest()
 
 
 def save(trainer: Trainer, directory: Path, step: int, plan_sha256: str) -> Path:
@@ -108,7 +99,7 @@ def save(trainer: Trainer, directory: Path, step: int, plan_sha256: str) -> Path
             "model_name": trainer.model.name,
             "model_sha256": model_sha256(trainer.model),
             "global_batch_size": trainer.global_batch_size,
-            "layout": TypeAdapter(Layout).dump_python(trainer.layout, mode="json"),
+            "layout": layout_json(trainer.layout),
         }
         (partial / META).write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
@@ -120,40 +111,6 @@ def save(trainer: Trainer, directory: Path, step: int, plan_sha256: str) -> Path
     return final
 
 
-def latest(directory: Path) -> Path | None:
-    """The newest complete checkpoint in ``directory``, or None."""
-    pointer = directory / LATEST
-    if not pointer.is_file():
-        return None
-    path = directory / pointer.read_text().strip()
-    return path if (path / META).is_file() else None
-
-
-def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int) -> dict[str, Any]:
-    """The newest complete checkpoint's metadata, if a run of ``model`` at ``global_batch_size``
-    can resume from it (any layout).
-
-    Raises:
-        SchemaError: no complete checkpoint there.
-        InfeasibleConfigError: it was taken for another model or global batch size.
-    """
-    path = latest(directory)
-    if path is None:
-        raise SchemaError(f"no complete checkpoint in {str(directory)!r}; run without --resume to start afresh")
-    meta: dict[str, Any] = json.loads((path / META).read_text())
-    if meta.get("model_sha256") != model_sha256(model):
-        raise InfeasibleConfigError(
-            f"the checkpoint {str(path)!r} was taken for model {meta.get('model_name')!r}, not this plan's "
-            f"{model.name!r}; resume with a plan for that model"
-        )
-    if meta.get("global_batch_size") != global_batch_size:
-        raise InfeasibleConfigError(
-            f"the checkpoint {str(path)!r} was taken at global batch size {meta.get('global_batch_size')}, not this "
-            f"plan's {global_batch_size}; re-plan with the same global batch size (planner replan)"
-        )
-    return meta
-
-
 def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
     """Load the newest complete checkpoint of ``directory`` into ``trainer`` (collective), taken
     under this plan or another layout of the same model and global batch size.
@@ -163,7 +120,7 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
         InfeasibleConfigError: it was taken for another model or global batch size, or holds
             state this layout cannot read (vocabulary shards of another layout).
     """
-    meta = check_loadable(directory, trainer.model, trainer.global_batch_size)
+    meta = check_loadable(directory, trainer.model, trainer.global_batch_size, trainer.layout)
     path = latest(directory)
     assert path is not None
     same_plan = meta["plan_sha256"] == plan_sha256
