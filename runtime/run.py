@@ -221,6 +221,8 @@ def _train(
             loss = trainer.step(inputs, targets)
         dist.barrier()
         times.append(time.perf_counter() - start)
+        if step == first and first > 0 and heartbeat.rank == 0:  # how long a restart took shows from here
+            logger.info("step %d, the first after the resume, ended at %s", step, datetime.now(UTC).isoformat())
         losses.append(loss)
         sent.append(expert_sent_bytes(trainer.chunks) - sent_before)
         if settings.checkpoint_dir is not None and _checkpoint_due(settings, step + 1):
