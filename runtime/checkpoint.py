@@ -12,7 +12,10 @@ process model's names, ``runtime.model``):
   loading rank's own chunks, whatever the meshes and placements were; a tensor several ranks hold
   (data-parallel replicas, a replicated DTensor) is written once (DCP drops duplicate chunks).
   Under ZeRO-0/1 in bf16/fp16 the value saved is the fp32 master (the low-precision weight is its
-  cast), so the form holds the fp32 truth whatever the precision scheme.
+  cast), so the form holds the fp32 truth whatever the precision scheme. Experts split over the
+  tensor-parallel group by hand (plain tensors, ``runtime.tensor_parallel.split_expert``) are
+  saved and loaded as the DTensors their cut amounts to. Experts keep their global index in
+  their names, whichever expert-parallel rank holds them.
 - ``optim.<name>.<state>``: the optimizer's state of that parameter (AdamW's ``exp_avg``,
   ``exp_avg_sq``, ``step``) laid out as the parameter. A tied output layer's copy on the last
   pipeline stage takes the embedding's name (``tok_emb.weight``): the copies step alike. ZeRO-1
@@ -48,9 +51,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.tensor import DTensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Shard
 
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.geometry import MeshAxis
 from runtime.checkpoint_meta import LATEST, META, check_loadable, latest, layout_json, model_sha256
 from runtime.data_parallel import Optimizer
 from runtime.expert_parallel import JointOptimizer
@@ -146,26 +151,31 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
 Apply = Callable[[dict[str, Any]], None]
 """Puts what ``dcp.load`` read into the trainer where it was not loaded in place."""
 
+Splits = dict[int, tuple[DeviceMesh, tuple[Placement, ...]]]
+"""Parameters split by hand as a DTensor would be, by identity: the mesh and placements that
+say so (``_expert_splits``)."""
+
 
 def _state(trainer: Trainer, *, saving: bool, rng: bool = True) -> tuple[dict[str, Any], list[Apply]]:
     """The rank's state by reference name (tensors aliasing the live ones where they can), and
     what puts the loaded values in place afterwards."""
     names = _parameter_names(trainer)
+    splits = _expert_splits(trainer)
     state: dict[str, Any] = {}
     apply: list[Apply] = []
     masters: dict[int, torch.Tensor] = {}  # fp32 truths of mixed-precision ZeRO-0/1 parameters
     for part in _parts(trainer.optimizer):
         if isinstance(part, DataParallelOptimizer) and part.mixed:
-            entries, finish = _mixed(part, names, saving=saving)
+            entries, finish = _mixed(part, names, splits, saving=saving)
             masters |= {id(p): entries[f"model.{names[id(p)]}"] for p in part.params}
             state |= {k: v for k, v in entries.items() if k.startswith("optim.")}
             apply.append(finish)
         else:
             for inner in part.inner if isinstance(part, DataParallelOptimizer) else [part]:
-                state |= _optimizer_entries(inner, names)
+                state |= _optimizer_entries(inner, names, splits)
     for chunk in trainer.chunks:
         for name, tensor in chunk.state_dict(keep_vars=True).items():
-            state[f"model.{name}"] = masters.get(id(tensor), tensor.detach())
+            state[f"model.{name}"] = masters.get(id(tensor), _placed(tensor.detach(), tensor, splits))
     if trainer.vocabulary is not None:
         rows = trainer.vocabulary.rows
         for name, p in trainer.vocabulary.shards.named_parameters():
@@ -199,10 +209,10 @@ def _parts(optimizer: Optimizer | object) -> Iterator[torch.optim.Optimizer | Da
             yield from _parts(part)
 
 
-def _optimizer_entries(inner: torch.optim.Optimizer, names: dict[int, str]) -> dict[str, torch.Tensor]:
-    """A torch optimizer's state tensors by their parameter's name (DTensors as the parameter's)."""
+def _optimizer_entries(inner: torch.optim.Optimizer, names: dict[int, str], splits: Splits) -> dict[str, torch.Tensor]:
+    """A torch optimizer's state tensors by their parameter's name, laid out as the parameter."""
     return {
-        f"optim.{names[id(p)]}.{key}": value
+        f"optim.{names[id(p)]}.{key}": _placed(value, p, splits)
         for group in inner.param_groups
         for p in group["params"]
         for key, value in inner.state.get(p, {}).items()
@@ -211,7 +221,7 @@ def _optimizer_entries(inner: torch.optim.Optimizer, names: dict[int, str]) -> d
 
 
 def _mixed(
-    part: DataParallelOptimizer, names: dict[int, str], *, saving: bool
+    part: DataParallelOptimizer, names: dict[int, str], splits: Splits, *, saving: bool
 ) -> tuple[dict[str, torch.Tensor], Apply]:
     """ZeRO-0/1's fp32 masters and their states in their parameters' shapes: when saving,
     gathered from the owned slices over the sharing group; when loading, buffers to load into,
@@ -244,7 +254,9 @@ def _mixed(
     for p in part.params:
         name = names[id(p)]
         for k, flat_tensor in flats[p].items():
-            entries[f"model.{name}" if k == "master" else f"optim.{name}.{k}"] = _shaped(flat_tensor, p)
+            entries[f"model.{name}" if k == "master" else f"optim.{name}.{k}"] = _placed(
+                _shaped(flat_tensor, p), p, splits
+            )
         if kinds:
             entries[f"optim.{name}.step"] = steps.reshape(())
 
@@ -264,6 +276,31 @@ def _mixed(
                     value.copy_(source[piece.start : piece.stop] if k != "step" else source.reshape(value.shape))
 
     return entries, finish
+
+
+def _expert_splits(trainer: Trainer) -> Splits:
+    """The experts' weights under tensor parallelism (not folded): plain tensors holding the
+    rank's even share of the reference's, as ``runtime.tensor_parallel.split_expert`` cuts them
+    (gate and up by rows, down by columns; down's bias whole on tensor rank 0)."""
+    layout = trainer.layout
+    if not trainer.model.is_moe or layout.tensor_parallel_degree == 1 or layout.folds_experts:
+        return {}
+    mesh = trainer.mesh[MeshAxis.TP]
+    splits: Splits = {}
+    for chunk in trainer.chunks:
+        for name, p in chunk.named_parameters():
+            if ".mlp.experts." in name and not name.endswith("down.bias"):
+                splits[id(p)] = (mesh, (Shard(1) if name.endswith("down.weight") else Shard(0),))
+    return splits
+
+
+def _placed(tensor: torch.Tensor, param: torch.Tensor, splits: Splits) -> torch.Tensor:
+    """``tensor`` (laid out as ``param``'s local part) as a DTensor where ``param`` is split by
+    hand, so that DCP records where its part sits; as it is otherwise."""
+    split = splits.get(id(param))
+    if split is None or isinstance(tensor, DTensor) or tensor.shape != param.shape:
+        return tensor
+    return DTensor.from_local(tensor, split[0], split[1], run_check=False)
 
 
 def _shaped(flat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -14,36 +14,59 @@ import torch
 from harness import run_ranks
 
 from planner.inputs import load_model
-from planner.schemas import DType, Layout, VocabularyLayout
+from planner.schemas import DType, Layout, ModelSpec, VocabularyLayout
 from planner.schemas.errors import InfeasibleConfigError
 from runtime import checkpoint, checkpoint_meta
 from runtime.data import synthetic_batch
 from runtime.trainer import Trainer
 
 BATCH, SEQ, STEPS, SAVED_AT, SEED, LR = 8, 32, 4, 2, 0, 1e-2
-GPT = load_model("tiny-gpt")
+GPT, MOE = load_model("tiny-gpt"), load_model("tiny-moe")
 LAYOUT = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=2)
 DP2_PP2 = dict(data_parallel_degree=2, pipeline_parallel_degree=2, micro_batch_size=2)
-# (saved under, resumed under, optimizer, precision)
-CASES: list[tuple[dict[str, Any], dict[str, Any], str, DType]] = [
-    (DP2_PP2, dict(data_parallel_degree=4, micro_batch_size=1), "sgd", DType.FP32),
-    (DP2_PP2, dict(data_parallel_degree=2, tensor_parallel_degree=2, micro_batch_size=4), "sgd", DType.FP32),
+# (saved under, resumed under, optimizer, precision, model)
+CASES: list[tuple[dict[str, Any], dict[str, Any], str, DType, ModelSpec]] = [
+    (DP2_PP2, dict(data_parallel_degree=4, micro_batch_size=1), "sgd", DType.FP32, GPT),
+    (DP2_PP2, dict(data_parallel_degree=2, tensor_parallel_degree=2, micro_batch_size=4), "sgd", DType.FP32, GPT),
     # AdamW's moments move too: from ZeRO-1 whole-parameter owners to FSDP2's shards, and from
     # mixed precision's fp32 master slices to tensor-parallel masters
-    ({**DP2_PP2, "zero_stage": 1}, dict(data_parallel_degree=4, zero_stage=3, micro_batch_size=2), "adamw", DType.FP32),
+    (
+        {**DP2_PP2, "zero_stage": 1},
+        dict(data_parallel_degree=4, zero_stage=3, micro_batch_size=2),
+        "adamw",
+        DType.FP32,
+        GPT,
+    ),
     (
         dict(data_parallel_degree=4, zero_stage=1, micro_batch_size=2),
         dict(data_parallel_degree=2, tensor_parallel_degree=2, zero_stage=1, micro_batch_size=2),
         "adamw",
         DType.BF16,
+        GPT,
+    ),
+    # experts keep their names whichever rank holds them: from two per rank to all on each, split
+    # over the tensor-parallel pair
+    (
+        dict(data_parallel_degree=4, expert_parallel_degree=2, zero_stage=1, micro_batch_size=1),
+        dict(data_parallel_degree=2, tensor_parallel_degree=2, micro_batch_size=2),
+        "adamw",
+        DType.FP32,
+        MOE,
+    ),
+    (  # and back: each expert's tensor-parallel halves (plain tensors cut by hand) joined
+        dict(data_parallel_degree=2, tensor_parallel_degree=2, micro_batch_size=2),
+        dict(data_parallel_degree=4, expert_parallel_degree=4, micro_batch_size=1),
+        "adamw",
+        DType.FP32,
+        MOE,
     ),
 ]
 
 
-def _trainer(kw: dict[str, Any], optimizer: str, dtype: DType) -> Trainer:
+def _trainer(kw: dict[str, Any], optimizer: str, dtype: DType, model: ModelSpec) -> Trainer:
     layout = Layout(**{"tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, **kw})
     return Trainer(
-        GPT,
+        model,
         layout,
         global_batch_size=BATCH,
         seed=SEED,
@@ -57,7 +80,7 @@ def _trainer(kw: dict[str, Any], optimizer: str, dtype: DType) -> Trainer:
 def _steps(trainer: Trainer, first: int, last: int) -> list[float]:
     losses = []
     for step in range(first, last):
-        inputs, targets = synthetic_batch(GPT.vocab_size, BATCH, SEQ, step=step, seed=SEED)
+        inputs, targets = synthetic_batch(trainer.model.vocab_size, BATCH, SEQ, step=step, seed=SEED)
         losses.append(trainer.step(inputs, targets))
     return losses
 
@@ -66,13 +89,13 @@ def save_and_reshard(workdir: str) -> list[dict[str, Any]]:
     """For each case: the uninterrupted losses under the first layout, and those of the second
     layout resumed from the first's checkpoint after SAVED_AT."""
     results = []
-    for i, (before, after, optimizer, dtype) in enumerate(CASES):
+    for i, (before, after, optimizer, dtype, model) in enumerate(CASES):
         directory = Path(workdir) / f"ckpt{i}"
-        first = _trainer(before, optimizer, dtype)
+        first = _trainer(before, optimizer, dtype, model)
         whole = _steps(first, 0, SAVED_AT)
         checkpoint.save(first, directory, SAVED_AT, plan_sha256="before")
         whole += _steps(first, SAVED_AT, STEPS)
-        resumed = _trainer(after, optimizer, dtype)
+        resumed = _trainer(after, optimizer, dtype, model)
         at = checkpoint.resume(resumed, directory, plan_sha256="after")
         results.append({"whole": whole, "at": at.step, "resharded": at.resharded, "after": _steps(resumed, 2, STEPS)})
     return results
@@ -88,7 +111,7 @@ def test_a_checkpoint_resumes_under_another_layout(tmp_path: Path) -> None:
         # in bf16 the two layouts round their sums differently (1e-4 at a loss of 7): a weight
         # or moment lost moves the next loss by 1e-2
         tolerance = 1e-5 if case[3] is DType.FP32 else 3e-4
-        assert result["after"] == pytest.approx(result["whole"][SAVED_AT:], abs=tolerance), case
+        assert result["after"] == pytest.approx(result["whole"][SAVED_AT:], abs=tolerance), case[:4]
         assert len(set(result["whole"])) == STEPS  # the steps do change the weights
 
 
