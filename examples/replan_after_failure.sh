@@ -22,9 +22,9 @@ if [ ! -f "$out/cluster4.json" ]; then
     torchrun 4 profile --output "$out/cluster4.json" --quick --model tiny-gpt --seq-len 128 --dtype fp32 2> >(quiet)
 fi
 
-echo "== Plan tiny-gpt, 12 x 128 tokens a step, fp32, on 4 ranks (vocabulary pinned: the runtime reshards it)"
+echo "== Plan tiny-gpt, 12 x 128 tokens a step, fp32, on 4 ranks"
 planner search -m tiny-gpt -c "$out/cluster4.json" --global-batch-size 12 --seq-len 128 --dtype fp32 --top-k 1 \
-    --vocabulary-layout pinned --output "$out/plan4.json" | grep -e "│" -e wrote
+    --output "$out/plan4.json" | grep -e "│" -e wrote
 
 echo "== Reference: the same plan, $STEPS steps, uninterrupted"
 torchrun 4 run "$out/plan4.json" --steps "$STEPS" --lr "$LR" --report "$out/reference.json" >"$out/reference.log" 2>&1 \

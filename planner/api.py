@@ -312,8 +312,7 @@ def replan(
     failure, or more), for a layout the runtime runs and a checkpoint of the old plan loads into.
 
     The global batch, sequence length and precision stay: the micro-batches are reshaped to the
-    new data-parallel degree (``planner.replan``). The vocabulary stays pinned to the first and
-    last stage, whose checkpoint the runtime reshards (shards split over the pipeline it does not).
+    new data-parallel degree (``planner.replan``).
 
     Args:
         plan: the plan (or its file) that ran.
@@ -331,6 +330,11 @@ def replan(
             checkpoint cannot load into the new plan.
     """
     old = plan if isinstance(plan, Plan) else load_plan(plan)
+    step = None
+    if checkpoint_dir is not None:  # before the search: the new plan keeps the model and global batch
+        from runtime.checkpoint_meta import check_loadable
+
+        step = int(check_loadable(Path(checkpoint_dir), old.model, old.training.global_batch_size)["step"])
     plans = search(
         old.model,
         cluster,
@@ -341,7 +345,6 @@ def replan(
         seed=seed,
         memory_margin=memory_margin,
         progress=progress,
-        vocabulary_layouts=[VocabularyLayout.PINNED],
     )
     refusals: list[str] = []
     for candidate in plans:
@@ -350,14 +353,6 @@ def replan(
         except InfeasibleConfigError as e:
             refusals.append(str(e))
             continue
-        step = None
-        if checkpoint_dir is not None:
-            from runtime.checkpoint_meta import check_loadable
-
-            meta = check_loadable(
-                Path(checkpoint_dir), candidate.model, candidate.training.global_batch_size, candidate.layout
-            )
-            step = int(meta["step"])
         return Replan(old=old, new=candidate, checkpoint_step=step)
     raise InfeasibleConfigError(
         f"none of the {len(plans)} fastest layouts on {cluster if isinstance(cluster, str) else cluster.name} runs "

@@ -22,8 +22,10 @@ process model's names, ``runtime.model``):
   saves the owner's state only; under ZeRO-0/1 in mixed precision the masters' slices (and their
   states) are gathered over the sharing group into the parameter's shape first.
 - ``rng.rank<r>``: the random generators, restored only on the same plan.
-- Under a vocabulary layout split over the pipeline, its row shards are saved under their rows
-  (``vocabulary.<name>[start:stop]``): they resume on the same plan only.
+- Under a vocabulary layout split over the pipeline, its shards are blocks of rows of
+  ``tok_emb.weight`` and ``head.weight``, the first V mod p a row longer: a DTensor's even chunks
+  cannot say so, and they are saved as ShardedTensors (each block with its offset), which DCP
+  reshards as it does DTensors.
 
 ``meta.json`` records the step, the plan's hash, the model's identity and the global batch size:
 resuming refuses another model or another global batch size (the micro-batch count follows
@@ -43,19 +45,23 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+from torch.distributed._shard.sharded_tensor.shard import Shard as TensorShard
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Shard
+from torch.distributed.tensor import DTensor, Shard
 
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import MeshAxis
+from planner.schemas.geometry import MeshAxis, vocabulary_rows
 from runtime.checkpoint_meta import LATEST, META, check_loadable, latest, layout_json, model_sha256
 from runtime.data_parallel import Optimizer
 from runtime.expert_parallel import JointOptimizer
@@ -63,6 +69,8 @@ from runtime.optim import DataParallelOptimizer, local
 from runtime.trainer import Trainer
 
 TIED_OUTPUT, EMBEDDING = "head.weight", "tok_emb.weight"
+VOCABULARY_NAMES = {"embedding": EMBEDDING, "output": TIED_OUTPUT}
+"""The reference names of a vocabulary layout's shards (``runtime.vocabulary_parallel``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +130,10 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
 
     Raises:
         SchemaError: no complete checkpoint there.
-        InfeasibleConfigError: it was taken for another model or global batch size, or holds
-            state this layout cannot read (vocabulary shards of another layout).
+        InfeasibleConfigError: it was taken for another model or global batch size, or lacks
+            a tensor this layout needs (a checkpoint of an older form).
     """
-    meta = check_loadable(directory, trainer.model, trainer.global_batch_size, trainer.layout)
+    meta = check_loadable(directory, trainer.model, trainer.global_batch_size)
     path = latest(directory)
     assert path is not None
     same_plan = meta["plan_sha256"] == plan_sha256
@@ -133,12 +141,11 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
     if any(key.startswith("optim.") for key in saved):
         _create_optimizer_states(trainer.optimizer)
     state, apply = _state(trainer, saving=False, rng=same_plan)
-    wanted = {key for key in state if key.startswith(("model.", "vocabulary."))}
-    missing = sorted(wanted - saved)
+    missing = sorted(key for key in state if key.startswith("model.") and key not in saved)
     if missing:
         raise InfeasibleConfigError(
-            f"the checkpoint {str(path)!r} has no {missing[0]!r} this layout needs (vocabulary shards resume "
-            "on the plan they were taken under only); resume with that plan"
+            f"the checkpoint {str(path)!r} has no {missing[0]!r}, which this layout needs; it was written in "
+            "another form: resume it with the planner that wrote it"
         )
     state = {key: value for key, value in state.items() if key in saved}
     dcp_load(state, checkpoint_id=str(path))
@@ -151,16 +158,16 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
 Apply = Callable[[dict[str, Any]], None]
 """Puts what ``dcp.load`` read into the trainer where it was not loaded in place."""
 
-Splits = dict[int, tuple[DeviceMesh, tuple[Placement, ...]]]
-"""Parameters split by hand as a DTensor would be, by identity: the mesh and placements that
-say so (``_expert_splits``)."""
+Splits = dict[int, Callable[[torch.Tensor], torch.Tensor]]
+"""Parameters split by hand, by identity: what gives a tensor laid out as such a parameter's
+local part its place in the whole (``_expert_splits``, ``_vocabulary_splits``)."""
 
 
 def _state(trainer: Trainer, *, saving: bool, rng: bool = True) -> tuple[dict[str, Any], list[Apply]]:
     """The rank's state by reference name (tensors aliasing the live ones where they can), and
     what puts the loaded values in place afterwards."""
     names = _parameter_names(trainer)
-    splits = _expert_splits(trainer)
+    splits = _expert_splits(trainer) | _vocabulary_splits(trainer)
     state: dict[str, Any] = {}
     apply: list[Apply] = []
     masters: dict[int, torch.Tensor] = {}  # fp32 truths of mixed-precision ZeRO-0/1 parameters
@@ -175,11 +182,11 @@ def _state(trainer: Trainer, *, saving: bool, rng: bool = True) -> tuple[dict[st
                 state |= _optimizer_entries(inner, names, splits)
     for chunk in trainer.chunks:
         for name, tensor in chunk.state_dict(keep_vars=True).items():
-            state[f"model.{name}"] = masters.get(id(tensor), _placed(tensor.detach(), tensor, splits))
+            key = f"model.{names.get(id(tensor), name)}"  # a tied output copy: the embedding's
+            state[key] = masters.get(id(tensor), _placed(tensor.detach(), tensor, splits))
     if trainer.vocabulary is not None:
-        rows = trainer.vocabulary.rows
-        for name, p in trainer.vocabulary.shards.named_parameters():
-            state[f"vocabulary.{name}[{rows.start}:{rows.stop}]"] = masters.get(id(p), p.detach())
+        for p in trainer.vocabulary.shards.parameters():
+            state[f"model.{names[id(p)]}"] = masters.get(id(p), _placed(p.detach(), p, splits))
     if rng:
         key = f"rng.rank{dist.get_rank()}"
         state[key] = _rng_state()
@@ -194,9 +201,8 @@ def _parameter_names(trainer: Trainer) -> dict[int, str]:
         for name, p in chunk.named_parameters():
             names[id(p)] = EMBEDDING if name == TIED_OUTPUT and trainer.model.tie_word_embeddings else name
     if trainer.vocabulary is not None:
-        rows = trainer.vocabulary.rows
         for name, p in trainer.vocabulary.shards.named_parameters():
-            names[id(p)] = f"vocabulary.{name}[{rows.start}:{rows.stop}]"
+            names[id(p)] = VOCABULARY_NAMES[name]
     return names
 
 
@@ -263,16 +269,16 @@ def _mixed(
     def finish(loaded: dict[str, Any]) -> None:
         with torch.no_grad():
             for p in part.params:
-                master = local(loaded[f"model.{names[id(p)]}"]).reshape(-1)
+                master = _local_of(loaded[f"model.{names[id(p)]}"]).reshape(-1)
                 local(p.data).view(-1).copy_(master)
             for piece, inner in pieces:
                 name = names[id(piece.param)]
-                piece.master.copy_(local(loaded[f"model.{name}"]).reshape(-1)[piece.start : piece.stop])
+                piece.master.copy_(_local_of(loaded[f"model.{name}"]).reshape(-1)[piece.start : piece.stop])
                 for k, value in inner.state.get(piece.master, {}).items():
                     key = f"optim.{name}.{k}"
                     if key not in loaded:
                         continue
-                    source = local(loaded[key]).reshape(-1)
+                    source = _local_of(loaded[key]).reshape(-1)
                     value.copy_(source[piece.start : piece.stop] if k != "step" else source.reshape(value.shape))
 
     return entries, finish
@@ -290,8 +296,45 @@ def _expert_splits(trainer: Trainer) -> Splits:
     for chunk in trainer.chunks:
         for name, p in chunk.named_parameters():
             if ".mlp.experts." in name and not name.endswith("down.bias"):
-                splits[id(p)] = (mesh, (Shard(1) if name.endswith("down.weight") else Shard(0),))
+                placement = Shard(1) if name.endswith("down.weight") else Shard(0)
+                splits[id(p)] = partial(DTensor.from_local, device_mesh=mesh, placements=(placement,), run_check=False)
     return splits
+
+
+def _vocabulary_splits(trainer: Trainer) -> Splits:
+    """Under a vocabulary layout split over the pipeline, the shards' rows of the embedding and
+    output matrices: blocks of rows as ``schemas.geometry.vocabulary_rows`` cuts them, the first
+    V mod p one row longer, which a DTensor's even chunks cannot say; a ShardedTensor can."""
+    if trainer.vocabulary is None:
+        return {}
+    layout, vocab_size = trainer.layout, trainer.model.vocab_size
+    blocks = [vocabulary_rows(vocab_size, layout, stage) for stage in range(layout.pipeline_parallel_degree)]
+    ranks = dist.get_process_group_ranks(trainer.mesh[MeshAxis.PP].get_group())
+    cut = partial(_row_block, blocks=blocks, ranks=ranks, stage=trainer.pp_rank)
+    return {id(p): cut for p in trainer.vocabulary.shards.parameters()}
+
+
+def _row_block(rows: torch.Tensor, *, blocks: list[range], ranks: list[int], stage: int) -> torch.Tensor:
+    """``rows`` (pipeline rank ``stage``'s block of ``blocks``) as that block of the whole
+    matrix, held by global rank ``ranks[stage]`` (its data- and tensor-parallel peers hold
+    the same blocks: DCP writes each once)."""
+    width, device = rows.shape[1], str(rows.device)
+    shards = [
+        ShardMetadata(shard_offsets=[b.start, 0], shard_sizes=[len(b), width], placement=f"rank:{r}/{device}")
+        for b, r in zip(blocks, ranks, strict=True)
+    ]
+    properties = TensorProperties(dtype=rows.dtype, requires_grad=False)
+    whole = ShardedTensorMetadata(shards, torch.Size([blocks[-1].stop, width]), properties)
+    mine = [TensorShard(rows, shards[stage])]
+    out: torch.Tensor = ShardedTensor._init_from_local_shards_and_global_metadata(mine, whole)
+    return out
+
+
+def _local_of(t: torch.Tensor) -> torch.Tensor:
+    """The rank's own part of a tensor of the state (a DTensor's or ShardedTensor's local tensor)."""
+    if isinstance(t, ShardedTensor):
+        return t.local_shards()[0].tensor
+    return local(t)
 
 
 def _placed(tensor: torch.Tensor, param: torch.Tensor, splits: Splits) -> torch.Tensor:
@@ -300,7 +343,7 @@ def _placed(tensor: torch.Tensor, param: torch.Tensor, splits: Splits) -> torch.
     split = splits.get(id(param))
     if split is None or isinstance(tensor, DTensor) or tensor.shape != param.shape:
         return tensor
-    return DTensor.from_local(tensor, split[0], split[1], run_check=False)
+    return split(tensor)
 
 
 def _shaped(flat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

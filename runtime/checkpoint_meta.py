@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from planner.schemas import Layout, ModelSpec, VocabularyLayout
+from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 
 LATEST = "latest"
@@ -36,15 +36,13 @@ def latest(directory: Path) -> Path | None:
     return path if (path / META).is_file() else None
 
 
-def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int, layout: Layout) -> dict[str, Any]:
+def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int) -> dict[str, Any]:
     """The newest complete checkpoint's metadata, if a run of ``model`` at ``global_batch_size``
-    under ``layout`` can resume from it: any layout, but vocabulary shards split over the
-    pipeline resume under the layout they were saved under only.
+    can resume from it (under any layout).
 
     Raises:
         SchemaError: no complete checkpoint there.
-        InfeasibleConfigError: it was taken for another model or global batch size, or the
-            vocabulary shards of one of the two layouts cannot be resharded.
+        InfeasibleConfigError: it was taken for another model or global batch size.
     """
     path = latest(directory)
     if path is None:
@@ -59,13 +57,5 @@ def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int, la
         raise InfeasibleConfigError(
             f"the checkpoint {str(path)!r} was taken at global batch size {meta.get('global_batch_size')}, not this "
             f"plan's {global_batch_size}; re-plan with the same global batch size (planner replan)"
-        )
-    saved = meta.get("layout")
-    saved_split = saved is not None and VocabularyLayout(saved["vocabulary_layout"]).over_pipeline
-    if saved != layout_json(layout) and (saved_split or layout.vocabulary_layout.over_pipeline):
-        raise InfeasibleConfigError(
-            f"the checkpoint {str(path)!r} was taken under another layout, and vocabulary shards split over the "
-            f"pipeline (this plan's {layout.vocabulary_layout}, or the checkpoint's) resume under the layout they "
-            "were saved under only; plan with --vocabulary-layout pinned"
         )
     return meta

@@ -93,7 +93,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         )
     if settings.resume:  # before any work: a checkpoint of another model or global batch is refused
         assert settings.checkpoint_dir is not None
-        check_loadable(settings.checkpoint_dir, plan.model, plan.training.global_batch_size, plan.layout)
+        check_loadable(settings.checkpoint_dir, plan.model, plan.training.global_batch_size)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

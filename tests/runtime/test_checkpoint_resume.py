@@ -12,7 +12,7 @@ import torch.distributed as dist
 from harness import planner_main, run_ranks
 
 from planner.inputs import load_model
-from planner.schemas import DType, Layout
+from planner.schemas import DType, Layout, VocabularyLayout
 from runtime import checkpoint
 from runtime.data import synthetic_batch
 from runtime.trainer import Trainer
@@ -24,6 +24,10 @@ LAYOUTS: list[tuple[dict[str, Any], DType]] = [
     (dict(data_parallel_degree=4, zero_stage=3), DType.FP32),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=True), DType.FP32),
     (dict(data_parallel_degree=4, zero_stage=1), DType.BF16),  # fp32 master slices beside the optimizer
+    (  # the vocabulary's row blocks, split over the pipeline
+        dict(data_parallel_degree=2, pipeline_parallel_degree=2, vocabulary_layout=VocabularyLayout.VOCAB_2),
+        DType.FP32,
+    ),
 ]
 
 
