@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from harness import run_ranks
+from conftest import cpu_cluster
+from harness import planner_main, run_ranks
 
+from cost_models.estimate import estimate
 from planner.inputs import load_model
-from planner.schemas import DType, Layout, ModelSpec, VocabularyLayout
+from planner.plans import make_plan, save_plan
+from planner.schemas import DType, Layout, ModelSpec, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import InfeasibleConfigError
 from runtime import checkpoint, checkpoint_meta
 from runtime.data import synthetic_batch
@@ -130,7 +133,7 @@ def test_a_checkpoint_resumes_under_another_layout(tmp_path: Path) -> None:
 
 def _meta(tmp_path: Path, **changes: Any) -> Path:
     folder = tmp_path / checkpoint.checkpoint_name(2)
-    folder.mkdir()
+    folder.mkdir(parents=True)
     meta = {
         "step": 2,
         "plan_sha256": "p",
@@ -156,3 +159,18 @@ def test_another_model_is_refused(tmp_path: Path) -> None:
     other = load_model("tiny-moe")
     with pytest.raises(InfeasibleConfigError, match="taken for model 'tiny-gpt', not this plan's 'tiny-moe'"):
         checkpoint_meta.check_loadable(_meta(tmp_path), other, BATCH)
+
+
+def test_planner_run_refuses_such_a_checkpoint_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = cpu_cluster(4)
+    layout = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=2)
+    training = TrainingSpec(global_batch_size=BATCH, seq_len=SEQ, dtype=DType.FP32)
+    plan = make_plan(GPT, training, cluster, "cluster.json", layout, estimate(GPT, training, cluster, layout))
+    save_plan(plan, tmp_path / "plan.json")
+    folder = _meta(tmp_path / "ckpt", global_batch_size=16)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    args = ["run", str(tmp_path / "plan.json"), "--checkpoint-dir", str(folder), "--resume"]
+    code, _, err = planner_main(args, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "global batch size 16, not this plan's 8; re-plan with the same global batch size" in err
