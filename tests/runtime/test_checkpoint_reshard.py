@@ -45,6 +45,13 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str, DType, ModelSpec]] = [
         DType.BF16,
         GPT,
     ),
+    (  # FSDP2's fp32 shards of a bf16 run into ZeRO-1's fp32 master slices
+        dict(data_parallel_degree=4, zero_stage=3, micro_batch_size=2),
+        {**DP2_PP2, "zero_stage": 1},
+        "adamw",
+        DType.BF16,
+        GPT,
+    ),
     # experts keep their names whichever rank holds them: from two per rank to all on each, split
     # over the tensor-parallel pair
     (
@@ -53,6 +60,13 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str, DType, ModelSpec]] = [
         "adamw",
         DType.FP32,
         MOE,
+    ),
+    (  # DTensors on one mesh (tensor-parallel) into DTensors on another (FSDP2's data-parallel)
+        dict(data_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=True, micro_batch_size=2),
+        dict(data_parallel_degree=4, zero_stage=3, micro_batch_size=1),
+        "adamw",
+        DType.FP32,
+        GPT,
     ),
     # a vocabulary split over the pipeline (row blocks, tied) gathered, and split again (untied)
     (
