@@ -19,8 +19,9 @@ process model's names, ``runtime.model``):
 - ``optim.<name>.<state>``: the optimizer's state of that parameter (AdamW's ``exp_avg``,
   ``exp_avg_sq``, ``step``) laid out as the parameter. A tied output layer's copy on the last
   pipeline stage takes the embedding's name (``tok_emb.weight``): the copies step alike. ZeRO-1
-  saves the owner's state only; under ZeRO-0/1 in mixed precision the masters' slices (and their
-  states) are gathered over the sharing group into the parameter's shape first.
+  saves the owner's state only; under ZeRO-1 in mixed precision the masters' slices (and their
+  states) are gathered into the parameter's shape on one rank of the sharing group first, a
+  1/shards share of them on each (``_mixed``).
 - ``rng.rank<r>``: the random generators, restored only on the same plan.
 - Under a vocabulary layout split over the pipeline, its shards are blocks of rows of
   ``tok_emb.weight`` and ``head.weight``, the first V mod p a row longer: a DTensor's even chunks
@@ -138,9 +139,10 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
     assert path is not None
     same_plan = meta["plan_sha256"] == plan_sha256
     saved = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
-    if any(key.startswith("optim.") for key in saved):
+    optimizer_state = any(key.startswith("optim.") for key in saved)
+    if optimizer_state:
         _create_optimizer_states(trainer.optimizer)
-    state, apply = _state(trainer, saving=False, rng=same_plan)
+    state, apply = _state(trainer, saving=False, rng=same_plan, optimizer_state=optimizer_state)
     missing = sorted(key for key in state if key.startswith("model.") and key not in saved)
     if missing:
         raise InfeasibleConfigError(
@@ -163,18 +165,23 @@ Splits = dict[int, Callable[[torch.Tensor], torch.Tensor]]
 local part its place in the whole (``_expert_splits``, ``_vocabulary_splits``)."""
 
 
-def _state(trainer: Trainer, *, saving: bool, rng: bool = True) -> tuple[dict[str, Any], list[Apply]]:
+def _state(
+    trainer: Trainer, *, saving: bool, rng: bool = True, optimizer_state: bool = True
+) -> tuple[dict[str, Any], list[Apply]]:
     """The rank's state by reference name (tensors aliasing the live ones where they can), and
-    what puts the loaded values in place afterwards."""
+    what puts the loaded values in place afterwards (``optimizer_state``: whether the loaded
+    checkpoint has the optimizer's)."""
     names = _parameter_names(trainer)
     splits = _expert_splits(trainer) | _vocabulary_splits(trainer)
     state: dict[str, Any] = {}
     apply: list[Apply] = []
-    masters: dict[int, torch.Tensor] = {}  # fp32 truths of mixed-precision ZeRO-0/1 parameters
+    masters: dict[int, torch.Tensor] = {}  # fp32 truths of mixed-precision ZeRO-0/1 parameters held here
+    mixed: set[int] = set()  # every mixed-precision ZeRO-0/1 parameter: saved by its holder only
     for part in _parts(trainer.optimizer):
         if isinstance(part, DataParallelOptimizer) and part.mixed:
-            entries, finish = _mixed(part, names, splits, saving=saving)
-            masters |= {id(p): entries[f"model.{names[id(p)]}"] for p in part.params}
+            entries, held, finish = _mixed(part, names, splits, saving=saving, optimizer_state=optimizer_state)
+            masters |= {id(p): entries[f"model.{names[id(p)]}"] for p in part.params if id(p) in held}
+            mixed |= {id(p) for p in part.params}
             state |= {k: v for k, v in entries.items() if k.startswith("optim.")}
             apply.append(finish)
         else:
@@ -182,10 +189,14 @@ def _state(trainer: Trainer, *, saving: bool, rng: bool = True) -> tuple[dict[st
                 state |= _optimizer_entries(inner, names, splits)
     for chunk in trainer.chunks:
         for name, tensor in chunk.state_dict(keep_vars=True).items():
+            if id(tensor) in mixed and id(tensor) not in masters:
+                continue  # its fp32 master is held by another rank
             key = f"model.{names.get(id(tensor), name)}"  # a tied output copy: the embedding's
             state[key] = masters.get(id(tensor), _placed(tensor.detach(), tensor, splits))
     if trainer.vocabulary is not None:
         for p in trainer.vocabulary.shards.parameters():
+            if id(p) in mixed and id(p) not in masters:
+                continue
             state[f"model.{names[id(p)]}"] = masters.get(id(p), _placed(p.detach(), p, splits))
     if rng:
         key = f"rng.rank{dist.get_rank()}"
@@ -227,61 +238,99 @@ def _optimizer_entries(inner: torch.optim.Optimizer, names: dict[int, str], spli
 
 
 def _mixed(
-    part: DataParallelOptimizer, names: dict[int, str], splits: Splits, *, saving: bool
-) -> tuple[dict[str, torch.Tensor], Apply]:
-    """ZeRO-0/1's fp32 masters and their states in their parameters' shapes: when saving,
-    gathered from the owned slices over the sharing group; when loading, buffers to load into,
-    and what copies them to the owned slices (and the masters' casts to the parameters)."""
+    part: DataParallelOptimizer, names: dict[int, str], splits: Splits, *, saving: bool, optimizer_state: bool
+) -> tuple[dict[str, torch.Tensor], set[int], Apply]:
+    """ZeRO-0/1's fp32 masters and their states in their parameters' shapes, the parameters this
+    rank holds them for, and what puts loaded ones in place.
+
+    Without sharding every rank holds every slice. With ZeRO-1 each parameter is held by one
+    rank of the sharing group, the owner of its first slice: saving, the owners' slices are
+    summed into it (``reduce``; the other ranks' zeros add nothing), one holder's parameters at
+    a time; loading, it reads them and sends them to the group (``broadcast``), where each rank
+    takes its slices and the masters' casts to the parameters. A rank so keeps 1/shards of the
+    masters and moments at once, plus one holder's share in transit.
+    """
     pieces = [(piece, inner) for group, inner in zip(part.slices, part.inner, strict=True) for piece in group]
     kinds = sorted({k for piece, inner in pieces for k in inner.state.get(piece.master, {}) if k != "step"})
-    if part.shard and part.shards > 1:  # every rank must gather the same kinds
+    sharded = part.shard and part.shards > 1
+    if sharded:  # every rank must lay the buffers out alike
         everyone: list[list[str]] = [[] for _ in range(part.shards)]
         dist.all_gather_object(everyone, kinds, group=part.shard_group)
         kinds = sorted({k for ks in everyone for k in ks})
-    flats = {p: {k: torch.zeros(local(p).numel()) for k in ["master", *kinds]} for p in part.params}
-    steps = torch.zeros(1)
-    for piece, inner in pieces:
-        flats[piece.param]["master"][piece.start : piece.stop] = piece.master
-        for k, value in inner.state.get(piece.master, {}).items():
-            if k == "step":
-                steps = torch.maximum(steps, value.detach().reshape(1).float().cpu())
-            elif saving:
-                flats[piece.param][k][piece.start : piece.stop] = value
-    if saving and part.shard and part.shards > 1:
-        flat = torch.cat([t for p in part.params for t in flats[p].values()])
-        dist.all_reduce(flat, group=part.shard_group)  # the owners' slices fill one another's zeros
-        dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=part.shard_group)  # a rank owning none has 0
+    fields = ["master", *kinds, *(["step"] if kinds else [])]
+    holder: dict[int, int] = {}
+    for unit, owner in zip(part.units, part.owner, strict=True):
+        holder.setdefault(id(unit.param), owner if sharded else part.rank)
+    holders = range(part.shards) if sharded else [part.rank]
+    held = {d: [p for p in part.params if holder[id(p)] == d] for d in holders}
+
+    def pack(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, dict[int, dict[str, torch.Tensor]]]:
+        """One zeroed fp32 buffer for ``params``' fields, and each field's view into it."""
+        sizes = [(p, k, 1 if k == "step" else local(p).numel()) for p in params for k in fields]
+        buffer = torch.zeros(sum(n for _, _, n in sizes))
+        views: dict[int, dict[str, torch.Tensor]] = {id(p): {} for p in params}
         offset = 0
-        for p in part.params:
-            for t in flats[p].values():
-                t.copy_(flat[offset : offset + t.numel()])
-                offset += t.numel()
+        for p, k, n in sizes:
+            views[id(p)][k] = buffer[offset : offset + n]
+            offset += n
+        return buffer, views
+
+    def fill(views: dict[int, dict[str, torch.Tensor]]) -> None:
+        """This rank's slices (and, for the parameters it holds, their step) into ``views``."""
+        for piece, inner in pieces:
+            mine = views.get(id(piece.param))
+            if mine is None:
+                continue
+            mine["master"][piece.start : piece.stop] = piece.master
+            for k, value in inner.state.get(piece.master, {}).items():
+                if k != "step":
+                    mine[k][piece.start : piece.stop] = value
+                elif holder[id(piece.param)] == part.rank and piece.start == 0:
+                    mine[k].copy_(value.detach().reshape(1))
+
+    def source(d: int) -> int:
+        return dist.get_global_rank(part.shard_group, d) if sharded else dist.get_rank()
+
+    kept: dict[int, dict[str, torch.Tensor]] = {}
+    buffers: dict[int, tuple[torch.Tensor, dict[int, dict[str, torch.Tensor]]]] = {}
+    for d in holders:
+        if saving:
+            buffer, views = pack(held[d])
+            fill(views)
+            if sharded:
+                dist.reduce(buffer, dst=source(d), group=part.shard_group)
+            if d == part.rank:
+                kept = views
+        elif d == part.rank:
+            buffers[d] = pack(held[d])
+            kept = buffers[d][1]
     entries: dict[str, torch.Tensor] = {}
-    for p in part.params:
+    for p in held.get(part.rank, []):
         name = names[id(p)]
-        for k, flat_tensor in flats[p].items():
-            entries[f"model.{name}" if k == "master" else f"optim.{name}.{k}"] = _placed(
-                _shaped(flat_tensor, p), p, splits
-            )
-        if kinds:
-            entries[f"optim.{name}.step"] = steps.reshape(())
+        for k in fields:
+            key = f"model.{name}" if k == "master" else f"optim.{name}.{k}"
+            view = kept[id(p)][k]
+            entries[key] = view.reshape(()) if k == "step" else _placed(_shaped(view, p), p, splits)
 
     def finish(loaded: dict[str, Any]) -> None:
         with torch.no_grad():
-            for p in part.params:
-                master = _local_of(loaded[f"model.{names[id(p)]}"]).reshape(-1)
-                local(p.data).view(-1).copy_(master)
-            for piece, inner in pieces:
-                name = names[id(piece.param)]
-                piece.master.copy_(_local_of(loaded[f"model.{name}"]).reshape(-1)[piece.start : piece.stop])
-                for k, value in inner.state.get(piece.master, {}).items():
-                    key = f"optim.{name}.{k}"
-                    if key not in loaded:
+            for d in holders:  # the holder's loaded buffer (the entries' storage), to every rank
+                buffer, views = buffers[d] if d == part.rank else pack(held[d])
+                if sharded:
+                    dist.broadcast(buffer, src=source(d), group=part.shard_group)
+                for p in held[d]:
+                    local(p.data).view(-1).copy_(views[id(p)]["master"])
+                for piece, inner in pieces:
+                    mine = views.get(id(piece.param))
+                    if mine is None:
                         continue
-                    source = _local_of(loaded[key]).reshape(-1)
-                    value.copy_(source[piece.start : piece.stop] if k != "step" else source.reshape(value.shape))
+                    piece.master.copy_(mine["master"][piece.start : piece.stop])
+                    if not optimizer_state:
+                        continue
+                    for k, value in inner.state.get(piece.master, {}).items():
+                        value.copy_(mine[k][piece.start : piece.stop] if k != "step" else mine[k].reshape(value.shape))
 
-    return entries, finish
+    return entries, {id(p) for p in held.get(part.rank, [])}, finish
 
 
 def _expert_splits(trainer: Trainer) -> Splits:
