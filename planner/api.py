@@ -32,7 +32,7 @@ from planner.inputs import load_cluster, load_model, save_cluster
 from planner.placement_comparison import PlacementComparison
 from planner.placement_comparison import compare_placements as _compare_placements
 from planner.plans import load_plan, make_plan, save_plan
-from planner.replan import Replan
+from planner.replanning import Replan
 from planner.routing_trace import load_routing_stats
 from planner.schemas import (
     Alternative,
@@ -312,7 +312,7 @@ def replan(
     failure, or more), for a layout the runtime runs and a checkpoint of the old plan loads into.
 
     The global batch, sequence length and precision stay: the micro-batches are reshaped to the
-    new data-parallel degree (``planner.replan``).
+    new data-parallel degree (``planner.replanning``).
 
     Args:
         plan: the plan (or its file) that ran.
@@ -322,7 +322,7 @@ def replan(
         strategy, budget, seed, memory_margin, progress: as for :func:`search_outcome`.
 
     Returns:
-        The old plan, the new one and the checkpoint's step, for ``planner.replan.summary``.
+        The old plan, the new one and the checkpoint's step, for ``planner.replanning.summary``.
 
     Raises:
         SchemaError: an input could not be read, or no complete checkpoint is in ``checkpoint_dir``.

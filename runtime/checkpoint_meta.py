@@ -48,6 +48,11 @@ def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int) ->
     if path is None:
         raise SchemaError(f"no complete checkpoint in {str(directory)!r}; run without --resume to start afresh")
     meta: dict[str, Any] = json.loads((path / META).read_text())
+    if "model_sha256" not in meta:
+        raise InfeasibleConfigError(
+            f"the checkpoint {str(path)!r} is in the older per-rank form, which only the planner that wrote it "
+            "resumes; resume it with that version"
+        )
     if meta.get("model_sha256") != model_sha256(model):
         raise InfeasibleConfigError(
             f"the checkpoint {str(path)!r} was taken for model {meta.get('model_name')!r}, not this plan's "

@@ -8,7 +8,7 @@ import typer
 from planner import api
 from planner.api import StrategyName
 from planner.cli.options import progress_bar
-from planner.replan import summary
+from planner.replanning import summary
 
 
 def replan(

@@ -1,4 +1,4 @@
-"""`planner replan` (``planner.replan``, ``api.replan``): the same model and global batch searched
+"""`planner replan` (``planner.replanning``, ``api.replan``): the same model and global batch searched
 again for other devices, with what changed and the throughput lost."""
 
 import json
@@ -12,7 +12,7 @@ from cost_models.estimate import estimate
 from planner import api
 from planner.inputs import load_cluster, load_model
 from planner.plans import load_plan, make_plan, save_plan
-from planner.replan import Replan, layout_changes, summary
+from planner.replanning import Replan, layout_changes, summary
 from planner.schemas import Layout, Plan, TrainingSpec, ZeroStage
 from runtime.checkpoint_meta import layout_json, model_sha256
 

@@ -190,3 +190,12 @@ def test_planner_run_refuses_such_a_checkpoint_before_any_work(tmp_path: Path, m
     code, _, err = planner_main(args, monkeypatch)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "global batch size 16, not this plan's 8; re-plan with the same global batch size" in err
+
+
+def test_a_checkpoint_of_the_older_per_rank_form_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / checkpoint.checkpoint_name(2)
+    folder.mkdir()
+    (folder / "meta.json").write_text('{"step": 2, "plan_sha256": "p"}')
+    (tmp_path / "latest").write_text(folder.name + "\n")
+    with pytest.raises(InfeasibleConfigError, match="older per-rank form"):
+        checkpoint_meta.check_loadable(tmp_path, GPT, BATCH)
