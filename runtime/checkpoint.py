@@ -46,23 +46,17 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor.api import ShardedTensor
-from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
-from torch.distributed._shard.sharded_tensor.shard import Shard as TensorShard
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.tensor import DTensor, Shard
 
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import MeshAxis, vocabulary_rows
+from runtime.checkpoint_layout import Splits, expert_splits, placed, shaped, vocabulary_splits
 from runtime.checkpoint_meta import LATEST, META, check_loadable, latest, layout_json, model_sha256
 from runtime.data_parallel import Optimizer
 from runtime.expert_parallel import JointOptimizer
@@ -160,10 +154,6 @@ def resume(trainer: Trainer, directory: Path, plan_sha256: str) -> Resumed:
 Apply = Callable[[dict[str, Any]], None]
 """Puts what ``dcp.load`` read into the trainer where it was not loaded in place."""
 
-Splits = dict[int, Callable[[torch.Tensor], torch.Tensor]]
-"""Parameters split by hand, by identity: what gives a tensor laid out as such a parameter's
-local part its place in the whole (``_expert_splits``, ``_vocabulary_splits``)."""
-
 
 def _state(
     trainer: Trainer, *, saving: bool, rng: bool = True, optimizer_state: bool = True
@@ -172,7 +162,7 @@ def _state(
     what puts the loaded values in place afterwards (``optimizer_state``: whether the loaded
     checkpoint has the optimizer's)."""
     names = _parameter_names(trainer)
-    splits = _expert_splits(trainer) | _vocabulary_splits(trainer)
+    splits = expert_splits(trainer) | vocabulary_splits(trainer)
     state: dict[str, Any] = {}
     apply: list[Apply] = []
     masters: dict[int, torch.Tensor] = {}  # fp32 truths of mixed-precision ZeRO-0/1 parameters held here
@@ -192,12 +182,12 @@ def _state(
             if id(tensor) in mixed and id(tensor) not in masters:
                 continue  # its fp32 master is held by another rank
             key = f"model.{names.get(id(tensor), name)}"  # a tied output copy: the embedding's
-            state[key] = masters.get(id(tensor), _placed(tensor.detach(), tensor, splits))
+            state[key] = masters.get(id(tensor), placed(tensor.detach(), tensor, splits))
     if trainer.vocabulary is not None:
         for p in trainer.vocabulary.shards.parameters():
             if id(p) in mixed and id(p) not in masters:
                 continue
-            state[f"model.{names[id(p)]}"] = masters.get(id(p), _placed(p.detach(), p, splits))
+            state[f"model.{names[id(p)]}"] = masters.get(id(p), placed(p.detach(), p, splits))
     if rng:
         key = f"rng.rank{dist.get_rank()}"
         state[key] = _rng_state()
@@ -229,7 +219,7 @@ def _parts(optimizer: Optimizer | object) -> Iterator[torch.optim.Optimizer | Da
 def _optimizer_entries(inner: torch.optim.Optimizer, names: dict[int, str], splits: Splits) -> dict[str, torch.Tensor]:
     """A torch optimizer's state tensors by their parameter's name, laid out as the parameter."""
     return {
-        f"optim.{names[id(p)]}.{key}": _placed(value, p, splits)
+        f"optim.{names[id(p)]}.{key}": placed(value, p, splits)
         for group in inner.param_groups
         for p in group["params"]
         for key, value in inner.state.get(p, {}).items()
@@ -310,7 +300,7 @@ def _mixed(
         for k in fields:
             key = f"model.{name}" if k == "master" else f"optim.{name}.{k}"
             view = kept[id(p)][k]
-            entries[key] = view.reshape(()) if k == "step" else _placed(_shaped(view, p), p, splits)
+            entries[key] = view.reshape(()) if k == "step" else placed(shaped(view, p), p, splits)
 
     def finish(loaded: dict[str, Any]) -> None:
         with torch.no_grad():
@@ -331,78 +321,6 @@ def _mixed(
                         value.copy_(mine[k][piece.start : piece.stop] if k != "step" else mine[k].reshape(value.shape))
 
     return entries, {id(p) for p in held.get(part.rank, [])}, finish
-
-
-def _expert_splits(trainer: Trainer) -> Splits:
-    """The experts' weights under tensor parallelism (not folded): plain tensors holding the
-    rank's even share of the reference's, as ``runtime.tensor_parallel.split_expert`` cuts them
-    (gate and up by rows, down by columns; down's bias whole on tensor rank 0)."""
-    layout = trainer.layout
-    if not trainer.model.is_moe or layout.tensor_parallel_degree == 1 or layout.folds_experts:
-        return {}
-    mesh = trainer.mesh[MeshAxis.TP]
-    splits: Splits = {}
-    for chunk in trainer.chunks:
-        for name, p in chunk.named_parameters():
-            if ".mlp.experts." in name and not name.endswith("down.bias"):
-                placement = Shard(1) if name.endswith("down.weight") else Shard(0)
-                splits[id(p)] = partial(DTensor.from_local, device_mesh=mesh, placements=(placement,), run_check=False)
-    return splits
-
-
-def _vocabulary_splits(trainer: Trainer) -> Splits:
-    """Under a vocabulary layout split over the pipeline, the shards' rows of the embedding and
-    output matrices: blocks of rows as ``schemas.geometry.vocabulary_rows`` cuts them, the first
-    V mod p one row longer, which a DTensor's even chunks cannot say; a ShardedTensor can."""
-    if trainer.vocabulary is None:
-        return {}
-    layout, vocab_size = trainer.layout, trainer.model.vocab_size
-    blocks = [vocabulary_rows(vocab_size, layout, stage) for stage in range(layout.pipeline_parallel_degree)]
-    ranks = dist.get_process_group_ranks(trainer.mesh[MeshAxis.PP].get_group())
-    cut = partial(_row_block, blocks=blocks, ranks=ranks, stage=trainer.pp_rank)
-    return {id(p): cut for p in trainer.vocabulary.shards.parameters()}
-
-
-def _row_block(rows: torch.Tensor, *, blocks: list[range], ranks: list[int], stage: int) -> torch.Tensor:
-    """``rows`` (pipeline rank ``stage``'s block of ``blocks``) as that block of the whole
-    matrix, held by global rank ``ranks[stage]`` (its data- and tensor-parallel peers hold
-    the same blocks: DCP writes each once)."""
-    width, device = rows.shape[1], str(rows.device)
-    shards = [
-        ShardMetadata(shard_offsets=[b.start, 0], shard_sizes=[len(b), width], placement=f"rank:{r}/{device}")
-        for b, r in zip(blocks, ranks, strict=True)
-    ]
-    properties = TensorProperties(dtype=rows.dtype, requires_grad=False)
-    whole = ShardedTensorMetadata(shards, torch.Size([blocks[-1].stop, width]), properties)
-    mine = [TensorShard(rows, shards[stage])]
-    out: torch.Tensor = ShardedTensor._init_from_local_shards_and_global_metadata(mine, whole)
-    return out
-
-
-def _local_of(t: torch.Tensor) -> torch.Tensor:
-    """The rank's own part of a tensor of the state (a DTensor's or ShardedTensor's local tensor)."""
-    if isinstance(t, ShardedTensor):
-        return t.local_shards()[0].tensor
-    return local(t)
-
-
-def _placed(tensor: torch.Tensor, param: torch.Tensor, splits: Splits) -> torch.Tensor:
-    """``tensor`` (laid out as ``param``'s local part) as a DTensor where ``param`` is split by
-    hand, so that DCP records where its part sits; as it is otherwise."""
-    split = splits.get(id(param))
-    if split is None or isinstance(tensor, DTensor) or tensor.shape != param.shape:
-        return tensor
-    return split(tensor)
-
-
-def _shaped(flat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``flat`` (a parameter's local elements, flattened) in the shape and placement of ``like``."""
-    if isinstance(like, DTensor):
-        view = flat.view(like.to_local().shape)
-        return DTensor.from_local(
-            view, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
-        )
-    return flat.view(like.shape)
 
 
 def _create_optimizer_states(optimizer: Optimizer) -> None:
