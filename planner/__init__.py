@@ -26,6 +26,7 @@ _API = (
     "load_plan",
     "make_plan",
     "profile",
+    "replan",
     "run",
     "save_plan",
     "search",

@@ -33,10 +33,12 @@ from planner.inputs import load_cluster, load_model, save_cluster
 from planner.placement_comparison import PlacementComparison
 from planner.placement_comparison import compare_placements as _compare_placements
 from planner.plans import load_plan, make_plan, save_plan
+from planner.replanning import Replan
 from planner.routing_trace import load_routing_stats
 from planner.schemas import (
     Alternative,
     ClusterProfile,
+    DeviceKind,
     DType,
     Estimate,
     Layout,
@@ -48,10 +50,11 @@ from planner.schemas import (
     TrainingSpec,
     VocabularyLayout,
 )
-from planner.schemas.errors import SchemaError
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import num_micro_batches
 from planner.schemas.layout import check_experts
 from planner.schemas.model import check_seq_len
+from planner.schemas.runtime_support import check_runnable
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
@@ -62,6 +65,9 @@ from planner.search_engine.strategy import Budget, Progress, SearchStrategy
 from planner.tuning.settings import Selection, TuneSettings
 
 logger = logging.getLogger(__name__)
+
+REPLAN_CANDIDATES = 10
+"""The fastest layouts a re-plan considers, in order, for the first the runtime runs."""
 
 if TYPE_CHECKING:  # the modules behind these import torch (runtime) or scipy (tuning): loaded on use
     from planner.tuning.tuner import RunTrial, TuneResult
@@ -84,6 +90,7 @@ __all__ = [
     "load_plan",
     "make_plan",
     "profile",
+    "replan",
     "run",
     "save_plan",
     "search",
@@ -299,6 +306,69 @@ def search(
     return plans
 
 
+def replan(
+    plan: Plan | str | Path,
+    cluster: ClusterProfile | str,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    strategy: SearchStrategy | StrategyName | str = StrategyName.EXHAUSTIVE,
+    budget: Budget | None = None,
+    seed: int = 0,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
+    progress: Progress | None = None,
+) -> Replan:
+    """Search ``plan``'s model and training again on ``cluster`` (the devices left after a
+    failure, or more), for a layout the runtime runs and a checkpoint of the old plan loads into.
+
+    The global batch, sequence length and precision stay: the micro-batches are reshaped to the
+    new data-parallel degree (``planner.replanning``).
+
+    Args:
+        plan: the plan (or its file) that ran.
+        cluster: the new devices: a preset NAME:NODES or a profile (file).
+        checkpoint_dir: a checkpoint folder of the old run: its newest complete checkpoint must
+            load into the new plan (same model and global batch size).
+        strategy, budget, seed, memory_margin, progress: as for :func:`search_outcome`.
+
+    Returns:
+        The old plan, the new one and the checkpoint's step, for ``planner.replanning.summary``.
+
+    Raises:
+        SchemaError: an input could not be read, or no complete checkpoint is in ``checkpoint_dir``.
+        InfeasibleConfigError: no layout fits or none of the fastest runs on this runtime, or the
+            checkpoint cannot load into the new plan.
+    """
+    old = plan if isinstance(plan, Plan) else load_plan(plan)
+    step = None
+    if checkpoint_dir is not None:  # before the search: the new plan keeps the model and global batch
+        from runtime.checkpoint_meta import check_loadable
+
+        step = int(check_loadable(Path(checkpoint_dir), old.model, old.training.global_batch_size)["step"])
+    plans = search(
+        old.model,
+        cluster,
+        old.training,
+        strategy=strategy,
+        budget=budget,
+        top_k=REPLAN_CANDIDATES,
+        seed=seed,
+        memory_margin=memory_margin,
+        progress=progress,
+    )
+    refusals: list[str] = []
+    for candidate in plans:
+        try:
+            check_runnable(candidate, cuda=candidate.cluster.device_kind is not DeviceKind.CPU)
+        except InfeasibleConfigError as e:
+            refusals.append(str(e))
+            continue
+        return Replan(old=old, new=candidate, checkpoint_step=step)
+    raise InfeasibleConfigError(
+        f"none of the {len(plans)} fastest layouts on {cluster if isinstance(cluster, str) else cluster.name} runs "
+        f"on this runtime; the first: {refusals[0]}"
+    )
+
+
 def compare_placements(plan: Plan | str | Path, routing_trace: Path | str) -> PlacementComparison | None:
     """A plan's expert placement beside round-robin on a routing trace: the hottest rank's and the
     mean rank's routed tokens, and the tokens that cross ranks and nodes between MoE layers.
@@ -454,7 +524,8 @@ def run(
             model, optimizer, step and random state; atomic); None: no checkpoints.
         checkpoint_every: steps between checkpoints (0: one after the last step).
         resume: continue from the newest complete checkpoint in ``checkpoint_dir``, taken under
-            the same plan: the steps after it compute what an uninterrupted run computes.
+            the same plan (the steps after it compute what an uninterrupted run computes) or under
+            another layout of the same model and global batch (:func:`replan`; loaded resharded).
         inject_fault: testing aid, (rank, step, "exit" | "hang" | "slow").
         on_fault: what a straggler does to the run (``runtime.straggler_watch``): WARN logs it
             and records it in the report; EXIT also stops every rank after that step (a

@@ -27,6 +27,7 @@ from planner.schemas import DeviceKind, DType, OnFault, Plan, RankMemory, RunRep
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
 from planner.schemas.runtime_support import check_runnable
 from runtime import checkpoint
+from runtime.checkpoint_meta import check_loadable
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.expert_parallel import expert_sent_bytes
@@ -95,6 +96,9 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
             f"--trace-routing records which experts tokens go to, but {plan.model.name!r} has no experts; "
             "drop the option"
         )
+    if settings.resume:  # before any work: a checkpoint of another model or global batch is refused
+        assert settings.checkpoint_dir is not None
+        check_loadable(settings.checkpoint_dir, plan.model, plan.training.global_batch_size)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -118,7 +122,10 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     first = 0
     if settings.resume:
         assert settings.checkpoint_dir is not None
-        first = checkpoint.resume(trainer, settings.checkpoint_dir, plan_sha256).step
+        resumed = checkpoint.resume(trainer, settings.checkpoint_dir, plan_sha256)
+        first = resumed.step
+        if resumed.resharded and rank == 0:
+            logger.info("resumed %s, taken under another layout, resharded into this plan's", resumed.path)
         if first >= settings.steps:
             raise InfeasibleConfigError(
                 f"the checkpoint has {first} steps done, and --steps {settings.steps} asks for no more; "
@@ -258,6 +265,8 @@ def _train(
                 loss = trainer.step(inputs, targets)
             dist.barrier()
             times.append(time.perf_counter() - start)
+            if step == first and first > 0 and heartbeat.rank == 0:  # how long a restart took shows from here
+                logger.info("step %d, the first after the resume, ended at %s", step, datetime.now(UTC).isoformat())
             losses.append(loss)
             (expert, context), (expert_before, context_before) = _sent_bytes(trainer), sent_before
             sent.append((expert - expert_before, context - context_before))

@@ -92,6 +92,7 @@ class Trainer:
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
+        self.global_batch_size = global_batch_size
         self.micro_batches = num_micro_batches(global_batch_size, layout)
         self.mesh: DeviceMesh = mesh or layout_mesh(layout, device.type)
         self.pp_rank = self.mesh[MeshAxis.PP].get_local_rank()

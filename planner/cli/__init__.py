@@ -15,6 +15,7 @@ import typer
 
 from planner.cli.cluster_commands import profile, run, tune, validate
 from planner.cli.plan_commands import estimate, explain, export, launch, presets, search
+from planner.cli.replan_command import replan
 from planner.schemas.errors import PlannerError
 
 __all__ = ["app", "main"]
@@ -26,7 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts are plain: "[default: 1]" is text, not rich markup to strip
 )
-for _command in (estimate, search, explain, launch, export, profile, run, tune, validate, presets):
+for _command in (estimate, search, replan, explain, launch, export, profile, run, tune, validate, presets):
     app.command()(_command)
 
 

@@ -100,7 +100,10 @@ def run(
     ] = 0,
     resume: Annotated[
         bool,
-        typer.Option(help="Continue from the newest complete checkpoint in --checkpoint-dir (same plan), to --steps."),
+        typer.Option(
+            help="Continue from the newest complete checkpoint in --checkpoint-dir, to --steps: of this plan, or of "
+            "another layout of the same model and global batch (planner replan), resharded."
+        ),
     ] = False,
     on_fault: Annotated[
         OnFault,

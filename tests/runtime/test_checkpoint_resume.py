@@ -12,8 +12,8 @@ import torch.distributed as dist
 from harness import planner_main, run_ranks
 
 from planner.inputs import load_model
-from planner.schemas import DType, Layout
-from runtime import checkpoint
+from planner.schemas import DType, Layout, VocabularyLayout
+from runtime import checkpoint, optim
 from runtime.data import synthetic_batch
 from runtime.trainer import Trainer
 
@@ -24,6 +24,10 @@ LAYOUTS: list[tuple[dict[str, Any], DType]] = [
     (dict(data_parallel_degree=4, zero_stage=3), DType.FP32),
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=True), DType.FP32),
     (dict(data_parallel_degree=4, zero_stage=1), DType.BF16),  # fp32 master slices beside the optimizer
+    (  # the vocabulary's row blocks, split over the pipeline
+        dict(data_parallel_degree=2, pipeline_parallel_degree=2, vocabulary_layout=VocabularyLayout.VOCAB_2),
+        DType.FP32,
+    ),
 ]
 
 
@@ -70,7 +74,9 @@ def train_save_resume(workdir: str) -> list[dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_a_resumed_run_continues_exactly_where_it_stopped(tmp_path: Path) -> None:
+def test_a_resumed_run_continues_exactly_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # bf16 masters in slices of 16 Ki elements: a parameter's slices on several ranks (forked ranks inherit it)
+    monkeypatch.setattr(optim, "MASTER_SLICE_ELEMENTS", 1 << 14)
     results = run_ranks(4, train_save_resume, str(tmp_path), workdir=tmp_path)
     for (kw, dtype), result in zip(LAYOUTS, results, strict=True):
         assert result["at"] == SAVED_AT

@@ -1,0 +1,66 @@
+"""A checkpoint's metadata (``runtime.checkpoint``), read without torch: which checkpoint of a
+folder is the newest complete one, and whether a plan can resume from it (``planner replan``
+checks before any job starts)."""
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from planner.schemas import Layout, ModelSpec
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
+
+LATEST = "latest"
+META = "meta.json"
+
+
+def model_sha256(model: ModelSpec) -> str:
+    """The model's identity: a checkpoint resumes into the same architecture only."""
+    return hashlib.sha256(model.model_dump_json().encode()).hexdigest()
+
+
+def layout_json(layout: Layout) -> dict[str, Any]:
+    """A layout as the metadata records it."""
+    recorded: dict[str, Any] = TypeAdapter(Layout).dump_python(layout, mode="json")
+    return recorded
+
+
+def latest(directory: Path) -> Path | None:
+    """The newest complete checkpoint in ``directory``, or None."""
+    pointer = directory / LATEST
+    if not pointer.is_file():
+        return None
+    path = directory / pointer.read_text().strip()
+    return path if (path / META).is_file() else None
+
+
+def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int) -> dict[str, Any]:
+    """The newest complete checkpoint's metadata, if a run of ``model`` at ``global_batch_size``
+    can resume from it (under any layout).
+
+    Raises:
+        SchemaError: no complete checkpoint there.
+        InfeasibleConfigError: it was taken for another model or global batch size.
+    """
+    path = latest(directory)
+    if path is None:
+        raise SchemaError(f"no complete checkpoint in {str(directory)!r}; run without --resume to start afresh")
+    meta: dict[str, Any] = json.loads((path / META).read_text())
+    if "model_sha256" not in meta:
+        raise InfeasibleConfigError(
+            f"the checkpoint {str(path)!r} is in the older per-rank form, which only the planner that wrote it "
+            "resumes; resume it with that version"
+        )
+    if meta.get("model_sha256") != model_sha256(model):
+        raise InfeasibleConfigError(
+            f"the checkpoint {str(path)!r} was taken for model {meta.get('model_name')!r}, not this plan's "
+            f"{model.name!r}; resume with a plan for that model"
+        )
+    if meta.get("global_batch_size") != global_batch_size:
+        raise InfeasibleConfigError(
+            f"the checkpoint {str(path)!r} was taken at global batch size {meta.get('global_batch_size')}, not this "
+            f"plan's {global_batch_size}; re-plan with the same global batch size (planner replan)"
+        )
+    return meta
