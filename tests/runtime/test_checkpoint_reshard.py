@@ -90,6 +90,13 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str, DType, ModelSpec]] = [
         DType.FP32,
         MOE,
     ),
+    (  # context parallelism: the d cp ranks hold the same weights, ZeRO-1's moments shared over them
+        dict(data_parallel_degree=2, context_parallel_degree=2, zero_stage=1, micro_batch_size=2),
+        dict(data_parallel_degree=1, context_parallel_degree=2, tensor_parallel_degree=2, micro_batch_size=2),
+        "adamw",
+        DType.FP32,
+        GPT,
+    ),
 ]
 
 
