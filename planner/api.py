@@ -674,15 +674,15 @@ def _model_for(model: ModelSpec | str, training: TrainingSpec) -> ModelSpec:
 
 
 def _note_mixed_devices(cluster: ClusterProfile) -> None:
-    """One line saying how a cluster of mixed device types is priced (``ClusterProfile.pricing_device``)."""
+    """One line saying how a cluster of mixed device types is priced (``cost_models.stage_devices``)."""
     if cluster.has_mixed_devices:
-        device = cluster.pricing_device
         logger.info(
-            "note: %s mixes %s; every rank is priced as the slowest (%s) with the smallest memory (%.1f GB)",
+            "note: %s mixes %s; each pipeline stage is priced on its own ranks' devices, a stage spanning "
+            "several types as the slowest (%s) with the smallest memory (%.1f GB)",
             cluster.name,
             " and ".join(d.name for d in cluster.devices),
-            device.name,
-            device.memory_bytes / 1e9,
+            cluster.pricing_device.name,
+            cluster.pricing_device.memory_bytes / 1e9,
         )
 
 

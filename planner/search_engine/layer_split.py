@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from ortools.sat.python import cp_model
 
-from planner.schemas import Layout
+from planner.schemas import Layout, Schedule
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import accounted_split
 from planner.search_engine.evaluate import Evaluator, SplitCosts
@@ -25,6 +25,8 @@ TIME_UNIT_S = 1e-7
 """CP-SAT works in integers: times in units of 0.1 microsecond."""
 MEMORY_UNIT_BYTES = 1024
 """... and memory in KiB."""
+UNEQUAL_STAGES = 0.01
+"""Stages whose time per layer differs by more than this share run at unequal speeds."""
 
 
 def balance_layers(
@@ -87,8 +89,10 @@ class LayerSplitRefiner:
         """The candidate with its layers split by CP-SAT, or with the embedding and loss counted
         as layers (``geometry.accounted_split``), whichever is fastest and fits, when faster."""
         layout = candidate.layout
-        if layout.pipeline_parallel_degree == 1 or layout.virtual_stages > 1:
+        if layout.pipeline_parallel_degree == 1:
             return candidate
+        if layout.virtual_stages > 1:
+            return self._uneven_instead(candidate, evaluate, budget, seed=seed)
         accounted = accounted_split(evaluate.model.num_hidden_layers, layout.pipeline_parallel_degree)
         if min(accounted) >= 1:
             candidate = _faster(candidate, replace(layout, layer_split=accounted), evaluate)
@@ -105,6 +109,24 @@ class LayerSplitRefiner:
         if split is None:
             return candidate
         return _faster(candidate, replace(layout, layer_split=split), evaluate)
+
+    def _uneven_instead(self, candidate: Candidate, evaluate: Evaluator, budget: Budget, *, seed: int) -> Candidate:
+        """An interleaved candidate whose stages run at unequal speeds (a cluster of mixed device
+        types, ``cost_models.stage_devices``), or the same layout under 1F1B with its layers split
+        by CP-SAT, whichever is faster: interleaving spreads the layers evenly over the stages,
+        so the faster stages wait for the slower. Costs nothing on a cluster of one device type."""
+        if not evaluate.cluster.has_mixed_devices:
+            return candidate
+        plain = replace(candidate.layout, schedule=Schedule.ONE_F_ONE_B, virtual_stages=1, layer_split=None)
+        per_layer_s = evaluate.split_costs(plain).time_per_layer_s
+        if max(per_layer_s) <= min(per_layer_s) * (1.0 + UNEQUAL_STAGES):
+            return candidate
+        try:
+            start = Candidate(plain, evaluate(plain))
+        except InfeasibleConfigError:
+            return candidate
+        refined = self.refine(start, evaluate, budget, seed=seed)
+        return refined if refined.estimate.step_time_s < candidate.estimate.step_time_s else candidate
 
 
 def _faster(candidate: Candidate, layout: Layout, evaluate: Evaluator) -> Candidate:
