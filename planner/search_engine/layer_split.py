@@ -9,6 +9,7 @@ solve (as OR-Tools' line_balancing_sat example).
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -30,9 +31,15 @@ UNEQUAL_STAGES = 0.01
 
 
 def balance_layers(
-    costs: SplitCosts, num_layers: int, usable_memory_bytes: float, budget: Budget, *, seed: int = 0
+    costs: SplitCosts,
+    num_layers: int,
+    usable_memory_bytes: float | Sequence[float],
+    budget: Budget,
+    *,
+    seed: int = 0,
 ) -> tuple[int, ...] | None:
-    """Layers per stage minimizing the slowest stage's time; None if no split fits.
+    """Layers per stage minimizing the slowest stage's time; None if no split fits in each
+    stage's usable memory (one figure for every stage, or one per stage).
 
     Every stage gets at least one layer. The even split (extra layers to the middle) is the hint.
     """
@@ -45,7 +52,8 @@ def balance_layers(
     per_t = [math.ceil(t / TIME_UNIT_S) for t in costs.time_per_layer_s]
     base_m = [math.ceil(m / MEMORY_UNIT_BYTES) for m in costs.memory_base_bytes]
     per_m = [math.ceil(m / MEMORY_UNIT_BYTES) for m in costs.memory_per_layer_bytes]
-    cap_m = math.floor(usable_memory_bytes / MEMORY_UNIT_BYTES)
+    usable = [usable_memory_bytes] * p if isinstance(usable_memory_bytes, float | int) else list(usable_memory_bytes)
+    cap_m = [math.floor(u / MEMORY_UNIT_BYTES) for u in usable]
     max_layers = num_layers - (p - 1)
 
     model = cp_model.CpModel()
@@ -57,7 +65,7 @@ def balance_layers(
     model.add(sum(layers.values()) == num_layers)
     # Each stage fits in the usable memory.
     for s in stages:
-        model.add(base_m[s] + per_m[s] * layers[s] <= cap_m)
+        model.add(base_m[s] + per_m[s] * layers[s] <= cap_m[s])
     # The slowest stage bounds every stage.
     for s in stages:
         model.add(slowest >= base_t[s] + per_t[s] * layers[s])
@@ -102,7 +110,7 @@ class LayerSplitRefiner:
         split = balance_layers(
             evaluate.split_costs(layout),
             evaluate.model.num_hidden_layers,
-            evaluate.usable_memory_bytes,
+            evaluate.stage_usable_bytes(layout),
             split_budget,
             seed=seed,
         )

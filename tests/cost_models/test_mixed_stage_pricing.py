@@ -17,7 +17,7 @@ from cost_models.stage_devices import stage_devices, uniformly_slowest
 from cost_models.timing import StageTime, stage_times
 from planner.inputs import load_model
 from planner.schemas import ClusterProfile, DeviceMap, DeviceProfile, DType, Layout, NodeOverride, TrainingSpec
-from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.evaluate import Evaluator, SplitCosts
 from planner.search_engine.layer_split import balance_layers
 from planner.search_engine.strategy import Budget
 
@@ -124,3 +124,22 @@ def test_types_that_run_alike_price_as_one_uniform_cluster(
     alike = _mixed(factor=1.0)
     assert alike.has_mixed_devices
     assert estimate(MODEL, TRAINING, alike, layout) == estimate(MODEL, TRAINING, SLOW, layout)
+
+
+def test_each_stage_fits_in_its_own_devices_memory() -> None:
+    big = _faster(SLOW.device, SPEEDUP, "fast-gpu").model_copy(update={"memory_bytes": 2 * SLOW.device.memory_bytes})
+    mixed = ClusterProfile.model_validate({**dict(SLOW), "node_overrides": (NodeOverride(nodes=(1,), device=big),)})
+    evaluate = Evaluator(MODEL, TRAINING, mixed, memory_margin=0.0)
+    assert evaluate.stage_usable_bytes(PP2) == (80 * 2**30, 160 * 2**30)
+    whole = replace(PP2, data_parallel_degree=8, pipeline_parallel_degree=1)
+    assert evaluate.stage_usable_bytes(whole) == (80 * 2**30,)  # one stage over both: the smaller memory
+    # 8 layers of 1 s and 1 GiB each: the even split 4 + 4 is fastest, but stage 0 holds only 3 GiB.
+    gib = float(2**30)
+    costs = SplitCosts(
+        time_base_s=(0.0, 0.0),
+        time_per_layer_s=(1.0, 1.0),
+        memory_base_bytes=(0.0, 0.0),
+        memory_per_layer_bytes=(gib, gib),
+    )
+    assert balance_layers(costs, 8, (3 * gib, 100 * gib), Budget(max_time_s=5.0)) == (3, 5)
+    assert balance_layers(costs, 8, 100 * gib, Budget(max_time_s=5.0)) == (4, 4)
