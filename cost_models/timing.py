@@ -76,6 +76,7 @@ from cost_models.stage_devices import priced_on, stage_devices
 from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
 from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
 from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas.device_map import IDENTITY
 from planner.schemas.geometry import stage_layers
 from planner.schemas.routing import RoutingStats
 
@@ -197,6 +198,7 @@ def _stage_times(
                 expert_tensor_parallel_degree=None,
                 expert_parallel_degree=1,
                 expert_placement=None,
+                device_map=IDENTITY,  # a map of the layout's t-times-larger world; the kernels do not read it
             )
             if t > 1
             else layout
