@@ -152,7 +152,7 @@ def stage_times(
     groups = (tuple(tensor_groups), tuple(expert_groups), tuple(context_groups))
     priced = {
         id(device): _stage_times(model, training, priced_on(cluster, device), layout, *groups, routing)
-        for device in devices
+        for device in {id(device): device for device in devices}.values()
     }
     return tuple(priced[id(device)][s] for s, device in enumerate(devices))
 
