@@ -226,8 +226,8 @@ def collective_time_s(
 def has_uniform_links(cluster: ClusterProfile) -> bool:
     """Whether every link of a class is the same, so one group stands for all of its axis: both
     matrices uniform and every node with the default intra-node links and collective records.
-    Nodes that differ only in their devices or interface type keep it (the cost model prices
-    every rank on one device, ``ClusterProfile.pricing_device``, and the node matrix is the truth)."""
+    Nodes that differ only in their devices or interface type keep it (a collective's time reads
+    links and curves, not devices, and the node matrix is the truth)."""
     return (
         cluster.intra_node_links.uniform is not None
         and cluster.inter_node_links.uniform is not None

@@ -22,6 +22,7 @@ from cost_models.optimizer import optimizer_step_s
 from cost_models.params import all_stage_params
 from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.shared_cores import shared_core_factor
+from cost_models.stage_devices import mean_peak_flop_per_s
 from cost_models.timing import StageTime, stage_times
 from cost_models.validate import check_layout
 from cost_models.vocabulary import tied_embedding_sync_s
@@ -141,7 +142,7 @@ def _estimate_of(
     """The Estimate of a step taking ``time``: throughput, model and hardware FLOPs and their
     utilization of the world's peak (MFU, HFU; PaLM appendix B), the largest rank's memory."""
     step_s, world = time.step_time_s, layout.world_size
-    peak = cluster.pricing_device.get_peak_flop_per_s(training.dtype)
+    peak = mean_peak_flop_per_s(cluster, layout, training.dtype)
     model_flop = training.global_batch_size * model_flops_per_sequence(model, training.seq_len)
     hardware_flop = model_flop * hardware_flop_ratio(model, training.seq_len, layout.recompute)
     return Estimate(

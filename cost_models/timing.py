@@ -72,9 +72,11 @@ from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
 from cost_models.params import all_stage_params
 from cost_models.sharding import sharded_unit_s
+from cost_models.stage_devices import priced_on, stage_devices
 from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
 from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
 from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas.device_map import IDENTITY
 from planner.schemas.geometry import stage_layers
 from planner.schemas.routing import RoutingStats
 
@@ -141,11 +143,35 @@ def stage_times(
             (``expert_parallel.ExpertLoad``).
 
     Returns:
-        One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch.
+        One StageTime per pipeline rank, in pipeline order, in seconds per micro-batch. On a
+        cluster of mixed device types each stage is priced on its own ranks' devices
+        (``cost_models.stage_devices``).
     """
     tensor_groups = grp.tensor_groups(layout) if tensor_groups is None else tensor_groups
     expert_groups = grp.expert_groups(layout) if expert_groups is None else expert_groups
     context_groups = grp.context_groups(layout) if context_groups is None else context_groups
+    devices = stage_devices(cluster, layout)
+    if all(device is cluster.pricing_device for device in devices):
+        return _stage_times(model, training, cluster, layout, tensor_groups, expert_groups, context_groups, routing)
+    groups = (tuple(tensor_groups), tuple(expert_groups), tuple(context_groups))
+    priced = {
+        id(device): _stage_times(model, training, priced_on(cluster, device), layout, *groups, routing)
+        for device in {id(device): device for device in devices}.values()
+    }
+    return tuple(priced[id(device)][s] for s, device in enumerate(devices))
+
+
+def _stage_times(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    tensor_groups: Iterable[Group],
+    expert_groups: Iterable[Group],
+    context_groups: Iterable[Group],
+    routing: RoutingStats | None,
+) -> tuple[StageTime, ...]:
+    """``stage_times`` with every stage priced on ``cluster.pricing_device``."""
     dev, dt = cluster.pricing_device, training.dtype
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     kernels = _shared_kernels(model, training, cluster, layout)
@@ -176,6 +202,7 @@ def stage_times(
                 expert_tensor_parallel_degree=None,
                 expert_parallel_degree=1,
                 expert_placement=None,
+                device_map=IDENTITY,  # a map of the layout's t-times-larger world; the kernels do not read it
             )
             if t > 1
             else layout

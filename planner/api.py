@@ -27,6 +27,7 @@ from cost_models.estimate import estimate as _estimate
 from cost_models.expert_parallel import dropped_share, sent_bytes_per_step
 from cost_models.layer_work import profile_gemm_shapes
 from cost_models.schedule_timeline import Timeline, estimate_timeline
+from cost_models.stage_devices import stage_devices, uniformly_slowest
 from planner.export.targets import ExportTarget
 from planner.export.targets import export as _export
 from planner.inputs import load_cluster, load_model, save_cluster
@@ -732,6 +733,24 @@ def validate(storage: str = "sqlite:///tune.db", study: str | None = None, clust
     return summarize(study_name=name, records=finished, cluster=profile, source=f"{storage} {name}")
 
 
+def stage_device_names(cluster: ClusterProfile | str, layout: Layout) -> tuple[str, ...]:
+    """The device type that prices each pipeline stage of ``layout`` on ``cluster``, in pipeline
+    order: its ranks' own, the slowest of them where a stage spans several
+    (``cost_models.stage_devices``)."""
+    profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    return tuple(device.name for device in stage_devices(profile, layout))
+
+
+def homogeneous_estimate(
+    model: ModelSpec | str, cluster: ClusterProfile | str, training: TrainingSpec, layout: Layout
+) -> Estimate:
+    """``layout`` priced with every rank of ``cluster`` as its slowest device with the smallest
+    memory: the homogeneous treatment of a mixed cluster, against which pricing each stage on its
+    own devices is measured (the estimate itself on a cluster of one device type)."""
+    profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    return _estimate(_model_for(model, training), training, uniformly_slowest(profile), layout)
+
+
 def _model_for(model: ModelSpec | str, training: TrainingSpec) -> ModelSpec:
     """The model (loaded if named) where it meets the training: every estimate and search (and so
     every tune and plan) passes here, and a sequence longer than the model allows stops here.
@@ -745,15 +764,15 @@ def _model_for(model: ModelSpec | str, training: TrainingSpec) -> ModelSpec:
 
 
 def _note_mixed_devices(cluster: ClusterProfile) -> None:
-    """One line saying how a cluster of mixed device types is priced (``ClusterProfile.pricing_device``)."""
+    """One line saying how a cluster of mixed device types is priced (``cost_models.stage_devices``)."""
     if cluster.has_mixed_devices:
-        device = cluster.pricing_device
         logger.info(
-            "note: %s mixes %s; every rank is priced as the slowest (%s) with the smallest memory (%.1f GB)",
+            "note: %s mixes %s; each pipeline stage is priced on its own ranks' devices, a stage spanning "
+            "several types as the slowest (%s) with the smallest memory (%.1f GB)",
             cluster.name,
             " and ".join(d.name for d in cluster.devices),
-            device.name,
-            device.memory_bytes / 1e9,
+            cluster.pricing_device.name,
+            cluster.pricing_device.memory_bytes / 1e9,
         )
 
 

@@ -143,6 +143,31 @@ def mapping_gain(mapped: Estimate, identity: Estimate) -> str:
     )
 
 
+def mixed_devices_view(
+    chosen: Estimate, device_names: tuple[str, ...], homogeneous: Estimate, slowest_name: str
+) -> Table:
+    """Per pipeline stage of a plan on mixed device types, the device type that runs it, its
+    layers and compute per micro-batch, against the same layout with every rank priced as the
+    slowest type (the homogeneous treatment), and the gain in step time."""
+    table = Table(
+        title="mixed devices: each stage priced on its own ranks' devices (the slowest of them where it spans several)",
+        caption=f"step time {chosen.step_time_s:.4g} s against {homogeneous.step_time_s:.4g} s with every rank "
+        f"priced as the {slowest_name} ({homogeneous.step_time_s / chosen.step_time_s:.3g}x); a faster stage "
+        "takes more layers when the layer split follows each stage's time per layer",
+    )
+    for name in ("stage", "device", "layers", "ms / micro-batch", "as the slowest"):
+        table.add_column(name, justify="left" if name == "device" else "right")
+    for ours, theirs, device in zip(chosen.stages, homogeneous.stages, device_names, strict=True):
+        table.add_row(
+            str(ours.stage),
+            device,
+            str(ours.layers),
+            f"{ours.compute_per_micro_batch_s * 1e3:.4g}",
+            f"{theirs.compute_per_micro_batch_s * 1e3:.4g}",
+        )
+    return table
+
+
 def vocabulary_view(chosen: Estimate, layout: Layout, other: Estimate, other_layout: Layout) -> Table:
     """Per pipeline stage, compute per micro-batch and peak memory under the plan's vocabulary
     layout and another (pinned against split over the pipeline), with the step time of each."""

@@ -46,6 +46,7 @@ from planner.render import (
     comparison_view,
     estimate_view,
     mapping_gain,
+    mixed_devices_view,
     placement_hint,
     placement_view,
     ranked_table,
@@ -314,6 +315,10 @@ def explain(
     console = output_console()
     console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, cluster, loaded.layout))
     console.print(comparison_view(loaded))
+    if cluster.has_mixed_devices:
+        homogeneous = api.homogeneous_estimate(loaded.model, cluster, loaded.training, loaded.layout)
+        names = api.stage_device_names(cluster, loaded.layout)
+        console.print(mixed_devices_view(loaded.estimate, names, homogeneous, cluster.pricing_device.name))
     if not loaded.layout.device_map.is_identity:
         identity = api.estimate(loaded.model, cluster, loaded.training, replace(loaded.layout, device_map=IDENTITY))
         typer.echo(mapping_gain(loaded.estimate, identity))

@@ -329,21 +329,35 @@ class ClusterProfile(FrozenModel):
 
     @property
     def pricing_device(self) -> DeviceProfile:
-        """The device the cost model prices every rank on: ``device`` when all are alike; on mixed
-        devices, conservatively, the slowest type (lowest sustained bf16 GEMM rate, all of its
-        rates and measured records) with the smallest memory of any type. A stage placed on faster
-        devices is priced as if on the slowest; pricing each stage on its own devices is future work."""
+        """The device that prices what the whole cluster runs in lockstep: ``device`` when all are
+        alike; on mixed devices the slowest type with the smallest memory (``slowest_device``).
+        The cost model prices each pipeline stage on its own ranks' devices instead
+        (``cost_models.stage_devices``), so a stage wholly on faster nodes runs at their pace."""
         return self._memo()[1] if self.node_overrides else self.device
 
     def _slowest_device(self) -> DeviceProfile:
-        devices = self.devices
-        if len(devices) == 1:
-            return self.device
-        slowest = min(devices, key=_sustained_flop_per_s)
-        smallest = min(d.memory_bytes for d in devices)
-        if slowest.memory_bytes == smallest:
-            return slowest
-        return slowest.model_copy(update={"memory_bytes": smallest})
+        return slowest_device(self.devices)
+
+    def priced_on(self, device: DeviceProfile) -> "ClusterProfile":
+        """This cluster with ``device`` on every node: the same links, interfaces and collective
+        curves, so that the cost model prices a part of it (a pipeline stage) on that part's
+        devices. Its ``pricing_device`` is ``device``."""
+        kept = (o.model_copy(update={"device": None}) for o in self.node_overrides)
+        overrides = tuple(o for o in kept if o.intra_node_links or o.nic or o.collectives is not None)
+        return self.model_copy(update={"device": device, "node_overrides": overrides})
+
+
+def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
+    """The device a group of ``devices`` (one or more types) runs at in lockstep: the slowest type
+    (lowest sustained bf16 GEMM rate, all of its rates and measured records) with the smallest
+    memory of any; the one device itself when they are alike."""
+    if len(devices) == 1:
+        return devices[0]
+    slowest = min(devices, key=_sustained_flop_per_s)
+    smallest = min(d.memory_bytes for d in devices)
+    if slowest.memory_bytes == smallest:
+        return slowest
+    return slowest.model_copy(update={"memory_bytes": smallest})
 
 
 CLUSTER_SCHEMA_VERSION = 4

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 from cost_models.estimate import estimate
 from cost_models.memory import LayoutMemory, all_stage_memory, stage_memory_floor
+from cost_models.stage_devices import stage_devices
 from cost_models.timing import stage_times
 from cost_models.validate import check_layout
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
@@ -80,6 +81,8 @@ class Evaluator:
         self.routing = routing
         """A routing trace's statistics: every MoE layer is priced at its busiest rank's load."""
         self.usable_memory_bytes = cluster.pricing_device.memory_bytes * (1.0 - memory_margin)
+        """The smallest device's usable memory: every stage's on a cluster of one device type."""
+        self._largest_usable_bytes = max(d.memory_bytes for d in cluster.devices) * (1.0 - memory_margin)
         self.memory_margin = memory_margin
         self.evaluations = 0
         self.closest_miss: Miss | None = None
@@ -101,11 +104,12 @@ class Evaluator:
         """
         check_layout(self.model, self.training, self.cluster, layout)
         stages = LayoutMemory(self.model, self.training, self.cluster, layout, self.routing)
+        usable = self.stage_usable_bytes(layout)
         first = stages.stage(0)
-        if first.total_bytes <= self.usable_memory_bytes or self._closer(first):
+        if first.total_bytes <= usable[0] or self._closer(first):
             memories = (first, *(stages.stage(s) for s in range(1, layout.pipeline_parallel_degree)))
             peak = max(memories, key=lambda mem: mem.total_bytes)
-            if peak.total_bytes <= self.usable_memory_bytes:
+            if all(mem.total_bytes <= cap for mem, cap in zip(memories, usable, strict=True)):
                 return memories
             if self._closer(peak):
                 self.closest_miss = Miss(layout, peak)
@@ -119,6 +123,14 @@ class Evaluator:
             needed_bytes=peak.total_bytes,
             usable_bytes=self.usable_memory_bytes,
         )
+
+    def stage_usable_bytes(self, layout: Layout) -> tuple[float, ...]:
+        """Each pipeline stage's usable memory: its devices' (the smallest among its ranks' on a
+        cluster of mixed device types, ``cost_models.stage_devices``) less the margin."""
+        if not self.cluster.has_mixed_devices:
+            return (self.usable_memory_bytes,) * layout.pipeline_parallel_degree
+        keep = 1.0 - self.memory_margin
+        return tuple(d.memory_bytes * keep for d in stage_devices(self.cluster, layout))
 
     def memory_floor_bytes(self, layout: Layout) -> float:
         """The largest stage's ``stage_memory_floor`` total: a lower bound of the layout's peak memory.
@@ -151,7 +163,7 @@ class Evaluator:
         if self.closest_miss is None:
             return False
         floor = self.memory_floor_bytes(layout)
-        if floor > self.usable_memory_bytes and floor >= self.closest_miss.memory.total_bytes:
+        if floor > self._largest_usable_bytes and floor >= self.closest_miss.memory.total_bytes:
             self.ruled_out += 1
             return True
         return False

@@ -9,12 +9,13 @@ solve (as OR-Tools' line_balancing_sat example).
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ortools.sat.python import cp_model
 
-from planner.schemas import Layout
+from planner.schemas import Layout, Schedule
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import accounted_split
 from planner.search_engine.evaluate import Evaluator, SplitCosts
@@ -25,12 +26,20 @@ TIME_UNIT_S = 1e-7
 """CP-SAT works in integers: times in units of 0.1 microsecond."""
 MEMORY_UNIT_BYTES = 1024
 """... and memory in KiB."""
+UNEQUAL_STAGES = 0.01
+"""Stages whose time per layer differs by more than this share run at unequal speeds."""
 
 
 def balance_layers(
-    costs: SplitCosts, num_layers: int, usable_memory_bytes: float, budget: Budget, *, seed: int = 0
+    costs: SplitCosts,
+    num_layers: int,
+    usable_memory_bytes: float | Sequence[float],
+    budget: Budget,
+    *,
+    seed: int = 0,
 ) -> tuple[int, ...] | None:
-    """Layers per stage minimizing the slowest stage's time; None if no split fits.
+    """Layers per stage minimizing the slowest stage's time; None if no split fits in each
+    stage's usable memory (one figure for every stage, or one per stage).
 
     Every stage gets at least one layer. The even split (extra layers to the middle) is the hint.
     """
@@ -43,7 +52,8 @@ def balance_layers(
     per_t = [math.ceil(t / TIME_UNIT_S) for t in costs.time_per_layer_s]
     base_m = [math.ceil(m / MEMORY_UNIT_BYTES) for m in costs.memory_base_bytes]
     per_m = [math.ceil(m / MEMORY_UNIT_BYTES) for m in costs.memory_per_layer_bytes]
-    cap_m = math.floor(usable_memory_bytes / MEMORY_UNIT_BYTES)
+    usable = [usable_memory_bytes] * p if isinstance(usable_memory_bytes, float | int) else list(usable_memory_bytes)
+    cap_m = [math.floor(u / MEMORY_UNIT_BYTES) for u in usable]
     max_layers = num_layers - (p - 1)
 
     model = cp_model.CpModel()
@@ -55,7 +65,7 @@ def balance_layers(
     model.add(sum(layers.values()) == num_layers)
     # Each stage fits in the usable memory.
     for s in stages:
-        model.add(base_m[s] + per_m[s] * layers[s] <= cap_m)
+        model.add(base_m[s] + per_m[s] * layers[s] <= cap_m[s])
     # The slowest stage bounds every stage.
     for s in stages:
         model.add(slowest >= base_t[s] + per_t[s] * layers[s])
@@ -87,8 +97,10 @@ class LayerSplitRefiner:
         """The candidate with its layers split by CP-SAT, or with the embedding and loss counted
         as layers (``geometry.accounted_split``), whichever is fastest and fits, when faster."""
         layout = candidate.layout
-        if layout.pipeline_parallel_degree == 1 or layout.virtual_stages > 1:
+        if layout.pipeline_parallel_degree == 1:
             return candidate
+        if layout.virtual_stages > 1:
+            return self._uneven_instead(candidate, evaluate, budget, seed=seed)
         accounted = accounted_split(evaluate.model.num_hidden_layers, layout.pipeline_parallel_degree)
         if min(accounted) >= 1:
             candidate = _faster(candidate, replace(layout, layer_split=accounted), evaluate)
@@ -98,13 +110,31 @@ class LayerSplitRefiner:
         split = balance_layers(
             evaluate.split_costs(layout),
             evaluate.model.num_hidden_layers,
-            evaluate.usable_memory_bytes,
+            evaluate.stage_usable_bytes(layout),
             split_budget,
             seed=seed,
         )
         if split is None:
             return candidate
         return _faster(candidate, replace(layout, layer_split=split), evaluate)
+
+    def _uneven_instead(self, candidate: Candidate, evaluate: Evaluator, budget: Budget, *, seed: int) -> Candidate:
+        """An interleaved candidate whose stages run at unequal speeds (a cluster of mixed device
+        types, ``cost_models.stage_devices``), or the same layout under 1F1B with its layers split
+        by CP-SAT, whichever is faster: interleaving spreads the layers evenly over the stages,
+        so the faster stages wait for the slower. Costs nothing on a cluster of one device type."""
+        if not evaluate.cluster.has_mixed_devices:
+            return candidate
+        plain = replace(candidate.layout, schedule=Schedule.ONE_F_ONE_B, virtual_stages=1, layer_split=None)
+        per_layer_s = evaluate.split_costs(plain).time_per_layer_s
+        if max(per_layer_s) <= min(per_layer_s) * (1.0 + UNEQUAL_STAGES):
+            return candidate
+        try:
+            start = Candidate(plain, evaluate(plain))
+        except InfeasibleConfigError:
+            return candidate
+        refined = self.refine(start, evaluate, budget, seed=seed)
+        return refined if refined.estimate.step_time_s < candidate.estimate.step_time_s else candidate
 
 
 def _faster(candidate: Candidate, layout: Layout, evaluate: Evaluator) -> Candidate:

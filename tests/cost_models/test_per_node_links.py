@@ -2,6 +2,8 @@
 the slowest node's inside phase, and a cluster described node by node but alike prices exactly
 as one matrix shared by every node (what a version-3 profile holds)."""
 
+from dataclasses import replace
+
 import pytest
 from conftest import make_cluster
 from hypothesis import given, settings
@@ -97,7 +99,7 @@ def test_uniform_links_only_when_every_node_has_the_same() -> None:
     assert has_uniform_links(_with(base, NodeOverride(nodes=(1,), intra_node_links=base.intra_node_links)))
 
 
-def test_a_mixed_cluster_is_priced_as_its_slowest_device_with_the_smallest_memory() -> None:
+def test_a_stage_spanning_mixed_devices_is_priced_as_the_slowest_with_the_smallest_memory() -> None:
     slow = make_cluster(nodes=2, per_node=4, memory_bytes=80 * 2**30)
     fast = slow.device.model_copy(
         update={
@@ -109,11 +111,14 @@ def test_a_mixed_cluster_is_priced_as_its_slowest_device_with_the_smallest_memor
     mixed = _with(slow, NodeOverride(nodes=(1,), device=fast))
     assert mixed.has_mixed_devices and mixed.node_device(1).name == "fast-gpu"
     assert mixed.pricing_device.name == "test-gpu" and mixed.pricing_device.memory_bytes == 40 * 2**30
-    # Every term reads the pricing device: the mixed cluster prices as a uniform one of it.
+    # One stage on both nodes: every term reads the pricing device, so the mixed cluster prices as a
+    # uniform one of it; only MFU and HFU divide by the ranks' own peaks (4 x 100 and 4 x 300 TFLOP/s).
     conservative = make_cluster(nodes=2, per_node=4, memory_bytes=40 * 2**30)
     model, training = load_model("tiny-gpt"), TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
     layout = Layout(data_parallel_degree=4, tensor_parallel_degree=2, pipeline_parallel_degree=1, micro_batch_size=1)
-    assert estimate(model, training, mixed, layout) == estimate(model, training, conservative, layout)
+    priced, uniform = estimate(model, training, mixed, layout), estimate(model, training, conservative, layout)
+    assert replace(priced, mfu=uniform.mfu, hfu=uniform.hfu) == uniform
+    assert priced.mfu == pytest.approx(uniform.mfu * 100 / 200)
 
 
 _OPS = st.sampled_from([CollectiveOp.ALL_REDUCE, CollectiveOp.ALL_GATHER, CollectiveOp.ALL_TO_ALL])

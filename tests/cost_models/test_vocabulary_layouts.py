@@ -16,7 +16,7 @@ from cost_models.timing import stage_times
 from cost_models.vocabulary import VocabularyComm, vocabulary_activation_bytes, vocabulary_comm
 from planner import api
 from planner.inputs import load_model
-from planner.schemas import DType, Layout, TrainingSpec, VocabularyLayout
+from planner.schemas import DeviceMap, DType, Layout, TrainingSpec, VocabularyLayout
 from planner.schemas.geometry import in_flight_micro_batches
 
 PINNED, VOCAB_1, VOCAB_2 = VocabularyLayout.PINNED, VocabularyLayout.VOCAB_1, VocabularyLayout.VOCAB_2
@@ -140,3 +140,16 @@ def test_search_splits_a_256k_vocabulary_over_the_pipeline_when_it_pays() -> Non
     assert pinned and pinned[0].estimate.step_time_s > plans[0].estimate.step_time_s
     even = api.estimate(model, "dgx-h100:4", training, replace(best, vocabulary_layout=PINNED))
     assert even.step_time_s > 1.02 * plans[0].estimate.step_time_s
+
+
+def test_a_mapped_layout_splits_the_vocabulary_under_tensor_parallelism() -> None:
+    """The vocabulary layers' share is priced as one tp rank's (tp 1); the layout's device map,
+    of a world t times larger, must not go with it (it raised SchemaError before). A map is a
+    placement: the compute is the identity's."""
+    layout = replace(_layout(VOCAB_2, p=2), data_parallel_degree=2, tensor_parallel_degree=2)
+    mapped = replace(layout, device_map=DeviceMap(devices=(7, 6, 5, 4, 3, 2, 1, 0)))
+    kw = {"tensor_groups": grp.tensor_groups(mapped), "expert_groups": grp.expert_groups(mapped)}
+    priced = stage_times(MODEL, TRAINING, CLUSTER, mapped, **kw)  # type: ignore[arg-type]
+    kw = {"tensor_groups": grp.tensor_groups(layout), "expert_groups": grp.expert_groups(layout)}
+    identity = stage_times(MODEL, TRAINING, CLUSTER, layout, **kw)  # type: ignore[arg-type]
+    assert [st.compute_s for st in priced] == [st.compute_s for st in identity]

@@ -144,7 +144,8 @@ def test_the_planner_says_how_it_prices_mixed_devices(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.INFO, logger="planner.api"):
         mixed = api.estimate("llama3-8b", "dgx-a100-80g:4+dgx-h100:4", training, layout)
     (note,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note:")]
-    assert "priced as the slowest (NVIDIA A100-SXM4-80GB) with the smallest memory (85.5 GB)" in note
+    assert "each pipeline stage is priced on its own ranks' devices" in note
+    assert "spanning several types as the slowest (NVIDIA A100-SXM4-80GB) with the smallest memory (85.5 GB)" in note
     assert mixed.step_time_s > api.estimate("llama3-8b", "dgx-h100:8", training, layout).step_time_s
 
 
