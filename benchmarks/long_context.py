@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.estimate import estimate
 from planner import api
-from planner.schemas import Estimate, Layout, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import Estimate, Layout, ModelSpec, Recompute, RopeScaling, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError
 
 STEP_TOKENS = 1 << 24
@@ -143,11 +143,24 @@ def _summary(est: Estimate) -> str:
     )
 
 
+def stretched(name: str, seq_len: int) -> ModelSpec:
+    """Preset ``name``, its rotary context stretched with YaRN from Llama 3's original 8,192
+    positions when ``seq_len`` is beyond what its config allows (as the README tells a user to
+    write a model file for 1M tokens); the preset itself otherwise."""
+    model = api.load_model(name)
+    if model.max_seq_len is None or seq_len <= model.max_seq_len:
+        return model
+    factor = -(-seq_len // 8192)
+    scaling = RopeScaling(rope_type="yarn", factor=factor, original_max_position_embeddings=8192)
+    return model.model_copy(update={"rope_scaling": scaling})
+
+
 def chosen(model: str, cluster: str, seq_len: int, batch: int) -> str:
     """The search's best layout for the inputs, as one line."""
     start = time.perf_counter()
     try:
-        plans = api.search(model, cluster, TrainingSpec(global_batch_size=batch, seq_len=seq_len), top_k=1)
+        spec = stretched(model, seq_len)
+        plans = api.search(spec, cluster, TrainingSpec(global_batch_size=batch, seq_len=seq_len), top_k=1)
     except PlannerError as e:
         return f"no plan ({str(e).splitlines()[0][:90]})"
     best = plans[0]
