@@ -48,8 +48,9 @@ the output back. Each rank's buffer per all-to-all is b (s/cp) w / t elements, w
 (cp - 1)/cp of it to the other ranks (``all_to_all_elements``).
 - forward: the 4 all-to-alls; backward: their 4 reverses (the output's gradient to the head split,
   dq, dk, dv back to the sequence split), in training precision;
-- recomputation (full, or selective: the attention core is what it recomputes) repeats the
-  forward's 4.
+- full recomputation repeats the forward's 4; selective recomputation (of the attention core)
+  the 3 of q, k and v: the output's all-to-all is not run again, the backward needing nothing it
+  made (torch's non-reentrant checkpoint stops once the saved tensors are back; this runtime).
 They run in line with the compute (Ulysses has no block to hide them behind): all exposed, each
 priced as the project's all-to-all over the context groups (``comm.collective_time_s``, the
 slowest group that needs pricing). Grouped-query attention: a tensor-parallel rank's kv heads are
@@ -329,13 +330,23 @@ def all_to_all_elements(model: ModelSpec, training: TrainingSpec, layout: Layout
 def all_to_all_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> ContextBytes:
     """Bytes one rank sends to the other ranks of its group for one attention layer and
     micro-batch (module docstring): (cp - 1)/cp of the four buffers in training precision, forward
-    (twice under recomputation) and backward. Zero without context parallelism."""
+    and backward, and the forward's again under recomputation (but the output's under selective).
+    Zero without context parallelism."""
     cp = layout.context_parallel_degree
     if cp == 1:
         return ContextBytes(forward_bytes=0.0, backward_bytes=0.0)
-    once = float(all_to_all_elements(model, training, layout).total * (cp - 1) // cp * training.dtype.bytes)
-    forwards = 1 if layout.recompute is Recompute.NONE else 2
-    return ContextBytes(forward_bytes=forwards * once, backward_bytes=once)
+    buffers = all_to_all_elements(model, training, layout)
+    once = float(buffers.total * (cp - 1) // cp * training.dtype.bytes)
+    again = float(_recomputed(buffers, layout.recompute) * (cp - 1) // cp * training.dtype.bytes)
+    return ContextBytes(forward_bytes=once + again, backward_bytes=once)
+
+
+def _recomputed(buffers: AllToAllElements, recompute: Recompute) -> int:
+    """Elements of the all-to-alls recomputation runs again: all four under full, q, k and v under
+    selective (module docstring), none without."""
+    if recompute is Recompute.NONE:
+        return 0
+    return buffers.total - (buffers.output if recompute is Recompute.SELECTIVE else 0)
 
 
 def all_to_all_bytes_sent_per_step(
@@ -367,8 +378,8 @@ def all_to_all_layer_s(
     context_groups: Iterable[Group],
 ) -> float:
     """Seconds of one layer's all-to-alls, one micro-batch, all exposed (module docstring): the
-    four of q, k, v and the output forward and backward, and the forward's again under
-    recomputation; 0 with cp = 1.
+    four of q, k, v and the output forward and backward, and the forward's again under full
+    recomputation (q, k and v's under selective); 0 with cp = 1.
 
     Args:
         model: head counts and widths.
@@ -381,11 +392,12 @@ def all_to_all_layer_s(
         return 0.0
     groups = priced_groups(context_groups, cluster, rank_order=layout.device_map.is_identity)
     buffers = all_to_all_elements(model, training, layout)
-    once_s = sum(
-        slowest_collective_s(CollectiveOp.ALL_TO_ALL, elements * training.dtype.bytes, groups, cluster)
-        for elements in (buffers.query, buffers.key, buffers.value, buffers.output)
+    qkv_s, out_s = (
+        sum(slowest_collective_s(CollectiveOp.ALL_TO_ALL, n * training.dtype.bytes, groups, cluster) for n in part)
+        for part in ((buffers.query, buffers.key, buffers.value), (buffers.output,))
     )
-    return once_s * (2 if layout.recompute is Recompute.NONE else 3)
+    again_s = {Recompute.NONE: 0.0, Recompute.SELECTIVE: qkv_s, Recompute.FULL: qkv_s + out_s}[layout.recompute]
+    return 2 * (qkv_s + out_s) + again_s
 
 
 def all_to_all_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

@@ -201,9 +201,11 @@ def test_all_to_all_bytes_per_step_by_hand() -> None:
     assert context_bytes_sent_per_step(LLAMA, TRAINING, layout) == step
     ring = dataclasses.replace(layout, context_parallel_kind=ContextParallelKind.RING)
     assert context_bytes_sent_per_step(LLAMA, TRAINING, ring) == ring_bytes_sent_per_step(LLAMA, TRAINING, ring)
-    for recompute in (Recompute.FULL, Recompute.SELECTIVE):  # the attention core's forward again
-        again = all_to_all_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=recompute))
-        assert (again.forward_bytes, again.backward_bytes) == (2 * step.forward_bytes, step.backward_bytes)
+    # Full recompute runs the 4 again; selective the attention core's q, k and v (its output's is not needed).
+    full = all_to_all_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.FULL))
+    assert (full.forward_bytes, full.backward_bytes) == (2 * step.forward_bytes, step.backward_bytes)
+    selective = all_to_all_bytes_per_layer(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.SELECTIVE))
+    assert selective.forward_bytes == 41_943_040 + (Q_BYTES + 2 * KV_BYTES) // 2 == 67_108_864
     # cp 8 under tp 1: buffers of 1024 tokens, 7/8 of them sent; the total falls as 1/cp (the ring's does not).
     eight = all_to_all_bytes_per_layer(LLAMA, TRAINING, _layout(dp=1, cp=8, context_parallel_kind=A2A))
     assert eight.forward_bytes == 1024 * (32 + 8 + 8 + 32) * 128 * 2 * 7 // 8 == 18_350_080
@@ -241,6 +243,9 @@ def test_all_to_alls_run_in_line_over_the_links_by_hand() -> None:
     assert context_parallel_layer_s(LLAMA, TRAINING, bare, layout, groups, (1.0, 1.0)) == pytest.approx(2 * once)
     full = dataclasses.replace(layout, recompute=Recompute.FULL)
     assert all_to_all_layer_s(LLAMA, TRAINING, bare, full, groups) == pytest.approx(3 * once)
+    selective = dataclasses.replace(layout, recompute=Recompute.SELECTIVE)
+    out_s = 2.8e-6 + Q_BYTES / 2 / 370e9
+    assert all_to_all_layer_s(LLAMA, TRAINING, bare, selective, groups) == pytest.approx(3 * once - out_s)
     # 16 ranks over two nodes: half of each buffer crosses the 48 GB/s rail, 7/16 stays on NVLink.
     two_nodes = load_cluster("dgx-h100:2")
     wide = _layout(dp=1, cp=16, context_parallel_kind=A2A)
