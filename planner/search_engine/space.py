@@ -95,11 +95,16 @@ class Axis:
     change little else (the vocabulary layout; the sharding groups, which change only the
     data-parallel collectives and the model states)."""
 
+    rule_constrains: bool = False
+    """The rule narrows the values to the space's constraint on this axis itself, where it
+    applies (the kind of context parallelism: a constraint on it leaves cp 1, whose kind is
+    stored as the ring, alone)."""
+
     def choices(self, space: "SearchSpace", chosen: Assignment) -> Sequence[Choice]:
         """The valid values of this axis once ``chosen`` holds (at least) the axes it depends on,
         narrowed to what the space's constraint on it allows (``SearchSpace.constraints``)."""
         valid = self.rule(space, {name: chosen[name] for name in self.depends_on})
-        allowed = space.allowed(self.name)
+        allowed = None if self.rule_constrains else space.allowed(self.name)
         return valid if allowed is None else [v for v in valid if v in allowed]
 
     def parameter_name(self, choices: Sequence[Choice]) -> str:
@@ -157,7 +162,8 @@ def _context_kinds(space: "SearchSpace", tp: int, cp: int) -> list[ContextParall
 
 
 def _cp_kind(space: "SearchSpace", chosen: Assignment) -> list[ContextParallelKind]:
-    """Ring only without context parallelism (its stored kind); else the kinds ``_context_kinds`` allows."""
+    """Ring without context parallelism (its stored kind, whatever a constraint on the kind
+    says); else the kinds ``_context_kinds`` allows."""
     cp = as_int(chosen, "cp")
     if cp == 1:
         return [ContextParallelKind.RING]
@@ -283,7 +289,14 @@ AXES: tuple[Axis, ...] = (
     Axis(name="dp", field="data_parallel_degree", depends_on=("tp", "pp", "cp"), rule=_dp),
     Axis(name="etp", field="expert_tensor_parallel_degree", depends_on=("tp", "cp"), rule=_etp),
     Axis(name="ep", field="expert_parallel_degree", depends_on=("tp", "dp", "cp", "etp"), rule=_ep),
-    Axis(name="cp_kind", field="context_parallel_kind", depends_on=("tp", "cp"), rule=_cp_kind, tried_in_full=True),
+    Axis(
+        name="cp_kind",
+        field="context_parallel_kind",
+        depends_on=("tp", "cp"),
+        rule=_cp_kind,
+        tried_in_full=True,
+        rule_constrains=True,
+    ),
     Axis(name="micro_batch_size", field="micro_batch_size", depends_on=("dp", "pp"), rule=_micro_batch_size),
     Axis(name="schedule", field="schedule", depends_on=("dp", "pp", "micro_batch_size"), rule=_schedule),
     Axis(name="virtual_stages", field="virtual_stages", depends_on=("pp", "schedule"), rule=_virtual_stages),
