@@ -139,7 +139,7 @@ def _summary(est: Estimate) -> str:
     cp_share = est.time.context_parallel_comm_s / est.step_time_s
     return (
         f"MFU {est.mfu:5.1%}  {est.step_time_s:8.2f} s/step  {est.peak_memory_bytes / 2**30:5.1f} GiB  "
-        f"ring exposed {cp_share:4.1%}"
+        f"cp comm exposed {cp_share:4.1%}"
     )
 
 

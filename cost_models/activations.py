@@ -69,6 +69,7 @@ def layer_activations(
     moe: bool | None = None,
     expert_load: float = 1.0,
     context_parallel_degree: int = 1,
+    kv_replication: int = 1,
 ) -> LayerActivations:
     """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized).
 
@@ -128,6 +129,9 @@ def layer_activations(
             every term above holds with s / cp for s, but for the eager scores, a (s/cp) s b /t
             (its queries against all keys). The k/v blocks the ring passes are transient
             (``context_parallel.ring_buffer_bytes``).
+        kv_replication: copies of each key/value head the attention core keeps (the all-to-all
+            kind of context parallelism hands out repeated kv heads where cp does not divide a
+            tensor-parallel rank's, ``context_parallel.kv_replication``): K and V scale by it.
 
     Returns:
         The layer's activations by group, in bytes, before any recomputation. Memoized (the
@@ -147,15 +151,15 @@ def layer_activations(
         attention = (
             act * tokens * h / sp  # down-projection input
             + act * tokens * (2 * (rq + rkv) + rope)  # latents before and after their norms, rope key
-            + 2 * act * tokens * qk / t  # Q and K
-            + 2 * act * tokens * v / t  # V and the output-projection input
+            + act * tokens * qk * (1 + kv_replication) / t  # Q and K
+            + act * tokens * v * (kv_replication + 1) / t  # V and the output-projection input
             + hidden_mask
         )
     else:
         attention = (
             act * tokens * h / sp  # QKV-projection input
-            + act * tokens * (q + kv) / t  # Q and K
-            + act * tokens * kv / t  # V
+            + act * tokens * (q + kv * kv_replication) / t  # Q and K
+            + act * tokens * kv * kv_replication / t  # V
             + act * tokens * q / t  # output-projection input
             + hidden_mask
         )

@@ -1,11 +1,12 @@
-"""Context parallelism: each rank's share of a sequence, the key/value exchange of ring attention
-per layer and micro-batch, and the memory of the blocks it receives.
+"""Context parallelism: each rank's share of a sequence, the exchange of ring attention or of
+the all-to-all kind per layer and micro-batch, and the memory of what it receives.
 
 The cp ranks of a context-parallel group (``groups.context_groups``) each hold 1/cp of every
-sequence of the micro-batch, two of its 2 cp chunks (``schemas.geometry.context_chunks``, the
-zig-zag split), so every rank's projections, MLP, norms, loss and collectives see b s / cp
-tokens (``local_seq_len``) and, under causal attention, every rank does 1/cp of the layer's
-attention: its s / cp queries against the whole sequence's keys, half of them masked.
+sequence of the micro-batch (the ring: two of its 2 cp chunks, ``schemas.geometry.context_chunks``,
+the zig-zag split; the all-to-all: one contiguous chunk), so every rank's projections, MLP,
+norms, loss and collectives see b s / cp tokens (``local_seq_len``) and, under causal attention,
+every rank does 1/cp of the layer's attention (the ring: its s / cp queries against the whole
+sequence's keys, half of them masked; the all-to-all: all s queries of 1/cp of the heads).
 
 Ring exchange (Liu et al. 2023, "Ring Attention with Blockwise Transformers"; the p2p exchange of
 Megatron-Core's context parallelism through Transformer Engine, and torch's
@@ -36,18 +37,48 @@ partial output and log-sum-exp merged step by step (b s/cp a/t (v + 1) x 4); bac
 2 fp32 dk/dv blocks and the fp32 dq accumulator (b s/cp q/t x 4). The larger is held while one
 layer's attention runs (``ring_buffer_bytes``).
 
-The all-to-all variant (DeepSpeed-Ulysses: 2 all-to-alls of q, k, v and the output per
-attention) is not modelled here.
+All-to-all (``ContextParallelKind.ALL_TO_ALL``; Jacobs et al. 2023, "DeepSpeed Ulysses",
+arXiv 2309.14509; Megatron-Core's ``--cp-comm-type a2a``). The sequence is split contiguously (rank
+r holds tokens [r s/cp, (r+1) s/cp)): every rank attends over the whole sequence, so no split
+balances anything. Per attention, an all-to-all over the context group turns each of q, k and v
+from the rank's s/cp tokens of all of a tensor-parallel rank's heads into all s tokens of 1/cp of
+them; attention runs locally, its work 1/cp of the layer's as the ring's; a fourth all-to-all turns
+the output back. Each rank's buffer per all-to-all is b (s/cp) w / t elements, w the width of q
+(a heads), k, v (``kv_heads_exchanged`` heads) or the output (a heads); it keeps 1/cp and sends
+(cp - 1)/cp of it to the other ranks (``all_to_all_elements``).
+- forward: the 4 all-to-alls; backward: their 4 reverses (the output's gradient to the head split,
+  dq, dk, dv back to the sequence split), in training precision;
+- full recomputation repeats the forward's 4; selective recomputation (of the attention core)
+  the 3 of q, k and v: the output's all-to-all is not run again, the backward needing nothing it
+  made (torch's non-reentrant checkpoint stops once the saved tensors are back; this runtime).
+They run in line with the compute (Ulysses has no block to hide them behind): all exposed, each
+priced as the project's all-to-all over the context groups (``comm.collective_time_s``, the
+slowest group that needs pricing). Grouped-query attention: a tensor-parallel rank's kv heads are
+handed out as they are when cp divides them; else each is first repeated so that there are
+lcm(kv / t, cp), each rank receiving the copies its query heads read (as DeepSpeed-Ulysses
+replicates kv heads). Memory: the head-split q, k, v and output of one layer, transient
+(``all_to_all_buffer_bytes``); the attention core keeps the head-split k and v for its backward,
+more than the sequence split's where they were replicated (``kv_replication``).
 Units: bytes, seconds.
 """
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from cost_models.comm import Group, device_link, priced_groups, transfer_time_s
+from cost_models.comm import Group, device_link, priced_groups, slowest_collective_s, transfer_time_s
 from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN, hides_communication, overlapped_comm_cost_s
-from planner.schemas import ClusterProfile, Layout, LinkProfile, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveOp,
+    ContextParallelKind,
+    Layout,
+    LinkProfile,
+    ModelSpec,
+    Recompute,
+    TrainingSpec,
+)
 from planner.schemas.geometry import num_micro_batches, stage_layers
 
 GRADIENT_ELEMENT_BYTES: Final = 4
@@ -80,13 +111,15 @@ def kv_block_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> 
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RingBytes:
-    """Bytes one rank sends to the next rank of its context-parallel ring."""
+class ContextBytes:
+    """Bytes one rank sends to other ranks of its context-parallel group."""
 
     forward_bytes: float
-    """Forward (and, under full recomputation, the repeated forward): k/v blocks."""
+    """Forward (and, under recomputation, the repeated forward): the ring's k/v blocks; the
+    all-to-all's shares of q, k, v and the output."""
     backward_bytes: float
-    """Backward: k/v blocks and fp32 dk/dv blocks."""
+    """Backward: the ring's k/v blocks and fp32 dk/dv blocks; the all-to-all's shares of the
+    gradients of the output, q, k and v."""
 
     @property
     def total_bytes(self) -> float:
@@ -94,21 +127,21 @@ class RingBytes:
         return self.forward_bytes + self.backward_bytes
 
 
-def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> RingBytes:
+def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> ContextBytes:
     """Bytes one rank sends for one attention layer and micro-batch (module docstring):
     forward (cp - 1) B, twice under recomputation; backward (cp - 1) (B + B'), B the k/v block in
     training precision, B' the same elements in fp32. Zero without context parallelism."""
     cp = layout.context_parallel_degree
     if cp == 1:
-        return RingBytes(forward_bytes=0.0, backward_bytes=0.0)
+        return ContextBytes(forward_bytes=0.0, backward_bytes=0.0)
     elements = kv_block_elements(model, training, layout)
     forward = float((cp - 1) * elements * training.dtype.bytes)
     backward = forward + (cp - 1) * elements * GRADIENT_ELEMENT_BYTES
     forwards = 1 if layout.recompute is Recompute.NONE else 2
-    return RingBytes(forward_bytes=forwards * forward, backward_bytes=backward)
+    return ContextBytes(forward_bytes=forwards * forward, backward_bytes=backward)
 
 
-def ring_bytes_sent_per_step(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0) -> RingBytes:
+def ring_bytes_sent_per_step(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0) -> ContextBytes:
     """Bytes one rank of pipeline stage ``stage`` sends around its context-parallel ring in one
     optimizer step: ``ring_bytes_per_layer`` x the stage's layers x the step's micro-batches
     (``schemas.geometry.num_micro_batches``). What a runtime counting its sends should measure.
@@ -124,7 +157,7 @@ def ring_bytes_sent_per_step(model: ModelSpec, training: TrainingSpec, layout: L
     """
     per_layer = ring_bytes_per_layer(model, training, layout)
     times = stage_layers(model, layout)[stage] * num_micro_batches(training.global_batch_size, layout)
-    return RingBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
+    return ContextBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
 
 
 def ring_links(cluster: ClusterProfile, layout: Layout, context_groups: Iterable[Group]) -> frozenset[LinkProfile]:
@@ -160,6 +193,41 @@ def ring_exposed_s(
 
 
 def context_parallel_layer_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    context_groups: Iterable[Group],
+    attention_s: tuple[float, float],
+) -> float:
+    """Exposed seconds of one layer's context-parallel exchange, one micro-batch, of the layout's
+    kind: ``ring_layer_s`` or ``all_to_all_layer_s`` (which ignores ``attention_s``: nothing hides
+    it); 0 with cp = 1."""
+    if layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        return all_to_all_layer_s(model, training, cluster, layout, context_groups)
+    return ring_layer_s(model, training, cluster, layout, context_groups, attention_s)
+
+
+def context_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """Transient bytes of one layer's context-parallel attention on one rank, of the layout's kind:
+    ``ring_buffer_bytes`` or ``all_to_all_buffer_bytes``; 0 with cp = 1."""
+    if layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        return all_to_all_buffer_bytes(model, training, layout)
+    return ring_buffer_bytes(model, training, layout)
+
+
+def context_bytes_sent_per_step(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0
+) -> ContextBytes:
+    """Bytes one rank of pipeline stage ``stage`` sends to the other ranks of its context-parallel
+    group in one optimizer step, of the layout's kind: ``ring_bytes_sent_per_step`` or
+    ``all_to_all_bytes_sent_per_step``. What a runtime counting its sends should measure."""
+    if layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        return all_to_all_bytes_sent_per_step(model, training, layout, stage)
+    return ring_bytes_sent_per_step(model, training, layout, stage)
+
+
+def ring_layer_s(
     model: ModelSpec,
     training: TrainingSpec,
     cluster: ClusterProfile,
@@ -206,3 +274,136 @@ def ring_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     forward = kv + STATISTIC_ELEMENT_BYTES * tokens * heads * (model.v_head_size + 1)
     backward = kv + 2 * block * GRADIENT_ELEMENT_BYTES + STATISTIC_ELEMENT_BYTES * tokens * heads * model.qk_head_size
     return max(forward, backward)
+
+
+# --- the all-to-all kind (DeepSpeed-Ulysses) ------------------------------------------------------
+
+
+def kv_heads_exchanged(model: ModelSpec, layout: Layout) -> int:
+    """Key/value heads of a tensor-parallel rank that its all-to-alls hand out: its kv / t (MLA:
+    its a / t up-projected heads) when cp divides them, else lcm(kv / t, cp), each repeated so that
+    every rank receives the copies its query heads read (module docstring). Needs cp to divide
+    the rank's query heads (``validate.check_context_parallel``)."""
+    kv = (model.num_attention_heads if model.is_mla else model.kv_heads) // layout.tensor_parallel_degree
+    return math.lcm(kv, layout.context_parallel_degree)
+
+
+def kv_replication(model: ModelSpec, layout: Layout) -> int:
+    """How many copies of each key/value head the all-to-all kind hands out (1 when cp divides
+    the kv heads of a tensor-parallel rank, and for the ring)."""
+    if layout.context_parallel_kind is not ContextParallelKind.ALL_TO_ALL:
+        return 1
+    kv = (model.num_attention_heads if model.is_mla else model.kv_heads) // layout.tensor_parallel_degree
+    return kv_heads_exchanged(model, layout) // kv
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllToAllElements:
+    """Elements of one rank's buffer in each all-to-all of one attention, one micro-batch:
+    b (s / cp) w, w the width the rank holds of all s / cp tokens before the head split."""
+
+    query: int
+    key: int
+    value: int
+    output: int
+
+    @property
+    def total(self) -> int:
+        """The four buffers."""
+        return self.query + self.key + self.value + self.output
+
+
+def all_to_all_elements(model: ModelSpec, training: TrainingSpec, layout: Layout) -> AllToAllElements:
+    """Each all-to-all's buffer of one rank (``AllToAllElements``): q and the output a / t heads
+    (qk and v head widths), k and v ``kv_heads_exchanged`` heads."""
+    tokens = layout.micro_batch_size * local_seq_len(training, layout)
+    heads = model.num_attention_heads // layout.tensor_parallel_degree
+    kv = kv_heads_exchanged(model, layout)
+    return AllToAllElements(
+        query=tokens * heads * model.qk_head_size,
+        key=tokens * kv * model.qk_head_size,
+        value=tokens * kv * model.v_head_size,
+        output=tokens * heads * model.v_head_size,
+    )
+
+
+def all_to_all_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> ContextBytes:
+    """Bytes one rank sends to the other ranks of its group for one attention layer and
+    micro-batch (module docstring): (cp - 1)/cp of the four buffers in training precision, forward
+    and backward, and the forward's again under recomputation (but the output's under selective).
+    Zero without context parallelism."""
+    cp = layout.context_parallel_degree
+    if cp == 1:
+        return ContextBytes(forward_bytes=0.0, backward_bytes=0.0)
+    buffers = all_to_all_elements(model, training, layout)
+    once = float(buffers.total * (cp - 1) // cp * training.dtype.bytes)
+    again = float(_recomputed(buffers, layout.recompute) * (cp - 1) // cp * training.dtype.bytes)
+    return ContextBytes(forward_bytes=once + again, backward_bytes=once)
+
+
+def _recomputed(buffers: AllToAllElements, recompute: Recompute) -> int:
+    """Elements of the all-to-alls recomputation runs again: all four under full, q, k and v under
+    selective (module docstring), none without."""
+    if recompute is Recompute.NONE:
+        return 0
+    return buffers.total - (buffers.output if recompute is Recompute.SELECTIVE else 0)
+
+
+def all_to_all_bytes_sent_per_step(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0
+) -> ContextBytes:
+    """Bytes one rank of pipeline stage ``stage`` sends to the other ranks of its context-parallel
+    group in one optimizer step under the all-to-all kind: ``all_to_all_bytes_per_layer`` x the
+    stage's layers x the step's micro-batches. What a runtime counting its sends should measure.
+
+    Args:
+        model: head counts and widths, layers.
+        training: sequence length, precision, global batch.
+        layout: degrees (cp, t, p, d), micro-batch size, recompute, layer split.
+        stage: pipeline rank.
+
+    Returns:
+        Forward and backward bytes.
+    """
+    per_layer = all_to_all_bytes_per_layer(model, training, layout)
+    times = stage_layers(model, layout)[stage] * num_micro_batches(training.global_batch_size, layout)
+    return ContextBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
+
+
+def all_to_all_layer_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    context_groups: Iterable[Group],
+) -> float:
+    """Seconds of one layer's all-to-alls, one micro-batch, all exposed (module docstring): the
+    four of q, k, v and the output forward and backward, and the forward's again under full
+    recomputation (q, k and v's under selective); 0 with cp = 1.
+
+    Args:
+        model: head counts and widths.
+        training: sequence length and precision.
+        cluster: links and collective records.
+        layout: degrees, micro-batch size, recompute, device map.
+        context_groups: the context-parallel groups (devices).
+    """
+    if layout.context_parallel_degree == 1:
+        return 0.0
+    groups = priced_groups(context_groups, cluster, rank_order=layout.device_map.is_identity)
+    buffers = all_to_all_elements(model, training, layout)
+    qkv_s, out_s = (
+        sum(slowest_collective_s(CollectiveOp.ALL_TO_ALL, n * training.dtype.bytes, groups, cluster) for n in part)
+        for part in ((buffers.query, buffers.key, buffers.value), (buffers.output,))
+    )
+    again_s = {Recompute.NONE: 0.0, Recompute.SELECTIVE: qkv_s, Recompute.FULL: qkv_s + out_s}[layout.recompute]
+    return 2 * (qkv_s + out_s) + again_s
+
+
+def all_to_all_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """Transient bytes of one layer's all-to-all attention on one rank: the head-split q, k, v
+    and output of the whole sequence, as large as the four buffers (``all_to_all_elements``); 0
+    with cp = 1."""
+    if layout.context_parallel_degree == 1:
+        return 0.0
+    return float(all_to_all_elements(model, training, layout).total * training.dtype.bytes)

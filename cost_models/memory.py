@@ -20,7 +20,8 @@ Constants (conventions, stated once here):
   - Expert-parallel staging: send and receive buffers of one micro-batch's routed tokens,
     2 x k s b h x dtype bytes (split by t with sequence parallelism), when ep > 1.
 Under context parallelism every s above is the rank's s / cp tokens of each sequence, and a
-stage with layers adds one layer's ring-attention buffers (``context_parallel.ring_buffer_bytes``).
+stage with layers adds one layer's context-parallel buffers (``context_parallel.context_buffer_bytes``:
+the ring's blocks in flight, or the all-to-all's head-split q, k, v and output).
 """
 
 from typing import Final
@@ -34,7 +35,7 @@ from cost_models.activations import (
     output_layer_activation_bytes,
     rematerialized_bytes,
 )
-from cost_models.context_parallel import local_seq_len, ring_buffer_bytes
+from cost_models.context_parallel import context_buffer_bytes, kv_replication, local_seq_len
 from cost_models.expert_parallel import StageExpertLoad, stage_expert_loads
 from cost_models.params import StageParams, all_stage_params, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
@@ -146,12 +147,13 @@ def _activation_terms(
             moe=moe,
             expert_load=load.compute_sum / load.moe_layers if moe and load and load.moe_layers else 1.0,
             context_parallel_degree=layout.context_parallel_degree,
+            kv_replication=kv_replication(model, layout),
         )
         per_micro_batch += kept_bytes(terms, recompute) * count
         working.append(rematerialized_bytes(terms, recompute))
     once += max(working)
-    if layers_here:  # one layer's ring attention at a time: the k/v blocks it receives
-        once += ring_buffer_bytes(model, training, layout)
+    if layers_here:  # one layer's context-parallel attention at a time: what it receives
+        once += context_buffer_bytes(model, training, layout)
     if params.embedding_share:  # its token ids (every rank of a vocabulary split looks them up)
         per_micro_batch += embedding_activation_bytes(
             model, seq_len=s_local, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp
@@ -357,8 +359,8 @@ class LayoutMemory:
 def stage_memory_floor(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, stage: int
 ) -> MemoryBreakdown:
-    """The terms of ``stage_memory`` that no micro-batch size, recompute or sequence parallelism
-    changes: model states and workspace, the other terms 0.
+    """The terms of ``stage_memory`` that no micro-batch size, recompute, sequence parallelism
+    or kind of context parallelism changes: model states and workspace, the other terms 0.
 
     Its total is at most ``stage_memory``'s (the terms left at 0 are never negative, and rounding
     a sum of floats is monotone in each term), so a layout whose floor does not fit does not fit

@@ -45,7 +45,7 @@ parallelism on GPUs, a layer waits only for the part of its tensor-parallel time
 GEMMs do not hide (``overlap.tensor_parallel_exposed_s``). Under context parallelism a rank's
 kernels run over its s / cp tokens of each sequence (``layer_work``; the profile's timed layers,
 over whole sequences, are not read), and each layer waits for the part of its ring attention's
-key/value exchange that the attention core's blocks do not hide
+key/value exchange that the attention core's blocks do not hide, or for all of its all-to-alls
 (``context_parallel.context_parallel_layer_s``).
 Units: seconds.
 """
@@ -100,8 +100,8 @@ class StageTime:
     """The vocabulary collectives over the pipeline group the stage waits for, when the
     vocabulary is split over it (``vocabulary.VocabularyComm.exposed_s``)."""
     context_parallel_comm_s: float = 0.0
-    """The ring attention's key/value exchange its compute does not hide
-    (``context_parallel.context_parallel_layer_s``)."""
+    """The ring attention's key/value exchange its compute does not hide, or the all-to-all
+    kind's all-to-alls (``context_parallel.context_parallel_layer_s``)."""
 
     @property
     def total_s(self) -> float:

@@ -4,7 +4,15 @@ Each failure raises InfeasibleConfigError naming the values and what would fix t
 fit is not checked here: the Estimate says whether the layout fits.
 """
 
-from planner.schemas import AttentionKernel, ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
+from planner.schemas import (
+    AttentionKernel,
+    ClusterProfile,
+    ContextParallelKind,
+    Layout,
+    ModelSpec,
+    Schedule,
+    TrainingSpec,
+)
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import chunk_layers
 from planner.schemas.layout import check_experts
@@ -34,7 +42,7 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
         if width % t:
             key = "intermediate_size" if width == model.ffn_size else "the MoE MLP width (experts or shared experts)"
             raise InfeasibleConfigError(f"tp={t} does not divide {key}={width}")
-    check_context_parallel(training, layout)
+    check_context_parallel(model, training, layout)
     local = training.seq_len // layout.context_parallel_degree
     if layout.sequence_parallel and local % t:
         share = "seq_len" if layout.context_parallel_degree == 1 else "each context-parallel rank's share, seq_len / cp"
@@ -62,12 +70,31 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
     check_experts(model, layout)
 
 
-def check_context_parallel(training: TrainingSpec, layout: Layout) -> None:
-    """Raise InfeasibleConfigError unless context parallelism (cp > 1) can split the sequence:
-    into 2 cp equal chunks (``schemas.geometry.context_chunks``, the zig-zag split that balances
-    causal attention), with the fused attention kernel that ring attention runs block by block."""
+def check_context_parallel(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:
+    """Raise InfeasibleConfigError unless context parallelism (cp > 1) of ``layout``'s kind can
+    split the sequence and run attention. Ring: 2 cp equal chunks (``schemas.geometry.context_chunks``,
+    the zig-zag split that balances causal attention), with the fused attention kernel that ring
+    attention runs block by block. All-to-all: cp equal chunks (the contiguous split), and a
+    tensor-parallel rank's query heads divisible by cp, each rank attending with 1/cp of them (its
+    key/value heads are replicated up to a multiple of cp where they are fewer,
+    ``context_parallel.kv_heads_exchanged``)."""
     cp, s = layout.context_parallel_degree, training.seq_len
     if cp == 1:
+        return
+    if layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        heads = model.num_attention_heads // layout.tensor_parallel_degree
+        if heads % cp:
+            choices = [c for c in range(2, heads + 1) if heads % c == 0]
+            raise InfeasibleConfigError(
+                f"all-to-all context parallelism over cp={cp} ranks gives each rank 1/cp of a tensor-parallel rank's "
+                f"{heads} query heads, but cp does not divide {heads}; use a cp among "
+                f"{', '.join(map(str, choices)) or 'none (one head)'} or the ring (context_parallel_kind 'ring')"
+            )
+        if s % cp:
+            raise InfeasibleConfigError(
+                f"all-to-all context parallelism over cp={cp} ranks splits every sequence into {cp} equal chunks, "
+                f"but seq_len={s} is not divisible by {cp}; use a cp that divides it"
+            )
         return
     if s % (2 * cp):
         raise InfeasibleConfigError(
@@ -77,7 +104,7 @@ def check_context_parallel(training: TrainingSpec, layout: Layout) -> None:
     if training.attention_kernel is not AttentionKernel.FLASH:
         raise InfeasibleConfigError(
             f"context parallelism (cp={cp}) runs ring attention with the fused kernel block by block; "
-            "use attention_kernel flash or cp 1"
+            "use attention_kernel flash, the all-to-all kind (context_parallel_kind 'all-to-all') or cp 1"
         )
 
 

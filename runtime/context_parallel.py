@@ -1,5 +1,7 @@
 """Context parallelism: causal self-attention over a sequence split across the ranks of a cp group,
-by ring attention (Liu et al. 2023, arXiv 2310.01889) on a load-balanced ("zig-zag") split.
+by ring attention (Liu et al. 2023, arXiv 2310.01889) on a load-balanced ("zig-zag") split, or by
+all-to-alls between a sequence split and a head split (DeepSpeed-Ulysses, ``ulysses_attention``)
+on a contiguous one.
 
 torch's own ``torch.distributed.tensor.experimental.context_parallel`` replaces only the CUDA SDPA
 kernels (flash, efficient, cuDNN); on CPU, SDPA runs ``_scaled_dot_product_flash_attention_for_cpu``,
@@ -27,15 +29,23 @@ Grouped-query attention: query head i reads key/value head i // (heads / kv_head
 float64); the key/value gradient accumulators travel in that precision, the keys and values in
 their own dtype. Each block runs torch's CPU flash-attention kernel (``block_attention``: it returns
 the lse and its backward takes it back); on other devices the same math in plain matmuls.
+
+All-to-all (``ContextParallelKind.ALL_TO_ALL``). Rank r holds tokens [r s/cp, (r+1) s/cp); every
+rank attends over the whole sequence for 1/cp of the heads, so no split balances anything. Its
+all-to-alls (``all_to_all_single``, which gloo runs) count the bytes each rank sends to the others,
+(cp - 1)/cp of each buffer, as ``cost_models.context_parallel`` prices them.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from planner.schemas import ContextParallelKind
 from planner.schemas.geometry import context_chunks
 
 
@@ -353,23 +363,148 @@ def ring_attention(
     return out
 
 
+# --- the all-to-all kind (DeepSpeed-Ulysses) ------------------------------------------------------
+
+
+def contiguous_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
+    """The global positions (int64, ascending) of the tokens ``rank`` holds under the all-to-all
+    kind's contiguous split: [r s / cp, (r + 1) s / cp). seq 8, cp 2: rank 1 holds 4, 5, 6, 7."""
+    if seq_len % cp:
+        raise ValueError(
+            f"sequence length {seq_len} does not split into cp = {cp} equal chunks; use a multiple of {cp}"
+        )
+    held = seq_len // cp
+    return torch.arange(rank * held, (rank + 1) * held)
+
+
+def _exchange(send: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None, *, backward: bool) -> torch.Tensor:
+    """An all-to-all of ``send`` (cp, ...): part j goes to rank j, part j of the result came from
+    rank j. Counts the parts this rank sends to others."""
+    send = send.contiguous()
+    recv = torch.empty_like(send)  # contiguous as send is (empty_like keeps a tensor's strides)
+    dist.all_to_all_single(recv, send, group=group)
+    if sent is not None:
+        others = send.numel() // send.shape[0] * (send.shape[0] - 1) * send.element_size()
+        if backward:
+            sent.backward_bytes += others
+        else:
+            sent.forward_bytes += others
+    return recv
+
+
+def _to_heads(x: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None, backward: bool) -> torch.Tensor:
+    """(b, H, s / cp, d) of this rank's tokens to (b, H / cp, s, d) of its heads: head block j
+    goes to rank j; the blocks received, from ranks 0 .. cp - 1, are the sequence in order."""
+    cp = dist.get_world_size(group)
+    b, heads, n, d = x.shape
+    recv = _exchange(x.reshape(b, cp, heads // cp, n, d).transpose(0, 1), group, sent, backward=backward)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, heads // cp, cp * n, d)
+
+
+def _to_sequence(y: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None, backward: bool) -> torch.Tensor:
+    """The inverse of ``_to_heads``: (b, H / cp, s, d) to (b, H, s / cp, d)."""
+    cp = dist.get_world_size(group)
+    b, heads, s, d = y.shape
+    recv = _exchange(y.reshape(b, heads, cp, s // cp, d).permute(2, 0, 1, 3, 4), group, sent, backward=backward)
+    return recv.transpose(0, 1).reshape(b, cp * heads, s // cp, d)
+
+
+class _ToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None) -> torch.Tensor:
+        ctx.group, ctx.sent = group, sent
+        return _to_heads(x, group, sent, False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return _to_sequence(grad, ctx.group, ctx.sent, True), None, None
+
+
+class _ToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None) -> torch.Tensor:
+        ctx.group, ctx.sent = group, sent
+        return _to_sequence(y, group, sent, False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return _to_heads(grad, ctx.group, ctx.sent, True), None, None
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup,
+    *,
+    causal: bool = True,
+    sent: SentBytes | None = None,
+) -> torch.Tensor:
+    """Scaled dot-product attention over a sequence split contiguously across ``group``
+    (``contiguous_positions``), by all-to-alls (DeepSpeed-Ulysses, Jacobs et al. 2023): q, k and v
+    go from this rank's tokens of all heads to all tokens of 1/cp of the heads, SDPA runs on
+    them, and the output comes back; each all-to-all's backward is the reverse one. Where cp does
+    not divide the kv heads, each is first repeated so that there are lcm(kv_heads, cp), every
+    rank receiving the copies its query heads read (the repeat's backward sums their gradients).
+    Equal to ``F.scaled_dot_product_attention(..., is_causal=causal, enable_gqa=True)`` on the whole
+    sequence, split the same way.
+
+    Args:
+        q: (b, heads, s / cp, d), this rank's queries; cp must divide heads.
+        k, v: (b, kv_heads, s / cp, d); heads must be a multiple of kv_heads.
+        group: the context-parallel ranks, in the order of the split.
+        causal: mask each query's later keys.
+        sent: a counter to add the bytes this rank sends to other ranks to (forward and backward).
+
+    Returns:
+        (b, heads, s / cp, d), this rank's share of the attention output, in q's dtype.
+    """
+    cp, heads, kv_heads = dist.get_world_size(group), q.shape[1], k.shape[1]
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or heads % kv_heads:
+        raise ValueError(
+            f"all-to-all attention takes (b, heads, s, d) q, k, v with heads a multiple of kv heads; got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if heads % cp:
+        raise ValueError(f"all-to-all attention over {cp} ranks needs them to divide the {heads} query heads")
+    handed = math.lcm(kv_heads, cp)
+    if handed != kv_heads:
+        k, v = (t.repeat_interleave(handed // kv_heads, dim=1) for t in (k, v))
+    qh, kh, vh = (_ToHeads.apply(t, group, sent) for t in (q, k, v))  # type: ignore[no-untyped-call]
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=qh.shape[1] != kh.shape[1])
+    result: torch.Tensor = _ToSequence.apply(out, group, sent)  # type: ignore[no-untyped-call]
+    return result
+
+
 @dataclass(frozen=True, slots=True)
 class ContextShare:
-    """This rank's place in its context-parallel group: which share of every sequence it holds,
-    and the group its attention passes keys and values around."""
+    """This rank's place in its context-parallel group: which share of every sequence it holds
+    (the ring's zig-zag split, the all-to-all's contiguous one), and the group its attention
+    exchanges with."""
 
     degree: int
     rank: int
     group: dist.ProcessGroup
     sent: SentBytes | None = None
-    """Counts the key/value bytes this rank sends (forward and backward), when given."""
+    """Counts the bytes this rank sends to other ranks (forward and backward), when given."""
+    kind: ContextParallelKind = ContextParallelKind.RING
+    """Ring attention (``ring_attention``) or the all-to-all kind (``ulysses_attention``)."""
+
+    @property
+    def all_to_all(self) -> bool:
+        return self.kind is ContextParallelKind.ALL_TO_ALL
 
     def positions(self, held: int) -> torch.Tensor:
         """Positions in the whole sequence of the ``held`` tokens this rank holds."""
+        if self.all_to_all:
+            return contiguous_positions(held * self.degree, self.degree, self.rank)
         return zigzag_positions(held * self.degree, self.degree, self.rank)
 
     def split(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's share of whole sequences ``x`` (sequence along ``dim``)."""
+        if self.all_to_all:
+            held = len(contiguous_positions(x.shape[dim], self.degree, self.rank))
+            return x.narrow(dim, self.rank * held, held)
         return split_sequence(x, self.degree, self.rank, dim)
 
     def hold(self, chunk: Any) -> None:
@@ -380,5 +515,8 @@ class ContextShare:
             block.attn.context = self
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention of this rank's queries over the whole sequences (``ring_attention``)."""
+        """Causal attention of this rank's queries over the whole sequences (``ring_attention``
+        or ``ulysses_attention``)."""
+        if self.all_to_all:
+            return ulysses_attention(q, k, v, self.group, sent=self.sent)
         return ring_attention(q, k, v, self.group, sent=self.sent)

@@ -114,7 +114,11 @@ class Trainer:
         if layout.context_parallel_degree > 1:
             cp_mesh = (contexts_mesh or context_mesh(layout, device.type))[ContextMeshAxis.CP]
             self.context = ContextShare(
-                layout.context_parallel_degree, cp_mesh.get_local_rank(), cp_mesh.get_group(), SentBytes()
+                layout.context_parallel_degree,
+                cp_mesh.get_local_rank(),
+                cp_mesh.get_group(),
+                SentBytes(),
+                layout.context_parallel_kind,
             )
         place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         compute = TORCH_DTYPES[dtype]

@@ -18,6 +18,7 @@ from planner.plans import check_cluster
 from planner.schemas import (
     AttentionKernel,
     ClusterProfile,
+    ContextParallelKind,
     DType,
     Kernels,
     Layout,
@@ -137,6 +138,7 @@ LAYOUT_OPTIONS = {
     "tp": "tensor_parallel_degree",
     "pp": "pipeline_parallel_degree",
     "cp": "context_parallel_degree",
+    "cp_kind": "context_parallel_kind",
     "ep": "expert_parallel_degree",
     "etp": "expert_tensor_parallel_degree",
     "micro_batch_size": "micro_batch_size",
@@ -282,6 +284,7 @@ CONSTRAINT_AXES: dict[str, tuple[str, type[StrEnum] | type[IntEnum] | None]] = {
     "pp": ("pp", None),
     "dp": ("dp", None),
     "cp": ("cp", None),
+    "cp_kind": ("cp_kind", ContextParallelKind),
     "ep": ("ep", None),
     "micro_batch_size": ("micro_batch_size", None),
     "virtual_stages": ("virtual_stages", None),

@@ -52,7 +52,17 @@ from planner.render import (
     ranked_table,
     vocabulary_view,
 )
-from planner.schemas import AttentionKernel, DeviceKind, DType, Layout, Plan, Recompute, Schedule, VocabularyLayout
+from planner.schemas import (
+    AttentionKernel,
+    ContextParallelKind,
+    DeviceKind,
+    DType,
+    Layout,
+    Plan,
+    Recompute,
+    Schedule,
+    VocabularyLayout,
+)
 from planner.schemas.device_map import IDENTITY
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
@@ -75,8 +85,17 @@ def estimate(
         int | None,
         typer.Option(
             min=1,
-            help="Context-parallel degree: ranks that split every sequence (ring attention; 2 cp divides "
-            "--seq-len); the world is dp x cp x tp x pp [default: 1].",
+            help="Context-parallel degree: ranks that split every sequence (ring attention: 2 cp divides "
+            "--seq-len; all-to-all: cp divides it and each tp rank's query heads); the world is dp x cp x tp x pp "
+            "[default: 1].",
+        ),
+    ] = None,
+    cp_kind: Annotated[
+        ContextParallelKind | None,
+        typer.Option(
+            help="How attention spans the cp ranks: ring (key/value blocks passed around, behind the attention) or "
+            "all-to-all (DeepSpeed-Ulysses: q, k, v and the output all-to-all'd between sequence and head splits) "
+            "[default: ring].",
         ),
     ] = None,
     ep: Annotated[
@@ -200,6 +219,10 @@ def search(
     pp: IntRangeOpt = None,
     dp: IntRangeOpt = None,
     cp: IntRangeOpt = None,
+    cp_kind: Annotated[
+        str | None,
+        typer.Option(help="Search only these kinds of context parallelism: ring, all-to-all (a list)."),
+    ] = None,
     ep: IntRangeOpt = None,
     micro_batch_size: IntRangeOpt = None,
     virtual_stages: IntRangeOpt = None,
@@ -234,9 +257,9 @@ def search(
 ) -> None:
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
-    --tp, --pp, --dp, --cp, --ep, --micro-batch-size, --virtual-stages, --zero-stage, --schedule,
-    --recompute and --max-tp narrow the search before it starts (e.g. --tp 8 --pp 1-16
-    --zero-stage 1,3 --cp 1-8); if they leave no valid layout, the error says which one did.
+    --tp, --pp, --dp, --cp, --cp-kind, --ep, --micro-batch-size, --virtual-stages, --zero-stage,
+    --schedule, --recompute and --max-tp narrow the search before it starts (e.g. --tp 8 --pp 1-16
+    --zero-stage 1,3 --cp 1-8 --cp-kind ring); if they leave no valid layout, the error says which one did.
 
     Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048
     --output plan.json

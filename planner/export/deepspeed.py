@@ -9,9 +9,9 @@ secondary_partition_size), the batch (``train_micro_batch_size_per_gpu`` b,
 ``gradient_accumulation_steps`` B / (d b), ``train_batch_size`` B) and the precision (bf16 or
 fp16 with fp32 master weights, fp32 as neither). Tensor, pipeline and expert parallelism are
 built by the model code (Megatron-DeepSpeed, DeepSpeed's PipelineModule and MoE layers), not by
-the config, and are refused, as is a capacity factor of MoE layers; so is context parallelism
-(DeepSpeed's sequence parallelism, Ulysses, splits attention by heads with all-to-alls, a
-different scheme from the ring the plan priced); so is HSDP, whose DeepSpeed
+the config, and are refused, as is a capacity factor of MoE layers; so is context parallelism: the ring
+is not DeepSpeed's scheme, and its sequence parallelism (Ulysses), which is the all-to-all kind,
+is not in its config (the model code wraps attention and hands DeepSpeed the groups); so is HSDP, whose DeepSpeed
 form (MiCS) 0.19.8 removed. Full recompute is the ``activation_checkpointing`` section, which configures
 ``deepspeed.checkpointing.checkpoint``: the model's layers must call it. Selective recompute has
 no DeepSpeed form and is refused. The optimizer and its schedule are left to the user.
@@ -20,7 +20,7 @@ no DeepSpeed form and is refused. The optimizer and its schedule are left to the
 import json
 
 from planner.export.common import check_common, micro_batches, refuse
-from planner.schemas import DType, Plan, Recompute
+from planner.schemas import ContextParallelKind, DType, Plan, Recompute
 
 TARGET = "deepspeed"
 VERSION = "0.19.8"
@@ -71,12 +71,22 @@ def _check(plan: Plan) -> None:
                 "its config holds data parallelism; the model code builds the rest",
                 f"export to megatron or torchtitan, or plan with {flag} 1",
             )
+    if layout.context_parallel_degree > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        refuse(
+            TARGET,
+            f"all-to-all context parallelism (cp={layout.context_parallel_degree}, DeepSpeed's Ulysses)",
+            f"its config has no sequence-parallel size in DeepSpeed {VERSION}: the model code wraps attention "
+            "(DistributedAttention, UlyssesSPAttentionHF) and passes the sequence-parallel groups as "
+            "deepspeed.initialize's mpu",
+            "export to megatron, or build Ulysses in the model code with this config for the rest",
+        )
     if layout.context_parallel_degree > 1:
         refuse(
             TARGET,
             f"context parallelism (cp={layout.context_parallel_degree}, ring attention)",
             "its sequence parallelism (Ulysses) splits attention heads with all-to-alls, not the sequence in a ring",
-            "export to megatron or torchtitan, or plan with --cp 1",
+            "export to megatron or torchtitan, plan with --cp-kind all-to-all and build Ulysses in the model code, "
+            "or plan with --cp 1",
         )
     if layout.sharding_group_size is not None:
         refuse(

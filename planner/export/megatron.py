@@ -6,7 +6,9 @@ there; later ones generate them from config dataclasses under the same names).
 
 How the plan maps:
 - Degrees: --tensor-model-parallel-size, --pipeline-model-parallel-size,
-  --context-parallel-size with --cp-comm-type p2p (the ring attention the plan priced),
+  --context-parallel-size with --cp-comm-type p2p (ring attention) or a2a (the all-to-all kind,
+  DeepSpeed-Ulysses; refused where cp does not divide a tp rank's kv heads, which Transformer
+  Engine's a2a needs), the kind the plan priced,
   --expert-model-parallel-size and --expert-tensor-parallel-size (t, or 1 for MoE parallel
   folding); Megatron's default rank order (tp fastest, then cp, then dp, then pp) is the
   planner's. Its distributed optimizer and Megatron-FSDP shard over the data-and-context group,
@@ -36,7 +38,7 @@ How the plan maps:
 import shlex
 
 from planner.export.common import check_common, layers_per_chunk, refuse
-from planner.schemas import DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
+from planner.schemas import ContextParallelKind, DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
 
 TARGET = "megatron"
 VERSION = "core_v0.15.0"
@@ -59,7 +61,8 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
         str(layout.pipeline_parallel_degree),
     ]
     if layout.context_parallel_degree > 1:
-        args += ["--context-parallel-size", str(layout.context_parallel_degree), "--cp-comm-type", "p2p"]
+        comm = "a2a" if layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL else "p2p"
+        args += ["--context-parallel-size", str(layout.context_parallel_degree), "--cp-comm-type", comm]
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if training.tp_comm_overlap and layout.sequence_parallel:
@@ -81,6 +84,14 @@ def _check(plan: Plan) -> None:
     layout = plan.layout
     if layout.pipeline_parallel_degree > 1 and layout.schedule is Schedule.GPIPE:
         refuse(TARGET, "the GPipe schedule", "its pipelines run 1F1B or interleaved", "plan with --schedule 1f1b")
+    cp, kv = layout.context_parallel_degree, plan.model.kv_heads // layout.tensor_parallel_degree
+    if cp > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL and kv % cp:
+        refuse(
+            TARGET,
+            f"all-to-all context parallelism over cp={cp} ranks with {kv} key/value heads a tensor-parallel rank",
+            "Transformer Engine's a2a needs cp to divide them (the plan repeats them, it does not)",
+            "plan with --cp-kind ring, or a cp that divides the key/value heads of a tp rank",
+        )
     if layout.secondary_partition_size is not None:
         refuse(
             TARGET,

@@ -14,7 +14,8 @@ How the plan maps:
 - Context parallelism: ``context_parallel_degree`` cp; torchtitan's FSDP shards over its
   dp_shard x cp ranks, as the planner's ZeRO over the d cp data axis (cp fastest in both), so
   ``data_parallel_shard_degree`` is the sharding group over cp, and cp > 1 needs ZeRO 2 or 3 with
-  sharding groups of whole context-parallel groups.
+  sharding groups of whole context-parallel groups. Its context parallelism is ring attention:
+  the all-to-all kind (DeepSpeed-Ulysses) is refused.
 - Tensor parallelism: torchtitan's always shards the norms along the sequence (sequence
   parallelism), so a plan with t > 1 without it is refused. Experts: ``expert_parallel_degree``
   and ``expert_tensor_parallel_degree`` (t, or 1 folded), which torchtitan takes from the FSDP
@@ -39,7 +40,7 @@ How the plan maps:
 """
 
 from planner.export.common import check_common, layers_per_chunk, micro_batches, refuse
-from planner.schemas import DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
+from planner.schemas import ContextParallelKind, DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
 
 TARGET = "torchtitan"
 VERSION = "v0.2.2"
@@ -114,6 +115,14 @@ def _check(plan: Plan) -> None:
     if plan.training.dtype is DType.FP16:
         refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
     cp = layout.context_parallel_degree
+    if cp > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        refuse(
+            TARGET,
+            f"all-to-all context parallelism (cp={cp}, DeepSpeed-Ulysses)",
+            "its context parallelism is torch's ring attention, whose context_parallel_rotate_method (allgather, "
+            "alltoall) only chooses how key/value shards move: attention is never split by heads",
+            "plan with --cp-kind ring, or export to megatron",
+        )
     if cp > 1 and not (layout.zero_stage.shards_gradients and layout.shard_degree % cp == 0):
         refuse(
             TARGET,

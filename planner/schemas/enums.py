@@ -102,6 +102,21 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class ContextParallelKind(StrEnum):
+    """How the ranks of a context-parallel group attend over the sequence they split."""
+
+    RING = "ring"
+    """Ring attention (Liu et al. 2023): every rank keeps its queries and passes its key/value
+    block around the group, one hop per step, behind the attention of the block in hand
+    (Megatron-Core's ``--cp-comm-type p2p``, torch's ``context_parallel``)."""
+    ALL_TO_ALL = "all-to-all"
+    """DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509): an all-to-all turns each rank's
+    share of the sequence for all heads into the whole sequence for 1/cp of the heads (q, k and v),
+    attention runs locally, and another all-to-all turns the output back; in line with the compute
+    (Megatron-Core's ``--cp-comm-type a2a``). Needs the query heads of a tensor-parallel rank
+    divisible by cp."""
+
+
 class VocabularyLayout(StrEnum):
     """Where the vocabulary layers (input embedding; final norm, output layer and loss) sit."""
 

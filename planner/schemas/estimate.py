@@ -89,8 +89,8 @@ class TimeBreakdown:
     data_parallel_comm_overlapped_s: float = 0.0
     """Part of the data-parallel communication hidden behind compute (not in the step time)."""
     context_parallel_comm_s: float = 0.0
-    """Ring attention's key/value exchange that compute does not hide (0 without context
-    parallelism)."""
+    """Ring attention's key/value exchange that compute does not hide, or the all-to-all kind's
+    all-to-alls (0 without context parallelism)."""
 
     @property
     def step_time_s(self) -> float:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from planner.schemas.device_map import IDENTITY, DeviceMap
-from planner.schemas.enums import Recompute, Schedule, VocabularyLayout, ZeroStage
+from planner.schemas.enums import ContextParallelKind, Recompute, Schedule, VocabularyLayout, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.model import ModelSpec
 from planner.schemas.routing import ExpertPlacement
@@ -28,11 +28,15 @@ class Layout:
     micro_batch_size: int
     """Sequences per micro-batch (b)."""
     context_parallel_degree: int = 1
-    """Ranks that split every sequence (cp): each holds 1/cp of a micro-batch's tokens, load
-    balanced for causal attention (``schemas.geometry.context_chunks``), and attention passes
-    key/value blocks around them (ring attention). They hold the same weights, so gradients are
+    """Ranks that split every sequence (cp): each holds 1/cp of a micro-batch's tokens, and
+    attention spans them as ``context_parallel_kind`` says. They hold the same weights, so gradients are
     reduced and ZeRO shards over the d cp ranks (``dense_replicas``), as Megatron-Core's data-
     and context-parallel group."""
+    context_parallel_kind: ContextParallelKind = ContextParallelKind.RING
+    """How attention spans the cp ranks' shares (``ContextParallelKind``): the ring passes
+    key/value blocks around them, on the zig-zag split; the all-to-all (DeepSpeed-Ulysses) trades
+    the sequence split for a head split around the attention core, on a contiguous split. Stored
+    as ring when cp is 1."""
     expert_parallel_degree: int = 1
     """Ranks that split the experts of an MoE layer: of a data-parallel group (divides d cp), or
     with the experts whole on every rank (``expert_tensor_parallel_degree`` 1) of a stage's d cp t
@@ -88,6 +92,10 @@ class Layout:
         object.__setattr__(self, "zero_stage", _coerce(ZeroStage, self.zero_stage, "zero_stage"))
         object.__setattr__(self, "recompute", _coerce(Recompute, self.recompute, "recompute"))
         object.__setattr__(self, "schedule", _coerce(Schedule, self.schedule, "schedule"))
+        kind = _coerce(ContextParallelKind, self.context_parallel_kind, "context_parallel_kind")
+        if self.context_parallel_degree == 1:  # no kind without context parallelism: equal layouts compare equal
+            kind = ContextParallelKind.RING
+        object.__setattr__(self, "context_parallel_kind", kind)
         object.__setattr__(
             self, "vocabulary_layout", _coerce(VocabularyLayout, self.vocabulary_layout, "vocabulary_layout")
         )
@@ -239,7 +247,8 @@ class Layout:
             f"pp{self.pipeline_parallel_degree}",
         ]
         if self.context_parallel_degree > 1:
-            parts.append(f"cp{self.context_parallel_degree}")
+            a2a = self.context_parallel_kind is ContextParallelKind.ALL_TO_ALL
+            parts.append(f"cp{self.context_parallel_degree}" + ("a2a" if a2a else ""))
         if self.expert_parallel_degree > 1:
             parts.append(f"ep{self.expert_parallel_degree}")
         if self.folds_experts:
@@ -298,7 +307,7 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
         )
 
 
-_E = TypeVar("_E", ZeroStage, Recompute, Schedule, VocabularyLayout)
+_E = TypeVar("_E", ZeroStage, Recompute, Schedule, VocabularyLayout, ContextParallelKind)
 
 
 def _coerce(enum: type[_E], value: Any, name: str) -> _E:

@@ -115,7 +115,7 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     overlapped, the plain all-to-all dispatcher). Version 4 -> 5: pipeline transfers not overlapped,
     as version 4 priced them, although the new field's default overlaps them. Version 5 -> 6: the
     new field's default (fused kernels) is what version 5 priced. Version 6 -> 7: the layout's
-    new field's default (no context parallelism) is what version 6 ran.
+    new fields' defaults (no context parallelism; of the ring kind) are what version 6 ran.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}

@@ -84,8 +84,10 @@ class RunReport(FrozenModel):
     )
     context_sent_bytes_per_step: tuple[float, ...] = Field(
         default=(),
-        description="Per rank, in rank order: key/value bytes its ring attention sent in a step (blocks and their "
-        "gradients, forward and backward), mean over the steps after the first; empty without context parallelism.",
+        description="Per rank, in rank order: bytes its context-parallel attention sent to other ranks in a step "
+        "(the ring's key/value blocks and their gradients, or the all-to-all kind's shares of q, k, v and the output "
+        "and their gradients; forward and backward), mean over the steps after the first; empty without context "
+        "parallelism.",
     )
     stragglers: tuple[Straggler, ...] = Field(
         default=(), description="Ranks the straggler detector named, in the order it named them."

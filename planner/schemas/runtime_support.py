@@ -3,7 +3,7 @@ so that `planner launch` refuses the same plans without importing torch (the run
 ``check_runnable`` from ``runtime.run.check_world``; the launch export before printing a command
 that could only fail on every node)."""
 
-from planner.schemas.enums import DType, MoeDispatcher, PositionEmbedding
+from planner.schemas.enums import ContextParallelKind, DType, MoeDispatcher, PositionEmbedding
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches
 from planner.schemas.layout import Layout
@@ -43,7 +43,14 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             "planner search --no-hierarchical-sharding, or without tensor and pipeline parallelism"
         )
     cp = layout.context_parallel_degree
-    if cp > 1 and training.seq_len % (2 * cp):
+    if cp > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        heads = plan.model.num_attention_heads // layout.tensor_parallel_degree
+        if training.seq_len % cp or heads % cp:
+            raise InfeasibleConfigError(
+                f"the plan's all-to-all context parallelism needs cp={cp} to divide the sequence ({training.seq_len} "
+                f"tokens) and a tensor-parallel rank's {heads} query heads; plan with a cp that divides both"
+            )
+    elif cp > 1 and training.seq_len % (2 * cp):
         raise InfeasibleConfigError(
             f"the plan splits sequences of {training.seq_len} tokens over {cp} context-parallel ranks, which hold "
             f"2 of {2 * cp} equal chunks each; use a sequence length divisible by {2 * cp}"

@@ -7,7 +7,8 @@ the evaluator remembers the closest miss, to explain a search in which nothing f
 
 ``Evaluator.cannot_fit`` answers cheaper still, and the exhaustive strategy skips what it rules
 out: from the model states and workspace alone (``cost_models.memory.stage_memory_floor``),
-which layouts differing only in micro-batch size, recompute and sequence parallelism share; and
+which layouts differing only in micro-batch size, recompute, sequence parallelism and the kind
+of context parallelism share; and
 from a layout already found too big with a smaller micro-batch, everything else equal (every
 stage's memory is non-decreasing in the micro-batch size b: activations grow with b, and the
 micro-batches in flight times b, min(in flight, m) b with m = B / (d b), cannot shrink).
@@ -46,7 +47,7 @@ class Miss:
     memory: MemoryBreakdown
 
 
-FLOOR_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "sequence_parallel"})
+FLOOR_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "sequence_parallel", "context_parallel_kind"})
 """Layout fields ``stage_memory_floor`` does not read: layouts differing only in them share a floor."""
 _floor_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS))
 _batch_free_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name != "micro_batch_size"))

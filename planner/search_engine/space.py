@@ -8,9 +8,12 @@ combination they produce is a layout the cost models can price (memory fit aside
 - tp divides the query and key/value heads and the MLP width and is at most one node's devices
   (tensor parallelism across nodes is never worth its traffic; raise ``max_tensor_parallel``
   to include it); pp divides what tp leaves of the world and is at most the layer count; cp
-  (context parallelism, with the fused attention kernel) divides what tp and pp leave and splits
-  the sequence into 2 cp equal chunks, each rank keeping at least ``min_context_share_tokens``
-  (whether it pays, at short sequences it does not, is the cost model's to say); dp is the rest.
+  (context parallelism) divides what tp and pp leave, each rank keeping at least
+  ``min_context_share_tokens`` of every sequence (whether it pays, at short sequences it does not,
+  is the cost model's to say); dp is the rest.
+- The kind of context parallelism (cp > 1): the ring, where 2 cp divides the sequence, with the
+  fused attention kernel; the all-to-all (DeepSpeed-Ulysses), where cp divides the sequence and a
+  tensor-parallel rank's query heads.
 - etp (expert tensor parallelism, MoE models only): t, every expert split over the tensor-parallel
   group as attention is, or 1 under t > 1, every expert whole on its rank (MoE parallel folding),
   where sequence parallelism can be on (it then is: each rank routes its own share of the sequence).
@@ -44,6 +47,7 @@ from dataclasses import dataclass, replace
 
 from planner.schemas import (
     AttentionKernel,
+    ContextParallelKind,
     Layout,
     ModelSpec,
     Recompute,
@@ -54,7 +58,7 @@ from planner.schemas import (
 )
 from planner.schemas.errors import SchemaError
 
-Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | None
+Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | ContextParallelKind | None
 """A value one axis takes: what the matching Layout field holds."""
 Assignment = Mapping[str, Choice]
 """Values chosen so far, by axis name."""
@@ -91,11 +95,16 @@ class Axis:
     change little else (the vocabulary layout; the sharding groups, which change only the
     data-parallel collectives and the model states)."""
 
+    rule_constrains: bool = False
+    """The rule narrows the values to the space's constraint on this axis itself, where it
+    applies (the kind of context parallelism: a constraint on it leaves cp 1, whose kind is
+    stored as the ring, alone)."""
+
     def choices(self, space: "SearchSpace", chosen: Assignment) -> Sequence[Choice]:
         """The valid values of this axis once ``chosen`` holds (at least) the axes it depends on,
         narrowed to what the space's constraint on it allows (``SearchSpace.constraints``)."""
         valid = self.rule(space, {name: chosen[name] for name in self.depends_on})
-        allowed = space.allowed(self.name)
+        allowed = None if self.rule_constrains else space.allowed(self.name)
         return valid if allowed is None else [v for v in valid if v in allowed]
 
     def parameter_name(self, choices: Sequence[Choice]) -> str:
@@ -127,16 +136,38 @@ def _pp(space: "SearchSpace", chosen: Assignment) -> list[int]:
 
 
 def _cp(space: "SearchSpace", chosen: Assignment) -> list[int]:
-    """Context-parallel ranks: divide what tp and pp leave of the world, and split every sequence
-    into 2 cp equal chunks (the zig-zag split) leaving each rank at least
-    ``min_context_share_tokens`` of it (unless a constraint asks for more ranks); only with the
-    fused attention kernel that ring attention runs. Whether it pays is the cost model's to say."""
-    if space.training.attention_kernel is not AttentionKernel.FLASH:
-        return [1]
-    rest = space.world_size // (as_int(chosen, "tp") * as_int(chosen, "pp"))
+    """Context-parallel ranks: divide what tp and pp leave of the world, leave each rank at least
+    ``min_context_share_tokens`` of every sequence (unless a constraint asks for more ranks), and
+    run at least one kind the space allows (``_context_kinds``). Whether it pays is the cost
+    model's to say."""
+    tp = as_int(chosen, "tp")
+    rest = space.world_size // (tp * as_int(chosen, "pp"))
     s = space.training.seq_len
     floor = 1 if space.allowed("cp") else space.min_context_share_tokens
-    return [c for c in divisors(rest) if c == 1 or (s % (2 * c) == 0 and s // c >= floor)]
+    return [c for c in divisors(rest) if c == 1 or (s // c >= floor and _context_kinds(space, tp, c))]
+
+
+def _context_kinds(space: "SearchSpace", tp: int, cp: int) -> list[ContextParallelKind]:
+    """The kinds of context parallelism that can run cp ranks beside tp, among those the space
+    allows: the ring where 2 cp divides the sequence (the zig-zag split), with the fused attention
+    kernel it runs block by block; the all-to-all where cp divides the sequence and a
+    tensor-parallel rank's query heads (``cost_models.validate.check_context_parallel``)."""
+    s, allowed = space.training.seq_len, space.allowed("cp_kind")
+    kinds = []
+    if s % (2 * cp) == 0 and space.training.attention_kernel is AttentionKernel.FLASH:
+        kinds.append(ContextParallelKind.RING)
+    if s % cp == 0 and (space.model.num_attention_heads // tp) % cp == 0:
+        kinds.append(ContextParallelKind.ALL_TO_ALL)
+    return [k for k in kinds if allowed is None or k in allowed]
+
+
+def _cp_kind(space: "SearchSpace", chosen: Assignment) -> list[ContextParallelKind]:
+    """Ring without context parallelism (its stored kind, whatever a constraint on the kind
+    says); else the kinds ``_context_kinds`` allows."""
+    cp = as_int(chosen, "cp")
+    if cp == 1:
+        return [ContextParallelKind.RING]
+    return _context_kinds(space, as_int(chosen, "tp"), cp)
 
 
 def _dp(space: "SearchSpace", chosen: Assignment) -> tuple[int]:
@@ -258,6 +289,14 @@ AXES: tuple[Axis, ...] = (
     Axis(name="dp", field="data_parallel_degree", depends_on=("tp", "pp", "cp"), rule=_dp),
     Axis(name="etp", field="expert_tensor_parallel_degree", depends_on=("tp", "cp"), rule=_etp),
     Axis(name="ep", field="expert_parallel_degree", depends_on=("tp", "dp", "cp", "etp"), rule=_ep),
+    Axis(
+        name="cp_kind",
+        field="context_parallel_kind",
+        depends_on=("tp", "cp"),
+        rule=_cp_kind,
+        tried_in_full=True,
+        rule_constrains=True,
+    ),
     Axis(name="micro_batch_size", field="micro_batch_size", depends_on=("dp", "pp"), rule=_micro_batch_size),
     Axis(name="schedule", field="schedule", depends_on=("dp", "pp", "micro_batch_size"), rule=_schedule),
     Axis(name="virtual_stages", field="virtual_stages", depends_on=("pp", "schedule"), rule=_virtual_stages),

@@ -10,8 +10,17 @@ from hypothesis import strategies as st
 
 from cost_models import groups as grp
 from cost_models.context_parallel import (
+    all_to_all_buffer_bytes,
+    all_to_all_bytes_per_layer,
+    all_to_all_bytes_sent_per_step,
+    all_to_all_elements,
+    all_to_all_layer_s,
+    context_buffer_bytes,
+    context_bytes_sent_per_step,
     context_parallel_layer_s,
     kv_block_bytes,
+    kv_heads_exchanged,
+    kv_replication,
     ring_buffer_bytes,
     ring_bytes_per_layer,
     ring_bytes_sent_per_step,
@@ -23,8 +32,8 @@ from cost_models.memory import stage_memory
 from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN
 from planner import api
 from planner.inputs import load_cluster, load_model
-from planner.schemas import AttentionKernel, Layout, Recompute, TrainingSpec, ZeroStage
-from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas import AttentionKernel, ContextParallelKind, Layout, Recompute, TrainingSpec, ZeroStage
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
 
 LLAMA = load_model("llama3-8b")  # 32 layers, 8 kv heads of 128
 NODE = load_cluster("dgx-h100:1")  # NVLink: 370e9 B/s, 2.8 us
@@ -117,7 +126,7 @@ def test_context_parallel_time_is_a_term_of_the_step() -> None:
     ("seq_len", "kernel", "fragment"),
     [
         (8190, AttentionKernel.FLASH, "2 x cp = 4 equal chunks, but seq_len=8190"),
-        (8192, AttentionKernel.EAGER, "use attention_kernel flash or cp 1"),
+        (8192, AttentionKernel.EAGER, "use attention_kernel flash, the all-to-all kind"),
     ],
 )
 def test_what_context_parallelism_needs(seq_len: int, kernel: AttentionKernel, fragment: str) -> None:
@@ -165,3 +174,130 @@ def test_the_search_splits_long_sequences_and_the_plan_fits() -> None:
     assert plan.layout.context_parallel_degree > 1
     assert plan.estimate.peak_memory_bytes <= plan.estimate.memory_capacity_bytes
     assert plan.estimate.time.context_parallel_comm_s > 0
+
+
+# --- the all-to-all kind (DeepSpeed-Ulysses) -------------------------------------------------------
+
+A2A = ContextParallelKind.ALL_TO_ALL
+# One rank's buffers at cp 2 (4096 tokens), bf16: q and the output 32 heads of 128, k and v 8.
+Q_BYTES, KV_BYTES = 4096 * 32 * 128 * 2, 4096 * 8 * 128 * 2  # 33,554,432 and 8,388,608
+
+
+def test_all_to_all_bytes_per_step_by_hand() -> None:
+    layout = _layout(dp=4, cp=2, context_parallel_kind=A2A)
+    assert layout.describe() == "dp4 tp1 pp1 cp2a2a mb1 zero0 rc-none"
+    buffers = all_to_all_elements(LLAMA, TRAINING, layout)
+    assert (buffers.query, buffers.key, buffers.value, buffers.output) == (
+        Q_BYTES // 2,
+        KV_BYTES // 2,
+        KV_BYTES // 2,
+        Q_BYTES // 2,
+    )
+    # Each all-to-all keeps half of the buffer and sends half: (33.5 + 8.4 + 8.4 + 33.5) MB / 2 = 41.9 MB.
+    per_layer = all_to_all_bytes_per_layer(LLAMA, TRAINING, layout)
+    assert per_layer.forward_bytes == per_layer.backward_bytes == 41_943_040
+    step = all_to_all_bytes_sent_per_step(LLAMA, TRAINING, layout)
+    assert step.forward_bytes == step.backward_bytes == 32 * 4 * 41_943_040 == 5_368_709_120
+    assert context_bytes_sent_per_step(LLAMA, TRAINING, layout) == step
+    ring = dataclasses.replace(layout, context_parallel_kind=ContextParallelKind.RING)
+    assert context_bytes_sent_per_step(LLAMA, TRAINING, ring) == ring_bytes_sent_per_step(LLAMA, TRAINING, ring)
+    # Full recompute runs the 4 again; selective the attention core's q, k and v (its output's is not needed).
+    full = all_to_all_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.FULL))
+    assert (full.forward_bytes, full.backward_bytes) == (2 * step.forward_bytes, step.backward_bytes)
+    selective = all_to_all_bytes_per_layer(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.SELECTIVE))
+    assert selective.forward_bytes == 41_943_040 + (Q_BYTES + 2 * KV_BYTES) // 2 == 67_108_864
+    # cp 8 under tp 1: buffers of 1024 tokens, 7/8 of them sent; the total falls as 1/cp (the ring's does not).
+    eight = all_to_all_bytes_per_layer(LLAMA, TRAINING, _layout(dp=1, cp=8, context_parallel_kind=A2A))
+    assert eight.forward_bytes == 1024 * (32 + 8 + 8 + 32) * 128 * 2 * 7 // 8 == 18_350_080
+    assert all_to_all_bytes_per_layer(LLAMA, TRAINING, _layout(dp=8, cp=1, context_parallel_kind=A2A)).total_bytes == 0
+
+
+def test_kv_heads_are_repeated_up_to_a_multiple_of_cp() -> None:
+    # tp 4 leaves a rank 8 query heads and 2 kv heads; cp 4 hands each rank 2 query heads and one
+    # kv head: each of the 2 repeated twice, lcm(2, 4) = 4 heads handed out.
+    layout = _layout(dp=1, cp=4, tp=4, context_parallel_kind=A2A)
+    assert (kv_heads_exchanged(LLAMA, layout), kv_replication(LLAMA, layout)) == (4, 2)
+    buffers = all_to_all_elements(LLAMA, TRAINING, layout)
+    assert (buffers.query, buffers.key) == (2048 * 8 * 128, 2048 * 4 * 128)
+    assert all_to_all_bytes_per_layer(LLAMA, TRAINING, layout).forward_bytes == 2048 * 24 * 128 * 2 * 3 // 4
+    # cp 2 divides the 2 kv heads: none repeated; the ring never repeats them.
+    assert kv_replication(LLAMA, _layout(dp=2, cp=2, tp=4, context_parallel_kind=A2A)) == 1
+    assert kv_replication(LLAMA, _layout(dp=1, cp=4, tp=4)) == 1
+    # The attention core keeps the repeated k and v: 2 x (k + v) of 2048 tokens, 2 heads, bf16 more.
+    ring_like = dataclasses.replace(layout, context_parallel_kind=ContextParallelKind.RING)
+    kept = [
+        stage_memory(LLAMA, TRAINING, NODE, x, 0).activations_bytes
+        - (all_to_all_buffer_bytes if x is layout else ring_buffer_bytes)(LLAMA, TRAINING, x)
+        for x in (layout, ring_like)
+    ]
+    assert kept[0] - kept[1] == 32 * 2048 * 2 * 128 * 2 * 2  # 32 layers, k and v, (4 - 2) heads, bf16
+
+
+def test_all_to_alls_run_in_line_over_the_links_by_hand() -> None:
+    bare = NODE.model_copy(update={"collectives": ()})  # no records: (n - 1) latencies + (n - 1)/n bytes / bandwidth
+    layout = _layout(dp=4, cp=2, context_parallel_kind=A2A)
+    groups = list(grp.context_groups(layout))
+    once = sum(2.8e-6 + b / 2 / 370e9 for b in (Q_BYTES, KV_BYTES, KV_BYTES, Q_BYTES))  # 124.6 us
+    assert all_to_all_layer_s(LLAMA, TRAINING, bare, layout, groups) == pytest.approx(2 * once)
+    # Nothing hides them: the attention's time does not change the layer's.
+    assert context_parallel_layer_s(LLAMA, TRAINING, bare, layout, groups, (1.0, 1.0)) == pytest.approx(2 * once)
+    full = dataclasses.replace(layout, recompute=Recompute.FULL)
+    assert all_to_all_layer_s(LLAMA, TRAINING, bare, full, groups) == pytest.approx(3 * once)
+    selective = dataclasses.replace(layout, recompute=Recompute.SELECTIVE)
+    out_s = 2.8e-6 + Q_BYTES / 2 / 370e9
+    assert all_to_all_layer_s(LLAMA, TRAINING, bare, selective, groups) == pytest.approx(3 * once - out_s)
+    # 16 ranks over two nodes: half of each buffer crosses the 48 GB/s rail, 7/16 stays on NVLink.
+    two_nodes = load_cluster("dgx-h100:2")
+    wide = _layout(dp=1, cp=16, context_parallel_kind=A2A)
+    tokens = 8192 // 16
+    buffers = [tokens * w * 128 * 2 for w in (32, 16, 16, 32)]  # kv: lcm(8, 16) = 16 heads
+    wide_once = sum(5e-6 + max(b / 2 / 48e9, 7 / 16 * b / 370e9) for b in buffers)
+    assert all_to_all_layer_s(LLAMA, TRAINING, two_nodes, wide, list(grp.context_groups(wide))) == pytest.approx(
+        2 * wide_once
+    )
+    est = estimate(LLAMA, TRAINING, bare, dataclasses.replace(layout, zero_stage=ZeroStage.OPTIMIZER))
+    micro_batches = 4
+    assert est.time.context_parallel_comm_s == pytest.approx(32 * micro_batches * 2 * once)
+
+
+def test_all_to_all_buffers_by_hand() -> None:
+    layout = _layout(dp=4, cp=2, context_parallel_kind=A2A)
+    assert all_to_all_buffer_bytes(LLAMA, TRAINING, layout) == 2 * Q_BYTES + 2 * KV_BYTES
+    assert context_buffer_bytes(LLAMA, TRAINING, layout) == 2 * Q_BYTES + 2 * KV_BYTES
+    ring = dataclasses.replace(layout, context_parallel_kind=ContextParallelKind.RING)
+    assert context_buffer_bytes(LLAMA, TRAINING, ring) == ring_buffer_bytes(LLAMA, TRAINING, ring)
+
+
+@pytest.mark.parametrize(
+    ("cp", "tp", "seq_len", "fragment"),
+    [
+        (
+            8,
+            8,
+            8192,
+            "gives each rank 1/cp of a tensor-parallel rank's 4 query heads, but cp does not divide 4; "
+            "use a cp among 2, 4 or the ring",
+        ),
+        (2, 1, 8191, "splits every sequence into 2 equal chunks, but seq_len=8191 is not divisible by 2"),
+    ],
+)
+def test_what_the_all_to_all_needs(cp: int, tp: int, seq_len: int, fragment: str) -> None:
+    cluster = load_cluster("dgx-h100:8")
+    training = TrainingSpec(global_batch_size=64, seq_len=seq_len)
+    with pytest.raises(InfeasibleConfigError) as refused:
+        estimate(LLAMA, training, cluster, _layout(dp=64 // (cp * tp), cp=cp, tp=tp, context_parallel_kind=A2A))
+    assert fragment in str(refused.value)
+
+
+def test_the_all_to_all_runs_any_attention_kernel_and_a_sequence_the_ring_cannot_split() -> None:
+    eager = TrainingSpec(global_batch_size=16, seq_len=8192, attention_kernel=AttentionKernel.EAGER)
+    assert estimate(LLAMA, eager, NODE, _layout(dp=4, cp=2, context_parallel_kind=A2A)).step_time_s > 0
+    odd = TrainingSpec(global_batch_size=16, seq_len=8190)  # 8190 % 4: no zig-zag split
+    assert estimate(LLAMA, odd, NODE, _layout(dp=4, cp=2, context_parallel_kind=A2A)).step_time_s > 0
+
+
+def test_the_kind_is_stored_as_ring_without_context_parallelism() -> None:
+    assert _layout(dp=8, cp=1, context_parallel_kind="all-to-all") == _layout(dp=8, cp=1)
+    assert _layout(dp=4, cp=2, context_parallel_kind="all-to-all").context_parallel_kind is A2A
+    with pytest.raises(SchemaError, match="context_parallel_kind='ulysses' is not one of 'ring', 'all-to-all'"):
+        _layout(dp=4, cp=2, context_parallel_kind="ulysses")

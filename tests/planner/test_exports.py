@@ -211,6 +211,10 @@ def test_context_parallelism_in_megatron_and_torchtitan() -> None:
     flags = _flags(_megatron(_plan("tiny-gpt", _layout(4, tp=2, context_parallel_degree=2, zero_stage=1))))
     assert flags["--context-parallel-size"] == "2" and flags["--cp-comm-type"] == "p2p"
     assert flags["--tensor-model-parallel-size"] == "2"
+    # The all-to-all kind is Megatron-Core's a2a (DeepSpeed-Ulysses): tiny-gpt's 4 heads, 2 a tp rank, over cp 2.
+    a2a = _layout(4, tp=2, context_parallel_degree=2, context_parallel_kind="all-to-all", zero_stage=1)
+    flags = _flags(_megatron(_plan("tiny-gpt", a2a)))
+    assert flags["--context-parallel-size"] == "2" and flags["--cp-comm-type"] == "a2a"
     # The distributed optimizer shards over the data-and-context group: dp 1 x cp 16 still shards.
     alone = _flags(_megatron(_plan("tiny-gpt", _layout(1, context_parallel_degree=16, zero_stage=1), batch=4)))
     assert "--use-distributed-optimizer" in alone and "--num-distributed-optimizer-instances" not in alone
@@ -287,6 +291,25 @@ REFUSED = {
         "deepspeed",
         lambda: _plan("tiny-gpt", _layout(8, context_parallel_degree=2)),
         "Ulysses",
+    ),
+    "megatron-a2a-kv-heads": (  # llama3-8b's 8 kv heads over tp 4: 2 a rank, cp 4
+        "megatron",
+        lambda: _plan(
+            "llama3-8b", _layout(1, tp=4, context_parallel_degree=4, context_parallel_kind="all-to-all", zero_stage=1)
+        ),
+        "with 2 key/value heads a tensor-parallel rank",
+    ),
+    "deepspeed-cp-all-to-all": (
+        "deepspeed",
+        lambda: _plan("tiny-gpt", _layout(8, context_parallel_degree=2, context_parallel_kind="all-to-all")),
+        "its config has no sequence-parallel size",
+    ),
+    "torchtitan-cp-all-to-all": (
+        "torchtitan",
+        lambda: _plan(
+            "tiny-gpt", _layout(4, zero_stage=3, context_parallel_degree=4, context_parallel_kind="all-to-all")
+        ),
+        "attention is never split by heads",
     ),
     "deepspeed-tp": ("deepspeed", lambda: _plan("tiny-gpt", _layout(8, tp=2)), "tensor parallelism (degree 2)"),
     "deepspeed-pp": ("deepspeed", lambda: _plan("tiny-gpt", _layout(8, pp=2)), "--pp 1"),

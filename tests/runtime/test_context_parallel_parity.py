@@ -1,6 +1,7 @@
 """Context parallelism trains like the single-process reference: each rank holds a zig-zag share
-of every sequence (1,024 tokens here), and the losses of the first steps match within 1e-5 (SGD,
-float32 on CPU), alone and beside data, tensor and pipeline parallelism (issue 20's acceptance)."""
+of every sequence (1,024 tokens here; a contiguous share under the all-to-all kind), and the
+losses of the first steps match within 1e-5 (SGD, float32 on CPU), alone and beside data, tensor
+and pipeline parallelism (issue 20's acceptance)."""
 
 import functools
 from pathlib import Path
@@ -95,3 +96,17 @@ def test_context_beside_data_tensor_and_pipeline(tmp_path: Path) -> None:
     ]
     check(LLAMA, 4, layouts, tmp_path / "llama")
     check(GPT, 4, [L(1, 2, t=2), L(1, 2, p=2)], tmp_path / "gpt")
+
+
+A2A = {"context_parallel_kind": "all-to-all"}  # DeepSpeed-Ulysses: a contiguous split, heads over the cp ranks
+
+
+def test_all_to_all_context_parallelism(tmp_path: Path) -> None:
+    # learned positions over the contiguous split; the attention core recomputed, its all-to-alls with it
+    check(GPT, 2, [L(1, 2, **A2A), L(1, 2, recompute="selective", **A2A)], tmp_path / "gpt")
+    layouts = [
+        L(2, 2, zero_stage=1, **A2A),
+        L(1, 2, t=2, sequence_parallel=True, **A2A),  # a tp rank's one kv head repeated for both cp ranks
+        L(1, 4, **A2A),  # 2 kv heads repeated for 4 ranks
+    ]
+    check(LLAMA, 4, layouts, tmp_path / "llama")

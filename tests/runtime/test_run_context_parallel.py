@@ -1,6 +1,7 @@
 """`planner run` runs a context-parallel plan on CPU ranks: every rank's ring attention sends the
-key/value bytes the cost model prices (issue 20's acceptance: within 10%; here exactly, as the
-cost model counts the ring this runtime runs)."""
+key/value bytes the cost model prices, and the all-to-all kind the shares of q, k, v and the
+output it prices (issue 20's acceptance: within 10%; here exactly, as the cost model counts what
+this runtime runs)."""
 
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.context_parallel import ring_bytes_sent_per_step
+from cost_models.context_parallel import context_bytes_sent_per_step
 from planner import api
 from planner.inputs import load_model
 from planner.schemas import Layout, RunReport, TrainingSpec
@@ -22,8 +23,11 @@ STEPS, BATCH, SEQ = 3, 4, 256
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("cp", "recompute"), [(2, "none"), (4, "selective")])
-def test_planner_run_sends_the_ring_bytes_the_cost_model_prices(tmp_path: Path, cp: int, recompute: str) -> None:
+@pytest.mark.parametrize(
+    ("cp", "recompute", "kind"),
+    [(2, "none", "ring"), (4, "selective", "ring"), (2, "none", "all-to-all"), (4, "selective", "all-to-all")],
+)
+def test_planner_run_sends_the_bytes_the_cost_model_prices(tmp_path: Path, cp: int, recompute: str, kind: str) -> None:
     model = load_model("tiny-gpt")
     cluster, training = cpu_cluster(cp), TrainingSpec(global_batch_size=BATCH, seq_len=SEQ, dtype="fp32")
     layout = Layout(
@@ -33,6 +37,7 @@ def test_planner_run_sends_the_ring_bytes_the_cost_model_prices(tmp_path: Path, 
         pipeline_parallel_degree=1,
         micro_batch_size=2,
         recompute=recompute,  # type: ignore[arg-type]
+        context_parallel_kind=kind,  # type: ignore[arg-type]
     )
     plan = tmp_path / "plan.json"
     api.save_plan(
@@ -45,7 +50,7 @@ def test_planner_run_sends_the_ring_bytes_the_cost_model_prices(tmp_path: Path, 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = RunReport.model_validate_json(report_path.read_text())
-    predicted = ring_bytes_sent_per_step(model, training, layout).total_bytes
+    predicted = context_bytes_sent_per_step(model, training, layout).total_bytes
     assert predicted > 0 and len(report.context_sent_bytes_per_step) == cp
     for measured in report.context_sent_bytes_per_step:
         assert measured == predicted

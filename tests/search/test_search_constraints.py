@@ -9,7 +9,7 @@ from harness import planner_main
 from planner import api
 from planner.cli.options import parse_constraint
 from planner.inputs import load_model
-from planner.schemas import Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import ContextParallelKind, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.search_engine.space import AXES, SearchSpace
 
@@ -66,3 +66,27 @@ def test_the_plans_keep_to_the_constraints_from_python_and_the_command_line(monk
     args = ["search", "-m", "llama3-70b", "-c", "dgx-h100:8", "--global-batch-size", "256", "--seq-len", "4096"]
     code, _, err = planner_main([*args, "--pp", "two"], monkeypatch)
     assert code == 2 and err.strip().count("\n") == 0 and "--pp 'two'" in err
+
+
+def test_a_constraint_on_the_kind_of_context_parallelism_leaves_cp_1_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    long = SearchSpace(
+        model=load_model("llama3-8b"),
+        training=TrainingSpec(global_batch_size=8, seq_len=32768),
+        world_size=8,
+        devices_per_node=8,
+    )
+    a2a = ContextParallelKind.ALL_TO_ALL
+    narrowed = list(long.constrained({"cp_kind": {a2a}}).candidates())
+    assert {c.context_parallel_degree for c in narrowed} == {1, 2, 4, 8}  # 32768 / 8 = 4096 tokens a rank
+    assert all(c.context_parallel_kind is a2a for c in narrowed if c.context_parallel_degree > 1)
+    assert narrowed == [
+        c for c in long.candidates() if c.context_parallel_degree == 1 or c.context_parallel_kind is a2a
+    ]
+    args = ["search", "-m", "llama3-8b", "-c", "dgx-h100:1", "--global-batch-size", "8", "--seq-len", "32768"]
+    code, out, _ = planner_main([*args, "--cp", "2-8", "--cp-kind", "all-to-all", "--max-tp", "1"], monkeypatch)
+    assert code == 0 and "a2a" in out, out
+    code, _, err = planner_main([*args, "--cp-kind", "ulysses"], monkeypatch)
+    assert code == 2 and "--cp-kind 'ulysses': 'ulysses' is not one of ring, all-to-all" in err
+    estimate = ["estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--global-batch-size", "8", "--seq-len", "32768"]
+    code, out, _ = planner_main([*estimate, "--dp", "4", "--cp", "2", "--cp-kind", "all-to-all"], monkeypatch)
+    assert code == 0 and "cp2a2a" in out, out

@@ -7,10 +7,11 @@ from hypothesis import strategies as st
 
 from cost_models.validate import check_layout
 from planner.inputs import load_cluster, load_model
-from planner.schemas import AttentionKernel, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import AttentionKernel, ContextParallelKind, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.search_engine.space import AXES, SearchSpace, divisors
 
-TINY = load_model("tiny-gpt")
+TINY = load_model("tiny-gpt")  # 4 heads
+RING, A2A = ContextParallelKind.RING, ContextParallelKind.ALL_TO_ALL
 
 
 def space(world: int, batch: int = 32, per_node: int = 8) -> SearchSpace:
@@ -104,12 +105,23 @@ def test_context_parallel_splits_the_sequence_into_two_chunks_a_rank_and_leaves_
     assert long(6000).choices("cp", tp=1, pp=1) == [1, 2]
     # A constraint asks for more ranks than the floor allows; still whole chunks.
     assert long(8192).constrained({"cp": {8}}).choices("cp", tp=1, pp=1) == [8]
-    assert long(8190).constrained({"cp": {2}}).choices("cp", tp=1, pp=1) == []  # 8190 % 4
-    # Ring attention runs the fused kernel: eager attention keeps cp 1.
-    assert long(8192, AttentionKernel.EAGER).choices("cp", tp=1, pp=1) == [1]
+    # 8190 % 4: the ring cannot cut 2 x 2 equal chunks; the all-to-all's 2 contiguous ones it can.
+    assert long(8190).constrained({"cp": {2}}).choices("cp", tp=1, pp=1) == [2]
+    assert long(8190).choices("cp_kind", tp=1, cp=2) == [A2A]
+    assert long(8190).constrained({"cp": {2}, "cp_kind": {RING}}).choices("cp", tp=1, pp=1) == []
+    # Both kinds where both can run, ring first; the all-to-all needs cp to divide a tp rank's 4 heads.
+    assert long(8192).choices("cp_kind", tp=1, cp=4) == [RING, A2A]
+    assert long(8192).choices("cp_kind", tp=2, cp=4) == [RING]
+    assert long(8192).choices("cp_kind", tp=2, cp=1) == [RING]  # no kind without context parallelism
+    # Ring attention runs the fused kernel: eager attention leaves the all-to-all (local attention).
+    assert long(8192, AttentionKernel.EAGER).choices("cp", tp=1, pp=1) == [1, 2, 4]
+    assert long(8192, AttentionKernel.EAGER).choices("cp", tp=4, pp=1) == [1]
+    assert long(8192, AttentionKernel.EAGER).choices("cp_kind", tp=1, cp=2) == [A2A]
     # ZeRO shards over the data axis, dp x cp: one replica of two context ranks still shards.
     assert long(8192).choices("zero_stage", dp=1, pp=1, cp=2) == tuple(ZeroStage)
     # Sequence parallelism splits each rank's share: 8192 / 4 = 2048 over tp 2.
     assert long(8192).choices("sequence_parallel", tp=2, cp=4, etp=2) == [True, False]
     for layout in long(8192).candidates():
         assert layout.world_size == 8 and 8192 % (2 * layout.context_parallel_degree) == 0
+    kinds = {(c.context_parallel_degree, c.context_parallel_kind) for c in long(8192).candidates()}
+    assert kinds == {(1, RING), (2, RING), (2, A2A), (4, RING), (4, A2A)}
