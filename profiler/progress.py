@@ -80,7 +80,8 @@ class ProfileProgress:
             self.bar.stop()
 
     def _print(self, line: str) -> None:
-        print(f"profile {line}", file=self.stream, flush=True)
+        self.stream.write(f"profile {line}\n")
+        self.stream.flush()
         self.last_line = time.perf_counter()
 
     def _index(self) -> str:
