@@ -2,16 +2,17 @@
 
 1. Profile the machine as ``--ranks`` ranks (``planner profile --quick``), unless ``--cluster``
    gives such a profile.
-2. For every cp dividing the ranks (1, 2, 4 on 4 ranks; dp takes the rest), plan tiny-llama
-   (rotary, grouped-query attention) at ``--seq-len`` tokens on that profile and run it for
-   ``--steps`` steps (``planner run``), ``--repeats`` times, the cp values alternating.
+2. For every cp dividing the ranks (1, 2, 4 on 4 ranks; dp takes the rest) and both kinds of
+   context parallelism (ring, all-to-all), plan tiny-llama (rotary, grouped-query attention) at
+   ``--seq-len`` tokens on that profile and run it for ``--steps`` steps (``planner run``),
+   ``--repeats`` times, the plans alternating.
 3. Print, for each cp: the predicted step time, the median measured one, their ratio, the ring's
    predicted key/value bytes per rank and step beside the measured ones (``RunReport``), and the
-   predicted exposed ring time.
+   predicted exposed context-parallel communication.
 
 Issue 20 asks for the ratio of measured to predicted step time with cp ranks on the local
 cluster. On this machine gloo runs no transfer behind compute, so the ring's every send is
-exposed (``cost_models.context_parallel``); ranks beyond the cores share them
+exposed, as the all-to-alls always are (``cost_models.context_parallel``); ranks beyond the cores share them
 (``cost_models.shared_cores``).
 
 Run: .venv/bin/python benchmarks/context_parallel_local.py [--cluster F] [--ranks 4]
@@ -27,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from cost_models.context_parallel import ring_bytes_sent_per_step
+from cost_models.context_parallel import context_bytes_sent_per_step
 from planner import api
 from planner.inputs import load_cluster
-from planner.schemas import Layout, ModelSpec, TrainingSpec
+from planner.schemas import ContextParallelKind, Layout, ModelSpec, TrainingSpec
 
 MODEL = ModelSpec(
     name="tiny-llama",
@@ -72,43 +73,46 @@ def main() -> None:
         subprocess.run(cmd, check=True, capture_output=True)
     cluster = load_cluster(str(cluster_path))
     training = TrainingSpec(global_batch_size=args.batch, seq_len=args.seq_len, dtype="fp32")
-    plans: dict[int, Path] = {}
+    plans: dict[str, Path] = {}
     for cp in (c for c in (1, 2, 4, 8) if args.ranks % c == 0):
-        layout = Layout(
-            data_parallel_degree=args.ranks // cp,
-            context_parallel_degree=cp,
-            tensor_parallel_degree=1,
-            pipeline_parallel_degree=1,
-            micro_batch_size=1,
-        )
-        plan = api.make_plan(
-            MODEL, training, cluster, str(cluster_path), layout, api.estimate(MODEL, cluster, training, layout)
-        )
-        plans[cp] = out / f"plan-cp{cp}.json"
-        api.save_plan(plan, plans[cp])
-    measured: dict[int, list[float]] = {cp: [] for cp in plans}
-    sent: dict[int, float] = {}
+        for kind in ContextParallelKind if cp > 1 else (ContextParallelKind.RING,):
+            layout = Layout(
+                data_parallel_degree=args.ranks // cp,
+                context_parallel_degree=cp,
+                context_parallel_kind=kind,
+                tensor_parallel_degree=1,
+                pipeline_parallel_degree=1,
+                micro_batch_size=1,
+            )
+            plan = api.make_plan(
+                MODEL, training, cluster, str(cluster_path), layout, api.estimate(MODEL, cluster, training, layout)
+            )
+            name = f"cp{cp}" + ("a2a" if kind is ContextParallelKind.ALL_TO_ALL else "")
+            plans[name] = out / f"plan-{name}.json"
+            api.save_plan(plan, plans[name])
+    measured: dict[str, list[float]] = {name: [] for name in plans}
+    sent: dict[str, float] = {}
     for repeat in range(args.repeats):
         for cp, plan_path in plans.items():
-            report = out / f"report-cp{cp}-{repeat}.json"
+            report = out / f"report-{cp}-{repeat}.json"
             cmd = [*_torchrun(args.ranks), "-m", "planner", "run", str(plan_path), "--steps", str(args.steps)]
             subprocess.run([*cmd, "--report", str(report)], check=True, capture_output=True)
             raw = json.loads(report.read_text())
             measured[cp].append(float(raw["measured_step_time_s"]))
             sent[cp] = max(raw.get("context_sent_bytes_per_step") or [0.0])
-            print(f"repeat {repeat} cp{cp}: {measured[cp][-1]:.3f} s", file=sys.stderr)
+            print(f"repeat {repeat} {cp}: {measured[cp][-1]:.3f} s", file=sys.stderr)
     print(f"tiny-llama, {args.batch} x {args.seq_len} tokens a step, {args.ranks} ranks, fp32")
-    header = "cp  layout                 predicted s  measured s  measured/predicted  ring MB pred/meas  ring exposed s"
+    header = "plan    predicted s  measured s  measured/predicted  sent MB pred/meas  cp comm s (predicted)"
     print(header)
     for cp, plan_path in plans.items():
         plan = api.load_plan(plan_path)
         predicted = plan.estimate.step_time_s
         median = statistics.median(measured[cp])
-        ring = ring_bytes_sent_per_step(MODEL, training, plan.layout).total_bytes / 1e6
+        bytes_mb = context_bytes_sent_per_step(MODEL, training, plan.layout).total_bytes / 1e6
         exposed = plan.estimate.time.context_parallel_comm_s
         print(
-            f"{cp:<3} {plan.layout.describe()[:22]:<22} {predicted:>11.3f} {median:>11.3f} {median / predicted:>19.2f}"
-            f"  {ring:>8.1f} / {sent[cp] / 1e6:<8.1f} {exposed:>13.4f}"
+            f"{cp:<7} {predicted:>11.3f} {median:>11.3f} {median / predicted:>19.2f}"
+            f"  {bytes_mb:>8.1f} / {sent[cp] / 1e6:<8.1f} {exposed:>13.4f}"
         )
     print(f"({time.perf_counter() - started:.0f} s; medians of {args.repeats} runs of {args.steps} steps)")
 
