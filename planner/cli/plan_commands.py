@@ -161,7 +161,7 @@ def search(
     memory_margin: Annotated[
         float, typer.Option(min=0.0, max=0.9, callback=finite, help="Share of device memory kept free.")
     ] = 0.05,
-    seed: Annotated[int, typer.Option(help="Seed of the sampler and solver.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of the sampler and solver.")] = 0,
     output: Annotated[Path | None, typer.Option(help="Write the best plan here (plan.json).")] = None,
     verify: Annotated[
         bool, typer.Option(help="Dry-run the best plan's first and last pipeline stage beside the estimate.")

@@ -168,6 +168,25 @@ def test_a_dry_run_of_a_plan_larger_than_its_cluster_is_refused(tmp_path: Path, 
         load_plan(path)
 
 
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"step_time_s": 0.0}, "estimate.step_time_s=0.0 must be > 0"),
+        ({"peak_memory_bytes": -1.0}, "estimate.peak_memory_bytes=-1.0 must be >= 0"),
+        ({"stages": []}, "estimate.stages is empty"),
+    ],
+)
+def test_explain_on_a_plan_with_an_impossible_estimate_is_refused(
+    change: dict[str, object], needle: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    path = tmp_path / "plan.json"
+    assert cli([*ESTIMATE, "--dp", "8", "--output", str(path)], monkeypatch, capsys)[0] == 0
+    raw = json.loads(path.read_text())
+    raw["estimate"].update(change)  # explain divided by a step time of 0
+    path.write_text(json.dumps(raw))
+    assert needle in refused(["explain", str(path)], monkeypatch, capsys)
+
+
 # --- absurd sizes: refused at once, not searched for hours ----------------------------------------
 
 
