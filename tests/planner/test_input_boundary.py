@@ -232,6 +232,7 @@ def test_a_cluster_beyond_any_built_is_refused(monkeypatch, capsys) -> None:
         (["--capacity-factor", "nan"], "Invalid value for '--capacity-factor'"),
         (["--capacity-factor", "inf"], "inf is not a finite number"),
         (["--time-limit", "inf"], "inf is not a finite number"),
+        (["--seed", str(10**18)], "Invalid value for '--seed'"),  # the CP-SAT solver's seed is 32 bits
     ],
 )
 def test_absurd_search_options_are_refused(extra: list[str], needle: str, monkeypatch, capsys) -> None:
