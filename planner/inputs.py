@@ -41,6 +41,7 @@ from planner.schemas import (
     ModelSpec,
     Provenance,
 )
+from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, NicKind, upgrade
 from planner.schemas.errors import SchemaError
 
@@ -130,6 +131,11 @@ def cluster_preset(name: str, num_nodes: int) -> ClusterProfile:
         )
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise SchemaError(f"num_nodes={num_nodes!r} must be a whole number >= 1")
+    if num_nodes > MAX_DEVICES:  # before its node matrix is built; ClusterProfile bounds the devices
+        raise SchemaError(
+            f"cluster preset {preset!r}: num_nodes={num_nodes} is more than any cluster this planner plans "
+            f"(at most {MAX_DEVICES:,} devices)"
+        )
     return _build_cluster(_read_preset("clusters", preset), name=preset, num_nodes=num_nodes)
 
 

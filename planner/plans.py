@@ -70,23 +70,34 @@ def make_plan(
 
 def save_plan(plan: Plan, path: str | Path) -> None:
     """Write ``plan`` as indented JSON, its profile file's path relative to ``path``'s folder when
-    the profile lies there or below, absolute otherwise (see the module's docstring)."""
+    the profile lies there or below, absolute otherwise (see the module's docstring).
+
+    Raises:
+        SchemaError: the file cannot be written.
+    """
     where = Path(path)
     spec = Path(plan.cluster.spec)
     if _names_a_file(spec):
         profile, folder = spec.resolve(), where.resolve().parent
         stored = profile.relative_to(folder).as_posix() if profile.is_relative_to(folder) else str(profile)
         plan = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"spec": stored})})
-    where.write_text(plan.model_dump_json(indent=2) + "\n")
+    try:
+        where.write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise SchemaError(f"cannot write the plan to {str(where)!r}: {e.strerror}") from e
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file; raises SchemaError naming the file and what is wrong with it."""
     where = Path(path)
     try:
-        text = where.read_text()
+        text = where.read_text(encoding="utf-8")
     except OSError as e:
         raise SchemaError(f"cannot read plan file {str(where)!r}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise SchemaError(
+            f"{where} is not a plan file: byte {e.start} is not UTF-8 text; give a plan.json from planner search"
+        ) from e
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

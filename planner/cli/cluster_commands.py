@@ -10,6 +10,7 @@ import typer
 
 from planner import api
 from planner.api import OptimizerName, Selection
+from planner.cli.checks import check_folder, check_output, check_storage, finite
 from planner.cli.options import (
     KERNELS_HELP,
     AttentionOpt,
@@ -46,7 +47,9 @@ def profile(
             "(half the time; plans in another precision are then refused) [default: fp32 and bf16]."
         ),
     ] = None,
-    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer before failing.")] = 60.0,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, callback=finite, help="Seconds a rank waits for a peer before failing.")
+    ] = 60.0,
     inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS.")] = None,
     simulate_nodes: Annotated[int | None, typer.Option(hidden=True, min=1, help="Testing: pretend nodes.")] = None,
     inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,PHASE,exit|hang.")] = None,
@@ -55,6 +58,7 @@ def profile(
 
     Example: torchrun --nproc-per-node 4 -m planner profile --output cluster.json --quick
     """
+    check_output("--output", output, "cluster.json")
     code = api.profile(
         output,
         quick=quick,
@@ -78,9 +82,9 @@ def run(
     optimizer: Annotated[OptimizerName, typer.Option(help="adamw, or sgd for exact parity checks.")] = (
         OptimizerName.ADAMW
     ),
-    lr: Annotated[float, typer.Option(min=0.0, help="Learning rate.")] = 1e-3,
+    lr: Annotated[float, typer.Option(min=0.0, callback=finite, help="Learning rate.")] = 1e-3,
     data: Annotated[Path | None, typer.Option(help="A token file (uint16); default: synthetic tokens.")] = None,
-    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds a rank waits for a peer.")] = 300.0,
+    timeout: Annotated[float, typer.Option(min=1.0, callback=finite, help="Seconds a rank waits for a peer.")] = 300.0,
     dry_run: Annotated[
         bool, typer.Option(help="Trace one rank's step with fake tensors and a fake process group (no torchrun).")
     ] = False,
@@ -137,6 +141,9 @@ def run(
     if dry_run:
         output_console().print(dry_run_table([api.dry_run(plan, rank, optimizer=optimizer)]))
         return
+    check_output("--report", report, "report.json")
+    check_output("--trace-routing", trace_routing, "routing.npz")
+    check_folder("--checkpoint-dir", checkpoint_dir)
     measured = api.run(
         plan,
         steps=steps,
@@ -201,7 +208,8 @@ def tune(
         ),
     ] = None,
     trial_timeout: Annotated[
-        float, typer.Option(min=1.0, help="Seconds a plan's job may take before it is stopped and failed.")
+        float,
+        typer.Option(min=1.0, callback=finite, help="Seconds a plan's job may take before it is stopped and failed."),
     ] = 600.0,
     workdir: Annotated[Path, typer.Option(help="Where trials keep their plans, reports and logs.")] = Path("tune"),
     calibrate: Annotated[
@@ -230,6 +238,11 @@ def tune(
     Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
     """
     model, cluster, training = search_inputs(model, cluster, training_fields(locals()))
+    check_storage("--storage", storage)
+    check_folder("--workdir", workdir)
+    check_output("--save-calibration", save_calibration, "cluster.json")
+    check_output("--plot", plot, "validation.png")
+    check_output("--output", output)
     settings = api.TuneSettings(
         top_k=top_k,
         select=select,
@@ -273,6 +286,8 @@ def validate(
 
     Example: planner validate --storage sqlite:///tune.db --plot validation.png
     """
+    check_storage("--storage", storage)
+    check_output("--plot", plot, "validation.png")
     _show_tune(api.validate(storage, study, cluster), plot)
 
 

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
 
 from planner import api
+from planner.cli.checks import finite
 from planner.plans import check_cluster
 from planner.schemas import (
     AttentionKernel,
@@ -29,6 +31,7 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
+from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.errors import SchemaError
 from planner.search_engine.strategy import Progress as ProgressCallback
 
@@ -64,6 +67,7 @@ CapacityOpt = Annotated[
     float | None,
     typer.Option(
         min=0.01,
+        callback=finite,
         help="MoE: each expert takes at most this many times its even share of a rank's routed tokens and drops "
         "the rest (e.g. 1.25; Megatron-LM's --moe-expert-capacity-factor) [default: dropless].",
     ),
@@ -117,7 +121,17 @@ def search_inputs(model: str | None, cluster: str | None, training: Mapping[str,
     if missing := [option for option, value in required.items() if value is None]:
         raise SchemaError(f"{', '.join(missing)} required")
     assert model is not None and cluster is not None
-    return model, cluster, TrainingSpec.model_validate(dict(training))
+    return model, cluster, training_spec(training)
+
+
+def training_spec(training: Mapping[str, Any]) -> TrainingSpec:
+    """The TrainingSpec of the options' fields; a value the options let through but the spec refuses
+    (a number out of its range) is a SchemaError naming it."""
+    try:
+        return TrainingSpec.model_validate(dict(training))
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}={err['input']!r}: {err['msg']}" for err in e.errors())
+        raise SchemaError(f"training: {problems}") from e
 
 
 TRAINING_OPTIONS = {
@@ -211,7 +225,7 @@ def resolve(
         if missing or model is None or cluster is None:
             raise SchemaError(f"{', '.join(missing)} required (or --plan, whose values are the defaults)")
         chosen = Layout(**{**_LAYOUT_DEFAULTS, **layout})
-        spec = TrainingSpec.model_validate(training)
+        spec = training_spec(training)
         return Inputs(api.load_model(model), spec, api.load_cluster(cluster), cluster, chosen)
     plan = api.load_plan(plan_path)
     cluster_spec = cluster if cluster is not None else plan.cluster.spec
@@ -305,7 +319,7 @@ def constraint_fields(options: Mapping[str, Any]) -> dict[str, frozenset[Any]]:
             found[axis] = parse_constraint("--" + param.replace("_", "-"), str(text), kind)
     max_tp = options.get("max_tp")
     if max_tp is not None:
-        capped = frozenset(range(1, int(max_tp) + 1))
+        capped = frozenset(range(1, min(int(max_tp), MAX_DEVICES) + 1))  # no cluster has more ranks
         found["tp"] = found["tp"] & capped if "tp" in found else capped
     return found
 
@@ -329,6 +343,11 @@ def parse_constraint(option: str, text: str, kind: type[StrEnum] | type[IntEnum]
         first, last = int(low), int(high or low)
         if first > last:
             raise SchemaError(f"{option} {text!r}: the range {part} runs backwards; write it low-high")
+        if last > MAX_DEVICES:
+            raise SchemaError(
+                f"{option} {text!r}: {last} is more than any degree or micro-batch this planner plans "
+                f"(at most {MAX_DEVICES:,})"
+            )
         numbers = range(first, last + 1)
         if kind is None:
             values.update(numbers)

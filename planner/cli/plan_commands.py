@@ -12,6 +12,7 @@ import typer
 
 from planner import api
 from planner.api import StrategyName
+from planner.cli.checks import check_output, check_storage, finite
 from planner.cli.options import (
     AttentionOpt,
     CapacityOpt,
@@ -151,6 +152,7 @@ def estimate(
     Example: planner estimate --plan plan.json --tp 4 --dp 4   (the plan's layout with tp and dp changed)
     """
     given = locals()  # every option by its parameter name (no other local is set yet)
+    check_output("--output", output)
     inputs = resolve(plan, model, cluster, training_fields(given), layout_fields(given))
     est = api.estimate(inputs.model, inputs.cluster, inputs.training, inputs.layout)
     if output is not None:
@@ -180,12 +182,16 @@ def search(
         StrategyName.EXHAUSTIVE
     ),
     trials: Annotated[int | None, typer.Option(min=1, help="Layouts to evaluate at most [optuna: 400].")] = None,
-    time_limit: Annotated[float | None, typer.Option(min=0.1, help="Seconds to search at most.")] = None,
+    time_limit: Annotated[
+        float | None, typer.Option(min=0.1, callback=finite, help="Seconds to search at most.")
+    ] = None,
     storage: Annotated[
         str, typer.Option(help="Optuna study storage; a search on the same inputs resumes it.")
     ] = "sqlite:///planner-search.db",
-    memory_margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of device memory kept free.")] = 0.05,
-    seed: Annotated[int, typer.Option(help="Seed of the sampler and solver.")] = 0,
+    memory_margin: Annotated[
+        float, typer.Option(min=0.0, max=0.9, callback=finite, help="Share of device memory kept free.")
+    ] = 0.05,
+    seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of the sampler and solver.")] = 0,
     output: Annotated[Path | None, typer.Option(help="Write the best plan here (plan.json).")] = None,
     verify: Annotated[
         bool, typer.Option(help="Dry-run the best plan's first and last pipeline stage beside the estimate.")
@@ -268,6 +274,9 @@ def search(
     check_plot_file(plot)
     model, cluster, training = search_inputs(model, cluster, training_fields(given))
     constraints = constraint_fields(given)
+    check_output("--output", output)
+    if strategy is StrategyName.OPTUNA:
+        check_storage("--storage", storage)
     with progress_bar("searching", transient=True) as progress:
         outcome, plans = api.search_outcome(
             model,
@@ -397,6 +406,7 @@ def launch(
 
     Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
     """
+    check_output("--output", output, "launch.sh")
     loaded = api.load_plan(plan)
     check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)  # as every rank would
     commands = torchrun_commands(
@@ -432,6 +442,7 @@ def export(
 
     Example: planner export plan.json --to torchtitan --output job.toml
     """
+    check_output("--output", output, "job.toml")
     text = api.export(plan, to)
     if output is None:
         typer.echo(text, nl=False)

@@ -24,6 +24,7 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
+from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.calibration import Calibration
 from planner.schemas.enums import CollectiveOp, DType, Placement
 from planner.schemas.errors import SchemaError
@@ -103,6 +104,16 @@ class DeviceProfile(FrozenModel):
         "accelerators; below 1 for CPU ranks that outnumber their node's cores (4 ranks on 2 cores: 0.5). "
         "Times are measured with every rank busy; a rank runs up to 1/core_share faster while others wait.",
     )
+
+    @model_validator(mode="after")
+    def _check_peaks(self) -> Self:
+        for dtype, peak in self.peak_flop_per_s.items():
+            if peak <= 0:
+                raise SchemaError(
+                    f"device {self.name!r}: peak_flop_per_s.{dtype}={peak!r} must be > 0 (FLOP/s); give the "
+                    "device's dense peak in that precision, or leave the precision out"
+                )
+        return self
 
     def get_peak_flop_per_s(self, dtype: DType) -> float:
         """Peak FLOP/s for ``dtype``; raises SchemaError when the profile lacks it."""
@@ -220,6 +231,11 @@ class ClusterProfile(FrozenModel):
 
     @model_validator(mode="after")
     def _check_sizes(self) -> Self:
+        if self.world_size > MAX_DEVICES:
+            raise SchemaError(
+                f"num_nodes={self.num_nodes} x devices_per_node={self.devices_per_node} = {self.world_size:,} devices "
+                f"is more than any cluster this planner plans (at most {MAX_DEVICES:,}); fix the counts"
+            )
         if self.intra_node_links.size != self.devices_per_node:
             raise SchemaError(
                 f"intra_node_links.size={self.intra_node_links.size} must equal "

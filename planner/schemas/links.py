@@ -98,11 +98,15 @@ class LinkMatrix(FrozenModel):
             ):
                 if len(rows) != self.size or any(len(r) != self.size for r in rows):
                     raise SchemaError(f"link matrix {label} must be {self.size} x {self.size}")
-            bandwidth = self.arrays().bandwidth_bytes_per_s
+            bandwidth, latency = self.arrays().bandwidth_bytes_per_s, self.arrays().latency_s
             bad = np.argwhere((bandwidth <= 0) & ~np.eye(self.size, dtype=bool))
             if len(bad):
                 i, j = (int(k) for k in bad[0])
                 raise SchemaError(f"link {i}->{j} has bandwidth {bandwidth[i, j]}; it must be > 0")
+            bad = np.argwhere(latency < 0)
+            if len(bad):
+                i, j = (int(k) for k in bad[0])
+                raise SchemaError(f"link {i}->{j} has latency {latency[i, j]}; it must be >= 0 (seconds)")
         return self
 
     def arrays(self) -> LinkArrays:

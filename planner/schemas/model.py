@@ -14,6 +14,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
+from planner.schemas.bounds import MAX_EXPERTS, MAX_LAYERS, check_at_most
 from planner.schemas.enums import Activation, NormKind, PositionEmbedding
 from planner.schemas.errors import SchemaError
 from planner.schemas.rope import RopeScaling, RopeType
@@ -106,6 +107,9 @@ class ModelSpec(FrozenModel):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Self:
+        layers = {"num_hidden_layers": self.num_hidden_layers, "first_k_dense_replace": self.first_k_dense_replace}
+        check_at_most("", layers, MAX_LAYERS, "any model")
+        check_at_most("", {"num_local_experts": self.num_local_experts}, MAX_EXPERTS, "any model")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise SchemaError(
                 f"hidden_size={self.hidden_size} is not divisible by "

@@ -19,6 +19,7 @@ whole data-parallel group) are what a version-5 plan ran; version 6 later gained
 cost model priced before (neither prices them), so every version-6 plan reads unchanged.
 """
 
+from dataclasses import fields
 from datetime import datetime
 from typing import Literal, Self
 
@@ -77,7 +78,32 @@ class Plan(FrozenModel):
         for label, layout in layouts:
             check_experts(self.model, layout)
             _check_devices(label, layout, self.cluster)
+        _check_estimate("estimate", self.estimate)
+        if self.runner_up is not None:
+            _check_estimate("runner_up.estimate", self.runner_up.estimate)
         return self
+
+
+def _check_estimate(label: str, estimate: Estimate) -> None:
+    """Raise SchemaError unless ``estimate`` reads as the cost model writes one (a hand-edited
+    plan may not): a step time > 0, no negative figure, its stages numbered 0, 1, ... in order."""
+    if estimate.step_time_s <= 0:
+        raise SchemaError(f"{label}.step_time_s={estimate.step_time_s!r} must be > 0; re-create the plan")
+    figures = {
+        f"{label}.{f.name}": getattr(estimate, f.name) for f in fields(estimate) if f.name not in ("stages", "time")
+    }
+    figures |= {f"{label}.time.{f.name}": getattr(estimate.time, f.name) for f in fields(estimate.time)}
+    for i, stage in enumerate(estimate.stages):
+        if stage.stage != i:
+            raise SchemaError(f"{label}.stages[{i}].stage={stage.stage!r} must be {i}; re-create the plan")
+        figures[f"{label}.stages[{i}].layers"] = stage.layers
+        figures[f"{label}.stages[{i}].compute_per_micro_batch_s"] = stage.compute_per_micro_batch_s
+        figures |= {f"{label}.stages[{i}].memory.{f.name}": getattr(stage.memory, f.name) for f in fields(stage.memory)}
+    if not estimate.stages:
+        raise SchemaError(f"{label}.stages is empty; a plan's estimate has one entry per pipeline stage")
+    for name, value in figures.items():
+        if value < 0:
+            raise SchemaError(f"{name}={value!r} must be >= 0; re-create the plan")
 
 
 def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:

@@ -5,6 +5,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
+from planner.schemas.bounds import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_at_most
 from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer
 from planner.schemas.errors import SchemaError
 
@@ -67,7 +68,9 @@ class TrainingSpec(FrozenModel):
     )
 
     @model_validator(mode="after")
-    def _padding_needs_capacity(self) -> Self:
+    def _check(self) -> Self:
+        check_at_most("", {"global_batch_size": self.global_batch_size}, MAX_GLOBAL_BATCH, "any batch")
+        check_at_most("", {"seq_len": self.seq_len}, MAX_SEQ_LEN, "any sequence")
         if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
             raise SchemaError(
                 "moe_pad_to_capacity needs a moe_capacity_factor (e.g. 1.25); give one or drop the padding"
