@@ -378,6 +378,14 @@ def launch(
         str | None, typer.Option(help="With --elastic: the checkpoint folder every node reads and writes.")
     ] = None,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="With --elastic: steps between checkpoints.")] = 1,
+    last_call: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --elastic: seconds the rendezvous waits for more nodes once it has MIN, so also how long a "
+            "restart waits for a node that died [default: torchrun's 30].",
+        ),
+    ] = None,
 ) -> None:
     """Print the torchrun command line of every node that runs the plan.
 
@@ -389,7 +397,7 @@ def launch(
     """
     loaded = api.load_plan(plan)
     check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)  # as every rank would
-    elastic_launch = elastic_options(elastic, max_restarts, checkpoint_dir, checkpoint_every)
+    elastic_launch = elastic_options(elastic, max_restarts, checkpoint_dir, checkpoint_every, last_call)
     commands = torchrun_commands(
         loaded,
         str(plan),

@@ -51,6 +51,9 @@ class Elastic:
     checkpoint_dir: str
     checkpoint_every: int = 1
     """Steps between checkpoints: the steps a failure may cost."""
+    last_call_s: int | None = None
+    """Seconds a rendezvous that has its minimum of nodes waits for more before it starts (torchrun's
+    ``last_call_timeout``, 30 by default): a restart after a node died waits this long for it."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -65,7 +68,11 @@ class Elastic:
 
 
 def elastic_options(
-    nodes: str | None, max_restarts: int, checkpoint_dir: str | None, checkpoint_every: int
+    nodes: str | None,
+    max_restarts: int,
+    checkpoint_dir: str | None,
+    checkpoint_every: int,
+    last_call_s: int | None = None,
 ) -> Elastic | None:
     """``planner launch``'s elastic options as an ``Elastic`` (None without ``--elastic``):
     ``nodes`` is ``MIN:MAX`` or one number N (N:N).
@@ -87,6 +94,7 @@ def elastic_options(
         max_restarts=max_restarts,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
+        last_call_s=last_call_s,
     )
 
 
@@ -207,6 +215,7 @@ def _elastic_commands(
         f"{host}:{master_port}",
         "--rdzv-id",
         ref.sha256[:12],
+        *(("--rdzv-conf", f"last_call_timeout={elastic.last_call_s}") if elastic.last_call_s is not None else ()),
         *run,
         "--elastic",
         "--checkpoint-dir",

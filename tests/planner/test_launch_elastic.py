@@ -54,6 +54,9 @@ def test_every_node_gets_the_same_elastic_line(plan: Path, monkeypatch: pytest.M
         "--rdzv-id",
         argv[argv.index("--rdzv-id") + 1],
     ]
+    code, out, _ = planner_main([*args, "--last-call", "5"], monkeypatch)
+    again = shlex.split(next(line for line in out.splitlines() if not line.startswith("#")))
+    assert again[again.index("--rdzv-conf") : again.index("-m")] == ["--rdzv-conf", "last_call_timeout=5"]
     assert argv[argv.index("-m") :] == [
         "-m",
         "planner",
