@@ -14,6 +14,7 @@ through a callback; the CLI renders. torch is imported only inside the functions
 True
 """
 
+import functools
 import json
 import logging
 import os
@@ -506,6 +507,7 @@ def run(
     resume: bool = False,
     inject_fault: tuple[int, int, str] | None = None,
     on_fault: OnFault = OnFault.WARN,
+    elastic: bool = False,
 ) -> RunReport | None:
     """Train with a plan file for a few steps; call it on every rank under torchrun.
 
@@ -531,6 +533,11 @@ def run(
         on_fault: what a straggler does to the run (``runtime.straggler_watch``): WARN logs it
             and records it in the report; EXIT also stops every rank after that step (a
             checkpoint is taken there, if they are) and raises StragglerFound.
+        elastic: for torchrun's elastic restarts (``planner launch --elastic``): continue from
+            the newest complete checkpoint in ``checkpoint_dir`` whenever there is one, and on a
+            world size other than the plan's, run the plan rank 0 searches for the ranks there
+            are (``planner.elastic``: the plan's cluster cut to them, written to
+            ``checkpoint_dir``/plans/world-N.json) instead of refusing.
 
     Returns:
         On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
@@ -538,7 +545,8 @@ def run(
 
     Raises:
         SchemaError: not under torchrun (RANK unset), or the plan file is unreadable.
-        InfeasibleConfigError: the plan is for another world size or device.
+        InfeasibleConfigError: the plan is for another world size (unless elastic) or device, or
+            (elastic) no layout fits the job's ranks.
         JobFailed: a rank died, hung past ``timeout_s`` or was stopped; the message names the
             ranks that stopped responding and where they last were (every surviving rank raises it).
         StragglerFound: under ``OnFault.EXIT``, a rank was far slower than its peers; the message
@@ -548,11 +556,19 @@ def run(
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
     if resume and checkpoint_dir is None:
         raise SchemaError("--resume continues from a checkpoint: give its folder with --checkpoint-dir")
+    if elastic and checkpoint_dir is None:
+        raise SchemaError("--elastic resumes each restart from a checkpoint: give their folder with --checkpoint-dir")
     if checkpoint_every < 0:
         raise SchemaError(f"--checkpoint-every {checkpoint_every} must be 0 (after the last step) or more")
     loaded = load_plan(plan)  # a bad plan is refused before torch is imported
+    from planner.elastic import plan_for_world
     from runtime.run import RunSettings
     from runtime.run import run as run_plan
+
+    replan = None
+    if elastic:
+        assert checkpoint_dir is not None
+        replan = functools.partial(plan_for_world, loaded, checkpoint_dir=Path(checkpoint_dir))
 
     settings = RunSettings(
         plan_path=Path(plan),
@@ -570,6 +586,7 @@ def run(
         resume=resume,
         inject_fault=inject_fault,
         on_fault=on_fault,
+        replan=replan,
     )
     return run_plan(settings, loaded)
 

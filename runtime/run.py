@@ -27,9 +27,10 @@ from planner.schemas import DeviceKind, DType, OnFault, Plan, RankMemory, RunRep
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
 from planner.schemas.runtime_support import check_runnable
 from runtime import checkpoint
-from runtime.checkpoint_meta import check_loadable
+from runtime.checkpoint_meta import check_loadable, latest
 from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
+from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
@@ -67,6 +68,10 @@ class RunSettings:
     """Steps between checkpoints; 0: one after the last step only."""
     resume: bool = False
     """Continue from the newest complete checkpoint in ``checkpoint_dir``."""
+    replan: Replan | None = None
+    """Elastic (``runtime.elastic``): on a world size other than the plan's, rank 0 gets the plan
+    for the job's ranks from this and every rank runs it; the run continues from the newest
+    complete checkpoint in ``checkpoint_dir`` whenever there is one. None: not elastic."""
 
 
 def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
@@ -90,21 +95,31 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:  # the threads the profile measured with
+        torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    plan_sha256 = hashlib.sha256(settings.plan_path.read_bytes()).hexdigest()
+    if settings.replan is not None and world != plan.cluster.world_size:  # an elastic (re)start on other ranks
+        _init(settings, cuda)
+        plan, _, plan_sha256 = agreed_plan(settings.replan, rank, world)
     check_world(plan, world, cuda)
     if settings.trace_routing is not None and not plan.model.is_moe:
         raise InfeasibleConfigError(
             f"--trace-routing records which experts tokens go to, but {plan.model.name!r} has no experts; "
             "drop the option"
         )
-    if settings.resume:  # before any work: a checkpoint of another model or global batch is refused
+    resume = settings.resume or (
+        settings.replan is not None
+        and settings.checkpoint_dir is not None
+        and latest(settings.checkpoint_dir) is not None
+    )
+    if resume:  # before any work: a checkpoint of another model or global batch is refused
         assert settings.checkpoint_dir is not None
         check_loadable(settings.checkpoint_dir, plan.model, plan.training.global_batch_size)
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:  # the threads the profile measured with
-        torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=settings.timeout_s))
+    if not dist.is_initialized():
+        _init(settings, cuda)
     training = plan.training
     trainer = Trainer(
         plan.model,
@@ -118,9 +133,8 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     )
     if settings.trace_routing is not None:
         record_routing(trainer)
-    plan_sha256 = hashlib.sha256(settings.plan_path.read_bytes()).hexdigest()
     first = 0
-    if settings.resume:
+    if resume:
         assert settings.checkpoint_dir is not None
         resumed = checkpoint.resume(trainer, settings.checkpoint_dir, plan_sha256)
         first = resumed.step
@@ -203,6 +217,10 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
             f"stopped after step {first + len(times) - 1}: " + "; ".join(s.message for s in watch.found)
         )
     return report
+
+
+def _init(settings: RunSettings, cuda: bool) -> None:
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=settings.timeout_s))
 
 
 HEARTBEAT_KEY = "planner/run/at/{rank}"

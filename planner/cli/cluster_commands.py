@@ -117,6 +117,14 @@ def run(
             "--checkpoint-dir, exit with code 4)."
         ),
     ] = OnFault.WARN,
+    elastic: Annotated[
+        bool,
+        typer.Option(
+            help="For torchrun's elastic restarts (planner launch --elastic): resume from the newest checkpoint "
+            "in --checkpoint-dir if there is one, and on a world size other than the plan's, re-plan for the "
+            "ranks there are (written to CHECKPOINT_DIR/plans/world-N.json) and resume resharded."
+        ),
+    ] = False,
     inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang|slow.")] = None,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
@@ -160,6 +168,7 @@ def run(
         resume=resume,
         inject_fault=parse_step_fault(inject_fault),
         on_fault=on_fault,
+        elastic=elastic,
     )
     if measured is not None:  # rank 0
         traffic: tuple[float, ...] = ()

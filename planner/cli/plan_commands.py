@@ -39,7 +39,7 @@ from planner.cli.options import (
     training_fields,
 )
 from planner.export.targets import ExportTarget
-from planner.export.torchrun import MASTER_ADDR_HINT, launch_script, torchrun_commands
+from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
 from planner.inputs import list_cluster_presets, list_model_presets
 from planner.placement_comparison import placement_applies
 from planner.render import (
@@ -401,14 +401,41 @@ def launch(
     steps: Annotated[int, typer.Option(min=1, help="Training steps to run.")] = 10,
     report: Annotated[str, typer.Option(help="Where each run writes its report.")] = "report.json",
     output: Annotated[Path | None, typer.Option(help="Write a launch script (bash launch.sh NODE_RANK).")] = None,
+    elastic: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MIN:MAX",
+            help="torchrun's elastic form: run on MIN to MAX nodes of the plan's cluster, restart the workers "
+            "after a failure, and re-plan for the nodes a restart has (planner run --elastic); needs "
+            "--checkpoint-dir.",
+        ),
+    ] = None,
+    max_restarts: Annotated[int, typer.Option(min=0, help="With --elastic: restarts torchrun allows.")] = 3,
+    checkpoint_dir: Annotated[
+        str | None, typer.Option(help="With --elastic: the checkpoint folder every node reads and writes.")
+    ] = None,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="With --elastic: steps between checkpoints.")] = 1,
+    last_call: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --elastic: seconds the rendezvous waits for more nodes once it has MIN, so also how long a "
+            "restart waits for a node that died [default: torchrun's 30].",
+        ),
+    ] = None,
 ) -> None:
     """Print the torchrun command line of every node that runs the plan.
 
+    With --elastic MIN:MAX the lines are torchrun's elastic form (c10d rendezvous, --max-restarts):
+    a restart with fewer nodes re-plans for them and resumes the newest checkpoint, resharded.
+
     Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
+    Example: planner launch plan.json --elastic 2:4 --max-restarts 3 --checkpoint-dir /shared/ckpt
     """
     check_output("--output", output, "launch.sh")
     loaded = api.load_plan(plan)
     check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)  # as every rank would
+    elastic_launch = elastic_options(elastic, max_restarts, checkpoint_dir, checkpoint_every, last_call)
     commands = torchrun_commands(
         loaded,
         str(plan),
@@ -416,6 +443,7 @@ def launch(
         master_port=master_port,
         steps=steps,
         report_path=report,
+        elastic=elastic_launch,
     )
     reads_master_addr = any(cmd.reads_master_addr for cmd in commands)
     if output is not None:

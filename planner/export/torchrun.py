@@ -8,6 +8,16 @@ node's cores split over its ranks). torchrun numbers its processes by device; th
 ``DeviceMap`` says which of the plan's ranks each node's devices run, and the runtime builds its
 mesh from the same map.
 
+With ``Elastic`` the lines are torchrun's elastic form: ``--nnodes MIN:MAX --max-restarts N`` on
+the c10d rendezvous (one node too, at localhost unless a master address is given), no
+``--node-rank`` (the rendezvous numbers the nodes as they join), and ``planner run --elastic
+--checkpoint-dir D``, which re-plans for the nodes a restart has and resumes the newest
+checkpoint (``planner.elastic``). Every node then runs the same line, with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: otherwise the workers of every restart share the agents'
+rendezvous store with those of the round before, whose keys (each process group's addresses) are
+still there, and a restarted worker can read a dead peer's address and fail to connect (seen with
+torch 2.13 on gloo); with it, each round's rank 0 hosts a fresh store.
+
 Without a master address the lines read it from each node's shell, as
 ``"${MASTER_ADDR:?set it to the address of node 0}:PORT"``, so that the shell stops with that one
 line when it is unset (a bare placeholder would look like a host name to torchrun). The launch
@@ -19,6 +29,7 @@ import shlex
 from dataclasses import dataclass
 
 from planner.schemas import DeviceKind, Plan
+from planner.schemas.errors import SchemaError
 
 DEFAULT_PORT = 29500
 MASTER_ADDR_HINT = (
@@ -29,6 +40,64 @@ _MASTER_ADDR_FROM_SHELL = "${MASTER_ADDR:?set it to the address of node 0}"
 """The shell's MASTER_ADDR, or a one-line error saying to set it."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Elastic:
+    """torchrun's elastic launch of a plan: how many nodes may run it, how often torchrun restarts
+    the workers, and the checkpoints each restart resumes from."""
+
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int = 3
+    checkpoint_dir: str
+    checkpoint_every: int = 1
+    """Steps between checkpoints: the steps a failure may cost."""
+    last_call_s: int | None = None
+    """Seconds a rendezvous that has its minimum of nodes waits for more before it starts (torchrun's
+    ``last_call_timeout``, 30 by default): a restart after a node died waits this long for it."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise SchemaError(
+                f"--elastic {self.min_nodes}:{self.max_nodes} must be MIN:MAX nodes with 1 <= MIN <= MAX, e.g. 2:4"
+            )
+        if self.max_restarts < 0 or self.checkpoint_every < 1:
+            raise SchemaError(
+                f"--max-restarts {self.max_restarts} must be 0 or more and --checkpoint-every "
+                f"{self.checkpoint_every} 1 or more under --elastic"
+            )
+
+
+def elastic_options(
+    nodes: str | None,
+    max_restarts: int,
+    checkpoint_dir: str | None,
+    checkpoint_every: int,
+    last_call_s: int | None = None,
+) -> Elastic | None:
+    """``planner launch``'s elastic options as an ``Elastic`` (None without ``--elastic``):
+    ``nodes`` is ``MIN:MAX`` or one number N (N:N).
+
+    Raises:
+        SchemaError: ``nodes`` is not of that form, or no checkpoint folder is given.
+    """
+    if nodes is None:
+        return None
+    if checkpoint_dir is None:
+        raise SchemaError("--elastic resumes each restart from a checkpoint: give their folder with --checkpoint-dir")
+    low, colon, high = nodes.partition(":")
+    high = high if colon else low
+    if not (low.isdigit() and high.isdigit()):
+        raise SchemaError(f"--elastic {nodes!r} must be MIN:MAX nodes, e.g. 2:4 (or one number, e.g. 4)")
+    return Elastic(
+        min_nodes=int(low),
+        max_nodes=int(high),
+        max_restarts=max_restarts,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        last_call_s=last_call_s,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class NodeCommand:
     """What to run on one node: environment and argv."""
@@ -37,10 +106,13 @@ class NodeCommand:
     env: tuple[tuple[str, str], ...]
     argv: tuple[str, ...]
     plan_ranks: tuple[int, ...]
-    """The plan's ranks this node's devices run, in local-device order."""
+    """The plan's ranks this node's devices run, in local-device order (elastic: none fixed)."""
 
     def comment(self) -> str:
-        """A shell comment naming the node and the plan ranks it runs, e.g. ``# node 1: ranks 8-15``."""
+        """A shell comment naming the node and the plan ranks it runs, e.g. ``# node 1: ranks 8-15``
+        (elastic: no ranks, the rendezvous numbers the nodes as they join)."""
+        if not self.plan_ranks:
+            return f"# node {self.node_rank} (elastic: the rendezvous numbers the nodes as they join)"
         return f"# node {self.node_rank}: ranks {_ranges(self.plan_ranks)}"
 
     def shell(self) -> str:
@@ -69,13 +141,21 @@ def torchrun_commands(
     master_port: int = DEFAULT_PORT,
     steps: int = 10,
     report_path: str = "report.json",
+    elastic: Elastic | None = None,
 ) -> tuple[NodeCommand, ...]:
     """The command for every node of the plan's cluster, node 0 first; without ``master_addr``
-    the commands read node 0's address from the shell's MASTER_ADDR."""
+    the commands read node 0's address from the shell's MASTER_ADDR (elastic on one node:
+    localhost).
+
+    Raises:
+        SchemaError: ``elastic`` asks for more nodes than the plan's cluster has.
+    """
     ref = plan.cluster
     ranks = node_ranks(plan)
     run = ("-m", "planner", "run", plan_path, "--steps", str(steps), "--report", report_path)
     env = (("OMP_NUM_THREADS", "1"),) if plan.cluster.device_kind is DeviceKind.CPU else ()
+    if elastic is not None:
+        return _elastic_commands(plan, run, env, elastic, master_addr, master_port)
     if ref.num_nodes == 1:
         argv = ("torchrun", "--standalone", "--nproc-per-node", str(ref.devices_per_node), *run)
         return (NodeCommand(0, env, argv, ranks[0]),)
@@ -103,6 +183,48 @@ def torchrun_commands(
         )
         for node in range(ref.num_nodes)
     )
+
+
+def _elastic_commands(
+    plan: Plan,
+    run: tuple[str, ...],
+    env: tuple[tuple[str, str], ...],
+    elastic: Elastic,
+    master_addr: str | None,
+    master_port: int,
+) -> tuple[NodeCommand, ...]:
+    """Every node's elastic command (the same line on each: the rendezvous numbers the nodes)."""
+    ref = plan.cluster
+    if elastic.max_nodes > ref.num_nodes:
+        raise SchemaError(
+            f"--elastic {elastic.min_nodes}:{elastic.max_nodes} asks for up to {elastic.max_nodes} nodes, but the "
+            f"plan is for {ref.num_nodes}; give MAX <= {ref.num_nodes}, or plan for the larger cluster"
+        )
+    host = master_addr or ("localhost" if ref.num_nodes == 1 else _MASTER_ADDR_FROM_SHELL)
+    argv = (
+        "torchrun",
+        "--nnodes",
+        f"{elastic.min_nodes}:{elastic.max_nodes}",
+        "--nproc-per-node",
+        str(ref.devices_per_node),
+        "--max-restarts",
+        str(elastic.max_restarts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{host}:{master_port}",
+        "--rdzv-id",
+        ref.sha256[:12],
+        *(("--rdzv-conf", f"last_call_timeout={elastic.last_call_s}") if elastic.last_call_s is not None else ()),
+        *run,
+        "--elastic",
+        "--checkpoint-dir",
+        elastic.checkpoint_dir,
+        "--checkpoint-every",
+        str(elastic.checkpoint_every),
+    )
+    env = (*env, ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
+    return tuple(NodeCommand(node, env, argv, ()) for node in range(ref.num_nodes))
 
 
 def node_ranks(plan: Plan) -> tuple[tuple[int, ...], ...]:
