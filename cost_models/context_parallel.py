@@ -141,25 +141,6 @@ def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layou
     return ContextBytes(forward_bytes=forwards * forward, backward_bytes=backward)
 
 
-def ring_bytes_sent_per_step(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0) -> ContextBytes:
-    """Bytes one rank of pipeline stage ``stage`` sends around its context-parallel ring in one
-    optimizer step: ``ring_bytes_per_layer`` x the stage's layers x the step's micro-batches
-    (``schemas.geometry.num_micro_batches``). What a runtime counting its sends should measure.
-
-    Args:
-        model: key/value widths, layers.
-        training: sequence length, precision, global batch.
-        layout: degrees (cp, t, p, d), micro-batch size, recompute, layer split.
-        stage: pipeline rank.
-
-    Returns:
-        Forward and backward bytes.
-    """
-    per_layer = ring_bytes_per_layer(model, training, layout)
-    times = stage_layers(model, layout)[stage] * num_micro_batches(training.global_batch_size, layout)
-    return ContextBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
-
-
 def ring_links(cluster: ClusterProfile, layout: Layout, context_groups: Iterable[Group]) -> frozenset[LinkProfile]:
     """The links between consecutive members of the context-parallel groups (the last sends to
     the first), of the groups that need pricing (``comm.priced_groups``)."""
@@ -220,11 +201,13 @@ def context_bytes_sent_per_step(
     model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0
 ) -> ContextBytes:
     """Bytes one rank of pipeline stage ``stage`` sends to the other ranks of its context-parallel
-    group in one optimizer step, of the layout's kind: ``ring_bytes_sent_per_step`` or
-    ``all_to_all_bytes_sent_per_step``. What a runtime counting its sends should measure."""
-    if layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
-        return all_to_all_bytes_sent_per_step(model, training, layout, stage)
-    return ring_bytes_sent_per_step(model, training, layout, stage)
+    group in one optimizer step: the layout kind's bytes per layer (``ring_bytes_per_layer``,
+    ``all_to_all_bytes_per_layer``) x the stage's layers x the step's micro-batches
+    (``schemas.geometry.num_micro_batches``). What a runtime counting its sends should measure."""
+    all_to_all = layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL
+    per_layer = (all_to_all_bytes_per_layer if all_to_all else ring_bytes_per_layer)(model, training, layout)
+    times = stage_layers(model, layout)[stage] * num_micro_batches(training.global_batch_size, layout)
+    return ContextBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
 
 
 def ring_layer_s(
@@ -347,27 +330,6 @@ def _recomputed(buffers: AllToAllElements, recompute: Recompute) -> int:
     if recompute is Recompute.NONE:
         return 0
     return buffers.total - (buffers.output if recompute is Recompute.SELECTIVE else 0)
-
-
-def all_to_all_bytes_sent_per_step(
-    model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int = 0
-) -> ContextBytes:
-    """Bytes one rank of pipeline stage ``stage`` sends to the other ranks of its context-parallel
-    group in one optimizer step under the all-to-all kind: ``all_to_all_bytes_per_layer`` x the
-    stage's layers x the step's micro-batches. What a runtime counting its sends should measure.
-
-    Args:
-        model: head counts and widths, layers.
-        training: sequence length, precision, global batch.
-        layout: degrees (cp, t, p, d), micro-batch size, recompute, layer split.
-        stage: pipeline rank.
-
-    Returns:
-        Forward and backward bytes.
-    """
-    per_layer = all_to_all_bytes_per_layer(model, training, layout)
-    times = stage_layers(model, layout)[stage] * num_micro_batches(training.global_batch_size, layout)
-    return ContextBytes(forward_bytes=per_layer.forward_bytes * times, backward_bytes=per_layer.backward_bytes * times)
 
 
 def all_to_all_layer_s(

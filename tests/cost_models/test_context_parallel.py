@@ -12,7 +12,6 @@ from cost_models import groups as grp
 from cost_models.context_parallel import (
     all_to_all_buffer_bytes,
     all_to_all_bytes_per_layer,
-    all_to_all_bytes_sent_per_step,
     all_to_all_elements,
     all_to_all_layer_s,
     context_buffer_bytes,
@@ -23,7 +22,6 @@ from cost_models.context_parallel import (
     kv_replication,
     ring_buffer_bytes,
     ring_bytes_per_layer,
-    ring_bytes_sent_per_step,
     ring_exposed_s,
 )
 from cost_models.estimate import estimate
@@ -62,12 +60,12 @@ def test_ring_bytes_per_step_by_hand() -> None:
     per_layer = ring_bytes_per_layer(LLAMA, TRAINING, layout)
     assert per_layer.forward_bytes == 16_777_216  # cp - 1 = 1 k/v block
     assert per_layer.backward_bytes == 16_777_216 + BLOCK * 4  # cp - 1 = 1 k/v block and 1 fp32 dk/dv block
-    step = ring_bytes_sent_per_step(LLAMA, TRAINING, layout)
+    step = context_bytes_sent_per_step(LLAMA, TRAINING, layout)
     micro_batches = 16 // 4  # B / (d b): the cp ranks share the same sequences
     assert step.forward_bytes == 32 * micro_batches * 16_777_216 == 2_147_483_648
     assert step.backward_bytes == 32 * micro_batches * 50_331_648 == 6_442_450_944
     for recompute in (Recompute.FULL, Recompute.SELECTIVE):  # both recompute the attention core, ring included
-        again = ring_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=recompute))
+        again = context_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=recompute))
         assert again.forward_bytes == 2 * step.forward_bytes and again.backward_bytes == step.backward_bytes
     # cp 4 under tp 2: a block is b (s/4) (k + v) / t, sent 3 times forward, 3 + 3 (fp32) backward.
     four = ring_bytes_per_layer(LLAMA, TRAINING, _layout(dp=1, cp=4, tp=2))
@@ -196,13 +194,15 @@ def test_all_to_all_bytes_per_step_by_hand() -> None:
     # Each all-to-all keeps half of the buffer and sends half: (33.5 + 8.4 + 8.4 + 33.5) MB / 2 = 41.9 MB.
     per_layer = all_to_all_bytes_per_layer(LLAMA, TRAINING, layout)
     assert per_layer.forward_bytes == per_layer.backward_bytes == 41_943_040
-    step = all_to_all_bytes_sent_per_step(LLAMA, TRAINING, layout)
+    step = context_bytes_sent_per_step(LLAMA, TRAINING, layout)
     assert step.forward_bytes == step.backward_bytes == 32 * 4 * 41_943_040 == 5_368_709_120
-    assert context_bytes_sent_per_step(LLAMA, TRAINING, layout) == step
     ring = dataclasses.replace(layout, context_parallel_kind=ContextParallelKind.RING)
-    assert context_bytes_sent_per_step(LLAMA, TRAINING, ring) == ring_bytes_sent_per_step(LLAMA, TRAINING, ring)
+    assert (
+        context_bytes_sent_per_step(LLAMA, TRAINING, ring).forward_bytes
+        == 32 * 4 * ring_bytes_per_layer(LLAMA, TRAINING, ring).forward_bytes
+    )  # the kind decides which exchange is counted
     # Full recompute runs the 4 again; selective the attention core's q, k and v (its output's is not needed).
-    full = all_to_all_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.FULL))
+    full = context_bytes_sent_per_step(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.FULL))
     assert (full.forward_bytes, full.backward_bytes) == (2 * step.forward_bytes, step.backward_bytes)
     selective = all_to_all_bytes_per_layer(LLAMA, TRAINING, dataclasses.replace(layout, recompute=Recompute.SELECTIVE))
     assert selective.forward_bytes == 41_943_040 + (Q_BYTES + 2 * KV_BYTES) // 2 == 67_108_864
