@@ -5,7 +5,11 @@ all-reduce moves 2(n-1)/n of it per rank, all-gather, reduce-scatter and all-to-
 bus bandwidth = that volume / time, which is nearly independent of n. Pricing, in order:
 1. the profile's collective records for the op and placement: bus bandwidth interpolated
    log-log in message size (records of all-reduce stand in for the other ops, whose bus
-   bandwidth nccl-tests reports alike at large sizes);
+   bandwidth nccl-tests reports alike at large sizes). A record that says over which links its
+   groups ran (``CollectiveRecord.ring_bandwidth_bytes_per_s``, the slowest of them) is scaled
+   to the priced group's own slowest link: a pair measured over a slowed link does not price
+   every pair as slow, nor a fast one a group that crosses the slow link. The whole curve
+   scales (a ring's bus bandwidth is its slowest link's), its small-message part too;
 2. otherwise a ring over the group's slowest link: (n-1) steps of latency plus volume / bandwidth.
 A group spanning nodes is priced hierarchically (as NCCL's tree/ring over rails): a phase inside
 each node over its k members, and a phase across the N nodes in which each of the k members
@@ -94,14 +98,17 @@ def _flat_time_s(
     placement: Placement,
     link: LinkProfile,
 ) -> float:
-    """One phase of a collective over ``n`` members at ``placement``: from the profile's records
-    (``collectives``), else a ring over ``link``. Memoized: a search prices the same gradients
+    """One phase of a collective over ``n`` members at ``placement`` whose ring's slowest link is
+    ``link``: from the profile's records (``collectives``), scaled to ``link`` where they say which
+    links they ran over, else a ring over ``link``. Memoized: a search prices the same gradients
     over the same groups for the many layouts that differ only in micro-batch, recompute or
     sequence parallelism."""
     per_node = n if placement is Placement.INTRA_NODE else 1
     records = _matching_records(collectives.records, op, placement, n, per_node)
     if records:
-        return _curve_time_s(records, op, message_bytes, n)
+        measured_over = records[0].ring_bandwidth_bytes_per_s
+        scale = 1.0 if measured_over is None else measured_over / link.bandwidth_bytes_per_s
+        return scale * _curve_time_s(records, op, message_bytes, n)
     steps = 2 * (n - 1) if op is CollectiveOp.ALL_REDUCE else n - 1
     return steps * link.latency_s + op.volume_factor(n) * message_bytes / link.bandwidth_bytes_per_s
 

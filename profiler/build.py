@@ -31,9 +31,10 @@ from planner.schemas import (
     NicKind,
     NodeOverride,
     OpRecord,
+    Placement,
     Provenance,
 )
-from profiler.collectives import CollectiveSample, group_shapes
+from profiler.collectives import CollectiveSample, GroupShape, group_shapes
 from profiler.links import LinkSample, link_figures
 from profiler.ops import OpsSample
 from profiler.settings import ProfileSettings
@@ -140,6 +141,26 @@ def _device(infos: list[RankInfo], ops: list[OpsSample]) -> DeviceProfile:
     )
 
 
+def _ring_bandwidth(
+    shape: GroupShape,
+    node_of: dict[int, int],
+    local_of: dict[int, int],
+    node_links: list[LinkMatrix],
+    inter_node_links: LinkMatrix,
+) -> float:
+    """The slowest link along the rings of ``shape``'s groups at its placement: between consecutive
+    members inside a node, or between consecutive nodes (``CollectiveRecord.ring_bandwidth_bytes_per_s``)."""
+    slowest = []
+    for group in shape.groups:
+        if shape.placement is Placement.INTER_NODE:
+            nodes = tuple(dict.fromkeys(node_of[r] for r in group))
+            slowest.append(inter_node_links.ring_slowest(nodes).bandwidth_bytes_per_s)
+        else:
+            local = tuple(local_of[r] for r in group)
+            slowest.append(node_links[node_of[group[0]]].ring_slowest(local).bandwidth_bytes_per_s)
+    return min(slowest)
+
+
 def build_profile(
     settings: ProfileSettings,
     infos: list[RankInfo],
@@ -173,25 +194,6 @@ def build_profile(
             inter["bw"][pair].append(bw)
             inter["lat"][pair].append(lat)
 
-    shapes = {s.name: s for s in group_shapes(infos)}
-    slowest: dict[tuple[str, str, int], CollectiveSample] = {}
-    for sample in (s for rank_samples in collectives for s in rank_samples):
-        key = (sample.shape, str(sample.op), sample.message_bytes)
-        if key not in slowest or sample.median_s > slowest[key].median_s:
-            slowest[key] = sample
-    records = tuple(
-        CollectiveRecord(
-            op=s.op,
-            placement=shapes[s.shape].placement,
-            group_size=len(shapes[s.shape].groups[0]),
-            members_per_node=shapes[s.shape].members_per_node,
-            message_bytes=s.message_bytes,
-            time_s=s.median_s,
-            spread=s.spread,
-        )
-        for s in slowest.values()
-    )
-
     # One device type per host; ranks of each type (their host's first rank's name) make its profile.
     device_of_node = [next(i.device_name for i in infos if i.host == h) for h in hosts]
     devices = {
@@ -207,6 +209,34 @@ def build_profile(
         )
         for node in range(len(hosts))
     ]
+    inter_node_links = LinkMatrix(
+        size=len(hosts),
+        bandwidth_bytes_per_s=_matrix(inter["bw"], len(hosts), min),
+        latency_s=_matrix(inter["lat"], len(hosts), max),
+    )
+    shapes = {s.name: s for s in group_shapes(infos)}
+    ring_bandwidth = {
+        name: _ring_bandwidth(shape, node_of, local_of, node_links, inter_node_links) for name, shape in shapes.items()
+    }
+    slowest: dict[tuple[str, str, int], CollectiveSample] = {}
+    for sample in (s for rank_samples in collectives for s in rank_samples):
+        key = (sample.shape, str(sample.op), sample.message_bytes)
+        if key not in slowest or sample.median_s > slowest[key].median_s:
+            slowest[key] = sample
+    records = tuple(
+        CollectiveRecord(
+            op=s.op,
+            placement=shapes[s.shape].placement,
+            group_size=len(shapes[s.shape].groups[0]),
+            members_per_node=shapes[s.shape].members_per_node,
+            message_bytes=s.message_bytes,
+            time_s=s.median_s,
+            spread=s.spread,
+            ring_bandwidth_bytes_per_s=ring_bandwidth[s.shape],
+        )
+        for s in slowest.values()
+    )
+
     # One network interface type per host (a single host has no inter-node traffic: not known).
     nics = [next(i.nic for i in infos if i.host == h) if len(hosts) > 1 else None for h in hosts]
     return ClusterProfile(
@@ -217,11 +247,7 @@ def build_profile(
         intra_node_links=node_links[0],
         nic=nics[0],
         node_overrides=_node_overrides(node_links, nics, [devices[name] for name in device_of_node]),
-        inter_node_links=LinkMatrix(
-            size=len(hosts),
-            bandwidth_bytes_per_s=_matrix(inter["bw"], len(hosts), min),
-            latency_s=_matrix(inter["lat"], len(hosts), max),
-        ),
+        inter_node_links=inter_node_links,
         collectives=records,
         provenance=Provenance(
             kind="measured",

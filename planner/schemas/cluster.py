@@ -137,6 +137,18 @@ class CollectiveRecord(FrozenModel):
     message_bytes: int = Field(ge=1, description="Bytes of the full buffer (nccl-tests 'size').")
     time_s: float = Field(gt=0)
     spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
+    ring_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "The slowest link along the rings the measured groups ran at this placement (between "
+            "consecutive members inside a node for an intra-node record, between consecutive nodes "
+            "for an inter-node one), from the profile's own link figures: what bounds the record's "
+            "bus bandwidth. A group whose ring runs over other links is priced from the record scaled "
+            "by its own ring's slowest link. None (presets, profiles before version 5): the record "
+            "stands for every group of its shape."
+        ),
+    )
 
 
 class Provenance(FrozenModel):
@@ -210,7 +222,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[4] = 4
+    schema_version: Literal[5] = 5
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -376,9 +388,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 4
+CLUSTER_SCHEMA_VERSION = 5
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 """The versions ``upgrade`` reads."""
 
 
@@ -390,13 +402,15 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     Version 2 -> 3: nothing to change; a version-2 profile holds no ``moe_layer`` record.
     Version 3 -> 4: nothing to change; a version-3 profile describes every node alike (no
     ``node_overrides``, no ``nic``), which version 4 reads as it did.
+    Version 4 -> 5: nothing to change; a version-4 profile's collective records do not say which
+    links their groups ran over, which version 5 reads as records that stand for every group.
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3):
-        return {**raw, "schema_version": 4}
+    if version in (2, 3, 4):
+        return {**raw, "schema_version": 5}
     if version != 1:
         return dict(raw)
     device = raw.get("device")

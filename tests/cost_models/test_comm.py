@@ -69,3 +69,34 @@ def test_measured_curve_is_interpolated_log_log_in_bus_bandwidth() -> None:
     assert collective_time_s(CollectiveOp.ALL_REDUCE, 2**32, group, cluster) == pytest.approx(2**32 * 1.75 / 1000e9)
     assert collective_time_s(CollectiveOp.ALL_GATHER, 2**30, group, cluster) == pytest.approx(2**30 * 0.875 / 1000e9)
     assert isinstance(cluster.provenance.created, datetime)
+
+
+def _slow_pair_hosts(ring_bandwidth_bytes_per_s: float | None) -> ClusterProfile:
+    """3 nodes of 1 device; the link between nodes 0 and 1 at 1 GB/s, the others at 10 GB/s; one
+    measured all-reduce over all 3 (ring 0-1-2) at 1 GB of bus bandwidth per second."""
+    bw = [[1e12 if i == j else 10e9 for j in range(3)] for i in range(3)]
+    bw[0][1] = bw[1][0] = 1e9
+    record = CollectiveRecord(
+        op=CollectiveOp.ALL_REDUCE,
+        placement=Placement.INTER_NODE,
+        group_size=3,
+        members_per_node=1,
+        message_bytes=10**9,
+        time_s=(4 / 3) * 1e9 / 1e9,
+        ring_bandwidth_bytes_per_s=ring_bandwidth_bytes_per_s,
+    )
+    base = make_cluster(nodes=3, per_node=1)
+    links = LinkMatrix(size=3, bandwidth_bytes_per_s=bw, latency_s=[[0.0] * 3 for _ in range(3)])
+    return base.model_copy(update={"inter_node_links": links, "collectives": (record,)})
+
+
+def test_a_record_says_which_links_it_ran_over_and_each_group_is_priced_over_its_own() -> None:
+    measured = _slow_pair_hosts(ring_bandwidth_bytes_per_s=1e9)
+    # A 2-member all-reduce moves 1x its buffer per rank; at the record's 1 GB/s of bus bandwidth
+    # that is 1 s over the slow pair, and 10x faster over a pair whose link is 10x faster.
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 1)), measured) == pytest.approx(1.0)
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((1, 2)), measured) == pytest.approx(0.1)
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((2, 0)), measured) == pytest.approx(0.1)
+    # A record that does not say (presets, older profiles) stands for every group.
+    unsaid = _slow_pair_hosts(ring_bandwidth_bytes_per_s=None)
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((1, 2)), unsaid) == pytest.approx(1.0)

@@ -99,6 +99,8 @@ def test_build_profile_is_hierarchical(tmp_path: Path) -> None:
     (record,) = profile.collectives
     assert record.time_s == pytest.approx(4e-3)  # the slowest rank
     assert record.placement is Placement.INTER_NODE and record.members_per_node == 2
+    # The world's ring crosses node 0 -> 1 (8 ms per MiB at its slowest) and back: the slower one.
+    assert record.ring_bandwidth_bytes_per_s == pytest.approx(2**20 / 8e-3)
     assert profile.device.peak_flop_per_s[DType.FP32] == pytest.approx(2 * 64**3 / 1e-4)
     assert profile.provenance.kind == "measured" and profile.provenance.settings["bandwidth_bytes"] == 2**20
 
