@@ -48,26 +48,21 @@ def _to_sequence(y: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | No
     return recv.transpose(0, 1).reshape(b, cp * heads, s // cp, d)
 
 
-class _ToHeads(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
+    """An all-to-all between the sequence split and the head split: to the heads (``to_heads``)
+    or back to the sequence; its backward is the same exchange the other way."""
+
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None) -> torch.Tensor:
-        ctx.group, ctx.sent = group, sent
-        return _to_heads(x, group, sent, False)
+    def forward(
+        ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None, to_heads: bool
+    ) -> torch.Tensor:
+        ctx.group, ctx.sent, ctx.to_heads = group, sent, to_heads
+        return (_to_heads if to_heads else _to_sequence)(x, group, sent, False)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return _to_sequence(grad, ctx.group, ctx.sent, True), None, None
-
-
-class _ToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None) -> torch.Tensor:
-        ctx.group, ctx.sent = group, sent
-        return _to_sequence(y, group, sent, False)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return _to_heads(grad, ctx.group, ctx.sent, True), None, None
+        back = _to_sequence if ctx.to_heads else _to_heads
+        return back(grad, ctx.group, ctx.sent, True), None, None, None
 
 
 def ulysses_attention(
@@ -109,7 +104,7 @@ def ulysses_attention(
     handed = math.lcm(kv_heads, cp)
     if handed != kv_heads:
         k, v = (t.repeat_interleave(handed // kv_heads, dim=1) for t in (k, v))
-    qh, kh, vh = (_ToHeads.apply(t, group, sent) for t in (q, k, v))  # type: ignore[no-untyped-call]
+    qh, kh, vh = (_AllToAll.apply(t, group, sent, True) for t in (q, k, v))  # type: ignore[no-untyped-call]
     out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=qh.shape[1] != kh.shape[1])
-    result: torch.Tensor = _ToSequence.apply(out, group, sent)  # type: ignore[no-untyped-call]
+    result: torch.Tensor = _AllToAll.apply(out, group, sent, False)  # type: ignore[no-untyped-call]
     return result
