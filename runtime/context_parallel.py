@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from planner.schemas.geometry import context_chunks
+from planner.schemas.geometry import context_chunks, splits_into_context_chunks
 
 
 @dataclass(slots=True)
@@ -41,7 +41,7 @@ def check_divisible(seq_len: int, cp: int) -> None:
     """Refuse a sequence the zig-zag split cannot cut into 2 cp equal chunks."""
     if cp < 1:
         raise ValueError(f"context-parallel degree {cp} must be at least 1")
-    if seq_len % (2 * cp) != 0:
+    if not splits_into_context_chunks(seq_len, cp):
         raise ValueError(
             f"sequence length {seq_len} does not split into 2 x cp = {2 * cp} equal chunks for "
             f"context parallelism {cp}; use a sequence length divisible by {2 * cp}"
