@@ -20,7 +20,7 @@ of a full (s/cp) x (s/cp) block, so a step's compute is 1/cp of the layer's atte
 - backward: cp - 1 sends of the k/v block again and cp - 1 sends of the dk/dv being accumulated
   for a block, fp32 (``GRADIENT_ELEMENT_BYTES``): the accumulator of rank j's block starts at rank
   j + 1, gathers each rank's share as it passes and reaches j after cp - 1 hops (this runtime's
-  ring, ``runtime.context_parallel``; torch's own ring attention sends it cp times, its last hop
+  ring, ``runtime.ring_attention``; torch's own ring attention sends it cp times, its last hop
   returning it). Step 0 sends the k/v block behind its compute, steps 1 .. cp - 2 a k/v block and
   an accumulator, and the last accumulator hop follows the last compute, exposed;
 - recomputation (full, or selective: the attention core is what it recomputes) repeats the

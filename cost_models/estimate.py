@@ -14,6 +14,8 @@ calibrated cluster scales the terms and adds its overheads (``cost_models.calibr
 Memory per stage comes from ``cost_models.memory``. Units: seconds, bytes, FLOP.
 """
 
+from dataclasses import dataclass
+
 from cost_models.calibration import calibrated_time
 from cost_models.data_parallel import data_parallel_time
 from cost_models.layer_work import hardware_flop_ratio, model_flops_per_sequence
@@ -69,19 +71,10 @@ def estimate(
         InfeasibleConfigError: the layout does not divide the model, the batch or the cluster.
     """
     check_layout(model, training, cluster, layout)
-    m = num_micro_batches(training.global_batch_size, layout)
-    times = stage_times(
-        model,
-        training,
-        cluster,
-        layout,
-        routing=routing,
-    )
+    path = critical_path(model, training, cluster, layout, routing)
+    m, times, slowest, bubble, shared = path.micro_batches, path.times, path.slowest, path.bubble_s, path.shared
     if memories is None:
         memories = all_stage_memory(model, training, cluster, layout, routing)
-    slowest = max(times, key=lambda st: st.total_s)
-    bubble = bubble_s(layout, m, slowest.total_s)
-    shared = shared_core_factor(times, m, bubble, cluster.pricing_device.core_share)
     cal = cluster.calibration
     data_parallel = data_parallel_time(
         model,
@@ -110,6 +103,44 @@ def estimate(
     if cal is not None:
         time = calibrated_time(time, cal, micro_batch_slots(layout, m))
     return _estimate_of(model, training, cluster, layout, time, _stage_estimates(model, layout, times, memories))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CriticalPath:
+    """A step's per-stage times and what its critical path makes of them (module docstring)."""
+
+    micro_batches: int
+    """Micro-batches per step on one replica (m)."""
+    times: tuple[StageTime, ...]
+    """Every stage's times per micro-batch (``timing.stage_times``)."""
+    slowest: StageTime
+    """The stage with the largest total: m of its micro-batches are on the critical path."""
+    bubble_s: float
+    """The pipeline bubble on the slowest stage, before the shared-core factor."""
+    shared: float
+    """The shared-core factor on the critical path's compute and bubble (``shared_cores``), in (0, 1]."""
+
+
+def critical_path(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    routing: RoutingStats | None = None,
+) -> CriticalPath:
+    """The per-stage times, slowest stage, bubble and shared-core factor that both ``estimate``
+    and ``schedule_timeline.estimate_timeline`` build on (arguments as for ``estimate``)."""
+    m = num_micro_batches(training.global_batch_size, layout)
+    times = stage_times(model, training, cluster, layout, routing=routing)
+    slowest = max(times, key=lambda st: st.total_s)
+    bubble = bubble_s(layout, m, slowest.total_s)
+    return CriticalPath(
+        micro_batches=m,
+        times=times,
+        slowest=slowest,
+        bubble_s=bubble,
+        shared=shared_core_factor(times, m, bubble, cluster.pricing_device.core_share),
+    )
 
 
 def _stage_estimates(

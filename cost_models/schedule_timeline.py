@@ -23,12 +23,11 @@ estimate charging every slot at the slowest stage. Pure: no I/O. Units: seconds.
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
-from cost_models.shared_cores import shared_core_factor
-from cost_models.timing import stage_times
+from cost_models.estimate import critical_path
+from cost_models.pipeline import micro_batch_slots, pipeline_comm_s
 from cost_models.vocabulary import tied_embedding_sync_s
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TimeBreakdown, TrainingSpec
-from planner.schemas.geometry import num_micro_batches, tied_copy_stages
+from planner.schemas.geometry import tied_copy_stages
 from planner.schemas.routing import RoutingStats
 
 
@@ -207,8 +206,8 @@ def estimate_timeline(
     layout: Layout,
     routing: RoutingStats | None = None,
 ) -> Timeline:
-    """The timeline of ``layout``'s step from the estimate's own per-stage times, shared-core
-    factor and calibration scales (``cost_models.estimate``), a tied embedding's gradient sum
+    """The timeline of ``layout``'s step from the estimate's own per-stage times and shared-core
+    factor (``estimate.critical_path``) and its calibration scales, a tied embedding's gradient sum
     ending the step on the two stages holding its copies.
 
     Args:
@@ -217,16 +216,8 @@ def estimate_timeline(
     Returns:
         The replayed schedule, in seconds from the step's first forward.
     """
-    m = num_micro_batches(training.global_batch_size, layout)
-    times = stage_times(
-        model,
-        training,
-        cluster,
-        layout,
-        routing=routing,
-    )
-    slowest = max(times, key=lambda st: st.total_s)
-    shared = shared_core_factor(times, m, bubble_s(layout, m, slowest.total_s), cluster.pricing_device.core_share)
+    path = critical_path(model, training, cluster, layout, routing)
+    m, times, slowest, shared = path.micro_batches, path.times, path.slowest, path.shared
     cal = cluster.calibration
     compute = shared * (cal.compute_scale if cal else 1.0)
     tp_scale = shared * (cal.tensor_parallel_scale if cal else 1.0)

@@ -14,7 +14,7 @@ from planner.schemas import (
     TrainingSpec,
 )
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
-from planner.schemas.geometry import chunk_layers
+from planner.schemas.geometry import chunk_layers, splits_into_context_chunks
 from planner.schemas.layout import check_experts
 
 
@@ -96,7 +96,7 @@ def check_context_parallel(model: ModelSpec, training: TrainingSpec, layout: Lay
                 f"but seq_len={s} is not divisible by {cp}; use a cp that divides it"
             )
         return
-    if s % (2 * cp):
+    if not splits_into_context_chunks(s, cp):
         raise InfeasibleConfigError(
             f"context parallelism over cp={cp} ranks splits every sequence into 2 x cp = {2 * cp} equal chunks, "
             f"but seq_len={s} is not divisible by {2 * cp}; use a cp for which 2 cp divides it"

@@ -1,58 +1,33 @@
 """Context parallelism: causal self-attention over a sequence split across the ranks of a cp group,
-by ring attention (Liu et al. 2023, arXiv 2310.01889) on a load-balanced ("zig-zag") split, or by
-all-to-alls between a sequence split and a head split (DeepSpeed-Ulysses, ``ulysses_attention``)
-on a contiguous one.
-
-torch's own ``torch.distributed.tensor.experimental.context_parallel`` replaces only the CUDA SDPA
-kernels (flash, efficient, cuDNN); on CPU, SDPA runs ``_scaled_dot_product_flash_attention_for_cpu``,
-for which it has no sharding rule (torch 2.13), so this module does the work itself: that kernel
-on blocks, point-to-point sends between them.
+by ring attention (Liu et al. 2023, arXiv 2310.01889; ``runtime.ring_attention``) on a
+load-balanced ("zig-zag") split, or by all-to-alls between a sequence split and a head split
+(DeepSpeed-Ulysses; ``runtime.ulysses_attention``) on a contiguous one. ``runtime.context_share``
+holds a rank's place in its group and runs the kind its layout names. This module holds what they
+share: the splits and the counter of the bytes a rank sends.
 
 Split. The sequence of length s is cut into 2 cp chunks of c = s / (2 cp) tokens; rank r holds
 chunks r and 2 cp - 1 - r, in that order (as Megatron-Core and torchtitan split it). Under a causal
 mask every rank then has the same attention work: its own two chunks against themselves (a causal
-block), and against every other rank's chunks exactly half a block (``visible_block``).
+block), and against every other rank's chunks exactly half a block
+(``runtime.ring_attention.visible_block``).
 
-Forward. Each rank's keys and values (one stacked tensor) go round the ring in cp - 1 steps; the
-transfer of the next step's block is posted before the current block is computed, so the two
-overlap. Each block's output and per-row log-sum-exp are merged into the running result with the
-log-sum-exp rule: lse = log(e^lse_a + e^lse_b), out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse).
-
-Backward (an autograd Function): the keys and values go round the ring again, the blocks'
-probabilities are recomputed from the saved final output and lse (``block_attention_backward``:
-P = exp(q k^T scale - lse)), and each rank's key/value gradient accumulator travels one step
-behind them: the accumulator of rank j's block starts at rank j + 1, collects the contribution of
-each rank it passes and reaches j after cp - 1 hops, where j adds its own (diagonal) contribution.
-
-Grouped-query attention: query head i reads key/value head i // (heads / kv_heads), as SDPA's
-``enable_gqa`` does; only the kv heads travel. Arithmetic is in float32 (float64 inputs stay
-float64); the key/value gradient accumulators travel in that precision, the keys and values in
-their own dtype. Each block runs torch's CPU flash-attention kernel (``block_attention``: it returns
-the lse and its backward takes it back); on other devices the same math in plain matmuls.
-
-All-to-all (``ContextParallelKind.ALL_TO_ALL``). Rank r holds tokens [r s/cp, (r+1) s/cp); every
-rank attends over the whole sequence for 1/cp of the heads, so no split balances anything. Its
-all-to-alls (``all_to_all_single``, which gloo runs) count the bytes each rank sends to the others,
-(cp - 1)/cp of each buffer, as ``cost_models.context_parallel`` prices them.
+Contiguous split (``ContextParallelKind.ALL_TO_ALL``). Rank r holds tokens [r s/cp, (r+1) s/cp);
+every rank attends over the whole sequence for 1/cp of the heads, so no split balances anything.
 """
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from planner.schemas import ContextParallelKind
-from planner.schemas.geometry import context_chunks
+from planner.schemas.geometry import context_chunks, splits_into_context_chunks
 
 
 @dataclass(slots=True)
 class SentBytes:
-    """A counter of the bytes this rank hands to its sends, by pass; give one to ``ring_attention``
-    to measure its traffic (it counts every call it is given to, forward and backward)."""
+    """A counter of the bytes this rank hands to its sends, by pass; give one to ``ring_attention`` or
+    ``ulysses_attention`` to measure its traffic (it counts every call it is given to, forward and backward)."""
 
     forward_bytes: int = 0
     backward_bytes: int = 0
@@ -62,14 +37,11 @@ class SentBytes:
         return self.forward_bytes + self.backward_bytes
 
 
-# --- the split -----------------------------------------------------------------------------------
-
-
 def check_divisible(seq_len: int, cp: int) -> None:
     """Refuse a sequence the zig-zag split cannot cut into 2 cp equal chunks."""
     if cp < 1:
         raise ValueError(f"context-parallel degree {cp} must be at least 1")
-    if seq_len % (2 * cp) != 0:
+    if not splits_into_context_chunks(seq_len, cp):
         raise ValueError(
             f"sequence length {seq_len} does not split into 2 x cp = {2 * cp} equal chunks for "
             f"context parallelism {cp}; use a sequence length divisible by {2 * cp}"
@@ -110,262 +82,6 @@ def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torc
     return merge_sequence(shards, dim)
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
-    """Which of a rank's queries attend to which of another rank's keys under the causal mask, in
-    halves of the local sequence (half 0: the rank's first chunk, half 1: its second)."""
-
-    query_halves: range
-    key_halves: range
-    causal: bool
-    """The visible part is lower-triangular (the diagonal block); otherwise it is all visible."""
-
-
-def visible_block(rank: int, source: int, cp: int) -> Block:
-    """The part of (rank's queries) x (source's keys) the causal mask leaves visible, from the chunks'
-    global order. Rank r holds chunks (r, 2cp-1-r), source j holds (j, 2cp-1-j):
-
-    - j = r: both chunks against both, causal (the local positions ascend);
-    - j < r: chunk j precedes both of r's chunks, chunk 2cp-1-j follows both: all queries, first
-      half of the keys;
-    - j > r: chunk r precedes both of j's, chunk 2cp-1-r follows both: second half of the queries,
-      all keys.
-    """
-    if source == rank:
-        return Block(range(2), range(2), causal=True)
-    if source < rank:
-        return Block(range(2), range(1), causal=False)
-    return Block(range(1, 2), range(2), causal=False)
-
-
-# --- the attention --------------------------------------------------------------------------------
-
-
-def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
-    """Key/value heads repeated for the query heads that read them (GQA)."""
-    return kv.repeat_interleave(heads // kv.shape[1], dim=1) if kv.shape[1] != heads else kv
-
-
-def _fold(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """A gradient over the query heads summed onto the key/value head each group reads."""
-    b, h, n, d = grad.shape
-    return grad.view(b, kv_heads, h // kv_heads, n, d).sum(2) if h != kv_heads else grad
-
-
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    s = q @ k.transpose(-1, -2) * scale
-    if causal:
-        m, n = s.shape[-2:]
-        s = s.masked_fill(torch.ones(m, n, dtype=torch.bool, device=s.device).triu(1 + n - m), float("-inf"))
-    return s
-
-
-def block_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, flash: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block's attention output (b, h, m, d) and log-sum-exp of its scores (b, h, m), keys and
-    values already expanded to q's heads; ``causal`` masks a square block's upper triangle.
-    ``flash``: torch's CPU flash-attention kernel (it returns the lse; tiled, so it does not hold
-    the m x n scores); otherwise plain matmuls, on any device."""
-    scale = q.shape[-1] ** -0.5
-    if flash:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-        return out, lse.to(out.dtype)
-    s = _scores(q, k, scale, causal)
-    lse = s.logsumexp(-1)
-    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
-
-
-def block_attention_backward(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    *,
-    causal: bool,
-    flash: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One block's share of dq, dk, dv given the whole row's output and lse (not the block's own):
-    P = exp(q k^T scale - lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K scale,
-    dK = dS^T Q scale. Summed over a row's blocks they are the whole attention's gradients."""
-    scale = q.shape[-1] ** -0.5
-    if flash:
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, causal, scale=scale
-        )
-        return dq, dk, dv
-    p = torch.exp(_scores(q, k, scale, causal) - lse.unsqueeze(-1))
-    ds = p * (grad_out @ v.transpose(-1, -2) - (grad_out * out).sum(-1, keepdim=True)) * scale
-    return ds @ k, ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ grad_out
-
-
-def _halves(block: Block, local: int) -> tuple[slice, slice]:
-    c = local // 2
-    q, k = block.query_halves, block.key_halves
-    return slice(q.start * c, q.stop * c), slice(k.start * c, k.stop * c)
-
-
-class _Ring:
-    """Passing stacked blocks to the next rank of the group and taking them from the previous one."""
-
-    def __init__(self, group: dist.ProcessGroup, sent: SentBytes | None) -> None:
-        self.group, self.sent = group, sent
-        rank, cp = dist.get_rank(group), dist.get_world_size(group)
-        self.rank, self.cp = rank, cp
-        self.next = dist.get_global_rank(group, (rank + 1) % cp)
-        self.prev = dist.get_global_rank(group, (rank - 1) % cp)
-
-    def shift(self, x: torch.Tensor, *, tag: int, backward: bool) -> tuple[torch.Tensor, list[dist.Work]]:
-        """Post sending ``x`` on and receiving the previous rank's; wait on the works to use it."""
-        into = torch.empty_like(x)
-        ops = [
-            dist.P2POp(dist.isend, x, self.next, self.group, tag),
-            dist.P2POp(dist.irecv, into, self.prev, self.group, tag),
-        ]
-        if self.sent is not None:
-            if backward:
-                self.sent.backward_bytes += x.numel() * x.element_size()
-            else:
-                self.sent.forward_bytes += x.numel() * x.element_size()
-        return into, dist.batch_isend_irecv(ops)
-
-
-def _wait(works: list[dist.Work]) -> None:
-    for w in works:
-        w.wait()
-
-
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        group: dist.ProcessGroup,
-        causal: bool,
-        sent: SentBytes | None,
-    ) -> torch.Tensor:
-        ring = _Ring(group, sent)
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        heads, local, flash = q.shape[1], q.shape[2], q.device.type == "cpu"
-        qf = q.to(dtype)
-        out = torch.zeros_like(qf)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
-        kv = torch.stack((k, v)).contiguous()
-        for step in range(ring.cp):
-            works: list[dist.Work] = []
-            if step < ring.cp - 1:
-                following, works = ring.shift(kv, tag=step, backward=False)
-            source = (ring.rank - step) % ring.cp
-            block = visible_block(ring.rank, source, ring.cp) if causal else Block(range(2), range(2), False)
-            rows, cols = _halves(block, local)
-            kb, vb = (_expand(t[:, :, cols].to(dtype), heads) for t in kv)
-            block_out, block_lse = block_attention(qf[:, :, rows], kb, vb, causal=block.causal, flash=flash)
-            merged = torch.logaddexp(lse[:, :, rows], block_lse)
-            out[:, :, rows] = out[:, :, rows] * torch.exp(lse[:, :, rows] - merged).unsqueeze(-1) + block_out * (
-                torch.exp(block_lse - merged).unsqueeze(-1)
-            )
-            lse[:, :, rows] = merged
-            if works:
-                _wait(works)
-                kv = following
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.causal = ring, causal
-        return out.to(q.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        ring: _Ring = ctx.ring
-        dtype, kv_heads = out.dtype, k.shape[1]
-        heads, local, flash = q.shape[1], q.shape[2], q.device.type == "cpu"
-        qf, go = q.to(dtype), grad_out.to(dtype)
-        dq = torch.zeros_like(qf)
-        own_dkv = torch.zeros((2, *k.shape), dtype=dtype, device=k.device)
-        kv = torch.stack((k, v)).contiguous()
-        carried: torch.Tensor | None = None  # the accumulator of the block in hand, from the previous rank
-        carry_works: list[dist.Work] = []
-        for step in range(ring.cp):
-            kv_works: list[dist.Work] = []
-            if step < ring.cp - 1:
-                following, kv_works = ring.shift(kv, tag=2 * step, backward=True)
-            source = (ring.rank - step) % ring.cp
-            block = visible_block(ring.rank, source, ring.cp) if ctx.causal else Block(range(2), range(2), False)
-            rows, cols = _halves(block, local)
-            kb, vb = (_expand(t[:, :, cols].to(dtype), heads) for t in kv)
-            dqb, dkb, dvb = block_attention_backward(
-                go[:, :, rows],
-                qf[:, :, rows],
-                kb,
-                vb,
-                out[:, :, rows],
-                lse[:, :, rows],
-                causal=block.causal,
-                flash=flash,
-            )
-            dq[:, :, rows] += dqb
-            dk, dv = _fold(dkb, kv_heads), _fold(dvb, kv_heads)
-            if step == 0:
-                target = own_dkv
-            else:
-                _wait(carry_works)
-                target = carried if carried is not None else torch.zeros_like(own_dkv)
-            target[0][:, :, cols] += dk
-            target[1][:, :, cols] += dv
-            if step > 0:  # pass the accumulator on; after cp - 1 hops it is back with its owner
-                carried, carry_works = ring.shift(target, tag=2 * step + 1, backward=True)
-            if kv_works:
-                _wait(kv_works)
-                kv = following
-        if carried is not None:
-            _wait(carry_works)
-            own_dkv += carried
-        return dq.to(q.dtype), own_dkv[0].to(k.dtype), own_dkv[1].to(v.dtype), None, None, None
-
-
-def ring_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    group: dist.ProcessGroup,
-    *,
-    causal: bool = True,
-    sent: SentBytes | None = None,
-) -> torch.Tensor:
-    """Scaled dot-product attention (scale 1/sqrt(d)) over a sequence split across ``group``, each
-    rank holding its ``split_sequence`` share; equal to ``F.scaled_dot_product_attention(...,
-    is_causal=causal, enable_gqa=True)`` on the whole sequence, split the same way.
-
-    Args:
-        q: (b, heads, s / cp, d), this rank's queries.
-        k, v: (b, kv_heads, s / cp, d); heads must be a multiple of kv_heads.
-        group: the context-parallel ranks, in the order of the split.
-        causal: mask each query's later keys (by global position).
-        sent: a counter to add the bytes this rank sends to (forward and backward).
-
-    Returns:
-        (b, heads, s / cp, d), this rank's share of the attention output, in q's dtype.
-    """
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
-        raise ValueError(
-            f"ring attention takes (b, heads, s, d) q, k, v; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    b, heads, local, _ = q.shape
-    if k.shape[0] != b or k.shape[2:] != q.shape[2:]:
-        raise ValueError(f"keys {tuple(k.shape)} do not match queries {tuple(q.shape)} in batch, length or head dim")
-    if heads % k.shape[1] != 0:
-        raise ValueError(f"{heads} query heads are not a multiple of {k.shape[1]} key/value heads")
-    check_divisible(local * dist.get_world_size(group), dist.get_world_size(group))
-    out: torch.Tensor = _RingAttention.apply(q, k, v, group, causal, sent)  # type: ignore[no-untyped-call]
-    return out
-
-
-# --- the all-to-all kind (DeepSpeed-Ulysses) ------------------------------------------------------
-
-
 def contiguous_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
     """The global positions (int64, ascending) of the tokens ``rank`` holds under the all-to-all
     kind's contiguous split: [r s / cp, (r + 1) s / cp). seq 8, cp 2: rank 1 holds 4, 5, 6, 7."""
@@ -375,148 +91,3 @@ def contiguous_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
         )
     held = seq_len // cp
     return torch.arange(rank * held, (rank + 1) * held)
-
-
-def _exchange(send: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None, *, backward: bool) -> torch.Tensor:
-    """An all-to-all of ``send`` (cp, ...): part j goes to rank j, part j of the result came from
-    rank j. Counts the parts this rank sends to others."""
-    send = send.contiguous()
-    recv = torch.empty_like(send)  # contiguous as send is (empty_like keeps a tensor's strides)
-    dist.all_to_all_single(recv, send, group=group)
-    if sent is not None:
-        others = send.numel() // send.shape[0] * (send.shape[0] - 1) * send.element_size()
-        if backward:
-            sent.backward_bytes += others
-        else:
-            sent.forward_bytes += others
-    return recv
-
-
-def _to_heads(x: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None, backward: bool) -> torch.Tensor:
-    """(b, H, s / cp, d) of this rank's tokens to (b, H / cp, s, d) of its heads: head block j
-    goes to rank j; the blocks received, from ranks 0 .. cp - 1, are the sequence in order."""
-    cp = dist.get_world_size(group)
-    b, heads, n, d = x.shape
-    recv = _exchange(x.reshape(b, cp, heads // cp, n, d).transpose(0, 1), group, sent, backward=backward)
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, heads // cp, cp * n, d)
-
-
-def _to_sequence(y: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None, backward: bool) -> torch.Tensor:
-    """The inverse of ``_to_heads``: (b, H / cp, s, d) to (b, H, s / cp, d)."""
-    cp = dist.get_world_size(group)
-    b, heads, s, d = y.shape
-    recv = _exchange(y.reshape(b, heads, cp, s // cp, d).permute(2, 0, 1, 3, 4), group, sent, backward=backward)
-    return recv.transpose(0, 1).reshape(b, cp * heads, s // cp, d)
-
-
-class _ToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None) -> torch.Tensor:
-        ctx.group, ctx.sent = group, sent
-        return _to_heads(x, group, sent, False)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return _to_sequence(grad, ctx.group, ctx.sent, True), None, None
-
-
-class _ToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, group: dist.ProcessGroup, sent: SentBytes | None) -> torch.Tensor:
-        ctx.group, ctx.sent = group, sent
-        return _to_sequence(y, group, sent, False)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return _to_heads(grad, ctx.group, ctx.sent, True), None, None
-
-
-def ulysses_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    group: dist.ProcessGroup,
-    *,
-    causal: bool = True,
-    sent: SentBytes | None = None,
-) -> torch.Tensor:
-    """Scaled dot-product attention over a sequence split contiguously across ``group``
-    (``contiguous_positions``), by all-to-alls (DeepSpeed-Ulysses, Jacobs et al. 2023): q, k and v
-    go from this rank's tokens of all heads to all tokens of 1/cp of the heads, SDPA runs on
-    them, and the output comes back; each all-to-all's backward is the reverse one. Where cp does
-    not divide the kv heads, each is first repeated so that there are lcm(kv_heads, cp), every
-    rank receiving the copies its query heads read (the repeat's backward sums their gradients).
-    Equal to ``F.scaled_dot_product_attention(..., is_causal=causal, enable_gqa=True)`` on the whole
-    sequence, split the same way.
-
-    Args:
-        q: (b, heads, s / cp, d), this rank's queries; cp must divide heads.
-        k, v: (b, kv_heads, s / cp, d); heads must be a multiple of kv_heads.
-        group: the context-parallel ranks, in the order of the split.
-        causal: mask each query's later keys.
-        sent: a counter to add the bytes this rank sends to other ranks to (forward and backward).
-
-    Returns:
-        (b, heads, s / cp, d), this rank's share of the attention output, in q's dtype.
-    """
-    cp, heads, kv_heads = dist.get_world_size(group), q.shape[1], k.shape[1]
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or heads % kv_heads:
-        raise ValueError(
-            f"all-to-all attention takes (b, heads, s, d) q, k, v with heads a multiple of kv heads; got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if heads % cp:
-        raise ValueError(f"all-to-all attention over {cp} ranks needs them to divide the {heads} query heads")
-    handed = math.lcm(kv_heads, cp)
-    if handed != kv_heads:
-        k, v = (t.repeat_interleave(handed // kv_heads, dim=1) for t in (k, v))
-    qh, kh, vh = (_ToHeads.apply(t, group, sent) for t in (q, k, v))  # type: ignore[no-untyped-call]
-    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=qh.shape[1] != kh.shape[1])
-    result: torch.Tensor = _ToSequence.apply(out, group, sent)  # type: ignore[no-untyped-call]
-    return result
-
-
-@dataclass(frozen=True, slots=True)
-class ContextShare:
-    """This rank's place in its context-parallel group: which share of every sequence it holds
-    (the ring's zig-zag split, the all-to-all's contiguous one), and the group its attention
-    exchanges with."""
-
-    degree: int
-    rank: int
-    group: dist.ProcessGroup
-    sent: SentBytes | None = None
-    """Counts the bytes this rank sends to other ranks (forward and backward), when given."""
-    kind: ContextParallelKind = ContextParallelKind.RING
-    """Ring attention (``ring_attention``) or the all-to-all kind (``ulysses_attention``)."""
-
-    @property
-    def all_to_all(self) -> bool:
-        return self.kind is ContextParallelKind.ALL_TO_ALL
-
-    def positions(self, held: int) -> torch.Tensor:
-        """Positions in the whole sequence of the ``held`` tokens this rank holds."""
-        if self.all_to_all:
-            return contiguous_positions(held * self.degree, self.degree, self.rank)
-        return zigzag_positions(held * self.degree, self.degree, self.rank)
-
-    def split(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """This rank's share of whole sequences ``x`` (sequence along ``dim``)."""
-        if self.all_to_all:
-            held = len(contiguous_positions(x.shape[dim], self.degree, self.rank))
-            return x.narrow(dim, self.rank * held, held)
-        return split_sequence(x, self.degree, self.rank, dim)
-
-    def hold(self, chunk: Any) -> None:
-        """Make model chunk ``chunk`` (a ``runtime.model.Decoder``) take this rank's share of each
-        sequence: its positions, and every attention layer's keys and values from the group."""
-        chunk.context = self
-        for block in chunk.layers.values():
-            block.attn.context = self
-
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention of this rank's queries over the whole sequences (``ring_attention``
-        or ``ulysses_attention``)."""
-        if self.all_to_all:
-            return ulysses_attention(q, k, v, self.group, sent=self.sent)
-        return ring_attention(q, k, v, self.group, sent=self.sent)

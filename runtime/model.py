@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import Activation, DType, ModelSpec, NormKind, PositionEmbedding, Recompute
-from runtime.context_parallel import ContextShare
+from runtime.context_share import ContextShare
 from runtime.kernels import RMSNorm, geglu, swiglu
 from runtime.loss import cross_entropy
 
@@ -84,7 +84,7 @@ class Attention(nn.Module):
         self.o = nn.Linear(model.num_attention_heads * hd, h, bias=model.attention_bias)
         self.context: ContextShare | None = None
         """Set under context parallelism: this rank holds a share of each sequence, and attention
-        passes key/value blocks around its context-parallel group (``runtime.context_parallel``)."""
+        exchanges keys and values over its context-parallel group (``runtime.context_share``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -303,7 +303,7 @@ class Decoder(nn.Module):
                 self.head.weight = nn.Parameter(self.tok_emb.weight.detach().clone())
                 self.tok_emb = None
         self.context: ContextShare | None = None
-        """Set under context parallelism (``runtime.context_parallel.split_sequences``): the
+        """Set under context parallelism (``runtime.context_share.ContextShare.hold``): the
         chunk takes this rank's share of each sequence."""
         self.to_sequence_shards: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set under sequence parallelism: splits the embedded sequence over the tensor-parallel ranks."""

@@ -11,7 +11,7 @@ with a step that returns the global mean loss on every rank.
 - ``runtime.expert_parallel``: under expert parallelism, the experts this rank holds (the
   placement table) and their token exchange over the (pp, edp, ep, tp) expert mesh (with the
   experts folded, over a stage's d t ranks: ``runtime.mesh.expert_mesh``).
-- ``runtime.context_parallel``: under context parallelism, this rank's share of every
+- ``runtime.context_share``: under context parallelism, this rank's share of every
   sequence and attention over the whole sequences (over the (pp, batch, cp, tp) context mesh,
   ``runtime.mesh.context_mesh``).
 - ``runtime.data_parallel``: the replica's rows of the batch, ZeRO's sharing and the optimizer
@@ -32,7 +32,8 @@ from planner.schemas import DType, Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches
 from planner.schemas.layout import check_experts
-from runtime.context_parallel import ContextShare, SentBytes
+from runtime.context_parallel import SentBytes
+from runtime.context_share import ContextShare
 from runtime.data_parallel import DataParallel, Optimizer, parameters
 from runtime.expert_parallel import (
     JointOptimizer,

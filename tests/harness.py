@@ -1,8 +1,10 @@
 """Test harnesses: run a function on N gloo ranks forked from the test process (FileStore
 rendezvous: no ports), collect rank 0's JSON result, and on failure show every rank's output;
-run the ``planner`` command line in the test process, as its console script runs it."""
+train layouts on those ranks and check their losses against the single-process reference (the
+parity tests); run the ``planner`` command line in the test process, as its console script runs it."""
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -10,6 +12,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from planner.schemas import Layout, ModelSpec
+from runtime.data import synthetic_batch
+from runtime.reference import reference_losses
+from runtime.trainer import Trainer
 
 
 def _child(rank: int, world: int, workdir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -54,6 +62,87 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, workdir: Path) -> 
         )
         raise AssertionError(f"a rank failed: {e}\n{logs}") from e
     return json.loads((workdir / "result.json").read_text())
+
+
+PARITY_TOLERANCE = 1e-5
+"""Losses of an fp32 layout trained with SGD against the single-process reference's."""
+
+TINY_LLAMA = ModelSpec(  # SwiGLU, grouped-query attention, RMSNorm, rotary, untied
+    name="tiny-llama",
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=512,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setting:
+    """How a parity test trains, the same for the runtime's Trainer and the single-process
+    reference: SGD (so parameters stay in step exactly), float32 on the CPU."""
+
+    batch: int = 8
+    """The global batch, in sequences."""
+    seq_len: int = 32
+    steps: int = 3
+    seed: int = 0
+    lr: float = 0.1
+
+    def trainer(self, model: ModelSpec, layout: Layout, **kw: Any) -> Trainer:
+        """This rank's Trainer of ``model`` under ``layout`` (``kw``: more of Trainer's options)."""
+        return Trainer(
+            model,
+            layout,
+            global_batch_size=self.batch,
+            seed=self.seed,
+            optimizer="sgd",
+            lr=self.lr,
+            device=torch.device("cpu"),
+            **kw,
+        )
+
+    def losses(self, model: ModelSpec, trainer: Trainer) -> list[float]:
+        """The losses of ``steps`` steps of ``trainer`` on the reference's batches (every rank calls it)."""
+        losses = []
+        for step in range(self.steps):
+            inputs, targets = synthetic_batch(model.vocab_size, self.batch, self.seq_len, step=step, seed=self.seed)
+            losses.append(trainer.step(inputs, targets))
+        return losses
+
+
+@functools.cache
+def reference_of(model: ModelSpec, setting: Setting = Setting()) -> list[float]:
+    """The single-process reference's losses (computed once per model and setting: several tests compare with them)."""
+    return reference_losses(
+        model,
+        global_batch_size=setting.batch,
+        seq_len=setting.seq_len,
+        steps=setting.steps,
+        seed=setting.seed,
+        optimizer="sgd",
+        lr=setting.lr,
+    )
+
+
+def train_layouts(model: ModelSpec, layouts: list[dict[str, Any]], setting: Setting = Setting()) -> list[list[float]]:
+    """Each layout's losses for ``setting.steps`` steps (runs on every rank)."""
+    return [setting.losses(model, setting.trainer(model, Layout(**kw))) for kw in layouts]
+
+
+def check_parity(
+    model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path, setting: Setting = Setting()
+) -> None:
+    """Train each of ``layouts`` (``Layout`` keywords) on ``world`` ranks and assert its losses are
+    the reference's within ``PARITY_TOLERANCE``, and that the steps do change the loss."""
+    reference = reference_of(model, setting)
+    results = run_ranks(world, train_layouts, model, layouts, setting, workdir=tmp_path)
+    for kw, losses in zip(layouts, results, strict=True):
+        assert losses == pytest.approx(reference, abs=PARITY_TOLERANCE), kw
+    assert len(set(reference)) == setting.steps  # the steps do update the parameters
 
 
 @contextlib.contextmanager

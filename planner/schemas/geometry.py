@@ -136,6 +136,12 @@ def context_chunks(context_parallel_degree: int, context_rank: int) -> tuple[int
     return context_rank, 2 * cp - 1 - context_rank
 
 
+def splits_into_context_chunks(seq_len: int, context_parallel_degree: int) -> bool:
+    """Whether the zig-zag split can cut a sequence of ``seq_len`` tokens into the 2 cp equal
+    chunks that ``context_chunks`` hands out: whether 2 cp divides ``seq_len``."""
+    return seq_len % (2 * context_parallel_degree) == 0
+
+
 def sharding_mesh_shape(layout: Layout, group_size: int) -> tuple[int, int, int, int]:
     """Sizes of the sharding mesh's axes in ``SHARDING_MESH_AXES`` order for groups of
     ``group_size`` consecutive data-axis ranks (a divisor of D = d cp): (p, D / group_size, group_size, t)."""

@@ -5,7 +5,7 @@ that could only fail on every node)."""
 
 from planner.schemas.enums import ContextParallelKind, DType, MoeDispatcher, PositionEmbedding
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import num_micro_batches
+from planner.schemas.geometry import num_micro_batches, splits_into_context_chunks
 from planner.schemas.layout import Layout
 from planner.schemas.plan import Plan
 
@@ -50,7 +50,7 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
                 f"the plan's all-to-all context parallelism needs cp={cp} to divide the sequence ({training.seq_len} "
                 f"tokens) and a tensor-parallel rank's {heads} query heads; plan with a cp that divides both"
             )
-    elif cp > 1 and training.seq_len % (2 * cp):
+    elif cp > 1 and not splits_into_context_chunks(training.seq_len, cp):
         raise InfeasibleConfigError(
             f"the plan splits sequences of {training.seq_len} tokens over {cp} context-parallel ranks, which hold "
             f"2 of {2 * cp} equal chunks each; use a sequence length divisible by {2 * cp}"

@@ -57,6 +57,7 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.errors import SchemaError
+from planner.schemas.geometry import splits_into_context_chunks
 
 Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | ContextParallelKind | None
 """A value one axis takes: what the matching Layout field holds."""
@@ -149,12 +150,13 @@ def _cp(space: "SearchSpace", chosen: Assignment) -> list[int]:
 
 def _context_kinds(space: "SearchSpace", tp: int, cp: int) -> list[ContextParallelKind]:
     """The kinds of context parallelism that can run cp ranks beside tp, among those the space
-    allows: the ring where 2 cp divides the sequence (the zig-zag split), with the fused attention
-    kernel it runs block by block; the all-to-all where cp divides the sequence and a
-    tensor-parallel rank's query heads (``cost_models.validate.check_context_parallel``)."""
+    allows: the ring where 2 cp divides the sequence (the zig-zag split,
+    ``geometry.splits_into_context_chunks``), with the fused attention kernel it runs block by
+    block; the all-to-all where cp divides the sequence and a tensor-parallel rank's query heads
+    (``cost_models.validate.check_context_parallel``)."""
     s, allowed = space.training.seq_len, space.allowed("cp_kind")
     kinds = []
-    if s % (2 * cp) == 0 and space.training.attention_kernel is AttentionKernel.FLASH:
+    if splits_into_context_chunks(s, cp) and space.training.attention_kernel is AttentionKernel.FLASH:
         kinds.append(ContextParallelKind.RING)
     if s % cp == 0 and (space.model.num_attention_heads // tp) % cp == 0:
         kinds.append(ContextParallelKind.ALL_TO_ALL)

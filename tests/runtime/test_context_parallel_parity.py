@@ -3,37 +3,21 @@ of every sequence (1,024 tokens here; a contiguous share under the all-to-all ki
 losses of the first steps match within 1e-5 (SGD, float32 on CPU), alone and beside data, tensor
 and pipeline parallelism (issue 20's acceptance)."""
 
-import functools
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from harness import run_ranks
+from harness import TINY_LLAMA, Setting, check_parity
 
 from planner.inputs import load_model
-from planner.schemas import Layout, ModelSpec
-from runtime.data import synthetic_batch
-from runtime.reference import reference_losses
-from runtime.trainer import Trainer
+from planner.schemas import ModelSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
-TOLERANCE = 1e-5
-BATCH, SEQ, STEPS, SEED, LR = 4, 1024, 2, 0, 0.1
-GPT = load_model("tiny-gpt").model_copy(update={"max_position_embeddings": SEQ})  # learned positions, tied embeddings
-LLAMA = ModelSpec(  # rotary, grouped-query attention, untied
-    name="tiny-llama",
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=512,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-    max_position_embeddings=SEQ,
-)
+SETTING = Setting(batch=4, seq_len=1024, steps=2)
+GPT = load_model("tiny-gpt").model_copy(update={"max_position_embeddings": SETTING.seq_len})  # learned, tied
+LLAMA = TINY_LLAMA.model_copy(update={"max_position_embeddings": SETTING.seq_len})  # rotary, GQA, untied
 
 
 def L(d: int, cp: int, t: int = 1, p: int = 1, b: int = 1, **kw: Any) -> dict[str, Any]:
@@ -47,31 +31,11 @@ def L(d: int, cp: int, t: int = 1, p: int = 1, b: int = 1, **kw: Any) -> dict[st
     )
 
 
-@functools.cache
-def reference_of(model: ModelSpec, seq: int) -> list[float]:
-    return reference_losses(model, global_batch_size=BATCH, seq_len=seq, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR)
-
-
-def train(model: ModelSpec, layouts: list[dict[str, Any]], seq: int) -> list[list[float]]:
-    results = []
-    for kw in layouts:
-        trainer = Trainer(
-            model, Layout(**kw), global_batch_size=BATCH, seed=SEED, optimizer="sgd", lr=LR, device=torch.device("cpu")
-        )
-        losses = []
-        for step in range(STEPS):
-            inputs, targets = synthetic_batch(model.vocab_size, BATCH, seq, step=step, seed=SEED)
-            losses.append(trainer.step(inputs, targets))
-        results.append(losses)
-    return results
-
-
-def check(model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path, seq: int = SEQ) -> None:
-    reference = reference_of(model, seq)
-    results = run_ranks(world, train, model, layouts, seq, workdir=tmp_path)
-    for kw, losses in zip(layouts, results, strict=True):
-        assert losses == pytest.approx(reference, abs=TOLERANCE), kw
-    assert len(set(reference)) == STEPS
+def check(
+    model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path, seq: int = SETTING.seq_len
+) -> None:
+    """``check_parity`` in this test's setting, at sequences of ``seq`` tokens."""
+    check_parity(model, world, layouts, tmp_path, dataclasses.replace(SETTING, seq_len=seq))
 
 
 def test_two_context_ranks(tmp_path: Path) -> None:

@@ -3,75 +3,29 @@ match within 1e-5 (SGD, so parameters stay in step exactly; float32 on CPU).
 
 One launch per world size checks many layouts, amortizing process start-up (field notes)."""
 
-import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
-from harness import run_ranks
+from harness import PARITY_TOLERANCE, TINY_LLAMA, Setting, check_parity, reference_of, run_ranks, train_layouts
 
 from planner.inputs import load_model
 from planner.schemas import DeviceMap, DType, Layout, ModelSpec
 from planner.schemas.geometry import coordinates
-from runtime.data import synthetic_batch
-from runtime.reference import reference_losses
-from runtime.trainer import Trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
-TOLERANCE = 1e-5
-BATCH, SEQ, STEPS, SEED, LR = 8, 32, 3, 0, 0.1
+SETTING = Setting()  # batch 8, sequence 32, 3 steps
 GPT = load_model("tiny-gpt")  # GELU, LayerNorm, learned positions, tied embeddings
-LLAMA = ModelSpec(  # SwiGLU, grouped-query attention, RMSNorm, rotary, untied
-    name="tiny-llama",
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=512,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-)
 
 
 def L(d: int, t: int, p: int, b: int, **kw: Any) -> dict[str, Any]:
     return dict(data_parallel_degree=d, tensor_parallel_degree=t, pipeline_parallel_degree=p, micro_batch_size=b, **kw)
 
 
-@functools.cache
-def reference_of(model: ModelSpec) -> list[float]:
-    """The single-process reference's losses (computed once per model: several tests compare with them)."""
-    return reference_losses(model, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR)
-
-
-def train(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
-    """Each layout's losses for STEPS steps (runs on every rank)."""
-    results = []
-    for kw in layouts:
-        trainer = Trainer(
-            model, Layout(**kw), global_batch_size=BATCH, seed=SEED, optimizer="sgd", lr=LR, device=torch.device("cpu")
-        )
-        losses = []
-        for step in range(STEPS):
-            inputs, targets = synthetic_batch(model.vocab_size, BATCH, SEQ, step=step, seed=SEED)
-            losses.append(trainer.step(inputs, targets))
-        results.append(losses)
-    return results
-
-
-def check(model: ModelSpec, world: int, layouts: list[dict[str, Any]], tmp_path: Path) -> None:
-    reference = reference_of(model)
-    results = run_ranks(world, train, model, layouts, workdir=tmp_path)
-    for kw, losses in zip(layouts, results, strict=True):
-        assert losses == pytest.approx(reference, abs=TOLERANCE), kw
-    assert len(set(reference)) == STEPS  # the steps do update the parameters
-
-
 def test_two_ranks_every_family(tmp_path: Path) -> None:
-    check(
+    check_parity(
         GPT,
         2,
         [
@@ -90,7 +44,7 @@ def test_two_ranks_every_family(tmp_path: Path) -> None:
 
 
 def test_four_ranks_combinations(tmp_path: Path) -> None:
-    check(
+    check_parity(
         GPT,
         4,
         [
@@ -108,11 +62,16 @@ def test_four_ranks_combinations(tmp_path: Path) -> None:
 
 
 def test_four_ranks_swiglu_gqa_rope_untied(tmp_path: Path) -> None:
-    check(LLAMA, 4, [L(2, 2, 1, 2), L(1, 2, 2, 1), L(2, 1, 2, 1, zero_stage=3), L(4, 1, 1, 1, zero_stage=1)], tmp_path)
+    check_parity(
+        TINY_LLAMA,
+        4,
+        [L(2, 2, 1, 2), L(1, 2, 2, 1), L(2, 1, 2, 1, zero_stage=3), L(4, 1, 1, 1, zero_stage=1)],
+        tmp_path,
+    )
 
 
 def test_eight_ranks_three_dimensions(tmp_path: Path) -> None:
-    check(
+    check_parity(
         GPT,
         8,
         [
@@ -125,9 +84,9 @@ def test_eight_ranks_three_dimensions(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("model", [GPT, LLAMA], ids=lambda m: m.name)
+@pytest.mark.parametrize("model", [GPT, TINY_LLAMA], ids=lambda m: m.name)
 def test_four_ranks_sequence_parallel_and_recompute(model: ModelSpec, tmp_path: Path) -> None:
-    check(
+    check_parity(
         model,
         4,
         [
@@ -143,16 +102,14 @@ def test_four_ranks_sequence_parallel_and_recompute(model: ModelSpec, tmp_path: 
 
 
 def train_placed(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
-    """``train``, first checking that this process plays the plan rank its DeviceMap gives it."""
+    """``train_layouts``, first checking that this process plays the plan rank its DeviceMap gives it."""
     for kw in layouts:
         layout = Layout(**kw)
         plan_rank = [layout.device_map.device_of(r) for r in range(layout.world_size)].index(dist.get_rank())
-        trainer = Trainer(
-            model, layout, global_batch_size=BATCH, seed=SEED, optimizer="sgd", lr=LR, device=torch.device("cpu")
-        )
+        trainer = SETTING.trainer(model, layout)
         stage, replica, _ = coordinates(layout, plan_rank)
         assert (trainer.pp_rank, trainer.dp_rank) == (stage, replica), (kw, dist.get_rank())
-    return train(model, layouts)
+    return train_layouts(model, layouts)
 
 
 def test_four_ranks_device_map_trains_as_the_identity(tmp_path: Path) -> None:
@@ -169,26 +126,12 @@ def test_four_ranks_device_map_trains_as_the_identity(tmp_path: Path) -> None:
     reference = reference_of(GPT)
     for kw, same, placed in zip(mapped, results[: len(mapped)], results[len(mapped) :], strict=True):
         assert placed == pytest.approx(same, abs=1e-6), kw
-        assert placed == pytest.approx(reference, abs=TOLERANCE), kw
+        assert placed == pytest.approx(reference, abs=PARITY_TOLERANCE), kw
 
 
 def train_mixed(model: ModelSpec, layouts: list[dict[str, Any]]) -> list[list[float]]:
-    """``train`` in bf16 mixed precision (bf16 weights, gradients, activations; fp32 masters)."""
-    results = []
-    for kw in layouts:
-        trainer = Trainer(
-            model,
-            Layout(**kw),
-            global_batch_size=BATCH,
-            seed=SEED,
-            optimizer="sgd",
-            lr=LR,
-            device=torch.device("cpu"),
-            dtype=DType.BF16,
-        )
-        steps = [synthetic_batch(model.vocab_size, BATCH, SEQ, step=s, seed=SEED) for s in range(STEPS)]
-        results.append([trainer.step(x, y) for x, y in steps])
-    return results
+    """``train_layouts`` in bf16 mixed precision (bf16 weights, gradients, activations; fp32 masters)."""
+    return [SETTING.losses(model, SETTING.trainer(model, Layout(**kw), dtype=DType.BF16)) for kw in layouts]
 
 
 def test_mixed_precision_stays_within_bf16_rounding_of_the_reference(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Ring attention over a zig-zag split (runtime.context_parallel) equals causal attention on one
+"""Ring attention over a zig-zag split (runtime.ring_attention) equals causal attention on one
 process: outputs and q/k/v gradients, cp 2 and 4 gloo ranks, with and without grouped-query
 attention; its measured traffic equals ``ring_traffic_bytes``, the sends its algorithm makes (the
 cost model counts the same per plan: tests/runtime/test_run_context_parallel.py); the split
@@ -15,18 +15,9 @@ from harness import run_ranks
 
 from planner.inputs import load_model
 from planner.schemas import PositionEmbedding
-from runtime.context_parallel import (
-    SentBytes,
-    block_attention,
-    block_attention_backward,
-    gather_sequence,
-    merge_sequence,
-    ring_attention,
-    split_sequence,
-    visible_block,
-    zigzag_positions,
-)
+from runtime.context_parallel import SentBytes, gather_sequence, merge_sequence, split_sequence, zigzag_positions
 from runtime.model import Attention, rotary
+from runtime.ring_attention import block_attention, block_attention_backward, ring_attention, visible_block
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 3e-2}

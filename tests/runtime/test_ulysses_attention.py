@@ -1,4 +1,4 @@
-"""All-to-all attention over a contiguous split (runtime.context_parallel.ulysses_attention, the
+"""All-to-all attention over a contiguous split (runtime.ulysses_attention, the
 DeepSpeed-Ulysses kind of context parallelism) equals causal attention on one process: outputs
 and q/k/v gradients, cp 2 and 4 gloo ranks, with grouped-query attention whose kv heads cp divides
 and whose kv heads it does not (repeated up to a multiple of cp); the bytes it counts are
@@ -15,7 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from harness import run_ranks
 
-from runtime.context_parallel import SentBytes, contiguous_positions, ulysses_attention
+from runtime.context_parallel import SentBytes, contiguous_positions
+from runtime.ulysses_attention import ulysses_attention
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 3e-2}

@@ -26,6 +26,7 @@ from planner.schemas.geometry import (
     holds_output_layer,
     mesh_shape,
     rank_of,
+    splits_into_context_chunks,
     stage_chunks,
     vocabulary_rows,
     vocabulary_share,
@@ -63,6 +64,13 @@ def test_context_chunks_pair_an_early_chunk_with_a_late_one() -> None:
     assert [context_chunks(4, r) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
     with pytest.raises(ValueError, match="context_rank=2"):
         context_chunks(2, 2)
+
+
+def test_a_sequence_splits_into_context_chunks_where_2_cp_divides_it() -> None:
+    assert splits_into_context_chunks(8, 2) and splits_into_context_chunks(8, 4) and splits_into_context_chunks(6, 1)
+    assert not splits_into_context_chunks(12, 4)  # 12 / 8 chunks
+    assert not splits_into_context_chunks(6, 2)  # 6 tokens over 2 ranks, but not in 4 equal chunks
+    assert not splits_into_context_chunks(7, 1)
 
 
 @given(cp=st.integers(1, 8))
