@@ -381,7 +381,12 @@ def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSp
             mlp_bias=True,
         )
     if source == "llm-foundry":
-        # MPT: LayerNorm without biases, GELU, tied embeddings, ALiBi inside the attention kernel.
+        # MPT as the benchmark built it: LayerNorm without biases, GELU, tied embeddings, and
+        # learned positions over max_seq_len, not ALiBi: llm-foundry's pretrain yamls
+        # (scripts/train/yamls/pretrain/mpt-*.yaml) set no attn_config.alibi, so MPTConfig's
+        # defaults hold (alibi False, learned_pos_emb True), and the README's NumParams grows by
+        # d_model per token of SeqLen (MPT-7b: 6,918,905,856 at 65,536 - 6,658,859,008 at 2,048
+        # = 63,488 x 4,096). The YAML's "ALiBi" describes the released MPT checkpoints.
         return ModelSpec(
             name=name.lower(),
             hidden_size=spec["hidden"],
@@ -390,7 +395,8 @@ def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSp
             intermediate_size=spec["ffn_hidden"],
             vocab_size=spec["vocab"],
             hidden_act=Activation.GELU,
-            position_embedding_type=PositionEmbedding.ALIBI,
+            max_position_embeddings=seq_len or 2048,
+            position_embedding_type=PositionEmbedding.ABSOLUTE,
             norm_type=NormKind.LAYERNORM,
             tie_word_embeddings=True,
         )
