@@ -80,10 +80,21 @@ CLUSTER_PRESETS = {"H100": "dgx-h100", "H200": "dgx-h200", "B200": "dgx-b200", "
 """The cluster preset of each GPU type."""
 EAGER_SOURCES = {
     "llm-foundry": "Composer's trainer in eager PyTorch: llm-foundry's submit_benchmarks.py sets no torch.compile; "
-    "MPT's low-precision LayerNorm and GELU are single kernels either way, its attention is the triton kernel",
+    "MPT's low-precision LayerNorm and GELU are single kernels either way",
 }
 """Sources whose stack runs eager elementwise kernels (every other source runs Transformer Engine
-or Megatron-Core's fused kernels, or states torch.compile)."""
+or Megatron-Core's fused kernels, or states torch.compile).
+
+The llm-foundry rows' attention kernel is not one kernel: the 8-64 GPU table ran
+submit_benchmarks.py's default ``attn_impl: triton`` (llm-foundry's Triton FlashAttention, a
+FlashAttention-1-style kernel), the >= 128 GPU table (sweep.py) ``triton`` for MPT-13b/30b and
+``flash`` (flash-attn 2.4.2) for MPT-1b/3b/7b/70b. All are priced at the preset's
+FlashAttention-2 rates: no H100 figure of that Triton kernel is published. The flash-attention
+README's A100 figure puts it at FlashAttention-1's speed (causal, head dim 128) and its H100 figure
+puts FlashAttention-1 at 0.42-0.49 of FlashAttention-2 from 1k to 16k tokens, but the long-sequence
+rows (8k-65k tokens, where attention is 20-75% of the step) leave room for about 1 / 1.45 of
+FlashAttention-2's rate, not 1 / 2.3: the Triton kernel runs faster on H100 than FlashAttention-1,
+by an amount no source states."""
 GB200_GPUS_PER_TRAY = 4
 GB200_TRAYS_PER_RACK = 18
 
