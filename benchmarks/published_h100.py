@@ -80,10 +80,21 @@ CLUSTER_PRESETS = {"H100": "dgx-h100", "H200": "dgx-h200", "B200": "dgx-b200", "
 """The cluster preset of each GPU type."""
 EAGER_SOURCES = {
     "llm-foundry": "Composer's trainer in eager PyTorch: llm-foundry's submit_benchmarks.py sets no torch.compile; "
-    "MPT's low-precision LayerNorm and GELU are single kernels either way, its attention is the triton kernel",
+    "MPT's low-precision LayerNorm and GELU are single kernels either way",
 }
 """Sources whose stack runs eager elementwise kernels (every other source runs Transformer Engine
-or Megatron-Core's fused kernels, or states torch.compile)."""
+or Megatron-Core's fused kernels, or states torch.compile).
+
+The llm-foundry rows' attention kernel is not one kernel: the 8-64 GPU table ran
+submit_benchmarks.py's default ``attn_impl: triton`` (llm-foundry's Triton FlashAttention, a
+FlashAttention-1-style kernel), the >= 128 GPU table (sweep.py) ``triton`` for MPT-13b/30b and
+``flash`` (flash-attn 2.4.2) for MPT-1b/3b/7b/70b. All are priced at the preset's
+FlashAttention-2 rates: no H100 figure of that Triton kernel is published. The flash-attention
+README's A100 figure puts it at FlashAttention-1's speed (causal, head dim 128) and its H100 figure
+puts FlashAttention-1 at 0.42-0.49 of FlashAttention-2 from 1k to 16k tokens, but the long-sequence
+rows (8k-65k tokens, where attention is 20-75% of the step) leave room for about 1 / 1.45 of
+FlashAttention-2's rate, not 1 / 2.3: the Triton kernel runs faster on H100 than FlashAttention-1,
+by an amount no source states."""
 GB200_GPUS_PER_TRAY = 4
 GB200_TRAYS_PER_RACK = 18
 
@@ -381,7 +392,12 @@ def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSp
             mlp_bias=True,
         )
     if source == "llm-foundry":
-        # MPT: LayerNorm without biases, GELU, tied embeddings, ALiBi inside the attention kernel.
+        # MPT as the benchmark built it: LayerNorm without biases, GELU, tied embeddings, and
+        # learned positions over max_seq_len, not ALiBi: llm-foundry's pretrain yamls
+        # (scripts/train/yamls/pretrain/mpt-*.yaml) set no attn_config.alibi, so MPTConfig's
+        # defaults hold (alibi False, learned_pos_emb True), and the README's NumParams grows by
+        # d_model per token of SeqLen (MPT-7b: 6,918,905,856 at 65,536 - 6,658,859,008 at 2,048
+        # = 63,488 x 4,096). The YAML's "ALiBi" describes the released MPT checkpoints.
         return ModelSpec(
             name=name.lower(),
             hidden_size=spec["hidden"],
@@ -390,7 +406,8 @@ def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSp
             intermediate_size=spec["ffn_hidden"],
             vocab_size=spec["vocab"],
             hidden_act=Activation.GELU,
-            position_embedding_type=PositionEmbedding.ALIBI,
+            max_position_embeddings=seq_len or 2048,
+            position_embedding_type=PositionEmbedding.ABSOLUTE,
             norm_type=NormKind.LAYERNORM,
             tie_word_embeddings=True,
         )
