@@ -112,7 +112,7 @@ def stage_data_parallel_comm(
         }
         run_s = {op: pieces * s for op, s in piece_s.items()}
         total_s += plan.time_s(run_s, micro_batches)
-        unhidden_s += plan.unhidden_s(run_s, piece_s)
+        unhidden_s += plan.unhidden_s(run_s, piece_s, micro_batches)
     return StageCollectiveTime(total_s=total_s, unhidden_s=unhidden_s)
 
 

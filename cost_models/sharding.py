@@ -269,6 +269,13 @@ class StepCollectives:
     edges: Collectives = Collectives()
     """Pieces (one unit or bucket each) of the hidden runs at the window's edges, which no compute
     hides: the first gather before the first forward, the last reduction after the last backward."""
+    edges_every_micro_batch: bool = False
+    """Whether the ``edges`` wait once per micro-batch rather than once a step: ZeRO 2-3 without
+    a pipeline reduce (and ZeRO-3 gathers) in every micro-batch, and each backward ends by
+    waiting for its last unit's reduce-scatter (PyTorch FSDP's post-backward final callback
+    makes the compute stream wait for it: FSDP1 ``_wait_for_post_backward``, FSDP2
+    ``FSDPState._root_post_backward_final_callback``) while the next forward's first unit
+    waits for its gather, which no earlier compute of that micro-batch hides."""
 
     @property
     def ops(self) -> tuple[CollectiveOp, ...]:
@@ -288,15 +295,19 @@ class StepCollectives:
             + self.exposed.time_s(run_s)
         )
 
-    def unhidden_s(self, run_s: Mapping[CollectiveOp, float], piece_s: Mapping[CollectiveOp, float]) -> float:
+    def unhidden_s(
+        self, run_s: Mapping[CollectiveOp, float], piece_s: Mapping[CollectiveOp, float], micro_batches: int
+    ) -> float:
         """Seconds of the step's collectives that no compute hides: the ``exposed`` runs and the
-        ``edges`` pieces.
+        ``edges`` pieces, once a step or once a micro-batch (``edges_every_micro_batch``).
 
         Args:
             run_s: seconds of one run of each op over all the bytes, piece by piece.
             piece_s: seconds of one piece of each op.
+            micro_batches: micro-batches per step on one replica (m).
         """
-        return self.exposed.time_s(run_s) + self.edges.time_s(piece_s)
+        edges = micro_batches if self.edges_every_micro_batch else 1
+        return self.exposed.time_s(run_s) + edges * self.edges.time_s(piece_s)
 
 
 WITHOUT_PIPELINE: Final = {
@@ -319,22 +330,24 @@ WITHOUT_PIPELINE: Final = {
         edges=Collectives(reduce_scatter=1, all_gather=1),
     ),
     # Every micro-batch's gradients reduce-scattered in its backward; the weights gathered once.
-    # The last unit's reduction waits.
+    # Every backward waits for its last unit's reduction.
     ZeroStage.GRADIENTS: StepCollectives(
         per_micro_batch=Collectives(reduce_scatter=1),
         per_step=Collectives(all_gather=1),
         unit_by_unit=True,
         window=OverlapWindow.EVERY_BACKWARD,
         edges=Collectives(reduce_scatter=1),
+        edges_every_micro_batch=True,
     ),
-    # Weights gathered for every forward and backward, prefetched behind all the compute; the
-    # first unit's gather and the last unit's reduction wait.
+    # Weights gathered for every forward and backward, prefetched behind all the compute; every
+    # micro-batch waits for its first unit's gather and its last unit's reduction.
     ZeroStage.PARAMETERS: StepCollectives(
         per_micro_batch=Collectives(reduce_scatter=1, all_gather=2),
         per_step=Collectives(),
         unit_by_unit=True,
         window=OverlapWindow.ALL_COMPUTE,
         edges=Collectives(reduce_scatter=1, all_gather=1),
+        edges_every_micro_batch=True,
     ),
 }
 """What each ZeRO stage runs in a step where no pipeline defers the reduction."""

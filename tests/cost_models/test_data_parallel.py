@@ -43,12 +43,13 @@ COMM_S = {
 }
 UNIT_S = UNITS_S / 5  # one unit's reduce-scatter or all-gather: 5.871552 us
 # What no compute hides. The gradients fit one bucket, so without ZeRO and under ZeRO-1 that is
-# everything; under ZeRO-2 the last unit's reduce-scatter, under ZeRO-3 also the first gather.
+# everything; under ZeRO-2 the last unit's reduce-scatter, under ZeRO-3 also the first gather,
+# in each of the M micro-batches (each reduces its own gradients and gathers its own weights).
 UNHIDDEN_S = {
     ZeroStage.NONE: ALL_REDUCE_S,
     ZeroStage.OPTIMIZER: 2 * WHOLE_S,
-    ZeroStage.GRADIENTS: UNIT_S,
-    ZeroStage.PARAMETERS: 2 * UNIT_S,
+    ZeroStage.GRADIENTS: M * UNIT_S,
+    ZeroStage.PARAMETERS: M * 2 * UNIT_S,
 }
 SLOWED = OVERLAP_COMPUTE_SLOWDOWN / (1 + OVERLAP_COMPUTE_SLOWDOWN)  # 0.158957 of the hidden part
 # One stage's times per micro-batch: 30 us of compute of which 20 us backward, 10 us recompute.

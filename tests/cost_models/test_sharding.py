@@ -208,6 +208,7 @@ def test_a_pipeline_holds_zero_1s_states_under_zero_2_and_3() -> None:
                 unit_by_unit=True,
                 window=OverlapWindow.EVERY_BACKWARD,
                 edges=Collectives(reduce_scatter=1),
+                edges_every_micro_batch=True,
             ),
         ),
         (
@@ -219,6 +220,7 @@ def test_a_pipeline_holds_zero_1s_states_under_zero_2_and_3() -> None:
                 unit_by_unit=True,
                 window=OverlapWindow.ALL_COMPUTE,
                 edges=Collectives(reduce_scatter=1, all_gather=1),
+                edges_every_micro_batch=True,
             ),
         ),
         # Pipelined, m = 8: one reduction after the last backward, nothing left to hide it ...
@@ -258,7 +260,19 @@ def test_a_step_s_collectives_add_up_and_its_edges_are_single_pieces() -> None:
     run_s = {CollectiveOp.ALL_GATHER: 2.0, CollectiveOp.REDUCE_SCATTER: 3.0}
     piece_s = {CollectiveOp.ALL_GATHER: 0.5, CollectiveOp.REDUCE_SCATTER: 0.75}
     assert plan.time_s(run_s, 8) == 9 * 2.0 + 3.0
-    assert plan.unhidden_s(run_s, piece_s) == 3.0 + 0.5
+    assert plan.unhidden_s(run_s, piece_s, 8) == 3.0 + 0.5
+
+
+def test_without_a_pipeline_zero_3_waits_for_its_edges_in_every_micro_batch() -> None:
+    # FSDP gathers and reduces in every micro-batch: each forward waits for its first unit's
+    # gather, each backward for its last unit's reduce-scatter; m = 4 micro-batches wait 4 times.
+    plan = step_collectives(_layout(1, ZeroStage.PARAMETERS), 4)
+    run_s = {CollectiveOp.ALL_GATHER: 2.0, CollectiveOp.REDUCE_SCATTER: 3.0}
+    piece_s = {CollectiveOp.ALL_GATHER: 0.5, CollectiveOp.REDUCE_SCATTER: 0.75}
+    assert plan.unhidden_s(run_s, piece_s, 4) == 4 * (0.5 + 0.75)
+    # ZeRO-1 reduces once a step: its edges wait once.
+    once = step_collectives(_layout(1, ZeroStage.OPTIMIZER), 4)
+    assert once.unhidden_s(run_s, piece_s, 4) == 0.5 + 0.75
 
 
 def test_the_optimizer_steps_the_ranks_shard() -> None:
