@@ -12,10 +12,14 @@ sharding group's 2 ranks run on one host (the DeviceMap's nodes and torchrun's r
 ``--zero-stage 1`` or ``2`` compares the same two shapes under that stage.
 
 Measured (tiny-gpt, global batch 8, seq 64, mb 2; 20 Mbit/s; profile 8.5 min, the node link read
-1.2 MB/s; load averages 9-17 on 2 cores): ZeRO-3 predicted 3.50 s, measured 3.14, 3.50, 3.53 s;
-HSDP predicted 1.04 s, measured 1.14, 1.03, 1.08 s; HSDP / ZeRO-3 predicted 0.30, measured
-0.36, 0.29, 0.31. Before the cost model priced the 4-rank group from the profile's record of it
-(``cost_models.comm``), its hierarchical model predicted 1.98 s for ZeRO-3 (ratio 0.52).
+1.2 MB/s; 2 runs of 3 pairs, load averages 3-17 on 2 cores): ZeRO-3 predicted 3.50 s, measured
+3.08-3.53 s; HSDP predicted 1.04 s, measured 0.89-1.14 s; HSDP / ZeRO-3 predicted 0.30, measured
+0.28-0.36 (medians 0.31, 0.30). Before the cost model priced the 4-rank group from the profile's
+record of it (``cost_models.comm``), its hierarchical model predicted 1.98 s for ZeRO-3 (ratio
+0.52). ``--zero-stage 1`` (2 pairs): predicted 2.48 s and 0.94 s (ratio 0.38), measured 4.51-5.23 s
+and 2.94-3.08 s (ratio 0.56-0.68): the runtime's ZeRO-1 all-reduces fp32 gradients over all 4 ranks,
+in groups too, and broadcasts the updates, where the cost model prices a reduce-scatter and an
+all-gather in bf16 (in groups: within the group, and an all-reduce of 1/g across the replicas).
 
 Run (as root, with iproute2): .venv/bin/python benchmarks/hsdp_netns.py [--rate-mbit 20]
     [--pairs 3] [--steps 6] [--cluster cluster.json] [--output cluster.json]
