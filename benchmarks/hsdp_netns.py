@@ -17,9 +17,11 @@ Measured (tiny-gpt, global batch 8, seq 64, mb 2; 20 Mbit/s; profile 8.5 min, th
 0.28-0.36 (medians 0.31, 0.30). Before the cost model priced the 4-rank group from the profile's
 record of it (``cost_models.comm``), its hierarchical model predicted 1.98 s for ZeRO-3 (ratio
 0.52). ``--zero-stage 1`` (2 pairs): predicted 2.48 s and 0.94 s (ratio 0.38), measured 4.51-5.23 s
-and 2.94-3.08 s (ratio 0.56-0.68): the runtime's ZeRO-1 all-reduces fp32 gradients over all 4 ranks,
-in groups too, and broadcasts the updates, where the cost model prices a reduce-scatter and an
-all-gather in bf16 (in groups: within the group, and an all-reduce of 1/g across the replicas).
+and 2.94-3.08 s (ratio 0.56-0.68) while the runtime's ZeRO-1 in groups all-reduced the gradients
+over all 4 ranks; since it reduces them as the cost model prices it (reduce-scatter in the group,
+all-reduce of the share across the replicas: ``runtime.optim``), 4.78 s and 2.06 s (ratio 0.43).
+Both stay about 2x the prediction: the runtime's ZeRO-0/1 reduce fp32 buckets, and ZeRO-1
+broadcasts each owner's update, where the cost model prices bf16 reduce-scatters and all-gathers.
 
 Run (as root, with iproute2): .venv/bin/python benchmarks/hsdp_netns.py [--rate-mbit 20]
     [--pairs 3] [--steps 6] [--cluster cluster.json] [--output cluster.json]
