@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,9 +47,16 @@ MASTER_PORT = "29500"
 """Free by construction: host 0's namespace is new, and nothing else listens in it."""
 
 
-def torchrun_across(hosts: netns_hosts.NetnsHosts, planner_args: list[str], timeout_s: float) -> float:
-    """Run ``planner <planner_args>`` with one torchrun per host (one rank each, rendezvous at
-    host 0's address).
+def torchrun_across(
+    hosts: netns_hosts.NetnsHosts,
+    planner_args: list[str],
+    timeout_s: float,
+    *,
+    ranks_per_host: int = 1,
+    program: Sequence[str] = ("-m", "planner"),
+) -> float:
+    """Run ``planner <planner_args>`` (or torchrun's ``program`` with them) with one torchrun per
+    host (``ranks_per_host`` ranks each, torch ranks host by host; rendezvous at host 0's address).
 
     Returns:
         The wall time in seconds.
@@ -61,14 +69,14 @@ def torchrun_across(hosts: netns_hosts.NetnsHosts, planner_args: list[str], time
         argv = [
             sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={n}", f"--node-rank={i}", f"--master-addr={hosts.hosts[0].address}",
-            f"--master-port={MASTER_PORT}", "--nproc-per-node=1", "-m", "planner", *planner_args,
+            f"--master-port={MASTER_PORT}", f"--nproc-per-node={ranks_per_host}", *program, *planner_args,
         ]  # fmt: skip
         procs.append(hosts.popen(i, argv, env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=timeout_s)[0] for p in procs]
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     if failed:
         shown = "\n".join(f"--- host {i} ---\n{logs[i]}" for i in failed)
-        raise SystemExit(f"planner {planner_args[0]} failed on hosts {failed}:\n{shown}")
+        raise SystemExit(f"{' '.join([*program, *planner_args][:3])} failed on hosts {failed}:\n{shown}")
     return time.perf_counter() - start
 
 

@@ -15,8 +15,10 @@ state and parameters are shared across replicas.
 - Sharding groups of g ranks (``Layout.sharding_group_size``, HSDP): FSDP2 over the 2-D
   (replicate, shard) mesh (``runtime.mesh.sharding_meshes``); the replicas all-reduce the
   accumulated gradient shard once a step (``set_requires_all_reduce`` off but for the last
-  micro-batch), as the cost model prices it. ZeRO-1 in groups: gradients averaged over the whole
-  data-parallel group, the optimizer state shared out within the sharding group.
+  micro-batch), as the cost model prices it. ZeRO-1 in groups: gradients reduce-scattered within
+  the sharding group, each share all-reduced across the replicas and gathered back (as the cost
+  model prices it: 1/g of the bytes cross between the groups), the optimizer state shared out
+  within the sharding group.
 - A secondary partition of s ranks (``Layout.secondary_partition_size``, ZeRO-3):
   ``reshard_after_forward=s``, on the secondary mesh every rank built (``post_forward_mesh``).
 """
@@ -34,7 +36,7 @@ from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp_internals
 from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
 
 from planner.schemas import Layout, ZeroStage
-from planner.schemas.geometry import context_coordinates
+from planner.schemas.geometry import ShardingMeshAxis, context_coordinates
 from planner.schemas.runtime_support import check_sharded_experts
 from runtime.expert_parallel import JointOptimizer, expert_parameters
 from runtime.mesh import ShardingMeshes
@@ -137,7 +139,10 @@ class DataParallel:
         else:
             dense = [p for p in parameters(chunks) if id(p) not in held] + list(outside)
             shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
-            main = DataParallelOptimizer(optimizer, dense, lr, group, shard=shard, shard_group=shard_group)
+            replicas = meshes.shard[ShardingMeshAxis.REPLICATE].get_group() if meshes.shard.ndim == 2 else None
+            main = DataParallelOptimizer(
+                optimizer, dense, lr, group, shard=shard, shard_group=shard_group, replica_group=replicas
+            )
         if self.expert_data_mesh is None:
             return main
         expert = DataParallelOptimizer(

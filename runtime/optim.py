@@ -106,19 +106,26 @@ class DataParallelOptimizer:
         shard: bool,
         grad_divisor: int | None = None,
         shard_group: dist.ProcessGroup | None = None,
+        replica_group: dist.ProcessGroup | None = None,
     ) -> None:
         """``grad_divisor``: what the gradients' sum over ``group`` is divided by (default the
         group's size: their mean); experts' sums over their expert-data-parallel group are divided
         by the whole data-parallel degree (``runtime.expert_parallel``). ``shard_group``: with
         ``shard``, the ranks of ``group`` that share the state out (ZeRO-1 in sharding groups,
         ``Layout.sharding_group_size``: the other groups hold the same shares and, with the same
-        averaged gradients, step them alike); default ``group``."""
+        averaged gradients, step them alike); default ``group``. ``replica_group``: with
+        ``shard_group``, the ranks of ``group`` at this rank's place in the other sharding groups;
+        each bucket is then summed as the cost model prices ZeRO in groups
+        (``cost_models.sharding.dense_group_collectives``): reduce-scattered within the sharding
+        group, each share all-reduced across the replicas, gathered back, so only 1/g of the bytes
+        cross between the groups (an all-reduce over ``group`` sends them all)."""
         self.params, self.group = params, group
         self.size = dist.get_world_size(group)
         self.divisor = self.size if grad_divisor is None else grad_divisor
         self.shard = shard
         self.shard_group = group if shard_group is None else shard_group
         self.shards, self.rank = dist.get_world_size(self.shard_group), dist.get_rank(self.shard_group)
+        self.replica_group = replica_group if shard and shard_group is not None else None
         self.mixed = any(p.dtype != torch.float32 for p in params)
         # What ZeRO-1 shares out: with mixed precision the masters' slices (so every rank owns
         # an even share, within a slice, as Megatron-LM's distributed optimizer splits its flat
@@ -128,7 +135,10 @@ class DataParallelOptimizer:
         mine = [u for u, o in zip(self.units, self.owner, strict=True) if not shard or o == self.rank]
         reduced = sum(local(p).numel() for p in params) if self.size > 1 else 0
         device = local(params[0]).device if params else None
-        self.buckets = torch.empty(int(grad_bucket_elements(reduced)), dtype=torch.float32, device=device)
+        elements = int(grad_bucket_elements(reduced))
+        if self.replica_group is not None:  # whole shares for the reduce-scatter
+            elements = -(-elements // self.shards) * self.shards
+        self.buckets = torch.empty(elements, dtype=torch.float32, device=device)
         """The fp32 reduction buckets, one buffer (empty without data-parallel peers)."""
         self.slices: list[list[_MasterSlice]] = _grouped_masters(mine) if self.mixed else []
         """Mixed precision: the owned slices' fp32 masters, grouped to step together."""
@@ -192,11 +202,27 @@ class DataParallelOptimizer:
             self._flush(pieces, used)
 
     def _flush(self, pieces: list[tuple[torch.Tensor, int]], used: int) -> None:
-        filled = self.buckets[:used]
-        dist.all_reduce(filled, group=self.group)
+        if self.replica_group is None:
+            filled = self.buckets[:used]
+            dist.all_reduce(filled, group=self.group)
+        else:
+            filled = self._sum_in_groups(used, self.replica_group)
         filled.div_(self.divisor)
         for piece, offset in pieces:
             piece.copy_(self.buckets[offset : offset + piece.numel()])
+
+    def _sum_in_groups(self, used: int, replicas: dist.ProcessGroup) -> torch.Tensor:
+        """Sum the bucket's first ``used`` elements over the group in sharding groups (the
+        constructor's ``replica_group``): reduce-scatter within the sharding group (padded with
+        zeros to whole shares), all-reduce of this rank's share across the replicas, all-gather
+        back. Returns the summed elements, a view of the bucket."""
+        whole = self.buckets[: -(-used // self.shards) * self.shards]
+        whole[used:].zero_()
+        share = torch.empty(whole.numel() // self.shards, dtype=whole.dtype, device=whole.device)
+        dist.reduce_scatter_tensor(share, whole, group=self.shard_group)
+        dist.all_reduce(share, group=replicas)
+        dist.all_gather_into_tensor(whole, share, group=self.shard_group)
+        return whole[:used]
 
     def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
         """What memory tracking must be told of: the torch optimizers inside (their states), the

@@ -100,3 +100,37 @@ def test_a_record_says_which_links_it_ran_over_and_each_group_is_priced_over_its
     # A record that does not say (presets, older profiles) stands for every group.
     unsaid = _slow_pair_hosts(ring_bandwidth_bytes_per_s=None)
     assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((1, 2)), unsaid) == pytest.approx(1.0)
+
+
+def _two_by_two(op: CollectiveOp, time_s: float) -> ClusterProfile:
+    """2 nodes x 2 devices whose profile measured ``op`` over all 4 (the profiler's world shape):
+    1 MB in ``time_s``."""
+    record = CollectiveRecord(
+        op=op, placement=Placement.INTER_NODE, group_size=4, members_per_node=2, message_bytes=10**6, time_s=time_s
+    )
+    base = make_cluster(nodes=2, per_node=2, intra_bw=100e9, inter_bw=10e9, latency_s=0.0)
+    return base.model_copy(update={"collectives": (record,)})
+
+
+def test_a_group_measured_whole_is_priced_from_its_own_records() -> None:
+    # All-gather over the 4 ranks in 0.75 s: 3/4 of 1 MB moved, bus bandwidth 1 MB/s; 2 MB take 1.5 s
+    # (the nearest measured bandwidth). The hierarchical model would give about 0.5 s: an
+    # all-gather of 1 MB per rail over 2 nodes on the same curve, 1/2 of it moved.
+    cluster = _two_by_two(CollectiveOp.ALL_GATHER, 0.75)
+    assert collective_time_s(CollectiveOp.ALL_GATHER, 2e6, Group((0, 1, 2, 3)), cluster) == pytest.approx(1.5)
+    assert collective_time_s(CollectiveOp.ALL_GATHER, 2e6, Group(range(4)), cluster) == pytest.approx(1.5)
+    # A ring that crosses between the nodes 4 times is not the measured group: hierarchical,
+    # inside each node 1/2 of 2 MB at 100 GB/s, then 1/2 of 1 MB per rail at 1 MB/s.
+    crossing = collective_time_s(CollectiveOp.ALL_GATHER, 2e6, Group((0, 2, 1, 3)), cluster)
+    assert crossing == pytest.approx(0.5 * 2e6 / 100e9 + 0.5)
+    # One rank per node is another shape: the 2-node curve of the nearest records, 1/2 of 2 MB.
+    assert collective_time_s(CollectiveOp.ALL_GATHER, 2e6, Group((0, 2)), cluster) == pytest.approx(1.0)
+    # All-to-all keeps its link pricing: half the buffer off the node at 10 GB/s.
+    assert collective_time_s(CollectiveOp.ALL_TO_ALL, 2e6, Group((0, 1, 2, 3)), cluster) == pytest.approx(1e-4)
+
+
+def test_the_whole_groups_all_reduce_stands_in_for_its_other_ops() -> None:
+    # All-reduce of 1 MB in 1.5 s: 2 x 3/4 of it moved, bus bandwidth 1 MB/s; a reduce-scatter
+    # of 2 MB moves 3/4 of it at that bandwidth.
+    cluster = _two_by_two(CollectiveOp.ALL_REDUCE, 1.5)
+    assert collective_time_s(CollectiveOp.REDUCE_SCATTER, 2e6, Group((0, 1, 2, 3)), cluster) == pytest.approx(1.5)

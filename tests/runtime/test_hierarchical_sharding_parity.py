@@ -78,8 +78,8 @@ def train(layouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def train_one(layout: Layout) -> dict[str, Any]:
     """The layout's losses for STEPS steps, how its first layer's states are shared out between
-    steps and its weights after its forward, and under FSDP in sharding groups the all-reduces
-    over the replicas a step and the chunk's FSDP units."""
+    steps and its weights after its forward, and in sharding groups the all-reduces over the
+    replicas a step and over the whole data-parallel group, and the chunk's FSDP units."""
     trainer = Trainer(
         GPT, layout, global_batch_size=BATCH, seed=SEED, optimizer="sgd", lr=LR, device=torch.device("cpu")
     )
@@ -90,6 +90,9 @@ def train_one(layout: Layout) -> dict[str, Any]:
     replicas = None
     if layout.sharding_group_size is not None and trainer.data_parallel.shards_with_fsdp:
         replicas = trainer.data_parallel.meshes.shard[ShardingMeshAxis.REPLICATE].get_group()
+    elif isinstance(trainer.optimizer, DataParallelOptimizer) and trainer.optimizer.replica_group is not None:
+        replicas = trainer.optimizer.replica_group
+    data_group = trainer.data_parallel.mesh.get_group()
     calls: list[dist.ProcessGroup | None] = []
     all_reduce = dist.all_reduce
 
@@ -111,6 +114,7 @@ def train_one(layout: Layout) -> dict[str, Any]:
         "between_steps": shared_over(trainer, layer),
         "after_forward": after_forward,
         "replica_all_reduces_per_step": sum(g is replicas for g in calls) / STEPS if replicas is not None else None,
+        "data_group_all_reduces_per_step": sum(g is data_group for g in calls) / STEPS,
         "units": sum(s._fsdp_param_group is not None for s in states.values()),
     }
 
@@ -126,7 +130,10 @@ def check(world: int, layouts: list[tuple[dict[str, Any], int, int]], tmp_path: 
         assert result["between_steps"] == between, kw
         assert set(result["after_forward"]) == {after}, kw
         if result["replica_all_reduces_per_step"] is not None:  # once a step, whatever the micro-batches
-            assert result["replica_all_reduces_per_step"] == result["units"] > 0, kw
+            # FSDP: one per unit; ZeRO-1's gradient buckets: tiny-gpt's fill one. None over the
+            # whole data-parallel group: only a share of the bytes crosses between the groups.
+            assert result["replica_all_reduces_per_step"] == (result["units"] or 1), kw
+            assert result["data_group_all_reduces_per_step"] == 0, kw
 
 
 def test_hierarchical_sharding_trains_as_the_reference(tmp_path: Path) -> None:
