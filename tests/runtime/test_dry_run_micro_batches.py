@@ -39,7 +39,6 @@ def test_the_traced_batch_is_capped_only_without_a_pipeline() -> None:
 @pytest.mark.parametrize(
     ("zero", "recompute"),
     [
-        (ZeroStage.NONE, Recompute.NONE),
         (ZeroStage.OPTIMIZER, Recompute.FULL),
         (ZeroStage.GRADIENTS, Recompute.NONE),
         (ZeroStage.PARAMETERS, Recompute.SELECTIVE),
