@@ -10,11 +10,16 @@ asynchronous work (``async_op=True``, the pipeline schedule's sends and receives
 ``Work.wait`` and count as compute: which is why ``runtime.stragglers`` compares a rank only with
 ranks of the same pipeline stage.
 
+It also sums that time per process group (``inside_by_group_s``, keyed by the group's global
+ranks, sorted: the default group's key is every rank), the wait half of ``runtime.slow_links``.
+A group's ranks are looked up once per group object and cached (no communication).
+
 Under NCCL a collective returns once queued, so this clock would see almost nothing: timing
 CUDA events around each collective is the way there (not done; ``planner run`` on CUDA skips
 straggler detection).
 """
 
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,25 +45,73 @@ TIMED = (
 """The torch.distributed functions the clock times (those this torch has)."""
 
 
+GroupKey = tuple[int, ...]
+"""A process group's global ranks, sorted."""
+
+
+def _group_position(collective: Callable[..., Any]) -> int | None:
+    """Where ``collective`` takes its ``group`` argument positionally (None: it takes none)."""
+    try:
+        names = list(inspect.signature(collective).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("group") if "group" in names else None
+
+
 class CollectiveClock:
-    """Seconds this rank spent inside collectives while ``running`` (mutable: it accumulates)."""
+    """Seconds this rank spent inside collectives while ``running``, in all and per process group
+    (mutable: it accumulates)."""
 
     def __init__(self) -> None:
         self.inside_s = 0.0
+        self.inside_by_group_s: dict[GroupKey, float] = {}
+        """Per group (its global ranks, sorted): seconds inside its collectives."""
+        self.injected_delay: tuple[frozenset[int], float] | None = None
+        """Testing (a slow link): (ranks, seconds): each collective of a group holding all these
+        ranks, other than the default group, first sleeps that long, inside the clock's time."""
         self._depth = 0
         """Collectives in progress: one that calls another is timed once."""
+        self._keys: dict[Any, GroupKey] = {}
+        """Per group object seen (None: the default group), its key."""
+
+    def group_key(self, group: Any) -> GroupKey:
+        """The key of a process group (None: the default group), looked up once per group object."""
+        key = self._keys.get(group)
+        if key is None:
+            ranks = range(dist.get_world_size()) if group is None else dist.get_process_group_ranks(group)
+            key = self._keys[group] = tuple(sorted(ranks))
+        return key
+
+    def _delay_s(self, key: GroupKey) -> float:
+        if self.injected_delay is None:
+            return 0.0
+        ranks, delay_s = self.injected_delay
+        slowed = ranks <= set(key) and key != self.group_key(None)
+        return delay_s if slowed else 0.0
 
     def _timed(self, collective: Callable[..., Any]) -> Callable[..., Any]:
+        position = _group_position(collective)
+
         @wraps(collective)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self._depth:
                 return collective(*args, **kwargs)
             self._depth += 1
             start = time.perf_counter()
+            group = kwargs.get("group", args[position] if position is not None and len(args) > position else None)
             try:
+                key = self.group_key(group)
+            except (ValueError, RuntimeError):  # not a group this process can name: timed in all only
+                key = None
+            try:
+                if key is not None and self.injected_delay is not None:
+                    time.sleep(self._delay_s(key))
                 return collective(*args, **kwargs)
             finally:
-                self.inside_s += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                self.inside_s += elapsed
+                if key is not None:
+                    self.inside_by_group_s[key] = self.inside_by_group_s.get(key, 0.0) + elapsed
                 self._depth -= 1
 
         return timed

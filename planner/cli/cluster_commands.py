@@ -125,7 +125,9 @@ def run(
             "ranks there are (written to CHECKPOINT_DIR/plans/world-N.json) and resume resharded."
         ),
     ] = False,
-    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang|slow.")] = None,
+    inject_fault: Annotated[
+        str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang|slow[-link,PEER].")
+    ] = None,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
 
