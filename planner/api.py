@@ -531,7 +531,7 @@ def run(
             another layout of the same model and global batch (:func:`replan`; loaded resharded).
         inject_fault: testing aid, (rank, step, "exit" | "hang" | "slow" | "slow-link", peer)
             (``runtime.run.RunSettings.inject_fault``).
-        on_fault: what a straggler does to the run (``runtime.straggler_watch``): WARN logs it
+        on_fault: what a straggler or a slow link does to the run (``runtime.straggler_watch``): WARN logs it
             and records it in the report; EXIT also stops every rank after that step (a
             checkpoint is taken there, if they are) and raises StragglerFound.
         elastic: for torchrun's elastic restarts (``planner launch --elastic``): continue from
