@@ -34,8 +34,8 @@ def test_a_slowed_link_is_named_and_exit_ends_the_job(tmp_path: Path) -> None:
     stopped = [line for line in proc.stderr.splitlines() if line.startswith("error: stopped after step")]
     assert len(stopped) == 4, proc.stderr[-3000:]  # every rank
     host = socket.gethostname()
-    named = f"slow link between rank 0 (host {host}) and rank 1 (host {host}) since step 2: its tp group (ranks 0,1)"
-    assert all(named in line for line in stopped), stopped
+    named = f"slow link between rank 0 (host {host}) and rank 1 (host {host}) since step "
+    assert all(named in line and "its tp group (ranks 0,1) waits" in line for line in stopped), stopped
     report = RunReport.model_validate_json((tmp_path / "r.json").read_text())
     assert report.stragglers == () and report.stopped_by_fault
     assert [(link.ranks, link.hosts, link.axis, link.siblings) for link in report.slow_links] == [
@@ -43,5 +43,6 @@ def test_a_slowed_link_is_named_and_exit_ends_the_job(tmp_path: Path) -> None:
     ]
     at = report.slow_links[0].named_at_step
     assert 10 <= at < 23, at  # 3 windows of 3 steps from step 2: step 10, later under a busy host
+    assert report.slow_links[0].since_step == at - 8
     assert len(report.step_times_s) == at + 1  # it stopped there
     assert report.link_checks >= 12  # 4 groups in 2 families, 3 windows or more
