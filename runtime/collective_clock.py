@@ -5,7 +5,11 @@ guards, with ones that add their wall time to ``inside_s`` (two ``perf_counter``
 collective, no synchronisation of their own), and puts the originals back on exit. It times what
 is called through ``torch.distributed``'s functions, synchronously: the runtime's own collectives
 (gradient all-reduces and ZeRO-1 broadcasts, tensor-parallel, expert all-to-alls, the loss,
-vocabulary passes), FSDP's when it runs them synchronously, and the step's barriers. The waits of
+vocabulary passes), FSDP's when it runs them synchronously, and the step's barriers; and DTensor's
+(the dense tensor-parallel layers' gathers, reduce-scatters and all-reduces), which go through
+``torch.distributed._functional_collectives`` (``FUNCTIONAL``): those return a tensor that waits
+on first use, and the clock waits for it at once, inside its time (on CPU, where the clock runs,
+gloo's thread would have done the work by then anyway). The waits of
 asynchronous work (``async_op=True``, the pipeline schedule's sends and receives) happen in
 ``Work.wait`` and count as compute: which is why ``runtime.stragglers`` compares a rank only with
 ranks of the same pipeline stage.
@@ -27,6 +31,8 @@ from functools import wraps
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.device_mesh import DeviceMesh
 
 TIMED = (
     "all_reduce",
@@ -43,6 +49,9 @@ TIMED = (
     "reduce_scatter_tensor",
 )
 """The torch.distributed functions the clock times (those this torch has)."""
+
+FUNCTIONAL = ("all_reduce", "all_gather_single", "all_gather_tensor", "reduce_scatter_single", "reduce_scatter_tensor")
+"""The functional collectives (``torch.distributed._functional_collectives``, DTensor's) it times."""
 
 
 GroupKey = tuple[int, ...]
@@ -75,11 +84,11 @@ class CollectiveClock:
         """Per group object seen (None: the default group), its key."""
 
     def group_key(self, group: Any) -> GroupKey:
-        """The key of a process group (None: the default group), looked up once per group object."""
+        """The key of a process group (None: the default group; a functional collective's
+        ``(mesh, dim)`` or one-dimensional mesh too), looked up once per group object."""
         key = self._keys.get(group)
         if key is None:
-            ranks = range(dist.get_world_size()) if group is None else dist.get_process_group_ranks(group)
-            key = self._keys[group] = tuple(sorted(ranks))
+            key = self._keys[group] = tuple(sorted(_ranks(group)))
         return key
 
     def _delay_s(self, key: GroupKey) -> float:
@@ -89,7 +98,8 @@ class CollectiveClock:
         slowed = ranks <= set(key) and key != self.group_key(None)
         return delay_s if slowed else 0.0
 
-    def _timed(self, collective: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, collective: Callable[..., Any], functional: bool = False) -> Callable[..., Any]:
+        """``collective`` timed; a ``functional`` one's result waited for inside the time."""
         position = _group_position(collective)
 
         @wraps(collective)
@@ -101,12 +111,15 @@ class CollectiveClock:
             group = kwargs.get("group", args[position] if position is not None and len(args) > position else None)
             try:
                 key = self.group_key(group)
-            except (ValueError, RuntimeError):  # not a group this process can name: timed in all only
+            except (ValueError, RuntimeError, TypeError):  # not a group this process names: timed in all only
                 key = None
             try:
                 if key is not None and self.injected_delay is not None:
                     time.sleep(self._delay_s(key))
-                return collective(*args, **kwargs)
+                result = collective(*args, **kwargs)
+                if functional and isinstance(result, funcol.AsyncCollectiveTensor):
+                    result = result.wait()
+                return result
             finally:
                 elapsed = time.perf_counter() - start
                 self.inside_s += elapsed
@@ -120,10 +133,29 @@ class CollectiveClock:
     def running(self) -> Iterator["CollectiveClock"]:
         """Time every collective called in the block (see the module docstring)."""
         originals = {name: getattr(dist, name) for name in TIMED if hasattr(dist, name)}
+        functional = {name: getattr(funcol, name) for name in FUNCTIONAL if hasattr(funcol, name)}
         for name, collective in originals.items():
             setattr(dist, name, self._timed(collective))
+        for name, collective in functional.items():
+            setattr(funcol, name, self._timed(collective, functional=True))
         try:
             yield self
         finally:
             for name, collective in originals.items():
                 setattr(dist, name, collective)
+            for name, collective in functional.items():
+                setattr(funcol, name, collective)
+
+
+def _ranks(group: Any) -> list[int]:
+    """A group's global ranks: the default group's (None), a process group's, a mesh dimension's
+    (``(mesh, dim)``) or a one-dimensional mesh's; TypeError for other forms (lists of ranks)."""
+    if group is None:
+        return list(range(dist.get_world_size()))
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
+        return dist.get_process_group_ranks(group[0].get_group(group[1]))
+    if isinstance(group, DeviceMesh):
+        return dist.get_process_group_ranks(group.get_group())
+    if isinstance(group, dist.ProcessGroup):
+        return dist.get_process_group_ranks(group)
+    raise TypeError(f"a group given as {type(group).__name__}")

@@ -307,7 +307,7 @@ def _train(
     return times, losses, sent, memory
 
 
-SLOW_LINK_FAULT_S = 0.01
+SLOW_LINK_FAULT_S = 6e-3
 """Seconds the injected slow link adds to each collective of its groups."""
 
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.distributed.device_mesh import init_device_mesh
 
 from planner.cli.options import parse_step_fault
 from planner.schemas.errors import SchemaError
@@ -168,11 +170,15 @@ def test_the_clock_sums_each_groups_collectives(tmp_path: Path) -> None:
     try:
         clock = CollectiveClock()
         alone = dist.new_group([0])
+        mesh = init_device_mesh("cpu", (1,))
         with clock.running():
             dist.all_reduce(torch.ones(4))
             dist.all_reduce(torch.ones(4), group=alone)
             dist.barrier(alone)  # its group passed positionally
-        assert set(clock._keys) == {None, alone}  # each group object looked up (once)
+            summed = funcol.all_reduce(torch.ones(4), "sum", group=(mesh, 0))  # as DTensor calls it
+            assert not isinstance(summed, funcol.AsyncCollectiveTensor)  # waited for inside the clock
+        assert funcol.all_reduce.__name__ == "all_reduce" and not hasattr(funcol.all_reduce, "__wrapped__")
+        assert set(clock._keys) == {None, alone, (mesh, 0)}  # each group object looked up (once)
         assert set(clock.inside_by_group_s) == {(0,)}  # one rank: the world's key is the group's
         assert abs(clock.inside_by_group_s[(0,)] - clock.inside_s) < 1e-9 and clock.inside_s > 0
     finally:
