@@ -7,7 +7,7 @@ learns it at the same step and stops there.
 Cost: two ``perf_counter`` calls and a dictionary look-up per collective, and one
 ``all_gather_object`` every K = ``window_steps`` steps, at a step boundary, with no barrier of its
 own: per rank, per step of the window, its compute, its wait and its wait in each process group
-it used (at K = 3 on tp2 x dp2, about 300 bytes pickled a rank; the object gather is two
+it used (at K = 3 on tp2 x dp2, a few hundred bytes pickled a rank; the object gather is two
 all-gathers, sizes then bytes).
 """
 
