@@ -505,7 +505,7 @@ def run(
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 0,
     resume: bool = False,
-    inject_fault: tuple[int, int, str] | None = None,
+    inject_fault: tuple[int, int, str, int] | None = None,
     on_fault: OnFault = OnFault.WARN,
     elastic: bool = False,
 ) -> RunReport | None:
@@ -529,8 +529,9 @@ def run(
         resume: continue from the newest complete checkpoint in ``checkpoint_dir``, taken under
             the same plan (the steps after it compute what an uninterrupted run computes) or under
             another layout of the same model and global batch (:func:`replan`; loaded resharded).
-        inject_fault: testing aid, (rank, step, "exit" | "hang" | "slow").
-        on_fault: what a straggler does to the run (``runtime.straggler_watch``): WARN logs it
+        inject_fault: testing aid, (rank, step, "exit" | "hang" | "slow" | "slow-link", peer)
+            (``runtime.run.RunSettings.inject_fault``).
+        on_fault: what a straggler or a slow link does to the run (``runtime.straggler_watch``): WARN logs it
             and records it in the report; EXIT also stops every rank after that step (a
             checkpoint is taken there, if they are) and raises StragglerFound.
         elastic: for torchrun's elastic restarts (``planner launch --elastic``): continue from

@@ -249,7 +249,7 @@ def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routi
     """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes),
     and a fifth for expert parallelism: the bytes a rank's all-to-alls sent to other ranks per
     step, measured (mean rank) beside ``expert_traffic`` (per stage, ``api.expert_traffic``;
-    ``routing`` names what it assumed); then a line per straggler the run named."""
+    ``routing`` names what it assumed); then a line per straggler and per slow link the run named."""
     lines = [
         f"{report.model} {report.layout.describe()} on {report.world_size} {report.device} ranks, {report.steps} steps",
         f"  step time   measured {report.measured_step_time_s:.4f} s   predicted {report.predicted_step_time_s:.4f} s"
@@ -273,6 +273,13 @@ def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routi
         f"outside collectives, its peers {s.peers_compute_s * 1e3:.1f} ms"
         + (" (run stopped)" if report.stopped_by_fault else "")
         for s in report.stragglers
+    ]
+    lines += [
+        f"  slow link   ranks {' and '.join(f'{r} ({h})' for r, h in zip(link.ranks, link.hosts, strict=True))} "
+        f"since step {link.since_step}: {link.wait_s * 1e3:.1f} ms a step in the collectives of its "
+        f"{link.axis + ' ' if link.axis else ''}group, its siblings {link.siblings_wait_s * 1e3:.1f} ms"
+        + (" (run stopped)" if report.stopped_by_fault else "")
+        for link in report.slow_links
     ]
     return "\n".join(lines)
 

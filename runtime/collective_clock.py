@@ -5,16 +5,25 @@ guards, with ones that add their wall time to ``inside_s`` (two ``perf_counter``
 collective, no synchronisation of their own), and puts the originals back on exit. It times what
 is called through ``torch.distributed``'s functions, synchronously: the runtime's own collectives
 (gradient all-reduces and ZeRO-1 broadcasts, tensor-parallel, expert all-to-alls, the loss,
-vocabulary passes), FSDP's when it runs them synchronously, and the step's barriers. The waits of
+vocabulary passes), FSDP's when it runs them synchronously, and the step's barriers; and DTensor's
+(the dense tensor-parallel layers' gathers, reduce-scatters and all-reduces), which go through
+``torch.distributed._functional_collectives`` (``FUNCTIONAL``): those return a tensor that waits
+on first use, and the clock waits for it at once, inside its time (on CPU, where the clock runs,
+gloo's thread would have done the work by then anyway). The waits of
 asynchronous work (``async_op=True``, the pipeline schedule's sends and receives) happen in
 ``Work.wait`` and count as compute: which is why ``runtime.stragglers`` compares a rank only with
 ranks of the same pipeline stage.
+
+It also sums that time per process group (``inside_by_group_s``, keyed by the group's global
+ranks, sorted: the default group's key is every rank), the wait half of ``runtime.slow_links``.
+A group's ranks are looked up once per group object and cached (no communication).
 
 Under NCCL a collective returns once queued, so this clock would see almost nothing: timing
 CUDA events around each collective is the way there (not done; ``planner run`` on CUDA skips
 straggler detection).
 """
 
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +31,8 @@ from functools import wraps
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.device_mesh import DeviceMesh
 
 TIMED = (
     "all_reduce",
@@ -39,26 +50,81 @@ TIMED = (
 )
 """The torch.distributed functions the clock times (those this torch has)."""
 
+FUNCTIONAL = ("all_reduce", "all_gather_single", "all_gather_tensor", "reduce_scatter_single", "reduce_scatter_tensor")
+"""The functional collectives (``torch.distributed._functional_collectives``, DTensor's) it times."""
+
+
+GroupKey = tuple[int, ...]
+"""A process group's global ranks, sorted."""
+
+
+def _group_position(collective: Callable[..., Any]) -> int | None:
+    """Where ``collective`` takes its ``group`` argument positionally (None: it takes none)."""
+    try:
+        names = list(inspect.signature(collective).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("group") if "group" in names else None
+
 
 class CollectiveClock:
-    """Seconds this rank spent inside collectives while ``running`` (mutable: it accumulates)."""
+    """Seconds this rank spent inside collectives while ``running``, in all and per process group
+    (mutable: it accumulates)."""
 
     def __init__(self) -> None:
         self.inside_s = 0.0
+        self.inside_by_group_s: dict[GroupKey, float] = {}
+        """Per group (its global ranks, sorted): seconds inside its collectives."""
+        self.injected_delay: tuple[frozenset[int], float] | None = None
+        """Testing (a slow link): (ranks, seconds): each collective of a group holding all these
+        ranks, other than the default group, first sleeps that long, inside the clock's time."""
         self._depth = 0
         """Collectives in progress: one that calls another is timed once."""
+        self._keys: dict[Any, GroupKey] = {}
+        """Per group object seen (None: the default group), its key."""
 
-    def _timed(self, collective: Callable[..., Any]) -> Callable[..., Any]:
+    def group_key(self, group: Any) -> GroupKey:
+        """The key of a process group (None: the default group; a functional collective's
+        ``(mesh, dim)`` or one-dimensional mesh too), looked up once per group object."""
+        key = self._keys.get(group)
+        if key is None:
+            key = self._keys[group] = tuple(sorted(_ranks(group)))
+        return key
+
+    def _delay_s(self, key: GroupKey) -> float:
+        if self.injected_delay is None:
+            return 0.0
+        ranks, delay_s = self.injected_delay
+        slowed = ranks <= set(key) and key != self.group_key(None)
+        return delay_s if slowed else 0.0
+
+    def _timed(self, collective: Callable[..., Any], functional: bool = False) -> Callable[..., Any]:
+        """``collective`` timed; a ``functional`` one's result waited for inside the time."""
+        position = _group_position(collective)
+
         @wraps(collective)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self._depth:
                 return collective(*args, **kwargs)
             self._depth += 1
             start = time.perf_counter()
+            group = kwargs.get("group", args[position] if position is not None and len(args) > position else None)
             try:
-                return collective(*args, **kwargs)
+                key = self.group_key(group)
+            except (ValueError, RuntimeError, TypeError):  # not a group this process names: timed in all only
+                key = None
+            try:
+                if key is not None and self.injected_delay is not None:
+                    time.sleep(self._delay_s(key))
+                result = collective(*args, **kwargs)
+                if functional and isinstance(result, funcol.AsyncCollectiveTensor):
+                    result = result.wait()
+                return result
             finally:
-                self.inside_s += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                self.inside_s += elapsed
+                if key is not None:
+                    self.inside_by_group_s[key] = self.inside_by_group_s.get(key, 0.0) + elapsed
                 self._depth -= 1
 
         return timed
@@ -67,10 +133,29 @@ class CollectiveClock:
     def running(self) -> Iterator["CollectiveClock"]:
         """Time every collective called in the block (see the module docstring)."""
         originals = {name: getattr(dist, name) for name in TIMED if hasattr(dist, name)}
+        functional = {name: getattr(funcol, name) for name in FUNCTIONAL if hasattr(funcol, name)}
         for name, collective in originals.items():
             setattr(dist, name, self._timed(collective))
+        for name, collective in functional.items():
+            setattr(funcol, name, self._timed(collective, functional=True))
         try:
             yield self
         finally:
             for name, collective in originals.items():
                 setattr(dist, name, collective)
+            for name, collective in functional.items():
+                setattr(funcol, name, collective)
+
+
+def _ranks(group: Any) -> list[int]:
+    """A group's global ranks: the default group's (None), a process group's, a mesh dimension's
+    (``(mesh, dim)``) or a one-dimensional mesh's; TypeError for other forms (lists of ranks)."""
+    if group is None:
+        return list(range(dist.get_world_size()))
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
+        return dist.get_process_group_ranks(group[0].get_group(group[1]))
+    if isinstance(group, DeviceMesh):
+        return dist.get_process_group_ranks(group.get_group())
+    if isinstance(group, dist.ProcessGroup):
+        return dist.get_process_group_ranks(group)
+    raise TypeError(f"a group given as {type(group).__name__}")

@@ -34,7 +34,7 @@ from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
-from runtime.straggler_watch import StragglerWatch
+from runtime.straggler_watch import StragglerWatch, axis_groups
 from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
 
@@ -57,9 +57,13 @@ class RunSettings:
     timeout_s: float = 300.0
     trace_routing: Path | None = None
     """Where rank 0 writes the run's routing trace (``runtime.routing_trace``); None: no trace."""
-    inject_fault: tuple[int, int, str] | None = None
-    """Testing: (rank, step, "exit" | "hang" | "slow"): that rank dies or freezes at the start of that
-    step, or from that step on sleeps in each forward pass of its first chunk (``act_out_fault``)."""
+    inject_fault: tuple[int, int, str, int] | None = None
+    """Testing: (rank, step, "exit" | "hang" | "slow" | "slow-link", peer): that rank dies or freezes
+    at the start of that step, or from that step on sleeps in each forward pass of its first chunk
+    (``act_out_fault``), or (on both ends) the link between it and ``peer`` slows from that step
+    on: each collective of a group holding both, the default group aside, first sleeps
+    ``SLOW_LINK_FAULT_S`` (inside the collective clock's time; without the straggler detector,
+    as on CUDA, it is not injected). ``peer`` is the rank itself for the other kinds."""
     on_fault: OnFault = OnFault.WARN
     """What a straggler named by the detector (``runtime.straggler_watch``) does to the run."""
     checkpoint_dir: Path | None = None
@@ -159,6 +163,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
             stages=[stage for _, stage in placed],
             first_step=tracked_step(settings, first) + 1,
             on_fault=settings.on_fault,
+            axes=axis_groups(trainer.mesh),
         )
     heartbeat = Heartbeat(rank, world, dist.distributed_c10d._get_default_store(), HEARTBEAT_KEY)
     stop_on_sigterm()
@@ -206,6 +211,8 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
                     "stragglers": tuple(watch.found),
                     "timing_windows": tuple(watch.windows),
                     "straggler_checks": watch.checks,
+                    "slow_links": tuple(watch.links),
+                    "link_checks": watch.link_state.checks,
                     "stopped_by_fault": watch.stopped,
                 }
             )
@@ -213,9 +220,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
     dist.barrier()
     dist.destroy_process_group()
     if watch is not None and watch.stopped:  # every rank: the launcher sees the job end with this code
-        raise StragglerFound(
-            f"stopped after step {first + len(times) - 1}: " + "; ".join(s.message for s in watch.found)
-        )
+        raise StragglerFound(f"stopped after step {first + len(times) - 1}: " + "; ".join(watch.messages))
     return report
 
 
@@ -264,8 +269,10 @@ def _train(
         for step in range(first, settings.steps):
             began = time.perf_counter()
             inside_before = watch.clock.inside_s if watch is not None else 0.0
+            if watch is not None:
+                watch.step_begins()
             heartbeat.at("step", str(step))
-            _inject_fault(settings, trainer, heartbeat.rank, step)
+            _inject_fault(settings, trainer, heartbeat.rank, step, watch)
             inputs, targets = (
                 tokens.batch(training.global_batch_size, training.seq_len, step=step)
                 if tokens
@@ -300,9 +307,19 @@ def _train(
     return times, losses, sent, memory
 
 
-def _inject_fault(settings: RunSettings, trainer: Trainer, rank: int, step: int) -> None:
+SLOW_LINK_FAULT_S = 6e-3
+"""Seconds the injected slow link adds to each collective of its groups."""
+
+
+def _inject_fault(settings: RunSettings, trainer: Trainer, rank: int, step: int, watch: StragglerWatch | None) -> None:
     fault = settings.inject_fault
-    if fault is None or fault[:2] != (rank, step):
+    if fault is None or step != fault[1]:
+        return
+    if fault[2] == "slow-link":
+        if rank in (fault[0], fault[3]) and watch is not None:
+            watch.clock.injected_delay = (frozenset((fault[0], fault[3])), SLOW_LINK_FAULT_S)
+        return
+    if rank != fault[0]:
         return
     if fault[2] == "slow":  # from now on, inside the compute, where its peers will wait for it
         trainer.chunks[0].register_forward_pre_hook(lambda module, args: act_out_fault("slow", settings.timeout_s))

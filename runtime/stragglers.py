@@ -10,7 +10,7 @@ and homogeneous, so a rank that departs from its peers is a fault.
 
 Each rank sums its time inside collectives per step (``runtime.collective_clock``); compute is the
 step's wall time minus that. Every ``window_steps`` steps the ranks exchange the window's compute
-and wait (one all-gather of 2 ``window_steps`` numbers per rank) and every rank judges them alike
+and wait (one object all-gather, ``runtime.straggler_watch``) and every rank judges them alike
 (``observe``), so all reach the same verdict at the same step without further messages.
 
 A rank's *excess* in a step is its compute minus the median of its peers' (the other ranks of its

@@ -112,7 +112,8 @@ def run(
     on_fault: Annotated[
         OnFault,
         typer.Option(
-            help="When a rank is far slower than the ranks doing the same work (a straggler): warn (log it, "
+            help="When a rank is far slower than the ranks doing the same work (a straggler), or a link than "
+            "the links carrying the same traffic (a slow link): warn (log it, "
             "record it in the report) or exit (also stop every rank after that step, checkpoint there if "
             "--checkpoint-dir, exit with code 4)."
         ),
@@ -125,7 +126,9 @@ def run(
             "ranks there are (written to CHECKPOINT_DIR/plans/world-N.json) and resume resharded."
         ),
     ] = False,
-    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang|slow.")] = None,
+    inject_fault: Annotated[
+        str | None, typer.Option(hidden=True, help="Testing: RANK,STEP,exit|hang|slow[-link,PEER].")
+    ] = None,
 ) -> None:
     """Train with a plan for a few steps under torchrun; report measured beside predicted.
 
@@ -135,7 +138,9 @@ def run(
     Every rank times its compute and its waits in collectives; every 3 steps the ranks compare
     them (one small all-gather), and a rank computing 60% longer than the others of its pipeline
     stage in every step of 3 windows running is named, with its host, in the log and the report
-    (CPU/gloo runs).
+    (CPU/gloo runs). So is a slow link: a process group (tp, dp, ...) whose members all wait longer
+    in its collectives than the members of the groups along the same axis do, their compute level
+    with their peers', named by its two ranks and their hosts.
     With --on-fault exit every rank then stops and exits with code 4, so that an elastic launcher
     can re-plan without it.
 

@@ -281,14 +281,23 @@ def parse_fault(text: str | None) -> tuple[int, str, str] | None:
     return int(rank), phase, kind
 
 
-def parse_step_fault(text: str | None) -> tuple[int, int, str] | None:
-    """planner run's testing aid: RANK,STEP,exit|hang|slow."""
+def parse_step_fault(text: str | None) -> tuple[int, int, str, int] | None:
+    """planner run's testing aid: RANK,STEP,exit|hang|slow or RANK,STEP,slow-link,PEER; the fourth
+    field is the link's other end (RANK itself for the other kinds)."""
     if text is None:
         return None
-    rank, step, kind = [*text.split(","), "", "", ""][:3]
-    if not rank.isdigit() or not step.isdigit() or kind not in ("exit", "hang", "slow"):
-        raise SchemaError(f"--inject-fault {text!r} must be RANK,STEP,exit|hang|slow, e.g. 2,3,exit")
-    return int(rank), int(step), kind
+    fields = text.split(",")
+    rank, step, kind, peer = [*fields, "", "", "", ""][:4]
+    link = kind == "slow-link" and len(fields) == 4 and peer.isdigit() and peer != rank
+    if (
+        not rank.isdigit()
+        or not step.isdigit()
+        or not (link or (kind in ("exit", "hang", "slow") and len(fields) == 3))
+    ):
+        raise SchemaError(
+            f"--inject-fault {text!r} must be RANK,STEP,exit|hang|slow or RANK,STEP,slow-link,PEER, e.g. 2,3,exit"
+        )
+    return int(rank), int(step), kind, int(peer) if link else int(rank)
 
 
 CONSTRAINT_HELP = "a value, a range A-B or a list (e.g. 8, 1-16, 1,2,4)"

@@ -47,7 +47,7 @@ from planner.schemas.op_records import (
     ShardedUnitRecord,
 )
 from planner.schemas.plan import Alternative, ClusterRef, Plan
-from planner.schemas.report import RankMemory, RunReport, Straggler, TimingWindow
+from planner.schemas.report import GroupTiming, RankMemory, RunReport, SlowLink, Straggler, TimingWindow
 from planner.schemas.rope import RopeScaling, RopeType
 from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats
 from planner.schemas.training import TrainingSpec
@@ -70,6 +70,7 @@ __all__ = [
     "ElementwiseRecord",
     "Estimate",
     "ExpertPlacement",
+    "GroupTiming",
     "Kernels",
     "LayerNormRecord",
     "LayerRecord",
@@ -103,6 +104,7 @@ __all__ = [
     "RunReport",
     "Schedule",
     "ShardedUnitRecord",
+    "SlowLink",
     "StageEstimate",
     "Straggler",
     "TimeBreakdown",

@@ -190,7 +190,7 @@ class Placement(StrEnum):
 
 
 class OnFault(StrEnum):
-    """What ``planner run`` does when its straggler detector names a rank."""
+    """What ``planner run`` does when its straggler detector names a rank or a slow link."""
 
     WARN = "warn"
     """Log it, record it in the run report, train on."""

@@ -45,8 +45,8 @@ class JobFailed(PlannerError):
 
 
 class StragglerFound(JobFailed):
-    """``planner run --on-fault exit`` stopped the job because a rank was far slower than its peers;
-    the message names it and its host. Its own code, so a launcher can tell it from a crash and
-    re-plan without that rank."""
+    """``planner run --on-fault exit`` stopped the job because a rank was far slower than its peers,
+    or a link than the links carrying the same traffic; the message names it and its host(s). Its
+    own code, so a launcher can tell it from a crash and re-plan without that rank or link."""
 
     exit_code = 4

@@ -36,21 +36,51 @@ class Straggler(FrozenModel):
     message: str = Field(description="The line the runtime logged.")
 
 
+class SlowLink(FrozenModel):
+    """A link whose process group waited longer in its collectives than its sibling groups did,
+    its members' compute level with their peers' (``runtime.slow_links``)."""
+
+    ranks: tuple[int, ...] = Field(description="Its two ends, or the whole group when it could not be narrowed down.")
+    hosts: tuple[str, ...] = Field(description="Their hosts, in the same order.")
+    group: tuple[int, ...] = Field(description="The process group (global ranks) whose collectives showed it.")
+    axis: str = Field(default="", description="The group's mesh axis (tp, dp, pp), where it lies along one.")
+    since_step: int = Field(ge=0, description="First step of the first window in which the group departed.")
+    named_at_step: int = Field(ge=0, description="Last step of the window that confirmed it.")
+    wait_s: float = Field(ge=0, description="The group's median wait a step (least over its members).")
+    siblings: tuple[tuple[int, ...], ...] = Field(
+        description="The groups carrying the same traffic it was compared with."
+    )
+    siblings_wait_s: float = Field(ge=0, description="The siblings' median wait a step.")
+    message: str = Field(description="The line the runtime logged.")
+
+
+class GroupTiming(FrozenModel):
+    """One process group's members' time inside its collectives over a window."""
+
+    ranks: tuple[int, ...] = Field(description="The group's global ranks, sorted.")
+    wait_s: tuple[tuple[float, ...], ...] = Field(description="Per step, per member: time inside its collectives.")
+
+
 class TimingWindow(FrozenModel):
     """Every rank's timings over one window of steps of the straggler detector."""
 
     first_step: int = Field(ge=0)
     compute_s: tuple[tuple[float, ...], ...] = Field(description="Per step, per rank: time outside collectives.")
     wait_s: tuple[tuple[float, ...], ...] = Field(description="Per step, per rank: time inside collectives.")
+    groups: tuple[GroupTiming, ...] = Field(
+        default=(),
+        description="Per process group, its members' time inside its collectives (the slow-link detector's).",
+    )
 
 
 class RunReport(FrozenModel):
     """A plan run for a few steps: times, losses and memory, each beside its prediction."""
 
-    schema_version: Literal[1, 2, 3] = Field(
-        default=3,
+    schema_version: Literal[1, 2, 3, 4] = Field(
+        default=4,
         description="2: the layout may carry a device map, expert placement and vocabulary layout; "
-        "3: the straggler detector's findings (stragglers, timing_windows, straggler_checks, stopped_by_fault).",
+        "3: the straggler detector's findings (stragglers, timing_windows, straggler_checks, stopped_by_fault); "
+        "4: the slow-link detector's (slow_links, link_checks, timing_windows' groups).",
     )
     created: datetime
     plan_sha256: str
@@ -101,6 +131,16 @@ class RunReport(FrozenModel):
         description="Times the detector judged one rank over one window (ranks with peers x windows): the "
         "denominator of its false-positive rate.",
     )
+    slow_links: tuple[SlowLink, ...] = Field(
+        default=(), description="Links the slow-link detector named, in the order it named them."
+    )
+    link_checks: int = Field(
+        default=0,
+        ge=0,
+        description="Times the slow-link detector judged one process group over one window: the denominator "
+        "of its false-positive rate.",
+    )
     stopped_by_fault: bool = Field(
-        default=False, description="The run ended early on a straggler (--on-fault exit); its times stop there."
+        default=False,
+        description="The run ended early on a straggler or a slow link (--on-fault exit); its times stop there.",
     )

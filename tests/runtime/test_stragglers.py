@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.render import run_summary
-from planner.schemas import Layout, RankMemory, RunReport, Straggler
+from planner.schemas import Layout, RankMemory, RunReport, SlowLink, Straggler
 from runtime.collective_clock import CollectiveClock
 from runtime.stragglers import (
     DetectorSettings,
@@ -214,11 +214,20 @@ def _report(**fields: object) -> RunReport:
     )
 
 
+def test_a_version_3_run_report_still_reads() -> None:
+    report = _report()
+    assert report.schema_version == 4
+    old = json.loads(report.model_dump_json())
+    for key in ("slow_links", "link_checks"):
+        del old[key]
+    read = RunReport.model_validate({**old, "schema_version": 3})
+    assert read.slow_links == () and read.link_checks == 0
+
+
 def test_a_version_2_run_report_still_reads() -> None:
     report = _report()
-    assert report.schema_version == 3
     old = json.loads(report.model_dump_json())
-    for key in ("stragglers", "timing_windows", "straggler_checks", "stopped_by_fault"):
+    for key in ("stragglers", "timing_windows", "straggler_checks", "stopped_by_fault", "slow_links", "link_checks"):
         del old[key]
     read = RunReport.model_validate({**old, "schema_version": 2})
     assert read.stragglers == () and read.straggler_checks == 0 and not read.stopped_by_fault
@@ -242,6 +251,26 @@ def test_the_run_summary_names_the_straggler() -> None:
         " (run stopped)"
     )
     assert not any("straggler" in line for line in run_summary(_report()).splitlines())
+
+
+def test_the_run_summary_names_the_slow_link() -> None:
+    link = SlowLink(
+        ranks=(0, 1),
+        hosts=("a", "b"),
+        group=(0, 1),
+        axis="tp",
+        since_step=3,
+        named_at_step=11,
+        wait_s=0.038,
+        siblings=((2, 3),),
+        siblings_wait_s=0.004,
+        message="",
+    )
+    lines = run_summary(_report(slow_links=(link,), stopped_by_fault=True)).splitlines()
+    assert lines[-1] == (
+        "  slow link   ranks 0 (a) and 1 (b) since step 3: 38.0 ms a step in the collectives of its tp group, "
+        "its siblings 4.0 ms (run stopped)"
+    )
 
 
 def test_the_clock_times_a_real_collective(tmp_path: Path) -> None:
