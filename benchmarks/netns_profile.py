@@ -8,7 +8,8 @@ and ``planner run`` runs the plan across the hosts, and, when the search mapped 
 slow pair, the same layout with rank r on host r: predicted and measured step time of each.
 
 Run (as root, with iproute2): .venv/bin/python benchmarks/netns_profile.py [--hosts 3]
-    [--slow 0-1] [--rate-mbit 100] [--output cluster.json] [--steps 8 | --steps 0]
+    [--slow 0-1] [--rate-mbit 100] [--output cluster.json | --cluster cluster.json] [--pairs 3]
+    [--steps 8 | --steps 0]
 The shaped rate is a ceiling on bytes on the wire (Ethernet, IP and TCP headers included), so
 the profile should read a little below it; unshaped veth pairs run at memory-copy speed, hundreds
 of MB/s to GB/s on this machine's 2 shared cores. About 1.5 min at 100 Mbit/s; at 10 Mbit/s the
@@ -25,6 +26,7 @@ pair, where the tied embedding's gradient all-reduce runs (runtime.pipeline.Tied
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,27 +122,44 @@ def plans_for(cluster_path: Path, workdir: Path, args: argparse.Namespace) -> di
 
 
 def run_plans(hosts: netns_hosts.NetnsHosts, plans: dict[str, Path], workdir: Path, args: argparse.Namespace) -> None:
-    """Run each plan across the hosts and print its predicted and measured step time (the
-    report's median after the warm-up)."""
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    """Run the plans across the hosts in turn, ``args.pairs`` times (a, b, a, b, ...: other work
+    on the shared cores moves single runs), and print each run's predicted and measured step time
+    (the report's median after the warm-up), then each plan's median and the ratio of the others'
+    to the first's."""
     print(f"\n{args.model}, global batch {args.global_batch_size}, seq {args.seq_len}, {args.steps} steps per run")
-    print(f"(load average {load} on {os.cpu_count()} cores: other work on them makes step times noisy)")
-    head = f"{'plan':<14}{'layout':<22}{'ranks on hosts':<16}{'predicted s':>12}{'measured s':>12}"
+    head = f"{'run':<5}{'plan':<14}{'layout':<22}{'ranks on hosts':<16}{'predicted s':>12}{'measured s':>12}  load"
     print(head)
-    for name, path in plans.items():
-        report_path = workdir / f"{path.stem}.report.json"
-        torchrun_across(
-            hosts, ["run", str(path), "--steps", str(args.steps), "--report", str(report_path)], args.timeout
-        )
-        report = json.loads(report_path.read_text())
-        lay = report["layout"]
-        shape = f"dp{lay['data_parallel_degree']} tp{lay['tensor_parallel_degree']} pp{lay['pipeline_parallel_degree']}"
-        shape += f" mb{lay['micro_batch_size']}"
-        devices = lay["device_map"]["devices"] or list(range(report["world_size"]))
-        print(
-            f"{name:<14}{shape:<22}{devices!s:<16}"
-            f"{report['predicted_step_time_s']:>12.4f}{report['measured_step_time_s']:>12.4f}"
-        )
+    measured: dict[str, list[float]] = {name: [] for name in plans}
+    predicted: dict[str, float] = {}
+    for run in range(args.pairs):
+        for name, path in plans.items():
+            report_path = workdir / f"{path.stem}.report.json"
+            torchrun_across(
+                hosts, ["run", str(path), "--steps", str(args.steps), "--report", str(report_path)], args.timeout
+            )
+            report = json.loads(report_path.read_text())
+            lay = report["layout"]
+            shape = f"dp{lay['data_parallel_degree']} tp{lay['tensor_parallel_degree']}"
+            shape += f" pp{lay['pipeline_parallel_degree']} mb{lay['micro_batch_size']}"
+            devices = lay["device_map"]["devices"] or list(range(report["world_size"]))
+            predicted[name] = report["predicted_step_time_s"]
+            measured[name].append(report["measured_step_time_s"])
+            load = os.getloadavg()[0]
+            print(
+                f"{run:<5}{name:<14}{shape:<22}{devices!s:<16}"
+                f"{predicted[name]:>12.4f}{measured[name][-1]:>12.4f}  {load:.1f}"
+            )
+    first = next(iter(plans))
+    for name in plans:
+        median_s = statistics.median(measured[name])
+        line = f"{name:<14} predicted {predicted[name]:.4f} s, measured median {median_s:.4f} s"
+        if name != first:
+            ratios = [m / f for m, f in zip(measured[name], measured[first], strict=True)]
+            line += (
+                f"; / {first}: predicted {predicted[name] / predicted[first]:.2f}, "
+                f"measured {', '.join(f'{r:.2f}' for r in ratios)}"
+            )
+        print(line)
 
 
 def main() -> None:
@@ -150,6 +169,8 @@ def main() -> None:
     parser.add_argument("--slow", default="0-1", help="the slowed pair, I-J")
     parser.add_argument("--rate-mbit", type=float, default=100.0)
     parser.add_argument("--output", type=Path, default=None, help="keep the profile here")
+    parser.add_argument("--cluster", type=Path, default=None, help="reuse this profile of the hosts (no profiling)")
+    parser.add_argument("--pairs", type=int, default=1, help="runs of each plan, alternating")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for each torchrun job")
     parser.add_argument("--model", default="tiny-gpt", help="the model whose plans are run")
     parser.add_argument("--global-batch-size", type=int, default=12)
@@ -161,10 +182,14 @@ def main() -> None:
     a, b = (int(x) for x in args.slow.split("-"))
     with tempfile.TemporaryDirectory() as tmp, netns_hosts.NetnsHosts(args.hosts, {(a, b): args.rate_mbit}) as hosts:
         workdir = Path(tmp)
-        output = args.output or workdir / "cluster.json"
-        wall_s = torchrun_across(hosts, ["profile", "--quick", "--output", str(output)], args.timeout)
         limit = f"{args.rate_mbit:g} Mbit/s ({args.rate_mbit / 8:g} MB/s)"
-        print(f"{args.hosts} hosts, {a}<->{b} limited to {limit}; profile {wall_s:.0f} s")
+        if args.cluster is not None:
+            output = args.cluster
+            print(f"{args.hosts} hosts, {a}<->{b} limited to {limit}; profile {output.name} reused")
+        else:
+            output = args.output or workdir / "cluster.json"
+            wall_s = torchrun_across(hosts, ["profile", "--quick", "--output", str(output)], args.timeout)
+            print(f"{args.hosts} hosts, {a}<->{b} limited to {limit}; profile {wall_s:.0f} s")
         slow_pair_slowest = print_matrix(load_cluster(str(output)), (a, b))
         print(f"slowed pair is the slowest: {slow_pair_slowest}")
         if args.steps:

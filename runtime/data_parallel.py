@@ -113,6 +113,8 @@ class DataParallel:
         held = {id(p) for p in experts}
         meshes = self.meshes
         group, shard_group = self.mesh.get_group(), meshes.shard_group.get_group()
+        # In sharding groups, ZeRO-1 reduces within the group and across the replicas (runtime.optim)
+        replicas = meshes.shard[ShardingMeshAxis.REPLICATE].get_group() if meshes.shard.ndim == 2 else None
         main: DataParallelOptimizer | torch.optim.Optimizer | JointOptimizer
         if self.shards_with_fsdp:
             if experts:
@@ -133,13 +135,12 @@ class DataParallel:
             main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
             if outside:  # ZeRO-1 for them, as for experts, reduced in their fp32
                 vocabulary = DataParallelOptimizer(
-                    optimizer, list(outside), lr, group, shard=True, shard_group=shard_group
+                    optimizer, list(outside), lr, group, shard=True, shard_group=shard_group, replica_group=replicas
                 )
                 main = JointOptimizer([main, vocabulary])
         else:
             dense = [p for p in parameters(chunks) if id(p) not in held] + list(outside)
             shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
-            replicas = meshes.shard[ShardingMeshAxis.REPLICATE].get_group() if meshes.shard.ndim == 2 else None
             main = DataParallelOptimizer(
                 optimizer, dense, lr, group, shard=shard, shard_group=shard_group, replica_group=replicas
             )

@@ -130,9 +130,11 @@ def check(world: int, layouts: list[tuple[dict[str, Any], int, int]], tmp_path: 
         assert result["between_steps"] == between, kw
         assert set(result["after_forward"]) == {after}, kw
         if result["replica_all_reduces_per_step"] is not None:  # once a step, whatever the micro-batches
-            # FSDP: one per unit; ZeRO-1's gradient buckets: tiny-gpt's fill one. None over the
+            # FSDP: one per unit; ZeRO-1's gradient buckets: tiny-gpt's fill one; beside FSDP, the
+            # ZeRO-1 optimizer of vocabulary shards split over the pipeline one more. None over the
             # whole data-parallel group: only a share of the bytes crosses between the groups.
-            assert result["replica_all_reduces_per_step"] == (result["units"] or 1), kw
+            vocabulary_shards = 1 if result["units"] and kw.get("vocabulary_layout") is not None else 0
+            assert result["replica_all_reduces_per_step"] == (result["units"] or 1) + vocabulary_shards, kw
             assert result["data_group_all_reduces_per_step"] == 0, kw
 
 
