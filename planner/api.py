@@ -439,7 +439,7 @@ def profile(
     seq_len: int = 512,
     dtype: DType | None = None,
     timeout_s: float = 60.0,
-    inject_link_delay: tuple[int, int, float] | None = None,
+    inject_link_delay: tuple[tuple[int, int, float], ...] = (),
     simulate_nodes: int | None = None,
     inject_fault: tuple[int, str, str] | None = None,
 ) -> int:

@@ -44,13 +44,9 @@ def _ping_pong(ctx: Context, peer: int, payload: torch.Tensor, ack: torch.Tensor
 
 
 def _injected_delay(ctx: Context, peer: int) -> float:
-    """Testing aid: seconds added to a bandwidth-size transfer on the chosen pair (pro rata for
+    """Testing aid: seconds added to a bandwidth-size transfer on the chosen pairs (pro rata for
     smaller ones), which makes that link slower by both latency and bandwidth."""
-    inject = ctx.settings.inject_link_delay
-    if inject is None:
-        return 0.0
-    a, b, seconds = inject
-    return seconds if {ctx.rank, peer} == {a, b} else 0.0
+    return sum(seconds for a, b, seconds in ctx.settings.inject_link_delay if {ctx.rank, peer} == {a, b})
 
 
 def measure(ctx: Context) -> list[list[LinkSample]] | None:

@@ -42,9 +42,9 @@ class ProfileSettings:
     model_gemm_shapes: tuple[tuple[int, int, int], ...] = ()
     """The model's own GEMM shapes (m, n, k), given by the caller from the cost model's view of
     the model (cost_models.layer_work.profile_gemm_shapes): the profiler imports no cost model."""
-    inject_link_delay: tuple[int, int, float] | None = None
-    """Testing aid: (a, b, seconds) slows every transfer between ranks a and b by ``seconds`` per
-    ``bandwidth_bytes`` moved."""
+    inject_link_delay: tuple[tuple[int, int, float], ...] = ()
+    """Testing aid: each (a, b, seconds) slows every transfer between ranks a and b by ``seconds``
+    per ``bandwidth_bytes`` moved."""
     inject_fault: tuple[int, str, str] | None = None
     """Testing aid: (rank, phase, "exit" | "hang") makes that rank die or hang when it starts the phase."""
     simulate_nodes: int | None = None
@@ -66,7 +66,7 @@ class ProfileSettings:
             "layer_micro_batches": ",".join(str(b) for b in self.layer_micro_batches),
             "layer_repeats": self.layer_repeats,
             "min_sample_s": self.min_sample_s,
-            "injected_link_delay": str(self.inject_link_delay) if self.inject_link_delay else "",
+            "injected_link_delay": ";".join(",".join(str(x) for x in d) for d in self.inject_link_delay),
             "simulated_nodes": self.simulate_nodes or 0,
         }
 

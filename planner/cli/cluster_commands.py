@@ -50,7 +50,7 @@ def profile(
     timeout: Annotated[
         float, typer.Option(min=1.0, callback=finite, help="Seconds a rank waits for a peer before failing.")
     ] = 60.0,
-    inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS.")] = None,
+    inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS[;...].")] = None,
     simulate_nodes: Annotated[int | None, typer.Option(hidden=True, min=1, help="Testing: pretend nodes.")] = None,
     inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,PHASE,exit|hang.")] = None,
 ) -> None:

@@ -262,14 +262,20 @@ def progress_bar(description: str, *, transient: bool) -> Iterator[ProgressCallb
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
-def parse_delay(text: str | None) -> tuple[int, int, float] | None:
+def parse_delay(text: str | None) -> tuple[tuple[int, int, float], ...]:
+    """``A,B,SECONDS[;A,B,SECONDS...]``: the pairs ``--inject-link-delay`` slows."""
     if text is None:
-        return None
+        return ()
+    delays = []
     try:
-        a, b, seconds = text.split(",")
-        return int(a), int(b), float(seconds)
+        for pair in text.split(";"):
+            a, b, seconds = pair.split(",")
+            delays.append((int(a), int(b), float(seconds)))
     except ValueError as e:
-        raise SchemaError(f"--inject-link-delay {text!r} must be RANK_A,RANK_B,SECONDS, e.g. 0,1,0.01") from e
+        raise SchemaError(
+            f"--inject-link-delay {text!r} must be RANK_A,RANK_B,SECONDS, pairs joined by ';', e.g. 0,1,0.01;2,3,0.01"
+        ) from e
+    return tuple(delays)
 
 
 def parse_fault(text: str | None) -> tuple[int, str, str] | None:

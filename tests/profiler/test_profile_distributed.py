@@ -161,21 +161,19 @@ def test_an_moe_model_profile_times_the_runtime_moe_layer(tmp_path: Path) -> Non
     assert more.time.compute_s - base.time.compute_s == pytest.approx(4 * 2 * moe.fwd_bwd_time_s, rel=1e-6)
 
 
-def test_injected_slow_link_is_the_slowest_pair(tmp_path: Path) -> None:
-    # Ops in fp32 only (half the op phase; the quick profile above times bf16): the links and
-    # collectives are what this test reads.
-    profile, output = _profile(tmp_path, "--inject-link-delay", "1,2,0.05", "--simulate-nodes", "2", "--dtype", "fp32")
+def test_simulated_nodes_keep_a_slow_crossing_and_each_nodes_own_links(tmp_path: Path) -> None:
+    # One profile (ops in fp32 only, half the op phase; the quick profile above times bf16) of 2
+    # simulated nodes of 2 ranks, two pairs slowed: ranks 1 and 2 on different nodes, ranks 2 and 3
+    # node 1's local devices 0 and 1.
+    slowed = "1,2,0.05;2,3,0.05"
+    profile, output = _profile(tmp_path, "--inject-link-delay", slowed, "--simulate-nodes", "2", "--dtype", "fp32")
     assert (profile.num_nodes, profile.devices_per_node) == (2, 2), output
-    # Ranks 1 and 2 sit on different (simulated) nodes, so the node link keeps their slowness.
+    # The node link keeps the crossing's slowness.
     inter = profile.inter_node_links.link(0, 1).bandwidth_bytes_per_s
     assert inter < profile.intra_node_links.link(0, 1).bandwidth_bytes_per_s, output
     assert any(r.members_per_node == 1 and r.placement == "inter_node" for r in profile.collectives)
     assert {r.dtype for r in profile.device.matmul_records} == {DType.FP32}
-
-
-def test_each_simulated_node_keeps_its_own_links(tmp_path: Path) -> None:
-    # Ranks 2 and 3 are node 1's local devices 0 and 1: only node 1's matrix shows the slow pair.
-    profile, output = _profile(tmp_path, "--inject-link-delay", "2,3,0.05", "--simulate-nodes", "2", "--dtype", "fp32")
+    # Only node 1's matrix shows its slow pair.
     own = [profile.node_links(node).link(0, 1).bandwidth_bytes_per_s for node in (0, 1)]
     assert [o.nodes for o in profile.node_overrides] == [(1,)], output
     assert own[1] < own[0] / 2, (own, output)
