@@ -15,12 +15,16 @@ the profile should read a little below it; unshaped veth pairs run at memory-cop
 of MB/s to GB/s on this machine's 2 shared cores. About 1.5 min at 100 Mbit/s; at 10 Mbit/s the
 profile's 16 MiB collectives over the slow pair make it 5 min.
 
-Measured so far (tiny-gpt, pp3 mb4): the search maps the stage chain around the slow pair and
-predicts 0.02-0.04 s against 0.07-0.6 s for rank r on host r; measured, the mapped plan was not
-faster in any of 5 pairs of runs (e.g. 0.79 s vs 0.64 s at 10 Mbit/s), tied or untied, but the
-steps (0.5-1.2 s) were dominated by CPU contention (load averages 9-16 on 2 cores). One transfer
-the cost model does not price: on 3 hosts that map puts the first and last stages on the slow
-pair, where the tied embedding's gradient all-reduce runs (runtime.pipeline.TiedEmbedding).
+Measured (tiny-gpt, pp3 mb4, global batch 12, seq 64; 0<->1 at 10 Mbit/s, read 1.2 MB/s; load about
+3 on 2 cores): the search maps the stage chain to hosts [1, 2, 0], its boundaries off the slow pair
+and the tied embedding's gradient all-reduce (runtime.pipeline.TiedEmbedding) across it. Since the
+profile's collective records say which links they ran over (the 3-host curve was measured across
+the slow pair and priced every 2-rank group as slow), that all-reduce is priced on its own link
+(0.21 s) and the identity's is not. Predicted 0.24 s mapped against 0.59 s identity; measured in 3
+alternating pairs 0.45-0.91 s (median 0.58) against 0.56-0.60 s (median 0.59): no gain. The
+2-rank all-reduce over the slow link costs about twice its price: the 3-host curve's bus bandwidth
+(about twice the link's at that size, as gloo's algorithm for 3 ranks does not send every byte
+through the slow direction) is not a 2-rank ring's over that link.
 """
 
 import argparse
