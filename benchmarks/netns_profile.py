@@ -22,9 +22,9 @@ profile's collective records say which links they ran over (the 3-host curve was
 the slow pair and priced every 2-rank group as slow), that all-reduce is priced on its own link
 (0.21 s) and the identity's is not. Predicted 0.24 s mapped against 0.59 s identity; measured in 3
 alternating pairs 0.45-0.91 s (median 0.58) against 0.56-0.60 s (median 0.59): no gain. The
-2-rank all-reduce over the slow link costs about twice its price: the 3-host curve's bus bandwidth
-(about twice the link's at that size, as gloo's algorithm for 3 ranks does not send every byte
-through the slow direction) is not a 2-rank ring's over that link.
+all-reduce over the slow link costs about twice its price: the cost model sends the tied gradient
+in the training precision (bf16, 256 KiB), the runtime in fp32 (512 KiB, 0.44 s at the curve's
+1.2 MB/s), as Megatron-LM does under bf16 (its gradients are reduced in fp32).
 """
 
 import argparse
