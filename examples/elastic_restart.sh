@@ -74,17 +74,5 @@ grep -m1 "^error: training stopped" "$log" || true
 grep -A12 "re-planned for" "$log" | grep -v -e Warning -e "return func" -e "^W1"
 first_step_at=$(grep -m1 "the first after the resume" "$log" | sed 's/.*ended at //')
 
-"$py" - "$out" "$killed_at" "$first_step_at" <<'PY'
-import json, sys
-from datetime import datetime
-out, killed = sys.argv[1], float(sys.argv[2])
-first = datetime.fromisoformat(sys.argv[3]).timestamp()
-reference, resumed = (json.load(open(f"{out}/{name}.json")) for name in ("reference", "elastic"))
-start = resumed["first_step"]
-print(f"loss by step (reference: 4 ranks uninterrupted; restarted: {resumed['world_size']} ranks from step {start})")
-for step, loss in enumerate(reference["losses"]):
-    again = resumed["losses"][step - start] if step >= start else None
-    shown = f"{again:.6f}  (diff {again - loss:+.1e})" if again is not None else ""
-    print(f"  step {step}: {loss:.6f}  {shown}")
-print(f"node 1 killed -> first new step done: {first - killed:.1f} s")
-PY
+"$py" examples/loss_curve_after_restart.py "$out/reference.json" "$out/elastic.json" restarted \
+    "$killed_at" "$first_step_at" "node 1 killed -> first new step done"

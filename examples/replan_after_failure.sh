@@ -49,17 +49,5 @@ torchrun 3 run "$out/plan4.json" --steps "$STEPS" --lr "$LR" "${elastic[@]}" \
 grep -A12 "re-planned for" "$out/resumed.log" | grep -v -e Warning -e "return func" -e "^W1"
 first_step_at=$(grep -m1 "the first after the resume" "$out/resumed.log" | sed 's/.*ended at //')
 
-"$py" - "$out" "$failed_at" "$first_step_at" <<'PY'
-import json, sys
-from datetime import datetime
-out, failed = sys.argv[1], float(sys.argv[2])
-first = datetime.fromisoformat(sys.argv[3]).timestamp()
-reference, resumed = (json.load(open(f"{out}/{name}.json")) for name in ("reference", "resumed"))
-start = resumed["first_step"]
-print(f"loss by step (reference: 4 ranks uninterrupted; resumed: {resumed['world_size']} ranks from step {start})")
-for step, loss in enumerate(reference["losses"]):
-    again = resumed["losses"][step - start] if step >= start else None
-    shown = f"{again:.6f}  (diff {again - loss:+.1e})" if again is not None else ""
-    print(f"  step {step}: {loss:.6f}  {shown}")
-print(f"failed job's end -> first new step done (launch, re-plan, resume and the step): {first - failed:.1f} s")
-PY
+"$py" examples/loss_curve_after_restart.py "$out/reference.json" "$out/resumed.json" resumed \
+    "$failed_at" "$first_step_at" "failed job's end -> first new step done (launch, re-plan, resume and the step)"
