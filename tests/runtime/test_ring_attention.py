@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from attention_reference import DTYPES, whole_sequence_attention, worst_over_ranks
 from harness import run_ranks
 
 from planner.inputs import load_model
@@ -19,7 +20,6 @@ from runtime.context_parallel import SentBytes, gather_sequence, merge_sequence,
 from runtime.model import Attention, rotary
 from runtime.ring_attention import block_attention, block_attention_backward, ring_attention, visible_block
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 3e-2}
 
 
@@ -145,16 +145,8 @@ def _compare(cases: list[tuple[Any, ...]], cp_groups: list[list[int]]) -> list[d
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     results = []
     for i, (b, h, hk, per_chunk, d, dtype_name, causal) in enumerate(cases):
-        dtype = DTYPES[dtype_name]
         s = 2 * cp * per_chunk
-        gen = torch.Generator().manual_seed(i)
-        q, k, v, dout = (
-            torch.randn(shape, generator=gen, dtype=dtype)
-            for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d), (b, h, s, d))
-        )
-        full = [t.clone().to(torch.promote_types(dtype, torch.float32)).requires_grad_() for t in (q, k, v)]
-        ref = F.scaled_dot_product_attention(*full, is_causal=causal, enable_gqa=h != hk)
-        ref.backward(dout.to(ref.dtype))
+        (q, k, v, dout), ref, full = whole_sequence_attention(i, (b, h, hk, s, d), DTYPES[dtype_name], causal)
         local = [split_sequence(t, cp, rank, dim=2).requires_grad_() for t in (q, k, v)]
         sent = SentBytes()
         out = ring_attention(*local, group, causal=causal, sent=sent)
@@ -172,13 +164,9 @@ def _compare(cases: list[tuple[Any, ...]], cp_groups: list[list[int]]) -> list[d
             element_bytes=k.element_size(),
             gradient_element_bytes=max(k.element_size(), 4),
         )
-        wrong_bytes = torch.tensor(
-            float((sent.forward_bytes, sent.backward_bytes) != (expected.forward_bytes, expected.backward_bytes))
-        )
-        stats = torch.stack([e.to(torch.float64) for e in (*errors, wrong_bytes)])
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        print(f"rank {rank} case {i}: errors {stats.tolist()} sent {sent} expected {expected}", flush=True)
-        results.append(dict(zip(["out", "dq", "dk", "dv", "wrong_bytes"], stats.tolist(), strict=True)))
+        wrong_bytes = (sent.forward_bytes, sent.backward_bytes) != (expected.forward_bytes, expected.backward_bytes)
+        results.append(worst_over_ranks(errors, wrong_bytes))
+        print(f"rank {rank} case {i}: errors {results[-1]} sent {sent} expected {expected}", flush=True)
     return results
 
 

@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from attention_reference import DTYPES, whole_sequence_attention, worst_over_ranks
 from harness import run_ranks
 
 from runtime.context_parallel import SentBytes, contiguous_positions
 from runtime.ulysses_attention import ulysses_attention
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 3e-2}
 CASES = [  # (batch, heads, kv heads, tokens a rank, head dim, dtype, causal)
     (2, 4, 4, 3, 8, "float64", True),
@@ -44,16 +43,7 @@ def _compare(cases: list[tuple[Any, ...]]) -> list[dict[str, float]]:
     cp, rank = dist.get_world_size(), dist.get_rank()
     results = []
     for i, (b, h, hk, held, d, dtype_name, causal) in enumerate(cases):
-        dtype = DTYPES[dtype_name]
-        s = cp * held
-        gen = torch.Generator().manual_seed(i)
-        q, k, v, dout = (
-            torch.randn(shape, generator=gen, dtype=dtype)
-            for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d), (b, h, s, d))
-        )
-        full = [t.clone().to(torch.promote_types(dtype, torch.float32)).requires_grad_() for t in (q, k, v)]
-        ref = F.scaled_dot_product_attention(*full, is_causal=causal, enable_gqa=h != hk)
-        ref.backward(dout.to(ref.dtype))
+        (q, k, v, dout), ref, full = whole_sequence_attention(i, (b, h, hk, cp * held, d), DTYPES[dtype_name], causal)
         mine = slice(rank * held, (rank + 1) * held)
         local = [t[:, :, mine].clone().requires_grad_() for t in (q, k, v)]
         sent = SentBytes()
@@ -67,10 +57,7 @@ def _compare(cases: list[tuple[Any, ...]]) -> list[dict[str, float]]:
         # q and the output h heads, k and v lcm(hk, cp) heads, of b x held tokens; (cp - 1)/cp of each sent.
         buffers = b * held * d * (2 * h + 2 * math.lcm(hk, cp))
         expected = buffers * (cp - 1) // cp * q.element_size()
-        wrong_bytes = torch.tensor(float((sent.forward_bytes, sent.backward_bytes) != (expected, expected)))
-        stats = torch.stack([e.to(torch.float64) for e in (*errors, wrong_bytes)])
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        results.append(dict(zip(["out", "dq", "dk", "dv", "wrong_bytes"], stats.tolist(), strict=True)))
+        results.append(worst_over_ranks(errors, (sent.forward_bytes, sent.backward_bytes) != (expected, expected)))
     return results
 
 
