@@ -10,6 +10,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+TOLERANCES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 3e-2}
+"""Largest difference from the reference per input dtype (cases name it sixth)."""
 
 
 def whole_sequence_attention(
@@ -35,3 +37,10 @@ def worst_over_ranks(errors: Sequence[torch.Tensor], wrong_bytes: bool) -> dict[
     stats = torch.stack([e.to(torch.float64) for e in (*errors, torch.tensor(float(wrong_bytes)))])
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     return dict(zip(["out", "dq", "dk", "dv", "wrong_bytes"], stats.tolist(), strict=True))
+
+
+def assert_close_to_whole(cases: Sequence[tuple[object, ...]], results: Sequence[dict[str, float]]) -> None:
+    """Each case's worst errors within its dtype's tolerance, and every rank's counted bytes right."""
+    for case, r in zip(cases, results, strict=True):
+        assert max(r["out"], r["dq"], r["dk"], r["dv"]) < TOLERANCES[str(case[5])], (case, r)
+        assert r["wrong_bytes"] == 0.0, (case, r)
