@@ -1,8 +1,11 @@
 """Data parallelism's step cost: the gradient reduction, or ZeRO's collectives
 (``cost_models.sharding``), over the data-parallel groups, and the share of it compute hides.
 
-Gradients are reduced in training precision (2 bytes per parameter in mixed precision, the ZeRO
-paper's 2 psi) over the d ranks of a stage's data-parallel group, or in sharding groups and
+Gradients are summed (all-reduce, reduce-scatter) in ``TrainingSpec.reduce_dtype``: fp32 under
+bf16 unless told otherwise, as Megatron-LM (accumulate_allreduce_grads_in_fp32, forced under
+bf16), torchtitan's FSDP and the planner's runtime sum them, 4 bytes per parameter; in training
+precision under fp16 (the ZeRO paper's 2 psi). Parameters are gathered (all-gather) in training
+precision. Both run over the d ranks of a stage's data-parallel group, or in sharding groups and
 across their replicas, with ZeRO-3's backward gathers over a secondary partition
 (``sharding.dense_group_collectives``, ``groups.sharding_groups``, ``groups.replica_groups``);
 expert gradients over the
@@ -88,7 +91,6 @@ def stage_data_parallel_comm(
         dense parameters and over its experts', each on its slowest group, piece by piece (unit
         or bucket), and of the part of them no compute hides.
     """
-    e = training.dtype.bytes
     held = stage_params(model, layout, stage)
     layers = stage_layers(model, layout)[stage]
     shares: list[tuple[float, Iterator[Group], int, int, GroupCollectives]] = [
@@ -106,14 +108,21 @@ def stage_data_parallel_comm(
             continue
         group_list = priced_groups(groups, cluster, rank_order=layout.device_map.is_identity)
         pieces = units if plan.unit_by_unit else max(1, math.ceil(params / GRAD_BUCKET_ELEMENTS))
-        piece_bytes = params * e * part.byte_share / pieces
+        piece_elements = params * part.byte_share / pieces
         piece_s: dict[CollectiveOp, float] = {
-            op: slowest_collective_s(op, piece_bytes, group_list, cluster) for op in plan.ops
+            op: slowest_collective_s(op, piece_elements * element_bytes(op, training), group_list, cluster)
+            for op in plan.ops
         }
         run_s = {op: pieces * s for op, s in piece_s.items()}
         total_s += plan.time_s(run_s, micro_batches)
         unhidden_s += plan.unhidden_s(run_s, piece_s, micro_batches)
     return StageCollectiveTime(total_s=total_s, unhidden_s=unhidden_s)
+
+
+def element_bytes(op: CollectiveOp, training: TrainingSpec) -> int:
+    """Bytes of one element of a data-parallel collective ``op``: a gathered parameter's in
+    training precision, a summed gradient's in ``training.reduce_dtype`` (module docstring)."""
+    return training.dtype.bytes if op is CollectiveOp.ALL_GATHER else training.reduce_dtype.bytes
 
 
 def _dense_groups(layout: Layout, stage: int, part: GroupCollectives) -> tuple[Iterator[Group], int]:
@@ -214,6 +223,7 @@ def _stage_comms(
     shared = (
         model,
         training.dtype,
+        training.reduce_dtype,
         layout.data_parallel_degree,
         layout.context_parallel_degree,
         layout.tensor_parallel_degree,

@@ -13,7 +13,8 @@ Constants (conventions, stated once here):
     some caching-allocator slack. 0 on a device whose name contains "cpu". This is not a
     fragmentation margin: callers keep their own safety margin on top.
   - Data-parallel gradient buckets (``planner.schemas.buffers``, which the runtime allocates
-    too): 2 buckets of 25 M fp32 elements, capped by the gradients the rank reduces; present
+    too): 2 buckets of 25 M elements in the precision gradients are summed in
+    (``TrainingSpec.reduce_dtype``), capped by the gradients the rank reduces; present
     when the rank has a data-parallel peer and reduces outside FSDP (ZeRO-0/1, experts).
   - Tensor-parallel staging: one activation, s b h x dtype bytes, when t > 1 (Megatron-LM's
     global buffer for the sequence-parallel all-gather / all-reduce).
@@ -51,7 +52,7 @@ from planner.schemas import (
     Schedule,
     TrainingSpec,
 )
-from planner.schemas.buffers import GRAD_BUCKET_ELEMENT_BYTES, grad_bucket_elements
+from planner.schemas.buffers import grad_bucket_elements
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
     chunk_stage,
@@ -222,10 +223,10 @@ def communication_buffer_bytes(
 ) -> float:
     """Gradient buckets and collective staging buffers of one rank (conventions in the module doc).
 
-    Data parallel: min(2 x 25 M, gradients reduced) fp32 elements, counting dense gradients when
+    Data parallel: min(2 x 25 M, gradients reduced) elements in ``training.reduce_dtype``, counting dense gradients when
     d > 1 under ZeRO-0/1 and expert gradients when more than one rank holds the same experts
     (d / ep > 1, or d t / ep folded) (PyTorch DDP's reducer buckets; our runtime holds the same
-    fp32 buckets for the run, ``runtime.optim.DataParallelOptimizer``). Under ZeRO-2/3 FSDP
+    buckets for the run, ``runtime.optim.DataParallelOptimizer``). Under ZeRO-2/3 FSDP
     reduces the dense gradients unit by unit from the unit's own gradients and keeps no bucket
     between its reductions. Tensor parallel: s b h x dtype when t > 1
     (attention's, with the experts folded). Expert parallel: 2 x k s b h x dtype (/t with
@@ -239,7 +240,7 @@ def communication_buffer_bytes(
     reduced = (params.dense if buckets_dense else 0.0) + (
         params.expert if layout.expert_data_parallel_degree > 1 else 0.0
     )
-    total = GRAD_BUCKET_ELEMENT_BYTES * grad_bucket_elements(reduced)
+    total = training.reduce_dtype.bytes * grad_bucket_elements(reduced)
     tokens = local_seq_len(training, layout) * layout.micro_batch_size
     if t > 1:
         total += tokens * model.hidden_size * training.dtype.bytes

@@ -20,8 +20,9 @@ are counted as FSDP2 (our runtime's ZeRO-2/3, torchtitan's) holds them: fp32 sha
 and, in mixed precision, no sharded copy of the weights beside the fp32 master
 (``fsdp_model_states``).
 
-Collectives per step (each over the gradients' or parameters' bytes in training precision, the
-ZeRO paper's 2 psi in mixed precision): without ZeRO one all-reduce, bucket by bucket during the
+Collectives per step (each over the gradients' bytes, summed in ``TrainingSpec.reduce_dtype``,
+or the parameters' bytes, gathered in training precision: ``data_parallel.element_bytes``; the
+ZeRO paper's 2 psi in fp16): without ZeRO one all-reduce, bucket by bucket during the
 last micro-batch's backward. ZeRO-1 reduce-scatters the accumulated gradients once and
 all-gathers the updated parameters (the same volume), hidden the same way. ZeRO-2 keeps no full
 gradient, so it reduce-scatters every micro-batch's gradients during that micro-batch's backward

@@ -136,11 +136,11 @@ def vocabulary_activation_bytes(model: ModelSpec, training: TrainingSpec, layout
 def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> float:
     """Seconds a step waits to sum the two copies of a tied embedding's gradient when the
     embedding and the output layer sit on different pipeline ranks (Megatron-LM's embedding
-    group, the runtime's ``TiedEmbedding``): one all-reduce of the rank's V/t x h rows in training
-    precision between the two ranks of each (replica, tensor shard) coordinate, after the last
-    backward and before the update, behind no compute. 0 without tied embeddings, with one
-    stage, with both layers on one rank, or with the vocabulary split over the pipeline (each
-    rank's rows then serve both)."""
+    group, the runtime's ``TiedEmbedding``): one all-reduce of the rank's V/t x h rows in the
+    precision gradients are summed in (``TrainingSpec.reduce_dtype``) between the two ranks of
+    each (replica, tensor shard) coordinate, after the last backward and before the update,
+    behind no compute. 0 without tied embeddings, with one stage, with both layers on one rank,
+    or with the vocabulary split over the pipeline (each rank's rows then serve both)."""
     stages = geometry.tied_copy_stages(model, layout)
     if stages is None:
         return 0.0
@@ -152,6 +152,6 @@ def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: Clu
         for j in range(layout.tensor_parallel_degree)
     )
     rows = -(-model.vocab_size // layout.tensor_parallel_degree)
-    grad_bytes = rows * model.hidden_size * training.dtype.bytes
+    grad_bytes = rows * model.hidden_size * training.reduce_dtype.bytes
     groups = priced_groups(pairs, cluster, rank_order=layout.device_map.is_identity)
     return slowest_collective_s(CollectiveOp.ALL_REDUCE, grad_bytes, groups, cluster)

@@ -30,6 +30,7 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.geometry import MeshAxis
+from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
@@ -313,7 +314,8 @@ def _sharded_units(ctx: Context) -> list[OpRecord]:
         stacks: list[torch.nn.Module] = [_tiny_stack(ctx.device, low)]
         for zero, _ in SHARDED_MODES:
             stack = _tiny_stack(ctx.device, torch.float32)
-            shard_units(stack, stack, mesh, zero_stage=ZeroStage(zero), dtype=low)
+            reduce = TORCH_DTYPES[default_reduce_dtype(dtype)]  # as a plan in this precision sums them
+            shard_units(stack, stack, mesh, zero_stage=ZeroStage(zero), dtype=low, reduce_dtype=reduce)
             stacks.append(stack)
         modes = [(0, False), *SHARDED_MODES]
         steps: list[Callable[[], object]] = [

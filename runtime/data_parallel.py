@@ -4,9 +4,10 @@ state and parameters are shared across replicas.
 - ZeRO-0/1 (Rajbhandari et al. 2020): ``runtime.optim.DataParallelOptimizer``, one flat
   all-reduce of the gradients; ZeRO-1 shards the optimizer state and the fp32 masters.
 - ZeRO-2/3: FSDP2 (``shard_units``) with reshard_after_forward False/True, computing in the
-  plan's precision over fp32 shards. Gradients are reduced in the plan's precision (the cost
-  model's 2 bytes per parameter in bf16). Under a pipeline, torch.distributed.pipelining has
-  FSDP keep each micro-batch's gradient whole and reduce once, after the stage's last backward.
+  plan's precision over fp32 shards. Gradients are summed in the plan's
+  ``TrainingSpec.reduce_dtype`` (fp32 under bf16, as the cost model prices them), as under
+  ZeRO-0/1. Under a pipeline, torch.distributed.pipelining has FSDP keep each micro-batch's
+  gradient whole and reduce once, after the stage's last backward.
 - Experts under expert parallelism (``runtime.expert_parallel``): their own ZeRO-0/1 optimizer
   over the expert-data-parallel group; under ZeRO-2/3 they stay out of FSDP (ZeRO-1 for them).
 - Vocabulary shards split over the pipeline (``runtime.vocabulary_parallel``) live outside the
@@ -96,6 +97,7 @@ class DataParallel:
         optimizer: str,
         lr: float,
         compute_dtype: torch.dtype,
+        reduce_dtype: torch.dtype,
         outside: Sequence[nn.Parameter] = (),
     ) -> Optimizer:
         """Shard ``chunks`` (ZeRO-2/3) and return the optimizer of this rank's parameters.
@@ -105,6 +107,7 @@ class DataParallel:
             optimizer: "adamw" or "sgd" (``runtime.optim.OPTIMIZERS``).
             lr: learning rate.
             compute_dtype: the plan's precision.
+            reduce_dtype: the precision gradients are summed in.
             outside: parameters outside the chunks (vocabulary shards split over the pipeline),
                 averaged over the data-parallel group with the others (under ZeRO-2/3 by an
                 optimizer of their own, ZeRO-1, in their fp32).
@@ -128,21 +131,36 @@ class DataParallel:
                     meshes.shard,
                     zero_stage=stage,
                     dtype=compute_dtype,
+                    reduce_dtype=reduce_dtype,
                     ignored=ignored,
                     secondary=meshes.secondary,
                 )
             # read after sharding: FSDP replaces each parameter it shards by a new one
             main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
-            if outside:  # ZeRO-1 for them, as for experts, reduced in their fp32
+            if outside:  # ZeRO-1 for them, as for experts
                 vocabulary = DataParallelOptimizer(
-                    optimizer, list(outside), lr, group, shard=True, shard_group=shard_group, replica_group=replicas
+                    optimizer,
+                    list(outside),
+                    lr,
+                    group,
+                    shard=True,
+                    reduce_dtype=reduce_dtype,
+                    shard_group=shard_group,
+                    replica_group=replicas,
                 )
                 main = JointOptimizer([main, vocabulary])
         else:
             dense = [p for p in parameters(chunks) if id(p) not in held] + list(outside)
             shard = self.layout.zero_stage is ZeroStage.OPTIMIZER
             main = DataParallelOptimizer(
-                optimizer, dense, lr, group, shard=shard, shard_group=shard_group, replica_group=replicas
+                optimizer,
+                dense,
+                lr,
+                group,
+                shard=shard,
+                reduce_dtype=reduce_dtype,
+                shard_group=shard_group,
+                replica_group=replicas,
             )
         if self.expert_data_mesh is None:
             return main
@@ -152,6 +170,7 @@ class DataParallel:
             lr,
             self.expert_data_mesh.get_group(),
             shard=self.layout.zero_stage is not ZeroStage.NONE,
+            reduce_dtype=reduce_dtype,
             grad_divisor=self.layout.dense_replicas,
         )
         return JointOptimizer([main, expert])
@@ -200,21 +219,23 @@ def shard_units(
     *,
     zero_stage: ZeroStage,
     dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
     ignored: set[nn.Parameter] | None = None,
     secondary: DeviceMesh | None = None,
 ) -> None:
     """ZeRO-2/3 as the runtime shards (FSDP2): each unit (a module, or modules sharded together),
     then the root with what remains, over ``dp_mesh`` (1-D, or HSDP's 2-D (replicate, shard));
-    fp32 shards gathered, computed and reduced in ``dtype``; ZeRO-3 reshards after each forward,
-    to the primary shard or, given the ``secondary`` (replicate, shard) mesh, to a shard over its
-    groups (``reshard_after_forward`` their size). ``ignored`` parameters stay whole and
-    unreduced (experts, reduced over their own group). The profiler times its own cost this way."""
+    fp32 shards gathered and computed in ``dtype``, gradients summed in ``reduce_dtype``; ZeRO-3
+    reshards after each forward, to the primary shard or, given the ``secondary`` (replicate,
+    shard) mesh, to a shard over its groups (``reshard_after_forward`` their size). ``ignored``
+    parameters stay whole and unreduced (experts, reduced over their own group). The profiler
+    times its own cost this way."""
     reshard: bool | int = zero_stage.shards_parameters
     if reshard and secondary is not None:  # a secondary partition of 1 rank keeps the weights whole
         reshard = secondary.size(1) if secondary.size(1) > 1 else False
-    # fp32 shards are the master weights; layers gather, compute and reduce in the plan's
-    # precision (as ZeRO-0/1 reduce: measured, an fp32 reduce-scatter doubled the bytes).
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    # fp32 shards are the master weights; layers gather and compute in the plan's precision
+    # and sum gradients in the plan's reduce precision (as ZeRO-0/1 sum them).
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     with post_forward_mesh(secondary) if secondary is not None else contextlib.nullcontext():
         for unit in units:
             fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)

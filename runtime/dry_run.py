@@ -118,6 +118,7 @@ def dry_run(
                 mesh=mesh,
                 pipeline_schedule=False,
                 dtype=plan.training.dtype,
+                reduce_dtype=plan.training.reduce_dtype,
                 experts_mesh=experts,
                 sharding=sharding,
                 contexts_mesh=contexts,

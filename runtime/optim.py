@@ -1,9 +1,10 @@
 """Optimizers the runtime offers, and the data-parallel optimizer of ZeRO stages 0 and 1.
 
 ``DataParallelOptimizer`` averages gradients over the data-parallel group and steps. It reduces
-them in fp32 through the gradient buckets of ``planner.schemas.buffers``, allocated once and
-held for the whole run as PyTorch DDP's reducer holds its buckets: 4 x min(2 x 25 M, gradients)
-bytes, the cost model's data-parallel buffer (``cost_models.memory``). With ``shard`` (ZeRO-1,
+them in the plan's ``TrainingSpec.reduce_dtype`` (fp32 under bf16) through the gradient buckets
+of ``planner.schemas.buffers``, allocated once and held for the whole run as PyTorch DDP's
+reducer holds its buckets: min(2 x 25 M, gradients) elements, the cost model's data-parallel
+buffer (``cost_models.memory``). With ``shard`` (ZeRO-1,
 Rajbhandari et al. 2020) each rank keeps optimizer state only for its share and broadcasts
 its update. With parameters in bf16/fp16 it keeps an fp32 master copy of its share, in the
 optimizer, as mixed-precision Adam does: 2 + 2 bytes per parameter for weights and gradients,
@@ -104,11 +105,13 @@ class DataParallelOptimizer:
         group: dist.ProcessGroup,
         *,
         shard: bool,
+        reduce_dtype: torch.dtype,
         grad_divisor: int | None = None,
         shard_group: dist.ProcessGroup | None = None,
         replica_group: dist.ProcessGroup | None = None,
     ) -> None:
-        """``grad_divisor``: what the gradients' sum over ``group`` is divided by (default the
+        """``reduce_dtype``: the precision the gradients are summed in (the buckets'), whatever
+        theirs. ``grad_divisor``: what the gradients' sum over ``group`` is divided by (default the
         group's size: their mean); experts' sums over their expert-data-parallel group are divided
         by the whole data-parallel degree (``runtime.expert_parallel``). ``shard_group``: with
         ``shard``, the ranks of ``group`` that share the state out (ZeRO-1 in sharding groups,
@@ -138,8 +141,8 @@ class DataParallelOptimizer:
         elements = int(grad_bucket_elements(reduced))
         if self.replica_group is not None:  # whole shares for the reduce-scatter
             elements = -(-elements // self.shards) * self.shards
-        self.buckets = torch.empty(elements, dtype=torch.float32, device=device)
-        """The fp32 reduction buckets, one buffer (empty without data-parallel peers)."""
+        self.buckets = torch.empty(elements, dtype=reduce_dtype, device=device)
+        """The reduction buckets, one buffer (empty without data-parallel peers)."""
         self.slices: list[list[_MasterSlice]] = _grouped_masters(mine) if self.mixed else []
         """Mixed precision: the owned slices' fp32 masters, grouped to step together."""
         self.inner = [make_optimizer(name, [piece.master for piece in group], lr) for group in self.slices]
@@ -182,7 +185,7 @@ class DataParallelOptimizer:
                     flat_apply(owned, partial(_broadcast, src=source, group=self.shard_group))
 
     def _reduce(self, grads: list[torch.Tensor]) -> None:
-        """Sum ``grads`` over the group through the fp32 buckets, divided by ``divisor``: the
+        """Sum ``grads`` over the group through the buckets, divided by ``divisor``: the
         gradients are packed in order into the buffer; whenever it is full it is all-reduced and
         unpacked (a gradient larger than the buffer goes through in pieces)."""
         pieces: list[tuple[torch.Tensor, int]] = []  # (flat gradient slice, its offset in the buffer)

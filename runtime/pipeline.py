@@ -123,10 +123,12 @@ def pipeline_step(
 
 class TiedEmbedding:
     """The tied embedding matrix when the embedding and the output layer sit on different
-    pipeline ranks: each holds a copy, and their gradients are summed before every update."""
+    pipeline ranks: each holds a copy, and their gradients are summed before every update, in
+    ``reduce_dtype`` (the plan's ``TrainingSpec.reduce_dtype``, as the cost model prices it)."""
 
-    def __init__(self, model: ModelSpec, layout: Layout) -> None:
+    def __init__(self, model: ModelSpec, layout: Layout, *, reduce_dtype: torch.dtype) -> None:
         """Every rank calls this (it creates process groups)."""
+        self.reduce_dtype = reduce_dtype
         self.group: dist.ProcessGroup | None = None
         """The (embedding rank, output-layer rank) pair of this rank's (dp, tp) coordinate, or None."""
         stages = tied_copy_stages(model, layout)
@@ -158,4 +160,8 @@ class TiedEmbedding:
                     # both copies must be laid out alike to be summed shard by shard.
                     grad = grad.redistribute(weight.device_mesh, weight.placements)
                     module.weight.grad = grad
-                dist.all_reduce(local(grad), group=self.group)
+                mine = local(grad)
+                summed = mine.to(self.reduce_dtype)  # the gradient itself where it has that precision
+                dist.all_reduce(summed, group=self.group)
+                if summed is not mine:
+                    mine.copy_(summed)

@@ -134,6 +134,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         lr=settings.lr,
         device=device,
         dtype=training.dtype,
+        reduce_dtype=training.reduce_dtype,
     )
     if settings.trace_routing is not None:
         record_routing(trainer)

@@ -32,6 +32,7 @@ from planner.schemas import DType, Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches
 from planner.schemas.layout import check_experts
+from planner.schemas.training import default_reduce_dtype
 from runtime.context_parallel import SentBytes
 from runtime.context_share import ContextShare
 from runtime.data_parallel import DataParallel, Optimizer, parameters
@@ -75,6 +76,7 @@ class Trainer:
         mesh: DeviceMesh | None = None,
         pipeline_schedule: bool = True,
         dtype: DType = DType.FP32,
+        reduce_dtype: DType | None = None,
         placement: PlacementTable | None = None,
         experts_mesh: DeviceMesh | None = None,
         sharding: ShardingMeshes | None = None,
@@ -84,6 +86,8 @@ class Trainer:
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
         ``dtype``: bf16/fp16 train mixed precision: weights, gradients and activations in that
         precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3);
+        ``reduce_dtype``: the precision data-parallel gradients are summed in (default
+        ``schemas.training.default_reduce_dtype``: fp32 under bf16);
         ``placement``: an MoE model's experts on each expert-parallel rank, by MoE layer (default
         the layout's, ``runtime.expert_parallel.placement_table``); ``experts_mesh``: the
         layout's expert mesh built beforehand, as ``mesh`` (default: built here when needed);
@@ -141,7 +145,8 @@ class Trainer:
                 )
             if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
                 chunk.to(device)
-        self.tied = TiedEmbedding(model, layout)
+        reduce = TORCH_DTYPES[default_reduce_dtype(dtype) if reduce_dtype is None else reduce_dtype]
+        self.tied = TiedEmbedding(model, layout, reduce_dtype=reduce)
         self.vocabulary: VocabularyParallel | None = None
         """Under a vocabulary layout split over the pipeline: this rank's shards and passes."""
         if layout.vocabulary_layout.over_pipeline:
@@ -160,6 +165,7 @@ class Trainer:
             optimizer=optimizer,
             lr=lr,
             compute_dtype=compute,
+            reduce_dtype=reduce,
             outside=self.vocabulary.parameters() if self.vocabulary else (),
         )
         tp_mesh = self.mesh[MeshAxis.TP]

@@ -97,6 +97,15 @@ TpOverlapOpt = Annotated[
     ),
 ]
 
+GradReduceOpt = Annotated[
+    DType | None,
+    typer.Option(
+        help="Precision data-parallel ranks sum gradients in: fp32 (Megatron-LM under bf16, torchtitan's FSDP, this "
+        "planner's runtime) or the training precision (Megatron-LM's --grad-reduce-in-bf16) [default: fp32 under "
+        "bf16, else the training precision].",
+    ),
+]
+
 
 PpOverlapOpt = Annotated[
     bool | None,
@@ -144,6 +153,7 @@ TRAINING_OPTIONS = {
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",
     "pp_comm_overlap": "pp_comm_overlap",
+    "grad_reduce_dtype": "grad_reduce_dtype",
     "moe_dispatcher": "moe_dispatcher",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""

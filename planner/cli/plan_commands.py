@@ -20,6 +20,7 @@ from planner.cli.options import (
     DispatcherOpt,
     DTypeOpt,
     GlobalBatchOpt,
+    GradReduceOpt,
     IntRangeOpt,
     KernelsOpt,
     ModelOpt,
@@ -138,6 +139,7 @@ def estimate(
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
     pp_comm_overlap: PpOverlapOpt = None,
+    grad_reduce_dtype: GradReduceOpt = None,
     moe_dispatcher: DispatcherOpt = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="table for people, json for tools.")
@@ -176,6 +178,7 @@ def search(
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
     pp_comm_overlap: PpOverlapOpt = None,
+    grad_reduce_dtype: GradReduceOpt = None,
     moe_dispatcher: DispatcherOpt = None,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,
     strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (

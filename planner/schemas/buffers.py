@@ -1,9 +1,10 @@
 """Buffers the runtime holds and the cost model counts, sized once for both.
 
 Data-parallel gradient buckets: ``GRAD_BUCKETS`` buckets (one reducing while the next fills) of
-``GRAD_BUCKET_ELEMENTS`` elements, reduced in fp32 (``GRAD_BUCKET_ELEMENT_BYTES``), capped by the
-gradients a rank reduces and held for the whole run, as PyTorch DDP's reducer holds them (its
-default ``bucket_cap_mb=25``, read as elements because the reductions run in fp32).
+``GRAD_BUCKET_ELEMENTS`` elements, in the precision gradients are summed in
+(``TrainingSpec.reduce_dtype``: fp32 under bf16), capped by the gradients a rank reduces and held
+for the whole run, as PyTorch DDP's reducer holds them (its default ``bucket_cap_mb=25``, read as
+elements).
 ``runtime.optim.DataParallelOptimizer`` allocates them; ``cost_models.memory`` counts them.
 """
 
@@ -11,8 +12,6 @@ from typing import Final
 
 GRAD_BUCKET_ELEMENTS: Final = 25_000_000
 """Elements of one gradient bucket."""
-GRAD_BUCKET_ELEMENT_BYTES: Final = 4
-"""Bytes of one bucket element: fp32."""
 GRAD_BUCKETS: Final = 2
 """Buckets a data-parallel rank keeps."""
 

@@ -59,7 +59,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[7] = 7
+    schema_version: Literal[8] = 8
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -123,9 +123,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 7
+PLAN_SCHEMA_VERSION = 8
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 """The versions ``upgrade`` reads."""
 
 
@@ -142,6 +142,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     as version 4 priced them, although the new field's default overlaps them. Version 5 -> 6: the
     new field's default (fused kernels) is what version 5 priced. Version 6 -> 7: the layout's
     new fields' defaults (no context parallelism; of the ring kind) are what version 6 ran.
+    Version 7 -> 8: gradients summed in the training precision, as version 7 priced them,
+    although the new field's default sums them in fp32 under bf16.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -161,4 +163,9 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         raw = {**raw, "schema_version": 6}
     if raw.get("schema_version") == 6:
         raw = {**raw, "schema_version": 7}
+    if raw.get("schema_version") == 7:
+        raw = {**raw, "schema_version": 8}
+        training = raw.get("training")
+        if isinstance(training, dict):
+            raw["training"] = {"grad_reduce_dtype": training.get("dtype", "bf16"), **training}
     return raw

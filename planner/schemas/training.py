@@ -45,6 +45,16 @@ class TrainingSpec(FrozenModel):
             "stages); the transfers that fill and drain the pipeline stay exposed. Priced on GPUs."
         ),
     )
+    grad_reduce_dtype: DType | None = Field(
+        default=None,
+        description=(
+            "Precision in which data-parallel ranks sum gradients (all-reduce, reduce-scatter, a tied embedding's "
+            "copies); parameter gathers stay in the training precision. None: the frameworks' default, fp32 under "
+            "bf16 (Megatron-LM's accumulate_allreduce_grads_in_fp32, forced under bf16; torchtitan's FSDP "
+            "reduce_dtype; the planner's own runtime) and the training precision under fp16 and fp32. 'bf16' under "
+            "bf16 is Megatron-LM's --grad-reduce-in-bf16."
+        ),
+    )
     moe_capacity_factor: float | None = Field(
         default=None,
         gt=0,
@@ -75,9 +85,26 @@ class TrainingSpec(FrozenModel):
             raise SchemaError(
                 "moe_pad_to_capacity needs a moe_capacity_factor (e.g. 1.25); give one or drop the padding"
             )
+        if self.grad_reduce_dtype not in (None, DType.FP32, self.dtype):
+            raise SchemaError(
+                f"grad_reduce_dtype={self.grad_reduce_dtype.value!r} under dtype={self.dtype.value!r}: gradients "
+                f"are summed in fp32 or in the training precision; give 'fp32' or {self.dtype.value!r}"
+            )
         return self
+
+    @property
+    def reduce_dtype(self) -> DType:
+        """The precision gradients are summed in: ``grad_reduce_dtype``, or ``default_reduce_dtype``."""
+        return default_reduce_dtype(self.dtype) if self.grad_reduce_dtype is None else self.grad_reduce_dtype
 
     @property
     def tokens_per_step(self) -> int:
         """Tokens processed by one optimizer step."""
         return self.global_batch_size * self.seq_len
+
+
+def default_reduce_dtype(dtype: DType) -> DType:
+    """The precision data-parallel ranks sum gradients in when training in ``dtype``, unless told:
+    fp32 under bf16 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 under bf16; torchtitan's
+    FSDP reduces in fp32), else ``dtype`` (Megatron-LM's default under fp16)."""
+    return DType.FP32 if dtype is DType.BF16 else dtype

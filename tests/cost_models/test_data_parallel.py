@@ -2,7 +2,8 @@
 
 tiny-gpt on one node of 4 devices (100 GB/s links, 1 us latency), dp 4, no pipeline: the one
 stage holds 957,184 parameters in 5 units (4 layers and the root: embedding, final norm, head),
-1,914,368 bytes of bf16 gradients. A ring over n = 4 takes (n - 1) latencies and moves
+1,914,368 bytes of bf16 gradients, summed in bf16 (Megatron-LM's --grad-reduce-in-bf16) but for
+the last test's fp32 (the default under bf16). A ring over n = 4 takes (n - 1) latencies and moves
 (n - 1)/n of the buffer for a reduce-scatter or an all-gather, twice that for an all-reduce.
 16 sequences over 4 replicas of micro-batch 1: m = 4 micro-batches.
 """
@@ -27,7 +28,7 @@ from planner.inputs import load_model
 from planner.schemas import Calibration, DType, Layout, TrainingSpec, ZeroStage
 
 MODEL = load_model("tiny-gpt")
-TRAINING = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
+TRAINING = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16, grad_reduce_dtype=DType.BF16)
 GPU = make_cluster(per_node=4)
 CPU = cpu_cluster(4)
 M = 4
@@ -86,6 +87,26 @@ def test_each_zero_stage_runs_its_collectives(zero: ZeroStage) -> None:
     comm = stage_data_parallel_comm(MODEL, TRAINING, GPU, _layout(zero), 0, M)
     assert comm.total_s == pytest.approx(COMM_S[zero], rel=1e-12)
     assert comm.unhidden_s == pytest.approx(UNHIDDEN_S[zero], rel=1e-12)
+
+
+# Summed in fp32, each gradient's reduction moves twice the bytes, 3,828,736; gathers stay bf16.
+ALL_REDUCE_FP32_S = 2 * 3 * 1e-6 + 2 * 0.75 * 3_828_736 / 100e9  # 63.43104 us
+REDUCE_SCATTER_FP32_S = 3 * 1e-6 + 0.75 * 3_828_736 / 100e9  # 31.71552 us
+UNITS_FP32_S = 5 * (3 * 1e-6 + 0.75 * 3_828_736 / 5 / 100e9)  # 43.71552 us
+COMM_FP32_S = {
+    ZeroStage.NONE: ALL_REDUCE_FP32_S,
+    ZeroStage.OPTIMIZER: REDUCE_SCATTER_FP32_S + WHOLE_S,  # 49.07328 us
+    ZeroStage.GRADIENTS: M * UNITS_FP32_S + UNITS_S,  # 204.21984 us
+    ZeroStage.PARAMETERS: M * (UNITS_FP32_S + 2 * UNITS_S),  # 409.72416 us
+}
+
+
+@pytest.mark.parametrize("zero", list(ZeroStage))
+def test_gradients_summed_in_fp32_move_twice_the_bytes_and_gathers_do_not(zero: ZeroStage) -> None:
+    fp32 = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
+    assert fp32.reduce_dtype is DType.FP32  # the default under bf16
+    comm = stage_data_parallel_comm(MODEL, fp32, GPU, _layout(zero), 0, M)
+    assert comm.total_s == pytest.approx(COMM_FP32_S[zero], rel=1e-12)
 
 
 def test_one_replica_communicates_nothing() -> None:

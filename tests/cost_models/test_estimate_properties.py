@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cost_models.estimate import estimate
-from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import DType, Layout, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError
 
 MODEL = ModelSpec(
@@ -120,11 +120,13 @@ def test_zero_stages_move_what_the_zero_paper_and_fsdp_move() -> None:
     # 8 replicas, 8 micro-batches each: ZeRO-1 reduces the accumulated gradients once, ZeRO-2
     # every micro-batch, ZeRO-3 also gathers the parameters twice per micro-batch. ZeRO 2-3 go
     # module by module: one collective per layer, one for the embedding and one for the final norm
-    # with the head (p = 1).
+    # with the head (p = 1). Gradients summed in bf16, the gathered parameters' precision, so that
+    # a reduce-scatter and an all-gather move the same bytes.
     base = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    training = TrainingSpec(global_batch_size=64, seq_len=1024, grad_reduce_dtype=DType.BF16)
 
     def dp_total(zero: ZeroStage) -> float:
-        t = estimate(MODEL, TRAINING, CLUSTER, replace(base, zero_stage=zero)).time
+        t = estimate(MODEL, training, CLUSTER, replace(base, zero_stage=zero)).time
         return t.data_parallel_comm_s + t.data_parallel_comm_overlapped_s
 
     all_reduce, zero1, zero2, zero3 = (dp_total(z) for z in ZeroStage)

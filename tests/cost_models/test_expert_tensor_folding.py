@@ -113,15 +113,16 @@ def test_a_folded_moe_layer_keeps_attentions_tensor_parallel_collectives_only() 
 
 def test_folded_expert_gradients_are_reduced_over_the_ranks_holding_the_same_experts() -> None:
     """No ZeRO, one node of 4 at 100 GB/s: split, each expert is on one rank only (d / ep = 1) and
-    nothing reduces it; folded, ranks (0, 2) and (1, 3) all-reduce the 8 whole experts' bf16
-    gradients, 2 x 786,432 bytes: 2 ring steps of 1 us and 2 (n-1)/n = 1 buffer over the link."""
+    nothing reduces it; folded, ranks (0, 2) and (1, 3) all-reduce the 8 whole experts'
+    gradients, summed in fp32 (the default under bf16), 4 x 786,432 bytes: 2 ring steps of 1 us
+    and 2 (n-1)/n = 1 buffer over the link."""
     cluster = make_cluster(nodes=1, per_node=4)
     folded, split = (replace(x, zero_stage=0) for x in (FOLDED, SPLIT))
     extra = (
         stage_data_parallel_comm(MODEL, TRAINING, cluster, folded, 0, 4).total_s
         - stage_data_parallel_comm(MODEL, TRAINING, cluster, split, 0, 4).total_s
     )
-    assert extra == pytest.approx(2e-6 + 2 * 4 * 2 * EXPERT / 100e9)
+    assert extra == pytest.approx(2e-6 + 4 * 4 * 2 * EXPERT / 100e9)
     # and the gradient buckets count them (fp32, below the 2 x 25 M cap)
     params = stage_params(MODEL, FOLDED, 0), stage_params(MODEL, SPLIT, 0)
     buffers = [communication_buffer_bytes(MODEL, TRAINING, x, p) for x, p in zip((FOLDED, SPLIT), params, strict=True)]
@@ -145,7 +146,8 @@ def test_folded_routed_activations_are_the_ranks_own_copies_at_whole_width() -> 
 # re-frozen when overlapped data-parallel communication began to cost its slowdown and its edges
 # (cost_models.overlap), and when the loss without a pipeline stopped counting a second transient copy of the
 # logits (cost_models.memory.loss_element_bytes), and when elementwise kernels began to pay their launches
-# (cost_models.kernels): the default (expert tensor parallelism t) must keep
+# (cost_models.kernels); the memory when the gradient buckets took the precision gradients are summed in
+# (bf16 here: 2 x 25 M elements of 2 bytes, 100 MB less): the default (expert tensor parallelism t) must keep
 # pricing them exactly.
 BEFORE = (
     (
@@ -153,7 +155,7 @@ BEFORE = (
         "dgx-h100:2",
         dict(data_parallel_degree=8, tensor_parallel_degree=2, expert_parallel_degree=4, sequence_parallel=True),
         12.1538522039874,
-        79513688576.0,
+        79413688576.0,
     ),
     (
         "mixtral-8x7b",
@@ -166,7 +168,7 @@ BEFORE = (
             recompute="full",
         ),
         16.89206614073797,
-        62382944768.0,
+        62282944768.0,
     ),
     (
         "deepseek-v3",
@@ -180,7 +182,7 @@ BEFORE = (
             recompute="full",
         ),
         19.691346956045805,
-        51205816832.0,
+        51105816832.0,
     ),
     (
         "qwen3-235b-a22b",
@@ -196,7 +198,7 @@ BEFORE = (
             virtual_stages=4,
         ),
         13.637716445553039,
-        18822784640.0,
+        18722784640.0,
     ),
 )
 
@@ -206,8 +208,9 @@ def test_expert_tensor_parallelism_t_prices_what_it_did_before(
     model: str, cluster: str, degrees: dict[str, object], step_s: float, peak_bytes: float
 ) -> None:
     layout = Layout(**{"pipeline_parallel_degree": 1, "micro_batch_size": 1, "zero_stage": 1, **degrees})  # type: ignore[arg-type]
-    # Pipeline transfers priced as they were then, not behind compute (TrainingSpec.pp_comm_overlap came later).
-    training = TrainingSpec(global_batch_size=256, seq_len=4096, pp_comm_overlap=False)
+    # Pipeline transfers priced as they were then, not behind compute (TrainingSpec.pp_comm_overlap came
+    # later), and gradients summed in bf16 (TrainingSpec.grad_reduce_dtype came later).
+    training = TrainingSpec(global_batch_size=256, seq_len=4096, pp_comm_overlap=False, grad_reduce_dtype=DType.BF16)
     for same in (layout, replace(layout, expert_tensor_parallel_degree=layout.tensor_parallel_degree)):
         est = estimate(load_model(model), training, load_cluster(cluster), same)
         assert (est.step_time_s, est.peak_memory_bytes) == (step_s, peak_bytes)

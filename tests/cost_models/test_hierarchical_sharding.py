@@ -16,7 +16,7 @@ from planner.schemas import DType, Layout, TrainingSpec, ZeroStage
 from planner.schemas.errors import SchemaError
 
 MODEL = load_model("tiny-gpt")
-TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
+TRAINING = TrainingSpec(global_batch_size=32, seq_len=128, grad_reduce_dtype=DType.BF16)  # summed in bf16
 CLUSTER = make_cluster(nodes=2, per_node=4)
 ZERO3 = Layout(
     data_parallel_degree=8,

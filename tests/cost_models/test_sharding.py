@@ -37,7 +37,7 @@ from planner.schemas import (
 )
 
 MODEL = load_model("tiny-gpt")
-TRAINING = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16)
+TRAINING = TrainingSpec(global_batch_size=16, seq_len=128, dtype=DType.BF16, grad_reduce_dtype=DType.BF16)
 CPU = cpu_cluster(4)
 assert CPU.device.kind is DeviceKind.CPU  # so no data-parallel traffic hides behind the backward
 

@@ -10,10 +10,10 @@ from conftest import make_cluster
 from cost_models.estimate import estimate
 from cost_models.vocabulary import tied_embedding_sync_s
 from planner.inputs import load_model
-from planner.schemas import Layout, TrainingSpec, VocabularyLayout
+from planner.schemas import DType, Layout, TrainingSpec, VocabularyLayout
 
 MODEL = load_model("tiny-gpt")
-TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
+TRAINING = TrainingSpec(global_batch_size=32, seq_len=128, grad_reduce_dtype=DType.BF16)  # summed in bf16
 CLUSTER = make_cluster(nodes=2, per_node=4)
 PIPELINE = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1)
 

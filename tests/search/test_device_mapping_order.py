@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.inputs import load_cluster, load_model
-from planner.schemas import Layout, LinkMatrix, TrainingSpec
+from planner.schemas import DType, Layout, LinkMatrix, TrainingSpec
 from planner.schemas.links import LinkProfile
 from planner.search_engine import ExhaustiveSearch
 from planner.search_engine.device_mapping import DeviceMappingRefiner, greedy_node_chain, node_order_map
@@ -20,7 +20,7 @@ from planner.search_engine.runner import run_search
 from planner.search_engine.strategy import Budget, Candidate
 
 MODEL, UNIFORM = load_model("tiny-gpt"), load_cluster("dgx-a100-80g:4")
-TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
+TRAINING = TrainingSpec(global_batch_size=32, seq_len=128, grad_reduce_dtype=DType.BF16)  # summed in bf16
 FAST_BYTES_PER_S, SLOW_BYTES_PER_S = 25e9, 1e9
 BANDWIDTH = tuple(
     tuple(0.0 if i == j else (SLOW_BYTES_PER_S if {i, j} == {0, 1} else FAST_BYTES_PER_S) for j in range(4))

@@ -12,7 +12,7 @@ from frontier_partitioning import LAYOUTS, frontier, neox_20b, row
 
 from cost_models.estimate import estimate
 from cost_models.params import total_params
-from planner.schemas import TrainingSpec
+from planner.schemas import DType, TrainingSpec
 
 
 def test_the_assumed_model_is_gpt_neox_20b() -> None:
@@ -22,7 +22,8 @@ def test_the_assumed_model_is_gpt_neox_20b() -> None:
 
 def _exposed_dp_comm_s(rail_bytes_per_s: float | None = None) -> dict[str, float]:
     cluster = frontier(6, rail_bytes_per_s)
-    training = TrainingSpec(global_batch_size=48, seq_len=2048)
+    # Gradients summed in bf16, as gathered: the HSDP/hpZ equality below is of equal bytes.
+    training = TrainingSpec(global_batch_size=48, seq_len=2048, grad_reduce_dtype=DType.BF16)
     model = neox_20b()
     return {
         name: row(name, make(48, 1), estimate(model, training, cluster, make(48, 1)), cluster).exposed_dp_comm_s
