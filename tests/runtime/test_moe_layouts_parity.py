@@ -16,8 +16,9 @@ losses within the dense parity tests' 1e-5, 1e-3 in bf16 mixed precision). One 4
   expert's matrices, and the halves of the trained experts (and the routers, whose gradients are
   partial per rank) equal the reference's.
 
-The layouts whose trained experts and routers are compared with the reference's train
-``WEIGHED_STEPS`` steps: the weights then check the last step's update, which a loss never sees."""
+The fp32 layouts train ``WEIGHED_STEPS`` steps, and every expert and router (or tensor-parallel
+part of one) each rank holds after them is compared with the reference's: the weights check the
+last step's update, which a loss never sees; bf16 layouts train 3 steps (their losses only)."""
 
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,7 @@ LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=2, pipeline_parallel_degree=2, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=2, pipeline_parallel_degree=2, zero_stage=1), None),
 ]
-"""Layouts trained in fp32, with their placement tables (None: the layout's)."""
+"""Layouts trained in fp32 (``WEIGHED_STEPS``), with their placement tables (None: the layout's)."""
 
 MIXED = [
     dict(data_parallel_degree=4, expert_parallel_degree=2),
@@ -182,6 +183,14 @@ def _held(trainer: Trainer) -> dict[str, torch.Tensor]:
     }
 
 
+def _save_held(trainer: Trainer, path: Path) -> None:
+    """Rank 0 saves what every rank holds of the experts and routers, with its tensor-parallel rank."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (trainer.mesh[MeshAxis.TP].get_local_rank(), _held(trainer)))
+    if dist.get_rank() == 0:
+        torch.save(everyone, path)
+
+
 def train_all(out: str) -> dict[str, Any]:
     """Every case's losses (runs on every rank), and rank 0 saves what every rank holds of the
     experts and routers after each weighed layout trained; the routing traces and traffic."""
@@ -199,7 +208,8 @@ def train_all(out: str) -> dict[str, Any]:
             traces.append((TRACED.index(i), None if trace is None else trace.tolist()))
         if i == MEASURED:
             traffic = _traffic(trainer)
-        losses.append([first] + [trainer.step(*batch(s)) for s in range(1, STEPS)])
+        losses.append([first] + [trainer.step(*batch(s)) for s in range(1, WEIGHED_STEPS)])
+        _save_held(trainer, Path(out) / f"expert_parallel{i}.pt")
     for kw in MIXED:
         losses.append(train_losses(moe_trainer(layout_of(kw), dtype=DType.BF16)))
     for j, kw in enumerate(TRACED):
@@ -271,8 +281,22 @@ def _trained_experts() -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(600)
 def test_four_ranks_expert_parallel_layouts_match_the_reference(launched: tuple[dict[str, Any], Path]) -> None:
     out = launched[0]["expert_parallel"]
-    results = out["losses"]
-    _check_losses(LAYOUTS, results[: len(LAYOUTS)], TOLERANCE)
+    results, saved = out["losses"], launched[1]
+    _check_losses(LAYOUTS, results[: len(LAYOUTS)], TOLERANCE, WEIGHED_STEPS)
+    trained = _trained_experts()
+    for i, (kw, table) in enumerate(LAYOUTS):
+        everyone = torch.load(saved / f"expert_parallel{i}.pt")
+        assert set().union(*(held for _, held in everyone)) == trained.keys(), (kw, table)  # all held somewhere
+        tp = kw.get("tensor_parallel_degree", 1)
+        for rank, (tp_rank, held) in enumerate(everyone):
+            for name, p in held.items():
+                # under tp its gate/up rows or down columns of each expert, the router whole
+                expected = trained[name]
+                if ".mlp.experts." in name:
+                    expected = expected.chunk(tp, dim=1 if ".down." in name else 0)[tp_rank]
+                assert p.shape == expected.shape, (kw, table, rank, name)
+                error = float((p - expected).abs().max())
+                assert error <= WEIGHT_TOLERANCE, (kw, table, rank, name, error)
     _check_losses(MIXED, results[len(LAYOUTS) :], 1e-3)
     _check_traces([LAYOUTS[kw] if isinstance(kw, int) else kw for kw in TRACED], out["traces"])
     # the traffic: each replica's pairs (its rows' tokens x k) to the rank hosting each expert
