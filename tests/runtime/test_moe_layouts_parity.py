@@ -1,6 +1,6 @@
 """tiny-moe's layouts on 4 ranks train like the single-process reference (SGD, float32 on CPU;
-losses within the dense parity tests' 1e-5, 1e-3 in bf16 mixed precision). One 4-rank launch
-(a module fixture) trains the cases of the three tests below, which check their parts of it:
+losses within the dense parity tests' 1e-5, 1e-3 in bf16 mixed precision), each test's cases in
+one 4-rank launch (a launch for all three ran no faster: its later cases slowed down):
 
 - expert parallelism: ep 2 and 4, ZeRO-1/2/3, a plan's and per-layer non-contiguous placements,
   replicated experts, tp x dp x ep and pp x dp x ep; the routing trace of a step and the
@@ -191,11 +191,10 @@ def _save_held(trainer: Trainer, path: Path) -> None:
         torch.save(everyone, path)
 
 
-def train_all(out: str) -> dict[str, Any]:
-    """Every case's losses (runs on every rank), and rank 0 saves what every rank holds of the
-    experts and routers after each weighed layout trained; the routing traces and traffic."""
-    results: dict[str, Any] = {}
-    # expert parallelism: the first step of a traced (or measured) layout is its first loss too
+def train_expert_parallel(out: str) -> dict[str, Any]:
+    """Each layout's losses, fp32 then bf16 (runs on every rank); the traces of ``TRACED``, the
+    traffic of ``MEASURED``; rank 0 saves what every rank holds of the experts and routers after
+    each fp32 layout trained. The first step of a traced (or measured) layout is its first loss too."""
     losses, traces, traffic = [], [], []
     for i, (kw, table) in enumerate(LAYOUTS):
         trainer = moe_trainer(layout_of(kw), table)
@@ -215,8 +214,12 @@ def train_all(out: str) -> dict[str, Any]:
     for j, kw in enumerate(TRACED):
         if isinstance(kw, dict):
             traces.append((j, _first_step_trace(moe_trainer(layout_of(kw)), kw["data_parallel_degree"])))
-    results["expert_parallel"] = {"losses": losses, "traces": [t for _, t in sorted(traces)], "traffic": traffic}
-    # folded experts
+    return {"losses": losses, "traces": [t for _, t in sorted(traces)], "traffic": traffic}
+
+
+def train_folded(out: str) -> dict[str, Any]:
+    """Each folded layout's losses, fp32 then bf16, and the traces of ``FOLDED_TRACED``; rank 0
+    saves what every rank holds of the experts and routers after each fp32 layout trained."""
     losses = []
     for i, (kw, table) in enumerate(FOLDED_FP32):
         trainer = moe_trainer(layout_of({**FOLDED, **kw}), table)
@@ -231,8 +234,12 @@ def train_all(out: str) -> dict[str, Any]:
         (j, _first_step_trace(moe_trainer(layout_of({**FOLDED, **kw})), kw["data_parallel_degree"]))
         for j, kw in enumerate(FOLDED_TRACED)
     ]
-    results["folded"] = {"losses": losses, "traces": [t for _, t in traces]}
-    # experts split over tp2
+    return {"losses": losses, "traces": [t for _, t in traces]}
+
+
+def train_split(out: str) -> list[list[float]]:
+    """Each split layout's losses, fp32 then bf16; rank 0 saves, per fp32 layout, each rank's
+    tensor-parallel and data-parallel rank and the experts and routers it holds."""
     losses = []
     for i, kw in enumerate(SPLIT_FP32):
         trainer = moe_trainer(layout_of(kw, tensor_parallel_degree=2))
@@ -244,15 +251,7 @@ def train_all(out: str) -> dict[str, Any]:
             torch.save(everyone, Path(out) / f"split{i}.pt")
     for kw in SPLIT_BF16:
         losses.append(train_losses(moe_trainer(layout_of(kw, tensor_parallel_degree=2), dtype=DType.BF16)))
-    results["split"] = {"losses": losses}
-    return results
-
-
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """The launch's results and the folder holding its saved experts and routers."""
-    out = tmp_path_factory.mktemp("moe_layouts")
-    return run_ranks(4, train_all, str(out), workdir=out), out
+    return losses
 
 
 def _check_losses(cases: list[Any], results: list[list[float]], tolerance: float, steps: int = STEPS) -> None:
@@ -279,9 +278,9 @@ def _trained_experts() -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_four_ranks_expert_parallel_layouts_match_the_reference(launched: tuple[dict[str, Any], Path]) -> None:
-    out = launched[0]["expert_parallel"]
-    results, saved = out["losses"], launched[1]
+def test_four_ranks_expert_parallel_layouts_match_the_reference(tmp_path: Path) -> None:
+    out = run_ranks(4, train_expert_parallel, str(tmp_path), workdir=tmp_path)
+    results, saved = out["losses"], tmp_path
     _check_losses(LAYOUTS, results[: len(LAYOUTS)], TOLERANCE, WEIGHED_STEPS)
     trained = _trained_experts()
     for i, (kw, table) in enumerate(LAYOUTS):
@@ -315,8 +314,8 @@ def test_four_ranks_expert_parallel_layouts_match_the_reference(launched: tuple[
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_four_ranks_folded_experts_match_the_reference(launched: tuple[dict[str, Any], Path]) -> None:
-    out, saved = launched[0]["folded"], launched[1]
+def test_four_ranks_folded_experts_match_the_reference(tmp_path: Path) -> None:
+    out, saved = run_ranks(4, train_folded, str(tmp_path), workdir=tmp_path), tmp_path
     results = out["losses"]
     _check_losses(FOLDED_FP32, results[: len(FOLDED_FP32)], TOLERANCE, WEIGHED_STEPS)
     _check_losses(FOLDED_BF16, results[len(FOLDED_FP32) :], 1e-3)
@@ -357,10 +356,8 @@ def _reassemble(everyone: list[tuple[int, int, dict[str, torch.Tensor]]]) -> dic
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_four_ranks_experts_split_over_tensor_parallel_ranks_match_the_reference(
-    launched: tuple[dict[str, Any], Path],
-) -> None:
-    results, saved = launched[0]["split"]["losses"], launched[1]
+def test_four_ranks_experts_split_over_tensor_parallel_ranks_match_the_reference(tmp_path: Path) -> None:
+    results, saved = run_ranks(4, train_split, str(tmp_path), workdir=tmp_path), tmp_path
     _check_losses(SPLIT_FP32, results[: len(SPLIT_FP32)], TOLERANCE, WEIGHED_STEPS)
     _check_losses(SPLIT_BF16, results[len(SPLIT_FP32) :], 1e-3)
     trained = _trained_experts()
