@@ -1,6 +1,7 @@
 """tiny-moe trained as the MoE parity tests train it: one setting (batch, sequence, steps, seed,
 SGD's learning rate) for the runtime's Trainer and the single-process reference it must match."""
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 
 from planner.inputs import load_model
 from planner.schemas import DType, Layout
+from planner.schemas.routing import ExpertPlacement
 from runtime.data import synthetic_batch
 from runtime.expert_parallel import PlacementTable
 from runtime.model import Decoder
@@ -18,6 +20,15 @@ MOE = load_model("tiny-moe")  # 4 layers, 4 experts of width 256, top-2, hidden 
 BATCH, SEQ, STEPS, SEED, LR = 8, 16, 3, 0, 0.1
 TOLERANCE = 1e-5
 """Losses of an fp32 layout trained with SGD against the reference's (as the dense parity tests)."""
+
+SHUFFLED: PlacementTable = (((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3)), ((3, 0), (2, 1)))
+"""ep 2: every layer its own non-contiguous placement, experts out of order within a rank."""
+
+REPLICATED: PlacementTable = (((0, 1, 2), (0, 3)), ((1, 3), (2, 0, 3)), ((0, 1), (2, 3)), ((3, 2, 1), (0, 1)))
+"""ep 2: some layers with an expert on both ranks (and uneven counts), one layer without replicas."""
+
+PLACED = ExpertPlacement(slots=(((1, 2), (0, 3)), ((0, 3), (1, 2)), ((2, 1), (3, 0)), ((1, 2), (0, 3))))
+"""A plan's placement (schemas.routing), not contiguous, differing by layer."""
 
 
 def layout_of(kw: dict[str, Any], **defaults: Any) -> Layout:
@@ -46,14 +57,16 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return synthetic_batch(MOE.vocab_size, BATCH, SEQ, step=step, seed=SEED)
 
 
-def train_losses(trainer: Trainer) -> list[float]:
-    """The losses of ``STEPS`` steps of ``trainer`` (every rank calls it)."""
-    return [trainer.step(*batch(s)) for s in range(STEPS)]
+def train_losses(trainer: Trainer, steps: int = STEPS) -> list[float]:
+    """The losses of ``steps`` steps of ``trainer`` (every rank calls it)."""
+    return [trainer.step(*batch(s)) for s in range(steps)]
 
 
-def train_reference() -> tuple[list[float], Decoder]:
-    """The single-process reference's losses and the model they trained, in the same setting."""
-    return reference_training(MOE, global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR)
+@functools.cache
+def train_reference(steps: int = STEPS) -> tuple[list[float], Decoder]:
+    """The single-process reference's losses and the model they trained, in the same setting
+    over ``steps`` steps (computed once per count: several tests compare with it; read it only)."""
+    return reference_training(MOE, global_batch_size=BATCH, seq_len=SEQ, steps=steps, seed=SEED, optimizer="sgd", lr=LR)
 
 
 def reference_routing(step: int) -> np.ndarray:
