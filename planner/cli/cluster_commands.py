@@ -57,6 +57,12 @@ def profile(
     layer_micro_batches: Annotated[
         str | None, typer.Option(hidden=True, help="Testing: time the model's layers at B[,B...] only.")
     ] = None,
+    layer_repeats: Annotated[
+        int | None,
+        typer.Option(
+            hidden=True, min=1, help="Testing: repeats of the layer, optimizer, pipeline and sharding timings."
+        ),
+    ] = None,
 ) -> None:
     """Measure the cluster this job runs on (every link, collectives, GEMMs, memory); run under torchrun.
 
@@ -74,6 +80,7 @@ def profile(
         simulate_nodes=simulate_nodes,
         inject_fault=parse_fault(inject_fault),
         layer_micro_batches=parse_micro_batches(layer_micro_batches),
+        layer_repeats=layer_repeats,
     )
     _exit_now(code)
 

@@ -164,6 +164,13 @@ def test_bad_layer_micro_batches_exit_2_with_one_line(sizes: str, monkeypatch: p
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_layer_repeats_below_1_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import planner_main
+
+    code, _, err = planner_main(["profile", "--layer-repeats", "0"], monkeypatch)
+    assert code == 2 and "--layer-repeats" in err and "Traceback" not in err
+
+
 def test_layer_micro_batches_are_timed_once_each_in_increasing_order() -> None:
     from planner.cli.options import parse_micro_batches
 
