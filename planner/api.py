@@ -442,6 +442,8 @@ def profile(
     inject_link_delay: tuple[tuple[int, int, float], ...] = (),
     simulate_nodes: int | None = None,
     inject_fault: tuple[int, str, str] | None = None,
+    layer_micro_batches: tuple[int, ...] | None = None,
+    layer_repeats: int | None = None,
 ) -> int:
     """Measure the cluster this job runs on; call it on every rank under torchrun.
 
@@ -453,6 +455,10 @@ def profile(
         dtype: time GEMMs and layers in this precision only (default: fp32 and bf16).
         timeout_s: seconds a rank waits for a peer before the run fails.
         inject_link_delay, simulate_nodes, inject_fault: testing aids (profiler.settings).
+        layer_micro_batches: testing aid: time the model's layers at these micro-batch sizes
+            only (default: profiler.settings.ProfileSettings.layer_micro_batches).
+        layer_repeats: testing aid: repeats of each timing of the model's layers, its optimizer
+            step, the pipeline slot and the sharded units (default: ProfileSettings.layer_repeats).
 
     Returns:
         0 when every phase was measured; profiler.run.FAILED_EXIT_CODE (3) when a rank failed,
@@ -480,6 +486,10 @@ def profile(
     )
     if dtype is not None:
         settings = replace(settings, gemm_dtypes=(dtype,))
+    if layer_micro_batches is not None:
+        settings = replace(settings, layer_micro_batches=layer_micro_batches)
+    if layer_repeats is not None:
+        settings = replace(settings, layer_repeats=layer_repeats)
     outcome = run_profile(quick_settings(settings) if quick else settings)
     if outcome.profile is not None:
         save_cluster(outcome.profile, output)

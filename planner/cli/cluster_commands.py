@@ -22,6 +22,7 @@ from planner.cli.options import (
     output_console,
     parse_delay,
     parse_fault,
+    parse_micro_batches,
     parse_step_fault,
     progress_bar,
     search_inputs,
@@ -53,6 +54,15 @@ def profile(
     inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS[;...].")] = None,
     simulate_nodes: Annotated[int | None, typer.Option(hidden=True, min=1, help="Testing: pretend nodes.")] = None,
     inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Testing: RANK,PHASE,exit|hang.")] = None,
+    layer_micro_batches: Annotated[
+        str | None, typer.Option(hidden=True, help="Testing: time the model's layers at B[,B...] only.")
+    ] = None,
+    layer_repeats: Annotated[
+        int | None,
+        typer.Option(
+            hidden=True, min=1, help="Testing: repeats of the layer, optimizer, pipeline and sharding timings."
+        ),
+    ] = None,
 ) -> None:
     """Measure the cluster this job runs on (every link, collectives, GEMMs, memory); run under torchrun.
 
@@ -69,6 +79,8 @@ def profile(
         inject_link_delay=parse_delay(inject_link_delay),
         simulate_nodes=simulate_nodes,
         inject_fault=parse_fault(inject_fault),
+        layer_micro_batches=parse_micro_batches(layer_micro_batches),
+        layer_repeats=layer_repeats,
     )
     _exit_now(code)
 

@@ -297,6 +297,17 @@ def parse_fault(text: str | None) -> tuple[int, str, str] | None:
     return int(rank), phase, kind
 
 
+def parse_micro_batches(text: str | None) -> tuple[int, ...] | None:
+    """``B[,B...]``: the micro-batch sizes ``--layer-micro-batches`` times the model's layers at,
+    each once, in increasing order."""
+    if text is None:
+        return None
+    sizes = text.split(",")
+    if not all(size.isdigit() and int(size) > 0 for size in sizes):
+        raise SchemaError(f"--layer-micro-batches {text!r} must be positive whole numbers joined by ',', e.g. 1,2")
+    return tuple(sorted({int(size) for size in sizes}))
+
+
 def parse_step_fault(text: str | None) -> tuple[int, int, str, int] | None:
     """planner run's testing aid: RANK,STEP,exit|hang|slow or RANK,STEP,slow-link,PEER; the fourth
     field is the link's other end (RANK itself for the other kinds)."""

@@ -151,3 +151,28 @@ def test_no_library_module_prints() -> None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
     ]
     assert printing == []
+
+
+@pytest.mark.parametrize("sizes", ["0,2", "1,x", "1,,2", "-1"])
+def test_bad_layer_micro_batches_exit_2_with_one_line(sizes: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Refused before the profiler starts: no torchrun needed.
+    from harness import planner_main
+
+    code, _, err = planner_main(["profile", "--layer-micro-batches", sizes], monkeypatch)
+    assert code == 2, err
+    assert f"--layer-micro-batches {sizes!r} must be positive whole numbers" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_layer_repeats_below_1_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import planner_main
+
+    code, _, err = planner_main(["profile", "--layer-repeats", "0"], monkeypatch)
+    assert code == 2 and "--layer-repeats" in err and "Traceback" not in err
+
+
+def test_layer_micro_batches_are_timed_once_each_in_increasing_order() -> None:
+    from planner.cli.options import parse_micro_batches
+
+    assert parse_micro_batches("4,1,4,2") == (1, 2, 4)
+    assert parse_micro_batches(None) is None
