@@ -30,7 +30,7 @@ from planner.cli.options import (
 )
 from planner.render import dry_run_table, run_summary
 from planner.schemas import AttentionKernel, DType, Kernels, OnFault
-from planner.schemas.errors import PlannerError
+from planner.schemas.errors import JobFailed, PlannerError
 
 if TYPE_CHECKING:
     from planner.tuning.tuner import TuneResult
@@ -169,24 +169,28 @@ def run(
     check_output("--report", report, "report.json")
     check_output("--trace-routing", trace_routing, "routing.npz")
     check_folder("--checkpoint-dir", checkpoint_dir)
-    measured = api.run(
-        plan,
-        steps=steps,
-        report=report,
-        warmup_steps=warmup_steps,
-        seed=seed,
-        optimizer=optimizer,
-        lr=lr,
-        data=data,
-        timeout_s=timeout,
-        trace_routing=trace_routing,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        inject_fault=parse_step_fault(inject_fault),
-        on_fault=on_fault,
-        elastic=elastic,
-    )
+    try:
+        measured = api.run(
+            plan,
+            steps=steps,
+            report=report,
+            warmup_steps=warmup_steps,
+            seed=seed,
+            optimizer=optimizer,
+            lr=lr,
+            data=data,
+            timeout_s=timeout,
+            trace_routing=trace_routing,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            inject_fault=parse_step_fault(inject_fault),
+            on_fault=on_fault,
+            elastic=elastic,
+        )
+    except JobFailed as e:  # as main() says it, but without tearing down a broken process group
+        typer.echo(f"error: {e}", err=True)
+        _exit_now(e.exit_code)
     if measured is not None:  # rank 0
         traffic: tuple[float, ...] = ()
         routing = "uniform routing"
