@@ -22,9 +22,19 @@ profile's collective records say which links they ran over (the 3-host curve was
 the slow pair and priced every 2-rank group as slow), that all-reduce is priced on its own link
 (0.21 s) and the identity's is not. Predicted 0.24 s mapped against 0.59 s identity; measured in 3
 alternating pairs 0.45-0.91 s (median 0.58) against 0.56-0.60 s (median 0.59): no gain. The
-all-reduce over the slow link costs about twice its price: the cost model sends the tied gradient
-in the training precision (bf16, 256 KiB), the runtime in fp32 (512 KiB, 0.44 s at the curve's
-1.2 MB/s), as Megatron-LM does under bf16 (its gradients are reduced in fp32).
+cost model then summed the tied gradient in bf16 (256 KiB); it now prices it in fp32
+(``TrainingSpec.reduce_dtype``), as the runtime sums it and Megatron-LM does under bf16.
+
+Measured again with fp32 pricing (fresh profile, 0<->1 read 1.2 MB/s; load below 2.3): the search
+still maps to [0, 2, 1], predicted 0.453 s against the identity's 0.586 s (1.29x); measured in 3
+alternating pairs 0.67-1.02 s (median 0.71) against 0.46-0.55 s (median 0.52), and on a second
+set of 3 pairs 0.59-0.76 s (median 0.71) against 0.42-0.54 s (median 0.53): the identity is
+faster. The identity's 8 one-way 64 KiB pipeline transfers across the slow pair cost about their
+price; the mapped plan's one 2-rank all-reduce of 512 KiB across it (priced 0.43 s at the
+one-way 1.2 MB/s) costs about 0.65 s: a pair exchanging both ways at once gets about 0.8 MB/s
+each way here (sending pure TCP acknowledgements outside the slow class did not change it).
+The profile measures each link one way; what a collective that sends both ways at once gets
+from a link is not measured yet.
 """
 
 import argparse

@@ -20,9 +20,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_dry_run_of_a_large_plan_allocates_nothing(tmp_path: Path) -> None:
-    # Llama 3 8B on 64 H100s: several GiB per rank, traced on this machine without allocating them.
+    # Llama 3 8B on 64 H100s: several GiB per rank, traced on this machine without allocating them
+    # (one micro-batch per replica: a step's weights, gradients and optimizer states are all there).
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100:8")
-    training = TrainingSpec(global_batch_size=64, seq_len=4096)
+    training = TrainingSpec(global_batch_size=16, seq_len=4096)
     layout = Layout(
         data_parallel_degree=16,
         tensor_parallel_degree=2,
