@@ -30,8 +30,10 @@ import argparse
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from planner.schemas import RunReport
 from runtime.slow_links import GroupWaits, LinkSettings, LinkState, observe_links
@@ -51,7 +53,7 @@ ALTERNATIVES = {
     "4-1 steps x 3": replace(DEFAULT, window_steps=4, outlier_steps=1, windows_to_flag=3),
 }
 """Thresholds and windows judged offline on the same timings (steps regrouped into windows)."""
-SLOW_LINK = (0, 1)
+SLOW_LINK: tuple[int, ...] = (0, 1)
 LINK_DEFAULT = LinkSettings()
 LINK_ALTERNATIVES = {
     "default": LINK_DEFAULT,
@@ -107,6 +109,42 @@ def judge_links(report: RunReport, settings: LinkSettings) -> tuple[list[tuple[t
     return named, state.checks
 
 
+S = TypeVar("S")
+"""A detector's settings."""
+T = TypeVar("T")
+"""What it names: a rank, or a link's ranks."""
+
+
+def thresholds_table(
+    alternatives: dict[str, S],
+    judge_run: Callable[[RunReport, S], tuple[list[tuple[T, int]], int]],
+    quiet: Sequence[RunReport],
+    slowed: Sequence[RunReport],
+    target: T,
+    checks_name: str,
+    named_kind: str,
+) -> None:
+    """One row per set of thresholds: what it names on the undisturbed runs (false positives, out
+    of the windows it judged) and after how many steps of the fault it names ``target`` in each
+    slowed run (with anything else it names there)."""
+    width = len(checks_name)
+    header = f"{'thresholds':<14} {'false pos.':>10} {checks_name:>{width}} {'FP rate':>8}"
+    print(f"{header}   latency (steps) per slowed run")
+    for name, settings in alternatives.items():
+        verdicts = [judge_run(r, settings) for r in quiet]
+        false = sum(len(named) for named, _ in verdicts)
+        checks = sum(checks for _, checks in verdicts)
+        latencies = []
+        for r in slowed:
+            named, _ = judge_run(r, settings)
+            hit = [step for who, step in named if who == target and step >= SLOW_FROM]
+            wrong = [who for who, _ in named if who != target]
+            latencies.append(
+                (f"{hit[0] - SLOW_FROM + 1}" if hit else "missed") + (f" (+{named_kind} {wrong})" if wrong else "")
+            )
+        print(f"{name:<14} {false:>10} {checks:>{width}} {false / max(checks, 1):>8.3f}   {', '.join(latencies)}")
+
+
 def links(cluster: str, repeats: int, workdir: Path, netns_rate_mbit: float | None) -> None:
     """The slow-link detector's false positives and latency (see the module docstring)."""
     plan = workdir / "plan-tp2.json"
@@ -121,22 +159,7 @@ def links(cluster: str, repeats: int, workdir: Path, netns_rate_mbit: float | No
     slowed = [run(plan, SLOWED_STEPS, workdir / f"links-slow{i}.json", fault) for i in range(repeats)]
     step_s = sorted(r.measured_step_time_s for r in quiet)[len(quiet) // 2]
     print(f"tiny-gpt {quiet[0].layout.describe()} on 4 CPU ranks, {step_s * 1e3:.0f} ms a step; reports in {workdir}")
-    print(
-        f"{'thresholds':<14} {'false pos.':>10} {'group-windows':>13} {'FP rate':>8}   latency (steps) per slowed run"
-    )
-    for name, settings in LINK_ALTERNATIVES.items():
-        verdicts = [judge_links(r, settings) for r in quiet]
-        false = sum(len(named) for named, _ in verdicts)
-        checks = sum(checks for _, checks in verdicts)
-        latencies = []
-        for r in slowed:
-            named, _ = judge_links(r, settings)
-            hit = [step for link, step in named if link == SLOW_LINK and step >= SLOW_FROM]
-            wrong = [link for link, _ in named if link != SLOW_LINK]
-            latencies.append(
-                (f"{hit[0] - SLOW_FROM + 1}" if hit else "missed") + (f" (+links {wrong})" if wrong else "")
-            )
-        print(f"{name:<14} {false:>10} {checks:>13} {false / max(checks, 1):>8.3f}   {', '.join(latencies)}")
+    thresholds_table(LINK_ALTERNATIVES, judge_links, quiet, slowed, SLOW_LINK, "group-windows", "links")
     live = [(len(r.slow_links), len(r.stragglers)) for r in quiet]
     live_slowed = [
         ([(s.ranks, s.named_at_step - SLOW_FROM + 1) for s in r.slow_links], [s.rank for s in r.stragglers])
@@ -202,20 +225,7 @@ def main() -> None:
     layout = quiet[0].layout.describe()
     step_s = sorted(r.measured_step_time_s for r in quiet)[len(quiet) // 2]
     print(f"tiny-gpt {layout} on 4 CPU ranks, {step_s * 1e3:.0f} ms a step undisturbed; reports in {workdir}")
-    print(f"{'thresholds':<14} {'false pos.':>10} {'rank-windows':>12} {'FP rate':>8}   latency (steps) per slowed run")
-    for name, settings in ALTERNATIVES.items():
-        verdicts = [judge(r, settings) for r in quiet]
-        false = sum(len(named) for named, _ in verdicts)
-        checks = sum(checks for _, checks in verdicts)
-        latencies = []
-        for r in slowed:
-            named, _ = judge(r, settings)
-            hit = [step for rank, step in named if rank == SLOW_RANK and step >= SLOW_FROM]
-            wrong = [rank for rank, _ in named if rank != SLOW_RANK]
-            latencies.append(
-                (f"{hit[0] - SLOW_FROM + 1}" if hit else "missed") + (f" (+ranks {wrong})" if wrong else "")
-            )
-        print(f"{name:<14} {false:>10} {checks:>12} {false / checks:>8.3f}   {', '.join(latencies)}")
+    thresholds_table(ALTERNATIVES, judge, quiet, slowed, SLOW_RANK, "rank-windows", "ranks")
     live = sum(len(r.stragglers) for r in quiet)
     live_slowed = [[(s.rank, s.named_at_step - SLOW_FROM + 1) for s in r.stragglers] for r in slowed]
     print(f"named live (default thresholds): undisturbed {live}; slowed (rank, latency) {live_slowed}")
