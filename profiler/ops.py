@@ -310,11 +310,11 @@ def _sharded_units(ctx: Context) -> list[OpRecord]:
     out: list[OpRecord] = []
     for dtype in ctx.settings.gemm_dtypes:
         low = TORCH_DTYPES[dtype]
+        reduce = TORCH_DTYPES[default_reduce_dtype(dtype)]  # as a plan in this precision sums them
         x = torch.randn(1, 8, device=ctx.device, dtype=low)
         stacks: list[torch.nn.Module] = [_tiny_stack(ctx.device, low)]
         for zero, _ in SHARDED_MODES:
             stack = _tiny_stack(ctx.device, torch.float32)
-            reduce = TORCH_DTYPES[default_reduce_dtype(dtype)]  # as a plan in this precision sums them
             shard_units(stack, stack, mesh, zero_stage=ZeroStage(zero), dtype=low, reduce_dtype=reduce)
             stacks.append(stack)
         modes = [(0, False), *SHARDED_MODES]
