@@ -9,7 +9,7 @@ slow pair, the same layout with rank r on host r: predicted and measured step ti
 
 Run (as root, with iproute2): .venv/bin/python benchmarks/netns_profile.py [--hosts 3]
     [--slow 0-1] [--rate-mbit 100] [--output cluster.json | --cluster cluster.json] [--pairs 3]
-    [--steps 8 | --steps 0]
+    [--steps 8 | --steps 0] [--search-args '--tp 2']
 The shaped rate is a ceiling on bytes on the wire (Ethernet, IP and TCP headers included), so
 the profile should read a little below it; unshaped veth pairs run at memory-copy speed, hundreds
 of MB/s to GB/s on this machine's 2 shared cores. About 1.5 min at 100 Mbit/s; at 10 Mbit/s the
@@ -122,6 +122,7 @@ def plans_for(cluster_path: Path, workdir: Path, args: argparse.Namespace) -> di
     searched = workdir / "searched.json"
     search = [sys.executable, "-m", "planner", "search", "--model", args.model, "--cluster", str(cluster_path)]
     search += ["--global-batch-size", str(args.global_batch_size), "--seq-len", str(args.seq_len)]
+    search += args.search_args.split()
     subprocess.run([*search, "--output", str(searched)], check=True, capture_output=True, cwd=ROOT)
     plans = {"searched": searched}
     plan = planner.load_plan(searched)
@@ -190,6 +191,9 @@ def main() -> None:
     parser.add_argument("--global-batch-size", type=int, default=12)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8, help="training steps per plan (0: profile only)")
+    parser.add_argument(
+        "--search-args", default="", help="more options for planner search, in one string (e.g. '--tp 2')"
+    )
     args = parser.parse_args()
     if reason := netns_hosts.unavailable_reason():
         raise SystemExit(f"netns_profile: {reason}")

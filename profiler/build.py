@@ -35,7 +35,7 @@ from planner.schemas import (
     Provenance,
 )
 from profiler.collectives import CollectiveSample, GroupShape, group_shapes
-from profiler.links import LinkSample, link_figures
+from profiler.links import LinkSample, duplex_bandwidth, link_figures
 from profiler.ops import OpsSample
 from profiler.settings import ProfileSettings
 from profiler.topology import RankInfo
@@ -52,6 +52,19 @@ def _matrix(
     values: dict[tuple[int, int], list[float]], size: int, reduce: Callable[[list[float]], float]
 ) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(reduce(values[(i, j)]) if (i, j) in values else 0.0 for j in range(size)) for i in range(size))
+
+
+def _duplex_matrix(values: dict[tuple[int, int], list[float]], size: int) -> tuple[tuple[float, ...], ...] | None:
+    """Each pair's duplex bandwidth, the slowest figure either end (or any rank pair between two
+    nodes) timed, in both [a][b] and [b][a]; None when nothing was measured (samples taken
+    without the exchange)."""
+    if not values:
+        return None
+    both: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for (a, b), figures in values.items():
+        both[(a, b)] += figures
+        both[(b, a)] += figures
+    return _matrix(both, size, min)
 
 
 _TIMINGS = frozenset({"fwd_time_s", "fwd_bwd_time_s", "time_s", "spread"})
@@ -178,21 +191,35 @@ def build_profile(
     per_node = infos[0].local_world_size
 
     intra: dict[int, dict[str, dict[tuple[int, int], list[float]]]] = {
-        node: {"bw": defaultdict(list), "lat": defaultdict(list), "spread": defaultdict(list)}
+        node: {
+            "bw": defaultdict(list),
+            "lat": defaultdict(list),
+            "spread": defaultdict(list),
+            "duplex": defaultdict(list),
+        }
         for node in range(len(hosts))
     }
-    inter: dict[str, dict[tuple[int, int], list[float]]] = {"bw": defaultdict(list), "lat": defaultdict(list)}
+    inter: dict[str, dict[tuple[int, int], list[float]]] = {
+        "bw": defaultdict(list),
+        "lat": defaultdict(list),
+        "duplex": defaultdict(list),
+    }
     for link in (s for rank_samples in links for s in rank_samples):
         bw, lat, bw_spread = link_figures(link, settings.latency_bytes, settings.bandwidth_bytes)
+        duplex = duplex_bandwidth(link, settings.bandwidth_bytes)
         if node_of[link.src] == node_of[link.dst]:
             pair, on_node = (local_of[link.src], local_of[link.dst]), intra[node_of[link.src]]
             on_node["bw"][pair].append(bw)
             on_node["lat"][pair].append(lat)
             on_node["spread"][pair].append(bw_spread)
+            if duplex is not None:
+                on_node["duplex"][pair].append(duplex)
         else:
             pair = (node_of[link.src], node_of[link.dst])
             inter["bw"][pair].append(bw)
             inter["lat"][pair].append(lat)
+            if duplex is not None:
+                inter["duplex"][pair].append(duplex)
 
     # One device type per host; ranks of each type (their host's first rank's name) make its profile.
     device_of_node = [next(i.device_name for i in infos if i.host == h) for h in hosts]
@@ -206,6 +233,7 @@ def build_profile(
             bandwidth_bytes_per_s=_matrix(intra[node]["bw"], per_node, min),
             latency_s=_matrix(intra[node]["lat"], per_node, max),
             bandwidth_spread=_matrix(intra[node]["spread"], per_node, max),
+            duplex_bandwidth_bytes_per_s=_duplex_matrix(intra[node]["duplex"], per_node),
         )
         for node in range(len(hosts))
     ]
@@ -213,6 +241,7 @@ def build_profile(
         size=len(hosts),
         bandwidth_bytes_per_s=_matrix(inter["bw"], len(hosts), min),
         latency_s=_matrix(inter["lat"], len(hosts), max),
+        duplex_bandwidth_bytes_per_s=_duplex_matrix(inter["duplex"], len(hosts)),
     )
     shapes = {s.name: s for s in group_shapes(infos)}
     ring_bandwidth = {

@@ -1,16 +1,22 @@
-"""Every link: latency and bandwidth of every ordered rank pair.
+"""Every link: latency and bandwidth of every ordered rank pair, and each pair's duplex bandwidth.
 
 Pairs are measured in rounds of disjoint pairs (profiler.rounds), all pairs of a round at once,
-first the lower rank sending, then the higher. Each measurement is a ping-pong: the sender sends
+first the lower rank sending, then the higher, then both at once. Each one-way measurement is a
+ping-pong: the sender sends
 ``n`` bytes, the receiver answers with one element, so time(n) = 2 latency + n / bandwidth. The
 small size gives the latency (half the round trip), the large one the bandwidth:
 (large - small) / (time(large) - time(small)). Where that difference is lost in the noise (less
 than half of time(large), as with a latency of milliseconds on oversubscribed cores), the
 bandwidth is taken as large / time(large), a lower bound, rather than a figure noise inflated.
+
+The exchange sends ``n`` bytes each way at once (a two-member ring's all-reduce does): time =
+latency + n / duplex bandwidth, each direction's share of the link while the other is busy too.
+On the rate-shaped test hosts a pair's exchange gets 0.8 of its one-way figure
+(``benchmarks/netns_profile.py``); a full-duplex link gets its one-way figure.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -29,6 +35,9 @@ class LinkSample:
     dst: int
     small: Timing
     large: Timing
+    exchange: Timing | None = None
+    """Both ends sending the large size to each other at once, as this sender timed it (None:
+    not measured, as in profiles before the exchange was)."""
 
 
 def _ping_pong(ctx: Context, peer: int, payload: torch.Tensor, ack: torch.Tensor, *, sending: bool) -> None:
@@ -43,6 +52,15 @@ def _ping_pong(ctx: Context, peer: int, payload: torch.Tensor, ack: torch.Tensor
         dist.send(ack, peer)
 
 
+def _exchange(ctx: Context, peer: int, payload: torch.Tensor, inbox: torch.Tensor) -> None:
+    requests = [dist.isend(payload, peer), dist.irecv(inbox, peer)]
+    for request in requests:
+        assert request is not None  # None only for ranks outside the (default) group
+        request.wait()
+    if delay := _injected_delay(ctx, peer) * payload.numel() * payload.element_size() / ctx.settings.bandwidth_bytes:
+        time.sleep(delay)
+
+
 def _injected_delay(ctx: Context, peer: int) -> float:
     """Testing aid: seconds added to a bandwidth-size transfer on the chosen pairs (pro rata for
     smaller ones), which makes that link slower by both latency and bandwidth."""
@@ -54,15 +72,17 @@ def measure(ctx: Context) -> list[list[LinkSample]] | None:
     elem = 4  # float32
     small = torch.zeros(max(1, ctx.settings.latency_bytes // elem), device=ctx.device)
     large = torch.zeros(max(1, ctx.settings.bandwidth_bytes // elem), device=ctx.device)
+    inbox = torch.zeros_like(large)
     ack = torch.zeros(1, device=ctx.device)
     samples: list[LinkSample] = []
     rounds = round_robin(ctx.world_size)
-    ctx.expect("links", 2 * len(rounds))
+    ctx.expect("links", 3 * len(rounds))
     for index, pairs in enumerate(rounds):
         partner = {a: b for a, b in pairs} | {b: a for a, b in pairs}
+        peer = partner.get(ctx.rank)
+        round_samples: list[LinkSample] = []
         for direction in ("up", "down"):
             ctx.at("links", f"round {index + 1}/{len(rounds)} {direction}")
-            peer = partner.get(ctx.rank)
             sending = peer is not None and ((ctx.rank < peer) == (direction == "up"))
             timings = []
             for payload in (small, large):
@@ -72,7 +92,11 @@ def measure(ctx: Context) -> list[list[LinkSample]] | None:
                     continue
                 timings.append(ctx.time(partial(_ping_pong, ctx, peer, payload, ack, sending=sending)))
             if peer is not None and sending:
-                samples.append(LinkSample(ctx.rank, peer, timings[0], timings[1]))
+                round_samples.append(LinkSample(ctx.rank, peer, timings[0], timings[1]))
+        ctx.at("links", f"round {index + 1}/{len(rounds)} both ways")
+        # A rank without a partner this round times nothing but keeps step with the barriers.
+        exchange = ctx.time(lambda: None) if peer is None else ctx.time(partial(_exchange, ctx, peer, large, inbox))
+        samples += [replace(s, exchange=exchange) for s in round_samples]
     return ctx.gather(samples)
 
 
@@ -85,3 +109,13 @@ def link_figures(sample: LinkSample, small_bytes: int, large_bytes: int) -> tupl
     else:
         bandwidth = large_bytes / sample.large.median_s
     return bandwidth, latency, sample.large.spread
+
+
+def duplex_bandwidth(sample: LinkSample, large_bytes: int) -> float | None:
+    """Each direction's bandwidth (bytes/s) while the pair exchanged the large size, as the
+    sender of ``sample`` timed it: large / (time - latency), or large / time where the latency is
+    half the time or more (noise, as in ``link_figures``); None when not measured."""
+    if sample.exchange is None:
+        return None
+    total_s, latency_s = sample.exchange.median_s, sample.small.median_s / 2
+    return large_bytes / (total_s - latency_s if latency_s < total_s / 2 else total_s)

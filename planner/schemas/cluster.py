@@ -13,7 +13,10 @@ the device's ``kind`` and names each op record's fields (``planner.schemas.op_re
 the ``moe_layer`` record (an MoE model's layer as the runtime builds it), which a version-2
 profile lacks: its MoE layers are priced as before, from the dense ``layer`` record; 4 adds
 per-node descriptions (``node_overrides``), the network interface type (``nic``) and links
-given per endpoint (``LinkMatrix.endpoints``), which a version-3 profile lacks: every node alike.
+given per endpoint (``LinkMatrix.endpoints``), which a version-3 profile lacks: every node alike;
+5 says which links each collective record ran over (``CollectiveRecord.ring_bandwidth_bytes_per_s``);
+6 adds each measured pair's duplex bandwidth (``LinkMatrix.duplex_bandwidth_bytes_per_s``), which
+a version-5 profile lacks: its links are read as full duplex.
 """
 
 from collections.abc import Mapping
@@ -222,7 +225,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[5] = 5
+    schema_version: Literal[6] = 6
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -388,9 +391,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 5
+CLUSTER_SCHEMA_VERSION = 6
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 """The versions ``upgrade`` reads."""
 
 
@@ -404,13 +407,15 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     ``node_overrides``, no ``nic``), which version 4 reads as it did.
     Version 4 -> 5: nothing to change; a version-4 profile's collective records do not say which
     links their groups ran over, which version 5 reads as records that stand for every group.
+    Version 5 -> 6: nothing to change; a version-5 profile's links hold no duplex figures, which
+    version 6 reads as full duplex links.
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3, 4):
-        return {**raw, "schema_version": 5}
+    if version in (2, 3, 4, 5):
+        return {**raw, "schema_version": 6}
     if version != 1:
         return dict(raw)
     device = raw.get("device")

@@ -5,6 +5,13 @@ A matrix is stored in the most compact form that holds what was measured or publ
 10,000+ devices stay small (design.md): one uniform link; one link per endpoint (its network
 interface), a pair running at the slower of its two ends; or explicit [src][dst] matrices.
 
+A link's figures are one-way: what a transfer gets while the other direction is idle. A measured
+matrix may also hold each pair's duplex bandwidth, what each direction gets while both ends send
+at once (``LinkMatrix.duplex_bandwidth_bytes_per_s``): a two-member ring sends both ways at once,
+and a link whose acknowledgements or shaping share the wire gets less than its one-way figure
+(the rate-shaped test hosts: 0.8 of it, ``benchmarks/netns_profile.py``). Without it a link is
+taken as full duplex, as NVLink, InfiniBand and Ethernet are specified.
+
 ``LinkMatrix.link`` reads one pair; ``LinkMatrix.arrays`` holds every pair's bandwidth and
 latency as numpy arrays that agree with it, built once per matrix, for code that scans whole rows
 (the device-mapping refiner walks thousands of nodes).
@@ -76,6 +83,12 @@ class LinkMatrix(FrozenModel):
     bandwidth_spread: tuple[tuple[float, ...], ...] | None = Field(
         default=None, description="Measured links: interquartile range / median of each bandwidth."
     )
+    duplex_bandwidth_bytes_per_s: tuple[tuple[float, ...], ...] | None = Field(
+        default=None,
+        description="Measured links: each direction's bandwidth while both ends of the pair send at once "
+        "(symmetric; the diagonal unused). A two-member ring runs at the lower of it and its one-way "
+        "figures. None: full duplex, each direction at its one-way figure.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -90,13 +103,19 @@ class LinkMatrix(FrozenModel):
             raise SchemaError(
                 f"link matrix endpoints lists {len(self.endpoints)} links; give one per endpoint, {self.size}"
             )
+        if self.duplex_bandwidth_bytes_per_s is not None and not explicit:
+            raise SchemaError(
+                "a link matrix's 'duplex_bandwidth_bytes_per_s' goes with explicit 'bandwidth_bytes_per_s' and "
+                "'latency_s' matrices; remove it from a uniform or per-endpoint matrix (taken as full duplex)"
+            )
         if explicit:
             assert self.bandwidth_bytes_per_s is not None and self.latency_s is not None
             for label, rows in (
                 ("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s),
                 ("latency_s", self.latency_s),
+                ("duplex_bandwidth_bytes_per_s", self.duplex_bandwidth_bytes_per_s or ()),
             ):
-                if len(rows) != self.size or any(len(r) != self.size for r in rows):
+                if rows and (len(rows) != self.size or any(len(r) != self.size for r in rows)):
                     raise SchemaError(f"link matrix {label} must be {self.size} x {self.size}")
             bandwidth, latency = self.arrays().bandwidth_bytes_per_s, self.arrays().latency_s
             bad = np.argwhere((bandwidth <= 0) & ~np.eye(self.size, dtype=bool))
@@ -107,6 +126,12 @@ class LinkMatrix(FrozenModel):
             if len(bad):
                 i, j = (int(k) for k in bad[0])
                 raise SchemaError(f"link {i}->{j} has latency {latency[i, j]}; it must be >= 0 (seconds)")
+            if self.duplex_bandwidth_bytes_per_s is not None:
+                duplex = _square(self.duplex_bandwidth_bytes_per_s, self.size)
+                bad = np.argwhere(~(duplex > 0) & ~np.eye(self.size, dtype=bool))
+                if len(bad):
+                    i, j = (int(k) for k in bad[0])
+                    raise SchemaError(f"link {i}<->{j} has duplex bandwidth {duplex[i, j]}; it must be > 0")
         return self
 
     def arrays(self) -> LinkArrays:
@@ -150,7 +175,8 @@ class LinkMatrix(FrozenModel):
 
     def ring_slowest(self, endpoints: tuple[int, ...] | range) -> LinkProfile:
         """The slowest bandwidth and latency among the links of a ring through ``endpoints`` (in
-        order, the last back to the first; >= 2 endpoints)."""
+        order, the last back to the first; >= 2 endpoints). A ring of two sends both ways over one
+        pair at once: its bandwidth is also bounded by the pair's duplex figure, where measured."""
         if self.uniform is not None:
             return self.uniform
         if self.endpoints is not None:
@@ -161,10 +187,11 @@ class LinkMatrix(FrozenModel):
             )
         order = np.fromiter(endpoints, dtype=np.intp)
         arrays, following = self.arrays(), np.roll(order, -1)
-        return LinkProfile(
-            bandwidth_bytes_per_s=float(arrays.bandwidth_bytes_per_s[order, following].min()),
-            latency_s=float(arrays.latency_s[order, following].max()),
-        )
+        bandwidth = float(arrays.bandwidth_bytes_per_s[order, following].min())
+        if len(order) == 2 and self.duplex_bandwidth_bytes_per_s is not None:
+            a, b = (int(e) for e in order)
+            bandwidth = min(bandwidth, self.duplex_bandwidth_bytes_per_s[a][b])
+        return LinkProfile(bandwidth_bytes_per_s=bandwidth, latency_s=float(arrays.latency_s[order, following].max()))
 
 
 def _square(rows: tuple[tuple[float, ...], ...], n: int) -> FloatArray:

@@ -102,6 +102,22 @@ def test_a_record_says_which_links_it_ran_over_and_each_group_is_priced_over_its
     assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((1, 2)), unsaid) == pytest.approx(1.0)
 
 
+def test_a_two_member_ring_runs_at_its_pairs_duplex_bandwidth() -> None:
+    # The test hosts' case (benchmarks/netns_profile.py): the slow pair gets 0.8 of its one-way
+    # 1 GB/s when both ends send at once, as a 2-member all-reduce's ring does; the 3-member ring
+    # the record was measured on sends one way over each link, so its curve is one-way.
+    measured = _slow_pair_hosts(ring_bandwidth_bytes_per_s=1e9)
+    duplex = [[0.0 if i == j else 10e9 for j in range(3)] for i in range(3)]
+    duplex[0][1] = duplex[1][0] = 0.8e9
+    links = measured.inter_node_links.model_copy(update={"duplex_bandwidth_bytes_per_s": duplex})
+    halved = measured.model_copy(update={"inter_node_links": links})
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 1)), halved) == pytest.approx(1.25)
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((1, 2)), halved) == pytest.approx(0.1)
+    # A ring of three sends one way over each link: as before; so does a send.
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 1, 2)), halved) == pytest.approx(4 / 3)
+    assert p2p_time_s(1e9, 0, 1, halved) == pytest.approx(1.0)
+
+
 def _two_by_two(op: CollectiveOp, time_s: float) -> ClusterProfile:
     """2 nodes x 2 devices whose profile measured ``op`` over all 4 (the profiler's world shape):
     1 MB in ``time_s``."""

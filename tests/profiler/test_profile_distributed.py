@@ -197,6 +197,13 @@ def test_injected_slow_link_on_one_node(quick_profile: tuple[ClusterProfile, str
     pairs = {(i, j): links.link(i, j).bandwidth_bytes_per_s for i in range(4) for j in range(4) if i != j}
     slowest = sorted(pairs, key=lambda p: pairs[p])[:2]
     assert set(slowest) == {(1, 2), (2, 1)}, (pairs, output)
+    # Each pair's exchange, both ends sending at once, was timed too: symmetric, and slowest
+    # across the slowed pair.
+    duplex = links.duplex_bandwidth_bytes_per_s
+    assert duplex is not None, output
+    both_ways = {(i, j): duplex[i][j] for i in range(4) for j in range(4) if i != j}
+    assert all(both_ways[(i, j)] == both_ways[(j, i)] > 0 for i, j in both_ways), both_ways
+    assert min(both_ways, key=lambda p: both_ways[p]) in {(1, 2), (2, 1)}, (both_ways, output)
 
 
 @pytest.mark.parametrize(("fault", "phase"), [("2,collectives,exit", "collectives"), ("1,links,hang", "links")])

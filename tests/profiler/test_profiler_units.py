@@ -24,7 +24,7 @@ from planner.schemas import (
 )
 from profiler.build import build_profile
 from profiler.collectives import CollectiveSample, group_shapes
-from profiler.links import LinkSample, link_figures
+from profiler.links import LinkSample, duplex_bandwidth, link_figures
 from profiler.ops import GemmSample, OpsSample
 from profiler.rounds import round_robin
 from profiler.settings import ProfileSettings
@@ -60,6 +60,45 @@ def test_link_figures_from_ping_pong() -> None:
     # A latency as large as the transfer: bandwidth falls back to bytes / time(large).
     noisy = LinkSample(0, 1, Timing(3e-3, 0.1), Timing(4e-3, 0.2))
     assert link_figures(noisy, 0, 2**20)[0] == pytest.approx(2**20 / 4e-3)
+
+
+def test_duplex_bandwidth_from_the_exchange() -> None:
+    # 10 us latency; 1 MiB each way at once in 2.01 ms: 0.5 GiB/s each way.
+    s = LinkSample(0, 1, Timing(20e-6, 0.0), Timing(20e-6 + 1e-3, 0.0), exchange=Timing(10e-6 + 2e-3, 0.1))
+    assert duplex_bandwidth(s, 2**20) == pytest.approx(2**20 / 2e-3)
+    # A latency of half the exchange or more is noise: bytes / time, a lower bound.
+    assert duplex_bandwidth(replace(s, exchange=Timing(18e-6, 0.0)), 2**20) == pytest.approx(2**20 / 18e-6)
+    assert duplex_bandwidth(replace(s, exchange=None), 2**20) is None
+
+
+def test_build_profile_keeps_each_pairs_slowest_duplex_figure_both_ways() -> None:
+    infos = _infos(2, 2)
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
+
+    def sample(src: int, dst: int) -> LinkSample:
+        # One way 1 ms per MiB everywhere; both ways at once 1.5 ms, 2.5 ms across ranks 1 and 2
+        # (as rank 2 timed it; rank 1 timed 2 ms).
+        both_s = {(2, 1): 2.5e-3, (1, 2): 2e-3}.get((src, dst), 1.5e-3)
+        return LinkSample(src, dst, Timing(0.0, 0.0), Timing(1e-3, 0.0), exchange=Timing(both_s, 0.0))
+
+    links = [[sample(s, d) for d in range(4) if d != s] for s in range(4)]
+    ops = [OpsSample((GemmSample(64, 64, 64, DType.FP32, 1e-4, 0.0),), 1e10, 1e-5) for _ in range(4)]
+    profile = build_profile(settings, infos, links, [[] for _ in range(4)], ops, backend="gloo")
+    inside, across = profile.intra_node_links, profile.inter_node_links
+    assert inside.duplex_bandwidth_bytes_per_s is not None and across.duplex_bandwidth_bytes_per_s is not None
+    assert inside.duplex_bandwidth_bytes_per_s[0][1] == inside.duplex_bandwidth_bytes_per_s[1][0]
+    assert inside.duplex_bandwidth_bytes_per_s[0][1] == pytest.approx(2**20 / 1.5e-3)
+    # Nodes 0 and 1: the slowest of every crossing pair's figures, in both directions.
+    assert across.duplex_bandwidth_bytes_per_s[0][1] == pytest.approx(2**20 / 2.5e-3)
+    assert across.duplex_bandwidth_bytes_per_s[1][0] == pytest.approx(2**20 / 2.5e-3)
+    # A two-node ring sends both ways at once: the duplex figure bounds it; one way stays 1 ms.
+    assert across.ring_slowest((0, 1)).bandwidth_bytes_per_s == pytest.approx(2**20 / 2.5e-3)
+    assert across.link(0, 1).bandwidth_bytes_per_s == pytest.approx(2**20 / 1e-3)
+    # Samples without the exchange (profiles before it) leave the links full duplex.
+    bare = [[replace(s, exchange=None) for s in rank] for rank in links]
+    old = build_profile(settings, infos, bare, [[] for _ in range(4)], ops, backend="gloo")
+    assert old.inter_node_links.duplex_bandwidth_bytes_per_s is None
+    assert old.inter_node_links.ring_slowest((0, 1)).bandwidth_bytes_per_s == pytest.approx(2**20 / 1e-3)
 
 
 def _infos(nodes: int, per_node: int) -> list[RankInfo]:

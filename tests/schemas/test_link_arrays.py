@@ -89,3 +89,22 @@ def test_arrays_are_built_once_read_only_and_a_changed_copy_builds_its_own() -> 
 def test_a_zero_bandwidth_off_the_diagonal_is_refused_naming_the_pair() -> None:
     with pytest.raises(SchemaError, match=r"link 1->0 has bandwidth 0\.0; it must be > 0"):
         LinkMatrix(size=2, bandwidth_bytes_per_s=((0.0, 1e9), (0.0, 0.0)), latency_s=((0.0, 0.0), (0.0, 0.0)))
+
+
+def test_duplex_figures_are_checked_and_bound_only_a_two_member_ring() -> None:
+    one_way = ((0.0, 1e9, 1e9), (1e9, 0.0, 1e9), (1e9, 1e9, 0.0))
+    latency = ((0.0,) * 3,) * 3
+    duplex = ((0.0, 0.8e9, 1e9), (0.8e9, 0.0, 1e9), (1e9, 1e9, 0.0))
+    links = LinkMatrix(size=3, bandwidth_bytes_per_s=one_way, latency_s=latency, duplex_bandwidth_bytes_per_s=duplex)
+    assert links.ring_slowest((1, 0)).bandwidth_bytes_per_s == 0.8e9
+    assert links.ring_slowest((1, 2)).bandwidth_bytes_per_s == 1e9
+    assert links.ring_slowest((0, 1, 2)).bandwidth_bytes_per_s == 1e9  # one way over each link
+    with pytest.raises(SchemaError, match=r"link 0<->2 has duplex bandwidth 0\.0; it must be > 0"):
+        bad = ((0.0, 0.8e9, 0.0), (0.8e9, 0.0, 1e9), (1e9, 1e9, 0.0))
+        LinkMatrix(size=3, bandwidth_bytes_per_s=one_way, latency_s=latency, duplex_bandwidth_bytes_per_s=bad)
+    with pytest.raises(SchemaError, match="duplex_bandwidth_bytes_per_s must be 3 x 3"):
+        LinkMatrix(size=3, bandwidth_bytes_per_s=one_way, latency_s=latency, duplex_bandwidth_bytes_per_s=((1.0,),))
+    with pytest.raises(SchemaError, match="goes with explicit"):
+        LinkMatrix(
+            size=2, uniform=LinkProfile(bandwidth_bytes_per_s=1e9, latency_s=0.0), duplex_bandwidth_bytes_per_s=()
+        )
