@@ -15,8 +15,12 @@ direct queue (unshaped), or to a default class when ``default_rate_mbit`` is giv
 has no netem, so a slow link is slow by rate, not by added delay.
 
 Every process started through ``popen``/``run`` gets its own UTS namespace with the host's name
-as hostname (so ``socket.gethostname()`` tells the hosts apart, as the profiler needs) and
-``GLOO_SOCKET_IFNAME=eth0`` (so gloo binds the host's address).
+as hostname (so ``socket.gethostname()`` tells the hosts apart, as the profiler needs),
+``GLOO_SOCKET_IFNAME=eth0`` (so gloo binds the host's address), and the host's share of this
+machine's cores as its CPU affinity (``host_cores``), which a rank sizes its threads by, as on a
+real host. Unpinned, each host's rank took every core of the machine for its threads: 4 hosts
+ran 8 threads on 2 cores, and a tp2 dp2 step of tiny-gpt took 2.2-2.7 s against 0.24 s for the
+same plan as 4 ranks of one host.
 
 Teardown deletes the namespaces (which removes their veths and the bridge) and stops the
 processes started here; it runs on leaving the context, at interpreter exit, and on SIGINT or
@@ -277,6 +281,15 @@ class NetnsHosts:
         h = self.hosts[host]
         return command_in(h.namespace, h.hostname, argv)
 
+    def host_cores(self, host: int) -> set[int]:
+        """The cores of this machine ``host`` runs on: the usable cores split evenly among the hosts,
+        or, with more hosts than cores, one core each, hosts taking the cores in turn."""
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+        share = len(cores) // self.n_hosts
+        if share == 0:
+            return {cores[host % len(cores)]}
+        return set(cores[host * share : (host + 1) * share])
+
     def popen(self, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
         """Start ``argv`` on ``host`` (a ``subprocess.Popen`` in a new session; at teardown, its process
         group is stopped: SIGTERM, then SIGKILL after ``STOP_GRACE_S``).
@@ -285,6 +298,9 @@ class NetnsHosts:
         # A session of its own: teardown stops the whole group (torchrun's workers too), and a
         # terminal's Ctrl-C reaches only this process, whose handler tears down.
         kwargs.setdefault("start_new_session", True)
+        cores = self.host_cores(host)
+        if hasattr(os, "sched_setaffinity"):
+            kwargs.setdefault("preexec_fn", lambda: os.sched_setaffinity(0, cores))
         proc: subprocess.Popen[Any] = subprocess.Popen(self.command(host, argv), env=full_env, **kwargs)
         self._procs.append(proc)
         return proc

@@ -81,6 +81,18 @@ def test_shaping_is_per_pair_and_both_directions() -> None:
 
 
 @needs_netns
+def test_each_host_runs_on_its_share_of_the_cores() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    n = 2 * len(cores)  # more hosts than cores: one core each, in turn
+    with netns_hosts.NetnsHosts(n) as hosts:
+        probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+        seen = [json.loads(hosts.run(h, probe, timeout_s=10).stdout) for h in range(n)]
+    assert seen == [[cores[h % len(cores)]] for h in range(n)]
+    with netns_hosts.NetnsHosts(1) as hosts:  # one host: the whole machine
+        assert hosts.host_cores(0) == set(cores)
+
+
+@needs_netns
 def test_teardown_leaves_nothing_even_after_an_exception() -> None:
     hosts = netns_hosts.NetnsHosts(2, {(0, 1): 10})
     with pytest.raises(RuntimeError, match="boom"), hosts:
