@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from planner.schemas import ClusterProfile, DeviceMap, Layout, LinkMatrix
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.links import FloatArray
 from planner.search_engine.device_mapping import MAX_STARTS, greedy_node_chain
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Budget, Candidate
@@ -71,7 +72,7 @@ def slot_levels(layout: Layout, devices_per_node: int) -> tuple[IntArray, ...]:
     return tuple(levels)
 
 
-def level_scores(links: LinkMatrix, perms: IntArray, level: IntArray) -> tuple[npt.NDArray[np.float64], ...]:
+def level_scores(links: LinkMatrix, perms: IntArray, level: IntArray) -> tuple[FloatArray, FloatArray]:
     """Per permutation (a row of ``perms``: slot -> local device), the slowest bandwidth and the
     highest latency over the rings of ``level`` (each ring closing back to its first slot), as
     ``LinkMatrix.ring_slowest`` reads them."""
