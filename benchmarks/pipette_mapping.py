@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16")
     parser.add_argument("--top", type=int, default=5, help="top plans to report per matrix")
     args = parser.parse_args()
-    assert DEFAULT_REFINERS[-1].name == "device-mapping"
+    assert "device-mapping" in {r.name for r in DEFAULT_REFINERS}
     model, training = pipette_gpt(), pipette_training(DType(args.dtype))
     base = load_cluster(CLUSTER)
     print(f"{model.name} on {CLUSTER}, {args.dtype}, global batch {GLOBAL_BATCH} x {SEQ_LEN} tokens")

@@ -177,7 +177,8 @@ def search_outcome(
         memory_margin: share of device memory kept free (allocator fragmentation).
         storage: Optuna study storage URL (e.g. sqlite:///search.db) for a resumable search.
         progress: called as progress(done, total) while searching.
-        refiners: applied in order to the strategy's finalists (default: the CP-SAT layer split).
+        refiners: applied in order to the strategy's finalists (default ``DEFAULT_REFINERS``: the
+            CP-SAT layer split, then the rank-to-device map's node order and each node's local order).
         routing_trace: a routing trace file (``planner.routing_trace``) of the model: every MoE
             layer is then priced at its busiest rank's load, and the experts of finalists with
             expert parallelism are placed from it (``ExpertPlacementRefiner``). Without one,

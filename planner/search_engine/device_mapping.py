@@ -8,9 +8,11 @@ fastest link from the last one), each order is turned into a device map that kee
 devices in local order, and the Evaluator judges: the fastest map is kept only when it is priced
 faster than the candidate's. On up to ``SWAP_NODES`` nodes the best order is then improved by
 pair swaps the Evaluator prices faster. Uniform node links, and clusters beyond ``MAX_NODES``,
-skip at once. Devices inside a node keep their order (placing tensor-parallel groups inside a
-node is not done yet). Links are read through the node matrix's arrays
-(``LinkMatrix.arrays``, which agree with ``LinkMatrix.link`` on every pair).
+skip at once. Devices inside a node keep their order here; the next refiner,
+``intra_node_mapping.IntraNodeMappingRefiner``, permutes them per node so that tensor-parallel
+groups take the node's fastest links, composed with the order chosen here. Links are read
+through the node matrix's arrays (``LinkMatrix.arrays``, which agree with ``LinkMatrix.link`` on
+every pair).
 """
 
 import itertools

@@ -20,6 +20,7 @@ from planner.schemas import (
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.device_mapping import DeviceMappingRefiner
 from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, LayoutPoint, dominant_term
+from planner.search_engine.intra_node_mapping import IntraNodeMappingRefiner
 from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.refiner import Refiner, refine_all
 from planner.search_engine.space import Choice, SearchSpace
@@ -27,8 +28,9 @@ from planner.search_engine.strategy import Budget, Candidate, Progress, SearchSt
 
 FINALISTS_PER_RESULT = 3
 """Finalists refined, per plan asked for (at least 10)."""
-DEFAULT_REFINERS: tuple[Refiner, ...] = (LayerSplitRefiner(), DeviceMappingRefiner())
-"""Refiners every search applies to its finalists, in order."""
+DEFAULT_REFINERS: tuple[Refiner, ...] = (LayerSplitRefiner(), DeviceMappingRefiner(), IntraNodeMappingRefiner())
+"""Refiners every search applies to its finalists, in order (the local permutation inside nodes
+composes with the node order chosen before it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
