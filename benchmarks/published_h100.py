@@ -94,7 +94,21 @@ README's A100 figure puts it at FlashAttention-1's speed (causal, head dim 128) 
 puts FlashAttention-1 at 0.42-0.49 of FlashAttention-2 from 1k to 16k tokens, but the long-sequence
 rows (8k-65k tokens, where attention is 20-75% of the step) leave room for about 1 / 1.45 of
 FlashAttention-2's rate, not 1 / 2.3: the Triton kernel runs faster on H100 than FlashAttention-1,
-by an amount no source states."""
+by an amount no source states.
+
+What the long-sequence rows' optimism is (issue 15, measured with this file's inputs): the gap
+over the attention core's predicted time is a constant 1.38-1.48 for MPT-7b/13b from 4k to 65k
+tokens (rows 90, 91, 93, 94 and the README's other 8-GPU lengths), a kernel rate, not a term
+growing with the sequence; the kernel skips masked blocks both ways (flash_attn_triton.py's
+causal loop bounds), so the causal halving is not it. The README's A100 table of the same stack
+(not in the file) grows the same way on the dgx-a100-80g preset: -11% at 1k, +35% at 65k
+(MPT-7b). FSDP's collectives are not it: serializing all of them would add at most 10% (row
+89), 1.3% (91), 0.4% (94), 3.5% (96). Row 89 (MPT-30b on 8 GPUs) is 3.2 x, and its 4k row
+2.3 x: 56 GiB of model states per GPU leave that run at the edge of its memory (the planner
+counts 69 GiB before FSDP's unsharded fp32 gradient, the CUDA context and fragmentation), where
+the Triton kernel's larger footprint triggers the allocator's retries (mosaicml/examples pull
+request 125: "this can trigger alloc retries which hurts performance"); the same row on A100
+is +34% against -5% at 4k. Neither cost is priced."""
 GB200_GPUS_PER_TRAY = 4
 GB200_TRAYS_PER_RACK = 18
 
