@@ -2,7 +2,7 @@
 (scripts/netns_hosts.py), one pair rate-limited with htb, one torchrun per host (--nnodes N
 --node-rank i, rendezvous at host 0's address, one rank each).
 
-``planner profile --quick`` measures the hosts; the benchmark prints the node matrix and whether
+``planner profile --quick`` measures the hosts (and the model's layers at the plans' sequence); the benchmark prints the node matrix and whether
 the slowed pair is its slowest link. Then ``planner search`` plans a small model on that profile
 and ``planner run`` runs the plan across the hosts, and, when the search mapped ranks around the
 slow pair, the same layout with rank r on host r: predicted and measured step time of each.
@@ -206,7 +206,8 @@ def main() -> None:
             print(f"{args.hosts} hosts, {a}<->{b} limited to {limit}; profile {output.name} reused")
         else:
             output = args.output or workdir / "cluster.json"
-            wall_s = torchrun_across(hosts, ["profile", "--quick", "--output", str(output)], args.timeout)
+            profile = ["profile", "--quick", "--model", args.model, "--seq-len", str(args.seq_len)]
+            wall_s = torchrun_across(hosts, [*profile, "--output", str(output)], args.timeout)
             print(f"{args.hosts} hosts, {a}<->{b} limited to {limit}; profile {wall_s:.0f} s")
         slow_pair_slowest = print_matrix(load_cluster(str(output)), (a, b))
         print(f"slowed pair is the slowest: {slow_pair_slowest}")
