@@ -2,10 +2,11 @@
 (scripts/netns_hosts.py), one pair rate-limited with htb, one torchrun per host (--nnodes N
 --node-rank i, rendezvous at host 0's address, one rank each).
 
-``planner profile --quick`` measures the hosts (and the model's layers at the plans' sequence); the benchmark prints the node matrix and whether
-the slowed pair is its slowest link. Then ``planner search`` plans a small model on that profile
-and ``planner run`` runs the plan across the hosts, and, when the search mapped ranks around the
-slow pair, the same layout with rank r on host r: predicted and measured step time of each.
+``planner profile --quick`` measures the hosts and the model's layers at the plans' sequence;
+the benchmark prints the node matrix and whether the slowed pair is its slowest link. Then
+``planner search`` plans a small model on that profile and ``planner run`` runs the plan across
+the hosts, and, when the search mapped ranks around the slow pair, the same layout with rank r
+on host r: predicted and measured step time of each.
 
 Run (as root, with iproute2): .venv/bin/python benchmarks/netns_profile.py [--hosts 3]
     [--slow 0-1] [--rate-mbit 100] [--output cluster.json | --cluster cluster.json] [--pairs 3]
