@@ -2,8 +2,14 @@
 
 Driven through ``study.ask()`` / ``study.tell()`` with a seeded sampler. Each axis of the space
 (``space.AXES``, the same declaration the exhaustive strategy iterates) is one parameter, but
-an axis ``tried_in_full``, whose every value a trial evaluates, keeping the fastest; a
-combination that is not a valid layout is told as failed, one that does not fit as penalized. With a
+an axis ``tried_in_full``, whose every value a trial evaluates, keeping the fastest, and the last
+axis, recompute, whose values a trial tries in order (increasing time, decreasing memory) up to
+the first that fits, the fastest that does, as the exhaustive strategy prunes
+(``SearchSpace.groups``). Sampled, recompute split each good layout into twins that differ by
+little time and much memory, and the sampler settled on a twin or a neighbouring basin: on
+llama3-70b over 64 A100s (400 trials, seeds 0-9), 1.0295 of the exhaustive optimum at the median
+seed sampled, 1.0 tried in order. A combination that is not a valid layout is told as failed,
+one that does not fit as penalized. With a
 storage URL (SQLite by default from the CLI) the study is resumable: every finished trial is
 committed as it ends, and a search started again on the same inputs continues the same study.
 """
@@ -104,13 +110,16 @@ def study_name_for(space: SearchSpace, evaluate: Evaluator) -> str:
     return f"planner-{space.model.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> list[Layout]:
+def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> list[tuple[Layout, ...]]:
     """Sample a layout from the space's axes, each conditional on the ones before it
     (define-by-run), so that nearly every trial is a valid layout. An axis with one valid value
     is not a parameter; the others are named after the choices they offer (``Axis.parameter_name``).
-    An axis ``tried_in_full`` is not sampled: the trial holds one layout per valid value of it."""
+    An axis ``tried_in_full`` is not sampled: the trial holds one layout per valid value of it.
+    Nor is the last axis, recompute: each of those layouts comes as its group
+    (``SearchSpace.groups``), in recompute order, whose first that fits is its fastest."""
+    *outer, last = space.axes
     partial: list[dict[str, Choice]] = [{}]
-    for axis in space.axes:
+    for axis in outer:
         options = axis.choices(space, partial[0])
         if not options:
             given = ", ".join(f"{name}={partial[0][name]}" for name in axis.depends_on)
@@ -126,19 +135,24 @@ def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> list[Layout]:
             picked = trial.suggest_categorical(axis.parameter_name(options), plain)
             picked_value = options[plain.index(picked)]
         partial = [{**chosen, axis.name: picked_value} for chosen in partial]
-    return [space.layout(chosen) for chosen in partial]
+    groups = [tuple(space.layout({**chosen, last.name: v}) for v in last.choices(space, chosen)) for chosen in partial]
+    if not all(groups):
+        raise InfeasibleConfigError(f"no valid {last.name}")
+    return groups
 
 
-def _fastest(layouts: list[Layout], evaluate: Evaluator) -> tuple[Layout, Estimate]:
-    """The fastest of a trial's layouts that fits; raises the nearest miss's DoesNotFitError
-    when none fits."""
+def _fastest(groups: list[tuple[Layout, ...]], evaluate: Evaluator) -> tuple[Layout, Estimate]:
+    """The fastest of a trial's layouts that fits, taking of each group the first that fits;
+    raises the nearest miss's DoesNotFitError when none fits."""
     fits: list[tuple[Layout, Estimate]] = []
     misses: list[DoesNotFitError] = []
-    for layout in layouts:
-        try:
-            fits.append((layout, evaluate(layout)))
-        except DoesNotFitError as e:
-            misses.append(e)
+    for group in groups:
+        for layout in group:
+            try:
+                fits.append((layout, evaluate(layout)))
+                break
+            except DoesNotFitError as e:
+                misses.append(e)
     if fits:
         return min(fits, key=lambda pair: pair[1].step_time_s)
     raise min(misses, key=lambda e: e.needed_bytes)

@@ -25,7 +25,8 @@ def _sampled(space: SearchSpace, trials: int, sampler: optuna.samplers.BaseSampl
     seen = set()
     for _ in range(trials):
         trial = study.ask()
-        seen.update(_suggest(trial, space))  # a tried-in-full axis: every value in one trial
+        for group in _suggest(trial, space):  # a tried-in-full axis: every value in one trial
+            seen.update(group)  # and every value of recompute, tried in order
         study.tell(trial, float(len(seen)))  # any objective: only what can be sampled matters
     return seen
 
