@@ -2,17 +2,32 @@
 
 Driven through ``study.ask()`` / ``study.tell()`` with a seeded sampler. Each axis of the space
 (``space.AXES``, the same declaration the exhaustive strategy iterates) is one parameter, but
-an axis ``tried_in_full``, whose every value a trial evaluates, keeping the fastest; a
-combination that is not a valid layout is told as failed, one that does not fit as penalized. With a
-storage URL (SQLite by default from the CLI) the study is resumable: every finished trial is
+an axis ``tried_in_full``, whose every value a trial evaluates, keeping the fastest, and the last
+axis, recompute, whose values a trial tries in order (increasing time, decreasing memory) up to
+the first that fits, the fastest that does, as the exhaustive strategy prunes
+(``SearchSpace.groups``). Sampled, recompute split each good layout into twins that differ by
+little time and much memory, and the sampler settled on a twin or a neighbouring basin: on
+llama3-70b over 64 A100s (400 trials, seeds 0-9), 1.0295 of the exhaustive optimum at the median
+seed sampled, 1.0 tried in order. A combination that is not a valid layout is told as failed,
+one that does not fit as penalized.
+
+The last quarter of the trials (``LOCAL_SHARE``) goes to a local search: each asks for an untried
+neighbour of the fastest trial so far (one sampled axis moved, ``_neighbours``), enqueued as its
+parameters, so it is a trial like the others, stored and learned from; when the fastest has none
+left, the sampler picks. TPE finds the right basin but often stops one move short of its floor
+(1F1B where interleaving pays, ZeRO-2 where ZeRO-1 fits): on mixtral-8x7b over 64 H100s
+(gradients summed in bf16, seeds 0-9) the worst seed went from 1.0862 to 1.0188 of the optimum.
+
+With a storage URL (SQLite by default from the CLI) the study is resumable: every finished trial is
 committed as it ends, and a search started again on the same inputs continues the same study.
 """
 
 import hashlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import optuna
 
@@ -24,6 +39,9 @@ from planner.search_engine.strategy import Budget, Candidate, Progress, SearchRe
 
 DEFAULT_TRIALS = 400
 """Trials when the budget sets none."""
+LOCAL_SHARE = 0.25
+"""Share of the trials spent last on the untried neighbours of the fastest trial so far
+(``_neighbours``) while it has any, instead of on the sampler's picks."""
 DOES_NOT_FIT_PENALTY_S = 1e6
 """Objective of a layout that does not fit, per unit of memory needed over memory usable."""
 
@@ -61,6 +79,8 @@ class OptunaSearch:
         while asked < trials:
             if budget.max_time_s is not None and time.perf_counter() - start >= budget.max_time_s:
                 break
+            if asked >= trials * (1 - LOCAL_SHARE) and (params := _next_neighbour(study, space)) is not None:
+                study.enqueue_trial(params)
             trial = study.ask()
             asked += 1
             try:
@@ -104,13 +124,16 @@ def study_name_for(space: SearchSpace, evaluate: Evaluator) -> str:
     return f"planner-{space.model.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> list[Layout]:
+def _suggest(trial: optuna.trial.BaseTrial, space: SearchSpace) -> list[tuple[Layout, ...]]:
     """Sample a layout from the space's axes, each conditional on the ones before it
     (define-by-run), so that nearly every trial is a valid layout. An axis with one valid value
     is not a parameter; the others are named after the choices they offer (``Axis.parameter_name``).
-    An axis ``tried_in_full`` is not sampled: the trial holds one layout per valid value of it."""
+    An axis ``tried_in_full`` is not sampled: the trial holds one layout per valid value of it.
+    Nor is the last axis, recompute: each of those layouts comes as its group
+    (``SearchSpace.groups``), in recompute order, whose first that fits is its fastest."""
+    *outer, last = space.axes
     partial: list[dict[str, Choice]] = [{}]
-    for axis in space.axes:
+    for axis in outer:
         options = axis.choices(space, partial[0])
         if not options:
             given = ", ".join(f"{name}={partial[0][name]}" for name in axis.depends_on)
@@ -126,19 +149,66 @@ def _suggest(trial: optuna.trial.Trial, space: SearchSpace) -> list[Layout]:
             picked = trial.suggest_categorical(axis.parameter_name(options), plain)
             picked_value = options[plain.index(picked)]
         partial = [{**chosen, axis.name: picked_value} for chosen in partial]
-    return [space.layout(chosen) for chosen in partial]
+    groups = [tuple(space.layout({**chosen, last.name: v}) for v in last.choices(space, chosen)) for chosen in partial]
+    if not all(groups):
+        raise InfeasibleConfigError(f"no valid {last.name}")
+    return groups
 
 
-def _fastest(layouts: list[Layout], evaluate: Evaluator) -> tuple[Layout, Estimate]:
-    """The fastest of a trial's layouts that fits; raises the nearest miss's DoesNotFitError
-    when none fits."""
+def _next_neighbour(study: optuna.Study, space: SearchSpace) -> dict[str, bool | int | float | str | None] | None:
+    """The parameters of the first neighbour of the study's fastest trial that no trial has
+    tried; None when there is none (or no trial fits yet)."""
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    fitting = [t for t in done if "layout" in t.user_attrs]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda t: t.values[0])
+    tried = {frozenset(t.params.items()) for t in study.get_trials(deepcopy=False)}
+    return next((p for p in _neighbours(best.params, space) if frozenset(p.items()) not in tried), None)
+
+
+def _neighbours(params: dict[str, Any], space: SearchSpace) -> Iterator[dict[str, bool | int | float | str | None]]:
+    """The parameters of the trials that change one sampled axis of the trial with ``params`` to
+    another valid value, in axis order, the later axes keeping their values where still valid and
+    taking their first valid value where not."""
+    *outer, _ = space.axes
+    base: dict[str, Choice] = {}
+    for axis in outer:  # the trial's values, back from its parameters (as _suggest chose them)
+        options = axis.choices(space, base)
+        name = axis.parameter_name(options)
+        base[axis.name] = options[[_plain(v) for v in options].index(params[name])] if name in params else options[0]
+    for i, moved in enumerate(outer):
+        if moved.tried_in_full:
+            continue
+        for value in moved.choices(space, base):
+            if value == base[moved.name]:
+                continue
+            chosen: dict[str, Choice] = {}
+            neighbour: dict[str, bool | int | float | str | None] = {}
+            for j, axis in enumerate(outer):
+                options = axis.choices(space, chosen)
+                if not options:
+                    break
+                pick = value if j == i else base[axis.name] if base[axis.name] in options else options[0]
+                chosen[axis.name] = pick
+                if not axis.tried_in_full and len(options) > 1:
+                    neighbour[axis.parameter_name(options)] = _plain(pick)
+            else:
+                yield neighbour
+
+
+def _fastest(groups: list[tuple[Layout, ...]], evaluate: Evaluator) -> tuple[Layout, Estimate]:
+    """The fastest of a trial's layouts that fits, taking of each group the first that fits;
+    raises the nearest miss's DoesNotFitError when none fits."""
     fits: list[tuple[Layout, Estimate]] = []
     misses: list[DoesNotFitError] = []
-    for layout in layouts:
-        try:
-            fits.append((layout, evaluate(layout)))
-        except DoesNotFitError as e:
-            misses.append(e)
+    for group in groups:
+        for layout in group:
+            try:
+                fits.append((layout, evaluate(layout)))
+                break
+            except DoesNotFitError as e:
+                misses.append(e)
     if fits:
         return min(fits, key=lambda pair: pair[1].step_time_s)
     raise min(misses, key=lambda e: e.needed_bytes)

@@ -32,7 +32,8 @@ combination they produce is a layout the cost models can price (memory fit aside
   parallelism, and ZeRO-3's secondary partition over one node's (hpZ) without a pipeline, where
   the group spans more than a node (``Layout.sharding_group_size``, ``secondary_partition_size``).
 - Recompute comes last, in increasing order of time (and decreasing memory): the exhaustive
-  strategy's pruning relies on it (``groups``).
+  strategy's pruning relies on it (``groups``), and Optuna tries it in that order instead of
+  sampling it.
 
 Constraints (``SearchSpace.constrained``: ``--tp 8``, ``--pp 1-16``, ``--zero-stage 1,3`` ...) narrow
 an axis to the values given, before anything is enumerated or sampled; a constraint on tp may
@@ -328,7 +329,7 @@ AXES: tuple[Axis, ...] = (
     Axis(name="recompute", field="recompute", rule=_recompute),
 )
 """Every axis of the search, in the order they are chosen (each after those it depends on).
-Recompute stays last: ``SearchSpace.groups`` groups by it."""
+Recompute stays last: ``SearchSpace.groups`` groups by it, and Optuna tries it in order."""
 
 DEGREE_AXES = ("tp", "pp", "cp", "dp", "etp", "ep")
 """The leading axes, the parallel degrees: ``SearchSpace.blocks``."""

@@ -8,7 +8,7 @@ from planner.inputs import load_cluster, load_model
 from planner.schemas import Layout, TrainingSpec
 from planner.search_engine import ExhaustiveSearch, OptunaSearch
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.optuna_search import _suggest
+from planner.search_engine.optuna_search import _neighbours, _suggest
 from planner.search_engine.space import AXES, SearchSpace, divisors
 from planner.search_engine.strategy import Budget
 
@@ -25,7 +25,8 @@ def _sampled(space: SearchSpace, trials: int, sampler: optuna.samplers.BaseSampl
     seen = set()
     for _ in range(trials):
         trial = study.ask()
-        seen.update(_suggest(trial, space))  # a tried-in-full axis: every value in one trial
+        for group in _suggest(trial, space):  # a tried-in-full axis: every value in one trial
+            seen.update(group)  # and every value of recompute, tried in order
         study.tell(trial, float(len(seen)))  # any objective: only what can be sampled matters
     return seen
 
@@ -50,6 +51,33 @@ def test_optuna_samples_exactly_the_exhaustive_candidates_of_a_small_space(model
     assert len(candidates) == space.size()
     sampled = _sampled(space, 3000, optuna.samplers.RandomSampler(seed=0))
     assert sampled == candidates
+
+
+def test_a_trials_neighbours_change_one_sampled_axis_each_and_are_valid_trials() -> None:
+    space = _space("tiny-gpt", world=8, batch=16)
+    candidates = set(space.candidates())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    base = study.ask()
+    _suggest(base, space)
+    trial = optuna.trial.FixedTrial(base.params)
+    (layout, *_), *_ = _suggest(trial, space)
+    firsts, seen = [], set()
+    for params in _neighbours(base.params, space):
+        groups = _suggest(optuna.trial.FixedTrial(params), space)  # every parameter it asks for is given
+        assert {lay for group in groups for lay in group} <= candidates
+        assert frozenset(params.items()) not in seen and params != base.params
+        seen.add(frozenset(params.items()))
+        # The first axis on which it differs is a sampled one; the axes before it are the base's.
+        first = next(a for a in AXES if getattr(groups[0][0], a.field) != getattr(layout, a.field))
+        assert not first.tried_in_full and first is not AXES[-1]
+        firsts.append(first.name)
+    # tp, the first axis, takes each of its other values once, in one neighbour each.
+    assert firsts.count("tp") == len(space.choices("tp")) - 1 >= 1
+    assert {lay.tensor_parallel_degree for lay in candidates} == {layout.tensor_parallel_degree} | {
+        next(iter(_suggest(optuna.trial.FixedTrial(p), space)))[0].tensor_parallel_degree
+        for p, name in zip(_neighbours(base.params, space), firsts, strict=True)
+        if name == "tp"
+    }
 
 
 def test_what_optunas_tpe_search_finds_is_in_the_exhaustive_candidates() -> None:

@@ -109,16 +109,17 @@ def test_split_costs_are_affine_in_the_layer_count() -> None:
 
 
 @pytest.mark.slow
-def test_optuna_reaches_2_percent_of_the_exhaustive_optimum_in_400_trials() -> None:
-    # A mid-size case: llama3-70b on 64 A100s, 7,524 candidates (the sharding groups tried in full in
-    # each trial). The sampler is random: on the space before the sharding groups, over
-    # seeds 0-4 its best was 1.0235, 1.0033, 1.0033, 1.0522 and 1.0033 of the optimum (its eight
-    # best layouts lie within 0.6% of one another), so the median seed must come within 2% and
-    # none beyond 6%. Gradients summed in bf16, the landscape those targets were set on: summed in
-    # fp32 (the default under bf16) the ZeRO-3 layouts fall 2-3% behind the optimum, and seeds 0-4
-    # reach 1.0, 1.0079, 1.0259, 1.0295 and 1.0296 of it.
+@pytest.mark.parametrize("grad_reduce_dtype", [None, DType.BF16], ids=["fp32-sums", "bf16-sums"])
+def test_optuna_reaches_2_percent_of_the_exhaustive_optimum_in_400_trials(grad_reduce_dtype: DType | None) -> None:
+    # A mid-size case: llama3-70b on 64 A100s, 24,516 candidates, 15 of them within 2% of the
+    # optimum (dp8 tp4 pp2 zero1 interleaved). The sampler is random. Seeds 0-4 reach 1.0, 1.0, 1.0,
+    # 1.0259 and 1.0 of the optimum with gradients summed in fp32 (the default under bf16), 1.0,
+    # 1.0, 1.0, 1.006 and 1.0 summed in bf16; with recompute sampled and no local search they
+    # reached 1.0, 1.0079, 1.0259, 1.0295 and 1.0296 (fp32), 1.0, 1.0553, 1.006, 1.0311 and 1.0
+    # (bf16). Over seeds 0-19 (fp32) the mean is 1.0099 (was 1.0236) and 14 come within 2% (were
+    # 8): the median seed must come within 2% and none beyond 6%.
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-a100-80g:8")
-    training = TrainingSpec(global_batch_size=256, seq_len=4096, grad_reduce_dtype=DType.BF16)
+    training = TrainingSpec(global_batch_size=256, seq_len=4096, grad_reduce_dtype=grad_reduce_dtype)
     space = SearchSpace(model=model, training=training, world_size=64, devices_per_node=8)
     exact = ExhaustiveSearch().search(space, Evaluator(model, training, cluster), Budget(), seed=0)
     optimum_s = exact.feasible[0].estimate.step_time_s
@@ -145,6 +146,23 @@ def test_an_interrupted_optuna_search_keeps_its_finished_trials(tmp_path: Path) 
     (summary,) = optuna.get_all_study_summaries(storage)
     assert summary.n_trials == 25
     assert {c.layout for c in first.feasible} <= {c.layout for c in second.feasible}
+
+
+def test_optunas_last_quarter_of_trials_tries_the_fastest_trials_neighbours(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    OptunaSearch(storage=storage, study_name="s").search(
+        _space(), Evaluator(MODEL, TRAINING, CLUSTER), Budget(max_trials=40), seed=0
+    )
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials()
+    enqueued = ["fixed_params" in t.system_attrs for t in trials]
+    assert len(trials) == 40 and not any(enqueued[:30]) and any(enqueued[30:])
+    # Each neighbour asked for moves one sampled axis of a trial before it: it differs from the
+    # fastest earlier trial in one parameter value at least and shares some.
+    for i, trial in enumerate(trials[30:], start=30):
+        if enqueued[i]:
+            fitting = [t for t in trials[:i] if "layout" in t.user_attrs]
+            best = min(fitting, key=lambda t: t.values[0])
+            assert trial.params != best.params and set(trial.params.items()) & set(best.params.items())
 
 
 def test_nothing_fits_is_explained() -> None:
