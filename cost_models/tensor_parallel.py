@@ -14,12 +14,20 @@ parallel folding) the MoE block's input and output stay sequence-sharded and its
 are whole on each rank, so it runs no tensor-parallel collective of its own: the layer keeps
 attention's all-gather and reduce-scatter (half the layer's collectives, which move the same
 bytes), and the shared experts', split over t as a dense MLP, where the model has them
-(``moe_layer_share``). Units: seconds, bytes.
+(``moe_layer_share``).
+
+The profiler times the real layer on every group of t consecutive devices at once and keeps
+the slowest (``profiler.ops``): its collectives ran over those groups' links. Where links
+differ (``comm.has_uniform_links`` false) and the priced groups are others (a device map, or a
+cluster the record did not come from), the record's time is moved by the difference the link
+model prices between the two sets of groups: a tp2 layer timed across a slowed pair (a 10 Mbit/s
+link among namespaced test hosts: 2.09 s a step) does not price a map that keeps tensor groups
+off that pair as slow, nor the reverse. Units: seconds, bytes.
 """
 
 from collections.abc import Iterable
 
-from cost_models.comm import Group, priced_groups, slowest_collective_s
+from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
 from cost_models.compute import measured_layer_s
 from cost_models.context_parallel import local_seq_len
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
@@ -85,14 +93,40 @@ def _forward_backward_s(
             sequence_parallel=layout.sequence_parallel,
         )
         if real is not None:
-            return max(0.0, real[0] - local[0]), max(0.0, real[1] - local[1])
-    act_bytes = layout.micro_batch_size * local_seq_len(training, layout) * model.hidden_size * dt.bytes
+            moved = _relinked_s(model, training, cluster, layout, tensor_groups)
+            return max(0.0, real[0] - local[0] + moved), max(0.0, real[1] - local[1] + moved)
     groups = priced_groups(tensor_groups, cluster, rank_order=layout.device_map.is_identity)
+    fwd = _collectives_s(model, training, cluster, layout, groups)
+    return fwd, fwd
+
+
+def _collectives_s(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, groups: tuple[Group, ...]
+) -> float:
+    """One pass's (forward or backward) tensor-parallel collectives of a layer over ``groups``,
+    priced from the links: the slowest group's."""
+    act_bytes = layout.micro_batch_size * local_seq_len(training, layout) * model.hidden_size * training.dtype.bytes
     if layout.sequence_parallel:
-        fwd = 2 * (
+        return 2 * (
             slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)
             + slowest_collective_s(CollectiveOp.REDUCE_SCATTER, act_bytes, groups, cluster)
         )
-    else:
-        fwd = 2 * slowest_collective_s(CollectiveOp.ALL_REDUCE, act_bytes, groups, cluster)
-    return fwd, fwd
+    return 2 * slowest_collective_s(CollectiveOp.ALL_REDUCE, act_bytes, groups, cluster)
+
+
+def _relinked_s(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, tensor_groups: Iterable[Group]
+) -> float:
+    """Seconds a measured layer's pass gains (or loses) on ``tensor_groups`` against the groups
+    the profiler timed it on, every t consecutive devices of the cluster (module docstring): 0
+    on uniform links, where every group of a shape prices alike."""
+    if has_uniform_links(cluster):
+        return 0.0
+    t = layout.tensor_parallel_degree
+    timed = priced_groups(
+        (Group(range(first, first + t)) for first in range(0, cluster.world_size - t + 1, t)), cluster, rank_order=True
+    )
+    priced = priced_groups(tensor_groups, cluster, rank_order=layout.device_map.is_identity)
+    return _collectives_s(model, training, cluster, layout, priced) - _collectives_s(
+        model, training, cluster, layout, timed
+    )
