@@ -34,8 +34,21 @@ faster. The identity's 8 one-way 64 KiB pipeline transfers across the slow pair 
 price; the mapped plan's one 2-rank all-reduce of 512 KiB across it (priced 0.43 s at the
 one-way 1.2 MB/s) costs about 0.65 s: a pair exchanging both ways at once gets about 0.8 MB/s
 each way here (sending pure TCP acknowledgements outside the slow class did not change it).
-The profile measures each link one way; what a collective that sends both ways at once gets
-from a link is not measured yet.
+The profile measured each link one way only then.
+
+Since, the profile times each pair's exchange, both ends sending at once
+(``LinkMatrix.duplex_bandwidth_bytes_per_s``), which prices a two-member ring; each host runs on
+its share of the cores (``netns_hosts``); the profile times the model's layers; and a measured
+tensor-parallel layer is moved to other groups by the links' difference
+(``cost_models.tensor_parallel``). 4 hosts, tensor parallelism asked for (``--search-args '--tp
+2'``), 0<->1 at 10 Mbit/s (read 1.2 MB/s one way, 0.6 MB/s each way at once; the other pairs
+0.36-1.4 GB/s one way); profile 655 s; load 1.1-2.4: the search maps dp2 tp2 mb6 to hosts
+[2, 1, 0, 3], both tensor groups and both data-parallel groups off the slow pair. Predicted
+0.154 s mapped against 2.094 s identity (13.6x); measured in 3 alternating pairs 0.190-0.204 s
+(median 0.200) against 2.195-2.209 s (median 2.204): 10.8, 11.6, 11.0x faster, each plan's
+measurement 1.30x (mapped) and 1.05x (identity) its prediction. Before each host ran on its own
+cores its ranks took every core's threads and both plans ran 2.2-3.0 s; before the layer's
+record was moved, both were priced 2.09 s and the search kept the identity.
 """
 
 import argparse
