@@ -49,6 +49,14 @@ tensor-parallel layer is moved to other groups by the links' difference
 measurement 1.30x (mapped) and 1.05x (identity) its prediction. Before each host ran on its own
 cores its ranks took every core's threads and both plans ran 2.2-3.0 s; before the layer's
 record was moved, both were priced 2.09 s and the search kept the identity.
+
+The same on 3 hosts without ``--search-args`` (profile 312 s; load 1.7-2.8): the search now keeps
+the identity, dp1 pp3 mb1, its one slow boundary carrying the pipeline's sends rather than the
+tied embedding's two-way all-reduce (which the pair's duplex figure prices at 0.6 MB/s each way).
+Measured 0.213-0.231 s (median 0.231), below every plan measured on these hosts before, but
+2.5x under its prediction of 0.578 s: the 16 KiB pipeline sends over the shaped pair take less
+than latency + bytes / bandwidth from the 4 MiB figure (a token-bucket shaper passes short
+bursts faster; not measured here), so small transfers over such a link are priced pessimistically.
 """
 
 import argparse
