@@ -107,10 +107,15 @@ class DeviceMappingRefiner:
 
 
 def _priced(evaluate: Evaluator, layout: Layout, order: tuple[int, ...], per_node: int) -> Candidate | None:
-    """The layout with its rank blocks on nodes in ``order``, priced; None when that is the identity
-    (already priced) or does not fit."""
-    device_map = node_order_map(order, per_node)
-    if device_map.is_identity:
+    """The (identity-mapped) layout with its rank blocks on nodes in ``order``, priced
+    (``priced_map``)."""
+    return priced_map(evaluate, layout, node_order_map(order, per_node))
+
+
+def priced_map(evaluate: Evaluator, layout: Layout, device_map: DeviceMap) -> Candidate | None:
+    """The layout under ``device_map``, priced; None when that is its own map (already priced) or
+    does not fit."""
+    if device_map == layout.device_map:
         return None
     mapped = replace(layout, device_map=device_map)
     try:

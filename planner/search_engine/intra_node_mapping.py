@@ -24,16 +24,15 @@ priced faster than the candidate. Uniform intra-node links skip at once, without
 
 import functools
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from planner.schemas import ClusterProfile, DeviceMap, Layout, LinkMatrix
-from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.links import FloatArray
-from planner.search_engine.device_mapping import MAX_STARTS, greedy_node_chain
+from planner.search_engine.device_mapping import MAX_STARTS, greedy_node_chain, priced_map
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Budget, Candidate
 
@@ -174,18 +173,7 @@ class IntraNodeMappingRefiner:
         best = candidate
         for k in range(max(len(c) for c in choices)):
             table = np.array([c[min(k, len(c) - 1)] for c in choices], dtype=np.intp)[which]
-            found = _priced(evaluate, layout, compose(layout.device_map, layout.world_size, d, table))
+            found = priced_map(evaluate, layout, compose(layout.device_map, layout.world_size, d, table))
             if found is not None and found.estimate.step_time_s < best.estimate.step_time_s:
                 best = found
         return best
-
-
-def _priced(evaluate: Evaluator, layout: Layout, device_map: DeviceMap) -> Candidate | None:
-    """The layout under ``device_map``, priced; None when that is its own map or does not fit."""
-    if device_map == layout.device_map:
-        return None
-    mapped = replace(layout, device_map=device_map)
-    try:
-        return Candidate(mapped, evaluate(mapped))
-    except InfeasibleConfigError:
-        return None
