@@ -2,8 +2,8 @@
 
 Pairs are measured in rounds of disjoint pairs (profiler.rounds), all pairs of a round at once,
 first the lower rank sending, then the higher, then both at once. Each one-way measurement is a
-ping-pong: the sender sends
-``n`` bytes, the receiver answers with one element, so time(n) = 2 latency + n / bandwidth. The
+ping-pong: the sender sends ``n`` bytes, the receiver answers with one element, so time(n) =
+2 latency + n / bandwidth. The
 small size gives the latency (half the round trip), the large one the bandwidth:
 (large - small) / (time(large) - time(small)). Where that difference is lost in the noise (less
 than half of time(large), as with a latency of milliseconds on oversubscribed cores), the
@@ -11,7 +11,7 @@ bandwidth is taken as large / time(large), a lower bound, rather than a figure n
 
 The exchange sends ``n`` bytes each way at once (a two-member ring's all-reduce does): time =
 latency + n / duplex bandwidth, each direction's share of the link while the other is busy too.
-On the rate-shaped test hosts a pair's exchange gets 0.8 of its one-way figure
+On the namespaced test hosts a pair's exchange gets half its one-way figure
 (``benchmarks/netns_profile.py``); a full-duplex link gets its one-way figure.
 """
 
