@@ -19,7 +19,9 @@ share one permutation) yields the permutations on the Pareto front of its levels
 bandwidths (a step's time falls as either rises; which matters more is the Evaluator's to
 judge); the maps they make (the k-th of each matrix's), composed with the node order the
 candidate already has, are priced by the Evaluator and the fastest is kept only when it is
-priced faster than the candidate. Uniform intra-node links skip at once, without an evaluation.
+priced faster than the candidate. Uniform intra-node links skip at once, without an evaluation,
+and so do measured links that differ by no more than their measurement's noise
+(``distinct_links``).
 """
 
 import functools
@@ -118,6 +120,25 @@ def candidate_permutations(links: LinkMatrix, levels: tuple[IntArray, ...]) -> t
     return tuple(tuple(int(x) for x in perms[chosen[i]]) for i in front)
 
 
+def distinct_links(links: LinkMatrix) -> bool:
+    """Whether a node's links differ by more than their measurement's noise: not a uniform link,
+    and, where the bandwidths were measured (``LinkMatrix.bandwidth_spread``), the fastest and
+    slowest pair differ by more than the median spread (interquartile range / median) of the
+    repeats. Within it, which pair is faster is noise, and a map chosen by it gains nothing when
+    run: on the local 4-rank CPU node (one shared memory, pairs read 1.2-2.1 GB/s with a median
+    spread of 0.56), maps priced 2.5-28% faster ran 1.23-1.47x their prediction
+    (``benchmarks/tune_local.py``)."""
+    if links.uniform is not None:
+        return False
+    if links.bandwidth_spread is None:
+        return True
+    bandwidth = links.arrays().bandwidth_bytes_per_s
+    off = ~np.eye(links.size, dtype=bool)
+    spread = np.asarray(links.bandwidth_spread, dtype=np.float64)[off]
+    fastest, slowest = float(bandwidth[off].max()), float(bandwidth[off].min())
+    return (fastest - slowest) / fastest > float(np.median(spread))
+
+
 def compose(device_map: DeviceMap, world_size: int, devices_per_node: int, perms: IntArray) -> DeviceMap:
     """``device_map`` with each node's local devices permuted: a rank on local device ``k`` of node
     ``n`` moves to local device ``perms[n, k]`` of the same node."""
@@ -162,14 +183,14 @@ class IntraNodeMappingRefiner:
         del budget, seed  # a handful of evaluations, no solver
         cluster, layout = evaluate.cluster, candidate.layout
         matrices, which = _node_matrices(cluster)
-        if all(m.uniform is not None for m in matrices) or layout.world_size != cluster.world_size:
+        if all(not distinct_links(m) for m in matrices) or layout.world_size != cluster.world_size:
             return candidate
         d = cluster.devices_per_node
         levels = slot_levels(layout, d)
         if not levels or not _block_mapped(layout.device_map, layout.world_size, d):
             return candidate
         identity = tuple(range(d))
-        choices = [candidate_permutations(m, levels) if m.uniform is None else (identity,) for m in matrices]
+        choices = [candidate_permutations(m, levels) if distinct_links(m) else (identity,) for m in matrices]
         best = candidate
         for k in range(max(len(c) for c in choices)):
             table = np.array([c[min(k, len(c) - 1)] for c in choices], dtype=np.intp)[which]
