@@ -21,7 +21,7 @@ judge); the maps they make (the k-th of each matrix's), composed with the node o
 candidate already has, are priced by the Evaluator and the fastest is kept only when it is
 priced faster than the candidate. Uniform intra-node links skip at once, without an evaluation,
 and so do measured links that differ by no more than their measurement's noise
-(``distinct_links``).
+(``distinct_links``) and CPU nodes, whose local ranks all talk through one memory.
 """
 
 import functools
@@ -32,7 +32,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from planner.schemas import ClusterProfile, DeviceMap, Layout, LinkMatrix
+from planner.schemas import ClusterProfile, DeviceKind, DeviceMap, Layout, LinkMatrix
 from planner.schemas.links import FloatArray
 from planner.search_engine.device_mapping import MAX_STARTS, greedy_node_chain, priced_map
 from planner.search_engine.evaluate import Evaluator
@@ -127,7 +127,9 @@ def distinct_links(links: LinkMatrix) -> bool:
     repeats. Within it, which pair is faster is noise, and a map chosen by it gains nothing when
     run: on the local 4-rank CPU node (one shared memory, pairs read 1.2-2.1 GB/s with a median
     spread of 0.56), maps priced 2.5-28% faster ran 1.23-1.47x their prediction
-    (``benchmarks/tune_local.py``)."""
+    (``benchmarks/tune_local.py``). That node's pairs can also differ by more than their spread
+    (1.3-3.4 GB/s, median spread 0.27, in another profile) with nothing to place by, as every pair
+    is the same loopback through one memory: the refiner leaves CPU nodes alone too."""
     if links.uniform is not None:
         return False
     if links.bandwidth_spread is None:
@@ -183,7 +185,9 @@ class IntraNodeMappingRefiner:
         del budget, seed  # a handful of evaluations, no solver
         cluster, layout = evaluate.cluster, candidate.layout
         matrices, which = _node_matrices(cluster)
-        if all(not distinct_links(m) for m in matrices) or layout.world_size != cluster.world_size:
+        if cluster.pricing_device.kind is DeviceKind.CPU or layout.world_size != cluster.world_size:
+            return candidate  # a CPU host's ranks all talk through its one memory (``distinct_links``)
+        if all(not distinct_links(m) for m in matrices):
             return candidate
         d = cluster.devices_per_node
         levels = slot_levels(layout, d)

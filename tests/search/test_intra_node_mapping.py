@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cost_models.groups import tensor_groups
 from planner.inputs import load_cluster, load_model
-from planner.schemas import ClusterProfile, DeviceMap, Layout, LinkMatrix, TrainingSpec
+from planner.schemas import ClusterProfile, DeviceKind, DeviceMap, Layout, LinkMatrix, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine import ExhaustiveSearch
 from planner.search_engine.device_mapping import DeviceMappingRefiner
@@ -146,6 +146,12 @@ def test_links_that_differ_within_their_measured_spread_are_left_alone() -> None
     evaluate = Evaluator(MODEL, TrainingSpec(global_batch_size=16, seq_len=128), cluster_of(2, measured(0.3)))
     candidate = priced(evaluate, layout(2, 4))
     assert not IntraNodeMappingRefiner().refine(candidate, evaluate, Budget(), seed=0).layout.device_map.is_identity
+    # A CPU host's ranks all talk through its one memory: however its pairs measured, nothing to place.
+    cpu = cluster_of(2, measured(0.3))
+    cpu = cpu.model_copy(update={"device": cpu.device.model_copy(update={"kind": DeviceKind.CPU})})
+    evaluate = Evaluator(MODEL, TrainingSpec(global_batch_size=16, seq_len=128), cpu)
+    candidate = priced(evaluate, layout(2, 4))
+    assert IntraNodeMappingRefiner().refine(candidate, evaluate, Budget(), seed=0) is candidate
 
 
 def test_nodes_described_alike_share_one_permutation_and_a_node_order_is_kept() -> None:
