@@ -184,17 +184,21 @@ class IntraNodeMappingRefiner:
         when faster."""
         del budget, seed  # a handful of evaluations, no solver
         cluster, layout = evaluate.cluster, candidate.layout
-        matrices, which = _node_matrices(cluster)
         if cluster.pricing_device.kind is DeviceKind.CPU or layout.world_size != cluster.world_size:
             return candidate  # a CPU host's ranks all talk through its one memory (``distinct_links``)
-        if all(not distinct_links(m) for m in matrices):
+        matrices, which = _node_matrices(cluster)
+        distinct = [distinct_links(m) for m in matrices]
+        if not any(distinct):
             return candidate
         d = cluster.devices_per_node
         levels = slot_levels(layout, d)
         if not levels or not _block_mapped(layout.device_map, layout.world_size, d):
             return candidate
         identity = tuple(range(d))
-        choices = [candidate_permutations(m, levels) if distinct_links(m) else (identity,) for m in matrices]
+        choices = [
+            candidate_permutations(m, levels) if keep else (identity,)
+            for m, keep in zip(matrices, distinct, strict=True)
+        ]
         best = candidate
         for k in range(max(len(c) for c in choices)):
             table = np.array([c[min(k, len(c) - 1)] for c in choices], dtype=np.intp)[which]
