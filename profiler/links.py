@@ -3,11 +3,11 @@
 Pairs are measured in rounds of disjoint pairs (profiler.rounds), all pairs of a round at once,
 first the lower rank sending, then the higher, then both at once. Each one-way measurement is a
 ping-pong: the sender sends ``n`` bytes, the receiver answers with one element, so time(n) =
-2 latency + n / bandwidth. The
-small size gives the latency (half the round trip), the large one the bandwidth:
-(large - small) / (time(large) - time(small)). Where that difference is lost in the noise (less
-than half of time(large), as with a latency of milliseconds on oversubscribed cores), the
-bandwidth is taken as large / time(large), a lower bound, rather than a figure noise inflated.
+2 latency + n / bandwidth. The small size gives the latency (half the round trip), the large one
+the bandwidth: (large - small) / (time(large) - time(small)). Where that difference is lost in
+the noise (less than half of time(large), as with a latency of milliseconds on oversubscribed
+cores), the bandwidth is taken as large / time(large), a lower bound, rather than a figure noise
+inflated.
 
 The exchange sends ``n`` bytes each way at once (a two-member ring's all-reduce does): time =
 latency + n / duplex bandwidth, each direction's share of the link while the other is busy too.
@@ -41,7 +41,7 @@ class LinkSample:
 
 
 def _ping_pong(ctx: Context, peer: int, payload: torch.Tensor, ack: torch.Tensor, *, sending: bool) -> None:
-    delay = _injected_delay(ctx, peer) * payload.numel() * payload.element_size() / ctx.settings.bandwidth_bytes
+    delay = _injected_delay_s(ctx, peer, payload)
     if sending:
         dist.send(payload, peer)
         dist.recv(ack, peer)
@@ -57,14 +57,16 @@ def _exchange(ctx: Context, peer: int, payload: torch.Tensor, inbox: torch.Tenso
     for request in requests:
         assert request is not None  # None only for ranks outside the (default) group
         request.wait()
-    if delay := _injected_delay(ctx, peer) * payload.numel() * payload.element_size() / ctx.settings.bandwidth_bytes:
+    if delay := _injected_delay_s(ctx, peer, payload):
         time.sleep(delay)
 
 
-def _injected_delay(ctx: Context, peer: int) -> float:
-    """Testing aid: seconds added to a bandwidth-size transfer on the chosen pairs (pro rata for
-    smaller ones), which makes that link slower by both latency and bandwidth."""
-    return sum(seconds for a, b, seconds in ctx.settings.inject_link_delay if {ctx.rank, peer} == {a, b})
+def _injected_delay_s(ctx: Context, peer: int, payload: torch.Tensor) -> float:
+    """Testing aid: seconds added to a transfer of ``payload`` on the chosen pairs, the delay given
+    for a bandwidth-size transfer pro rata, which makes that link slower by both latency and
+    bandwidth."""
+    per_bandwidth_size_s = sum(s for a, b, s in ctx.settings.inject_link_delay if {ctx.rank, peer} == {a, b})
+    return per_bandwidth_size_s * payload.numel() * payload.element_size() / ctx.settings.bandwidth_bytes
 
 
 def measure(ctx: Context) -> list[list[LinkSample]] | None:
