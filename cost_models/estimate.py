@@ -92,7 +92,7 @@ def estimate(
         tensor_parallel_comm_s=shared * m * slowest.tensor_parallel_comm_s,
         expert_parallel_comm_s=shared * m * slowest.expert_parallel_comm_s,
         pipeline_comm_s=pipeline_comm_s(model, training, cluster, layout, m, slowest.compute_s + slowest.recompute_s)
-        + shared * m * slowest.vocabulary_comm_s
+        + m * slowest.vocabulary_comm_s  # every pipeline rank takes part: no core is freed for it
         + tied_embedding_sync_s(model, training, cluster, layout),
         pipeline_bubble_s=shared * bubble,
         data_parallel_comm_s=data_parallel.exposed_s,

@@ -230,7 +230,8 @@ def estimate_timeline(
             recompute_s=compute * st.recompute_s / v,
             collectives_s=(
                 tp_scale * st.tensor_parallel_comm_s
-                + shared * comm_scale * (st.expert_parallel_comm_s + st.vocabulary_comm_s + st.context_parallel_comm_s)
+                + shared * comm_scale * (st.expert_parallel_comm_s + st.context_parallel_comm_s)
+                + comm_scale * st.vocabulary_comm_s
             )
             / v,
         )

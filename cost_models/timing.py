@@ -77,7 +77,7 @@ from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
 from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
 from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
 from planner.schemas.device_map import IDENTITY
-from planner.schemas.geometry import stage_layers
+from planner.schemas.geometry import chunk_stage, embedding_chunk, output_chunk, stage_layers
 from planner.schemas.routing import RoutingStats
 
 
@@ -221,13 +221,18 @@ def _stage_times(
     experts = kernels.experts
     alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
-    for n, load, held in zip(
-        stage_layers(model, layout),
-        stage_expert_loads(model, training, layout, routing),
-        all_stage_params(model, layout),
-        strict=True,
+    hides = hides_communication(cluster)
+    first, last = chunk_stage(layout, embedding_chunk(layout)), chunk_stage(layout, output_chunk(layout))
+    for stage, (n, load, held) in enumerate(
+        zip(
+            stage_layers(model, layout),
+            stage_expert_loads(model, training, layout, routing),
+            all_stage_params(model, layout),
+            strict=True,
+        )
     ):
-        key = (n, load, held)
+        roles = (stage == first, stage == last) if vocabulary.total_s else (False, False)
+        key = (n, load, held, roles)
         stage_time = alike.get(key)
         if stage_time is None:
             extra = held.embedding_share * embed_s + held.output_share * output_s
@@ -243,7 +248,14 @@ def _stage_times(
                 tensor_parallel_comm_s=sum((c * tp_exposed[moe] for c, moe, _ in here), 0.0),
                 expert_parallel_comm_s=load.exchange_sum * ep_layer,
                 backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s,
-                vocabulary_comm_s=vocabulary.exposed_s(layers_s),
+                vocabulary_comm_s=vocabulary.exposed_s(
+                    layers_s,
+                    hides=hides,
+                    first=roles[0],
+                    last=roles[1],
+                    embedding_share_s=held.embedding_share * embed_s,
+                    output_share_s=held.output_share * output_s,
+                ),
                 context_parallel_comm_s=sum((c * cp_of[moe] for c, moe, _ in here), 0.0),
             )
         out.append(stage_time)

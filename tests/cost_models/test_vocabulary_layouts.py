@@ -4,7 +4,7 @@ hand-worked shares, kept bytes and waits, and what the split does to the estimat
 from dataclasses import replace
 
 import pytest
-from conftest import make_cluster
+from conftest import cpu_cluster, make_cluster
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,7 +12,7 @@ from cost_models import groups as grp
 from cost_models.estimate import estimate
 from cost_models.memory import stage_activation_bytes, stage_logits_bytes
 from cost_models.params import stage_params
-from cost_models.timing import stage_times
+from cost_models.timing import _shared_kernels, stage_times
 from cost_models.vocabulary import VocabularyComm, vocabulary_activation_bytes, vocabulary_comm
 from planner import api
 from planner.inputs import load_model
@@ -101,7 +101,7 @@ def test_every_stage_keeps_two_softmax_shards_and_its_hidden_states() -> None:
 
 
 def test_a_stage_waits_for_its_barriers_and_what_its_layers_do_not_hide() -> None:
-    comm = VocabularyComm(total_s=5.0, barrier_s=1.0)
+    comm = VocabularyComm(embedding_s=2.0, output_s=3.0, barrier_s=1.0)
     assert comm.exposed_s(overlap_window_s=10.0) == 1.0
     assert comm.exposed_s(overlap_window_s=3.0) == 2.0
     # Algorithm 1 also waits on the input gradient's all-reduce
@@ -110,6 +110,34 @@ def test_a_stage_waits_for_its_barriers_and_what_its_layers_do_not_hide() -> Non
     two = vocabulary_comm(MODEL, TRAINING, CLUSTER, _layout(VOCAB_2), groups)
     assert one.total_s == two.total_s and one.barrier_s > two.barrier_s > 0
     assert vocabulary_comm(MODEL, TRAINING, CLUSTER, _layout(PINNED), groups).total_s == 0.0
+
+
+def test_where_communication_cannot_hide_each_pass_waits_on_the_stage_that_runs_it() -> None:
+    comm = VocabularyComm(embedding_s=2.0, output_s=3.0, barrier_s=1.0)
+    shares = {"embedding_share_s": 0.5, "output_share_s": 0.25}
+    assert comm.exposed_s(10.0, hides=False, first=True, **shares) == 2.5
+    assert comm.exposed_s(10.0, hides=False, last=True, **shares) == 3.25
+    assert comm.exposed_s(10.0, hides=False, first=True, last=True, **shares) == 5.75
+    assert comm.exposed_s(0.0, hides=False, **shares) == 0.0  # a middle stage joins from its service threads
+
+
+def test_cpu_ranks_wait_in_full_on_the_first_and_last_stage_only() -> None:
+    # On CPU ranks (gloo on the cores that compute) the runtime runs each pass synchronously: the
+    # first stage waits for the embedding's collectives, the last for the output layer's, each
+    # also for its peers' share of the pass; the middle stages wait for neither.
+    model, cluster = load_model("tiny-gpt"), cpu_cluster(4)
+    training = TrainingSpec(global_batch_size=32, seq_len=128, dtype=DType.BF16)
+    layout = replace(_layout(VOCAB_2), data_parallel_degree=1, micro_batch_size=4)
+    comm = vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
+    output_s, embed_s = _shared_kernels(model, training, cluster, layout).vocabulary_s
+    waits = [t.vocabulary_comm_s for t in stage_times(model, training, cluster, layout)]
+    assert waits == pytest.approx([comm.embedding_s + embed_s / 4, 0.0, 0.0, comm.output_s + output_s / 4])
+    assert comm.embedding_s > 0 and comm.output_s > 0
+    # the wait is not shortened by cores the other stages free: every pipeline rank takes part
+    shared = cluster.model_copy(update={"device": cluster.device.model_copy(update={"core_share": 0.5})})
+    alone = estimate(model, training, cluster, layout).time.pipeline_comm_s
+    on_shared_cores = estimate(model, training, shared, layout).time.pipeline_comm_s
+    assert on_shared_cores == pytest.approx(alone)
 
 
 def test_the_split_evens_out_the_last_stage() -> None:
