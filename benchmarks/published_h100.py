@@ -109,6 +109,13 @@ counts 69 GiB before FSDP's unsharded fp32 gradient, the CUDA context and fragme
 the Triton kernel's larger footprint triggers the allocator's retries (mosaicml/examples pull
 request 125: "this can trigger alloc retries which hurts performance"); the same row on A100
 is +34% against -5% at 4k. Neither cost is priced."""
+UNFUSED_LOSS_SOURCES = {
+    "megatron-lm": "Megatron-LM r0.8 (the README table's release) computes the loss with "
+    "vocab_parallel_cross_entropy, one fp32 pass per tensor operation, unless --cross-entropy-loss-fusion "
+    "(arguments.py core_r0.8.0: store_true, off by default; language_module.compute_language_model_loss); "
+    "the README lists the flags its runs set (the overlaps), not that one",
+}
+"""Sources whose stack runs fused kernels but the eager loss (``TrainingSpec.loss_kernels``)."""
 GB200_GPUS_PER_TRAY = 4
 GB200_TRAYS_PER_RACK = 18
 
@@ -167,6 +174,8 @@ class PublishedRun:
     """The token dispatcher the source states (DeepEP: ``MoeDispatcher.DEEPEP``)."""
     kernels: Kernels = Kernels.FUSED
     """How the source's stack runs its elementwise work (``EAGER_SOURCES``)."""
+    loss_kernels: Kernels | None = None
+    """How its loss runs where that differs (``UNFUSED_LOSS_SOURCES``); None: as ``kernels``."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -333,6 +342,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         tp_comm_overlap=bool(par.get("tp_comm_overlap")),
         moe_dispatcher=MoeDispatcher(par.get("moe_dispatcher") or MoeDispatcher.ALLTOALL),
         kernels=Kernels.EAGER if source in EAGER_SOURCES else Kernels.FUSED,
+        loss_kernels=Kernels.EAGER if source in UNFUSED_LOSS_SOURCES else None,
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
 

@@ -67,13 +67,14 @@ class Prediction:
 def training_of(run: PublishedRun) -> TrainingSpec:
     """BF16 mixed precision, flash attention (every source uses a fused attention kernel), and
     tensor-parallel communication overlap, the MoE token dispatcher and eager elementwise kernels
-    where the source states them."""
+    (or an eager loss alone) where the source states them or its release runs them by default."""
     return TrainingSpec(
         global_batch_size=run.global_batch_size,
         seq_len=run.seq_len,
         tp_comm_overlap=run.tp_comm_overlap,
         moe_dispatcher=run.moe_dispatcher,
         kernels=run.kernels,
+        loss_kernels=run.loss_kernels,
     )
 
 

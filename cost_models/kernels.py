@@ -30,7 +30,11 @@ are left out.
 - Cross-entropy over the logits, forward and backward together. Fused: write the fp32 logits,
   read them for the softmax, write the gradient, 3 x 4 bytes, two kernels. Eager
   (``runtime.loss``): widen (e + 4), maximum (4), subtract (8), exponential (8), sum (4),
-  divide (8); backward scale (8) and narrow (4 + e): 48 + 2e, ten kernels.
+  divide (8); backward scale (8) and narrow (4 + e): 48 + 2e, ten kernels. Megatron-LM runs
+  the same passes without ``--cross-entropy-loss-fusion``, its default (core_r0.8.0
+  ``tensor_parallel/cross_entropy.py``: ``.float()``, ``max``, ``-=``, ``exp(out=)``, ``sum``,
+  ``div_``; backward ``mul_`` and the cast back), whatever its other kernels
+  (``TrainingSpec.loss_kernels``).
 - Adam, per parameter of the rank's shard. Fused (one pass): read and write the fp32 weight
   and both moments, read the gradient, write the training-precision copy, 28 bytes. Eager
   (torch's single-tensor loop, the runtime's fallback): lerp the first moment (12), scale (8)

@@ -219,12 +219,13 @@ def output_layer_gemm(model: ModelSpec, training: TrainingSpec, layout: Layout) 
 
 
 def output_layer_elementwise(model: ModelSpec, training: TrainingSpec, layout: Layout) -> kernels.Traffic:
-    """The final norm and the cross-entropy over the rank's logits (``kernels.cross_entropy``),
-    forward and backward."""
+    """The final norm and the cross-entropy over the rank's logits (``kernels.cross_entropy``, run
+    as ``TrainingSpec.loss_kernels`` says), forward and backward."""
     tokens = layout.micro_batch_size * local_seq_len(training, layout)
     logits = tokens * -(-model.vocab_size // layout.tensor_parallel_degree)
     norm = kernels.norm(model.norm_type, tokens * model.hidden_size, training.dtype.bytes, training.kernels)
-    return kernels.cross_entropy(logits, training.dtype.bytes, training.kernels) + norm + norm + norm
+    loss_kinds = training.kernels if training.loss_kernels is None else training.loss_kernels
+    return kernels.cross_entropy(logits, training.dtype.bytes, loss_kinds) + norm + norm + norm
 
 
 def embedding_elementwise_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

@@ -63,6 +63,13 @@ KERNELS_HELP = (
     "as eager PyTorch and this planner's own runtime run them)"
 )
 KernelsOpt = Annotated[Kernels | None, typer.Option(help=KERNELS_HELP + " [default: fused].")]
+LossKernelsOpt = Annotated[
+    Kernels | None,
+    typer.Option(
+        help="How the loss runs where it differs from --kernels: eager as Megatron-LM computes it without "
+        "--cross-entropy-loss-fusion (its default) [default: as --kernels]."
+    ),
+]
 CapacityOpt = Annotated[
     float | None,
     typer.Option(
@@ -149,6 +156,7 @@ TRAINING_OPTIONS = {
     "dtype": "dtype",
     "attention": "attention_kernel",
     "kernels": "kernels",
+    "loss_kernels": "loss_kernels",
     "capacity_factor": "moe_capacity_factor",
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",

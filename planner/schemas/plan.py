@@ -16,7 +16,9 @@ overlapped, every routed pair sent) mean what a version-3 plan meant; 5 adds the
 layout's ``sharding_group_size`` and ``secondary_partition_size``, whose defaults (ZeRO over the
 whole data-parallel group) are what a version-5 plan ran; version 6 later gained the model's
 ``rope_theta`` and ``rope_scaling``, whose defaults (10000, none) are what the runtime ran and the
-cost model priced before (neither prices them), so every version-6 plan reads unchanged.
+cost model priced before (neither prices them), so every version-6 plan reads unchanged; 7 and 8
+in ``upgrade``; 9 adds the training's ``loss_kernels``, whose default (None: as ``kernels``) is what a version-8
+plan priced.
 """
 
 from dataclasses import fields
@@ -59,7 +61,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[8] = 8
+    schema_version: Literal[9] = 9
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -123,9 +125,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 8
+PLAN_SCHEMA_VERSION = 9
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 """The versions ``upgrade`` reads."""
 
 
@@ -143,7 +145,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     new field's default (fused kernels) is what version 5 priced. Version 6 -> 7: the layout's
     new fields' defaults (no context parallelism; of the ring kind) are what version 6 ran.
     Version 7 -> 8: gradients summed in the training precision, as version 7 priced them,
-    although the new field's default sums them in fp32 under bf16.
+    although the new field's default sums them in fp32 under bf16. Version 8 -> 9: the new field's
+    default (the loss runs as the other kernels) is what version 8 priced.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -168,4 +171,6 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         training = raw.get("training")
         if isinstance(training, dict):
             raw["training"] = {"grad_reduce_dtype": training.get("dtype", "bf16"), **training}
+    if raw.get("schema_version") == 8:
+        raw = {**raw, "schema_version": 9}
     return raw

@@ -29,6 +29,14 @@ class TrainingSpec(FrozenModel):
             "through memory (eager PyTorch, as the planner's own runtime runs them)."
         ),
     )
+    loss_kernels: Kernels | None = Field(
+        default=None,
+        description=(
+            "How the cross-entropy over the logits runs where it differs from 'kernels': 'eager' as Megatron-LM "
+            "computes it without --cross-entropy-loss-fusion (its default), one fp32 pass per tensor operation; "
+            "None: as 'kernels'."
+        ),
+    )
     tp_comm_overlap: bool = Field(
         default=False,
         description=(

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from cost_models import kernels
 from cost_models.estimate import estimate
-from cost_models.layer_work import layer_work
+from cost_models.layer_work import layer_work, output_layer_elementwise
 from cost_models.optimizer import optimizer_step_s
 from planner.inputs import load_cluster, load_model
 from planner.schemas import Kernels, Layout, NormKind, PositionEmbedding, Recompute, TrainingSpec
@@ -45,6 +45,26 @@ def test_a_llama_layer_by_hand() -> None:
         assert work.elementwise_bytes == want_bytes
         assert work.elementwise_kernels == want_kernels
     assert eager / fused == pytest.approx(3.163, abs=1e-3)
+
+
+def test_an_eager_loss_under_fused_kernels_moves_52_bytes_a_logit() -> None:
+    # Megatron-LM without --cross-entropy-loss-fusion: fused norms, the loss one pass per op.
+    # llama3-8b (RMSNorm, V = 128256), one 4096-token sequence, tp 2: 4096 x 64128 logits on a
+    # rank, each 48 + 2e = 52 bytes through ten kernels where fused moves 12 in two; the final
+    # norm's forward and backward (three fused passes of 2e over T h) are the same either way.
+    model = load_model("llama3-8b")
+    layout = Layout(data_parallel_degree=1, tensor_parallel_degree=2, pipeline_parallel_degree=1, micro_batch_size=1)
+    logits, norms = 4096 * 64128, 3 * 2 * 2 * 4096 * 4096
+    fused = TrainingSpec(global_batch_size=1, seq_len=4096)
+    assert output_layer_elementwise(model, fused, layout) == kernels.Traffic(12.0 * logits + norms, 2 + 3)
+    eager_loss = fused.model_copy(update={"loss_kernels": EAGER})
+    assert output_layer_elementwise(model, eager_loss, layout) == kernels.Traffic(52.0 * logits + norms, 10 + 3)
+    # None follows the other kernels: an eager stack runs an eager loss, and may be told a fused one.
+    eager = TrainingSpec(global_batch_size=1, seq_len=4096, kernels=EAGER)
+    eager_norms = 3 * (28 + 4 * 2) * 4096 * 4096  # RMSNorm eager: 28 + 4e per element, 7 kernels
+    assert output_layer_elementwise(model, eager, layout) == kernels.Traffic(52.0 * logits + eager_norms, 10 + 21)
+    fused_loss = eager.model_copy(update={"loss_kernels": FUSED})
+    assert output_layer_elementwise(model, fused_loss, layout) == kernels.Traffic(12.0 * logits + eager_norms, 2 + 21)
 
 
 def test_alibi_adds_no_rotary_traffic() -> None:
