@@ -20,6 +20,16 @@ Constants (conventions, stated once here):
     global buffer for the sequence-parallel all-gather / all-reduce).
   - Expert-parallel staging: send and receive buffers of one micro-batch's routed tokens,
     2 x k s b h x dtype bytes (split by t with sequence parallelism), when ep > 1.
+  - FSDP's reduce-scatter staging (ZeRO-2/3 without a pipeline, d > 1;
+    ``reduce_scatter_staging_bytes``): the largest unit reduced during the backward, its
+    gradients flat in ``TrainingSpec.reduce_dtype`` plus the 1/g shard they reduce to (and,
+    under ZeRO-2, its gradients in training precision beside its gathered weights). Alive from
+    that unit's reduction to the next unit's, after the loss's backward: it stands in for the
+    logits, and adds only what it exceeds them by.
+  - A tied embedding's gradient sum (``tied_gradient_sum_bytes``): on the two pipeline ranks
+    holding its copies, the copy of the rows' gradients in ``TrainingSpec.reduce_dtype`` made
+    after the backward; it adds what it exceeds the activations and logits by, which are freed
+    by then.
 Under context parallelism every s above is the rank's s / cp tokens of each sequence, and a
 stage with layers adds one layer's context-parallel buffers (``context_parallel.context_buffer_bytes``:
 the ring's blocks in flight, or the all-to-all's head-split q, k, v and output).
@@ -60,6 +70,7 @@ from planner.schemas.geometry import (
     num_micro_batches,
     output_chunk,
     stage_layers,
+    tied_copy_stages,
 )
 from planner.schemas.routing import RoutingStats
 
@@ -251,6 +262,78 @@ def communication_buffer_bytes(
     return total
 
 
+def reduce_scatter_staging_bytes(training: TrainingSpec, layout: Layout, params: StageParams) -> float:
+    """Bytes FSDP2's reduction of one unit's gradients holds beyond the model states, at its worst.
+
+    Mirrors torch 2.13's ``foreach_reduce`` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py),
+    called from ``FSDPParamGroup.post_backward``: it allocates a flat input of the unit's whole
+    unsharded gradients in the reduce dtype, copies them in, then allocates the sharded output,
+    1/g of it (g = ``Layout.shard_degree``). The input is kept (``comm_ctx.reduce_scatter_states``,
+    one buffer by default) until the next unit's ``post_backward``, so each unit's is alive
+    through the backward of the unit before it; the embedding's unit is reduced last, when no
+    activation is left, so the largest of the others counts (``StageParams.largest_reduced_unit``).
+    The unit's gradients in training precision are alive through the copy-in: under ZeRO-3 its
+    gathered weights, counted in the gathered buffer, are freed first (resharded), so only
+    ZeRO-2 adds them (its weights stay gathered until the step's last backward; counted in
+    every step, as its whole weights are, so memory still grows with the micro-batch).
+
+    Measured (dry runs of llama3-8b on 16 ranks, full recompute, b 1, s 1024): the peak is the
+    output layer's reduction, its 1.96 GiB fp32 input, 0.12 GiB shard and 0.98 GiB bf16
+    gradients beside the states; ZeRO-2 traced 25.75 GiB, estimated 23.56 without this term and
+    25.89 with it; ZeRO-3 11.20 GiB, 10.56 and 11.91. With s 4096 the loss's logits outweigh it
+    (ZeRO-3: the peak, 12.45 GiB, is the last layer's backward with that input held, below the
+    estimate's 13.93 either way).
+
+    Args:
+        training: training precision and ``reduce_dtype``.
+        layout: ZeRO stage, degrees; under a pipeline FSDP reduces once after the last backward
+            (``pipeline.defers_gradient_reduction``), when no activation is left: 0.
+        params: the rank's parameters before sharding (``params.stage_params``).
+
+    Returns:
+        Bytes.
+    """
+    if not layout.zero_stage.shards_gradients or layout.dense_replicas == 1 or layout.pipeline_parallel_degree > 1:
+        return 0.0
+    unit = params.largest_reduced_unit
+    reduced = unit * training.reduce_dtype.bytes * (1 + 1 / layout.shard_degree)
+    gradients = 0.0 if layout.zero_stage.shards_parameters else unit * training.dtype.bytes
+    return reduced + gradients
+
+
+def tied_gradient_sum_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int) -> float:
+    """Bytes of the copy a tied embedding's gradient sum makes on pipeline rank ``stage``.
+
+    Mirrors ``runtime.pipeline.TiedEmbedding.sync`` (run by ``Trainer.step`` after the backward,
+    before the optimizer step): where the gradient's precision is not the reduce precision, it
+    all-reduces ``grad.to(reduce_dtype)``, a copy of the rank's V/t x h rows (1/g of them where
+    FSDP shards the gradients, fp32 there). Held after the backward, when no activation or
+    logit is left: ``LayoutMemory`` adds what it exceeds them by.
+
+    Measured (dry runs of gpt3-175b's last stage, tp 8, pp 8, ZeRO-0, full recompute, b 1: the
+    copy is 0.29 GiB): with s 2048 the step peaks in the backward at 42.16 GiB, the sum at 41.98;
+    with s 1024 at 41.98 and 41.97; with s 512 the sum is the step's peak.
+
+    Args:
+        model: the model (``tie_word_embeddings``, V, h).
+        training: precision and ``reduce_dtype``.
+        layout: degrees, ZeRO stage, vocabulary layout.
+        stage: pipeline rank.
+
+    Returns:
+        Bytes; 0 off the two ranks of ``geometry.tied_copy_stages`` or where no copy is made.
+    """
+    stages = tied_copy_stages(model, layout)
+    if stages is None or stage not in stages:
+        return 0.0
+    fsdp = layout.zero_stage.shards_gradients and layout.dense_replicas > 1
+    gradient_dtype = DType.FP32 if fsdp else training.dtype
+    if gradient_dtype is training.reduce_dtype:
+        return 0.0
+    rows = model.vocab_size * model.hidden_size / layout.tensor_parallel_degree
+    return rows / (layout.shard_degree if fsdp else 1) * training.reduce_dtype.bytes
+
+
 def workspace_bytes(cluster: ClusterProfile) -> float:
     """Framework workspace of one rank: ``CUDA_WORKSPACE_BYTES``, or 0 on a CPU device."""
     return 0.0 if cluster.pricing_device.kind is DeviceKind.CPU else float(CUDA_WORKSPACE_BYTES)
@@ -280,7 +363,9 @@ class LayoutMemory:
     Model states of ``stage_params`` under ZeRO from ``sharding.stage_model_states`` (ZeRO-3's
     gathered buffer counted with the weights; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds).
     Activations from ``stage_activation_bytes``, logits from ``stage_logits_bytes``, buffers from
-    ``communication_buffer_bytes``, workspace from ``workspace_bytes``. Terms are summed as if
+    ``communication_buffer_bytes`` and what ``reduce_scatter_staging_bytes`` exceeds the logits
+    by and ``tied_gradient_sum_bytes`` the activations and logits by (they live after them),
+    workspace from ``workspace_bytes``. Terms are summed as if
     they peak together (an upper bound). A calibrated cluster scales the activations, logits and
     buffers and adds its memory overhead to the workspace.
 
@@ -331,24 +416,31 @@ class LayoutMemory:
             per_micro_batch, once = _activation_terms(
                 model, training, layout, params, load, layers, moe, last, self._micro_batches
             )
+            logits = stage_logits_bytes(model, training, layout, stage, params)
+            # The staging buffer lives after the loss's backward: it adds what it exceeds the logits by
+            staging = reduce_scatter_staging_bytes(training, layout, params)
             terms = (
                 stage_model_states(model, layout, params, training.dtype),
                 per_micro_batch,
                 once,
-                stage_logits_bytes(model, training, layout, stage, params),
-                communication_buffer_bytes(model, training, layout, params, load.compute_max),
+                logits,
+                communication_buffer_bytes(model, training, layout, params, load.compute_max)
+                + max(0.0, staging - logits),
             )
             self._terms[key] = terms
         states, per_micro_batch, once, logits, buffers = terms
         activation_scale, logits_scale, buffer_scale = self._scales
         in_flight = in_flight_micro_batches(layout, stage, self._micro_batches)
+        activations = per_micro_batch * in_flight + once
+        # The tied gradient sum's copy lives after the backward: it adds what it exceeds them by
+        tied = max(0.0, tied_gradient_sum_bytes(model, training, layout, stage) - activations - logits)
         return MemoryBreakdown(
             weights_bytes=states.weights_bytes,
             gradients_bytes=states.gradients_bytes,
             optimizer_states_bytes=states.optimizer_states_bytes,
-            activations_bytes=(per_micro_batch * in_flight + once) * activation_scale,
+            activations_bytes=activations * activation_scale,
             logits_bytes=logits * logits_scale,
-            communication_buffers_bytes=buffers * buffer_scale,
+            communication_buffers_bytes=(buffers + tied) * buffer_scale,
             workspace_bytes=self._workspace_bytes,
         )
 

@@ -211,6 +211,10 @@ class StageParams:
     largest_unit: float
     """Parameters of the largest module ZeRO-3 gathers at once (a layer's sharded part, the
     embedding or the output layer)."""
+    largest_reduced_unit: float = 0.0
+    """Parameters of the largest unit whose gradients ZeRO 2-3 reduce while the backward still
+    runs: a layer, or the final norm with the output layer (not the embedding, nor a tied output
+    layer in its unit: reduced last, after every activation is freed)."""
     embedding_share: float
     """Share of the word embedding's rows the stage holds (``geometry.vocabulary_share``): 1 on
     the embedding's stage when pinned, 1/p everywhere when split over the pipeline."""
@@ -340,6 +344,7 @@ def _stage_params(
     word_embedding = model.vocab_size * model.hidden_size / vocabulary_t
     positions = embedding_params(model) - model.vocab_size * model.hidden_size
     embedding = embedding_share * word_embedding + (positions if first else 0.0)
+    reduced = max(units, default=0.0)  # the layers'; the embedding's unit is reduced last
     if embedding:
         dense += embedding
         units.append(embedding)
@@ -349,10 +354,12 @@ def _stage_params(
     if output_share:
         dense += output
         units.append(output)
+        reduced = max(reduced, output)
     return StageParams(
         dense=dense,
         expert=moe_here * expert_per_layer,
         largest_unit=max(units, default=0.0),
+        largest_reduced_unit=reduced,
         embedding_share=embedding_share,
         output_share=output_share,
         units=max(1, layers_here + (1 if embedding else 0) + (1 if head else 0)),

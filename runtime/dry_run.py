@@ -8,7 +8,8 @@ most 3 micro-batches (``TRACED_MICRO_BATCHES``: the same peak). With it,
 the rank's stage is driven as its schedule would at its peak: in steady state (one micro-batch
 forward and backward first, so the accumulated gradients are there), as many micro-batches
 forward as the schedule keeps in flight on that rank (schemas.geometry.in_flight_micro_batches)
-with activations in the plan's precision, then their backward, then the optimizer step.
+with activations in the plan's precision, then their backward, then, as the trainer's step,
+the sum of a tied embedding's two copies' gradients and the optimizer step.
 """
 
 import math
@@ -280,15 +281,18 @@ def tracked_peak(trainer: Trainer, step: Callable[[], None]) -> dict[str, int]:
 
 
 def _stage_step(trainer: Trainer, plan: Plan) -> None:
-    """Forward the micro-batches the schedule keeps in flight on this rank, backward them, step.
-    With more micro-batches in the step than in flight, one goes forward and backward first: in
-    the schedule's steady state the stage holds its accumulated gradients beside them."""
+    """Forward the micro-batches the schedule keeps in flight on this rank, backward them, sum a
+    tied embedding's copies' gradients and step (``Trainer.step``'s order: the sum's copy in the
+    reduce precision is held after the backward). With more micro-batches in the step than in
+    flight, one goes forward and backward first: in the schedule's steady state the stage holds
+    its accumulated gradients beside them."""
     held = math.ceil(in_flight_micro_batches(trainer.layout, trainer.pp_rank, trainer.micro_batches))
     trainer.optimizer.zero_grad()
     with trainer.loss_context():
         if trainer.micro_batches > held:
             _forward_backward(trainer, plan, 1)
         _forward_backward(trainer, plan, held)
+    trainer.tied.sync(trainer.chunks)
     trainer.optimizer.step()
 
 

@@ -1,6 +1,7 @@
 """A tied embedding split from its output layer across the pipeline sums its two copies'
 gradients every step (``vocabulary.tied_embedding_sync_s``): hand-worked on two nodes of four
-(10 GB/s between nodes, 1 us a hop), and nothing where no second copy exists."""
+(10 GB/s between nodes, 1 us a hop), and nothing where no second copy exists; and the copy the
+sum makes in the reduce precision (``memory.tied_gradient_sum_bytes``)."""
 
 from dataclasses import replace
 
@@ -8,9 +9,11 @@ import pytest
 from conftest import make_cluster
 
 from cost_models.estimate import estimate
+from cost_models.memory import communication_buffer_bytes, stage_memory, tied_gradient_sum_bytes
+from cost_models.params import stage_params
 from cost_models.vocabulary import tied_embedding_sync_s
 from planner.inputs import load_model
-from planner.schemas import DType, Layout, TrainingSpec, VocabularyLayout
+from planner.schemas import DType, Layout, TrainingSpec, VocabularyLayout, ZeroStage
 
 MODEL = load_model("tiny-gpt")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128, grad_reduce_dtype=DType.BF16)  # summed in bf16
@@ -42,3 +45,34 @@ def test_the_step_waits_for_it() -> None:
     untied = MODEL.model_copy(update={"tie_word_embeddings": False})
     tied, free = (estimate(m, TRAINING, CLUSTER, PIPELINE).time.pipeline_comm_s for m in (MODEL, untied))
     assert tied - free == pytest.approx(tied_embedding_sync_s(MODEL, TRAINING, CLUSTER, PIPELINE), rel=1e-9)
+
+
+def test_the_sum_copies_the_rows_in_the_reduce_precision() -> None:
+    # bf16 gradients summed in fp32: V h = 1024 x 128 rows' elements x 4 bytes = 524,288 bytes on
+    # both copies' ranks; split over t = 2, half. FSDP's gradient shards are fp32 already: no copy
+    # when summed in fp32, a 1/d bf16 one when summed in bf16. No copy in bf16 from bf16.
+    fp32_sum = TrainingSpec(global_batch_size=32, seq_len=128)
+    assert fp32_sum.reduce_dtype is DType.FP32
+    assert [tied_gradient_sum_bytes(MODEL, fp32_sum, PIPELINE, stage) for stage in (0, 1)] == [524_288, 524_288]
+    split = replace(PIPELINE, tensor_parallel_degree=2, data_parallel_degree=2)
+    assert tied_gradient_sum_bytes(MODEL, fp32_sum, split, 1) == 262_144
+    zero2 = replace(PIPELINE, zero_stage=ZeroStage.GRADIENTS)
+    assert tied_gradient_sum_bytes(MODEL, fp32_sum, zero2, 0) == 0.0
+    assert tied_gradient_sum_bytes(MODEL, TRAINING, zero2, 0) == 1024 * 128 / 4 * 2
+    assert tied_gradient_sum_bytes(MODEL, TRAINING, PIPELINE, 0) == 0.0  # bf16 from bf16
+    untied = MODEL.model_copy(update={"tie_word_embeddings": False})
+    assert tied_gradient_sum_bytes(untied, fp32_sum, PIPELINE, 0) == 0.0
+
+
+def test_the_copy_adds_what_it_exceeds_the_freed_activations_and_logits_by() -> None:
+    # It is made after the backward: with 8-token sequences the stage's activations and logits
+    # are below the 524,288-byte copy, which adds the difference; with 128 it adds nothing.
+    for seq_len in (8, 128):
+        training = TrainingSpec(global_batch_size=32, seq_len=seq_len)
+        for stage in (0, 1):
+            memory = stage_memory(MODEL, training, CLUSTER, PIPELINE, stage)
+            params = stage_params(MODEL, PIPELINE, stage)
+            freed = memory.activations_bytes + memory.logits_bytes
+            buckets = communication_buffer_bytes(MODEL, training, PIPELINE, params)
+            assert (freed < 524_288) is (seq_len == 8)
+            assert memory.communication_buffers_bytes == pytest.approx(buckets + max(0.0, 524_288 - freed))
