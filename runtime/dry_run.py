@@ -4,17 +4,19 @@ and measure a training step with torch's MemTracker, the method a real CPU run r
 
 A first step leaves the optimizer's state in place, as a real run's traced step finds it; then
 one step is traced. Without pipeline parallelism the rank runs the trainer's own step, of at
-most 3 micro-batches (``TRACED_MICRO_BATCHES``: the same peak). With it,
-the rank's stage is driven as its schedule would at its peak: in steady state (one micro-batch
-forward and backward first, so the accumulated gradients are there), as many micro-batches
-forward as the schedule keeps in flight on that rank (schemas.geometry.in_flight_micro_batches)
-with activations in the plan's precision, then their backward, then, as the trainer's step,
-the sum of a tied embedding's two copies' gradients and the optimizer step.
+most 3 micro-batches (``TRACED_MICRO_BATCHES``: the same peak). With it, the rank's stage is
+driven as its schedule would at its peak: in steady state (one micro-batch forward and backward
+first, so the accumulated gradients are there), as many micro-batches forward as the schedule
+keeps in flight on that rank (schemas.geometry.in_flight_micro_batches, torch's 1F1B, without
+the warm-up Vocabulary Parallelism's own schedule adds) with activations in the plan's
+precision, then their backward, then, as the trainer's step, the sum of a tied embedding's two
+copies' gradients and the optimizer step. Under a vocabulary split over the pipeline the rank
+also runs the passes it joins as a peer, at its peak (``_stage_step``).
 """
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -85,11 +87,6 @@ def dry_run(
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
-    if layout.vocabulary_layout.over_pipeline:
-        raise InfeasibleConfigError(
-            f"a dry run cannot trace vocabulary_layout={layout.vocabulary_layout!s}: its passes need every pipeline "
-            "rank at once, which a fake process group does not have; measure its memory with a real run (planner run)"
-        )
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:
@@ -285,19 +282,38 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
     tied embedding's copies' gradients and step (``Trainer.step``'s order: the sum's copy in the
     reduce precision is held after the backward). With more micro-batches in the step than in
     flight, one goes forward and backward first: in the schedule's steady state the stage holds
-    its accumulated gradients beside them."""
-    held = math.ceil(in_flight_micro_batches(trainer.layout, trainer.pp_rank, trainer.micro_batches))
+    its accumulated gradients beside them.
+
+    Under a vocabulary split over the pipeline the first and last stage run their passes from
+    their chunks, as in a real run; the passes the rank joins as a peer (from service threads in
+    a real run, at whatever point of its own schedule the stage needing them reaches them) run
+    here in this thread, where memory is tracked: one of each kind at the stage's peak, with its
+    micro-batches in flight."""
+    held = math.ceil(
+        in_flight_micro_batches(trainer.layout, trainer.pp_rank, trainer.micro_batches, vocabulary_warmup=False)
+    )
+    vocabulary = trainer.vocabulary
+    peers: list[Callable[[], object]] = []
     trainer.optimizer.zero_grad()
+    if vocabulary is not None:  # after zero_grad, as Trainer.step: it sets the shards' gradients
+        b, s = trainer.layout.micro_batch_size, plan.training.seq_len
+        tokens = torch.randint(0, plan.model.vocab_size, (b * trainer.micro_batches, s))
+        peers = [kind[0] for kind in vocabulary.begin_step(tokens, tokens, trainer.micro_batches, serve=False)]
     with trainer.loss_context():
         if trainer.micro_batches > held:
             _forward_backward(trainer, plan, 1)
-        _forward_backward(trainer, plan, held)
+        _forward_backward(trainer, plan, held, at_peak=peers)
+    if vocabulary is not None:
+        vocabulary.end_step()
     trainer.tied.sync(trainer.chunks)
     trainer.optimizer.step()
 
 
-def _forward_backward(trainer: Trainer, plan: Plan, micro_batches: int) -> None:
-    """``micro_batches`` through every chunk of the rank forward, then all of them backward."""
+def _forward_backward(
+    trainer: Trainer, plan: Plan, micro_batches: int, *, at_peak: Sequence[Callable[[], object]] = ()
+) -> None:
+    """``micro_batches`` through every chunk of the rank forward, then ``at_peak`` (the rank's
+    vocabulary peer passes), then all of them backward."""
     layout, model, training = trainer.layout, plan.model, plan.training
     b, s = layout.micro_batch_size, training.seq_len
     local_s = s // layout.tensor_parallel_degree if layout.sequence_parallel else s
@@ -313,11 +329,14 @@ def _forward_backward(trainer: Trainer, plan: Plan, micro_batches: int) -> None:
                 x = torch.randn(b, local_s, model.hidden_size, dtype=TORCH_DTYPES[training.dtype], requires_grad=True)
             out = OneCall(chunk)(x)
             if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
-                outputs.append((loss_fn(out, torch.randint(0, model.vocab_size, (b, s))), None))
+                loss = trainer.vocabulary.loss if trainer.vocabulary is not None else loss_fn
+                outputs.append((loss(out, torch.randint(0, model.vocab_size, (b, s))), None))
                 kept.append(out)
             else:
                 outputs.append((out, torch.randn_like(out)))
                 kept.append(None)
+    for run_pass in at_peak:
+        run_pass()
     for i, (out, grad) in enumerate(outputs):
         torch.autograd.backward(out, grad)
         kept[i] = None

@@ -29,7 +29,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
-from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches
 from planner.schemas.layout import check_experts
 from planner.schemas.training import default_reduce_dtype
@@ -83,7 +82,8 @@ class Trainer:
         contexts_mesh: DeviceMesh | None = None,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
-        ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them);
+        ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them, and
+        any vocabulary passes: ``VocabularyParallel.begin_step``'s ``serve``);
         ``dtype``: bf16/fp16 train mixed precision: weights, gradients and activations in that
         precision, fp32 master weights in the optimizer (FSDP's fp32 shards under ZeRO-2/3);
         ``reduce_dtype``: the precision data-parallel gradients are summed in (default
@@ -150,11 +150,6 @@ class Trainer:
         self.vocabulary: VocabularyParallel | None = None
         """Under a vocabulary layout split over the pipeline: this rank's shards and passes."""
         if layout.vocabulary_layout.over_pipeline:
-            if not pipeline_schedule:
-                raise InfeasibleConfigError(
-                    f"vocabulary_layout={layout.vocabulary_layout!s} runs under the pipeline schedule only "
-                    "(its passes need every pipeline rank); measure it with a real run (planner run)"
-                )
             with default_dtype(self.data_parallel.parameter_dtype(compute)):
                 self.vocabulary = VocabularyParallel(model, layout, self.mesh, seed=seed, compute_dtype=compute)
             for chunk in self.chunks:

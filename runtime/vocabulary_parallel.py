@@ -44,7 +44,8 @@ sequence, and the shards' output-layer gradients are summed over the tensor-para
 
 Memory tracking on CPU (torch's MemTracker, a dispatch mode, which is per thread) sees what a
 rank runs from its schedule, not its service threads' transient tensors: on a rank other than the
-last, an output pass's fp32 logits shard (b s V/p) and what is derived from it go uncounted.
+last, an output pass's fp32 logits shard (b s V/p) and what is derived from it go uncounted. The
+dry run (``runtime.dry_run``) runs a rank's peer passes in its own thread, where they are.
 """
 
 import threading
@@ -57,10 +58,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.device_mesh import DeviceMesh
 
 from planner.schemas import Layout, ModelSpec, VocabularyLayout
-from planner.schemas.geometry import MeshAxis, chunk_stage, embedding_chunk, output_chunk, vocabulary_rows
+from planner.schemas.geometry import MeshAxis, chunk_stage, embedding_chunk, output_chunk, rank_of, vocabulary_rows
 from runtime.model import initial_value
 
 
@@ -94,10 +96,12 @@ class _Groups:
 
 def _groups(layout: Layout, mesh: DeviceMesh) -> _Groups:
     """Every rank calls this, in the same order: it creates each kind's groups of every line."""
-    grid = mesh.mesh  # torch ranks at (pp, dp, tp) coordinates
+    # Torch ranks from the geometry and the device map (as runtime.mesh.device_grid), not from the
+    # mesh's tensor: under the dry run's fake tensors that tensor has no values.
+    device = layout.device_map.device_of
     p = layout.pipeline_parallel_degree
     lines = [
-        [int(grid[s, d, t]) for s in range(p)]
+        [device(rank_of(layout, s, d, t)) for s in range(p)]
         for d in range(layout.dense_replicas)
         for t in range(layout.tensor_parallel_degree)
     ]
@@ -144,9 +148,16 @@ class VocabularyParallel:
 
     # ---- one step
 
-    def begin_step(self, inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int) -> None:
+    def begin_step(
+        self, inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int, *, serve: bool = True
+    ) -> list[list[Callable[[], object]]]:
         """Before the schedule's step: this replica's ``inputs`` and ``targets`` (b m, s), split
-        into micro-batches as the schedule splits them; start the service threads."""
+        into micro-batches as the schedule splits them; start the service threads.
+
+        Returns the passes this rank joins as a peer, one list per kind, in micro-batch order.
+        With ``serve`` False no thread is started and the caller runs them: a dry run, whose
+        fake process group has no peers to wait for, runs them in its own thread, where its
+        memory is tracked."""
         ids, labels = torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)
         self._scale = 1.0 / micro_batches
         # allocated here, in the step's thread, where memory tracking sees them (as gradients)
@@ -161,9 +172,11 @@ class VocabularyParallel:
             kinds.append([partial(self._embedding_backward, x, None) for x in ids])
         if not self.last:
             kinds.append([partial(self._output_pass, None, self._my_targets(y)) for y in labels])
-        self._threads = [threading.Thread(target=self._serve, args=(kind,), daemon=True) for kind in kinds]
-        for thread in self._threads:
-            thread.start()
+        if serve:
+            self._threads = [threading.Thread(target=self._serve, args=(kind,), daemon=True) for kind in kinds]
+            for thread in self._threads:
+                thread.start()
+        return kinds
 
     def _serve(self, passes: list[Callable[[], object]]) -> None:
         """A service thread: one kind of pass for each of the step's micro-batches, in order."""
@@ -235,7 +248,9 @@ class VocabularyParallel:
         dist.broadcast(grad, src=self.groups.first_rank, group=self.groups.embedding_backward)
         local, held = self._local(ids)
         assert self._embedding_grad is not None
-        self._embedding_grad.index_add_(0, local[held], grad[held].to(weight.dtype), alpha=self._scale)
+        # the other ranks' tokens add zeros (at a clamped row): shapes known without the ids' values
+        rows = (grad * held[..., None]).flatten(0, -2).to(weight.dtype)
+        self._embedding_grad.index_add_(0, local.flatten(), rows, alpha=self._scale)
 
     @torch.no_grad()
     def _output_pass(self, hidden: torch.Tensor | None, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,10 +305,9 @@ class VocabularyParallel:
 
 
 def _minus_onehot(probs: torch.Tensor, local: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-    """``probs`` (n, V/p) minus 1 at each token's target row where this rank holds it (in place)."""
-    rows = held.nonzero().squeeze(1)
-    probs[rows, local[rows]] -= 1.0
-    return probs
+    """``probs`` (n, V/p) minus 1 at each token's target row where this rank holds it (in place;
+    0 is subtracted at the clamped row of the others, so no shape depends on the ids' values)."""
+    return probs.scatter_add_(1, local[:, None], -held[:, None].to(probs.dtype))
 
 
 class _EmbedTokens(torch.autograd.Function):
@@ -323,7 +337,7 @@ class _VocabularyLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if float(grad_loss) != 1.0:
+        if not is_fake(grad_loss) and float(grad_loss) != 1.0:  # a dry run's fake tensors hold no value
             raise RuntimeError("the vocabulary-parallel loss computes its gradients for a backward seeded with 1")
         dx: torch.Tensor = ctx.dx.to(ctx.dtype)
         ctx.dx = None

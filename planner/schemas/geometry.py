@@ -329,19 +329,21 @@ def num_micro_batches(global_batch_size: int, layout: Layout) -> int:
     return global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
 
 
-def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int) -> float:
+def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int, *, vocabulary_warmup: bool = True) -> float:
     """Micro-batches of a whole stage's activations held at the stage's peak.
 
     GPipe holds all m; 1F1B holds p - r on rank r, and 1 or 2 more under a vocabulary split
     over the pipeline (``VocabularyLayout.extra_in_flight``: Vocabulary Parallelism's p + 1 and
-    p + 2); interleaved holds its warm-up chunks plus one, each 1/v of the stage (Megatron-LM's
-    warm-up depth, (p - r - 1) * 2 + (v - 1) * p forward chunks before the first backward on rank
-    r). Capped by what the step has.
+    p + 2) unless ``vocabulary_warmup`` is False (the planner's runtime runs the passes within
+    torch's own 1F1B, without that warm-up); interleaved holds its warm-up chunks plus one, each
+    1/v of the stage (Megatron-LM's warm-up depth, (p - r - 1) * 2 + (v - 1) * p forward chunks
+    before the first backward on rank r). Capped by what the step has.
     """
     p, v, m = layout.pipeline_parallel_degree, layout.virtual_stages, micro_batches
     if layout.schedule is Schedule.GPIPE:
         return float(m)
     if layout.schedule is Schedule.ONE_F_ONE_B:  # and a vocabulary split's extra warm-up
-        return float(min(p - stage + layout.vocabulary_layout.extra_in_flight, m))
+        extra = layout.vocabulary_layout.extra_in_flight if vocabulary_warmup else 0
+        return float(min(p - stage + extra, m))
     warmup_chunks = (p - stage - 1) * 2 + (v - 1) * p
     return min(warmup_chunks + 1, m * v) / v

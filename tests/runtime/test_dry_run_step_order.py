@@ -16,7 +16,9 @@ def test_a_pipeline_stage_sums_tied_gradients_between_its_backward_and_its_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(dry_run, "_forward_backward", lambda trainer, plan, n: calls.append(f"forward-backward {n}"))
+    monkeypatch.setattr(
+        dry_run, "_forward_backward", lambda trainer, plan, n, **_: calls.append(f"forward-backward {n}")
+    )
     layout = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1)
     trainer = SimpleNamespace(
         layout=layout,
@@ -26,6 +28,7 @@ def test_a_pipeline_stage_sums_tied_gradients_between_its_backward_and_its_step(
         loss_context=contextlib.nullcontext,
         optimizer=SimpleNamespace(zero_grad=lambda: calls.append("zero_grad"), step=lambda: calls.append("step")),
         tied=SimpleNamespace(sync=lambda chunks: calls.append("tied sync")),
+        vocabulary=None,
     )
     dry_run._stage_step(trainer, None)  # type: ignore[arg-type]
     assert calls == ["zero_grad", "forward-backward 1", "forward-backward 1", "tied sync", "step"]
