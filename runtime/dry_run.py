@@ -1,20 +1,20 @@
 """Verify a plan's memory without its hardware: build the real runtime for one rank of the plan's
-world under a fake process group and fake tensors (nothing is allocated, no peer is needed),
-and measure a training step with torch's MemTracker, the method a real CPU run reports.
+world under a fake process group and fake tensors (nothing is allocated, no peer is needed), and
+measure a training step with torch's MemTracker, the method a real CPU run reports.
 
 A first step leaves the optimizer's state in place, as a real run's traced step finds it; then
 one step is traced. Without pipeline parallelism the rank runs the trainer's own step, of at
 most 3 micro-batches (``TRACED_MICRO_BATCHES``: the same peak). With it, the rank's stage is
 driven as its schedule would at its peak: in steady state (one micro-batch forward and backward
-first, so the accumulated gradients are there), as many micro-batches forward as the schedule
-keeps in flight on that rank (schemas.geometry.in_flight_micro_batches, torch's 1F1B, without
-the warm-up Vocabulary Parallelism's own schedule adds) with activations in the plan's
-precision, then their backward, then, as the trainer's step, the sum of a tied embedding's two
-copies' gradients and the optimizer step. Under a vocabulary split over the pipeline the rank
-also runs the passes it joins as a peer, at its peak (``_stage_step``).
+first, so the accumulated gradients are there), as many chunk forwards as the schedule keeps in
+flight on that rank (schemas.geometry.in_flight_micro_batches, torch's schedules, without the
+warm-up Vocabulary Parallelism's own schedule adds), in the schedule's order
+(``forward_order``), with activations in the plan's precision, then their backward, then, as the
+trainer's step, the sum of a tied embedding's two copies' gradients and the optimizer step.
+Under a vocabulary split over the pipeline the rank also runs the passes it joins as a peer, at
+its peak (``_stage_step``).
 """
 
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.schemas import AttentionKernel, Plan
+from planner.schemas import AttentionKernel, Layout, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
     embedding_chunk,
@@ -289,9 +289,9 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
     a real run, at whatever point of its own schedule the stage needing them reaches them) run
     here in this thread, where memory is tracked: one of each kind at the stage's peak, with its
     micro-batches in flight."""
-    held = math.ceil(
-        in_flight_micro_batches(trainer.layout, trainer.pp_rank, trainer.micro_batches, vocabulary_warmup=False)
-    )
+    layout = trainer.layout
+    in_flight = in_flight_micro_batches(layout, trainer.pp_rank, trainer.micro_batches, vocabulary_warmup=False)
+    held = forward_order(layout, round(in_flight * layout.virtual_stages))
     vocabulary = trainer.vocabulary
     peers: list[Callable[[], object]] = []
     trainer.optimizer.zero_grad()
@@ -300,8 +300,8 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
         tokens = torch.randint(0, plan.model.vocab_size, (b * trainer.micro_batches, s))
         peers = [kind[0] for kind in vocabulary.begin_step(tokens, tokens, trainer.micro_batches, serve=False)]
     with trainer.loss_context():
-        if trainer.micro_batches > held:
-            _forward_backward(trainer, plan, 1)
+        if trainer.micro_batches * layout.virtual_stages > len(held):
+            _forward_backward(trainer, plan, range(layout.virtual_stages))  # one micro-batch through each chunk
         _forward_backward(trainer, plan, held, at_peak=peers)
     if vocabulary is not None:
         vocabulary.end_step()
@@ -309,11 +309,20 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
     trainer.optimizer.step()
 
 
+def forward_order(layout: Layout, steps: int) -> list[int]:
+    """The rank's chunk (its position among the rank's chunks) of each of its first ``steps``
+    forwards in the schedule: with v chunks, groups of p micro-batches through each chunk in turn
+    (Megatron-LM's and torch's interleaved 1F1B); one chunk, every forward through it."""
+    p, v = layout.pipeline_parallel_degree, layout.virtual_stages
+    return [(j % (p * v)) // p for j in range(steps)]
+
+
 def _forward_backward(
-    trainer: Trainer, plan: Plan, micro_batches: int, *, at_peak: Sequence[Callable[[], object]] = ()
+    trainer: Trainer, plan: Plan, positions: Sequence[int], *, at_peak: Sequence[Callable[[], object]] = ()
 ) -> None:
-    """``micro_batches`` through every chunk of the rank forward, then ``at_peak`` (the rank's
-    vocabulary peer passes), then all of them backward."""
+    """A micro-batch through each of the rank's chunks at ``positions`` forward (the chunks'
+    activations the schedule holds at once), then ``at_peak`` (the rank's vocabulary peer
+    passes), then all of them backward."""
     layout, model, training = trainer.layout, plan.model, plan.training
     b, s = layout.micro_batch_size, training.seq_len
     local_s = s // layout.tensor_parallel_degree if layout.sequence_parallel else s
@@ -321,20 +330,20 @@ def _forward_backward(
     first, last = embedding_chunk(layout), output_chunk(layout)
     outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
     kept: list[torch.Tensor | None] = []  # per output: what the schedule keeps until its backward
-    for _ in range(micro_batches):
-        for chunk, index in zip(trainer.chunks, chunks, strict=True):
-            if index == first:
-                x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
-            else:  # the previous stage's activations, in the plan's precision
-                x = torch.randn(b, local_s, model.hidden_size, dtype=TORCH_DTYPES[training.dtype], requires_grad=True)
-            out = OneCall(chunk)(x)
-            if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
-                loss = trainer.vocabulary.loss if trainer.vocabulary is not None else loss_fn
-                outputs.append((loss(out, torch.randint(0, model.vocab_size, (b, s))), None))
-                kept.append(out)
-            else:
-                outputs.append((out, torch.randn_like(out)))
-                kept.append(None)
+    for position in positions:
+        chunk, index = trainer.chunks[position], chunks[position]
+        if index == first:
+            x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
+        else:  # the previous stage's activations, in the plan's precision
+            x = torch.randn(b, local_s, model.hidden_size, dtype=TORCH_DTYPES[training.dtype], requires_grad=True)
+        out = OneCall(chunk)(x)
+        if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
+            loss = trainer.vocabulary.loss if trainer.vocabulary is not None else loss_fn
+            outputs.append((loss(out, torch.randint(0, model.vocab_size, (b, s))), None))
+            kept.append(out)
+        else:
+            outputs.append((out, torch.randn_like(out)))
+            kept.append(None)
     for run_pass in at_peak:
         run_pass()
     for i, (out, grad) in enumerate(outputs):
