@@ -123,7 +123,10 @@ def stage_activation_bytes(
         stage == chunk_stage(layout, output_chunk(layout)),
         m,
     )
-    return per_micro_batch * in_flight_micro_batches(layout, stage, m) + once
+    return (
+        per_micro_batch * in_flight_micro_batches(layout, stage, m, vocabulary_warmup=training.vocabulary_overlap)
+        + once
+    )
 
 
 def _activation_terms(
@@ -430,7 +433,9 @@ class LayoutMemory:
             self._terms[key] = terms
         states, per_micro_batch, once, logits, buffers = terms
         activation_scale, logits_scale, buffer_scale = self._scales
-        in_flight = in_flight_micro_batches(layout, stage, self._micro_batches)
+        in_flight = in_flight_micro_batches(
+            layout, stage, self._micro_batches, vocabulary_warmup=training.vocabulary_overlap
+        )
         activations = per_micro_batch * in_flight + once
         # The tied gradient sum's copy lives after the backward: it adds what it exceeds them by
         tied = max(0.0, tied_gradient_sum_bytes(model, training, layout, stage) - activations - logits)

@@ -221,7 +221,7 @@ def _stage_times(
     experts = kernels.experts
     alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
-    hides = hides_communication(cluster)
+    overlapped = training.vocabulary_overlap and hides_communication(cluster)
     first, last = chunk_stage(layout, embedding_chunk(layout)), chunk_stage(layout, output_chunk(layout))
     for stage, (n, load, held) in enumerate(
         zip(
@@ -250,7 +250,7 @@ def _stage_times(
                 backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s,
                 vocabulary_comm_s=vocabulary.exposed_s(
                     layers_s,
-                    hides=hides,
+                    overlapped=overlapped,
                     first=roles[0],
                     last=roles[1],
                     embedding_share_s=held.embedding_share * embed_s,

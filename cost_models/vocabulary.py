@@ -13,17 +13,21 @@ their work (``geometry.vocabulary_share``; under tensor parallelism, below). Per
 - input embedding: the partial lookups, s b h x dtype, are summed with an all-reduce; the
   gradient of the embedding's output, as many bytes, is broadcast back.
 
-On GPUs the collectives run on their own stream beside the transformer layers (the paper's
-Fig. 5), so only what does not fit behind a stage's layers is exposed, plus each all-reduce
-barrier the next step waits on: Algorithm 1 (``VOCAB_1``) waits twice (statistics, then dX),
-Algorithm 2 (``VOCAB_2``) once; to keep the pipeline busy meanwhile they run 2 and 1 more
-micro-batches in flight (``VocabularyLayout.extra_in_flight``; the paper's p + 2 and p + 1 under
-1F1B). A broadcast moves what an all-gather of the same buffer moves per rank ((n - 1)/n of it, a
-pipelined ring), and is priced as one.
+Run as the paper's own schedule runs them (``TrainingSpec.vocabulary_overlap``, on GPUs), the
+collectives run on their own stream beside the transformer layers (the paper's Fig. 5), so only
+what does not fit behind a stage's layers is exposed, plus each all-reduce barrier the next step
+waits on: Algorithm 1 (``VOCAB_1``) waits twice (statistics, then dX), Algorithm 2 (``VOCAB_2``)
+once; to keep the pipeline busy meanwhile they run 2 and 1 more micro-batches in flight
+(``VocabularyLayout.extra_in_flight``; the paper's p + 2 and p + 1 under 1F1B), and every rank
+keeps two micro-batches' vocabulary state (``KEPT_MICRO_BATCHES``). A broadcast moves what an
+all-gather of the same buffer moves per rank ((n - 1)/n of it, a pipelined ring), and is priced
+as one.
 
-Where communication cannot hide behind compute (``overlap.hides_communication``: CPU ranks, whose
-gloo collectives run on the cores that compute), the passes run as the local runtime runs them
-(``runtime.vocabulary_parallel``): synchronously, when the stage that needs one reaches it. The
+Otherwise (the default, and always where communication cannot hide behind compute:
+``overlap.hides_communication``, CPU ranks whose gloo collectives run on the cores that compute)
+the passes run as this planner's runtime runs them (``runtime.vocabulary_parallel``):
+synchronously, when the stage that needs one reaches it, within torch's 1F1B (no extra
+micro-batch in flight), each pass's state alive during the pass only (one micro-batch's). The
 first stage then waits for the embedding's collectives in full, the last stage for the output
 layer's, and the other stages join both from service threads beside their own layers, waiting
 for neither. The peers compute their share of a pass beside their own layers on the cores they
@@ -58,8 +62,13 @@ FP32_BYTES = 4
 STATISTICS = 3
 """Per-token fp32 values all-reduced in the output layer's forward: max, target logit, sum of exp."""
 KEPT_MICRO_BATCHES = 2
-"""Micro-batches whose vocabulary state a rank keeps at once: one awaiting its gradient pass,
-one being computed."""
+"""Micro-batches whose vocabulary state a rank keeps at once under the paper's schedule: one
+awaiting its gradient pass, one being computed (one, the pass's own, run synchronously)."""
+
+
+def kept_micro_batches(training: TrainingSpec) -> int:
+    """Micro-batches whose vocabulary state a rank holds at once (``KEPT_MICRO_BATCHES``)."""
+    return KEPT_MICRO_BATCHES if training.vocabulary_overlap else 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,7 +91,7 @@ class VocabularyComm:
         self,
         overlap_window_s: float,
         *,
-        hides: bool = True,
+        overlapped: bool = True,
         first: bool = False,
         last: bool = False,
         embedding_share_s: float = 0.0,
@@ -92,16 +101,17 @@ class VocabularyComm:
 
         Args:
             overlap_window_s: its layers' compute of one micro-batch.
-            hides: whether communication runs behind compute (``overlap.hides_communication``):
-                then every stage waits for the barriers and whatever of the rest the window does
-                not hide. Otherwise the stage that runs a pass waits for its collectives in full,
-                and for its peers' share of the pass, which they compute beside their own layers
-                on the cores they share rather than alongside its own share.
+            overlapped: whether the passes run behind the layers (the paper's schedule, on ranks
+                whose communication can hide behind compute): then every stage waits for the
+                barriers and whatever of the rest the window does not hide. Otherwise the stage
+                that runs a pass waits for its collectives in full, and for its peers' share of
+                the pass, which they compute beside their own layers rather than alongside its
+                own share.
             first: the stage embeds the tokens (it runs the embedding's passes).
             last: the stage computes the loss (it runs the output layer's pass).
             embedding_share_s, output_share_s: one rank's share of the passes' compute.
         """
-        if not hides:
+        if not overlapped:
             embedding = self.embedding_s + embedding_share_s if first else 0.0
             return embedding + (self.output_s + output_share_s if last else 0.0)
         return self.barrier_s + max(0.0, self.total_s - self.barrier_s - overlap_window_s)
@@ -159,24 +169,24 @@ def vocabulary_comm(
 
 
 def vocabulary_logits_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
-    """The fp32 softmax shards one rank keeps for its vocabulary passes, ``KEPT_MICRO_BATCHES`` x
+    """The fp32 softmax shards one rank keeps for its vocabulary passes, ``kept_micro_batches`` x
     4 x ``vocabulary_tokens`` x V/p (module docstring); 0 when pinned."""
     if not layout.vocabulary_layout.over_pipeline:
         return 0.0
     one = logits_bytes(model, seq_len=1, micro_batch_size=1) * vocabulary_tokens(training, layout)
-    return KEPT_MICRO_BATCHES * one / layout.pipeline_parallel_degree
+    return kept_micro_batches(training) * one / layout.pipeline_parallel_degree
 
 
 def vocabulary_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """The other fp32 tensors one rank keeps for its vocabulary passes (module docstring): X for
-    ``KEPT_MICRO_BATCHES`` micro-batches, 4 x tokens x h each (``vocabulary_tokens``), and under
+    ``kept_micro_batches`` micro-batches, 4 x tokens x h each (``vocabulary_tokens``), and under
     Algorithm 2 the two dX partials, twice that; 0 when pinned."""
     vocabulary = layout.vocabulary_layout
     if not vocabulary.over_pipeline:
         return 0.0
     hidden = FP32_BYTES * vocabulary_tokens(training, layout) * model.hidden_size
     partials = 2 * hidden if vocabulary is VocabularyLayout.VOCAB_2 else 0.0
-    return KEPT_MICRO_BATCHES * hidden + partials
+    return kept_micro_batches(training) * hidden + partials
 
 
 def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> float:

@@ -104,6 +104,16 @@ TpOverlapOpt = Annotated[
     ),
 ]
 
+VocabularyOverlapOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--vocabulary-overlap/--no-vocabulary-overlap",
+        help="Price a vocabulary split over the pipeline as Vocabulary Parallelism's own schedule runs it (its "
+        "authors' Megatron-LM fork: collectives behind the layers, 1-2 more micro-batches in flight); off, as the "
+        "planner's own runtime runs it, each pass synchronously [default: off].",
+    ),
+]
+
 GradReduceOpt = Annotated[
     DType | None,
     typer.Option(
@@ -161,6 +171,7 @@ TRAINING_OPTIONS = {
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",
     "pp_comm_overlap": "pp_comm_overlap",
+    "vocabulary_overlap": "vocabulary_overlap",
     "grad_reduce_dtype": "grad_reduce_dtype",
     "moe_dispatcher": "moe_dispatcher",
 }

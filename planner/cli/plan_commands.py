@@ -30,6 +30,7 @@ from planner.cli.options import (
     PpOverlapOpt,
     SeqLenOpt,
     TpOverlapOpt,
+    VocabularyOverlapOpt,
     check_plot_dir,
     check_plot_file,
     constraint_fields,
@@ -141,6 +142,7 @@ def estimate(
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
     pp_comm_overlap: PpOverlapOpt = None,
+    vocabulary_overlap: VocabularyOverlapOpt = None,
     grad_reduce_dtype: GradReduceOpt = None,
     moe_dispatcher: DispatcherOpt = None,
     output_format: Annotated[
@@ -181,6 +183,7 @@ def search(
     pad_to_capacity: PadOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
     pp_comm_overlap: PpOverlapOpt = None,
+    vocabulary_overlap: VocabularyOverlapOpt = None,
     grad_reduce_dtype: GradReduceOpt = None,
     moe_dispatcher: DispatcherOpt = None,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to show, fastest first.")] = 5,

@@ -18,7 +18,7 @@ whole data-parallel group) are what a version-5 plan ran; version 6 later gained
 ``rope_theta`` and ``rope_scaling``, whose defaults (10000, none) are what the runtime ran and the
 cost model priced before (neither prices them), so every version-6 plan reads unchanged; 7 and 8
 in ``upgrade``; 9 adds the training's ``loss_kernels``, whose default (None: as ``kernels``) is what a version-8
-plan priced.
+plan priced, and ``vocabulary_overlap``, which a version-8 plan reads as on (as it was priced).
 """
 
 from dataclasses import fields
@@ -146,7 +146,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     new fields' defaults (no context parallelism; of the ring kind) are what version 6 ran.
     Version 7 -> 8: gradients summed in the training precision, as version 7 priced them,
     although the new field's default sums them in fp32 under bf16. Version 8 -> 9: the new field's
-    default (the loss runs as the other kernels) is what version 8 priced.
+    default (the loss runs as the other kernels) is what version 8 priced; a vocabulary split was
+    priced as Vocabulary Parallelism's own schedule runs it (``vocabulary_overlap`` on).
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -173,4 +174,7 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
             raw["training"] = {"grad_reduce_dtype": training.get("dtype", "bf16"), **training}
     if raw.get("schema_version") == 8:
         raw = {**raw, "schema_version": 9}
+        training = raw.get("training")
+        if isinstance(training, dict):
+            raw["training"] = {"vocabulary_overlap": True, **training}
     return raw

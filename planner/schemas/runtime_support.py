@@ -30,6 +30,12 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             "the plan is priced with tensor-parallel collectives behind their GEMMs (tp_comm_overlap), but this "
             "runtime runs them synchronously; plan without --tp-comm-overlap to run it here"
         )
+    if training.vocabulary_overlap and layout.vocabulary_layout.over_pipeline:
+        raise InfeasibleConfigError(
+            f"the plan is priced with the {layout.vocabulary_layout!s} passes behind the layers (vocabulary_overlap), "
+            "as Vocabulary Parallelism's own schedule runs them, but this runtime runs each pass synchronously; "
+            "plan without --vocabulary-overlap to run it here"
+        )
     if training.moe_dispatcher is not MoeDispatcher.ALLTOALL and layout.expert_parallel_degree > 1:
         raise InfeasibleConfigError(
             f"the plan is priced with the {training.moe_dispatcher} token dispatcher, but this runtime sends "

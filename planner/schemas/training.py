@@ -45,6 +45,15 @@ class TrainingSpec(FrozenModel):
             "torch's async tensor parallelism). Priced on GPUs; the planner's own runtime runs them synchronously."
         ),
     )
+    vocabulary_overlap: bool = Field(
+        default=False,
+        description=(
+            "A vocabulary split over the pipeline (vocab-1, vocab-2) run as Vocabulary Parallelism's own schedule "
+            "runs it (its authors' Megatron-LM fork): its collectives behind the transformer layers, with 1 or 2 "
+            "more micro-batches in flight. Off: as this planner's runtime runs it, each pass when the stage "
+            "that needs it reaches it, within torch's 1F1B."
+        ),
+    )
     pp_comm_overlap: bool = Field(
         default=True,
         description=(

@@ -45,6 +45,10 @@ REFUSED = {
         lambda: _plan("tiny-gpt", _layout(4, tp=2, sequence_parallel=True), tp_comm_overlap=True),
         "runs them synchronously; plan without --tp-comm-overlap",
     ),
+    "vocabulary-overlap": (
+        lambda: _plan("tiny-gpt", _layout(2, pp=4, mb=1, vocabulary_layout="vocab-2"), vocabulary_overlap=True),
+        "runs each pass synchronously; plan without --vocabulary-overlap",
+    ),
     "capacity-factor": (
         lambda: _plan("tiny-moe", _layout(8, ep=4), moe_capacity_factor=1.25),
         "routes every token to its experts (dropless); plan without --capacity-factor",
