@@ -142,15 +142,20 @@ def test_cpu_ranks_wait_in_full_on_the_first_and_last_stage_only() -> None:
     assert on_shared_cores == pytest.approx(alone)
 
 
-def test_run_synchronously_as_the_runtime_runs_it_a_rank_holds_one_pass_and_torchs_warm_up() -> None:
+def test_run_synchronously_as_the_runtime_runs_it_a_rank_holds_torchs_warm_up() -> None:
     # The default: each pass runs when the stage needing it reaches it, within torch's 1F1B; on
     # GPUs as on CPUs the first and last stage wait for their passes in full, the others for none.
+    # A pass's peak holds its fp32 softmax shard and lower-precision copies: two shards' worth.
     synchronous = TRAINING.model_copy(update={"vocabulary_overlap": False})
     s, v, h = TRAINING.seq_len, MODEL.vocab_size, MODEL.hidden_size
     layout = _layout(VOCAB_2)
     params = stage_params(MODEL, layout, 1)
-    assert stage_logits_bytes(MODEL, synchronous, layout, 1, params) == pytest.approx(4 * s * v / 4)
-    assert vocabulary_activation_bytes(MODEL, synchronous, layout) == pytest.approx(3 * 4 * s * h)
+    assert stage_logits_bytes(MODEL, synchronous, layout, 1, params) == pytest.approx(2 * 4 * s * v / 4)
+    assert vocabulary_activation_bytes(MODEL, synchronous, layout) == pytest.approx(4 * 4 * s * h)
+    in_flight = stage_activation_bytes(MODEL, TRAINING, layout, 1, params) - (
+        stage_activation_bytes(MODEL, synchronous, layout, 1, params)
+    )
+    assert in_flight > 0  # the paper's schedule holds one more micro-batch
     assert [in_flight_micro_batches(layout, r, 8, vocabulary_warmup=False) for r in range(4)] == [4, 3, 2, 1]
     comm = vocabulary_comm(MODEL, TRAINING, CLUSTER, layout, grp.pipeline_groups(layout))
     output_s, embed_s = _shared_kernels(MODEL, synchronous, CLUSTER, layout).vocabulary_s
