@@ -27,7 +27,8 @@ Otherwise (the default, and always where communication cannot hide behind comput
 ``overlap.hides_communication``, CPU ranks whose gloo collectives run on the cores that compute)
 the passes run as this planner's runtime runs them (``runtime.vocabulary_parallel``):
 synchronously, when the stage that needs one reaches it, within torch's 1F1B (no extra
-micro-batch in flight), each pass's state alive during the pass only (one micro-batch's). The
+micro-batch in flight), each pass's state alive during the pass only (its peak two micro-batches'
+worth, ``KEPT_MICRO_BATCHES``). The
 first stage then waits for the embedding's collectives in full, the last stage for the output
 layer's, and the other stages join both from service threads beside their own layers, waiting
 for neither. The peers compute their share of a pass beside their own layers on the cores they
@@ -67,11 +68,6 @@ awaiting its gradient pass, one being computed. Run synchronously, one pass's ow
 softmax shard is joined by its lower-precision copies (the logits' gradient, the probabilities
 multiplied by the shard) at its peak: measured on tiny-gpt (vocab-2, pp4, CPU), counting one
 micro-batch's state left the last stage 18% under its tracked peak, two 8%."""
-
-
-def kept_micro_batches(training: TrainingSpec) -> int:
-    """Micro-batches' worth of vocabulary state a rank holds at once (``KEPT_MICRO_BATCHES``)."""
-    return KEPT_MICRO_BATCHES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,24 +168,24 @@ def vocabulary_comm(
 
 
 def vocabulary_logits_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
-    """The fp32 softmax shards one rank keeps for its vocabulary passes, ``kept_micro_batches`` x
+    """The fp32 softmax shards one rank keeps for its vocabulary passes, ``KEPT_MICRO_BATCHES`` x
     4 x ``vocabulary_tokens`` x V/p (module docstring); 0 when pinned."""
     if not layout.vocabulary_layout.over_pipeline:
         return 0.0
     one = logits_bytes(model, seq_len=1, micro_batch_size=1) * vocabulary_tokens(training, layout)
-    return kept_micro_batches(training) * one / layout.pipeline_parallel_degree
+    return KEPT_MICRO_BATCHES * one / layout.pipeline_parallel_degree
 
 
 def vocabulary_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """The other fp32 tensors one rank keeps for its vocabulary passes (module docstring): X for
-    ``kept_micro_batches`` micro-batches, 4 x tokens x h each (``vocabulary_tokens``), and under
+    ``KEPT_MICRO_BATCHES`` micro-batches, 4 x tokens x h each (``vocabulary_tokens``), and under
     Algorithm 2 the two dX partials, twice that; 0 when pinned."""
     vocabulary = layout.vocabulary_layout
     if not vocabulary.over_pipeline:
         return 0.0
     hidden = FP32_BYTES * vocabulary_tokens(training, layout) * model.hidden_size
     partials = 2 * hidden if vocabulary is VocabularyLayout.VOCAB_2 else 0.0
-    return kept_micro_batches(training) * hidden + partials
+    return KEPT_MICRO_BATCHES * hidden + partials
 
 
 def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> float:
