@@ -235,7 +235,8 @@ def _stage_times(
         key = (n, load, held, roles)
         stage_time = alike.get(key)
         if stage_time is None:
-            extra = held.embedding_share * embed_s + held.output_share * output_s
+            embedding_share_s, output_share_s = held.embedding_share * embed_s, held.output_share * output_s
+            extra = embedding_share_s + output_share_s
             extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
             extra += held.units * unit_s
             counts = {False: n - load.moe_layers, True: load.moe_layers}
@@ -253,8 +254,8 @@ def _stage_times(
                     overlapped=overlapped,
                     first=roles[0],
                     last=roles[1],
-                    embedding_share_s=held.embedding_share * embed_s,
-                    output_share_s=held.output_share * output_s,
+                    embedding_share_s=embedding_share_s,
+                    output_share_s=output_share_s,
                 ),
                 context_parallel_comm_s=sum((c * cp_of[moe] for c, moe, _ in here), 0.0),
             )
