@@ -296,7 +296,7 @@ def reduce_scatter_staging_bytes(training: TrainingSpec, layout: Layout, params:
     Returns:
         Bytes.
     """
-    if not layout.zero_stage.shards_gradients or layout.dense_replicas == 1 or layout.pipeline_parallel_degree > 1:
+    if not layout.shards_over_replicas or layout.pipeline_parallel_degree > 1:
         return 0.0
     unit = params.largest_reduced_unit
     reduced = unit * training.reduce_dtype.bytes * (1 + 1 / layout.shard_degree)
@@ -329,7 +329,7 @@ def tied_gradient_sum_bytes(model: ModelSpec, training: TrainingSpec, layout: La
     stages = tied_copy_stages(model, layout)
     if stages is None or stage not in stages:
         return 0.0
-    fsdp = layout.zero_stage.shards_gradients and layout.dense_replicas > 1
+    fsdp = layout.shards_over_replicas
     gradient_dtype = DType.FP32 if fsdp else training.dtype
     if gradient_dtype is training.reduce_dtype:
         return 0.0

@@ -205,7 +205,7 @@ def sharded_unit_s(device: DeviceProfile, layout: Layout, dtype: DType) -> float
     """Seconds FSDP spends of its own on one sharded unit and micro-batch under ZeRO 2-3 with
     d > 1 (hooks, casts, copies, beyond compute and collectives), as the profiler timed it
     (``compute.measured_sharded_unit_s``); 0 without sharded units or without the record."""
-    if not (layout.zero_stage.shards_gradients and layout.dense_replicas > 1):
+    if not layout.shards_over_replicas:
         return 0.0
     measured = measured_sharded_unit_s(device, layout.zero_stage, defers_gradient_reduction(layout), dtype)
     return measured or 0.0

@@ -76,7 +76,7 @@ class DataParallel:
         """ZeRO-2/3 shard with FSDP; over one replica there is nothing to shard, and FSDP would
         still gather and reduce every unit of every micro-batch (as the cost model says, ZeRO is
         then ZeRO-0)."""
-        return self.layout.zero_stage.shards_gradients and self.layout.dense_replicas > 1
+        return self.layout.shards_over_replicas
 
     def parameter_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """The precision the model is built in: ZeRO-0/1 keep it in the plan's precision (fp32

@@ -99,7 +99,7 @@ def _check(plan: Plan) -> None:
             "Megatron-FSDP gathers ZeRO-3's weights over the whole shard group",
             "plan with --no-hierarchical-sharding",
         )
-    fsdp = layout.zero_stage.shards_gradients and layout.dense_replicas > 1
+    fsdp = layout.shards_over_replicas
     if fsdp and layout.pipeline_parallel_degree > 1:
         refuse(
             TARGET,

@@ -180,6 +180,12 @@ class Layout:
         return self.data_parallel_degree * self.context_parallel_degree
 
     @property
+    def shards_over_replicas(self) -> bool:
+        """Whether ZeRO-2/3 shard the dense states (FSDP in the runtime): over one replica there is
+        nothing to shard, and the layout is priced and run as ZeRO-0/1."""
+        return self.zero_stage.shards_gradients and self.dense_replicas > 1
+
+    @property
     def shard_degree(self) -> int:
         """Ranks over which ZeRO shards the dense model states: ``sharding_group_size``, else d cp."""
         return self.sharding_group_size or self.dense_replicas
