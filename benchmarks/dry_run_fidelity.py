@@ -34,6 +34,10 @@ PIPELINED = Layout(
     data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1, zero_stage=1
 )
 TRAINING = TrainingSpec(global_batch_size=256, seq_len=4096)
+HEADER = (
+    f"{'model':<13} {'layout':<44} {'rank':>4} {'stage':>5} {'traced':>7} {'estimate':>8} {'ratio':>5} "
+    f"{'+workspace':>10} {'usable':>6}   (GiB = 2^30 bytes; ratio = estimate / traced)"
+)
 TRACE = """
 import json, sys
 from planner.api import dry_run
@@ -52,8 +56,7 @@ def traced_ranks(plan: Plan) -> list[int]:
 
 def main(models: list[str]) -> None:
     """Search each case, dry-run its ranks, print one row per rank."""
-    header = f"{'model':<13} {'layout':<44} {'rank':>4} {'stage':>5} {'traced':>7} {'estimate':>8} {'ratio':>5}"
-    print(f"{header} {'+workspace':>10} {'usable':>6}   (GiB = 2^30 bytes; ratio = estimate / traced)")
+    print(HEADER)
     for name, cluster in (*CASES, ("llama3-8b-pp2", "dgx-h100:2")):
         if models and name not in models:
             continue
@@ -69,23 +72,28 @@ def main(models: list[str]) -> None:
             path = Path(tmp) / "plan.json"
             save_plan(plan, path)
             for rank in traced_ranks(plan):
-                start = time.perf_counter()
-                run = subprocess.run(
-                    [sys.executable, "-c", TRACE, str(path), str(rank)], capture_output=True, text=True, check=False
-                )
-                seconds = time.perf_counter() - start
-                if run.returncode != 0:
-                    reason = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
-                    print(f"{name:<13} {plan.layout.describe():<44} {rank:>4} not traced: {reason}")
-                    continue
-                traced = json.loads(run.stdout.strip().splitlines()[-1])
-                memory = plan.estimate.stages[traced["stage"]].memory
-                tensors = memory.total_bytes - memory.workspace_bytes
-                print(
-                    f"{name:<13} {plan.layout.describe():<44} {rank:>4} {traced['stage']:>5} "
-                    f"{traced['peak'] / GIB:>7.2f} {tensors / GIB:>8.2f} {tensors / traced['peak']:>5.3f} "
-                    f"{memory.total_bytes / GIB:>10.2f} {usable / GIB:>6.2f}   {seconds:.0f} s"
-                )
+                print(traced_row(name, plan, path, rank, usable))
+
+
+def traced_row(name: str, plan: Plan, path: Path, rank: int, usable_bytes: float | None) -> str:
+    """Dry-run ``rank`` of ``plan`` (saved at ``path``) in a fresh process; one printed row."""
+    start = time.perf_counter()
+    run = subprocess.run(
+        [sys.executable, "-c", TRACE, str(path), str(rank)], capture_output=True, text=True, check=False
+    )
+    seconds = time.perf_counter() - start
+    if run.returncode != 0:
+        reason = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
+        return f"{name:<13} {plan.layout.describe():<44} {rank:>4} not traced: {reason}"
+    traced = json.loads(run.stdout.strip().splitlines()[-1])
+    memory = plan.estimate.stages[traced["stage"]].memory
+    tensors = memory.total_bytes - memory.workspace_bytes
+    usable = "" if usable_bytes is None else f"{usable_bytes / GIB:.2f}"
+    return (
+        f"{name:<13} {plan.layout.describe():<44} {rank:>4} {traced['stage']:>5} "
+        f"{traced['peak'] / GIB:>7.2f} {tensors / GIB:>8.2f} {tensors / traced['peak']:>5.3f} "
+        f"{memory.total_bytes / GIB:>10.2f} {usable:>6}   {seconds:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 """Dry run of a large plan on this machine: Llama 3 70B on 256 H100s (tp 8, pp 4, dp 8, ZeRO-1,
 full recompute, sequence parallel). Traces the first and the last pipeline stage, each in a fresh
-process, and prints traced peak beside the cost model's estimate, with the wall time.
+process, and prints traced peak beside the cost model's estimate of what tensors hold (as
+``dry_run_fidelity.py`` does: without the workspace, which no trace sees), with the wall time.
 
 Run: .venv/bin/python benchmarks/dry_run_scale.py
 """
 
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from dry_run_fidelity import HEADER, traced_row  # the script's folder is on sys.path
 
 from cost_models.estimate import estimate
 from planner.inputs import load_cluster, load_model
@@ -18,7 +18,7 @@ from planner.schemas import Layout, TrainingSpec
 
 
 def main() -> None:
-    """Write the plan, dry-run ranks 0 and 255, print the CLI's tables and wall times."""
+    """Write the plan, dry-run ranks 0 and 255, print a row each."""
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100:32")
     training = TrainingSpec(global_batch_size=256, seq_len=4096)
     layout = Layout(
@@ -30,21 +30,13 @@ def main() -> None:
         recompute="full",
         sequence_parallel=True,
     )
+    plan = make_plan(model, training, cluster, "dgx-h100:32", layout, estimate(model, training, cluster, layout))
+    print(HEADER)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
-        save_plan(
-            make_plan(model, training, cluster, "dgx-h100:32", layout, estimate(model, training, cluster, layout)), path
-        )
+        save_plan(plan, path)
         for rank in (0, 255):
-            start = time.perf_counter()
-            out = subprocess.run(
-                [sys.executable, "-m", "planner", "run", str(path), "--dry-run", "--rank", str(rank)],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            rows = [line for line in out.splitlines() if line.startswith("│")]
-            print(f"{rows[0]}  wall {time.perf_counter() - start:.1f} s")
+            print(traced_row("llama3-70b", plan, path, rank, None))
 
 
 if __name__ == "__main__":
