@@ -35,10 +35,6 @@ DGX A100 8 x 200 Gb/s: 192 GB/s all-reduce busbw (NVIDIA/nccl issue #812, AddyLa
 NVIDIA/nccl issue #1649), 323.5 GB/s all-gather and 330.9 all-reduce on 4 nodes (Voltage Park /
 Georgia Tech benchmark), reduce-scatter busbw 360, 345, 320, 300, 280, 260 GB/s on 4 to 128
 nodes (NVIDIA/nccl issue #1229; size not stated). Units: bytes, seconds, bytes/s.
-
-Not yet used by ``cost_models.comm``, which keeps its two-phase composition for such groups: in
-its place this model brings the collectives nearer the figures above but the H100 validation set
-(``benchmarks/validate_h100.py``) no nearer, whose remaining errors lie elsewhere.
 """
 
 import math
