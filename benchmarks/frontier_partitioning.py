@@ -28,22 +28,18 @@ ZeRO++'s quantized weights and gradients (qwZ, qgZ) are not modelled: (b) is hpZ
 TFLOP/s per GCD is printed twice: model FLOPs (6 N D and attention, no recomputation) and
 hardware FLOPs (with the recomputed forward, what DeepSpeed's and Megatron's counters report).
 
-Measured (2026-11-25, micro-batch 1), hardware TFLOP/s per GCD at 6 / 48 nodes: zero3 90.4 /
-85.7, hpz-node 92.5 / 92.1, hsdp-node+gpu 94.5 / 93.9 (62.1 GiB: over the 95% of 64 GiB the
-search allows), hpz-gpu 95.7 / 95.2; the search picks tensor parallelism over one MI250X's two
-GCDs (dp24-192 tp2 mb2, ZeRO-2, or ZeRO-1 at 12 nodes, no recomputation): 102.3 / 101.6. At 384
-GCDs hpz-node / zero3 is 1.074 (published ZeRO++ / ZeRO-3: 1.405), hpz-gpu / hpz-node 1.034
-(published theirs / ZeRO++: 1.707), hpz-gpu / zero3 1.111 (published 2.398); weak scaling from 6
-to 48 nodes keeps 0.949 for zero3, 0.99 for the others (published 0.94).
-Why the predicted gains are small: a ring inside a node runs at its slowest link (one Infinity
-Fabric link, 39 GB/s), so a gather's intra-node phase A = 7/8 M / 39 GB/s outweighs its
-inter-node phase B = (N-1)/N M/8 / 12 GB/s per rail; partitions that keep gathers inside a node
-save only B. With --rail-gbps 3 (a quarter of the preset's rail) at 384 GCDs: zero3 44.5,
-hpz-node 56.7, hpz-gpu 65.0 (ratios 1.27 and 1.15), the search 77.4 (dp32 tp2 pp6, ZeRO-1). No
-rail speed gives the published 1.71 over hpZ here: hpZ over a node communicates 3A + 2B a step,
-over a GPU 2A + P + 2B (P its backward gather over the package's 156 GB/s), a ratio below 1.5.
-HSDP over a node costs what hpz-gpu costs (its replicas' all-reduce of the shard is the
-gathers' inter-node legs) and holds 8x the model states.
+Measured (2026-11-26, micro-batch 1), hardware TFLOP/s per GCD at 6 / 48 nodes: zero3 83.4 /
+77.0, hpz-node 85.9 / 81.2, hsdp-node+gpu 79.5 / 74.9 (63.4 GiB: over the 95% of 64 GiB the
+search allows), hpz-gpu 93.2 / 92.3; the search picks tensor parallelism over one MI250X's two
+GCDs (dp24-192 tp2 mb2, ZeRO-2, no recomputation): 101.9 / 101.3. At 384 GCDs hpz-node / zero3
+is 1.054 (published ZeRO++ / ZeRO-3: 1.405), hpz-gpu / hpz-node 1.137 (published theirs /
+ZeRO++: 1.707), hpz-gpu / zero3 1.199 (published 2.398); weak scaling from 6 to 48 nodes keeps
+0.923 for zero3, 0.94-0.99 for the others (published 0.94).
+Why the predicted gains are small: a gather across nodes runs as one ring (NCCL's and RCCL's),
+at most as fast as a ring inside a node, whose slowest link (one Infinity Fabric link, 39 GB/s)
+bounds both; the nodes' rails (8 x 12 GB/s at once) do not. Keeping a gather inside a node saves
+only the ring's hops across nodes and 1/8 of its volume. HSDP over a node all-reduces the shard
+between replicas over one rail each (12 GB/s) and so exposes more than hpz-gpu.
 
 Run: python benchmarks/frontier_partitioning.py [--micro-batch B] [--nodes 6 12 24 48]
 """

@@ -17,12 +17,18 @@ whole-world shape) is priced from those records (scaled as in 1.) when its ring 
 run, as the measured group's did: a measured curve of the group itself beats a model of it (on
 gloo, whose rings are flat, the hierarchical model below priced a 2 x 2 ZeRO-3 all-gather at
 0.57 of the measured time: ``benchmarks/hsdp_netns.py``). All-to-all keeps its link pricing (a
-dispatcher may send less off-node than the measured all-to-all). Any other group spanning nodes
-is priced hierarchically (as NCCL's tree/ring over rails): a phase inside
-each node over its k members, and a phase across the N nodes in which each of the k members
-moves 1/k of the data over its own network rail. Each node's inside phase runs over that node's
-own links and records (nodes may differ: ``ClusterProfile.node_overrides``); the slowest node
-decides, as the step waits for every rank. Units: bytes, seconds, bytes/s.
+dispatcher may send less off-node than the measured all-to-all). Any other all-reduce,
+all-gather or reduce-scatter over a group with k members on each of its N nodes, on a profile that
+measured none of them across nodes (the presets), is priced as NCCL runs it
+(``cost_models.spanning_collectives``): one ring through all n = N k members, a hop of latency a
+step, at the bus bandwidth of the node's k rails at once (bounded by the links inside the
+slowest node), or for all-reduce a tree across the nodes, whichever is faster. The rest (a profile
+with inter-node records of other shapes, members spread unevenly) is priced hierarchically: a
+phase inside each node over its k members, and a phase across the N nodes in which each of the
+k members moves 1/k of the data over its own network rail, from the inter-node records. Each
+node's inside phase runs over that node's own links and records (nodes may differ:
+``ClusterProfile.node_overrides``); the slowest node decides, as the step waits for every rank.
+Units: bytes, seconds, bytes/s.
 """
 
 import bisect
@@ -32,6 +38,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from cost_models.spanning_collectives import spanning_time_s
 from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkProfile, Placement
 from planner.schemas.links import slower_link
 
@@ -173,6 +180,14 @@ def _whole_group_records(
     return ()
 
 
+@functools.lru_cache(maxsize=64)
+def _has_inter_node_records(collectives: _Records, op: CollectiveOp) -> bool:
+    """Whether the profile measured ``op`` (or all-reduce, which stands in for it) across nodes."""
+    return any(
+        r.placement is Placement.INTER_NODE and r.op in (op, CollectiveOp.ALL_REDUCE) for r in collectives.records
+    )
+
+
 def nodes_spanned(group: Group, cluster: ClusterProfile) -> int:
     """How many nodes the group's devices lie on."""
     return len(_node_spread(group.devices, cluster.devices_per_node)[0])
@@ -260,6 +275,13 @@ def collective_time_s(
         if whole and all(len(m) == k for m in members):
             return _measured_time_s(whole, op, message_bytes, n, cluster.inter_node_links.ring_slowest(nodes))
     inter_link = cluster.inter_node_links.ring_slowest(nodes)
+    if (
+        op is not CollectiveOp.ALL_TO_ALL
+        and all(len(m) == k for m in members)
+        and not _has_inter_node_records(_Records(cluster.collectives), op)
+    ):
+        intra_link = _slowest_inside_link(cluster, nodes, members) if k > 1 else inter_link
+        return spanning_time_s(op, message_bytes, len(nodes), k, intra_link, inter_link)
     if op is CollectiveOp.ALL_TO_ALL:
         # Each rank sends (n - k)/n of its buffer off-node over its own rail, the rest over
         # intra-node links; both proceed at once.

@@ -25,12 +25,12 @@ def test_single_rank_group_is_free() -> None:
     assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((3,)), make_cluster()) == 0.0
 
 
-def test_hierarchical_all_reduce_splits_inter_node_traffic_over_rails() -> None:
+def test_a_group_spanning_nodes_runs_one_ring_over_each_nodes_rails() -> None:
     cluster = make_cluster(nodes=2, per_node=4, intra_bw=100e9, inter_bw=10e9, latency_s=0.0)
     full_nodes = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group(tuple(range(8))), cluster)
-    # Inside each node: reduce-scatter and all-gather of 3/4 of 1 GB at 100 GB/s;
-    # across the 2 nodes: all-reduce of 1/4 GB per rail, 2 (2-1)/2 of it at 10 GB/s.
-    assert full_nodes == pytest.approx(2 * 0.75 * 1e9 / 100e9 + 1.0 * 0.25e9 / 10e9)
+    # One ring through the 8 members: 2 (8-1)/8 of 1 GB per rank, carried by each node's 4 rails
+    # at once (40 GB/s, below 100 GB/s inside); a tree would move 2 GB at 0.92 x 40 GB/s.
+    assert full_nodes == pytest.approx(1.75e9 / 40e9)
     one_per_node = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 4)), cluster)
     assert one_per_node == pytest.approx(1e9 / 10e9)
     assert one_per_node > full_nodes

@@ -132,9 +132,10 @@ def test_zero_stages_move_what_the_zero_paper_and_fsdp_move() -> None:
     all_reduce, zero1, zero2, zero3 = (dp_total(z) for z in ZeroStage)
     assert zero1 == pytest.approx(all_reduce, rel=0.05)  # reduce-scatter + all-gather = all-reduce volume
     # Splitting one collective into u costs u - 1 more latencies of the collective; the bytes are
-    # the same. The group spans 2 nodes of 4: hierarchically, 3 hops inside a node and 1 across,
-    # 1 us each. ZeRO-1 runs in 3 buckets (57.9M gradients, 25M a bucket), ZeRO 2-3 in 10 units.
-    hops, latency_s = 3 + 1, 1e-6
+    # the same. The group spans 2 nodes of 4: one ring through the 8, 6 hops inside the nodes and
+    # 1 across, 1 us each. ZeRO-1 runs in 3 buckets (57.9M gradients, 25M a bucket), ZeRO 2-3 in
+    # 10 units.
+    hops, latency_s = 6 + 1, 1e-6
     # a reduce-scatter and an all-gather of the same bytes cost the same on a ring
     rs = zero1 / 2 - (3 - 1) * hops * latency_s
     units = MODEL.num_hidden_layers + 2  # the layers, the embedding, the final norm with the head

@@ -1,6 +1,6 @@
 """Sharding in groups (HSDP) and ZeRO-3's secondary partition (hpZ): the layout's rules, the
 memory each holds and the collectives each runs, hand-worked on two nodes of four devices
-(100 GB/s inside a node, 10 GB/s between nodes, 1 us a hop; ring model, no records)."""
+(100 GB/s inside a node, 10 GB/s rails between nodes, 1 us a hop; ring model, no records)."""
 
 from dataclasses import replace
 
@@ -12,7 +12,7 @@ from cost_models.estimate import estimate
 from cost_models.params import stage_params
 from cost_models.sharding import optimizer_shard_params, stage_model_states
 from planner.inputs import load_cluster, load_model
-from planner.schemas import DType, Layout, TrainingSpec, ZeroStage
+from planner.schemas import DType, Layout, LinkMatrix, LinkProfile, TrainingSpec, ZeroStage
 from planner.schemas.errors import SchemaError
 
 MODEL = load_model("tiny-gpt")
@@ -54,9 +54,10 @@ def test_hsdp_keeps_zero3s_collectives_inside_a_node_and_all_reduces_a_quarter_a
     held = stage_params(MODEL, ZERO3, 0)
     units, b = held.units, held.dense * 2 / held.units  # bf16 bytes of one unit
     # ZeRO-3 over 8 ranks on 2 nodes, every micro-batch: a reduce-scatter and two all-gathers of
-    # each unit, each a phase across the 2 nodes (1/4 of the unit over each rail) and one inside.
-    across, inside = _ring(1, 0.5 * b / 4, 10e9), _ring(3, 0.75 * b, 100e9)
-    full = MICRO_BATCHES * units * 3 * (across + inside)
+    # each unit, each one ring through the 8 (7 hops, 7/8 of the unit per rank) over each node's
+    # 4 rails at once (40 GB/s, below the 100 GB/s of a ring inside a node).
+    spanning, inside = _ring(7, 0.875 * b, 40e9), _ring(3, 0.75 * b, 100e9)
+    full = MICRO_BATCHES * units * 3 * spanning
     # HSDP in groups of 4 (one node each): those three inside the node; once a step each unit's
     # accumulated shard (1/4 of it) all-reduced between the 2 replicas across the nodes, 2 steps.
     hsdp = MICRO_BATCHES * units * 3 * inside + units * _ring(2, b / 4, 10e9)
@@ -70,8 +71,8 @@ def test_hsdp_keeps_zero3s_collectives_inside_a_node_and_all_reduces_a_quarter_a
 def test_a_secondary_partition_moves_the_backward_gather_inside_the_node() -> None:
     held = stage_params(MODEL, ZERO3, 0)
     units, b = held.units, held.dense * 2 / held.units
-    across, inside = _ring(1, 0.5 * b / 4, 10e9), _ring(3, 0.75 * b, 100e9)
-    hpz = MICRO_BATCHES * units * (2 * (across + inside) + inside)
+    spanning, inside = _ring(7, 0.875 * b, 40e9), _ring(3, 0.75 * b, 100e9)
+    hpz = MICRO_BATCHES * units * (2 * spanning + inside)
     layout = replace(ZERO3, secondary_partition_size=4)
     got = stage_data_parallel_comm(MODEL, TRAINING, CLUSTER, layout, 0, MICRO_BATCHES).total_s
     assert got == pytest.approx(hpz, rel=1e-12)
@@ -92,9 +93,13 @@ def test_memory_of_each() -> None:
 
 
 def test_hsdp_pays_where_nodes_are_far_apart() -> None:
-    """Llama 3 8B on 4 DGX H100 nodes, ZeRO-3 over 32 ranks against HSDP in node-sized groups:
-    the gathers leave the InfiniBand links, so the step is faster; the shards are 4 x larger."""
-    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100:4")
+    """Llama 3 8B on 4 DGX H100 nodes joined by 100 Gb/s per GPU (not the preset's 400), ZeRO-3
+    over 32 ranks against HSDP in node-sized groups: the gathers leave the slow network, so the
+    step is faster; the shards are 4 x larger. (Over the preset's eight 400 Gb/s rails a ring
+    through all 32 runs about as fast as one inside a node: there HSDP saves nothing.)"""
+    model, preset = load_model("llama3-8b"), load_cluster("dgx-h100:4")
+    slow = LinkMatrix(size=4, uniform=LinkProfile(bandwidth_bytes_per_s=12e9, latency_s=5e-6))
+    cluster = preset.model_copy(update={"inter_node_links": slow})
     training = TrainingSpec(global_batch_size=64, seq_len=4096)
     layout = Layout(
         data_parallel_degree=32,

@@ -54,12 +54,17 @@ def test_a_ring_in_a_slow_node_is_slower() -> None:
     assert slow == pytest.approx(1.5e9 / 50e9)
 
 
-def test_a_group_spanning_nodes_waits_for_the_slowest_inside_phase() -> None:
+def test_a_group_spanning_nodes_waits_for_the_slowest_node() -> None:
     cluster = _slow_node_1()
     t = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group(range(8)), cluster)
-    # Reduce-scatter and all-gather of 3/4 GB inside each node: node 1 at 50 GB/s decides (15 ms
-    # each); across the 2 nodes each rail all-reduces 1/4 GB: 2 (2-1)/2 of it at 10 GB/s (25 ms).
-    assert t == pytest.approx(2 * 0.75e9 / 50e9 + 0.25e9 / 10e9)
+    # One ring through both nodes, 2 (8-1)/8 of 1 GB per rank, no faster than a ring inside the
+    # slower node (50 GB/s) nor than the 4 rails of a node at once (40 GB/s): the rails decide.
+    assert t == pytest.approx(1.75e9 / 40e9)
+    slower = LinkMatrix(size=4, uniform=LinkProfile(bandwidth_bytes_per_s=20e9, latency_s=0.0))
+    base = make_cluster(nodes=2, per_node=4, intra_bw=100e9, inter_bw=10e9, latency_s=0.0)
+    slow_inside = _with(base, NodeOverride(nodes=(1,), intra_node_links=slower))
+    # At 20 GB/s inside node 1, node 1 decides.
+    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group(range(8)), slow_inside) == pytest.approx(1.75e9 / 20e9)
     # All-to-all: (4-1)/8 of 1 GB on-node at the slower node's 50 GB/s, 4/8 off-node at 10 GB/s.
     a2a = collective_time_s(CollectiveOp.ALL_TO_ALL, 1e9, Group(range(8)), cluster)
     assert a2a == pytest.approx(max(0.5e9 / 10e9, 3 / 8 * 1e9 / 50e9))

@@ -4,8 +4,6 @@ partitions over the frontier-mi250x preset's three link levels."""
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from frontier_partitioning import LAYOUTS, frontier, neox_20b, row
@@ -34,9 +32,11 @@ def _exposed_dp_comm_s(rail_bytes_per_s: float | None = None) -> dict[str, float
 def test_keeping_the_gathers_nearer_exposes_less_communication() -> None:
     exposed = _exposed_dp_comm_s()
     assert exposed["zero3"] > exposed["hpz-node"] > exposed["hpz-gpu"]
-    # HSDP over a node moves its gathers' inter-node legs into the replicas' all-reduce of the
-    # shard: 2 (N-1)/N of M/8 per rail either way, so it costs what hpZ over one GPU costs.
-    assert exposed["hsdp-node+gpu"] == pytest.approx(exposed["hpz-gpu"], rel=1e-9)
+    # HSDP over a node keeps its gathers inside the node but all-reduces the shard between the
+    # replicas over one rail each (12 GB/s), where hpZ over one GPU's gathers across nodes run as
+    # one ring as fast as a ring inside a node (39 GB/s; a node's 8 rails carry 96 at once): HSDP
+    # exposes more.
+    assert exposed["hsdp-node+gpu"] > exposed["hpz-gpu"]
 
 
 def test_a_slower_network_widens_the_gap_the_partitions_close() -> None:
