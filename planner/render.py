@@ -297,21 +297,27 @@ class TracedRank(Protocol):
     @property
     def predicted_bytes(self) -> float: ...
     @property
+    def workspace_bytes(self) -> float: ...
+    @property
     def seconds(self) -> float: ...
 
 
 def dry_run_table(results: Iterable[TracedRank]) -> Table:
-    """Each traced rank's peak memory beside the estimate of its stage."""
+    """Each traced rank's peak memory beside the estimate of its stage: of what tensors hold (the
+    trace's measure), then with the workspace no trace sees (what the search fits to the device)."""
     table = Table(title="dry run: traced peak memory beside the estimate (MiB = 2^20 bytes)")
-    for name in ("rank", "stage", "traced MiB", "estimated MiB", "estimate / traced", "seconds"):
+    columns = ("rank", "stage", "traced MiB", "estimated MiB", "estimate / traced", "+ workspace MiB", "seconds")
+    for name in columns:
         table.add_column(name, justify="right")
     for result in results:
+        tensors_bytes = result.predicted_bytes - result.workspace_bytes
         table.add_row(
             str(result.rank),
             str(result.stage),
             f"{result.peak_bytes / MIB:,.1f}",
+            f"{tensors_bytes / MIB:,.1f}",
+            f"{tensors_bytes / max(result.peak_bytes, 1):.2f}",
             f"{result.predicted_bytes / MIB:,.1f}",
-            f"{result.predicted_bytes / max(result.peak_bytes, 1):.2f}",
             f"{result.seconds:.1f}",
         )
     return table

@@ -56,6 +56,9 @@ class DryRunResult:
     peak_bytes: int
     breakdown_bytes: dict[str, int]
     predicted_bytes: float
+    """The estimate's total for the rank's stage, its workspace included."""
+    workspace_bytes: float
+    """The estimate's workspace (CUDA context, library buffers): no tensor, so no trace sees it."""
     seconds: float
 
 
@@ -138,6 +141,7 @@ def dry_run(
         total,
         {k: int(v) for k, v in peak.items()},
         plan.estimate.stages[stage].memory.total_bytes,
+        plan.estimate.stages[stage].memory.workspace_bytes,
         time.perf_counter() - start,
     )
 
