@@ -142,6 +142,13 @@ def splits_into_context_chunks(seq_len: int, context_parallel_degree: int) -> bo
     return seq_len % (2 * context_parallel_degree) == 0
 
 
+def splits_for_all_to_all(seq_len: int, query_heads: int, context_parallel_degree: int) -> bool:
+    """Whether all-to-all context parallelism (DeepSpeed-Ulysses) over ``context_parallel_degree``
+    ranks can run: cp equal contiguous chunks of a sequence of ``seq_len`` tokens, and
+    ``query_heads`` (a tensor-parallel rank's) shared out evenly, 1/cp to each rank."""
+    return seq_len % context_parallel_degree == 0 and query_heads % context_parallel_degree == 0
+
+
 def sharding_mesh_shape(layout: Layout, group_size: int) -> tuple[int, int, int, int]:
     """Sizes of the sharding mesh's axes in ``SHARDING_MESH_AXES`` order for groups of
     ``group_size`` consecutive data-axis ranks (a divisor of D = d cp): (p, D / group_size, group_size, t)."""

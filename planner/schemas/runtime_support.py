@@ -5,7 +5,7 @@ that could only fail on every node)."""
 
 from planner.schemas.enums import ContextParallelKind, DType, MoeDispatcher, PositionEmbedding
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import num_micro_batches, splits_into_context_chunks
+from planner.schemas.geometry import num_micro_batches, splits_for_all_to_all, splits_into_context_chunks
 from planner.schemas.layout import Layout
 from planner.schemas.plan import Plan
 
@@ -51,7 +51,7 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
     cp = layout.context_parallel_degree
     if cp > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
         heads = plan.model.num_attention_heads // layout.tensor_parallel_degree
-        if training.seq_len % cp or heads % cp:
+        if not splits_for_all_to_all(training.seq_len, heads, cp):
             raise InfeasibleConfigError(
                 f"the plan's all-to-all context parallelism needs cp={cp} to divide the sequence ({training.seq_len} "
                 f"tokens) and a tensor-parallel rank's {heads} query heads; plan with a cp that divides both"

@@ -58,7 +58,7 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.errors import SchemaError
-from planner.schemas.geometry import splits_into_context_chunks
+from planner.schemas.geometry import splits_for_all_to_all, splits_into_context_chunks
 
 Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | ContextParallelKind | None
 """A value one axis takes: what the matching Layout field holds."""
@@ -154,12 +154,12 @@ def _context_kinds(space: "SearchSpace", tp: int, cp: int) -> list[ContextParall
     allows: the ring where 2 cp divides the sequence (the zig-zag split,
     ``geometry.splits_into_context_chunks``), with the fused attention kernel it runs block by
     block; the all-to-all where cp divides the sequence and a tensor-parallel rank's query heads
-    (``cost_models.validate.check_context_parallel``)."""
+    (``geometry.splits_for_all_to_all``)."""
     s, allowed = space.training.seq_len, space.allowed("cp_kind")
     kinds = []
     if splits_into_context_chunks(s, cp) and space.training.attention_kernel is AttentionKernel.FLASH:
         kinds.append(ContextParallelKind.RING)
-    if s % cp == 0 and (space.model.num_attention_heads // tp) % cp == 0:
+    if splits_for_all_to_all(s, space.model.num_attention_heads // tp, cp):
         kinds.append(ContextParallelKind.ALL_TO_ALL)
     return [k for k in kinds if allowed is None or k in allowed]
 
