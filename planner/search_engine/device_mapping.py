@@ -7,8 +7,9 @@ bandwidth matrix (start at each of a few nodes, always step to the unvisited nod
 fastest link from the last one), each order is turned into a device map that keeps every node's
 devices in local order, and the Evaluator judges: the fastest map is kept only when it is priced
 faster than the candidate's. On up to ``SWAP_NODES`` nodes the best order is then improved by
-pair swaps the Evaluator prices faster. Uniform node links, and clusters beyond ``MAX_NODES``,
-skip at once. Devices inside a node keep their order here; the next refiner,
+pair swaps the Evaluator prices faster. Uniform node links, measured ones that differ by no more
+than their measurement's noise (``distinct_links``), and clusters beyond ``MAX_NODES``, skip at
+once. Devices inside a node keep their order here; the next refiner,
 ``intra_node_mapping.IntraNodeMappingRefiner``, permutes them per node so that tensor-parallel
 groups take the node's fastest links, composed with the order chosen here. Links are read
 through the node matrix's arrays (``LinkMatrix.arrays``, which agree with ``LinkMatrix.link`` on
@@ -68,6 +69,30 @@ def node_order_map(order: tuple[int, ...], devices_per_node: int) -> DeviceMap:
     return DeviceMap(devices=tuple(n * devices_per_node + local for n in order for local in range(devices_per_node)))
 
 
+def distinct_links(links: LinkMatrix) -> bool:
+    """Whether links (a node's, or those between nodes) differ by more than their measurement's
+    noise: not a uniform link,
+    and, where the bandwidths were measured (``LinkMatrix.bandwidth_spread``), the fastest and
+    slowest pair differ by more than the median spread (interquartile range / median) of the
+    repeats. Within it, which pair is faster is noise, and a map chosen by it gains nothing when
+    run: on the local 4-rank CPU node (one shared memory, pairs read 1.2-2.1 GB/s with a median
+    spread of 0.56), maps priced 2.5-28% faster ran 1.23-1.47x their prediction
+    (``benchmarks/tune_local.py``). That node's pairs can also differ by more than their spread
+    (1.3-3.4 GB/s, median spread 0.27, in another profile) with nothing to place by, as every pair
+    is the same loopback through one memory: the intra-node refiner leaves CPU nodes alone too.
+    The node-order refiner reads it of the node matrix: nodes whose links differ within their
+    noise keep their order."""
+    if links.uniform is not None:
+        return False
+    if links.bandwidth_spread is None:
+        return True
+    bandwidth = links.arrays().bandwidth_bytes_per_s
+    off = ~np.eye(links.size, dtype=bool)
+    spread = np.asarray(links.bandwidth_spread, dtype=np.float64)[off]
+    fastest, slowest = float(bandwidth[off].max()), float(bandwidth[off].min())
+    return (fastest - slowest) / fastest > float(np.median(spread))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceMappingRefiner:
     """Moves a finalist's rank blocks onto nodes in a greedy fastest-link order when the Evaluator
@@ -80,7 +105,7 @@ class DeviceMappingRefiner:
         del budget, seed  # no solver yet: a handful of evaluations
         links = evaluate.cluster.inter_node_links
         layout = candidate.layout
-        if links.uniform is not None or not 2 <= links.size <= MAX_NODES or not layout.device_map.is_identity:
+        if not distinct_links(links) or not 2 <= links.size <= MAX_NODES or not layout.device_map.is_identity:
             return candidate
         if layout.world_size != evaluate.cluster.world_size:
             return candidate

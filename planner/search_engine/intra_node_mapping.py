@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from planner.schemas import ClusterProfile, DeviceKind, DeviceMap, Layout, LinkMatrix
 from planner.schemas.links import FloatArray
-from planner.search_engine.device_mapping import MAX_STARTS, greedy_node_chain, priced_map
+from planner.search_engine.device_mapping import MAX_STARTS, distinct_links, greedy_node_chain, priced_map
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Budget, Candidate
 
@@ -118,27 +118,6 @@ def candidate_permutations(links: LinkMatrix, levels: tuple[IntArray, ...]) -> t
     if len(front) > MAX_CANDIDATES:
         front = [front[round(k * (len(front) - 1) / (MAX_CANDIDATES - 1))] for k in range(MAX_CANDIDATES)]
     return tuple(tuple(int(x) for x in perms[chosen[i]]) for i in front)
-
-
-def distinct_links(links: LinkMatrix) -> bool:
-    """Whether a node's links differ by more than their measurement's noise: not a uniform link,
-    and, where the bandwidths were measured (``LinkMatrix.bandwidth_spread``), the fastest and
-    slowest pair differ by more than the median spread (interquartile range / median) of the
-    repeats. Within it, which pair is faster is noise, and a map chosen by it gains nothing when
-    run: on the local 4-rank CPU node (one shared memory, pairs read 1.2-2.1 GB/s with a median
-    spread of 0.56), maps priced 2.5-28% faster ran 1.23-1.47x their prediction
-    (``benchmarks/tune_local.py``). That node's pairs can also differ by more than their spread
-    (1.3-3.4 GB/s, median spread 0.27, in another profile) with nothing to place by, as every pair
-    is the same loopback through one memory: the refiner leaves CPU nodes alone too."""
-    if links.uniform is not None:
-        return False
-    if links.bandwidth_spread is None:
-        return True
-    bandwidth = links.arrays().bandwidth_bytes_per_s
-    off = ~np.eye(links.size, dtype=bool)
-    spread = np.asarray(links.bandwidth_spread, dtype=np.float64)[off]
-    fastest, slowest = float(bandwidth[off].max()), float(bandwidth[off].min())
-    return (fastest - slowest) / fastest > float(np.median(spread))
 
 
 def compose(device_map: DeviceMap, world_size: int, devices_per_node: int, perms: IntArray) -> DeviceMap:

@@ -15,13 +15,12 @@ from planner.inputs import load_cluster, load_model
 from planner.schemas import ClusterProfile, DeviceKind, DeviceMap, Layout, LinkMatrix, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine import ExhaustiveSearch
-from planner.search_engine.device_mapping import DeviceMappingRefiner
+from planner.search_engine.device_mapping import DeviceMappingRefiner, distinct_links
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.intra_node_mapping import (
     IntraNodeMappingRefiner,
     candidate_permutations,
     compose,
-    distinct_links,
     slot_levels,
 )
 from planner.search_engine.runner import DEFAULT_REFINERS, run_search
