@@ -22,7 +22,8 @@ all-gather or reduce-scatter over a group with k members on each of its N nodes,
 measured none of them across nodes (the presets), is priced as NCCL runs it
 (``cost_models.spanning_collectives``): one ring through all n = N k members, a hop of latency a
 step, at the bus bandwidth of the node's k rails at once (bounded by the links inside the
-slowest node), or for all-reduce a tree across the nodes, whichever is faster. The rest (a profile
+slowest node), or for all-reduce a tree across the nodes, in NCCL's LL, LL128 or Simple protocol
+at its tuner's latencies, whichever is fastest. The rest (a profile
 with inter-node records of other shapes, members spread unevenly) is priced hierarchically: a
 phase inside each node over its k members, and a phase across the N nodes in which each of the
 k members moves 1/k of the data over its own network rail, from the inter-node records. Each

@@ -251,7 +251,7 @@ def test_all_to_alls_run_in_line_over_the_links_by_hand() -> None:
     wide = _layout(dp=1, cp=16, context_parallel_kind=A2A)
     tokens = 8192 // 16
     buffers = [tokens * w * 128 * 2 for w in (32, 16, 16, 32)]  # kv: lcm(8, 16) = 16 heads
-    wide_once = sum(5e-6 + max(b / 2 / 48e9, 7 / 16 * b / 370e9) for b in buffers)
+    wide_once = sum(2.7e-6 + max(b / 2 / 48e9, 7 / 16 * b / 370e9) for b in buffers)
     assert all_to_all_layer_s(LLAMA, TRAINING, two_nodes, wide, list(grp.context_groups(wide))) == pytest.approx(
         2 * wide_once
     )

@@ -132,14 +132,15 @@ def test_zero_stages_move_what_the_zero_paper_and_fsdp_move() -> None:
     all_reduce, zero1, zero2, zero3 = (dp_total(z) for z in ZeroStage)
     assert zero1 == pytest.approx(all_reduce, rel=0.05)  # reduce-scatter + all-gather = all-reduce volume
     # Splitting one collective into u costs u - 1 more latencies of the collective; the bytes are
-    # the same. The group spans 2 nodes of 4: one ring through the 8, 6 hops inside the nodes and
-    # 1 across, 1 us each. ZeRO-1 runs in 3 buckets (57.9M gradients, 25M a bucket), ZeRO 2-3 in
-    # 10 units.
-    hops, latency_s = 6 + 1, 1e-6
+    # the same. The group spans 2 nodes of 4: one ring through the 8 in NCCL's Simple protocol,
+    # its base latency 8.4 us, 6 hops inside the nodes at 3.4 us and 1 across at 14 us (NCCL's
+    # figures; the links' 1 us is below them). ZeRO-1 runs in 3 buckets (57.9M gradients, 25M a
+    # bucket), ZeRO 2-3 in 10 units.
+    latency_s = 8.4e-6 + 6 * 3.4e-6 + 14e-6
     # a reduce-scatter and an all-gather of the same bytes cost the same on a ring
-    rs = zero1 / 2 - (3 - 1) * hops * latency_s
+    rs = zero1 / 2 - (3 - 1) * latency_s
     units = MODEL.num_hidden_layers + 2  # the layers, the embedding, the final norm with the head
-    per_split = (units - 1) * hops * latency_s
+    per_split = (units - 1) * latency_s
     assert zero2 == pytest.approx(9 * (rs + per_split), rel=1e-6)
     assert zero3 == pytest.approx(8 * 3 * (rs + per_split), rel=1e-6)
 

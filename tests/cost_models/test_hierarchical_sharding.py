@@ -1,6 +1,7 @@
 """Sharding in groups (HSDP) and ZeRO-3's secondary partition (hpZ): the layout's rules, the
 memory each holds and the collectives each runs, hand-worked on two nodes of four devices
-(100 GB/s inside a node, 10 GB/s rails between nodes, 1 us a hop; ring model, no records)."""
+(100 GB/s inside a node, 10 GB/s rails between nodes, 1 us a hop inside a node; ring model, no
+records; groups spanning nodes as NCCL's tuner prices them: ``cost_models.spanning_collectives``)."""
 
 from dataclasses import replace
 
@@ -54,13 +55,17 @@ def test_hsdp_keeps_zero3s_collectives_inside_a_node_and_all_reduces_a_quarter_a
     held = stage_params(MODEL, ZERO3, 0)
     units, b = held.units, held.dense * 2 / held.units  # bf16 bytes of one unit
     # ZeRO-3 over 8 ranks on 2 nodes, every micro-batch: a reduce-scatter and two all-gathers of
-    # each unit, each one ring through the 8 (7 hops, 7/8 of the unit per rank) over each node's
-    # 4 rails at once (40 GB/s, below the 100 GB/s of a ring inside a node).
-    spanning, inside = _ring(7, 0.875 * b, 40e9), _ring(3, 0.75 * b, 100e9)
+    # each unit (383 kB), each one ring through the 8 in NCCL's LL protocol (its base 6.6 us, 6
+    # NVLink hops at the 1 us network post overhead, 1 network hop of 2.7 us; 7/8 of the unit per
+    # rank at half the bus bandwidth of each node's 4 rails at once: 40 GB/s, below the 100 GB/s
+    # of a ring inside a node).
+    spanning = 6.6e-6 + 6 * 1e-6 + 2.7e-6 + 0.875 * b / 20e9
+    inside = _ring(3, 0.75 * b, 100e9)
     full = MICRO_BATCHES * units * 3 * spanning
     # HSDP in groups of 4 (one node each): those three inside the node; once a step each unit's
-    # accumulated shard (1/4 of it) all-reduced between the 2 replicas across the nodes, 2 steps.
-    hsdp = MICRO_BATCHES * units * 3 * inside + units * _ring(2, b / 4, 10e9)
+    # accumulated shard (1/4 of it) all-reduced between the 2 replicas across the nodes: a ring in
+    # LL, 2 network hops at 5 us (one member a node: NCCL's tree figure), at half of 10 GB/s.
+    hsdp = MICRO_BATCHES * units * 3 * inside + units * (6.6e-6 + 2 * 5e-6 + b / 4 / 5e9)
     got_full = stage_data_parallel_comm(MODEL, TRAINING, CLUSTER, ZERO3, 0, MICRO_BATCHES).total_s
     grouped = replace(ZERO3, sharding_group_size=4)
     got_hsdp = stage_data_parallel_comm(MODEL, TRAINING, CLUSTER, grouped, 0, MICRO_BATCHES).total_s
@@ -71,7 +76,8 @@ def test_hsdp_keeps_zero3s_collectives_inside_a_node_and_all_reduces_a_quarter_a
 def test_a_secondary_partition_moves_the_backward_gather_inside_the_node() -> None:
     held = stage_params(MODEL, ZERO3, 0)
     units, b = held.units, held.dense * 2 / held.units
-    spanning, inside = _ring(7, 0.875 * b, 40e9), _ring(3, 0.75 * b, 100e9)
+    spanning = 6.6e-6 + 6 * 1e-6 + 2.7e-6 + 0.875 * b / 20e9  # as above
+    inside = _ring(3, 0.75 * b, 100e9)
     hpz = MICRO_BATCHES * units * (2 * spanning + inside)
     layout = replace(ZERO3, secondary_partition_size=4)
     got = stage_data_parallel_comm(MODEL, TRAINING, CLUSTER, layout, 0, MICRO_BATCHES).total_s

@@ -27,6 +27,11 @@ LAYOUT = Layout(data_parallel_degree=2, tensor_parallel_degree=2, pipeline_paral
 ACT_BYTES = 4 * 128 * 128 * 2  # b s h in bf16: 131,072
 LOCAL = (1e-3, 2e-3)
 """The local layer's forward and backward (the record of op LAYER would say the same)."""
+FAST_PAIR_S = 6.6e-6 + 2 * 5e-6 + ACT_BYTES / 5e9
+"""An all-reduce of ACT_BYTES between 2 nodes at 10 GB/s: NCCL's LL ring (base 6.6 us, 2 network
+hops of 5 us with one member a node, half the bandwidth)."""
+SLOW_PAIR_S = 14e-6 + 2 * 8.5e-6 + ACT_BYTES / 0.92e9
+"""The same at 1 GB/s: NCCL's LL128 ring (base 14 us, 2 hops of 8.5 us, 0.92 of the bandwidth)."""
 
 
 def _hosts(slow_pair: tuple[int, int] | None) -> ClusterProfile:
@@ -63,15 +68,15 @@ def test_groups_off_the_slowed_pair_it_was_timed_across_are_priced_faster() -> N
     # On the groups it was timed on, the record as measured: 4 + 6 ms beyond the local layer.
     assert _tp_s(timed_across_slow, ((0, 1), (2, 3))) == pytest.approx(10e-3)
     # Groups (2, 1) and (0, 3) run at 10 GB/s: each pass's 2 all-reduces of a 2-member ring (1x
-    # the buffer each) take 2 x 131,072 B / 10 GB/s instead of / 1 GB/s: 235.9 us less a pass.
-    gain_s = 2 * ACT_BYTES / 1e9 - 2 * ACT_BYTES / 10e9
+    # the buffer each) run as NCCL's tuner picks, LL at 10 GB/s, LL128 at 1 GB/s: 261.3 us less a pass.
+    gain_s = 2 * (SLOW_PAIR_S - FAST_PAIR_S)
     mapped = _tp_s(timed_across_slow, ((2, 1), (0, 3)), devices=(2, 1, 0, 3))
     assert mapped == pytest.approx(10e-3 - 2 * gain_s)
 
 
 def test_a_record_timed_on_fast_groups_prices_groups_across_the_slow_pair_slower() -> None:
     timed_fast = _hosts(slow_pair=(1, 2))  # the timed groups (0, 1), (2, 3) avoid it
-    loss_s = 2 * ACT_BYTES / 1e9 - 2 * ACT_BYTES / 10e9
+    loss_s = 2 * (SLOW_PAIR_S - FAST_PAIR_S)
     assert _tp_s(timed_fast, ((0, 1), (2, 3))) == pytest.approx(10e-3)
     assert _tp_s(timed_fast, ((1, 2), (0, 3)), devices=(1, 2, 0, 3)) == pytest.approx(10e-3 + 2 * loss_s)
 

@@ -59,12 +59,15 @@ def test_a_group_spanning_nodes_waits_for_the_slowest_node() -> None:
     t = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group(range(8)), cluster)
     # One ring through both nodes, 2 (8-1)/8 of 1 GB per rank, no faster than a ring inside the
     # slower node (50 GB/s) nor than the 4 rails of a node at once (40 GB/s): the rails decide.
-    assert t == pytest.approx(1.75e9 / 40e9)
+    # Its latency is NCCL's Simple ring's: base, 12 NVLink hops, 2 network hops, x 1.4 (plateau).
+    ring_latency_s = 1.4 * (8.4e-6 + 12 * 3.4e-6 + 2 * 14e-6)
+    assert t == pytest.approx(ring_latency_s + 1.75e9 / 40e9)
     slower = LinkMatrix(size=4, uniform=LinkProfile(bandwidth_bytes_per_s=20e9, latency_s=0.0))
     base = make_cluster(nodes=2, per_node=4, intra_bw=100e9, inter_bw=10e9, latency_s=0.0)
     slow_inside = _with(base, NodeOverride(nodes=(1,), intra_node_links=slower))
     # At 20 GB/s inside node 1, node 1 decides.
-    assert collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group(range(8)), slow_inside) == pytest.approx(1.75e9 / 20e9)
+    slow_s = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group(range(8)), slow_inside)
+    assert slow_s == pytest.approx(ring_latency_s + 1.75e9 / 20e9)
     # All-to-all: (4-1)/8 of 1 GB on-node at the slower node's 50 GB/s, 4/8 off-node at 10 GB/s.
     a2a = collective_time_s(CollectiveOp.ALL_TO_ALL, 1e9, Group(range(8)), cluster)
     assert a2a == pytest.approx(max(0.5e9 / 10e9, 3 / 8 * 1e9 / 50e9))
@@ -86,12 +89,15 @@ def test_a_node_matrix_of_endpoints_runs_each_pair_at_its_slower_end() -> None:
     cluster = _with(base, inter_node_links=LinkMatrix(size=3, endpoints=endpoints))
     assert cluster.inter_node_links.link(0, 2) == LinkProfile(bandwidth_bytes_per_s=10e9, latency_s=3e-6)
     assert cluster.inter_node_links.link(0, 1) == LinkProfile(bandwidth_bytes_per_s=5e9, latency_s=2e-6)
-    # One device per node on nodes 0 and 2 (devices 0, 4): a 2-member all-reduce, 2 steps of 3 us
-    # latency plus 2 (2-1)/2 GB at 10 GB/s; through node 1 as well it runs at node 1's 5 GB/s.
+    # One device per node on nodes 0 and 2 (devices 0, 4): a 2-member all-reduce, a ring in NCCL's
+    # Simple protocol: 2 network hops of NCCL's 14 us plus twice (the flush) the 0.3 us by which
+    # the link's 3 us exceeds NCCL's 2.7, x 1.4 with the base 8.4 us; 2 (2-1)/2 GB at 10 GB/s.
+    # Through node 1 as well: 4 hops, and node 1's 5 GB/s.
     two = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 4)), cluster)
     three = collective_time_s(CollectiveOp.ALL_REDUCE, 1e9, Group((0, 2, 4)), cluster)
-    assert two == pytest.approx(2 * 3e-6 + 1e9 / 10e9)
-    assert three == pytest.approx(4 * 3e-6 + 4 / 3 * 1e9 / 5e9)
+    hop_s = 14e-6 + 2 * 0.3e-6
+    assert two == pytest.approx(1.4 * (8.4e-6 + 2 * hop_s) + 1e9 / 10e9)
+    assert three == pytest.approx(1.4 * (8.4e-6 + 4 * hop_s) + 4 / 3 * 1e9 / 5e9)
     assert not has_uniform_links(cluster)
 
 

@@ -93,11 +93,12 @@ def test_refiner_is_never_slower_and_matches_the_best_node_order() -> None:
         )
         assert refined.estimate.step_time_s <= best_s * (1 + 1e-9)
     # The fastest layout (dp32: one ring over all nodes) pays the slow link under the identity
-    # (ring 0-1-2-3-0) and not after mapping (ring 0-2-1-3-0 has only fast node links).
+    # (ring 0-1-2-3-0) and not after mapping (ring 0-2-1-3-0 has only fast node links). tiny-gpt's
+    # gradients are small: NCCL's per-protocol latencies, which no mapping changes, are a good part.
     top = outcome.ranked[0]
     mapped = DeviceMappingRefiner().refine(top, evaluate, Budget(), seed=0)
     assert top.layout.data_parallel_degree == 32
-    assert mapped.estimate.time.data_parallel_comm_s < 0.5 * top.estimate.time.data_parallel_comm_s
+    assert mapped.estimate.time.data_parallel_comm_s < 0.65 * top.estimate.time.data_parallel_comm_s
     assert mapped.estimate.step_time_s < 0.9 * top.estimate.step_time_s
 
 
