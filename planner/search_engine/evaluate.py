@@ -47,7 +47,9 @@ class Miss:
     memory: MemoryBreakdown
 
 
-FLOOR_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "sequence_parallel", "context_parallel_kind"})
+FLOOR_FREE_FIELDS = frozenset(
+    {"micro_batch_size", "recompute", "recompute_modules", "sequence_parallel", "context_parallel_kind"}
+)
 """Layout fields ``stage_memory_floor`` does not read: layouts differing only in them share a floor."""
 _floor_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS))
 _batch_free_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name != "micro_batch_size"))
