@@ -425,9 +425,17 @@ class SearchSpace:
     more than a node."""
 
     def module_sets(self) -> tuple[tuple[RecomputeModule, ...], ...]:
-        """The module sets selective recomputation tries (``recompute_module_sets``)."""
+        """The module sets selective recomputation tries: ``recompute_module_sets``, else those a
+        constraint on the recompute axis names (``RecomputeChoice``s of selective, as
+        ``--recompute-modules`` gives one), else the defaults (``recompute_module_sets``)."""
         if self.recompute_module_sets is not None:
             return self.recompute_module_sets
+        named = sorted(
+            (c.modules for c in self.allowed("recompute") or () if isinstance(c, RecomputeChoice)),
+            key=lambda modules: (len(modules), modules),
+        )
+        if named:
+            return tuple(named)
         if not self.model.is_moe:
             return (DEFAULT_RECOMPUTE_MODULES,)
         dense = self.model.num_moe_layers < self.model.num_hidden_layers

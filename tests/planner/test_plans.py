@@ -38,9 +38,15 @@ def test_plan_schema_is_frozen(update_golden: bool) -> None:
     micro_batch=st.sampled_from([1, 2, 4]),
     zero=st.sampled_from(list(ZeroStage)),
     recompute=st.sampled_from(list(Recompute)),
+    modules=st.sampled_from([("core_attn",), ("layernorm", "mlp"), ("mlp", "core_attn", "layernorm")]),
 )
 def test_plan_round_trips_through_json(
-    tmp_path: Path, split: tuple[int, int, int], micro_batch: int, zero: ZeroStage, recompute: Recompute
+    tmp_path: Path,
+    split: tuple[int, int, int],
+    micro_batch: int,
+    zero: ZeroStage,
+    recompute: Recompute,
+    modules: tuple[str, ...],
 ) -> None:
     d, t, p = split
     layout = Layout(
@@ -50,6 +56,7 @@ def test_plan_round_trips_through_json(
         micro_batch_size=micro_batch,
         zero_stage=zero,
         recompute=recompute,
+        recompute_modules=modules,  # type: ignore[arg-type]
         sequence_parallel=t > 1,
         schedule=Schedule.INTERLEAVED if p == 2 else Schedule.ONE_F_ONE_B,
         virtual_stages=2 if p == 2 else 1,
