@@ -2,7 +2,9 @@
 
 Every candidate group of the space's axes (``SearchSpace.groups``: layouts that differ only in
 recomputation) is tried in order of increasing recomputation; the first that fits dominates the
-rest of its group (same layout, more time, less memory), so they are not priced. Memory is
+rest of its group (same layout, more time, less memory), so they are not priced. In a group of
+more than three (an MoE model's recompute modules) whose first does not fit, the last (full
+recompute, the least memory) is tried next: if it does not fit, neither do those between. Memory is
 checked before time, and before memory the model states alone (``Evaluator.cannot_fit``): a
 layout they rule out is counted as asked, as if evaluated, but costs a memoized look-up, so the
 result (the closest miss included) and the budget's meaning are those of evaluating it.
@@ -25,6 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from planner.schemas import Layout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator, LayoutPoint, Miss
 from planner.search_engine.space import Assignment, SearchSpace, as_int
@@ -127,23 +130,29 @@ def _scan(
     asked, complete, miss = 0, True, None
     for done, (number, block) in enumerate(blocks):
         for place, group in enumerate(space.groups(block)):
-            for layout in group:  # the budget counts layouts: a group can hold several
+            pending = list(group)
+            fallback: Candidate | None = None  # the group's last layout, where it was probed and fits
+            while pending:  # the budget counts layouts: a group can hold several
                 if (max_trials is not None and asked >= max_trials) or (
                     deadline is not None and time.perf_counter() >= deadline
                 ):
                     complete = False
                     break
+                layout = pending.pop(0)
                 asked += 1
-                if evaluate.cannot_fit(layout):
-                    continue
-                before = evaluate.closest_miss
-                try:
-                    found.append(((number, place), Candidate(layout, evaluate(layout))))
+                fits, miss = _try(layout, evaluate, (number, place), miss)
+                if fits is not None:
+                    found.append(((number, place), fits))
                     break
-                except InfeasibleConfigError:
-                    if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
-                        miss = ((number, place), evaluate.closest_miss)
-                    continue
+                if fallback is None and len(pending) > LONG_GROUP and (max_trials is None or asked < max_trials):
+                    # The last layout holds the least memory: if it does not fit, none left does.
+                    asked += 1
+                    fallback, miss = _try(pending.pop(), evaluate, (number, place), miss)
+                    if fallback is None:
+                        break
+            else:
+                if fallback is not None:
+                    found.append(((number, place), fallback))
             if not complete:
                 break
         if not complete:
@@ -159,6 +168,27 @@ def _scan(
         ruled_out=evaluate.ruled_out - ruled_out,
         points=tuple((evaluate.points or [])[recorded:]),
     )
+
+
+LONG_GROUP = 2
+"""Layouts left in a group (after its first did not fit) above which the last is tried next: the
+recompute axis of an MoE model's space offers more than the three modes (``SearchSpace.groups``),
+and where even its last (full recompute) does not fit, the ones between are not priced."""
+
+
+def _try(
+    layout: Layout, evaluate: Evaluator, index: Index, miss: tuple[Index, Miss] | None
+) -> tuple[Candidate | None, tuple[Index, Miss] | None]:
+    """``layout`` priced if it fits (None if not), and the closest miss so far."""
+    if evaluate.cannot_fit(layout):
+        return None, miss
+    before = evaluate.closest_miss
+    try:
+        return Candidate(layout, evaluate(layout)), miss
+    except InfeasibleConfigError:
+        if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
+            miss = (index, evaluate.closest_miss)
+        return None, miss
 
 
 _WORK: tuple[SearchSpace, list[list[Block]], Evaluator, float | None, int | None] | None = None
