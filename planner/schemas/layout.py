@@ -5,7 +5,9 @@ which device runs each rank is ``device_map``'s.
 """
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from planner.schemas.device_map import IDENTITY, DeviceMap
@@ -24,6 +26,35 @@ from planner.schemas.routing import ExpertPlacement
 DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
 """Megatron-Core's default ``recompute_modules``: what selective recomputation meant before it
 named its modules (plan schema 9 and older)."""
+
+
+_CANONICAL_MODULE_SETS: Mapping[tuple[RecomputeModule, ...], tuple[RecomputeModule, ...]] = MappingProxyType(
+    {
+        modules: DEFAULT_RECOMPUTE_MODULES if modules == DEFAULT_RECOMPUTE_MODULES else modules
+        for modules in (
+            tuple(m for i, m in enumerate(RecomputeModule) if mask >> i & 1)
+            for mask in range(1, 2 ** len(RecomputeModule))
+        )
+    }
+)
+"""Every non-empty set of modules, in the order ``Layout.recompute_modules`` stores them, to the one
+tuple that stores it: a layout holding that very tuple needs no check (the search builds many)."""
+
+
+def recompute_modules_of(modules: Iterable[RecomputeModule | str]) -> tuple[RecomputeModule, ...]:
+    """``modules`` as ``Layout.recompute_modules`` stores them: in ``RecomputeModule``'s order,
+    without repeats, the one tuple of that set (``_CANONICAL_MODULE_SETS``).
+
+    Raises:
+        SchemaError: a name that is no module, or no module at all.
+    """
+    given = {_coerce(RecomputeModule, m, "recompute_modules") for m in modules}
+    if not given:
+        raise SchemaError(
+            "recompute_modules is empty, which under recompute='selective' recomputes nothing; name a module "
+            "(e.g. core_attn) or use recompute='none'"
+        )
+    return _CANONICAL_MODULE_SETS[tuple(m for m in RecomputeModule if m in given)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,17 +194,17 @@ class Layout:
 
     def _store_recompute_modules(self) -> None:
         modules = self.recompute_modules
+        if self.recompute is not Recompute.SELECTIVE:
+            object.__setattr__(self, "recompute_modules", DEFAULT_RECOMPUTE_MODULES)
+            return
+        try:
+            if _CANONICAL_MODULE_SETS.get(modules) is modules:
+                return  # stored already (the search builds many layouts of a few sets)
+        except TypeError:  # unhashable: a list, read from a file
+            pass
         if isinstance(modules, str | RecomputeModule) or not isinstance(modules, tuple | list | set | frozenset):
             raise SchemaError(f"recompute_modules={modules!r} must be a list of modules, e.g. ['layernorm', 'moe']")
-        given = {_coerce(RecomputeModule, m, "recompute_modules") for m in modules}
-        if self.recompute is not Recompute.SELECTIVE:
-            given = set(DEFAULT_RECOMPUTE_MODULES)
-        if not given:
-            raise SchemaError(
-                "recompute_modules is empty, which under recompute='selective' recomputes nothing; name a module "
-                "(e.g. core_attn) or use recompute='none'"
-            )
-        object.__setattr__(self, "recompute_modules", tuple(m for m in RecomputeModule if m in given))
+        object.__setattr__(self, "recompute_modules", recompute_modules_of(modules))
 
     def recomputes(self, module: RecomputeModule) -> bool:
         """Whether the backward re-runs ``module`` of every layer that has it: under full

@@ -65,6 +65,7 @@ from planner.schemas import (
 )
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import splits_into_context_chunks
+from planner.schemas.layout import recompute_modules_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +83,8 @@ class RecomputeChoice:
 
 
 MOE_RECOMPUTE_MODULES: tuple[tuple[RecomputeModule, ...], ...] = (
-    (RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT),
-    (RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE),
+    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT)),
+    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE)),
 )
 """The module sets selective recomputation also tries for an MoE model (after the attention core
 alone), each holding the one before: the norms and the experts' activation (output-discarding,
@@ -121,7 +122,7 @@ class Axis:
     name: str
     """Short name (tp, pp, ...): the key in an assignment and the stem of Optuna's parameter names."""
     field: str
-    """The Layout field it sets."""
+    """The Layout field it sets (the recompute axis's ``RecomputeChoice`` also sets ``recompute_modules``)."""
     depends_on: tuple[str, ...] = ()
     """Earlier axes whose values the valid choices depend on; the rule sees only those."""
     rule: Callable[["SearchSpace", Assignment], Sequence[Choice]]
@@ -146,12 +147,6 @@ class Axis:
         if allowed is None:
             return valid
         return [v for v in valid if v in allowed or (isinstance(v, RecomputeChoice) and v.recompute in allowed)]
-
-    def fields(self, value: Choice) -> dict[str, Choice | tuple[RecomputeModule, ...]]:
-        """The Layout fields that ``value`` of this axis sets."""
-        if isinstance(value, RecomputeChoice):
-            return {"recompute": value.recompute, "recompute_modules": value.modules}
-        return {self.field: value}
 
     def parameter_name(self, choices: Sequence[Choice]) -> str:
         """The name of a sampler's parameter for this axis offering ``choices``, e.g.
@@ -431,7 +426,11 @@ class SearchSpace:
         if self.recompute_module_sets is not None:
             return self.recompute_module_sets
         named = sorted(
-            (c.modules for c in self.allowed("recompute") or () if isinstance(c, RecomputeChoice)),
+            (
+                recompute_modules_of(c.modules)
+                for c in self.allowed("recompute") or ()
+                if isinstance(c, RecomputeChoice)
+            ),
             key=lambda modules: (len(modules), modules),
         )
         if named:
@@ -440,7 +439,7 @@ class SearchSpace:
             return (DEFAULT_RECOMPUTE_MODULES,)
         dense = self.model.num_moe_layers < self.model.num_hidden_layers
         *lighter, block = MOE_RECOMPUTE_MODULES
-        block = tuple(m for m in RecomputeModule if m in block or (dense and m is RecomputeModule.MLP))
+        block = recompute_modules_of((*block, RecomputeModule.MLP) if dense else block)
         return (DEFAULT_RECOMPUTE_MODULES, *lighter, block)
 
     @property
@@ -506,7 +505,11 @@ class SearchSpace:
 
     def layout(self, chosen: Assignment) -> Layout:
         """The layout (even layer split) of a value for every axis."""
-        return Layout(**{k: v for axis in AXES for k, v in axis.fields(chosen[axis.name]).items()})  # type: ignore[arg-type]
+        fields: dict[str, object] = {axis.field: chosen[axis.name] for axis in AXES}
+        recompute = fields["recompute"]
+        if isinstance(recompute, RecomputeChoice):  # the recompute axis sets two fields
+            fields["recompute"], fields["recompute_modules"] = recompute.recompute, recompute.modules
+        return Layout(**fields)  # type: ignore[arg-type]
 
     def blocks(self) -> Iterator[Assignment]:
         """The values of the parallel degrees (``DEGREE_AXES``) of every candidate, in search
