@@ -4,7 +4,8 @@ Every candidate group of the space's axes (``SearchSpace.groups``: layouts that 
 recomputation) is tried in order of increasing recomputation; the first that fits dominates the
 rest of its group (same layout, more time, less memory), so they are not priced. In a group of
 more than three (an MoE model's recompute modules) whose first does not fit, the last (full
-recompute, the least memory) is tried next: if it does not fit, neither do those between. Memory is
+recompute, the least memory) is tried next: if it does not fit, neither do those between; if it
+does, the first between that fits is found by bisection (``_first_fitting``). Memory is
 checked before time, and before memory the model states alone (``Evaluator.cannot_fit``): a
 layout they rule out is counted as asked, as if evaluated, but costs a memoized look-up, so the
 result (the closest miss included) and the budget's meaning are those of evaluating it.
@@ -130,29 +131,23 @@ def _scan(
     asked, complete, miss = 0, True, None
     for done, (number, block) in enumerate(blocks):
         for place, group in enumerate(space.groups(block)):
-            pending = list(group)
-            fallback: Candidate | None = None  # the group's last layout, where it was probed and fits
-            while pending:  # the budget counts layouts: a group can hold several
+            for at, layout in enumerate(group):  # the budget counts layouts: a group can hold several
                 if (max_trials is not None and asked >= max_trials) or (
                     deadline is not None and time.perf_counter() >= deadline
                 ):
                     complete = False
                     break
-                layout = pending.pop(0)
                 asked += 1
                 fits, miss = _try(layout, evaluate, (number, place), miss)
                 if fits is not None:
                     found.append(((number, place), fits))
                     break
-                if fallback is None and len(pending) > LONG_GROUP and (max_trials is None or asked < max_trials):
-                    # The last layout holds the least memory: if it does not fit, none left does.
-                    asked += 1
-                    fallback, miss = _try(pending.pop(), evaluate, (number, place), miss)
-                    if fallback is None:
-                        break
-            else:
-                if fallback is not None:
-                    found.append(((number, place), fallback))
+                if len(group) - at - 1 > LONG_GROUP and max_trials is None and evaluate.points is None:
+                    fits, miss, checked = _first_fitting(group[at + 1 :], evaluate, (number, place), miss)
+                    asked += checked
+                    if fits is not None:
+                        found.append(((number, place), fits))
+                    break
             if not complete:
                 break
         if not complete:
@@ -171,9 +166,10 @@ def _scan(
 
 
 LONG_GROUP = 2
-"""Layouts left in a group (after its first did not fit) above which the last is tried next: the
-recompute axis of an MoE model's space offers more than the three modes (``SearchSpace.groups``),
-and where even its last (full recompute) does not fit, the ones between are not priced."""
+"""Layouts left in a group (after its first did not fit) above which ``_first_fitting`` searches
+them by bisection: the recompute axis of an MoE model's space offers more than the three modes
+(``SearchSpace.groups``), and where even its last (full recompute) does not fit, the ones between
+are not priced."""
 
 
 def _try(
@@ -189,6 +185,46 @@ def _try(
         if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
             miss = (index, evaluate.closest_miss)
         return None, miss
+
+
+def _first_fitting(
+    rest: Sequence[Layout], evaluate: Evaluator, index: Index, miss: tuple[Index, Miss] | None
+) -> tuple[Candidate | None, tuple[Index, Miss] | None, int]:
+    """The first of ``rest`` (a group's layouts after one that did not fit, in recompute order:
+    each holds no more memory than the one before) that fits, priced; the closest miss so far;
+    and how many layouts were checked. The last is checked first (if it does not fit, none
+    does), then the others by bisection, on their memory alone: the same layout and closest miss
+    as trying them in order (the failing layout next to the first that fits, the closest of the
+    group, is always among those checked)."""
+
+    def fits(layout: Layout) -> bool:
+        nonlocal miss
+        if evaluate.cannot_fit(layout):
+            return False
+        before = evaluate.closest_miss
+        evaluate.evaluations += 1  # priced (its memory)
+        try:
+            evaluate.memory(layout)
+            return True
+        except InfeasibleConfigError:
+            if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
+                miss = (index, evaluate.closest_miss)
+            return False
+
+    checked = 1
+    if not fits(rest[-1]):
+        return None, miss, checked
+    low, high = 0, len(rest) - 1  # the first that fits is in rest[low : high + 1]; rest[high] fits
+    while low < high:
+        middle = (low + high) // 2
+        checked += 1
+        if fits(rest[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    chosen = Candidate(rest[low], evaluate(rest[low]))
+    evaluate.evaluations -= 1  # one layout priced: its memory above, now its estimate
+    return chosen, miss, checked
 
 
 _WORK: tuple[SearchSpace, list[list[Block]], Evaluator, float | None, int | None] | None = None
