@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from planner.schemas import Layout
+from planner.schemas import Layout, MemoryBreakdown
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator, LayoutPoint, Miss
 from planner.search_engine.space import Assignment, SearchSpace, as_int
@@ -197,14 +197,16 @@ def _first_fitting(
     as trying them in order (the failing layout next to the first that fits, the closest of the
     group, is always among those checked)."""
 
-    def fits(layout: Layout) -> bool:
+    memories: dict[int, tuple[MemoryBreakdown, ...]] = {}
+
+    def fits(at: int) -> bool:
         nonlocal miss
-        if evaluate.cannot_fit(layout):
+        if evaluate.cannot_fit(rest[at]):
             return False
         before = evaluate.closest_miss
         evaluate.evaluations += 1  # priced (its memory)
         try:
-            evaluate.memory(layout)
+            memories[at] = evaluate.memory(rest[at])
             return True
         except InfeasibleConfigError:
             if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
@@ -212,17 +214,17 @@ def _first_fitting(
             return False
 
     checked = 1
-    if not fits(rest[-1]):
+    if not fits(len(rest) - 1):
         return None, miss, checked
     low, high = 0, len(rest) - 1  # the first that fits is in rest[low : high + 1]; rest[high] fits
     while low < high:
         middle = (low + high) // 2
         checked += 1
-        if fits(rest[middle]):
+        if fits(middle):
             high = middle
         else:
             low = middle + 1
-    chosen = Candidate(rest[low], evaluate(rest[low]))
+    chosen = Candidate(rest[low], evaluate(rest[low], memories[low]))
     evaluate.evaluations -= 1  # one layout priced: its memory above, now its estimate
     return chosen, miss, checked
 
