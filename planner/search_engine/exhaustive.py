@@ -130,20 +130,20 @@ def _scan(
     found: list[tuple[Index, Candidate]] = []
     asked, complete, miss = 0, True, None
     for done, (number, block) in enumerate(blocks):
-        for place, group in enumerate(space.groups(block)):
-            for at, layout in enumerate(group):  # the budget counts layouts: a group can hold several
+        for place, group in enumerate(space.lazy_groups(block)):
+            for at in range(len(group)):  # the budget counts layouts: a group can hold several
                 if (max_trials is not None and asked >= max_trials) or (
                     deadline is not None and time.perf_counter() >= deadline
                 ):
                     complete = False
                     break
                 asked += 1
-                fits, miss = _try(layout, evaluate, (number, place), miss)
+                fits, miss = _try(group[at], evaluate, (number, place), miss)
                 if fits is not None:
                     found.append(((number, place), fits))
                     break
                 if len(group) - at - 1 > LONG_GROUP and max_trials is None and evaluate.points is None:
-                    fits, miss, checked = _first_fitting(group[at + 1 :], evaluate, (number, place), miss)
+                    fits, miss, checked = _first_fitting(group, at + 1, evaluate, (number, place), miss)
                     asked += checked
                     if fits is not None:
                         found.append(((number, place), fits))
@@ -188,10 +188,10 @@ def _try(
 
 
 def _first_fitting(
-    rest: Sequence[Layout], evaluate: Evaluator, index: Index, miss: tuple[Index, Miss] | None
+    group: Sequence[Layout], start: int, evaluate: Evaluator, index: Index, miss: tuple[Index, Miss] | None
 ) -> tuple[Candidate | None, tuple[Index, Miss] | None, int]:
-    """The first of ``rest`` (a group's layouts after one that did not fit, in recompute order:
-    each holds no more memory than the one before) that fits, priced; the closest miss so far;
+    """The first of ``group[start:]`` (the group's layouts after one that did not fit, in recompute
+    order: each holds no more memory than the one before) that fits, priced; the closest miss so far;
     and how many layouts were checked. The last is checked first (if it does not fit, none
     does), then the others by bisection, on their memory alone: the same layout and closest miss
     as trying them in order (the failing layout next to the first that fits, the closest of the
@@ -201,12 +201,12 @@ def _first_fitting(
 
     def fits(at: int) -> bool:
         nonlocal miss
-        if evaluate.cannot_fit(rest[at]):
+        if evaluate.cannot_fit(group[at]):
             return False
         before = evaluate.closest_miss
         evaluate.evaluations += 1  # priced (its memory)
         try:
-            memories[at] = evaluate.memory(rest[at])
+            memories[at] = evaluate.memory(group[at])
             return True
         except InfeasibleConfigError:
             if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
@@ -214,9 +214,9 @@ def _first_fitting(
             return False
 
     checked = 1
-    if not fits(len(rest) - 1):
+    if not fits(len(group) - 1):
         return None, miss, checked
-    low, high = 0, len(rest) - 1  # the first that fits is in rest[low : high + 1]; rest[high] fits
+    low, high = start, len(group) - 1  # the first that fits is in group[low : high + 1]; group[high] fits
     while low < high:
         middle = (low + high) // 2
         checked += 1
@@ -224,7 +224,7 @@ def _first_fitting(
             high = middle
         else:
             low = middle + 1
-    chosen = Candidate(rest[low], evaluate(rest[low], memories[low]))
+    chosen = Candidate(group[low], evaluate(group[low], memories[low]))
     evaluate.evaluations -= 1  # one layout priced: its memory above, now its estimate
     return chosen, miss, checked
 

@@ -49,6 +49,7 @@ is one more ``Axis`` in ``AXES``.
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import overload
 
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
@@ -529,6 +530,15 @@ class SearchSpace:
             if group:
                 yield group
 
+    def lazy_groups(self, block: Assignment | None = None) -> Iterator["LayoutGroup"]:
+        """``groups``, each building a layout only when it is read: a strategy that stops at a
+        group's first fitting layout builds no more (an MoE model's groups hold five)."""
+        *outer, last = AXES
+        for chosen in self.assignments(outer, block):
+            values = last.choices(self, chosen)
+            if values:
+                yield LayoutGroup(self, chosen, values)
+
     def candidates(self) -> Iterator[Layout]:
         """Every candidate layout (even layer split)."""
         for group in self.groups():
@@ -538,3 +548,33 @@ class SearchSpace:
         """Number of candidates (counted from the choices, without building the layouts)."""
         *outer, last = AXES
         return sum(len(last.choices(self, chosen)) for chosen in self.assignments(outer))
+
+
+class LayoutGroup(Sequence[Layout]):
+    """One of ``SearchSpace.groups`` whose layouts are built when first read (``lazy_groups``)."""
+
+    __slots__ = ("_built", "_chosen", "_space", "_values")
+
+    def __init__(self, space: SearchSpace, chosen: Assignment, values: Sequence[Choice]) -> None:
+        self._space, self._chosen, self._values = space, chosen, values
+        self._built: dict[int, Layout] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> Layout: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Layout]: ...
+
+    def __getitem__(self, index: int | slice) -> Layout | Sequence[Layout]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        layout = self._built.get(index)
+        if layout is None:
+            layout = self._built[index] = self._space.layout({**self._chosen, AXES[-1].name: self._values[index]})
+        return layout
