@@ -41,6 +41,7 @@ import yaml
 from cost_models.layer_work import model_flops_per_sequence
 from planner.inputs import load_model
 from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
     Activation,
     Kernels,
     ModelSpec,
@@ -48,6 +49,7 @@ from planner.schemas import (
     NormKind,
     PositionEmbedding,
     Recompute,
+    RecomputeModule,
     ZeroStage,
 )
 
@@ -146,6 +148,8 @@ class Pins:
     micro_batch_size: int | None
     zero_stage: ZeroStage | None
     recompute: Recompute | None
+    recompute_modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+    """What the row's selective recompute re-runs (Megatron-Core's ``--recompute-modules``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -333,6 +337,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
             micro_batch_size=row["micro_batch_size"],
             zero_stage=_zero_stage(par),
             recompute=_recompute(par["activation_recompute"]),
+            recompute_modules=_recompute_modules(par["activation_recompute"]),
         ),
         tokens_per_s_per_gpu=out["tokens_per_s_per_gpu"],
         tflops_per_gpu=out["tflops_per_gpu"],
@@ -365,15 +370,27 @@ def _zero_stage(par: Mapping[str, Any]) -> ZeroStage | None:
 
 def _recompute(text: str | None) -> Recompute | None:
     """The source's recomputation: 'full...', 'selective...' (torchtitan's selective
-    checkpointing, a coarser match of the planner's attention-core selective), 'none'; None lets
-    the planner choose: where not stated, and for Megatron's recompute modules that include
-    'moe' (they recompute the expert MLPs, which the planner's selective keeps)."""
-    if text is None or "moe" in text:
+    checkpointing, a coarser match of the planner's attention-core selective; Megatron's
+    'selective (m1, m2)' names its recompute modules, ``_recompute_modules``), 'none'; None lets
+    the planner choose, where not stated."""
+    if text is None:
         return None
     for mode in (Recompute.FULL, Recompute.SELECTIVE, Recompute.NONE):
         if text.startswith(mode.value):
             return mode
     raise ValueError(f"unknown activation_recompute {text!r}")
+
+
+def _recompute_modules(text: str | None) -> tuple[RecomputeModule, ...]:
+    """The modules of a Megatron 'selective (layernorm, moe)' (its ``--recompute-modules``); the
+    attention core alone (Megatron-Core's default) for any other text."""
+    if text is None or not text.startswith(Recompute.SELECTIVE.value) or "(" not in text:
+        return DEFAULT_RECOMPUTE_MODULES
+    names = [n.strip() for n in text[text.index("(") + 1 : text.rindex(")")].split(",")]
+    known = {m.value for m in RecomputeModule}
+    if not all(n in known for n in names):  # torchtitan's '(per-op SAC)', '(default llama3_8b.toml)'
+        return DEFAULT_RECOMPUTE_MODULES
+    return tuple(m for m in RecomputeModule if m.value in names)
 
 
 def _model(spec: Mapping[str, Any], source: str, seq_len: int | None) -> ModelSpec:

@@ -34,7 +34,7 @@ from planner.inputs import load_cluster
 from planner.schemas import ClusterProfile, Estimate, Layout, LinkMatrix, Schedule, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.space import Choice, SearchSpace
+from planner.search_engine.space import Choice, RecomputeChoice, SearchSpace
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +101,7 @@ def pinned_axes(run: PublishedRun) -> dict[str, tuple[Choice, ...]]:
     if p.zero_stage is not None:
         pins["zero_stage"] = (p.zero_stage,)
     if p.recompute is not None:
-        pins["recompute"] = (p.recompute,)
+        pins["recompute"] = (RecomputeChoice(p.recompute, p.recompute_modules),)
     return pins
 
 

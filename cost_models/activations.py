@@ -17,7 +17,7 @@ per element in every dtype. Everything is per rank, per micro-batch, in bytes.
 import functools
 from dataclasses import dataclass
 
-from planner.schemas import AttentionKernel, DType, ModelSpec, Recompute
+from planner.schemas import DEFAULT_RECOMPUTE_MODULES, AttentionKernel, DType, ModelSpec, Recompute, RecomputeModule
 
 MASK_BYTES = 1
 """One dropout-mask element (PyTorch keeps a bool/uint8 mask)."""
@@ -41,9 +41,20 @@ class LayerActivations:
     """QKV input, Q, K, V, output-projection input, dropout mask after attention."""
     attention_scores_bytes: float
     """Eager: softmax output, its dropout mask and the dropout output (the a s^2 b terms);
-    FlashAttention: its fp32 log-sum-exp. Selective recompute drops this group."""
+    FlashAttention: its fp32 log-sum-exp. Recomputing the attention core (core_attn) drops this group."""
     mlp_bytes: float
     """MLP (or MoE) input(s), intermediates, router and dropout mask after the MLP."""
+    moe: bool = False
+    """Whether the layer's MLP is a mixture of experts."""
+    norm_outputs_bytes: float = 0.0
+    """Of ``attention_bytes`` and ``mlp_bytes``: the two norms' outputs, the QKV (MLA: down-)
+    projection's input and the MLP's (router's) input, half each: what layernorm recompute drops."""
+    mlp_block_bytes: float = 0.0
+    """Of ``mlp_bytes``: what the MLP (MoE) block keeps beyond its input and the dropout mask after
+    it (intermediates; router logits, routed copies, shared experts): what mlp (moe) recompute drops."""
+    expert_activation_bytes: float = 0.0
+    """Of ``mlp_block_bytes``: the routed experts' activation outputs (the down projections'
+    inputs), one act s b f/t per routed copy: what moe_act recompute drops."""
 
     @property
     def layer_input_bytes(self) -> float:
@@ -176,10 +187,14 @@ def layer_activations(
     def intermediates_at(width: int) -> float:
         return (3 if model.hidden_act.gated else 2) * act * tokens * width / t
 
-    if model.is_moe if moe is None else moe:
+    sparse = model.is_moe if moe is None else moe
+    mlp_input = act * tokens * h / sp  # the second norm's output
+    expert_activations = 0.0
+    if sparse:
         k = model.num_experts_per_tok
-        router = act * tokens * h / sp + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
+        router = mlp_input + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
         routed = expert_load * k * (2 * act * tokens * h / sp + intermediates_at(model.expert_ffn_size))
+        expert_activations = expert_load * k * act * tokens * model.expert_ffn_size / t
         mlp = router + routed + hidden_mask
         if model.shared_ffn_size:
             mlp += intermediates_at(model.shared_ffn_size)
@@ -187,44 +202,87 @@ def layer_activations(
             mlp += act * tokens * h / sp + act * tokens
     else:
         intermediates = intermediates_at(model.ffn_size)
-        mlp = act * tokens * h / sp + intermediates + hidden_mask
+        mlp = mlp_input + intermediates + hidden_mask
 
     return LayerActivations(
         norm_inputs_bytes=2 * act * tokens * h / sp,
         attention_bytes=attention,
         attention_scores_bytes=scores,
         mlp_bytes=mlp,
+        moe=sparse,
+        norm_outputs_bytes=2 * act * tokens * h / sp,  # the QKV (down-projection) input and ``mlp_input``
+        mlp_block_bytes=mlp - mlp_input - hidden_mask,
+        expert_activation_bytes=expert_activations,
     )
 
 
-def kept_bytes(terms: LayerActivations, recompute: Recompute) -> float:
+def kept_bytes(
+    terms: LayerActivations, recompute: Recompute, modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+) -> float:
     """Bytes one layer keeps between its forward and backward, one micro-batch (Korthikanti Table 2).
 
-    No recompute keeps every term of ``layer_activations``; selective recompute drops the
-    attention-score terms (5 a s^2 b for an eager GPT block); full recompute keeps only the layer input,
-    act s b h, split over t with sequence parallelism.
+    No recompute keeps every term of ``layer_activations``; full recompute keeps only the layer
+    input, act s b h, split over t with sequence parallelism; selective recompute drops what its
+    ``modules`` rebuild in the backward (``dropped_bytes``); by default the attention-score terms
+    (core_attn: 5 a s^2 b for an eager GPT block).
+
+    Args:
+        terms: the layer's activations (``layer_activations``).
+        recompute: none, selective or full.
+        modules: what selective recompute re-runs (``Layout.recompute_modules``).
     """
     if recompute is Recompute.FULL:
         return terms.layer_input_bytes
     if recompute is Recompute.SELECTIVE:
-        return terms.total_bytes - terms.attention_scores_bytes
+        attention, mlp = dropped_bytes(terms, modules)
+        return terms.total_bytes - attention - mlp
     return terms.total_bytes
 
 
-def rematerialized_bytes(terms: LayerActivations, recompute: Recompute) -> float:
+def dropped_bytes(terms: LayerActivations, modules: tuple[RecomputeModule, ...]) -> tuple[float, float]:
+    """What selective recomputation of ``modules`` drops of one layer, (attention side, MLP side),
+    in bytes (the modules as Megatron-Core's ``--recompute-modules`` runs them: ``RecomputeModule``):
+
+    - core_attn: the attention-score terms (``attention_scores_bytes``); its inputs Q, K, V are
+      the checkpoint's inputs and stay;
+    - layernorm: each norm's output, act s b h /sp (``norm_outputs_bytes``, half a side each); the
+      norms' inputs stay (the residual stream);
+    - moe_act (MoE layers): the routed experts' activation outputs, act s b f /t per routed copy
+      (``expert_activation_bytes``); the up projections' outputs, the activation's inputs, stay;
+    - moe (MoE layers), mlp (dense layers): the block's every term but its input
+      (``mlp_block_bytes``, which holds moe_act's); the dropout mask after it stays (Megatron's
+      bias-dropout-add is outside the block).
+    """
+    has = set(modules)
+    half_norms = terms.norm_outputs_bytes / 2 if RecomputeModule.LAYERNORM in has else 0.0
+    attention = half_norms + (terms.attention_scores_bytes if RecomputeModule.CORE_ATTN in has else 0.0)
+    block = RecomputeModule.MOE if terms.moe else RecomputeModule.MLP
+    if block in has:
+        mlp = terms.mlp_block_bytes
+    elif terms.moe and RecomputeModule.MOE_ACT in has:
+        mlp = terms.expert_activation_bytes
+    else:
+        mlp = 0.0
+    return attention, half_norms + mlp
+
+
+def rematerialized_bytes(
+    terms: LayerActivations, recompute: Recompute, modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+) -> float:
     """Transient bytes rebuilt while one layer runs its backward under recomputation.
 
-    Recomputation re-runs one layer's forward (full) or its attention core (selective) just
-    before that layer's backward, so one layer's dropped terms of one micro-batch live at once
+    Recomputation re-runs one layer's forward (full) or its recomputed modules (selective) just
+    before that layer's backward needs them, so one layer's dropped terms of one micro-batch live at once
     on top of what ``kept_bytes`` keeps (checkpointing rematerializes one segment
     at a time: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"; here a
     segment is one layer, as Megatron-LM's uniform recompute with one layer per checkpoint).
-    Zero without recompute.
+    Selective: the larger side of ``dropped_bytes``, the MLP's being rebuilt and freed by its
+    backward before attention's is rebuilt. Zero without recompute.
     """
     if recompute is Recompute.NONE:
         return 0.0
     if recompute is Recompute.SELECTIVE:
-        return terms.attention_scores_bytes
+        return max(dropped_bytes(terms, modules))
     return terms.total_bytes - terms.layer_input_bytes
 
 

@@ -23,7 +23,7 @@ of a full (s/cp) x (s/cp) block, so a step's compute is 1/cp of the layer's atte
   ring, ``runtime.ring_attention``; torch's own ring attention sends it cp times, its last hop
   returning it). Step 0 sends the k/v block behind its compute, steps 1 .. cp - 2 a k/v block and
   an accumulator, and the last accumulator hop follows the last compute, exposed;
-- recomputation (full, or selective: the attention core is what it recomputes) repeats the
+- recomputation (full, or selective with core_attn among its modules) repeats the
   forward's exchange.
 A step's transfer runs behind its compute at the overlap's cost (``overlap.overlapped_comm_cost_s``:
 what the compute cannot hold, at least sigma / (1 + sigma) of it); on a CPU, where gloo cannot run
@@ -137,7 +137,7 @@ def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layou
     elements = kv_block_elements(model, training, layout)
     forward = float((cp - 1) * elements * training.dtype.bytes)
     backward = forward + (cp - 1) * elements * GRADIENT_ELEMENT_BYTES
-    forwards = 1 if layout.recompute is Recompute.NONE else 2
+    forwards = 2 if layout.recomputes_attention_core else 1
     return ContextBytes(forward_bytes=forwards * forward, backward_bytes=backward)
 
 
@@ -241,7 +241,7 @@ def ring_layer_s(
     hides = hides_communication(cluster)
     fwd_s = ring_exposed_s([kv_s] * (cp - 1), attention_s[0] / cp, hides=hides)
     bwd_s = ring_exposed_s([kv_s] + [both_s] * (cp - 2), attention_s[1] / cp, hides=hides) + dkv_s
-    return fwd_s + bwd_s + (0.0 if layout.recompute is Recompute.NONE else fwd_s)
+    return fwd_s + bwd_s + (fwd_s if layout.recomputes_attention_core else 0.0)
 
 
 def ring_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
@@ -320,8 +320,17 @@ def all_to_all_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout:
         return ContextBytes(forward_bytes=0.0, backward_bytes=0.0)
     buffers = all_to_all_elements(model, training, layout)
     once = float(buffers.total * (cp - 1) // cp * training.dtype.bytes)
-    again = float(_recomputed(buffers, layout.recompute) * (cp - 1) // cp * training.dtype.bytes)
+    again = float(_recomputed(buffers, attention_recompute(layout)) * (cp - 1) // cp * training.dtype.bytes)
     return ContextBytes(forward_bytes=once + again, backward_bytes=once)
+
+
+def attention_recompute(layout: Layout) -> Recompute:
+    """The recomputation attention sees: full, selective where the attention core is among the
+    recomputed modules (``Layout.recompute_modules``), none otherwise (the other modules re-run
+    nothing of the attention core or its exchanges)."""
+    if layout.recompute is Recompute.SELECTIVE and not layout.recomputes_attention_core:
+        return Recompute.NONE
+    return layout.recompute
 
 
 def _recomputed(buffers: AllToAllElements, recompute: Recompute) -> int:
@@ -358,7 +367,9 @@ def all_to_all_layer_s(
         sum(slowest_collective_s(CollectiveOp.ALL_TO_ALL, n * training.dtype.bytes, groups, cluster) for n in part)
         for part in ((buffers.query, buffers.key, buffers.value), (buffers.output,))
     )
-    again_s = {Recompute.NONE: 0.0, Recompute.SELECTIVE: qkv_s, Recompute.FULL: qkv_s + out_s}[layout.recompute]
+    again_s = {Recompute.NONE: 0.0, Recompute.SELECTIVE: qkv_s, Recompute.FULL: qkv_s + out_s}[
+        attention_recompute(layout)
+    ]
     return 2 * (qkv_s + out_s) + again_s
 
 

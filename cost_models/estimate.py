@@ -175,7 +175,9 @@ def _estimate_of(
     step_s, world = time.step_time_s, layout.world_size
     peak = mean_peak_flop_per_s(cluster, layout, training.dtype)
     model_flop = training.global_batch_size * model_flops_per_sequence(model, training.seq_len)
-    hardware_flop = model_flop * hardware_flop_ratio(model, training.seq_len, layout.recompute)
+    hardware_flop = model_flop * hardware_flop_ratio(
+        model, training.seq_len, layout.recompute, layout.recompute_modules
+    )
     return Estimate(
         step_time_s=step_s,
         tokens_per_s=training.tokens_per_step / step_s,

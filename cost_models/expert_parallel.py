@@ -49,7 +49,15 @@ import numpy as np
 from cost_models.comm import Group, collective_time_s, nodes_spanned, priced_groups
 from cost_models.context_parallel import local_seq_len
 from cost_models.params import stage_moe_layers
-from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, MoeDispatcher, Recompute, TrainingSpec
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveOp,
+    Layout,
+    ModelSpec,
+    MoeDispatcher,
+    RecomputeModule,
+    TrainingSpec,
+)
 from planner.schemas.geometry import chunk_layer_range, stage_chunks
 from planner.schemas.routing import ExpertPlacement, RoutingStats
 
@@ -239,7 +247,7 @@ def expert_parallel_layer_s(
         expert_groups: the expert-parallel groups (devices).
 
     Returns:
-        Seconds: 4 all-to-alls of P h elements (``routed_pairs``; 6 under full recomputation); a layer's
+        Seconds: 4 all-to-alls of P h elements (``routed_pairs``; 6 where the MoE block is recomputed); a layer's
         ``ExpertLoad.exchange_factor`` scales it.
     """
     if not (model.is_moe and layout.expert_parallel_degree > 1):
@@ -294,8 +302,10 @@ def off_node_share(model: ModelSpec, nodes: int) -> float:
 
 def exchanges_per_micro_batch(layout: Layout) -> int:
     """All-to-alls of one MoE layer and micro-batch: dispatch and combine, forward and backward,
-    and the forward's two again under full recomputation."""
-    return 4 + (2 if layout.recompute is Recompute.FULL else 0)
+    and the forward's two again where the backward re-runs the MoE block: under full
+    recomputation, and under selective with ``moe`` among its modules (Megatron-Core's
+    ``MoELayer.forward`` checkpoints route, dispatch, experts and combine together)."""
+    return 4 + (2 if layout.recomputes(RecomputeModule.MOE) else 0)
 
 
 def sent_bytes_per_step(

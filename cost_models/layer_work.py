@@ -33,7 +33,17 @@ from dataclasses import dataclass
 from cost_models import kernels
 from cost_models.compute import Gemm
 from cost_models.context_parallel import local_seq_len
-from planner.schemas import AttentionKernel, Kernels, Layout, ModelSpec, PositionEmbedding, Recompute, TrainingSpec
+from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
+    AttentionKernel,
+    Kernels,
+    Layout,
+    ModelSpec,
+    PositionEmbedding,
+    Recompute,
+    RecomputeModule,
+    TrainingSpec,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +62,16 @@ class LayerWork:
     """Bytes moved by softmax and attention dropout (eager attention only)."""
     flash_attention: bool
     """Whether the attention core is one fused FlashAttention kernel."""
+    mlp_gemms: tuple[Gemm, ...] = ()
+    """Of ``dense_gemms``: the MLP's, or the MoE block's (router, routed and shared experts, the
+    shared experts' gate): what recomputing the block (``RecomputeModule.MLP``, ``MOE``) runs again."""
+    mlp_elementwise: kernels.Traffic = kernels.NONE
+    """Of the elementwise traffic: the MLP's activation, or the MoE block's (routed and shared
+    experts') activations and its permutation to the experts and back."""
+    expert_activation: kernels.Traffic = kernels.NONE
+    """Of ``mlp_elementwise``: the routed experts' activation (``RecomputeModule.MOE_ACT``)."""
+    norms: kernels.Traffic = kernels.NONE
+    """Of the elementwise traffic: the two norms (``RecomputeModule.LAYERNORM``)."""
 
 
 def expert_gemms(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[Gemm, Gemm]:
@@ -106,24 +126,26 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         out_elements = q_elements
     gated = model.hidden_act.gated
     in_factor = 2 if gated else 1
+    mlp: list[Gemm]
     if sparse:
         k, f, etp = model.num_experts_per_tok, model.expert_ffn_size, layout.expert_tensor_degree
         routing = seq_tokens if layout.folds_experts else tokens  # folded: each rank routes its own share
-        dense += [Gemm(routing, model.num_local_experts, h), *expert_gemms(model, training, layout)]
+        mlp = [Gemm(routing, model.num_local_experts, h), *expert_gemms(model, training, layout)]
         routed_tokens = routing * k
-        act = kernels.activation(gated, routed_tokens * (f // etp), e, kinds)
+        act = routed_act = kernels.activation(gated, routed_tokens * (f // etp), e, kinds)
         shared = model.shared_ffn_size
         if shared:  # every token passes through the shared experts, split over t as a dense MLP
-            dense += [Gemm(tokens, in_factor * shared // t, h), Gemm(tokens, h, shared // t)]
+            mlp += [Gemm(tokens, in_factor * shared // t, h), Gemm(tokens, h, shared // t)]
             act += kernels.activation(gated, tokens * (shared // t), e, kinds)
         if model.has_shared_expert_gate:
-            dense.append(Gemm(tokens, 1, h))
+            mlp.append(Gemm(tokens, 1, h))
         permute = kernels.Traffic(2.0 * 2 * routed_tokens * h * e, 2)
     else:
         f = model.ffn_size
-        dense += [Gemm(tokens, in_factor * f // t, h), Gemm(tokens, h, f // t)]
+        mlp = [Gemm(tokens, in_factor * f // t, h), Gemm(tokens, h, f // t)]
         act = kernels.activation(gated, tokens * (f // t), e, kinds)
-        permute = kernels.NONE
+        permute = routed_act = kernels.NONE
+    dense += mlp
 
     attention = (
         Gemm(s_local, s, model.qk_head_size, batch=b * heads),
@@ -156,6 +178,10 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         elementwise_kernels=elementwise.kernels,
         attention_elementwise_bytes=float(attention_bytes),
         flash_attention=flash,
+        mlp_gemms=tuple(mlp),
+        mlp_elementwise=act + permute,
+        expert_activation=routed_act,
+        norms=norms + norms,
     )
 
 
@@ -260,16 +286,24 @@ PROFILED_MICRO_BATCHES = (1, 2)
 """Micro-batch sizes whose GEMM shapes ``planner profile --model`` times."""
 
 
-def hardware_flop_ratio(model: ModelSpec, seq_len: int, recompute: Recompute) -> float:
+def hardware_flop_ratio(
+    model: ModelSpec,
+    seq_len: int,
+    recompute: Recompute,
+    modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES,
+) -> float:
     """Hardware FLOPs / model FLOPs of one training step.
 
     Full recompute adds one forward of every transformer layer (Narayanan et al. eq. 3: 96 vs
-    72 B s l h^2); selective adds the attention core's forward; none adds nothing.
+    72 B s l h^2); selective adds the forward of the modules it recomputes: the attention core's
+    (core_attn), the dense layers' MLPs (mlp), the MoE layers' blocks (moe); the norms and the
+    experts' activation (layernorm, moe_act) are elementwise, no FLOPs counted; none adds nothing.
 
     Args:
         model: the model.
         seq_len: tokens per sequence.
         recompute: what the backward recomputes.
+        modules: what selective recompute re-runs (``Layout.recompute_modules``).
 
     Returns:
         The ratio, >= 1.
@@ -282,8 +316,15 @@ def hardware_flop_ratio(model: ModelSpec, seq_len: int, recompute: Recompute) ->
     layer_fwd = (per_seq - logits) / 3
     if recompute is Recompute.FULL:
         return (per_seq + layer_fwd) / per_seq
-    attention_fwd = l * attention_core_flops_per_sequence(model, s)
-    return (per_seq + attention_fwd) / per_seq
+    again = 0.0
+    if RecomputeModule.CORE_ATTN in modules:
+        again += l * attention_core_flops_per_sequence(model, s)
+    moe_layers = model.num_moe_layers
+    if RecomputeModule.MLP in modules:
+        again += (l - moe_layers) * 2 * mlp_macs_per_token(model, moe=False) * s
+    if RecomputeModule.MOE in modules:
+        again += moe_layers * 2 * mlp_macs_per_token(model, moe=True) * s
+    return (per_seq + again) / per_seq
 
 
 def profile_gemm_shapes(model: ModelSpec, seq_len: int, max_tensor_parallel: int) -> tuple[tuple[int, int, int], ...]:

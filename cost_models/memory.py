@@ -164,8 +164,8 @@ def _activation_terms(
             context_parallel_degree=layout.context_parallel_degree,
             kv_replication=kv_replication(model, layout),
         )
-        per_micro_batch += kept_bytes(terms, recompute) * count
-        working.append(rematerialized_bytes(terms, recompute))
+        per_micro_batch += kept_bytes(terms, recompute, layout.recompute_modules) * count
+        working.append(rematerialized_bytes(terms, recompute, layout.recompute_modules))
     once += max(working)
     if layers_here:  # one layer's context-parallel attention at a time: what it receives
         once += context_buffer_bytes(model, training, layout)

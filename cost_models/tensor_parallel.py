@@ -3,7 +3,10 @@
 Megatron-LM's tensor parallelism runs 2 all-reduces of the b s h activations (the rank's b s/cp
 tokens under context parallelism) forward and 2
 backward per layer; with sequence parallelism 2 all-gathers and 2 reduce-scatters each way
-(Korthikanti et al. 2022, sec. 4.2.2). Full recomputation repeats the forward's collectives.
+(Korthikanti et al. 2022, sec. 4.2.2). Full recomputation repeats the forward's collectives;
+selective recomputation of a dense layer's MLP (``RecomputeModule.MLP``) or an MoE layer's block
+(``MOE``) repeats that block's: its column-parallel input gather and row-parallel output reduction,
+half the layer's (``recomputed_forward_share``); the other modules re-run no collective.
 Where the profile timed this model's real tensor-parallel layer (``compute.measured_layer_s``
 with ``sequence_parallel``), what it takes beyond the local layer is the tensor-parallel time:
 its collectives and the framework's cost of sharding. An MoE layer whose experts are split over
@@ -30,7 +33,7 @@ from collections.abc import Iterable
 from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
 from cost_models.compute import measured_layer_s
 from cost_models.context_parallel import local_seq_len
-from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, RecomputeModule, TrainingSpec
 
 
 def tensor_parallel_layer_s(
@@ -56,8 +59,30 @@ def tensor_parallel_layer_s(
     Returns:
         Seconds per layer and micro-batch.
     """
-    fwd_s, bwd_s = _forward_backward_s(model, training, cluster, layout, tensor_groups, local)
-    return fwd_s + bwd_s + (fwd_s if layout.recompute is Recompute.FULL else 0.0)
+    fwd_s, bwd_s = tensor_parallel_forward_backward_s(model, training, cluster, layout, tensor_groups, local)
+    return tensor_parallel_kind_s(model, layout, fwd_s, bwd_s, moe=False)
+
+
+def tensor_parallel_kind_s(
+    model: ModelSpec, layout: Layout, forward_s: float, backward_s: float, *, moe: bool
+) -> float:
+    """Tensor-parallel seconds of one dense (MoE) layer and micro-batch, given a dense layer's
+    forward and backward collectives' seconds: the layer's share of them (``moe_layer_share``)
+    and its recomputed share of the forward's (``recomputed_forward_share``)."""
+    share = moe_layer_share(model, layout) if moe else 1.0
+    return share * (forward_s + backward_s) + recomputed_forward_share(model, layout, moe=moe) * forward_s
+
+
+def recomputed_forward_share(model: ModelSpec, layout: Layout, *, moe: bool) -> float:
+    """The share of a dense layer's forward collectives a dense (MoE) layer runs again in its
+    backward: all it runs under full recomputation; under selective, its MLP's (MoE block's) half
+    where ``mlp`` (``moe``) is recomputed, the MoE block's being what the layer runs beyond
+    attention's half (``moe_layer_share``: none when folded without shared experts); else none."""
+    share = moe_layer_share(model, layout) if moe else 1.0
+    if layout.recompute is Recompute.FULL:
+        return share
+    block = RecomputeModule.MOE if moe else RecomputeModule.MLP
+    return share - 0.5 if layout.recomputes(block) else 0.0
 
 
 def moe_layer_share(model: ModelSpec, layout: Layout) -> float:
@@ -69,7 +94,7 @@ def moe_layer_share(model: ModelSpec, layout: Layout) -> float:
     return 0.5
 
 
-def _forward_backward_s(
+def tensor_parallel_forward_backward_s(
     model: ModelSpec,
     training: TrainingSpec,
     cluster: ClusterProfile,

@@ -7,8 +7,11 @@ skips the masked half of a causal s x s product and its backward runs 5 GEMMs to
 forward's 2 (Dao 2023, FlashAttention-2, sec. 3), so it costs 2.5 forwards; it runs at the rates
 the profile's attention records give (``compute.fused_attention_s``: the kernel as published or
 timed, well below the matmul rate), else at the matmul rate. Recomputation
-(Korthikanti et al. 2022): full repeats the layer's forward; selective repeats the attention
-core (nothing extra under FlashAttention, which already recomputes it). Tensor- and
+(Korthikanti et al. 2022): full repeats the layer's forward; selective repeats the modules the
+layout names (``Layout.recompute_modules``, Megatron-Core's ``--recompute-modules``): by default
+the attention core (nothing extra under FlashAttention, which already recomputes it), and the
+norms, the experts' activation, a dense MLP or a whole MoE block (``_selective_recompute_s``), at
+most the layer's forward. Tensor- and
 expert-parallel communication per layer come from ``cost_models.tensor_parallel`` and
 ``cost_models.expert_parallel``. Every micro-batch's
 weight gradients are accumulated into fp32 buffers (Megatron-LM's main_grad, PyTorch AMP's
@@ -73,9 +76,18 @@ from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
 from cost_models.params import all_stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.stage_devices import priced_on, stage_devices
-from cost_models.tensor_parallel import moe_layer_share, tensor_parallel_layer_s
+from cost_models.tensor_parallel import tensor_parallel_forward_backward_s, tensor_parallel_kind_s
 from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
-from planner.schemas import ClusterProfile, DType, Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import (
+    ClusterProfile,
+    DeviceProfile,
+    DType,
+    Layout,
+    ModelSpec,
+    Recompute,
+    RecomputeModule,
+    TrainingSpec,
+)
 from planner.schemas.device_map import IDENTITY
 from planner.schemas.geometry import chunk_stage, embedding_chunk, output_chunk, stage_layers
 from planner.schemas.routing import RoutingStats
@@ -176,11 +188,13 @@ def _stage_times(
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     kernels = _shared_kernels(model, training, cluster, layout)
     kinds = kernels.kinds
-    tp_layer = tensor_parallel_layer_s(model, training, cluster, layout, tensor_groups, kernels.timed_local)
+    tp_fwd, tp_bwd = tensor_parallel_forward_backward_s(
+        model, training, cluster, layout, tensor_groups, kernels.timed_local
+    )
     # Each kind of layer's tensor-parallel time (an MoE layer's a share of it when folded), and what
     # of it the layer waits for: all, unless the collectives run in chunks behind its GEMMs.
     tp_overlap = training.tp_comm_overlap and layout.sequence_parallel and t > 1 and hides_communication(cluster)
-    tp_of = {moe: tp_layer * (moe_layer_share(model, layout) if moe else 1.0) for moe in kinds}
+    tp_of = {moe: tensor_parallel_kind_s(model, layout, tp_fwd, tp_bwd, moe=moe) for moe in kinds}
     tp_exposed = {
         moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t) if tp_overlap else tp_of[moe] for moe in kinds
     }
@@ -294,6 +308,7 @@ def _shared_kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterPr
         layout.expert_parallel_degree,
         layout.expert_tensor_parallel_degree,
         layout.recompute,
+        layout.recompute_modules,
         layout.context_parallel_degree,
     )
     return _KERNELS.get(cluster.pricing_device, key, lambda: _kernels(model, training, cluster, layout))
@@ -372,10 +387,11 @@ class _LayerTime:
 
 def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _LayerTime:
     """Forward, backward and recompute seconds of one rank's routed experts in a balanced MoE
-    layer (``layer_work.expert_gemms``); full recomputation repeats the forward."""
+    layer (``layer_work.expert_gemms``); recomputing the MoE block (full, or selective with
+    ``moe``) repeats the forward."""
     gemms = lw.expert_gemms(model, training, layout)
     forward = gemms_time_s(gemms, cluster.pricing_device, training.dtype)
-    recompute = forward if layout.recompute is Recompute.FULL else 0.0
+    recompute = forward if layout.recomputes(RecomputeModule.MOE) else 0.0
     return _LayerTime(
         forward_s=forward,
         backward_s=backward_gemms_time_s(gemms, cluster.pricing_device, training.dtype),
@@ -439,12 +455,19 @@ def _layer_time(
             dense = _layer_time(model, training, cluster, layout, None, moe=False)
             fwd, bwd = fwd + layer_fwd - dense.forward_s, bwd + layer_bwd - dense.backward_s
         layer_fwd, layer_bwd = fwd, bwd
-    recompute = {
-        Recompute.NONE: 0.0,
-        Recompute.SELECTIVE: 0.0 if work.flash_attention else attn_fwd,
-        Recompute.FULL: layer_fwd,
-    }[layout.recompute]
-    gemm_s = dense_fwd + dense_bwd + (dense_fwd if layout.recompute is Recompute.FULL else 0.0)
+    block = RecomputeModule.MOE if moe else RecomputeModule.MLP
+    block_gemms_s = gemms_time_s(work.mlp_gemms, dev, dt) if layout.recomputes(block) else 0.0
+    if layout.recompute is Recompute.FULL:
+        recompute, gemms_again_s = layer_fwd, dense_fwd
+    elif layout.recompute is Recompute.SELECTIVE:
+        recompute, gemms_again_s = (
+            _selective_recompute_s(work, layout, dev, attn_fwd, block_gemms_s, moe=moe),
+            block_gemms_s,
+        )
+        recompute = min(recompute, layer_fwd)  # never more than the whole forward (a timed layer's)
+    else:
+        recompute, gemms_again_s = 0.0, 0.0
+    gemm_s = dense_fwd + dense_bwd + gemms_again_s
     return _LayerTime(
         forward_s=layer_fwd,
         backward_s=layer_bwd,
@@ -452,3 +475,24 @@ def _layer_time(
         gemm_s=gemm_s,
         attention_s=(attn_fwd, attn_bwd),
     )
+
+
+def _selective_recompute_s(
+    work: lw.LayerWork, layout: Layout, dev: DeviceProfile, attn_fwd_s: float, block_gemms_s: float, *, moe: bool
+) -> float:
+    """Seconds one layer's backward spends re-running its ``Layout.recompute_modules`` (each as
+    Megatron-Core runs it: ``RecomputeModule``): core_attn the attention core's forward (nothing
+    under FlashAttention, whose backward recomputes it anyway); layernorm the two norms; moe_act
+    the routed experts' activation; mlp (moe) the block's GEMMs (``block_gemms_s``) and
+    elementwise kernels, which hold moe_act's. The MoE block's all-to-alls and a block's
+    tensor-parallel collectives are priced with their kind (``expert_parallel``, ``tensor_parallel``)."""
+    seconds = 0.0
+    if layout.recomputes(RecomputeModule.CORE_ATTN) and not work.flash_attention:
+        seconds += attn_fwd_s
+    if layout.recomputes(RecomputeModule.LAYERNORM):
+        seconds += elementwise_time_s(work.norms.bytes, dev, work.norms.kernels)
+    if layout.recomputes(RecomputeModule.MOE if moe else RecomputeModule.MLP):
+        seconds += block_gemms_s + elementwise_time_s(work.mlp_elementwise.bytes, dev, work.mlp_elementwise.kernels)
+    elif moe and layout.recomputes(RecomputeModule.MOE_ACT):
+        seconds += elementwise_time_s(work.expert_activation.bytes, dev, work.expert_activation.kernels)
+    return seconds

@@ -23,6 +23,7 @@ COMPARED: tuple[tuple[str, str], ...] = (
     ("zero_stage", "ZeRO stage"),
     ("sequence_parallel", "sequence parallel"),
     ("recompute", "recompute"),
+    ("recompute_modules", "recompute modules"),
     ("schedule", "schedule"),
     ("virtual_stages", "virtual stages"),
     ("vocabulary_layout", "vocabulary layout"),

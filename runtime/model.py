@@ -21,7 +21,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.schemas import Activation, DType, ModelSpec, NormKind, PositionEmbedding, Recompute
+from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
+    Activation,
+    DType,
+    ModelSpec,
+    NormKind,
+    PositionEmbedding,
+    Recompute,
+    RecomputeModule,
+)
 from runtime.context_share import ContextShare
 from runtime.kernels import RMSNorm, geglu, swiglu
 from runtime.loss import cross_entropy
@@ -227,17 +236,23 @@ def moe_layers(model: ModelSpec) -> tuple[int, ...]:
 
 class Block(nn.Module):
     """Pre-norm transformer layer; ``recompute_all`` keeps only its input for the backward (full
-    recompute). ``experts``: an MoE layer's experts held here (None: a dense MLP)."""
+    recompute); ``recompute_mlp`` keeps only its MLP's (MoE block's) input and re-runs the block in
+    the backward, an MoE block's dispatch and combine included (selective recompute of
+    Megatron-Core's ``mlp`` or ``moe`` module). ``experts``: an MoE layer's experts held here
+    (None: a dense MLP)."""
 
     def __init__(self, model: ModelSpec, experts: Sequence[int] | None = None) -> None:
         super().__init__()
         self.norm1, self.attn, self.norm2 = _norm(model), Attention(model), _norm(model)
         self.mlp: MLP | MoE = MLP(model) if experts is None else MoE(model, experts)
         self.recompute_all = False
+        self.recompute_mlp = False
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
-        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        normed = self.norm2(x)
+        mlp = checkpoint(self.mlp, normed, use_reentrant=False) if self.recompute_mlp else self.mlp(normed)
+        out: torch.Tensor = x + mlp
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -338,12 +353,20 @@ def initial_value(seed: int, name: str, shape: Sequence[int]) -> torch.Tensor:
     return torch.randn(tuple(shape), generator=gen) * 0.02
 
 
-def set_recompute(net: "Decoder", recompute: Recompute) -> None:
-    """Full: every layer keeps only its input; selective: only the attention core is recomputed."""
+def set_recompute(
+    net: "Decoder", recompute: Recompute, modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+) -> None:
+    """Full: every layer keeps only its input; selective: the attention core (core_attn) and a
+    dense layer's MLP (mlp) or an MoE layer's block (moe) among ``modules`` are recomputed, each
+    checkpointed whole (the output-discarding modules, layernorm and moe_act, are not built here:
+    ``schemas.runtime_support`` refuses them)."""
+    selective = set(modules) if recompute is Recompute.SELECTIVE else set()
     for block in net.layers.values():
         assert isinstance(block, Block)
         block.recompute_all = recompute is Recompute.FULL
-        block.attn.recompute_core = recompute is Recompute.SELECTIVE
+        block.attn.recompute_core = RecomputeModule.CORE_ATTN in selective
+        kind = RecomputeModule.MOE if isinstance(block.mlp, MoE) else RecomputeModule.MLP
+        block.recompute_mlp = kind in selective
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

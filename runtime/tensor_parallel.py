@@ -134,11 +134,16 @@ def keep_sequence_shards(module: nn.Module, block: nn.Module | None = None) -> N
     backward and gather it again there: Megatron-LM's sequence parallelism (Korthikanti et al.
     2022, sec. 4.2.2), which DTensor's does not do (its Linears keep the gathered (b, s, h)).
     Its parameters keep their names (the forward is wrapped, not the module). Not under full
-    recompute (``block.recompute_all``), where the block keeps nothing of it anyway."""
+    recompute (``block.recompute_all``), nor in an MLP whose block recomputes it
+    (``block.recompute_mlp``), where the block keeps nothing of it anyway (and a checkpoint saves
+    what its region saves itself)."""
     original = module.forward
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(x, DTensor) or getattr(block, "recompute_all", False):
+        checkpointed = getattr(block, "recompute_all", False) or (
+            module is getattr(block, "mlp", None) and getattr(block, "recompute_mlp", False)
+        )
+        if not isinstance(x, DTensor) or checkpointed:
             return original(x, *args, **kwargs)
         shard = _SequenceShard(x)
         try:

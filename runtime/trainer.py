@@ -131,7 +131,7 @@ class Trainer:
             held = hosted_experts(model, self.placement, place) if experts_mesh else None
             self.chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
         for chunk in self.chunks:
-            set_recompute(chunk, layout.recompute)
+            set_recompute(chunk, layout.recompute, layout.recompute_modules)
             if self.context is not None:
                 self.context.hold(chunk)
             if experts_mesh is not None and layout.expert_parallel_degree > 1:

@@ -26,6 +26,7 @@ OLD_PLANS = (
     "plan_v4_llama3_70b_interleaved.json",
     "plan_v5_llama3_8b_tp2.json",
     "plan_v6_llama3_8b_zero3_eager.json",
+    "plan_v9_tiny_moe_selective.json",
 )
 
 

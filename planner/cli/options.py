@@ -27,12 +27,14 @@ from planner.schemas import (
     ModelSpec,
     MoeDispatcher,
     Recompute,
+    RecomputeModule,
     Schedule,
     TrainingSpec,
     ZeroStage,
 )
 from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.errors import SchemaError
+from planner.search_engine.space import RecomputeChoice
 from planner.search_engine.strategy import Progress as ProgressCallback
 
 
@@ -187,6 +189,7 @@ LAYOUT_OPTIONS = {
     "micro_batch_size": "micro_batch_size",
     "zero_stage": "zero_stage",
     "recompute": "recompute",
+    "recompute_modules": "recompute_modules",
     "sequence_parallel": "sequence_parallel",
     "schedule": "schedule",
     "virtual_stages": "virtual_stages",
@@ -208,7 +211,39 @@ def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:
         fields["zero_stage"] = ZeroStage(fields["zero_stage"])
     if "layer_split" in fields:
         fields["layer_split"] = _parse_split(fields["layer_split"])
+    if "recompute_modules" in fields:
+        fields["recompute_modules"] = parse_recompute_modules(fields["recompute_modules"])
+        recompute = fields.setdefault("recompute", Recompute.SELECTIVE)  # the modules imply selective
+        if recompute is not Recompute.SELECTIVE:
+            raise SchemaError(
+                f"--recompute-modules names what selective recompute re-runs, but --recompute is {recompute!s}; "
+                "use --recompute selective or leave --recompute-modules out"
+            )
     return fields
+
+
+RECOMPUTE_MODULES_HELP = (
+    "What selective recompute re-runs (Megatron-Core's --recompute-modules), a comma list of: core_attn (the "
+    "attention core's scores), layernorm (the two norms' outputs), moe_act (the routed experts' activation), "
+    "mlp (a dense layer's MLP), moe (an MoE layer's whole block, its dispatch and combine all-to-alls again); "
+    "e.g. core_attn,layernorm,moe_act"
+)
+
+
+def parse_recompute_modules(text: str) -> tuple[RecomputeModule, ...]:
+    """The modules of a --recompute-modules comma list, in ``RecomputeModule``'s order.
+
+    Raises:
+        SchemaError: a name that is no module, or an empty list; the message lists the modules.
+    """
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    known = ", ".join(m.value for m in RecomputeModule)
+    if not names:
+        raise SchemaError(f"--recompute-modules {text!r} names no module; give a comma list of {known}")
+    for name in names:
+        if name not in {m.value for m in RecomputeModule}:
+            raise SchemaError(f"--recompute-modules {text!r}: {name!r} is not one of {known}")
+    return tuple(m for m in RecomputeModule if m.value in names)
 
 
 def _parse_split(text: str) -> tuple[int, ...]:
@@ -372,6 +407,16 @@ def constraint_fields(options: Mapping[str, Any]) -> dict[str, frozenset[Any]]:
         text = options.get(param)
         if text is not None:
             found[axis] = parse_constraint("--" + param.replace("_", "-"), str(text), kind)
+    modules = options.get("recompute_modules")
+    if modules is not None:  # selective tries these modules alone; the other modes stay as allowed
+        modes = found.get("recompute", frozenset(Recompute))
+        if Recompute.SELECTIVE not in modes:
+            raise SchemaError(
+                "--recompute-modules names what selective recompute re-runs, but --recompute leaves selective out; "
+                "add selective to --recompute or leave --recompute-modules out"
+            )
+        selective = RecomputeChoice(Recompute.SELECTIVE, parse_recompute_modules(str(modules)))
+        found["recompute"] = (modes - {Recompute.SELECTIVE}) | {selective}
     max_tp = options.get("max_tp")
     if max_tp is not None:
         capped = frozenset(range(1, min(int(max_tp), MAX_DEVICES) + 1))  # no cluster has more ranks

@@ -14,6 +14,7 @@ from planner import api
 from planner.api import StrategyName
 from planner.cli.checks import check_output, check_storage, finite
 from planner.cli.options import (
+    RECOMPUTE_MODULES_HELP,
     AttentionOpt,
     CapacityOpt,
     ClusterOpt,
@@ -118,6 +119,10 @@ def estimate(
     micro_batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences per micro-batch [default: 1].")] = None,
     zero_stage: Annotated[int | None, typer.Option(min=0, max=3, help="ZeRO stage 0-3 [default: 0].")] = None,
     recompute: Annotated[Recompute | None, typer.Option(help="Activation recomputation [default: none].")] = None,
+    recompute_modules: Annotated[
+        str | None,
+        typer.Option(help=RECOMPUTE_MODULES_HELP + "; implies --recompute selective [default: core_attn]."),
+    ] = None,
     sequence_parallel: Annotated[
         bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Needs tp > 1 [default: off].")
     ] = None,
@@ -250,6 +255,14 @@ def search(
     recompute: Annotated[
         str | None, typer.Option(help="Search only these recomputations: none, selective, full (a list).")
     ] = None,
+    recompute_modules: Annotated[
+        str | None,
+        typer.Option(
+            help=RECOMPUTE_MODULES_HELP + ". Selective then tries these modules alone [default: core_attn, and for "
+            "an MoE model also core_attn,layernorm,moe_act and core_attn,layernorm,moe (with mlp where it has "
+            "dense layers)]."
+        ),
+    ] = None,
     max_tp: Annotated[
         int | None,
         typer.Option(min=1, help="Largest tensor-parallel degree (default: one node's devices; above it spans nodes)."),
@@ -273,7 +286,7 @@ def search(
     """Find the fastest layouts that fit in memory, and write the best as a plan file.
 
     --tp, --pp, --dp, --cp, --cp-kind, --ep, --micro-batch-size, --virtual-stages, --zero-stage,
-    --schedule, --recompute and --max-tp narrow the search before it starts (e.g. --tp 8 --pp 1-16
+    --schedule, --recompute, --recompute-modules and --max-tp narrow the search before it starts (e.g. --tp 8 --pp 1-16
     --zero-stage 1,3 --cp 1-8 --cp-kind ring); if they leave no valid layout, the error says which one did.
 
     Example: planner search -m gpt3-175b -c dgx-a100-80g:128 --global-batch-size 1536 --seq-len 2048

@@ -27,7 +27,8 @@ How the plan maps:
   --no-overlap-p2p-communication where the plan priced interleaved transfers as exposed.
 - Recompute: full is --recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1 (every layer's input kept, the layer recomputed); selective is
-  --recompute-granularity selective (core attention, Korthikanti et al.'s).
+  --recompute-granularity selective (core attention, Korthikanti et al.'s), with
+  --recompute-modules where the plan names other modules (``Layout.recompute_modules``).
 - Batch and precision: --micro-batch-size b, --global-batch-size B (Megatron accumulates
   B / (d b) micro-batches), --seq-length, --bf16 / --fp16 (fp32 is the default).
 - MoE: --num-experts, --moe-router-topk, the dispatcher (alltoall; DeepEP as flex +
@@ -38,7 +39,16 @@ How the plan maps:
 import shlex
 
 from planner.export.common import check_common, layers_per_chunk, refuse
-from planner.schemas import ContextParallelKind, DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
+from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
+    ContextParallelKind,
+    DType,
+    MoeDispatcher,
+    Plan,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
 
 TARGET = "megatron"
 VERSION = "core_v0.15.0"
@@ -72,6 +82,8 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
         args.append("--no-overlap-p2p-communication")
     args += _data_parallel(plan)
     args += _recompute(layout.recompute)
+    if layout.recompute is Recompute.SELECTIVE and layout.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        args += ["--recompute-modules", *layout.recompute_modules]
     args += ["--micro-batch-size", str(layout.micro_batch_size)]
     args += ["--global-batch-size", str(training.global_batch_size), "--seq-length", str(training.seq_len)]
     args += {DType.BF16: ["--bf16"], DType.FP16: ["--fp16"], DType.FP32: []}[training.dtype]

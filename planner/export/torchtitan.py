@@ -40,7 +40,16 @@ How the plan maps:
 """
 
 from planner.export.common import check_common, layers_per_chunk, micro_batches, refuse
-from planner.schemas import ContextParallelKind, DType, MoeDispatcher, Plan, Recompute, Schedule, ZeroStage
+from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
+    ContextParallelKind,
+    DType,
+    MoeDispatcher,
+    Plan,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
 
 TARGET = "torchtitan"
 VERSION = "v0.2.2"
@@ -112,6 +121,13 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
 
 def _check(plan: Plan) -> None:
     layout = plan.layout
+    if layout.recompute is Recompute.SELECTIVE and layout.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        refuse(
+            TARGET,
+            f"selective recompute of {'+'.join(layout.recompute_modules)}",
+            "its selective checkpointing is a per-op or per-layer policy, not Megatron-Core's modules",
+            "plan with --recompute-modules core_attn, or export to megatron",
+        )
     if plan.training.dtype is DType.FP16:
         refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
     cp = layout.context_parallel_degree

@@ -27,12 +27,13 @@ from planner.schemas.enums import (
     Placement,
     PositionEmbedding,
     Recompute,
+    RecomputeModule,
     Schedule,
     VocabularyLayout,
     ZeroStage,
 )
 from planner.schemas.estimate import Estimate, MemoryBreakdown, StageEstimate, TimeBreakdown
-from planner.schemas.layout import Layout
+from planner.schemas.layout import DEFAULT_RECOMPUTE_MODULES, Layout
 from planner.schemas.links import LinkMatrix, LinkProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.op_records import (
@@ -53,6 +54,7 @@ from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingSt
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
+    "DEFAULT_RECOMPUTE_MODULES",
     "Activation",
     "Alternative",
     "AttentionKernel",
@@ -98,6 +100,7 @@ __all__ = [
     "Provenance",
     "RankMemory",
     "Recompute",
+    "RecomputeModule",
     "RopeScaling",
     "RopeType",
     "RoutingStats",

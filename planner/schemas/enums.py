@@ -91,7 +91,30 @@ class Recompute(StrEnum):
 
     NONE = "none"
     SELECTIVE = "selective"
+    """The modules ``Layout.recompute_modules`` names (by default the attention core alone)."""
     FULL = "full"
+
+
+class RecomputeModule(StrEnum):
+    """A part of a transformer layer that selective recomputation re-runs in the backward instead
+    of keeping its activations: Megatron-Core's ``--recompute-modules`` (``TransformerConfig.recompute_modules``;
+    ``transformer_layer.py``, ``moe/moe_layer.py``, ``moe/experts.py``), in its names.
+    What each frees and re-runs is ``cost_models.activations.kept_bytes`` and ``cost_models.timing``'s."""
+
+    CORE_ATTN = "core_attn"
+    """The attention core (scores, softmax, dropout): Korthikanti et al.'s selective recompute,
+    Megatron-Core's default module."""
+    LAYERNORM = "layernorm"
+    """The two norms: their outputs (the QKV and MLP/router inputs) are discarded after their
+    consumers ran and rebuilt from the norms' inputs (output-discarding checkpoint)."""
+    MOE_ACT = "moe_act"
+    """The routed experts' activation function: its output (the down projection's input) is
+    discarded and rebuilt from the up projections' outputs (output-discarding checkpoint)."""
+    MLP = "mlp"
+    """A dense layer's whole MLP (checkpointed: only its input is kept)."""
+    MOE = "moe"
+    """An MoE layer's whole MoE block, router, dispatch, experts and combine (checkpointed: only its
+    input is kept; its recompute sends the dispatch and combine all-to-alls again)."""
 
 
 class Schedule(StrEnum):

@@ -5,14 +5,56 @@ which device runs each rank is ``device_map``'s.
 """
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from planner.schemas.device_map import IDENTITY, DeviceMap
-from planner.schemas.enums import ContextParallelKind, Recompute, Schedule, VocabularyLayout, ZeroStage
+from planner.schemas.enums import (
+    ContextParallelKind,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+    VocabularyLayout,
+    ZeroStage,
+)
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.model import ModelSpec
 from planner.schemas.routing import ExpertPlacement
+
+DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
+"""Megatron-Core's default ``recompute_modules``: what selective recomputation meant before it
+named its modules (plan schema 9 and older)."""
+
+
+_CANONICAL_MODULE_SETS: Mapping[tuple[RecomputeModule, ...], tuple[RecomputeModule, ...]] = MappingProxyType(
+    {
+        modules: DEFAULT_RECOMPUTE_MODULES if modules == DEFAULT_RECOMPUTE_MODULES else modules
+        for modules in (
+            tuple(m for i, m in enumerate(RecomputeModule) if mask >> i & 1)
+            for mask in range(1, 2 ** len(RecomputeModule))
+        )
+    }
+)
+"""Every non-empty set of modules, in the order ``Layout.recompute_modules`` stores them, to the one
+tuple that stores it: a layout holding that very tuple needs no check (the search builds many)."""
+
+
+def recompute_modules_of(modules: Iterable[RecomputeModule | str]) -> tuple[RecomputeModule, ...]:
+    """``modules`` as ``Layout.recompute_modules`` stores them: in ``RecomputeModule``'s order,
+    without repeats, the one tuple of that set (``_CANONICAL_MODULE_SETS``).
+
+    Raises:
+        SchemaError: a name that is no module, or no module at all.
+    """
+    given = {_coerce(RecomputeModule, m, "recompute_modules") for m in modules}
+    if not given:
+        raise SchemaError(
+            "recompute_modules is empty, which under recompute='selective' recomputes nothing; name a module "
+            "(e.g. core_attn) or use recompute='none'"
+        )
+    return _CANONICAL_MODULE_SETS[tuple(m for m in RecomputeModule if m in given)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +102,12 @@ class Layout:
     group, as the forward does."""
     recompute: Recompute = Recompute.NONE
     """Activation recomputation."""
+    recompute_modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+    """What selective recomputation re-runs (``RecomputeModule``; Megatron-Core's
+    ``--recompute-modules``): by default the attention core alone, Korthikanti et al.'s selective
+    recompute. Stored in ``RecomputeModule``'s order without repeats, and as the default when
+    ``recompute`` is not selective (none keeps everything, full re-runs every module), so that
+    equal layouts compare equal."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence over the tensor-parallel group."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -91,6 +139,7 @@ class Layout:
                 raise SchemaError(f"{name}={value!r} must be a whole number >= 1")
         object.__setattr__(self, "zero_stage", _coerce(ZeroStage, self.zero_stage, "zero_stage"))
         object.__setattr__(self, "recompute", _coerce(Recompute, self.recompute, "recompute"))
+        self._store_recompute_modules()
         object.__setattr__(self, "schedule", _coerce(Schedule, self.schedule, "schedule"))
         kind = _coerce(ContextParallelKind, self.context_parallel_kind, "context_parallel_kind")
         if self.context_parallel_degree == 1:  # no kind without context parallelism: equal layouts compare equal
@@ -142,6 +191,33 @@ class Layout:
                 )
             if any(not isinstance(n, int) or n < 0 for n in self.layer_split):
                 raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
+
+    def _store_recompute_modules(self) -> None:
+        modules = self.recompute_modules
+        if self.recompute is not Recompute.SELECTIVE:
+            object.__setattr__(self, "recompute_modules", DEFAULT_RECOMPUTE_MODULES)
+            return
+        try:
+            if _CANONICAL_MODULE_SETS.get(modules) is modules:
+                return  # stored already (the search builds many layouts of a few sets)
+        except TypeError:  # unhashable: a list, read from a file
+            pass
+        if isinstance(modules, str | RecomputeModule) or not isinstance(modules, tuple | list | set | frozenset):
+            raise SchemaError(f"recompute_modules={modules!r} must be a list of modules, e.g. ['layernorm', 'moe']")
+        object.__setattr__(self, "recompute_modules", recompute_modules_of(modules))
+
+    def recomputes(self, module: RecomputeModule) -> bool:
+        """Whether the backward re-runs ``module`` of every layer that has it: under full
+        recomputation every module, under selective those of ``recompute_modules``."""
+        if self.recompute is Recompute.FULL:
+            return True
+        return self.recompute is Recompute.SELECTIVE and module in self.recompute_modules
+
+    @property
+    def recomputes_attention_core(self) -> bool:
+        """Whether the attention core (and with it a context-parallel exchange) runs again in the
+        backward: ``recomputes(CORE_ATTN)``."""
+        return self.recomputes(RecomputeModule.CORE_ATTN)
 
     def _check_sharding_groups(self) -> None:
         d, g, s = self.dense_replicas, self.sharding_group_size, self.secondary_partition_size
@@ -264,7 +340,8 @@ class Layout:
             parts.append(f"hsdp{self.sharding_group_size}")
         if self.secondary_partition_size is not None:
             parts.append(f"hpz{self.secondary_partition_size}")
-        parts.append(f"rc-{self.recompute}")
+        modules = "" if self.recompute_modules == DEFAULT_RECOMPUTE_MODULES else ":" + "+".join(self.recompute_modules)
+        parts.append(f"rc-{self.recompute}{modules}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.pipeline_parallel_degree > 1:
@@ -301,6 +378,7 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
             f"expert_parallel_degree={ep} does not divide the {experts} experts of {model.name!r}; use an ep that "
             f"divides both {experts} and {over}={ranks}: {', '.join(map(str, choices))}"
         )
+    _check_recompute_modules(model, layout)
     placement = layout.expert_placement
     if placement is not None and (placement.num_layers, placement.num_experts) != (
         model.num_moe_layers,
@@ -313,7 +391,25 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
         )
 
 
-_E = TypeVar("_E", ZeroStage, Recompute, Schedule, VocabularyLayout, ContextParallelKind)
+def _check_recompute_modules(model: ModelSpec, layout: Layout) -> None:
+    """Raise InfeasibleConfigError if ``layout`` recomputes a module no layer of ``model`` has:
+    moe_act and moe need MoE layers, mlp dense ones (Megatron-Core applies each where it exists)."""
+    moe_layers = model.num_moe_layers
+    has = {
+        RecomputeModule.MOE_ACT: moe_layers > 0,
+        RecomputeModule.MOE: moe_layers > 0,
+        RecomputeModule.MLP: moe_layers < model.num_hidden_layers,
+    }
+    missing = [m for m in layout.recompute_modules if not has.get(m, True)]
+    if layout.recompute is Recompute.SELECTIVE and missing:
+        kind = "dense" if missing[0] is RecomputeModule.MLP else "mixture-of-experts"
+        raise InfeasibleConfigError(
+            f"recompute module {missing[0]!s} recomputes {kind} layers, but {model.name!r} has none; leave it out "
+            f"(its layers: {model.num_hidden_layers - moe_layers} dense, {moe_layers} MoE)"
+        )
+
+
+_E = TypeVar("_E", ZeroStage, Recompute, RecomputeModule, Schedule, VocabularyLayout, ContextParallelKind)
 
 
 def _coerce(enum: type[_E], value: Any, name: str) -> _E:

@@ -18,7 +18,9 @@ whole data-parallel group) are what a version-5 plan ran; version 6 later gained
 ``rope_theta`` and ``rope_scaling``, whose defaults (10000, none) are what the runtime ran and the
 cost model priced before (neither prices them), so every version-6 plan reads unchanged; 7 and 8
 in ``upgrade``; 9 adds the training's ``loss_kernels``, whose default (None: as ``kernels``) is what a version-8
-plan priced, and ``vocabulary_overlap``, which a version-8 plan reads as on (as it was priced).
+plan priced, and ``vocabulary_overlap``, which a version-8 plan reads as on (as it was priced); 10 adds
+the layout's ``recompute_modules``, whose default (the attention core) is what selective recompute
+meant in a version-9 plan.
 """
 
 from dataclasses import fields
@@ -61,7 +63,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[9] = 9
+    schema_version: Literal[10] = 10
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -125,9 +127,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 9
+PLAN_SCHEMA_VERSION = 10
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 """The versions ``upgrade`` reads."""
 
 
@@ -147,7 +149,9 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     Version 7 -> 8: gradients summed in the training precision, as version 7 priced them,
     although the new field's default sums them in fp32 under bf16. Version 8 -> 9: the new field's
     default (the loss runs as the other kernels) is what version 8 priced; a vocabulary split was
-    priced as Vocabulary Parallelism's own schedule runs it (``vocabulary_overlap`` on).
+    priced as Vocabulary Parallelism's own schedule runs it (``vocabulary_overlap`` on). Version
+    9 -> 10: the layouts' new field's default (selective recompute of the attention core alone) is
+    what version 9's selective recompute was.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -177,4 +181,6 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         training = raw.get("training")
         if isinstance(training, dict):
             raw["training"] = {"vocabulary_overlap": True, **training}
+    if raw.get("schema_version") == 9:
+        raw = {**raw, "schema_version": 10}
     return raw

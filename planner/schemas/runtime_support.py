@@ -3,11 +3,23 @@ so that `planner launch` refuses the same plans without importing torch (the run
 ``check_runnable`` from ``runtime.run.check_world``; the launch export before printing a command
 that could only fail on every node)."""
 
-from planner.schemas.enums import ContextParallelKind, DType, MoeDispatcher, PositionEmbedding
+from planner.schemas.enums import (
+    ContextParallelKind,
+    DType,
+    MoeDispatcher,
+    PositionEmbedding,
+    Recompute,
+    RecomputeModule,
+)
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches, splits_for_all_to_all, splits_into_context_chunks
 from planner.schemas.layout import Layout
 from planner.schemas.plan import Plan
+
+OUTPUT_DISCARDING = (RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT)
+"""Recompute modules that free a module's output once its consumer ran and rebuild it in the
+backward (Megatron-Core's ``CheckpointWithoutOutput``): torch's ``checkpoint`` keeps a region's
+output for its consumer, so the runtime does not run them (it checkpoints core_attn, mlp, moe)."""
 
 
 def check_runnable(plan: Plan, *, cuda: bool) -> None:
@@ -18,6 +30,13 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
         InfeasibleConfigError: the plan, the reason, and how to plan one that runs.
     """
     layout, training = plan.layout, plan.training
+    discarding = [m for m in layout.recompute_modules if m in OUTPUT_DISCARDING]
+    if layout.recompute is Recompute.SELECTIVE and discarding:
+        raise InfeasibleConfigError(
+            f"the plan recomputes {', '.join(discarding)} (output-discarding checkpoints, as Megatron-Core runs "
+            "them), which this runtime does not build; plan with --recompute-modules from core_attn, mlp, moe to "
+            "run it here"
+        )
     micro_batches = num_micro_batches(training.global_batch_size, layout)
     if 1 < layout.pipeline_parallel_degree > micro_batches:
         raise InfeasibleConfigError(

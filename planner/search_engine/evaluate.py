@@ -47,7 +47,9 @@ class Miss:
     memory: MemoryBreakdown
 
 
-FLOOR_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "sequence_parallel", "context_parallel_kind"})
+FLOOR_FREE_FIELDS = frozenset(
+    {"micro_batch_size", "recompute", "recompute_modules", "sequence_parallel", "context_parallel_kind"}
+)
 """Layout fields ``stage_memory_floor`` does not read: layouts differing only in them share a floor."""
 _floor_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS))
 _batch_free_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name != "micro_batch_size"))
@@ -172,11 +174,12 @@ class Evaluator:
     def _closer(self, memory: MemoryBreakdown) -> bool:
         return self.closest_miss is None or memory.total_bytes < self.closest_miss.memory.total_bytes
 
-    def __call__(self, layout: Layout) -> Estimate:
-        """The estimate of a layout that fits; raises InfeasibleConfigError otherwise."""
+    def __call__(self, layout: Layout, memories: tuple[MemoryBreakdown, ...] | None = None) -> Estimate:
+        """The estimate of a layout that fits; raises InfeasibleConfigError otherwise. ``memories``:
+        its per-stage memory, where the caller has it from ``memory`` already."""
         self.evaluations += 1
         try:
-            memories = self.memory(layout)
+            memories = self.memory(layout) if memories is None else memories
         except DoesNotFitError:
             if self.points is not None:
                 whole = all_stage_memory(self.model, self.training, self.cluster, layout, self.routing)

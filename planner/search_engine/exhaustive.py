@@ -2,7 +2,10 @@
 
 Every candidate group of the space's axes (``SearchSpace.groups``: layouts that differ only in
 recomputation) is tried in order of increasing recomputation; the first that fits dominates the
-rest of its group (same layout, more time, less memory), so they are not priced. Memory is
+rest of its group (same layout, more time, less memory), so they are not priced. In a group of
+more than three (an MoE model's recompute modules) whose first does not fit, the last (full
+recompute, the least memory) is tried next: if it does not fit, neither do those between; if it
+does, the first between that fits is found by bisection (``_first_fitting``). Memory is
 checked before time, and before memory the model states alone (``Evaluator.cannot_fit``): a
 layout they rule out is counted as asked, as if evaluated, but costs a memoized look-up, so the
 result (the closest miss included) and the budget's meaning are those of evaluating it.
@@ -25,6 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from planner.schemas import Layout, MemoryBreakdown
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.evaluate import Evaluator, LayoutPoint, Miss
 from planner.search_engine.space import Assignment, SearchSpace, as_int
@@ -126,24 +130,24 @@ def _scan(
     found: list[tuple[Index, Candidate]] = []
     asked, complete, miss = 0, True, None
     for done, (number, block) in enumerate(blocks):
-        for place, group in enumerate(space.groups(block)):
-            for layout in group:  # the budget counts layouts: a group can hold several
+        for place, group in enumerate(space.lazy_groups(block)):
+            for at in range(len(group)):  # the budget counts layouts: a group can hold several
                 if (max_trials is not None and asked >= max_trials) or (
                     deadline is not None and time.perf_counter() >= deadline
                 ):
                     complete = False
                     break
                 asked += 1
-                if evaluate.cannot_fit(layout):
-                    continue
-                before = evaluate.closest_miss
-                try:
-                    found.append(((number, place), Candidate(layout, evaluate(layout))))
+                fits, miss = _try(group[at], evaluate, (number, place), miss)
+                if fits is not None:
+                    found.append(((number, place), fits))
                     break
-                except InfeasibleConfigError:
-                    if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
-                        miss = ((number, place), evaluate.closest_miss)
-                    continue
+                if len(group) - at - 1 > LONG_GROUP and max_trials is None and evaluate.points is None:
+                    fits, miss, checked = _first_fitting(group, at + 1, evaluate, (number, place), miss)
+                    asked += checked
+                    if fits is not None:
+                        found.append(((number, place), fits))
+                    break
             if not complete:
                 break
         if not complete:
@@ -159,6 +163,70 @@ def _scan(
         ruled_out=evaluate.ruled_out - ruled_out,
         points=tuple((evaluate.points or [])[recorded:]),
     )
+
+
+LONG_GROUP = 2
+"""Layouts left in a group (after its first did not fit) above which ``_first_fitting`` searches
+them by bisection: the recompute axis of an MoE model's space offers more than the three modes
+(``SearchSpace.groups``), and where even its last (full recompute) does not fit, the ones between
+are not priced."""
+
+
+def _try(
+    layout: Layout, evaluate: Evaluator, index: Index, miss: tuple[Index, Miss] | None
+) -> tuple[Candidate | None, tuple[Index, Miss] | None]:
+    """``layout`` priced if it fits (None if not), and the closest miss so far."""
+    if evaluate.cannot_fit(layout):
+        return None, miss
+    before = evaluate.closest_miss
+    try:
+        return Candidate(layout, evaluate(layout)), miss
+    except InfeasibleConfigError:
+        if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
+            miss = (index, evaluate.closest_miss)
+        return None, miss
+
+
+def _first_fitting(
+    group: Sequence[Layout], start: int, evaluate: Evaluator, index: Index, miss: tuple[Index, Miss] | None
+) -> tuple[Candidate | None, tuple[Index, Miss] | None, int]:
+    """The first of ``group[start:]`` (the group's layouts after one that did not fit, in recompute
+    order: each holds no more memory than the one before) that fits, priced; the closest miss so far;
+    and how many layouts were checked. The last is checked first (if it does not fit, none
+    does), then the others by bisection, on their memory alone: the same layout and closest miss
+    as trying them in order (the failing layout next to the first that fits, the closest of the
+    group, is always among those checked)."""
+
+    memories: dict[int, tuple[MemoryBreakdown, ...]] = {}
+
+    def fits(at: int) -> bool:
+        nonlocal miss
+        if evaluate.cannot_fit(group[at]):
+            return False
+        before = evaluate.closest_miss
+        evaluate.evaluations += 1  # priced (its memory)
+        try:
+            memories[at] = evaluate.memory(group[at])
+            return True
+        except InfeasibleConfigError:
+            if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
+                miss = (index, evaluate.closest_miss)
+            return False
+
+    checked = 1
+    if not fits(len(group) - 1):
+        return None, miss, checked
+    low, high = start, len(group) - 1  # the first that fits is in group[low : high + 1]; group[high] fits
+    while low < high:
+        middle = (low + high) // 2
+        checked += 1
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    chosen = Candidate(group[low], evaluate(group[low], memories[low]))
+    evaluate.evaluations -= 1  # one layout priced: its memory above, now its estimate
+    return chosen, miss, checked
 
 
 _WORK: tuple[SearchSpace, list[list[Block]], Evaluator, float | None, int | None] | None = None

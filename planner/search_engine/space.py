@@ -33,7 +33,11 @@ combination they produce is a layout the cost models can price (memory fit aside
   the group spans more than a node (``Layout.sharding_group_size``, ``secondary_partition_size``).
 - Recompute comes last, in increasing order of time (and decreasing memory): the exhaustive
   strategy's pruning relies on it (``groups``), and Optuna tries it in that order instead of
-  sampling it.
+  sampling it. Its values (``RecomputeChoice``) are none, selective of the attention core,
+  full, and for an MoE model, between the last two, selective of more modules
+  (``MOE_RECOMPUTE_MODULES``: Megatron-Core's MoE recipes' ``--recompute-modules``): each set
+  holds the one before, so each drops at least as much memory and re-runs at least as much as
+  the one before (``cost_models.activations.dropped_bytes``), and the order holds.
 
 Constraints (``SearchSpace.constrained``: ``--tp 8``, ``--pp 1-16``, ``--zero-stage 1,3`` ...) narrow
 an axis to the values given, before anything is enumerated or sampled; a constraint on tp may
@@ -45,13 +49,16 @@ is one more ``Axis`` in ``AXES``.
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import overload
 
 from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
     AttentionKernel,
     ContextParallelKind,
     Layout,
     ModelSpec,
     Recompute,
+    RecomputeModule,
     Schedule,
     TrainingSpec,
     VocabularyLayout,
@@ -59,9 +66,39 @@ from planner.schemas import (
 )
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import splits_for_all_to_all, splits_into_context_chunks
+from planner.schemas.layout import recompute_modules_of
 
-Choice = int | bool | Schedule | Recompute | ZeroStage | VocabularyLayout | ContextParallelKind | None
-"""A value one axis takes: what the matching Layout field holds."""
+
+@dataclass(frozen=True, slots=True)
+class RecomputeChoice:
+    """A value of the recompute axis: the Layout's ``recompute`` and ``recompute_modules``."""
+
+    recompute: Recompute
+    modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+    """What selective recomputation re-runs, in ``RecomputeModule``'s order; the default otherwise."""
+
+    def __str__(self) -> str:
+        if self.modules == DEFAULT_RECOMPUTE_MODULES:
+            return str(self.recompute)
+        return f"{self.recompute}:" + "+".join(self.modules)
+
+
+MOE_RECOMPUTE_MODULES: tuple[tuple[RecomputeModule, ...], ...] = (
+    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT)),
+    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE)),
+)
+"""The module sets selective recomputation also tries for an MoE model (after the attention core
+alone), each holding the one before: the norms and the experts' activation (output-discarding,
+no GEMM again: Megatron-Core's MoE README's fine-grained recipe ``layernorm moe_act``), then the
+whole MoE block instead of its activation (the Megatron MoE Model Zoo's ``layernorm moe`` for
+Qwen3-235B-A22B; with the dense MLPs too, ``mlp``, where the model has dense layers, as
+Megatron-LM's DeepSeek-V3 example recomputes both). The attention core rides along: under
+FlashAttention it costs nothing (``cost_models.timing``), and it keeps each set a superset of the
+one before."""
+
+Choice = int | bool | Schedule | Recompute | RecomputeChoice | ZeroStage | VocabularyLayout | ContextParallelKind | None
+"""A value one axis takes: what the matching Layout field holds (the recompute axis: two fields;
+a constraint on it may name a mode, ``Axis.choices``)."""
 Assignment = Mapping[str, Choice]
 """Values chosen so far, by axis name."""
 
@@ -86,7 +123,7 @@ class Axis:
     name: str
     """Short name (tp, pp, ...): the key in an assignment and the stem of Optuna's parameter names."""
     field: str
-    """The Layout field it sets."""
+    """The Layout field it sets (the recompute axis's ``RecomputeChoice`` also sets ``recompute_modules``)."""
     depends_on: tuple[str, ...] = ()
     """Earlier axes whose values the valid choices depend on; the rule sees only those."""
     rule: Callable[["SearchSpace", Assignment], Sequence[Choice]]
@@ -104,10 +141,13 @@ class Axis:
 
     def choices(self, space: "SearchSpace", chosen: Assignment) -> Sequence[Choice]:
         """The valid values of this axis once ``chosen`` holds (at least) the axes it depends on,
-        narrowed to what the space's constraint on it allows (``SearchSpace.constraints``)."""
+        narrowed to what the space's constraint on it allows (``SearchSpace.constraints``; a
+        recompute mode allows each of its ``RecomputeChoice``s)."""
         valid = self.rule(space, {name: chosen[name] for name in self.depends_on})
         allowed = None if self.rule_constrains else space.allowed(self.name)
-        return valid if allowed is None else [v for v in valid if v in allowed]
+        if allowed is None:
+            return valid
+        return [v for v in valid if v in allowed or (isinstance(v, RecomputeChoice) and v.recompute in allowed)]
 
     def parameter_name(self, choices: Sequence[Choice]) -> str:
         """The name of a sampler's parameter for this axis offering ``choices``, e.g.
@@ -281,8 +321,13 @@ def _secondary_partition(space: "SearchSpace", chosen: Assignment) -> list[int |
     return [None, s] if ok and 1 < s < group and group % s == 0 else [None]
 
 
-def _recompute(space: "SearchSpace", _: Assignment) -> tuple[Recompute, ...]:
-    return space.recompute
+def _recompute(space: "SearchSpace", _: Assignment) -> list[RecomputeChoice]:
+    """The space's recompute modes in order, selective as each of ``space.recompute_module_sets``."""
+    out = []
+    for mode in space.recompute:
+        sets = space.module_sets() if mode is Recompute.SELECTIVE else (DEFAULT_RECOMPUTE_MODULES,)
+        out += [RecomputeChoice(mode, modules) for modules in sets]
+    return out
 
 
 AXES: tuple[Axis, ...] = (
@@ -346,6 +391,10 @@ class SearchSpace:
     zero_stages: tuple[ZeroStage, ...] = tuple(ZeroStage)
     recompute: tuple[Recompute, ...] = tuple(Recompute)
     """In increasing order of time (and decreasing memory): strategies rely on it."""
+    recompute_module_sets: tuple[tuple[RecomputeModule, ...], ...] | None = None
+    """The module sets selective recomputation tries, each holding the one before (the order
+    above relies on it); None: the attention core alone, then for an MoE model
+    ``MOE_RECOMPUTE_MODULES`` (``module_sets``)."""
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
     sequence_parallel: tuple[bool, ...] = (True, False)
     vocabulary_layouts: tuple[VocabularyLayout, ...] = (VocabularyLayout.PINNED, VocabularyLayout.VOCAB_2)
@@ -370,6 +419,29 @@ class SearchSpace:
     """Whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's weights after the
     forward over a node-sized secondary partition (hpZ), where the data-parallel group spans
     more than a node."""
+
+    def module_sets(self) -> tuple[tuple[RecomputeModule, ...], ...]:
+        """The module sets selective recomputation tries: ``recompute_module_sets``, else those a
+        constraint on the recompute axis names (``RecomputeChoice``s of selective, as
+        ``--recompute-modules`` gives one), else the defaults (``recompute_module_sets``)."""
+        if self.recompute_module_sets is not None:
+            return self.recompute_module_sets
+        named = sorted(
+            (
+                recompute_modules_of(c.modules)
+                for c in self.allowed("recompute") or ()
+                if isinstance(c, RecomputeChoice)
+            ),
+            key=lambda modules: (len(modules), modules),
+        )
+        if named:
+            return tuple(named)
+        if not self.model.is_moe:
+            return (DEFAULT_RECOMPUTE_MODULES,)
+        dense = self.model.num_moe_layers < self.model.num_hidden_layers
+        *lighter, block = MOE_RECOMPUTE_MODULES
+        block = recompute_modules_of((*block, RecomputeModule.MLP) if dense else block)
+        return (DEFAULT_RECOMPUTE_MODULES, *lighter, block)
 
     @property
     def axes(self) -> tuple[Axis, ...]:
@@ -434,7 +506,11 @@ class SearchSpace:
 
     def layout(self, chosen: Assignment) -> Layout:
         """The layout (even layer split) of a value for every axis."""
-        return Layout(**{axis.field: chosen[axis.name] for axis in AXES})  # type: ignore[arg-type]
+        fields: dict[str, object] = {axis.field: chosen[axis.name] for axis in AXES}
+        recompute = fields["recompute"]
+        if isinstance(recompute, RecomputeChoice):  # the recompute axis sets two fields
+            fields["recompute"], fields["recompute_modules"] = recompute.recompute, recompute.modules
+        return Layout(**fields)  # type: ignore[arg-type]
 
     def blocks(self) -> Iterator[Assignment]:
         """The values of the parallel degrees (``DEGREE_AXES``) of every candidate, in search
@@ -454,6 +530,15 @@ class SearchSpace:
             if group:
                 yield group
 
+    def lazy_groups(self, block: Assignment | None = None) -> Iterator["LayoutGroup"]:
+        """``groups``, each building a layout only when it is read: a strategy that stops at a
+        group's first fitting layout builds no more (an MoE model's groups hold five)."""
+        *outer, last = AXES
+        for chosen in self.assignments(outer, block):
+            values = last.choices(self, chosen)
+            if values:
+                yield LayoutGroup(self, chosen, values)
+
     def candidates(self) -> Iterator[Layout]:
         """Every candidate layout (even layer split)."""
         for group in self.groups():
@@ -463,3 +548,33 @@ class SearchSpace:
         """Number of candidates (counted from the choices, without building the layouts)."""
         *outer, last = AXES
         return sum(len(last.choices(self, chosen)) for chosen in self.assignments(outer))
+
+
+class LayoutGroup(Sequence[Layout]):
+    """One of ``SearchSpace.groups`` whose layouts are built when first read (``lazy_groups``)."""
+
+    __slots__ = ("_built", "_chosen", "_space", "_values")
+
+    def __init__(self, space: SearchSpace, chosen: Assignment, values: Sequence[Choice]) -> None:
+        self._space, self._chosen, self._values = space, chosen, values
+        self._built: dict[int, Layout] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> Layout: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Layout]: ...
+
+    def __getitem__(self, index: int | slice) -> Layout | Sequence[Layout]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        layout = self._built.get(index)
+        if layout is None:
+            layout = self._built[index] = self._space.layout({**self._chosen, AXES[-1].name: self._values[index]})
+        return layout

@@ -189,6 +189,14 @@ def test_megatron_sharding_and_experts() -> None:
     assert moe["--moe-expert-capacity-factor"] == "1.25"
 
 
+def test_megatron_names_the_recompute_modules_where_they_are_not_its_default() -> None:
+    layout = _layout(16, recompute="selective", recompute_modules=("moe", "layernorm"))
+    args = _megatron(_plan("tiny-moe", layout))
+    at = args.index("--recompute-modules")
+    assert args[at - 2 : at + 3] == ["--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe"]
+    assert "--recompute-modules" not in _megatron(_plan("tiny-moe", _layout(16, recompute="selective")))
+
+
 def test_context_parallelism_in_megatron_and_torchtitan() -> None:
     # 16 ranks: dp 4 x cp 4; torchtitan's FSDP shards over dp_shard x cp, as ZeRO over the d cp data axis.
     par = _toml(_plan("llama3-8b", _layout(4, zero_stage=ZeroStage.PARAMETERS, context_parallel_degree=4)))[
@@ -322,6 +330,11 @@ REFUSED = {
         "deepspeed",
         lambda: _plan("tiny-moe", _layout(16, zero_stage=3), moe_capacity_factor=1.25),
         "--capacity-factor",
+    ),
+    "torchtitan-recompute-modules": (
+        "torchtitan",
+        lambda: _plan("tiny-moe", _layout(16, recompute="selective", recompute_modules=("layernorm", "moe"))),
+        "selective recompute of layernorm+moe",
     ),
     "deepspeed-selective": ("deepspeed", lambda: _plan("tiny-gpt", _layout(16, recompute="selective")), "selective"),
     "deepspeed-device-map": (

@@ -16,7 +16,7 @@ from planner.plans import load_plan, make_plan, save_plan
 from planner.schemas import DeviceKind, Estimate, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError, SchemaError
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v9.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v10.json"
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster("dgx-a100-80g:1")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
@@ -38,9 +38,15 @@ def test_plan_schema_is_frozen(update_golden: bool) -> None:
     micro_batch=st.sampled_from([1, 2, 4]),
     zero=st.sampled_from(list(ZeroStage)),
     recompute=st.sampled_from(list(Recompute)),
+    modules=st.sampled_from([("core_attn",), ("layernorm", "mlp"), ("mlp", "core_attn", "layernorm")]),
 )
 def test_plan_round_trips_through_json(
-    tmp_path: Path, split: tuple[int, int, int], micro_batch: int, zero: ZeroStage, recompute: Recompute
+    tmp_path: Path,
+    split: tuple[int, int, int],
+    micro_batch: int,
+    zero: ZeroStage,
+    recompute: Recompute,
+    modules: tuple[str, ...],
 ) -> None:
     d, t, p = split
     layout = Layout(
@@ -50,6 +56,7 @@ def test_plan_round_trips_through_json(
         micro_batch_size=micro_batch,
         zero_stage=zero,
         recompute=recompute,
+        recompute_modules=modules,  # type: ignore[arg-type]
         sequence_parallel=t > 1,
         schedule=Schedule.INTERLEAVED if p == 2 else Schedule.ONE_F_ONE_B,
         virtual_stages=2 if p == 2 else 1,

@@ -3,8 +3,8 @@ losses within the dense parity tests' 1e-5, 1e-3 in bf16 mixed precision), each 
 one 4-rank launch (a launch for all three ran no faster: its later cases slowed down):
 
 - expert parallelism: ep 2 and 4, ZeRO-1/2/3, a plan's and per-layer non-contiguous placements,
-  replicated experts, tp x dp x ep and pp x dp x ep; the routing trace of a step and the
-  all-to-all traffic it measures, against the reference's routing.
+  replicated experts, tp x dp x ep and pp x dp x ep, the MoE block recomputed (selective ``moe``);
+  the routing trace of a step and the all-to-all traffic it measures, against the reference's routing.
 - folded experts (expert tensor parallelism 1 under tp2 with sequence parallelism, Megatron-Core's
   MoE parallel folding): each rank routes its own quarter (tp2 x dp2) of the batch's tokens and
   exchanges them over an expert-parallel group of consecutive stage ranks (ep 2 and 4, so a group
@@ -87,6 +87,8 @@ LAYOUTS: list[tuple[dict[str, Any], PlacementTable | None]] = [
     (dict(data_parallel_degree=2, tensor_parallel_degree=2, expert_parallel_degree=2, zero_stage=2), None),
     (dict(data_parallel_degree=2, pipeline_parallel_degree=2, expert_parallel_degree=2), None),
     (dict(data_parallel_degree=2, pipeline_parallel_degree=2, zero_stage=1), None),
+    # the MoE block checkpointed: its dispatch and combine all-to-alls run again in the backward
+    (dict(data_parallel_degree=4, expert_parallel_degree=2, recompute="selective", recompute_modules=["moe"]), None),
 ]
 """Layouts trained in fp32 (``WEIGHED_STEPS``), with their placement tables (None: the layout's)."""
 
@@ -138,6 +140,8 @@ SPLIT_FP32 = [
     dict(data_parallel_degree=2, expert_parallel_degree=2, zero_stage=3),
     dict(data_parallel_degree=2, zero_stage=3, recompute="full"),
     dict(data_parallel_degree=1, pipeline_parallel_degree=2, expert_parallel_degree=1, sequence_parallel=True),
+    # the MoE block checkpointed under sequence parallelism (its experts keep their gathered input)
+    dict(data_parallel_degree=2, sequence_parallel=True, recompute="selective", recompute_modules=["core_attn", "moe"]),
 ]
 """tp2 layouts trained in fp32 (``WEIGHED_STEPS``; every one on 4 ranks: dp x pp x 2)."""
 

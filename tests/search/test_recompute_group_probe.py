@@ -1,0 +1,40 @@
+"""In an MoE model's space a recompute group holds more than the three modes (the MoE recompute
+modules, ``SearchSpace.module_sets``); the exhaustive search tries its last layout (full
+recompute, the least memory) once its first does not fit, and skips those between when that one
+does not fit either. This changes nothing the search returns."""
+
+import pytest
+
+from planner.inputs import load_cluster, load_model
+from planner.schemas import TrainingSpec
+from planner.search_engine import ExhaustiveSearch
+from planner.search_engine import exhaustive as ex
+from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Budget
+
+MIXTRAL = load_model("mixtral-8x7b")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "batch", "seq_len"),
+    [("dgx-h100:2", 8, 2048), ("dgx-h100:1", 64, 1024)],
+    ids=["fits", "infeasible"],
+)
+def test_probing_full_recompute_first_changes_nothing_returned(
+    cluster: str, batch: int, seq_len: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profile = load_cluster(cluster)
+    training = TrainingSpec(global_batch_size=batch, seq_len=seq_len)
+    space = SearchSpace(
+        model=MIXTRAL, training=training, world_size=profile.world_size, devices_per_node=profile.devices_per_node
+    )
+    assert max(len(group) for group in space.groups()) == 5  # none, three selective sets, full
+    probed_evaluator = Evaluator(MIXTRAL, training, profile)
+    probed = ExhaustiveSearch().search(space, probed_evaluator, Budget(), seed=0)
+    monkeypatch.setattr(ex, "LONG_GROUP", 99)  # every group in order, as for a dense model
+    in_order_evaluator = Evaluator(MIXTRAL, training, profile)
+    in_order = ExhaustiveSearch().search(space, in_order_evaluator, Budget(), seed=0)
+    assert [(c.layout, c.estimate) for c in probed.feasible] == [(c.layout, c.estimate) for c in in_order.feasible]
+    assert probed_evaluator.closest_miss == in_order_evaluator.closest_miss
+    assert probed.evaluated < in_order.evaluated  # the probe saved work
