@@ -4,7 +4,8 @@ GEMMs are priced from the cluster profile: a measured record of the exact shape 
 has one, else the profile's MatmulModel, a roofline whose compute side is reduced by tile and
 wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide": a GEMM's output is
 cut into tiles that run in waves over the compute units; a partly filled last wave and partly
-filled edge tiles waste their share). A fused (FlashAttention) attention core runs at its own
+filled edge tiles waste their share), and by each tile's fixed cost beside its loop over the
+reduction dimension k (``reduction_overhead``). A fused (FlashAttention) attention core runs at its own
 rate, which the profile's attention records give by sequence length and head size
 (``fused_attention_s``). Elementwise kernels are bound by memory bandwidth.
 Units: FLOP, bytes, seconds.
@@ -59,17 +60,24 @@ def quantization_efficiency(gemm: Gemm, device: DeviceProfile) -> float:
     return tile_eff * wave_eff
 
 
+def reduction_overhead(gemm: Gemm, device: DeviceProfile) -> float:
+    """1 + k_overhead / k: each output tile's fixed cost beside its loop over k, as a factor >= 1
+    on the compute time (the measured GEMM tables run a short reduction below the long one's
+    rate, e.g. an H100's rate at k = 1024 about 10% below its rate at k = 8192)."""
+    return 1.0 + device.matmul.k_overhead / gemm.k
+
+
 def gemm_time_s(gemm: Gemm, device: DeviceProfile, dtype: DType) -> float:
     """Seconds for ``gemm`` in ``dtype``: a measured record of its shape, else the roofline model.
 
-    Model: launch overhead + max(flop / (peak * peak_fraction * quantization efficiency),
-    io_bytes / memory bandwidth).
+    Model: launch overhead + max(flop / (peak * peak_fraction * quantization efficiency)
+    * (1 + k_overhead / k), io_bytes / memory bandwidth).
     """
     for rec in device.matmul_records:
         if rec.dtype is dtype and (rec.m, rec.n, rec.k) == (gemm.m, gemm.n, gemm.k):
             return rec.time_s * gemm.batch
     achievable = device.get_peak_flop_per_s(dtype) * device.matmul.peak_fraction
-    compute_s = gemm.flop / (achievable * quantization_efficiency(gemm, device))
+    compute_s = gemm.flop / (achievable * quantization_efficiency(gemm, device)) * reduction_overhead(gemm, device)
     memory_s = gemm.io_bytes(dtype.bytes) / device.memory_bandwidth_bytes_per_s
     return device.matmul.launch_overhead_s + max(compute_s, memory_s)
 

@@ -281,6 +281,10 @@ def _cluster_fields(
     peaks = reader.section(device, "peak_flop_per_s")
     bandwidth, matmul = reader.section(device, "memory_bandwidth"), reader.section(device, "matmul")
     sustained = reader.figure(matmul, "sustained_fraction")
+    # A preset with a per-tile cost beside the k loop states the k of its best measured shape, whose
+    # rate is then that cost's share below the long-k rate the model scales from.
+    k_overhead = reader.figure(matmul, "k_overhead") if "k_overhead" in matmul else 0.0
+    best_shape_k = reader.figure(matmul, "best_measured_shape_k") if k_overhead else 1.0
     devices_per_node = reader.count(raw, "devices_per_node")
     try:
         peak_flop_per_s = {DType(str(dtype)): reader.figure(peaks, str(dtype)) for dtype in peaks}
@@ -305,11 +309,15 @@ def _cluster_fields(
             * reader.figure(bandwidth, "achievable_fraction"),
             matmul=MatmulModel(
                 # Training runs every GPU at its power limit: the sustained rate, not the burst.
-                peak_fraction=reader.figure(matmul, "best_measured_bf16_flop_per_s") * sustained / bf16_peak,
+                peak_fraction=reader.figure(matmul, "best_measured_bf16_flop_per_s")
+                * (1.0 + k_overhead / best_shape_k)
+                * sustained
+                / bf16_peak,
                 compute_units=reader.count(matmul, "compute_units"),
                 tile_m=reader.count(matmul, "tile_m"),
                 tile_n=reader.count(matmul, "tile_n"),
                 launch_overhead_s=reader.figure(matmul, "launch_overhead_s"),
+                k_overhead=k_overhead,
             ),
             op_records=_attention_records(device.get("attention", []), reader, sustained),
         ),

@@ -16,7 +16,9 @@ per-node descriptions (``node_overrides``), the network interface type (``nic``)
 given per endpoint (``LinkMatrix.endpoints``), which a version-3 profile lacks: every node alike;
 5 says which links each collective record ran over (``CollectiveRecord.ring_bandwidth_bytes_per_s``);
 6 adds each measured pair's duplex bandwidth (``LinkMatrix.duplex_bandwidth_bytes_per_s``), which
-a version-5 profile lacks: its links are read as full duplex.
+a version-5 profile lacks: its links are read as full duplex; 7 adds the GEMM's per-tile
+cost beside its loop over k (``MatmulModel.k_overhead``), which a version-6 profile lacks: 0,
+its GEMMs priced as before.
 """
 
 from collections.abc import Mapping
@@ -62,15 +64,27 @@ class MatmulModel(FrozenModel):
     efficiency), where wave efficiency is the fraction of the last wave of output tiles that
     does useful work: tiles = ceil(m/tile_m) * ceil(n/tile_n) spread over compute_units
     (NVIDIA, "Matrix Multiplication Background User's Guide", tile and wave quantization).
+    Each output tile also pays a fixed cost beside its loop over k (filling its pipeline,
+    writing its result), which ``k_overhead`` states as the k that loop would run in that time:
+    the compute time is multiplied by 1 + k_overhead / k, so a short reduction runs below the
+    rate of a long one.
     """
 
     peak_fraction: float = Field(
-        gt=0, le=1, description="Best GEMM FLOP/s sustained under training load (power-limited) / peak FLOP/s."
+        gt=0,
+        le=1,
+        description="Best GEMM FLOP/s sustained under training load (power-limited) / peak FLOP/s; with a"
+        " k_overhead, the rate of an unbounded k.",
     )
     compute_units: int = Field(ge=1, description="Streaming multiprocessors, or cores on a CPU.")
     tile_m: int = Field(ge=1, description="Output tile rows of the GEMM kernel.")
     tile_n: int = Field(ge=1, description="Output tile columns of the GEMM kernel.")
     launch_overhead_s: float = Field(ge=0, description="Fixed cost per kernel.")
+    k_overhead: float = Field(
+        default=0.0,
+        ge=0,
+        description="Per-tile cost beside the loop over k, in elements of k: compute time x (1 + k_overhead / k).",
+    )
 
 
 class MatmulRecord(FrozenModel):
@@ -225,7 +239,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[6] = 6
+    schema_version: Literal[7] = 7
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -391,9 +405,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 6
+CLUSTER_SCHEMA_VERSION = 7
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 """The versions ``upgrade`` reads."""
 
 
@@ -409,13 +423,15 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     links their groups ran over, which version 5 reads as records that stand for every group.
     Version 5 -> 6: nothing to change; a version-5 profile's links hold no duplex figures, which
     version 6 reads as full duplex links.
+    Version 6 -> 7: nothing to change; a version-6 profile's matmul model has no ``k_overhead``,
+    which version 7 reads as 0 (its GEMMs priced as before).
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3, 4, 5):
-        return {**raw, "schema_version": 6}
+    if version in (2, 3, 4, 5, 6):
+        return {**raw, "schema_version": 7}
     if version != 1:
         return dict(raw)
     device = raw.get("device")
