@@ -665,7 +665,8 @@ def dry_run(
         The rank's traced peak bytes (by category), the estimate's bytes for its stage, and seconds taken.
 
     Raises:
-        InfeasibleConfigError: ``rank`` is outside the plan's world.
+        InfeasibleConfigError: ``rank`` is outside the plan's world, or the plan recomputes modules
+            the runtime does not checkpoint (``schemas.runtime_support.check_recompute_modules``).
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)  # a bad plan is refused before torch is imported
     from runtime.dry_run import dry_run as trace

@@ -22,6 +22,22 @@ backward (Megatron-Core's ``CheckpointWithoutOutput``): torch's ``checkpoint`` k
 output for its consumer, so the runtime does not run them (it checkpoints core_attn, mlp, moe)."""
 
 
+def check_recompute_modules(layout: Layout) -> None:
+    """Refuse selective recomputation of modules the runtime does not checkpoint
+    (``OUTPUT_DISCARDING``). The dry run refuses them too: it would trace them kept.
+
+    Raises:
+        InfeasibleConfigError: naming the modules and the ones the runtime runs.
+    """
+    discarding = [m for m in layout.recompute_modules if m in OUTPUT_DISCARDING]
+    if layout.recompute is Recompute.SELECTIVE and discarding:
+        raise InfeasibleConfigError(
+            f"the plan recomputes {', '.join(discarding)} (output-discarding checkpoints, as Megatron-Core runs "
+            "them), which this runtime does not build; plan with --recompute-modules from core_attn, mlp, moe to "
+            "run it here"
+        )
+
+
 def check_runnable(plan: Plan, *, cuda: bool) -> None:
     """Refuse a plan the runtime cannot run on a job with (``cuda``) or without CUDA devices,
     whatever the job's size (``runtime.run.check_world`` checks that).
@@ -30,13 +46,7 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
         InfeasibleConfigError: the plan, the reason, and how to plan one that runs.
     """
     layout, training = plan.layout, plan.training
-    discarding = [m for m in layout.recompute_modules if m in OUTPUT_DISCARDING]
-    if layout.recompute is Recompute.SELECTIVE and discarding:
-        raise InfeasibleConfigError(
-            f"the plan recomputes {', '.join(discarding)} (output-discarding checkpoints, as Megatron-Core runs "
-            "them), which this runtime does not build; plan with --recompute-modules from core_attn, mlp, moe to "
-            "run it here"
-        )
+    check_recompute_modules(layout)
     micro_batches = num_micro_batches(training.global_batch_size, layout)
     if 1 < layout.pipeline_parallel_degree > micro_batches:
         raise InfeasibleConfigError(

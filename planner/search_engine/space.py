@@ -35,7 +35,8 @@ combination they produce is a layout the cost models can price (memory fit aside
   strategy's pruning relies on it (``groups``), and Optuna tries it in that order instead of
   sampling it. Its values (``RecomputeChoice``) are none, selective of the attention core,
   full, and for an MoE model, between the last two, selective of more modules
-  (``MOE_RECOMPUTE_MODULES``: Megatron-Core's MoE recipes' ``--recompute-modules``): each set
+  (``MOE_RECOMPUTE_MODULES``: the ones of Megatron-Core's ``--recompute-modules`` the runtime
+  runs; the others on request): each set
   holds the one before, so each drops at least as much memory and re-runs at least as much as
   the one before (``cost_models.activations.dropped_bytes``), and the order holds.
 
@@ -84,17 +85,20 @@ class RecomputeChoice:
 
 
 MOE_RECOMPUTE_MODULES: tuple[tuple[RecomputeModule, ...], ...] = (
-    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT)),
-    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MOE)),
+    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.MOE)),
 )
 """The module sets selective recomputation also tries for an MoE model (after the attention core
-alone), each holding the one before: the norms and the experts' activation (output-discarding,
-no GEMM again: Megatron-Core's MoE README's fine-grained recipe ``layernorm moe_act``), then the
-whole MoE block instead of its activation (the Megatron MoE Model Zoo's ``layernorm moe`` for
-Qwen3-235B-A22B; with the dense MLPs too, ``mlp``, where the model has dense layers, as
-Megatron-LM's DeepSeek-V3 example recomputes both). The attention core rides along: under
-FlashAttention it costs nothing (``cost_models.timing``), and it keeps each set a superset of the
-one before."""
+alone): the whole MoE block, dispatch and combine included (the Megatron MoE Model Zoo's ``moe``;
+with the dense MLPs too, ``mlp``, where the model has dense layers, as Megatron-LM's DeepSeek-V3
+example recomputes both). The attention core rides along: under FlashAttention it costs nothing
+(``cost_models.timing``), and it keeps each set a superset of the one before.
+
+Only modules the planner's own runtime checkpoints are searched by default, as with every other
+choice a search makes: Megatron-Core's output-discarding ones (``layernorm``, ``moe_act``: its
+MoE README's ``layernorm moe_act``, no GEMM again) have no torch counterpart there
+(``schemas.runtime_support``), so a search that picked them returned plans ``planner run``
+refused (mixtral-8x7b on 16 H100s: a dry run, run as the runtime runs it, traced 94.1 GiB
+against 75.7 usable). ``--recompute-modules layernorm,moe_act`` prices them for a Megatron stack."""
 
 Choice = int | bool | Schedule | Recompute | RecomputeChoice | ZeroStage | VocabularyLayout | ContextParallelKind | None
 """A value one axis takes: what the matching Layout field holds (the recompute axis: two fields;
