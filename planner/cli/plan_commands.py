@@ -259,8 +259,8 @@ def search(
         str | None,
         typer.Option(
             help=RECOMPUTE_MODULES_HELP + ". Selective then tries these modules alone [default: core_attn, and for "
-            "an MoE model also core_attn,layernorm,moe_act and core_attn,layernorm,moe (with mlp where it has "
-            "dense layers)]."
+            "an MoE model also core_attn,moe (with mlp where it has dense layers); layernorm and moe_act, which "
+            "the planner's runtime does not run, only when named]."
         ),
     ] = None,
     max_tp: Annotated[
