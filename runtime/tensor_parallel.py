@@ -63,7 +63,7 @@ from torch.distributed.tensor.parallel import (
 
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.model import MLP, Decoder, MoE
-from runtime.optim import flat_apply, local_grad
+from runtime.optim import flat_apply, local, local_grad
 
 
 def tensor_parallel(
@@ -328,8 +328,7 @@ class VocabularyLookup:
 
     def lookup(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (b, s), whole on every rank, to their embeddings (b, s, h), whole."""
-        weight = self.embedding.weight
-        shard = weight.to_local() if isinstance(weight, DTensor) else weight
+        shard = local(self.embedding.weight)
         outside = (tokens < self.first_row) | (tokens >= self.first_row + shard.shape[0])
         ids = torch.where(outside, 0, tokens - self.first_row)
         partial_sum = nn.functional.embedding(ids, shard).masked_fill(outside.unsqueeze(-1), 0.0)
