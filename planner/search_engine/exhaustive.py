@@ -182,9 +182,17 @@ def _try(
     try:
         return Candidate(layout, evaluate(layout)), miss
     except InfeasibleConfigError:
-        if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
-            miss = (index, evaluate.closest_miss)
-        return None, miss
+        return None, _closest_miss(evaluate, before, index, miss)
+
+
+def _closest_miss(
+    evaluate: Evaluator, before: Miss | None, index: Index, miss: tuple[Index, Miss] | None
+) -> tuple[Index, Miss] | None:
+    """The closest miss so far after a layout did not fit: the evaluator's, at ``index``, when that
+    layout replaced ``before`` as its closest miss; else ``miss``."""
+    if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
+        return (index, evaluate.closest_miss)
+    return miss
 
 
 def _first_fitting(
@@ -209,8 +217,7 @@ def _first_fitting(
             memories[at] = evaluate.memory(group[at])
             return True
         except InfeasibleConfigError:
-            if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
-                miss = (index, evaluate.closest_miss)
+            miss = _closest_miss(evaluate, before, index, miss)
             return False
 
     checked = 1

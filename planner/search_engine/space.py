@@ -35,7 +35,7 @@ combination they produce is a layout the cost models can price (memory fit aside
   strategy's pruning relies on it (``groups``), and Optuna tries it in that order instead of
   sampling it. Its values (``RecomputeChoice``) are none, selective of the attention core,
   full, and for an MoE model, between the last two, selective of more modules
-  (``MOE_RECOMPUTE_MODULES``: the ones of Megatron-Core's ``--recompute-modules`` the runtime
+  (``MOE_RECOMPUTE_MODULES``: ones of Megatron-Core's ``--recompute-modules`` the runtime
   runs; the others on request): each set
   holds the one before, so each drops at least as much memory and re-runs at least as much as
   the one before (``cost_models.activations.dropped_bytes``), and the order holds.
@@ -84,10 +84,10 @@ class RecomputeChoice:
         return f"{self.recompute}:" + "+".join(self.modules)
 
 
-MOE_RECOMPUTE_MODULES: tuple[tuple[RecomputeModule, ...], ...] = (
-    recompute_modules_of((RecomputeModule.CORE_ATTN, RecomputeModule.MOE)),
+MOE_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = recompute_modules_of(
+    (RecomputeModule.CORE_ATTN, RecomputeModule.MOE)
 )
-"""The module sets selective recomputation also tries for an MoE model (after the attention core
+"""The module set selective recomputation also tries for an MoE model (after the attention core
 alone): the whole MoE block, dispatch and combine included (the Megatron MoE Model Zoo's ``moe``;
 with the dense MLPs too, ``mlp``, where the model has dense layers, as Megatron-LM's DeepSeek-V3
 example recomputes both). The attention core rides along: under FlashAttention it costs nothing
@@ -443,9 +443,8 @@ class SearchSpace:
         if not self.model.is_moe:
             return (DEFAULT_RECOMPUTE_MODULES,)
         dense = self.model.num_moe_layers < self.model.num_hidden_layers
-        *lighter, block = MOE_RECOMPUTE_MODULES
-        block = recompute_modules_of((*block, RecomputeModule.MLP) if dense else block)
-        return (DEFAULT_RECOMPUTE_MODULES, *lighter, block)
+        block = recompute_modules_of((*MOE_RECOMPUTE_MODULES, RecomputeModule.MLP)) if dense else MOE_RECOMPUTE_MODULES
+        return (DEFAULT_RECOMPUTE_MODULES, block)
 
     @property
     def axes(self) -> tuple[Axis, ...]:
@@ -528,15 +527,12 @@ class SearchSpace:
         Within a group the layouts differ only in recomputation, which adds time and saves memory,
         so the first that fits dominates the rest.
         """
-        *outer, last = AXES
-        for chosen in self.assignments(outer, block):
-            group = tuple(self.layout({**chosen, last.name: value}) for value in last.choices(self, chosen))
-            if group:
-                yield group
+        for group in self.lazy_groups(block):
+            yield tuple(group)
 
     def lazy_groups(self, block: Assignment | None = None) -> Iterator["LayoutGroup"]:
         """``groups``, each building a layout only when it is read: a strategy that stops at a
-        group's first fitting layout builds no more (an MoE model's groups hold five)."""
+        group's first fitting layout builds no more (an MoE model's groups hold four)."""
         *outer, last = AXES
         for chosen in self.assignments(outer, block):
             values = last.choices(self, chosen)
