@@ -258,9 +258,9 @@ def search(
     recompute_modules: Annotated[
         str | None,
         typer.Option(
-            help=RECOMPUTE_MODULES_HELP + ". Selective then tries these modules alone [default: core_attn, and for "
-            "an MoE model also core_attn,moe (with mlp where it has dense layers); layernorm and moe_act, which "
-            "the planner's runtime does not run, only when named]."
+            help=RECOMPUTE_MODULES_HELP + ". Selective then tries these modules alone [default: core_attn, then "
+            "core_attn,mlp for a dense model or core_attn,moe for an MoE model (with mlp where it has dense layers); "
+            "layernorm and moe_act, which the planner's runtime does not run, only when named]."
         ),
     ] = None,
     max_tp: Annotated[

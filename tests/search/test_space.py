@@ -7,7 +7,16 @@ from hypothesis import strategies as st
 
 from cost_models.validate import check_layout
 from planner.inputs import load_cluster, load_model
-from planner.schemas import AttentionKernel, ContextParallelKind, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
+    AttentionKernel,
+    ContextParallelKind,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+    TrainingSpec,
+    ZeroStage,
+)
 from planner.search_engine.space import AXES, SearchSpace, divisors
 
 TINY = load_model("tiny-gpt")  # 4 heads
@@ -53,7 +62,12 @@ def test_degrees_are_all_factorizations_within_the_bounds() -> None:
 
 def test_groups_order_recompute_from_none_to_full() -> None:
     for group in space(4).groups():
-        assert [g.recompute for g in group] == [Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL]
+        assert [(g.recompute, g.recompute_modules) for g in group] == [
+            (Recompute.NONE, DEFAULT_RECOMPUTE_MODULES),
+            (Recompute.SELECTIVE, (RecomputeModule.CORE_ATTN,)),
+            (Recompute.SELECTIVE, (RecomputeModule.CORE_ATTN, RecomputeModule.MLP)),  # a dense model's MLP too
+            (Recompute.FULL, DEFAULT_RECOMPUTE_MODULES),
+        ]
 
 
 def test_interleaving_needs_layers_and_divisible_micro_batches() -> None:
