@@ -43,6 +43,7 @@ from planner.inputs import load_model
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
     Activation,
+    AttentionKernel,
     Kernels,
     ModelSpec,
     MoeDispatcher,
@@ -118,6 +119,20 @@ UNFUSED_LOSS_SOURCES = {
     "the README lists the flags its runs set (the overlaps), not that one",
 }
 """Sources whose stack runs fused kernels but the eager loss (``TrainingSpec.loss_kernels``)."""
+CUDNN_ATTENTION_SOURCES = {
+    "modelzoo": "Megatron-Core 2025 with Transformer Engine, whose attention backend selection gives cuDNN's "
+    "FusedAttention preference over FlashAttention on Hopper and later (dot_product_attention/utils.py, "
+    "get_attention_backend: 'for performance reasons')",
+    "automodel": "its rows state 'Kernel optimizations: TE + DeepEP': Transformer Engine's attention, cuDNN's "
+    "FusedAttention on Hopper by the same selection",
+    "mbridge": "Megatron-Bridge runs Megatron-Core with Transformer Engine: cuDNN's FusedAttention, as modelzoo",
+}
+"""Sources whose stack runs cuDNN's fused attention (``AttentionKernel.CUDNN``); every other
+source is priced at FlashAttention-2's rates (``AttentionKernel.FLASH``): llm-foundry (flash-attn
+2 or its Triton kernel, ``EAGER_SOURCES``), torchtitan (PyTorch's SDPA), the Llama 3 paper (no
+kernel stated), and Megatron-LM r0.8's README table, whose Transformer Engine release is not
+stated (its rows run 2,048 tokens, where the attention core is a small share: cuDNN's rates
+would move them 2-6 points faster)."""
 GB200_GPUS_PER_TRAY = 4
 GB200_TRAYS_PER_RACK = 18
 
@@ -180,6 +195,8 @@ class PublishedRun:
     """How the source's stack runs its elementwise work (``EAGER_SOURCES``)."""
     loss_kernels: Kernels | None = None
     """How its loss runs where that differs (``UNFUSED_LOSS_SOURCES``); None: as ``kernels``."""
+    attention_kernel: AttentionKernel = AttentionKernel.FLASH
+    """The fused attention kernel its stack runs (``CUDNN_ATTENTION_SOURCES``)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -348,6 +365,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         moe_dispatcher=MoeDispatcher(par.get("moe_dispatcher") or MoeDispatcher.ALLTOALL),
         kernels=Kernels.EAGER if source in EAGER_SOURCES else Kernels.FUSED,
         loss_kernels=Kernels.EAGER if source in UNFUSED_LOSS_SOURCES else None,
+        attention_kernel=AttentionKernel.CUDNN if source in CUDNN_ATTENTION_SOURCES else AttentionKernel.FLASH,
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
 

@@ -65,7 +65,8 @@ class Prediction:
 
 
 def training_of(run: PublishedRun) -> TrainingSpec:
-    """BF16 mixed precision, flash attention (every source uses a fused attention kernel), and
+    """BF16 mixed precision, the source's fused attention kernel (FlashAttention-2, or cuDNN's
+    where its stack runs Transformer Engine's: ``published_h100.CUDNN_ATTENTION_SOURCES``), and
     tensor-parallel communication overlap, the MoE token dispatcher and eager elementwise kernels
     (or an eager loss alone) where the source states them or its release runs them by default."""
     return TrainingSpec(
@@ -75,6 +76,7 @@ def training_of(run: PublishedRun) -> TrainingSpec:
         moe_dispatcher=run.moe_dispatcher,
         kernels=run.kernels,
         loss_kernels=run.loss_kernels,
+        attention_kernel=run.attention_kernel,
     )
 
 

@@ -176,7 +176,7 @@ def layer_activations(
         )
         if model.qk_norm:
             attention += act * tokens * (q + kv) / t
-    if attention_kernel is AttentionKernel.FLASH:
+    if attention_kernel.fused:
         scores = SOFTMAX_STAT_BYTES * a * tokens / t  # log-sum-exp; the dropout mask is regenerated
     else:
         scores_elements = a * local * seq_len * micro_batch_size / t

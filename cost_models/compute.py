@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from planner.schemas import (
+    AttentionKernel,
     AttentionRecord,
     DeviceProfile,
     DType,
@@ -93,11 +94,18 @@ def backward_gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype:
 
 
 def fused_attention_s(
-    causal_flop: float, seq_len: int, head_size: int, device: DeviceProfile, dtype: DType
+    causal_flop: float,
+    seq_len: int,
+    head_size: int,
+    device: DeviceProfile,
+    dtype: DType,
+    kernel: AttentionKernel = AttentionKernel.FLASH,
 ) -> tuple[float, float] | None:
     """Forward and backward seconds of a fused causal attention core of ``causal_flop`` forward
-    FLOPs, at the rates of the profile's attention records (the profiler's timing, or a preset's
-    published kernel figures), None without a record in ``dtype``.
+    FLOPs, at the rates of the profile's attention records of ``kernel`` (the profiler's timing,
+    or a preset's published kernel figures), None without a record in ``dtype``. A profile with
+    no record of that kernel prices it at the fused kernel it has records of (what its SDPA ran:
+    the profiler times one, a preset may publish several).
 
     FLOPs are counted as the FlashAttention papers count them (Dao 2023, Sec. 4.1; Shah et al.
     2024, Sec. 4.1): forward 4 s^2 d per head and sequence over the full s x s, halved under the
@@ -112,11 +120,13 @@ def fused_attention_s(
         head_size: query/key head dimension.
         device: the device and its records.
         dtype: precision of the kernel.
+        kernel: the fused kernel the stack runs (``TrainingSpec.attention_kernel``).
 
     Returns:
         (forward_s, backward_s), or None.
     """
     records = [r for r in device.op_records if isinstance(r, AttentionRecord) and r.dtype is dtype]
+    records = [r for r in records if r.kernel is kernel] or records
     if not records:
         return None
     nearest = min(records, key=lambda r: abs(math.log(r.head_size / head_size)))

@@ -35,7 +35,6 @@ from cost_models.compute import Gemm
 from cost_models.context_parallel import local_seq_len
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
-    AttentionKernel,
     Kernels,
     Layout,
     ModelSpec,
@@ -166,7 +165,7 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         + kernels.attention_output(out_elements, e, kinds)
     )
 
-    flash = training.attention_kernel is AttentionKernel.FLASH
+    flash = training.attention_kernel.fused
     scores = b * heads * s_local * s
     attn_mask = 1 if model.attention_dropout > 0 else 0
     alibi = 2 * e if model.position_embedding_type is PositionEmbedding.ALIBI else 0  # its bias, one more pass

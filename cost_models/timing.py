@@ -432,6 +432,7 @@ def _layer_time(
             model.qk_head_size,
             dev,
             dt,
+            training.attention_kernel,
         )
         if work.flash_attention
         else None

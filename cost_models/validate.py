@@ -5,7 +5,6 @@ fit is not checked here: the Estimate says whether the layout fits.
 """
 
 from planner.schemas import (
-    AttentionKernel,
     ClusterProfile,
     ContextParallelKind,
     Layout,
@@ -101,10 +100,10 @@ def check_context_parallel(model: ModelSpec, training: TrainingSpec, layout: Lay
             f"context parallelism over cp={cp} ranks splits every sequence into 2 x cp = {2 * cp} equal chunks, "
             f"but seq_len={s} is not divisible by {2 * cp}; use a cp for which 2 cp divides it"
         )
-    if training.attention_kernel is not AttentionKernel.FLASH:
+    if not training.attention_kernel.fused:
         raise InfeasibleConfigError(
             f"context parallelism (cp={cp}) runs ring attention with the fused kernel block by block; "
-            "use attention_kernel flash, the all-to-all kind (context_parallel_kind 'all-to-all') or cp 1"
+            "use attention_kernel flash or cudnn, the all-to-all kind (context_parallel_kind 'all-to-all') or cp 1"
         )
 
 

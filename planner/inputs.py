@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from planner.cluster_mix import MIX_SEPARATOR, mix_clusters
 from planner.hf_config import spec_values
 from planner.schemas import (
+    AttentionKernel,
     AttentionRecord,
     ClusterProfile,
     CollectiveRecord,
@@ -449,7 +450,8 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
     backward without a mask only), or ``forward_backward_points``, [s, causal forward +
     backward], both passes at that rate (FlashAttention-2's paper figure for the A100). Training
     sustains ``sustained`` of each rate, as of the matmul's (the papers time one GPU at a fixed
-    or boost clock).
+    or boost clock). ``runs_as`` names the kernel (``AttentionKernel``: flash, the default, or
+    cudnn) whose rates the block gives, which ``TrainingSpec.attention_kernel`` selects.
     """
     if not isinstance(blocks, list):
         raise SchemaError(f"{reader.where}: device.attention must be a list")
@@ -466,6 +468,9 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
             dtype = DType(str(block.get("dtype")))
         except ValueError as e:
             raise SchemaError(f"{where}: dtype={block.get('dtype')!r} must be one of {', '.join(DType)}") from e
+        kernel = next((k for k in AttentionKernel if k.fused and k == block.get("runs_as", "flash")), None)
+        if kernel is None:
+            raise SchemaError(f"{where}: runs_as={block.get('runs_as')!r} must name a fused kernel: flash or cudnn")
         for seq_len, forward, backward in _attention_rates(block, where):
             batch, heads = _ATTENTION_TOKENS // seq_len, _ATTENTION_HIDDEN // head_dim
             causal_flop = 2.0 * batch * heads * seq_len**2 * head_dim
@@ -477,6 +482,7 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
                     seq_len=seq_len,
                     head_size=head_dim,
                     dtype=dtype,
+                    kernel=kernel,
                     fwd_time_s=fwd_s,
                     fwd_bwd_time_s=fwd_s + 2.5 * causal_flop / (backward * sustained),
                 )

@@ -31,7 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.schemas import AttentionKernel, Layout, Plan
+from planner.schemas import Layout, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
     embedding_chunk,
@@ -102,9 +102,7 @@ def dry_run(
         contexts = context_mesh(layout, "cpu") if layout.context_parallel_degree > 1 else None
         # The backend the real run picks on a CPU (fake tensors would otherwise fall back to the
         # math kernel, which keeps the s x s attention weights for the backward).
-        backend = (
-            SDPBackend.FLASH_ATTENTION if plan.training.attention_kernel is AttentionKernel.FLASH else SDPBackend.MATH
-        )
+        backend = SDPBackend.FLASH_ATTENTION if plan.training.attention_kernel.fused else SDPBackend.MATH
         with (
             FakeTensorMode(allow_non_fake_inputs=True),
             sdpa_kernel(backend),

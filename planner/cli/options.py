@@ -58,7 +58,14 @@ ClusterOpt = Annotated[
 GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")]
 SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")]
 DTypeOpt = Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
-AttentionOpt = Annotated[AttentionKernel, typer.Option(help="Attention kernel.")]
+AttentionOpt = Annotated[
+    AttentionKernel,
+    typer.Option(
+        help="Attention kernel: flash (FlashAttention-2, PyTorch's SDPA), cudnn (cuDNN's fused attention, Transformer "
+        "Engine's default on Hopper; priced at the cluster's cuDNN figures where it has them, else at flash's), or "
+        "eager (the s x s scores kept)."
+    ),
+]
 KERNELS_HELP = (
     "How the elementwise work around the GEMMs runs: fused (norms, activations, rotary, loss and optimizer step "
     "one kernel each: Transformer Engine, Megatron-Core, torch.compile) or eager (one kernel per tensor operation, "

@@ -18,7 +18,8 @@ given per endpoint (``LinkMatrix.endpoints``), which a version-3 profile lacks: 
 6 adds each measured pair's duplex bandwidth (``LinkMatrix.duplex_bandwidth_bytes_per_s``), which
 a version-5 profile lacks: its links are read as full duplex; 7 adds the GEMM's per-tile
 cost beside its loop over k (``MatmulModel.k_overhead``), which a version-6 profile lacks: 0,
-its GEMMs priced as before.
+its GEMMs priced as before; 8 says which fused kernel each attention record timed
+(``AttentionRecord.kernel``), which a version-7 profile lacks: flash.
 """
 
 from collections.abc import Mapping
@@ -239,7 +240,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[7] = 7
+    schema_version: Literal[8] = 8
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -405,9 +406,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 7
+CLUSTER_SCHEMA_VERSION = 8
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 """The versions ``upgrade`` reads."""
 
 
@@ -425,13 +426,16 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     version 6 reads as full duplex links.
     Version 6 -> 7: nothing to change; a version-6 profile's matmul model has no ``k_overhead``,
     which version 7 reads as 0 (its GEMMs priced as before).
+    Version 7 -> 8: nothing to change; a version-7 profile's attention records do not say which
+    fused kernel they timed, which version 8 reads as flash (what the profiler's SDPA and the
+    presets' FlashAttention-2 figures were).
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3, 4, 5, 6):
-        return {**raw, "schema_version": 7}
+    if version in (2, 3, 4, 5, 6, 7):
+        return {**raw, "schema_version": 8}
     if version != 1:
         return dict(raw)
     device = raw.get("device")

@@ -52,10 +52,21 @@ class PositionEmbedding(StrEnum):
 
 
 class AttentionKernel(StrEnum):
-    """How attention is computed: fused (FlashAttention) or eager (scores materialized)."""
+    """How attention is computed: a fused kernel that never stores the s x s scores, priced at
+    that kernel's own rates (``cost_models.compute.fused_attention_s``), or eager (scores
+    materialized)."""
 
     FLASH = "flash"
+    """FlashAttention-2, as PyTorch's SDPA and flash-attn 2.x run it."""
+    CUDNN = "cudnn"
+    """cuDNN's fused attention (Transformer Engine's default on Hopper and later): the same
+    memory as FlashAttention, its own rates."""
     EAGER = "eager"
+
+    @property
+    def fused(self) -> bool:
+        """Whether the attention core is one fused kernel (no s x s scores kept)."""
+        return self is not AttentionKernel.EAGER
 
 
 class Kernels(StrEnum):

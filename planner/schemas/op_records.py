@@ -19,7 +19,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
-from planner.schemas.enums import DType, ZeroStage
+from planner.schemas.enums import AttentionKernel, DType, ZeroStage
 from planner.schemas.errors import SchemaError
 
 
@@ -68,6 +68,10 @@ class AttentionRecord(_ForwardBackward):
     num_attention_heads: int = Field(ge=1)
     seq_len: int = Field(ge=1)
     head_size: int = Field(ge=1)
+    kernel: AttentionKernel = Field(
+        default=AttentionKernel.FLASH,
+        description="The fused kernel timed: what the profiler's SDPA ran (flash), or a preset's published kernel.",
+    )
 
 
 class LayerNormRecord(_ForwardBackward):

@@ -20,7 +20,8 @@ cost model priced before (neither prices them), so every version-6 plan reads un
 in ``upgrade``; 9 adds the training's ``loss_kernels``, whose default (None: as ``kernels``) is what a version-8
 plan priced, and ``vocabulary_overlap``, which a version-8 plan reads as on (as it was priced); 10 adds
 the layout's ``recompute_modules``, whose default (the attention core) is what selective recompute
-meant in a version-9 plan.
+meant in a version-9 plan; 11 adds the training's attention kernel ``cudnn``, which no version-10
+plan names.
 """
 
 from dataclasses import fields
@@ -63,7 +64,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[10] = 10
+    schema_version: Literal[11] = 11
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -127,9 +128,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 10
+PLAN_SCHEMA_VERSION = 11
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 """The versions ``upgrade`` reads."""
 
 
@@ -151,7 +152,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     default (the loss runs as the other kernels) is what version 8 priced; a vocabulary split was
     priced as Vocabulary Parallelism's own schedule runs it (``vocabulary_overlap`` on). Version
     9 -> 10: the layouts' new field's default (selective recompute of the attention core alone) is
-    what version 9's selective recompute was.
+    what version 9's selective recompute was. Version 10 -> 11: nothing to change; the new
+    attention kernel is one no version-10 plan names.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -183,4 +185,6 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
             raw["training"] = {"vocabulary_overlap": True, **training}
     if raw.get("schema_version") == 9:
         raw = {**raw, "schema_version": 10}
+    if raw.get("schema_version") == 10:
+        raw = {**raw, "schema_version": 11}
     return raw

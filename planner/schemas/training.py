@@ -19,7 +19,10 @@ class TrainingSpec(FrozenModel):
     optimizer: Optimizer = Field(default=Optimizer.ADAM)
     attention_kernel: AttentionKernel = Field(
         default=AttentionKernel.FLASH,
-        description="'flash' never stores the s x s scores; 'eager' does (as Megatron-LM did in 2021).",
+        description=(
+            "'flash' (FlashAttention-2) and 'cudnn' (cuDNN's fused attention, Transformer Engine's default on "
+            "Hopper) never store the s x s scores, each at its own rates; 'eager' does (as Megatron-LM did in 2021)."
+        ),
     )
     kernels: Kernels = Field(
         default=Kernels.FUSED,

@@ -54,7 +54,6 @@ from typing import overload
 
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
-    AttentionKernel,
     ContextParallelKind,
     Layout,
     ModelSpec,
@@ -212,7 +211,7 @@ def _context_kinds(space: "SearchSpace", tp: int, cp: int) -> list[ContextParall
     (``geometry.splits_for_all_to_all``)."""
     s, allowed = space.training.seq_len, space.allowed("cp_kind")
     kinds = []
-    if splits_into_context_chunks(s, cp) and space.training.attention_kernel is AttentionKernel.FLASH:
+    if splits_into_context_chunks(s, cp) and space.training.attention_kernel.fused:
         kinds.append(ContextParallelKind.RING)
     if splits_for_all_to_all(s, space.model.num_attention_heads // tp, cp):
         kinds.append(ContextParallelKind.ALL_TO_ALL)

@@ -124,7 +124,7 @@ def test_context_parallel_time_is_a_term_of_the_step() -> None:
     ("seq_len", "kernel", "fragment"),
     [
         (8190, AttentionKernel.FLASH, "2 x cp = 4 equal chunks, but seq_len=8190"),
-        (8192, AttentionKernel.EAGER, "use attention_kernel flash, the all-to-all kind"),
+        (8192, AttentionKernel.EAGER, "use attention_kernel flash or cudnn, the all-to-all kind"),
     ],
 )
 def test_what_context_parallelism_needs(seq_len: int, kernel: AttentionKernel, fragment: str) -> None:

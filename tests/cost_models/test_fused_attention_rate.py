@@ -1,5 +1,5 @@
 """The fused attention core priced at its own recorded rates (compute.fused_attention_s), the
-presets' published FlashAttention-2 figures, and the layer time that reads them."""
+presets' published FlashAttention-2 and cuDNN figures, and the layer time that reads them."""
 
 from importlib import resources
 from typing import Any
@@ -12,13 +12,19 @@ from cost_models.compute import fused_attention_s, gemms_time_s
 from cost_models.timing import _layer_time
 from planner import inputs
 from planner.inputs import cluster_preset, load_model
-from planner.schemas import AttentionRecord, DeviceProfile, DType, Layout, TrainingSpec
+from planner.schemas import AttentionKernel, AttentionRecord, DeviceProfile, DType, Layout, TrainingSpec
 from planner.schemas.errors import SchemaError
 
 FLOP_2_28 = 2.0 * 1024**2 * 128  # causal forward FLOPs of one 1024-token head of size 128 (2 s^2 d)
 
 
-def _record(seq_len: int, head_size: int, fwd_flop_per_s: float, bwd_flop_per_s: float) -> AttentionRecord:
+def _record(
+    seq_len: int,
+    head_size: int,
+    fwd_flop_per_s: float,
+    bwd_flop_per_s: float,
+    kernel: AttentionKernel = AttentionKernel.FLASH,
+) -> AttentionRecord:
     """One head, one sequence, timed at the given causal rates (the backward is 2.5 forwards' FLOPs)."""
     flop = 2.0 * seq_len**2 * head_size
     fwd_s = flop / fwd_flop_per_s
@@ -28,6 +34,7 @@ def _record(seq_len: int, head_size: int, fwd_flop_per_s: float, bwd_flop_per_s:
         seq_len=seq_len,
         head_size=head_size,
         dtype=DType.BF16,
+        kernel=kernel,
         fwd_time_s=fwd_s,
         fwd_bwd_time_s=fwd_s + 2.5 * flop / bwd_flop_per_s,
     )
@@ -59,6 +66,41 @@ def test_the_nearest_recorded_head_size_is_read() -> None:
 def test_no_record_in_the_dtype_means_no_rate() -> None:
     assert fused_attention_s(1e12, 2048, 128, _device(), DType.BF16) is None
     assert fused_attention_s(1e12, 2048, 128, _device(_record(1024, 128, 1e14, 1e14)), DType.FP32) is None
+
+
+def test_each_kernel_reads_its_own_records_and_one_without_any_reads_the_others() -> None:
+    flash, cudnn = AttentionKernel.FLASH, AttentionKernel.CUDNN
+    both = _device(_record(2048, 128, 300e12, 200e12, flash), _record(2048, 128, 500e12, 400e12, cudnn))
+    assert fused_attention_s(1e12, 2048, 128, both, DType.BF16, flash) == pytest.approx(
+        (1e12 / 300e12, 2.5e12 / 200e12)
+    )
+    assert fused_attention_s(1e12, 2048, 128, both, DType.BF16, cudnn) == pytest.approx(
+        (1e12 / 500e12, 2.5e12 / 400e12)
+    )
+    # A measured profile times one kernel (its SDPA): the other is priced at that one's rates.
+    only_flash = _device(_record(2048, 128, 300e12, 200e12, flash))
+    assert fused_attention_s(1e12, 2048, 128, only_flash, DType.BF16, cudnn) == pytest.approx(
+        (1e12 / 300e12, 2.5e12 / 200e12)
+    )
+
+
+def test_h100_preset_holds_cudnn_attention_from_the_same_figures() -> None:
+    device = cluster_preset("dgx-h100", 1).device
+    fwd_s, bwd_s = fused_attention_s(1e12, 16384, 128, device, DType.BF16, AttentionKernel.CUDNN) or (0.0, 0.0)
+    # FA3 paper, cuDNN at s = 16384, head dim 128: causal forward 539 (Fig. 5(d)), forward 595
+    # (5(c)) and backward 516 TFLOP/s (6(b)) without mask; x 0.848 sustained.
+    assert 1e12 / fwd_s == pytest.approx(539e12 * 0.848)
+    assert 2.5e12 / bwd_s == pytest.approx(516e12 * 539 / 595 * 0.848)
+    # 1.6 x FlashAttention-2's causal forward at that length (335 TFLOP/s).
+    flash_fwd_s, _ = fused_attention_s(1e12, 16384, 128, device, DType.BF16) or (0.0, 0.0)
+    assert flash_fwd_s / fwd_s == pytest.approx(539 / 335)
+
+
+def test_a_preset_attention_block_runs_as_a_fused_kernel() -> None:
+    raw = _h100_raw()
+    raw["device"]["attention"][1]["runs_as"] = "eager"
+    with pytest.raises(SchemaError, match=r"device.attention\[1\]: runs_as='eager' must name a fused kernel"):
+        inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
 
 
 def test_h100_preset_holds_flash_attention_2_sustained_as_its_matmul() -> None:

@@ -61,6 +61,10 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # With the Megatron-LM README rows' loss unfused (Megatron-LM r0.8's default, no
     # --cross-entropy-loss-fusion): megatron-lm 8.9% -> 7.2% (gpt-1.7b +20.2% -> +11.2%),
     # mean 14.0% -> 13.6%, worst 42.7% (row 89).
+    # With a dense model's selective recompute of the MLP searched (Llama 3 405B fits without full
+    # recompute): llama3-paper 22.6% -> 16.0%. With the Transformer Engine stacks' attention at
+    # cuDNN's published H100 rates (AttentionKernel.CUDNN): modelzoo -23.1% -> -9.4%, automodel
+    # 7.5% -> 9.4% (worst 18.0% -> 12.8%); mean 12.9% -> 12.4%, worst 42.3% (row 89).
     # Lower these bounds as the model improves.
     # The GB200 rows (rows 33, 36) are summarised apart, under "GB200": with the gb200-nvl72
     # preset, nothing fitted, DeepSeek-V3 -20.9% and Qwen3-235B -4.3% (mean 12.6%).
@@ -68,8 +72,8 @@ def test_mean_error_is_no_worse_than_today() -> None:
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
     assert rows == 37
-    assert mean <= 0.16
-    assert worst <= 0.45
+    assert mean <= 0.13
+    assert worst <= 0.43
     assert stats["GB200"][2] == 2
 
 
