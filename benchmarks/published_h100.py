@@ -112,13 +112,24 @@ counts 69 GiB before FSDP's unsharded fp32 gradient, the CUDA context and fragme
 the Triton kernel's larger footprint triggers the allocator's retries (mosaicml/examples pull
 request 125: "this can trigger alloc retries which hurts performance"); the same row on A100
 is +34% against -5% at 4k. Neither cost is priced."""
-UNFUSED_LOSS_SOURCES = {
-    "megatron-lm": "Megatron-LM r0.8 (the README table's release) computes the loss with "
-    "vocab_parallel_cross_entropy, one fp32 pass per tensor operation, unless --cross-entropy-loss-fusion "
-    "(arguments.py core_r0.8.0: store_true, off by default; language_module.compute_language_model_loss); "
-    "the README lists the flags its runs set (the overlaps), not that one",
+LOSS_KERNELS = {
+    "megatron-lm": (
+        Kernels.EAGER,
+        "Megatron-LM r0.8 (the README table's release) computes the loss with "
+        "vocab_parallel_cross_entropy, one fp32 pass per tensor operation, unless --cross-entropy-loss-fusion "
+        "(arguments.py core_r0.8.0: store_true, off by default; language_module.compute_language_model_loss); "
+        "the README lists the flags its runs set (the overlaps), not that one",
+    ),
+    "llm-foundry": (
+        Kernels.FUSED,
+        "the benchmark configs set no loss_fn, so MPT's default fused_crossentropy holds "
+        "(modeling_mpt.py at commit 5e85bd62d: flash-attn's Triton cross-entropy, one kernel each way). Not "
+        "priced: Composer also evaluates two train metrics after every micro-batch's backward (use_train_metrics "
+        "True; LanguageCrossEntropy and LanguagePerplexity each run a full-vocabulary torch cross-entropy without "
+        "gradient), about 1-2% of the small models' steps",
+    ),
 }
-"""Sources whose stack runs fused kernels but the eager loss (``TrainingSpec.loss_kernels``)."""
+"""Sources whose loss runs otherwise than their other kernels (``TrainingSpec.loss_kernels``), and why."""
 CUDNN_ATTENTION_SOURCES = {
     "modelzoo": "Megatron-Core 2025 with Transformer Engine, whose attention backend selection gives cuDNN's "
     "FusedAttention preference over FlashAttention on Hopper and later (dot_product_attention/utils.py, "
@@ -194,7 +205,7 @@ class PublishedRun:
     kernels: Kernels = Kernels.FUSED
     """How the source's stack runs its elementwise work (``EAGER_SOURCES``)."""
     loss_kernels: Kernels | None = None
-    """How its loss runs where that differs (``UNFUSED_LOSS_SOURCES``); None: as ``kernels``."""
+    """How its loss runs where that differs (``LOSS_KERNELS``); None: as ``kernels``."""
     attention_kernel: AttentionKernel = AttentionKernel.FLASH
     """The fused attention kernel its stack runs (``CUDNN_ATTENTION_SOURCES``)."""
     flagged: str | None = None
@@ -364,7 +375,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         tp_comm_overlap=bool(par.get("tp_comm_overlap")),
         moe_dispatcher=MoeDispatcher(par.get("moe_dispatcher") or MoeDispatcher.ALLTOALL),
         kernels=Kernels.EAGER if source in EAGER_SOURCES else Kernels.FUSED,
-        loss_kernels=Kernels.EAGER if source in UNFUSED_LOSS_SOURCES else None,
+        loss_kernels=LOSS_KERNELS[source][0] if source in LOSS_KERNELS else None,
         attention_kernel=AttentionKernel.CUDNN if source in CUDNN_ATTENTION_SOURCES else AttentionKernel.FLASH,
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
