@@ -111,7 +111,17 @@ causal loop bounds), so the causal halving is not it. The README's A100 table of
 counts 69 GiB before FSDP's unsharded fp32 gradient, the CUDA context and fragmentation), where
 the Triton kernel's larger footprint triggers the allocator's retries (mosaicml/examples pull
 request 125: "this can trigger alloc retries which hurts performance"); the same row on A100
-is +34% against -5% at 4k. Neither cost is priced."""
+is +34% against -5% at 4k. Neither cost is priced.
+
+The stacks as the benchmark scripts built them (submit_benchmarks.py and sweep.py at the tables'
+commits): the 8-64 GPU table installed llm-foundry v0.3.0 (torch < 2.1.1, composer 0.16, flash-attn
+1.0.9), the >= 128 GPU table the main branch with flash-attn 2.4.2 (torch 2.1.0, composer 0.17).
+Both ran FSDP with Composer's ``mixed_precision: DEFAULT`` (the scripts never forward sweep.py's
+PURE): weights gathered in bf16, gradients reduced in fp32 (the planner's default under bf16);
+no activation checkpointing on the small models, ``limit_all_gathers``, no torch.compile, no
+dropout. Not priced: MPT's flash-attn 2 path unpads q, k and v and pads the output in every layer
+even without padding (three gathers and a scatter, each unpad syncing the host), and Composer's
+per-micro-batch train metrics (``LOSS_KERNELS``)."""
 LOSS_KERNELS = {
     "megatron-lm": (
         Kernels.EAGER,
