@@ -5,6 +5,7 @@ as a synchronous step waits for it (the kernel overhead is each rank's own). Als
 schedule's own cost per slot, and sharded data parallelism's (FSDP's) own cost per unit and
 micro-batch."""
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,8 +16,10 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.nn.attention import sdpa_kernel
 
 from planner.schemas import (
+    AttentionKernel,
     AttentionRecord,
     DType,
     ElementwiseRecord,
@@ -37,6 +40,7 @@ from profiler.stats import Timing
 from runtime import (
     TORCH_DTYPES,
     Decoder,
+    attention_backend,
     builds_moe_layer,
     default_dtype,
     group_mesh,
@@ -121,6 +125,27 @@ def _forward_and_both(fn: Callable[[], torch.Tensor], params: list[torch.Tensor]
     return [forward, both]
 
 
+def attention_kernels(device: torch.device) -> tuple[AttentionKernel, ...]:
+    """The fused attention kernels timed on ``device``: on CUDA FlashAttention-2 and cuDNN's
+    fused attention (``runtime.model.CUDA_ATTENTION_BACKENDS``), each as a plan naming it runs;
+    elsewhere SDPA's own choice, recorded as flash (a CPU runs neither GPU kernel). A kernel
+    this torch build cannot run at the shape (``_runs``) is left out, and the cost model prices
+    it at the other's rates (``cost_models.compute.fused_attention_s``)."""
+    return (AttentionKernel.FLASH, AttentionKernel.CUDNN) if device.type == "cuda" else (AttentionKernel.FLASH,)
+
+
+def _runs(fn: Callable[[], torch.Tensor]) -> bool:
+    """Whether SDPA has a kernel for ``fn`` under the backend selected (its "no available
+    kernel" RuntimeError otherwise). Every rank of a profile has the same device and build, so
+    each leaves out the same kernels and their timings stay in lockstep."""
+    try:
+        with torch.no_grad():
+            fn()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _attention_and_norm(ctx: Context) -> list[OpRecord]:
     model, s = ctx.settings.model, ctx.settings.seq_len
     heads, head_dim, hidden = (model.num_attention_heads, model.head_size, model.hidden_size) if model else (8, 64, 512)
@@ -128,21 +153,34 @@ def _attention_and_norm(ctx: Context) -> list[OpRecord]:
     tdt = TORCH_DTYPES[dtype]
     ctx.at("ops", "attention")
     q, k, v = (torch.randn(1, heads, s, head_dim, device=ctx.device, dtype=tdt, requires_grad=True) for _ in range(3))
-    attn = _fwd_bwd(ctx, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), [q, k, v])
+
+    def attention() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    timed: list[tuple[AttentionKernel, tuple[Timing, Timing]]] = []
+    for kernel in attention_kernels(ctx.device):
+        backend = attention_backend(kernel, ctx.device)
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            if _runs(attention):
+                timed.append((kernel, _fwd_bwd(ctx, attention, [q, k, v])))
     ctx.at("ops", "layernorm")
     x = torch.randn(s, hidden, device=ctx.device, dtype=tdt, requires_grad=True)
     norm = torch.nn.LayerNorm(hidden, device=ctx.device, dtype=tdt)
     ln = _fwd_bwd(ctx, lambda: norm(x), [x, *norm.parameters()])
     return [
-        AttentionRecord(
-            batch_size=1,
-            num_attention_heads=heads,
-            seq_len=s,
-            head_size=head_dim,
-            dtype=dtype,
-            fwd_time_s=attn[0].median_s,
-            fwd_bwd_time_s=attn[1].median_s,
-            spread=attn[1].spread,
+        *(
+            AttentionRecord(
+                batch_size=1,
+                num_attention_heads=heads,
+                seq_len=s,
+                head_size=head_dim,
+                dtype=dtype,
+                kernel=kernel,
+                fwd_time_s=attn[0].median_s,
+                fwd_bwd_time_s=attn[1].median_s,
+                spread=attn[1].spread,
+            )
+            for kernel, attn in timed
         ),
         LayerNormRecord(
             num_elements=s * hidden,

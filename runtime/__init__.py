@@ -9,7 +9,7 @@ torch; the CLI imports it only inside the commands that need it.
 from runtime.data_parallel import shard_units
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.mesh import device_grid, group_mesh, layout_mesh
-from runtime.model import TORCH_DTYPES, Decoder, builds_moe_layer, default_dtype, loss_fn
+from runtime.model import TORCH_DTYPES, Decoder, attention_backend, builds_moe_layer, default_dtype, loss_fn
 from runtime.tensor_parallel import loss_context, tensor_parallel
 from runtime.threads import core_share, cpu_threads_per_rank
 from runtime.trainer import Trainer
@@ -21,6 +21,7 @@ __all__ = [
     "Stopped",
     "Trainer",
     "act_out_fault",
+    "attention_backend",
     "builds_moe_layer",
     "core_share",
     "cpu_threads_per_rank",

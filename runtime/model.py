@@ -19,11 +19,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
     Activation,
+    AttentionKernel,
     DType,
     ModelSpec,
     NormKind,
@@ -36,6 +38,21 @@ from runtime.kernels import RMSNorm, geglu, swiglu
 from runtime.loss import cross_entropy
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
+
+CUDA_ATTENTION_BACKENDS = {
+    AttentionKernel.FLASH: SDPBackend.FLASH_ATTENTION,
+    AttentionKernel.CUDNN: SDPBackend.CUDNN_ATTENTION,
+    AttentionKernel.EAGER: SDPBackend.MATH,
+}
+"""The scaled-dot-product-attention backend that runs each attention kernel on a CUDA device:
+FlashAttention-2, cuDNN's fused attention, or the math kernel that keeps the scores."""
+
+
+def attention_backend(kernel: AttentionKernel, device: torch.device) -> SDPBackend | None:
+    """The SDPA backend a plan's attention kernel runs on ``device``: on CUDA the one it was
+    priced for (``CUDA_ATTENTION_BACKENDS``); elsewhere None, SDPA's own choice (a CPU runs
+    neither GPU kernel, and its fused one keeps no scores either)."""
+    return CUDA_ATTENTION_BACKENDS[kernel] if device.type == "cuda" else None
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import sdpa_kernel
 
 from planner.schemas import DeviceKind, DType, OnFault, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
@@ -33,6 +34,7 @@ from runtime.dry_run import tracked_peak
 from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
+from runtime.model import attention_backend
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.straggler_watch import StragglerWatch, axis_groups
 from runtime.threads import cpu_threads_per_rank
@@ -168,10 +170,12 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         )
     heartbeat = Heartbeat(rank, world, dist.distributed_c10d._get_default_store(), HEARTBEAT_KEY)
     stop_on_sigterm()
+    backend = attention_backend(training.attention_kernel, device)  # the kernel the plan was priced for
     try:
-        times, losses, sent, memory = _train(
-            settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat, watch
-        )
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            times, losses, sent, memory = _train(
+                settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat, watch
+            )
     except (Stopped, RuntimeError) as e:  # a peer died, hung past the timeout, or the launcher stopped us
         if not (isinstance(e, Stopped) or communication_failed(e)):
             raise  # a bug: it keeps its traceback
