@@ -55,6 +55,19 @@ def attention_backend(kernel: AttentionKernel, device: torch.device) -> SDPBacke
     return CUDA_ATTENTION_BACKENDS[kernel] if device.type == "cuda" else None
 
 
+def attention_priority(kernel: AttentionKernel, device: torch.device) -> list[SDPBackend] | None:
+    """The SDPA backends a run allows, in priority order (``sdpa_kernel(..., set_priority=True)``):
+    on CUDA the kernel's own backend first (``attention_backend``), then for a fused kernel the
+    others SDPA has, for the shapes and precisions it lacks (FlashAttention-2 runs no fp32, cuDNN's
+    attention not every head size); eager only the math kernel, which runs everything. None
+    elsewhere."""
+    first = attention_backend(kernel, device)
+    if first is None or not kernel.fused:
+        return None if first is None else [first]
+    fused = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    return [first, *(b for b in fused if b is not first)]
+
+
 @contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """Modules built inside get parameters of ``dtype``."""

@@ -34,7 +34,7 @@ from runtime.dry_run import tracked_peak
 from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
-from runtime.model import attention_backend
+from runtime.model import attention_priority
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.straggler_watch import StragglerWatch, axis_groups
 from runtime.threads import cpu_threads_per_rank
@@ -170,9 +170,9 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         )
     heartbeat = Heartbeat(rank, world, dist.distributed_c10d._get_default_store(), HEARTBEAT_KEY)
     stop_on_sigterm()
-    backend = attention_backend(training.attention_kernel, device)  # the kernel the plan was priced for
+    backends = attention_priority(training.attention_kernel, device)  # the kernel the plan was priced for first
     try:
-        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+        with sdpa_kernel(backends, set_priority=True) if backends is not None else contextlib.nullcontext():
             times, losses, sent, memory = _train(
                 settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat, watch
             )

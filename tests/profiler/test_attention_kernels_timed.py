@@ -1,4 +1,4 @@
-"""Which attention kernels a profile times, and the SDPA backend each plan's kernel runs with."""
+"""Which attention kernels a profile times, and the SDPA backends each plan's kernel runs with."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from planner.schemas import AttentionKernel
 from profiler.ops import _runs, attention_kernels
-from runtime.model import attention_backend
+from runtime.model import attention_backend, attention_priority
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,20 @@ def test_on_cuda_each_kernel_runs_the_backend_it_was_priced_for(kernel: Attentio
     assert attention_backend(kernel, torch.device("cuda", 0)) is backend
     # a CPU runs neither GPU kernel: SDPA chooses, as it always did there
     assert attention_backend(kernel, torch.device("cpu")) is None
+
+
+def test_a_run_tries_its_kernel_first_and_falls_back_for_what_it_lacks() -> None:
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    flash, cudnn, efficient, math = (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    )
+    assert attention_priority(AttentionKernel.FLASH, cuda) == [flash, cudnn, efficient, math]
+    assert attention_priority(AttentionKernel.CUDNN, cuda) == [cudnn, flash, efficient, math]
+    assert attention_priority(AttentionKernel.EAGER, cuda) == [math]
+    assert all(attention_priority(kernel, cpu) is None for kernel in AttentionKernel)
 
 
 def test_a_gpu_profile_times_both_fused_kernels_and_a_cpu_one_its_sdpa() -> None:
