@@ -140,6 +140,16 @@ LOSS_KERNELS = {
     ),
 }
 """Sources whose loss runs otherwise than their other kernels (``TrainingSpec.loss_kernels``), and why."""
+SCHEDULE_PER_LOCAL_BATCH_SOURCES = {
+    "automodel": "NeMo AutoModel's PyTorch-native pipeline runs one schedule per local batch (its rows' LBS, "
+    "LBS / MBS micro-batches) and accumulates gradients over the stated GA of them, each filling and draining the "
+    "pipeline, as torchtitan's trainer does (gradient accumulation steps over pp_schedule.step)",
+    "torchtitan": "its trainer runs the pipeline schedule once per local batch, gradients accumulated over the "
+    "gradient accumulation steps",
+}
+"""Sources whose step runs its stated gradient accumulation steps as that many pipeline schedules
+(``TrainingSpec.pipeline_flushes``); every other source's pipeline runs all of a step's
+micro-batches in one schedule (Megatron-LM)."""
 CUDNN_ATTENTION_SOURCES = {
     "modelzoo": "Megatron-Core 2025 with Transformer Engine, whose attention backend selection gives cuDNN's "
     "FusedAttention preference over FlashAttention on Hopper and later (dot_product_attention/utils.py, "
@@ -218,6 +228,9 @@ class PublishedRun:
     """How its loss runs where that differs (``LOSS_KERNELS``); None: as ``kernels``."""
     attention_kernel: AttentionKernel = AttentionKernel.FLASH
     """The fused attention kernel its stack runs (``CUDNN_ATTENTION_SOURCES``)."""
+    pipeline_flushes: int = 1
+    """Pipeline schedules a step runs (``SCHEDULE_PER_LOCAL_BATCH_SOURCES``: the stated gradient
+    accumulation steps under a pipeline)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -387,6 +400,9 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         kernels=Kernels.EAGER if source in EAGER_SOURCES else Kernels.FUSED,
         loss_kernels=LOSS_KERNELS[source][0] if source in LOSS_KERNELS else None,
         attention_kernel=AttentionKernel.CUDNN if source in CUDNN_ATTENTION_SOURCES else AttentionKernel.FLASH,
+        pipeline_flushes=(row["grad_accum_steps"] or 1)
+        if source in SCHEDULE_PER_LOCAL_BATCH_SOURCES and (par["pp"] or 1) > 1
+        else 1,
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
 

@@ -66,7 +66,8 @@ class Prediction:
 
 def training_of(run: PublishedRun) -> TrainingSpec:
     """BF16 mixed precision, the source's fused attention kernel (FlashAttention-2, or cuDNN's
-    where its stack runs Transformer Engine's: ``published_h100.CUDNN_ATTENTION_SOURCES``), and
+    where its stack runs Transformer Engine's: ``published_h100.CUDNN_ATTENTION_SOURCES``), the
+    source's pipeline schedules per step (``published_h100.SCHEDULE_PER_LOCAL_BATCH_SOURCES``), and
     tensor-parallel communication overlap, the MoE token dispatcher and eager elementwise kernels
     (or an eager loss alone) where the source states them or its release runs them by default."""
     return TrainingSpec(
@@ -77,6 +78,7 @@ def training_of(run: PublishedRun) -> TrainingSpec:
         kernels=run.kernels,
         loss_kernels=run.loss_kernels,
         attention_kernel=run.attention_kernel,
+        pipeline_flushes=run.pipeline_flushes,
     )
 
 

@@ -101,7 +101,7 @@ def estimate(
         context_parallel_comm_s=shared * m * slowest.context_parallel_comm_s,
     )
     if cal is not None:
-        time = calibrated_time(time, cal, micro_batch_slots(layout, m))
+        time = calibrated_time(time, cal, micro_batch_slots(layout, m, training.pipeline_flushes))
     return _estimate_of(model, training, cluster, layout, time, _stage_estimates(model, layout, times, memories))
 
 
@@ -133,7 +133,7 @@ def critical_path(
     m = num_micro_batches(training.global_batch_size, layout)
     times = stage_times(model, training, cluster, layout, routing=routing)
     slowest = max(times, key=lambda st: st.total_s)
-    bubble = bubble_s(layout, m, slowest.total_s)
+    bubble = bubble_s(layout, m, slowest.total_s, training.pipeline_flushes)
     return CriticalPath(
         micro_batches=m,
         times=times,

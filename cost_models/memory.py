@@ -508,6 +508,8 @@ def peak_stage_memory(
 
 
 def _micro_batches(training: TrainingSpec, layout: Layout) -> int:
+    """Micro-batches of one pipeline schedule: the step's, over ``TrainingSpec.pipeline_flushes``
+    (what is in flight, and what GPipe keeps, is one schedule's)."""
     m = num_micro_batches(training.global_batch_size, layout)
     if m < 1:
         raise InfeasibleConfigError(
@@ -515,7 +517,7 @@ def _micro_batches(training: TrainingSpec, layout: Layout) -> int:
             f"micro_batch_size = {layout.data_parallel_degree} x {layout.micro_batch_size}; "
             "lower one of them or raise the global batch"
         )
-    return m
+    return max(1, m // training.pipeline_flushes)
 
 
 def _loss_micro_batches(layout: Layout, micro_batches: int) -> int:

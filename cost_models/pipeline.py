@@ -43,17 +43,20 @@ def bubble_fraction(layout: Layout, micro_batches: int) -> float:
     return (p - 1) / (v * micro_batches)
 
 
-def bubble_s(layout: Layout, micro_batches: int, slowest_stage_s: float) -> float:
+def bubble_s(layout: Layout, micro_batches: int, slowest_stage_s: float, flushes: int = 1) -> float:
     """Seconds the pipeline idles per step: the bubble fraction of m micro-batches on the slowest
-    stage (``slowest_stage_s`` seconds each; SC21 sec. 2.2)."""
-    return bubble_fraction(layout, micro_batches) * micro_batches * slowest_stage_s
+    stage (``slowest_stage_s`` seconds each; SC21 sec. 2.2); run as ``flushes`` schedules of m / f
+    micro-batches each (``TrainingSpec.pipeline_flushes``), every one fills and drains the
+    pipeline: f (p - 1) stage times, f times the one schedule's."""
+    per_schedule = micro_batches // flushes
+    return flushes * bubble_fraction(layout, per_schedule) * per_schedule * slowest_stage_s
 
 
-def micro_batch_slots(layout: Layout, micro_batches: int) -> int:
+def micro_batch_slots(layout: Layout, micro_batches: int, flushes: int = 1) -> int:
     """Units of the schedule's critical path: m, or with p > 1 stages m x v chunk steps plus the
-    p - 1 that fill the pipeline."""
+    p - 1 that fill the pipeline, once per schedule of the step's ``flushes``."""
     p = layout.pipeline_parallel_degree
-    return micro_batches if p == 1 else micro_batches * layout.virtual_stages + p - 1
+    return micro_batches if p == 1 else micro_batches * layout.virtual_stages + flushes * (p - 1)
 
 
 def pipeline_comm_s(
@@ -77,8 +80,9 @@ def pipeline_comm_s(
             included): what overlapped transfers run behind.
 
     Returns:
-        Seconds: (2 m v + 2 (p - 1)) hops over the slowest stage boundary, the 2 m v behind
-        compute where they overlap it, plus per slot what the profiled slot took beyond its two
+        Seconds: (2 m v + 2 f (p - 1)) hops over the slowest stage boundary (f the training's
+        ``pipeline_flushes``, each filling and draining the pipeline), the 2 m v behind compute
+        where they overlap it, plus per slot what the profiled slot took beyond its two
         transfers' latency.
     """
     p, v, t = layout.pipeline_parallel_degree, layout.virtual_stages, layout.tensor_parallel_degree
@@ -94,7 +98,8 @@ def pipeline_comm_s(
     # The distinct links the hops cross (few: a hop's link is read once, its time once per link).
     links = {device_link(cluster, a, b) for a, b in grp.stage_boundaries(layout, first_pipeline_only=rank_order)}
     hop_s = max(transfer_time_s(act_bytes, link) for link in links)
-    steady_s, fill_drain_s = 2 * micro_batches * v * hop_s, 2 * (p - 1) * hop_s
+    flushes = training.pipeline_flushes
+    steady_s, fill_drain_s = 2 * micro_batches * v * hop_s, 2 * flushes * (p - 1) * hop_s
     if overlaps_transfers(training, cluster, layout):
         steady_s = overlapped_comm_cost_s(steady_s, micro_batches * stage_compute_s)
     transfers_s = steady_s + fill_drain_s
@@ -103,7 +108,7 @@ def pipeline_comm_s(
         return transfers_s
     # The schedule's own cost: the tiny slot beyond its two transfers.
     latency_s = max(link.latency_s for link in links)
-    return transfers_s + micro_batch_slots(layout, micro_batches) * max(0.0, slot_s - 2 * latency_s)
+    return transfers_s + micro_batch_slots(layout, micro_batches, flushes) * max(0.0, slot_s - 2 * latency_s)
 
 
 def overlaps_transfers(training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> bool:

@@ -20,7 +20,7 @@ expert-parallel and pipeline communication, bubble); with unequal ones it is sho
 estimate charging every slot at the slowest stage. Pure: no I/O. Units: seconds.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cost_models.estimate import critical_path
@@ -199,6 +199,23 @@ def pipeline_time_s(time: TimeBreakdown) -> float:
     )
 
 
+def _flushed(schedule: Timeline, flushes: int) -> Timeline:
+    """``flushes`` runs of one schedule's timeline back to back (``TrainingSpec.pipeline_flushes``),
+    each run's micro-batches numbered after the run before."""
+    per_run = 1 + max((s.micro_batch for s in schedule.spans), default=-1)
+    spans = tuple(
+        replace(
+            s,
+            micro_batch=s.micro_batch + run * per_run,
+            start_s=s.start_s + run * schedule.length_s,
+            end_s=s.end_s + run * schedule.length_s,
+        )
+        for run in range(flushes)
+        for s in schedule.spans
+    )
+    return Timeline(stages=schedule.stages, spans=spans)
+
+
 def estimate_timeline(
     model: ModelSpec,
     training: TrainingSpec,
@@ -240,8 +257,14 @@ def estimate_timeline(
     transfers_s = comm_scale * pipeline_comm_s(
         model, training, cluster, layout, m, slowest.compute_s + slowest.recompute_s
     )
-    transfer_s = transfers_s / (2 * micro_batch_slots(layout, m)) if layout.pipeline_parallel_degree > 1 else 0.0
-    timeline = pipeline_timeline(layout.schedule, chunks, m, virtual_stages=v, transfer_s=transfer_s)
+    slots = micro_batch_slots(layout, m, training.pipeline_flushes)
+    transfer_s = transfers_s / (2 * slots) if layout.pipeline_parallel_degree > 1 else 0.0
+    timeline = _flushed(
+        pipeline_timeline(
+            layout.schedule, chunks, m // training.pipeline_flushes, virtual_stages=v, transfer_s=transfer_s
+        ),
+        training.pipeline_flushes,
+    )
     copies = tied_copy_stages(model, layout)
     sync_s = comm_scale * tied_embedding_sync_s(model, training, cluster, layout)
     if copies is None or sync_s <= 0:

@@ -52,10 +52,16 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             f"global batch {training.global_batch_size} is not divisible by dp x micro-batch = "
             f"{d} x {layout.micro_batch_size}; pick a micro-batch size or dp that divides it"
         )
-    micro_batches = training.global_batch_size // replica_batch
-    if layout.schedule is Schedule.INTERLEAVED and micro_batches % p:
+    micro_batches, flushes = training.global_batch_size // replica_batch, training.pipeline_flushes
+    if micro_batches % flushes:
         raise InfeasibleConfigError(
-            f"the interleaved schedule needs micro-batches per step ({micro_batches}) divisible by pp={p}"
+            f"pipeline_flushes={flushes} splits the step's {micro_batches} micro-batches into equal schedules, "
+            f"but {flushes} does not divide {micro_batches}; pick a micro-batch size, dp or number of flushes that do"
+        )
+    if layout.schedule is Schedule.INTERLEAVED and (micro_batches // flushes) % p:
+        per = "per step" if flushes == 1 else f"per schedule, {micro_batches} over {flushes} flushes"
+        raise InfeasibleConfigError(
+            f"the interleaved schedule needs micro-batches {per} ({micro_batches // flushes}) divisible by pp={p}"
         )
     if layout.layer_split is not None and sum(layout.layer_split) != model.num_hidden_layers:
         raise InfeasibleConfigError(

@@ -58,12 +58,20 @@ ClusterOpt = Annotated[
 GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")]
 SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")]
 DTypeOpt = Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
-AttentionOpt = Annotated[
-    AttentionKernel,
+ATTENTION_HELP = (
+    "Attention kernel: flash (FlashAttention-2, PyTorch's SDPA), cudnn (cuDNN's fused attention, Transformer "
+    "Engine's default on Hopper; priced at the cluster's cuDNN figures where it has them, else at flash's), or "
+    "eager (the s x s scores kept)"
+)
+AttentionOpt = Annotated[AttentionKernel, typer.Option(help=ATTENTION_HELP + ".")]
+PipelineFlushesOpt = Annotated[
+    int | None,
     typer.Option(
-        help="Attention kernel: flash (FlashAttention-2, PyTorch's SDPA), cudnn (cuDNN's fused attention, Transformer "
-        "Engine's default on Hopper; priced at the cluster's cuDNN figures where it has them, else at flash's), or "
-        "eager (the s x s scores kept)."
+        min=1,
+        help="Pipeline schedules each step runs its micro-batches in, gradients accumulated between them: the "
+        "gradient accumulation steps of torchtitan or NeMo AutoModel under pipeline parallelism (one schedule per "
+        "local batch), each filling and draining the pipeline; the planner's runtime and Megatron-LM run one "
+        "[default: 1].",
     ),
 ]
 KERNELS_HELP = (
@@ -180,6 +188,7 @@ TRAINING_OPTIONS = {
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",
     "pp_comm_overlap": "pp_comm_overlap",
+    "pipeline_flushes": "pipeline_flushes",
     "vocabulary_overlap": "vocabulary_overlap",
     "grad_reduce_dtype": "grad_reduce_dtype",
     "moe_dispatcher": "moe_dispatcher",

@@ -21,7 +21,8 @@ in ``upgrade``; 9 adds the training's ``loss_kernels``, whose default (None: as 
 plan priced, and ``vocabulary_overlap``, which a version-8 plan reads as on (as it was priced); 10 adds
 the layout's ``recompute_modules``, whose default (the attention core) is what selective recompute
 meant in a version-9 plan; 11 adds the training's attention kernel ``cudnn``, which no version-10
-plan names.
+plan names, and its ``pipeline_flushes``, whose default (one schedule a step) is what version 10
+priced.
 """
 
 from dataclasses import fields
@@ -153,7 +154,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     priced as Vocabulary Parallelism's own schedule runs it (``vocabulary_overlap`` on). Version
     9 -> 10: the layouts' new field's default (selective recompute of the attention core alone) is
     what version 9's selective recompute was. Version 10 -> 11: nothing to change; the new
-    attention kernel is one no version-10 plan names.
+    attention kernel is one no version-10 plan names, and the new field's default (one pipeline
+    schedule a step) is what version 10 priced.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}

@@ -54,6 +54,12 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
             "the global batch (planner search never proposes this)"
         )
+    if training.pipeline_flushes > 1 and layout.pipeline_parallel_degree > 1:
+        raise InfeasibleConfigError(
+            f"the plan runs each step as {training.pipeline_flushes} pipeline schedules (pipeline_flushes), as "
+            "torchtitan and NeMo AutoModel accumulate gradients, but this runtime runs one schedule a step; plan "
+            "with --pipeline-flushes 1 to run it here"
+        )
     if training.tp_comm_overlap and cuda and layout.tensor_parallel_degree > 1:
         raise InfeasibleConfigError(
             "the plan is priced with tensor-parallel collectives behind their GEMMs (tp_comm_overlap), but this "

@@ -65,6 +65,16 @@ class TrainingSpec(FrozenModel):
             "stages); the transfers that fill and drain the pipeline stay exposed. Priced on GPUs."
         ),
     )
+    pipeline_flushes: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Pipeline schedules a step runs its micro-batches in, gradients accumulated between them: 1 as "
+            "Megatron-LM and this planner's runtime run every micro-batch in one schedule; the gradient "
+            "accumulation steps of torchtitan and NeMo AutoModel, which run one schedule per local batch. Each "
+            "schedule fills and drains the pipeline."
+        ),
+    )
     grad_reduce_dtype: DType | None = Field(
         default=None,
         description=(

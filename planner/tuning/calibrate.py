@@ -135,7 +135,11 @@ def _fit_time(
 ) -> dict[str, float]:
     """The time factors: a linear start, then the model itself fitted."""
     slots = [
-        micro_batch_slots(obs.plan.layout, num_micro_batches(obs.plan.training.global_batch_size, obs.plan.layout))
+        micro_batch_slots(
+            obs.plan.layout,
+            num_micro_batches(obs.plan.training.global_batch_size, obs.plan.layout),
+            obs.plan.training.pipeline_flushes,
+        )
         for obs in observations
     ]
     x = np.array(
