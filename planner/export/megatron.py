@@ -96,6 +96,13 @@ def _check(plan: Plan) -> None:
     layout = plan.layout
     if layout.pipeline_parallel_degree > 1 and layout.schedule is Schedule.GPIPE:
         refuse(TARGET, "the GPipe schedule", "its pipelines run 1F1B or interleaved", "plan with --schedule 1f1b")
+    if layout.pipeline_parallel_degree > 1 and plan.training.pipeline_flushes > 1:
+        refuse(
+            TARGET,
+            f"pipeline_flushes={plan.training.pipeline_flushes}",
+            "it runs all of a step's micro-batches in one pipeline schedule",
+            "plan with --pipeline-flushes 1",
+        )
     cp, kv = layout.context_parallel_degree, plan.model.kv_heads // layout.tensor_parallel_degree
     if cp > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL and kv % cp:
         refuse(

@@ -24,9 +24,10 @@ How the plan maps:
   plan's layer split as ``module_fqns_per_model_part`` (p v parts, part c on rank c % p, the
   embedding with the first and the final norm and output layer with the last), always, because
   torchtitan's own default split weighs the embedding and the output layer as one layer each.
-- Batch: ``local_batch_size`` is what one data-parallel rank takes per step through the
-  pipeline (B / d, in micro-batches of b), or per gradient-accumulation step without one (b,
-  with ``global_batch_size`` B making torchtitan accumulate B / (d b) of them).
+- Batch: ``local_batch_size`` is what one data-parallel rank takes through one pipeline
+  schedule (B / (d f), in micro-batches of b, f the plan's ``pipeline_flushes``: torchtitan
+  accumulates gradients over the f schedules), or per gradient-accumulation step without a
+  pipeline (b, with ``global_batch_size`` B making torchtitan accumulate B / (d b) of them).
 - Precision: bf16 and fp32 as ``mixed_precision_param`` with fp32 master weights; torchtitan has
   no fp16 mixed precision, so fp16 is refused. Recompute: ``[activation_checkpoint] mode``;
   selective is torchtitan's per-op policy ("op": keeps matmul and attention outputs, recomputes
@@ -96,7 +97,8 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     async_tp = training.tp_comm_overlap and t > 1
     if async_tp:
         parallelism["enable_async_tensor_parallel"] = True
-    local_batch = layout.micro_batch_size * (micro_batches(plan) if p > 1 else 1)
+    # one pipeline schedule's batch: torchtitan accumulates the step's pipeline_flushes of them
+    local_batch = layout.micro_batch_size * (micro_batches(plan) // training.pipeline_flushes if p > 1 else 1)
     config: dict[str, dict[str, TomlValue]] = {
         "job": {"description": f"{plan.model.name} on {plan.cluster.spec}: {layout.describe()} (planner)"},
     }

@@ -111,6 +111,9 @@ def test_torchtitan_pipeline_states_the_plans_split_and_micro_batches() -> None:
     assert len(parts) == 8
     # through the pipeline a rank takes its replica's whole step: 64 / 2 = 32, in 16 micro-batches of 2
     assert config["training"]["local_batch_size"] == 32
+    # priced as 4 schedules a step, it takes 8 a schedule and torchtitan accumulates 64 / (2 x 8) = 4
+    flushed = _toml(_plan(GPT16, layout, pipeline_flushes=4))
+    assert (flushed["training"]["local_batch_size"], flushed["training"]["global_batch_size"]) == (8, 64)
     assert config["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert "model" not in config  # no torchtitan model of that name: the header says so
     assert "[model] name and flavor" in api.export(_plan(GPT16, layout), "torchtitan")
@@ -321,6 +324,11 @@ REFUSED = {
     ),
     "deepspeed-tp": ("deepspeed", lambda: _plan("tiny-gpt", _layout(8, tp=2)), "tensor parallelism (degree 2)"),
     "deepspeed-pp": ("deepspeed", lambda: _plan("tiny-gpt", _layout(8, pp=2)), "--pp 1"),
+    "megatron-pipeline-flushes": (
+        "megatron",
+        lambda: _plan("tiny-gpt", _layout(8, pp=2), pipeline_flushes=2),
+        "pipeline_flushes=2: it runs all of a step's micro-batches in one pipeline schedule",
+    ),
     "deepspeed-hsdp": (
         "deepspeed",
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, sharding_group_size=8)),
