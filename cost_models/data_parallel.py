@@ -95,11 +95,14 @@ def stage_data_parallel_comm(
     layers = stage_layers(model, layout)[stage]
     shares: list[tuple[float, Iterator[Group], int, int, GroupCollectives]] = [
         (held.dense, *_dense_groups(layout, stage, part), held.units, part)
-        for part in dense_group_collectives(layout, micro_batches)
+        for part in dense_group_collectives(layout, micro_batches, training.pipeline_flushes)
     ]
     if held.expert:
         edp = layout.expert_data_parallel_degree
-        expert = GroupCollectives(over=ShardGroupKind.SHARDING, collectives=step_collectives(layout, micro_batches))
+        expert = GroupCollectives(
+            over=ShardGroupKind.SHARDING,
+            collectives=step_collectives(layout, micro_batches, training.pipeline_flushes),
+        )
         shares.append((held.expert, grp.expert_data_groups(layout, stage), edp, max(1, layers), expert))
     total_s, unhidden_s = 0.0, 0.0
     for params, groups, size, units, part in shares:
@@ -185,7 +188,7 @@ def data_parallel_time(
         The exposed and the total seconds of the stage whose exposed part is the largest (the
         last such stage on ties).
     """
-    plan = step_collectives(layout, micro_batches)
+    plan = step_collectives(layout, micro_batches, training.pipeline_flushes)
     hides = hides_communication(cluster)
     exposed_s, total_s = 0.0, 0.0
     for stage_time, comm in zip(times, _stage_comms(model, training, cluster, layout, micro_batches), strict=True):

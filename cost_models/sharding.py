@@ -354,15 +354,20 @@ WITHOUT_PIPELINE: Final = {
 """What each ZeRO stage runs in a step where no pipeline defers the reduction."""
 
 
-def step_collectives(layout: Layout, micro_batches: int) -> StepCollectives:
+def step_collectives(layout: Layout, micro_batches: int, flushes: int = 1) -> StepCollectives:
     """What ZeRO runs over the data-parallel group in one step (module docstring):
     ``WITHOUT_PIPELINE``, or under a pipeline that defers ZeRO 2-3's reduction one reduce-scatter
     after the last backward, hidden by nothing, and one all-gather (ZeRO-2) or m + 1, one for
-    every backward and one for the first forward, behind all the compute (ZeRO-3).
+    every backward and one for the first forward, behind all the compute (ZeRO-3). A step run as
+    f pipeline schedules (``TrainingSpec.pipeline_flushes``: torchtitan's and AutoModel's FSDP)
+    reduces after each schedule's last backward (torch's pipeline stages sync gradients there),
+    and ZeRO-3 gathers for each schedule's first forward: f reductions, m + f gathers. ZeRO 0-1
+    reduce once a step as without flushes.
 
     Args:
         layout: ZeRO stage and degrees (whether a pipeline defers the reduction).
         micro_batches: micro-batches per step on one replica (m).
+        flushes: pipeline schedules per step (f).
 
     Returns:
         The collectives per micro-batch and per step, whether unit by unit, and their window.
@@ -376,14 +381,14 @@ def step_collectives(layout: Layout, micro_batches: int) -> StepCollectives:
             per_step=Collectives(),
             unit_by_unit=True,
             window=OverlapWindow.NONE,
-            exposed=Collectives(reduce_scatter=1, all_gather=1),
+            exposed=Collectives(reduce_scatter=flushes, all_gather=1),
         )
     return StepCollectives(
         per_micro_batch=Collectives(),
-        per_step=Collectives(all_gather=micro_batches + 1),
+        per_step=Collectives(all_gather=micro_batches + flushes),
         unit_by_unit=True,
         window=OverlapWindow.ALL_COMPUTE,
-        exposed=Collectives(reduce_scatter=1),
+        exposed=Collectives(reduce_scatter=flushes),
         edges=Collectives(all_gather=1),
     )
 
@@ -411,7 +416,7 @@ class GroupCollectives:
     all-reduce one shard."""
 
 
-def dense_group_collectives(layout: Layout, micro_batches: int) -> tuple[GroupCollectives, ...]:
+def dense_group_collectives(layout: Layout, micro_batches: int, flushes: int = 1) -> tuple[GroupCollectives, ...]:
     """The dense parameters' collectives of one step (``step_collectives``) split over the groups
     they run on. Sharding in groups of g (HSDP; Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2): ZeRO's
     collectives run within the group, and the accumulated gradient shard (1/g of the bytes) is
@@ -421,7 +426,7 @@ def dense_group_collectives(layout: Layout, micro_batches: int) -> tuple[GroupCo
     partition (hpZ; Wang et al. 2023, ZeRO++, sec. 3.2): ZeRO-3's backward gathers, one a
     micro-batch, run within it instead; the forward's, and the first of them at the window's
     edge, stay over the sharding group."""
-    plan = step_collectives(layout, micro_batches)
+    plan = step_collectives(layout, micro_batches, flushes)
     parts = [GroupCollectives(over=ShardGroupKind.SHARDING, collectives=plan)]
     secondary = layout.secondary_partition_size
     if secondary is not None and layout.zero_stage.shards_parameters and layout.dense_replicas > 1:

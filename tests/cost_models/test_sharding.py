@@ -255,6 +255,16 @@ def test_the_collectives_each_zero_stage_runs_per_step(p: int, zero: ZeroStage, 
     assert step_collectives(_layout(p, zero), m) == expected
 
 
+def test_a_step_of_several_pipeline_schedules_reduces_after_each() -> None:
+    # p 2, m 8 in f = 4 schedules of 2: ZeRO-3 reduce-scatters after each schedule's last backward
+    # (4, exposed) and gathers for each backward and each schedule's first forward (8 + 4).
+    zero3 = step_collectives(_layout(2, ZeroStage.PARAMETERS), 8, flushes=4)
+    assert (zero3.exposed, zero3.per_step) == (Collectives(reduce_scatter=4), Collectives(all_gather=12))
+    # ZeRO-2 keeps its gathered weights: one all-gather after the optimizer step, 4 reductions.
+    zero2 = step_collectives(_layout(2, ZeroStage.GRADIENTS), 8, flushes=4)
+    assert zero2.exposed == Collectives(reduce_scatter=4, all_gather=1)
+
+
 def test_a_step_s_collectives_add_up_and_its_edges_are_single_pieces() -> None:
     plan = step_collectives(_layout(2, ZeroStage.PARAMETERS), 8)
     run_s = {CollectiveOp.ALL_GATHER: 2.0, CollectiveOp.REDUCE_SCATTER: 3.0}
