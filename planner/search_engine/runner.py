@@ -142,9 +142,16 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
     margin = f"{evaluate.memory_margin:.0%} kept free"
     miss = evaluate.closest_miss
     if miss is None:
+        flushes = space.training.pipeline_flushes
+        schedules = (
+            f", and that a replica's micro-batches divide into --pipeline-flushes {flushes} equal schedules"
+            if flushes > 1
+            else ""
+        )
         return (
             f"no valid layout of {space.model.name!r} on {space.world_size} ranks: check that the global batch "
             f"{space.training.global_batch_size} has divisors matching the data-parallel degrees the cluster allows"
+            + schedules
         )
     need_gib = miss.memory.total_bytes / 2**30
     term, term_bytes = dominant_term(miss.memory)

@@ -35,3 +35,10 @@ def test_flushes_that_do_not_divide_the_step_are_one_line(monkeypatch: pytest.Mo
     code, _, err = planner_main([*BASE, "--pipeline-flushes", "3"], monkeypatch)
     assert code == 2
     assert "3 does not divide 8" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_search_that_no_layout_can_split_so_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["search", "-m", "llama3-8b", "-c", "dgx-h100:1", "--global-batch-size", "8", "--seq-len", "4096"]
+    code, _, err = planner_main([*args, "--pipeline-flushes", "16", "--pp", "2"], monkeypatch)
+    assert code == 2
+    assert "divide into --pipeline-flushes 16 equal schedules" in err and "Traceback" not in err
