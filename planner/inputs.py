@@ -436,7 +436,7 @@ _ATTENTION_TOKENS = 16384
 """Batch x sequence of a published attention point (the FlashAttention papers' benchmark setting)."""
 _ATTENTION_HIDDEN = 2048
 """Heads x head dim of a published attention point (the same setting)."""
-_ATTENTION_COLUMNS = {"points": 4, "forward_backward_points": 2}
+_ATTENTION_COLUMNS = {"points": 4, "forward_backward_points": 2, "causal_points": 3}
 """A block's rows: [s, causal forward, forward, backward] or [s, causal forward + backward], FLOP/s."""
 
 
@@ -447,8 +447,9 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
     sequence, halved under a causal mask, backward 2.5 x forward. A block gives either
     ``points``, [s, causal forward, forward without mask, backward without mask], whose causal
     backward keeps the forward's causal / unmasked ratio (FlashAttention-3's paper times the
-    backward without a mask only), or ``forward_backward_points``, [s, causal forward +
-    backward], both passes at that rate (FlashAttention-2's paper figure for the A100). Training
+    backward without a mask only), ``forward_backward_points``, [s, causal forward +
+    backward], both passes at that rate (FlashAttention-2's paper figure for the A100), or
+    ``causal_points``, [s, causal forward, causal backward] (cudnn-frontend's benchmark). Training
     sustains ``sustained`` of each rate, as of the matmul's (the papers time one GPU at a fixed
     or boost clock). ``runs_as`` names the kernel (``AttentionKernel``: flash, the default, or
     cudnn) whose rates the block gives, which ``TrainingSpec.attention_kernel`` selects.
@@ -514,6 +515,9 @@ def _attention_rates(block: Mapping[str, object], where: str) -> list[tuple[int,
         if columns == 4:
             seq_len, causal_forward, forward, backward = row
             rates.append((seq_len, float(causal_forward), backward * causal_forward / forward))
+        elif columns == 3:
+            seq_len, causal_forward, causal_backward = row
+            rates.append((seq_len, float(causal_forward), float(causal_backward)))
         else:
             seq_len, both = row
             rates.append((seq_len, float(both), float(both)))

@@ -96,6 +96,16 @@ def test_h100_preset_holds_cudnn_attention_from_the_same_figures() -> None:
     assert flash_fwd_s / fwd_s == pytest.approx(539 / 335)
 
 
+def test_gb200_preset_holds_cudnn_frontends_causal_rates_of_both_kernels() -> None:
+    device = cluster_preset("gb200-nvl72", 1).device
+    cudnn = fused_attention_s(1e12, 4096, 128, device, DType.BF16, AttentionKernel.CUDNN) or (0.0, 0.0)
+    flash = fused_attention_s(1e12, 4096, 128, device, DType.BF16, AttentionKernel.FLASH) or (0.0, 0.0)
+    # cudnn-frontend's GB200 CSV at 4,096 tokens: cudnn_fe 1,386 forward and 1,054 backward
+    # TFLOP/s, pyt_flash_attention 387 and 311, causal as counted; x 0.815 sustained.
+    assert (1e12 / cudnn[0], 2.5e12 / cudnn[1]) == pytest.approx((1386e12 * 0.815, 1054e12 * 0.815))
+    assert (1e12 / flash[0], 2.5e12 / flash[1]) == pytest.approx((387e12 * 0.815, 311e12 * 0.815))
+
+
 def test_a_preset_attention_block_runs_as_a_fused_kernel() -> None:
     raw = _h100_raw()
     raw["device"]["attention"][1]["runs_as"] = "eager"
