@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.inputs import load_cluster
-from planner.schemas import ClusterProfile, DType
+from planner.schemas import AttentionKernel, AttentionRecord, ClusterProfile, DType
 
 # name: (GPUs per node, nvidia-smi's total in MiB, dense BF16 peak, FP32 peak, sustained BF16
 # matmul = burst MAMF x sustained/burst, ring busbw over NVLink)
@@ -54,12 +54,15 @@ def test_the_h200_keeps_the_h100s_compute_and_its_measured_small_message_all_red
     assert small.time_s == pytest.approx(32768 * 2 * 7 / 8 / 1.44e9, rel=1e-12)
 
 
-def test_the_blackwell_presets_state_no_attention_or_collective_records() -> None:
-    # Not published for Blackwell: the cost model prices the attention core at the matmul rate
-    # and collectives as a ring over the link (the presets' header comments say so).
+def test_the_blackwell_presets_hold_both_attention_kernels_and_no_collective_records() -> None:
+    # cudnn-frontend's benchmark publishes FlashAttention-2 and cuDNN on each (6 lengths, head
+    # size 128); no per-size collective curve is published: rings over the link (header comments).
     for name in ("dgx-b200", "gb200-nvl72"):
         cluster = load_cluster(f"{name}:1")
-        assert cluster.device.op_records == () and cluster.collectives == ()
+        records = cluster.device.op_records
+        assert all(isinstance(r, AttentionRecord) and r.head_size == 128 for r in records)
+        assert sorted(r.kernel for r in records) == [AttentionKernel.CUDNN] * 6 + [AttentionKernel.FLASH] * 6
+        assert cluster.collectives == ()
 
 
 def test_planner_presets_lists_the_new_clusters() -> None:
