@@ -40,7 +40,7 @@ from cost_models.sharding import (
 from cost_models.timing import StageTime
 from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, TrainingSpec
 from planner.schemas.buffers import GRAD_BUCKET_ELEMENTS
-from planner.schemas.geometry import stage_layers
+from planner.schemas.geometry import pipeline_schedules, stage_layers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,15 +93,16 @@ def stage_data_parallel_comm(
     """
     held = stage_params(model, layout, stage)
     layers = stage_layers(model, layout)[stage]
+    schedules = pipeline_schedules(layout, training.pipeline_flushes)
     shares: list[tuple[float, Iterator[Group], int, int, GroupCollectives]] = [
         (held.dense, *_dense_groups(layout, stage, part), held.units, part)
-        for part in dense_group_collectives(layout, micro_batches, training.pipeline_flushes)
+        for part in dense_group_collectives(layout, micro_batches, schedules)
     ]
     if held.expert:
         edp = layout.expert_data_parallel_degree
         expert = GroupCollectives(
             over=ShardGroupKind.SHARDING,
-            collectives=step_collectives(layout, micro_batches, training.pipeline_flushes),
+            collectives=step_collectives(layout, micro_batches, schedules),
         )
         shares.append((held.expert, grp.expert_data_groups(layout, stage), edp, max(1, layers), expert))
     total_s, unhidden_s = 0.0, 0.0
@@ -188,7 +189,7 @@ def data_parallel_time(
         The exposed and the total seconds of the stage whose exposed part is the largest (the
         last such stage on ties).
     """
-    plan = step_collectives(layout, micro_batches, training.pipeline_flushes)
+    plan = step_collectives(layout, micro_batches, pipeline_schedules(layout, training.pipeline_flushes))
     hides = hides_communication(cluster)
     exposed_s, total_s = 0.0, 0.0
     for stage_time, comm in zip(times, _stage_comms(model, training, cluster, layout, micro_batches), strict=True):

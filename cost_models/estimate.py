@@ -38,7 +38,7 @@ from planner.schemas import (
     TimeBreakdown,
     TrainingSpec,
 )
-from planner.schemas.geometry import num_micro_batches, stage_layers
+from planner.schemas.geometry import num_micro_batches, pipeline_schedules, stage_layers
 from planner.schemas.routing import RoutingStats
 
 
@@ -101,7 +101,8 @@ def estimate(
         context_parallel_comm_s=shared * m * slowest.context_parallel_comm_s,
     )
     if cal is not None:
-        time = calibrated_time(time, cal, micro_batch_slots(layout, m, training.pipeline_flushes))
+        slots = micro_batch_slots(layout, m, pipeline_schedules(layout, training.pipeline_flushes))
+        time = calibrated_time(time, cal, slots)
     return _estimate_of(model, training, cluster, layout, time, _stage_estimates(model, layout, times, memories))
 
 
@@ -133,7 +134,7 @@ def critical_path(
     m = num_micro_batches(training.global_batch_size, layout)
     times = stage_times(model, training, cluster, layout, routing=routing)
     slowest = max(times, key=lambda st: st.total_s)
-    bubble = bubble_s(layout, m, slowest.total_s, training.pipeline_flushes)
+    bubble = bubble_s(layout, m, slowest.total_s, pipeline_schedules(layout, training.pipeline_flushes))
     return CriticalPath(
         micro_batches=m,
         times=times,

@@ -69,6 +69,7 @@ from planner.schemas.geometry import (
     in_flight_micro_batches,
     num_micro_batches,
     output_chunk,
+    pipeline_schedules,
     stage_layers,
     tied_copy_stages,
 )
@@ -517,7 +518,7 @@ def _micro_batches(training: TrainingSpec, layout: Layout) -> int:
             f"micro_batch_size = {layout.data_parallel_degree} x {layout.micro_batch_size}; "
             "lower one of them or raise the global batch"
         )
-    return max(1, m // training.pipeline_flushes)
+    return max(1, m // pipeline_schedules(layout, training.pipeline_flushes))
 
 
 def _loss_micro_batches(layout: Layout, micro_batches: int) -> int:

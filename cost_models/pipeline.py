@@ -35,6 +35,7 @@ from cost_models.compute import measured_pipeline_slot_s
 from cost_models.context_parallel import local_seq_len
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
+from planner.schemas.geometry import pipeline_schedules
 
 
 def bubble_fraction(layout: Layout, micro_batches: int) -> float:
@@ -98,7 +99,7 @@ def pipeline_comm_s(
     # The distinct links the hops cross (few: a hop's link is read once, its time once per link).
     links = {device_link(cluster, a, b) for a, b in grp.stage_boundaries(layout, first_pipeline_only=rank_order)}
     hop_s = max(transfer_time_s(act_bytes, link) for link in links)
-    flushes = training.pipeline_flushes
+    flushes = pipeline_schedules(layout, training.pipeline_flushes)
     steady_s, fill_drain_s = 2 * micro_batches * v * hop_s, 2 * flushes * (p - 1) * hop_s
     if overlaps_transfers(training, cluster, layout):
         steady_s = overlapped_comm_cost_s(steady_s, micro_batches * stage_compute_s)

@@ -27,7 +27,7 @@ from cost_models.estimate import critical_path
 from cost_models.pipeline import micro_batch_slots, pipeline_comm_s
 from cost_models.vocabulary import tied_embedding_sync_s
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TimeBreakdown, TrainingSpec
-from planner.schemas.geometry import tied_copy_stages
+from planner.schemas.geometry import pipeline_schedules, tied_copy_stages
 from planner.schemas.routing import RoutingStats
 
 
@@ -257,13 +257,11 @@ def estimate_timeline(
     transfers_s = comm_scale * pipeline_comm_s(
         model, training, cluster, layout, m, slowest.compute_s + slowest.recompute_s
     )
-    slots = micro_batch_slots(layout, m, training.pipeline_flushes)
+    schedules = pipeline_schedules(layout, training.pipeline_flushes)
+    slots = micro_batch_slots(layout, m, schedules)
     transfer_s = transfers_s / (2 * slots) if layout.pipeline_parallel_degree > 1 else 0.0
     timeline = _flushed(
-        pipeline_timeline(
-            layout.schedule, chunks, m // training.pipeline_flushes, virtual_stages=v, transfer_s=transfer_s
-        ),
-        training.pipeline_flushes,
+        pipeline_timeline(layout.schedule, chunks, m // schedules, virtual_stages=v, transfer_s=transfer_s), schedules
     )
     copies = tied_copy_stages(model, layout)
     sync_s = comm_scale * tied_embedding_sync_s(model, training, cluster, layout)

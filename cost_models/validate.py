@@ -13,7 +13,7 @@ from planner.schemas import (
     TrainingSpec,
 )
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
-from planner.schemas.geometry import chunk_layers, splits_into_context_chunks
+from planner.schemas.geometry import chunk_layers, pipeline_schedules, splits_into_context_chunks
 from planner.schemas.layout import check_experts
 
 
@@ -52,7 +52,8 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             f"global batch {training.global_batch_size} is not divisible by dp x micro-batch = "
             f"{d} x {layout.micro_batch_size}; pick a micro-batch size or dp that divides it"
         )
-    micro_batches, flushes = training.global_batch_size // replica_batch, training.pipeline_flushes
+    micro_batches = training.global_batch_size // replica_batch
+    flushes = pipeline_schedules(layout, training.pipeline_flushes)
     if micro_batches % flushes:
         raise InfeasibleConfigError(
             f"pipeline_flushes={flushes} splits the step's {micro_batches} micro-batches into equal schedules, "

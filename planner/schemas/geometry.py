@@ -336,6 +336,12 @@ def num_micro_batches(global_batch_size: int, layout: Layout) -> int:
     return global_batch_size // (layout.data_parallel_degree * layout.micro_batch_size)
 
 
+def pipeline_schedules(layout: Layout, flushes: int) -> int:
+    """Pipeline schedules a step runs: the training's ``pipeline_flushes`` (``flushes``) with a
+    pipeline, 1 without one (the step's micro-batches then form no schedule to fill or drain)."""
+    return flushes if layout.pipeline_parallel_degree > 1 else 1
+
+
 def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int, *, vocabulary_warmup: bool = True) -> float:
     """Micro-batches of a whole stage's activations held at the stage's peak.
 

@@ -28,7 +28,7 @@ from cost_models.estimate import estimate
 from cost_models.pipeline import micro_batch_slots
 from planner.schemas import Calibration, ClusterProfile, Estimate, MemoryBreakdown, Plan, RunReport
 from planner.schemas.errors import PlannerError
-from planner.schemas.geometry import num_micro_batches
+from planner.schemas.geometry import num_micro_batches, pipeline_schedules
 
 PRIOR_WEIGHTS = (0.0, 0.03, 0.1, 0.3)
 """Candidate pulls of the time factors toward the uncalibrated model (scales 1, overhead 0), as
@@ -138,7 +138,7 @@ def _fit_time(
         micro_batch_slots(
             obs.plan.layout,
             num_micro_batches(obs.plan.training.global_batch_size, obs.plan.layout),
-            obs.plan.training.pipeline_flushes,
+            pipeline_schedules(obs.plan.layout, obs.plan.training.pipeline_flushes),
         )
         for obs in observations
     ]

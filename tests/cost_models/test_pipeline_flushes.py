@@ -69,3 +69,12 @@ def test_flushes_must_divide_the_step_and_leave_interleaving_whole_schedules() -
     check_layout(model, _training(2), cluster, interleaved)  # 4 a schedule: divisible by pp 4
     with pytest.raises(InfeasibleConfigError, match=r"micro-batches per schedule, 8 over 4 flushes \(2\) divisible"):
         check_layout(model, _training(4), cluster, interleaved)
+
+
+def test_without_a_pipeline_flushes_change_nothing() -> None:
+    # dp 8, no pipeline: 2 micro-batches a step form no schedule; 3 flushes neither constrain the
+    # layout nor change its estimate.
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100:1")
+    flat = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    check_layout(model, _training(3), cluster, flat)
+    assert estimate(model, _training(3), cluster, flat) == estimate(model, _training(1), cluster, flat)
