@@ -38,6 +38,7 @@ from planner.schemas.geometry import (
     in_flight_micro_batches,
     num_micro_batches,
     output_chunk,
+    pipeline_schedules,
     stage_chunks,
 )
 from planner.schemas.runtime_support import check_recompute_modules
@@ -73,11 +74,13 @@ to the byte)."""
 
 
 def traced_global_batch(plan: Plan, cap: int = TRACED_MICRO_BATCHES) -> int:
-    """The global batch a dry run of ``plan`` steps: the plan's, or without a pipeline that of
-    at most ``cap`` micro-batches per replica (``TRACED_MICRO_BATCHES``)."""
+    """The global batch a dry run of ``plan`` steps: with a pipeline, one schedule's (the plan's
+    over its ``pipeline_flushes``: each schedule holds the same, and gradients accumulate in
+    place), or without one that of at most ``cap`` micro-batches per replica
+    (``TRACED_MICRO_BATCHES``)."""
     layout, global_batch = plan.layout, plan.training.global_batch_size
     if layout.pipeline_parallel_degree > 1:
-        return global_batch
+        return global_batch // pipeline_schedules(layout, plan.training.pipeline_flushes)
     micro_batches = num_micro_batches(global_batch, layout)
     return global_batch if micro_batches <= cap else layout.data_parallel_degree * layout.micro_batch_size * cap
 

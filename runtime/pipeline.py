@@ -68,20 +68,40 @@ def build_schedule(
     *,
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
     activations: StageActivations | None = None,
+    step_micro_batches: int | None = None,
 ) -> PipelineSchedule:
     """The layout's schedule over this rank's ``chunks`` on the pipeline group ``pp_mesh``;
     ``loss``: the last stage's loss function; ``activations``: the stages' inputs and outputs
     given up front, so that the schedule runs no forward and backward of its own to infer them
-    (the vocabulary-parallel passes would take part in those, and the other ranks would not)."""
+    (the vocabulary-parallel passes would take part in those, and the other ranks would not);
+    ``step_micro_batches``: when a step runs several schedules (``TrainingSpec.pipeline_flushes``),
+    all of their micro-batches: each loss is then divided by that count and the gradients left
+    unscaled, so that they accumulate over the schedules to the step's mean (torch's own scaling
+    divides the whole gradient by one schedule's count at each schedule's end)."""
     n = layout.num_chunks
     stages: list[_PipelineStageBase] = []
     for chunk, c in zip(chunks, stage_chunks(layout, stage), strict=True):
         inputs, outputs = activations(c) if activations else (None, None)
         stages.append(PipelineStage(chunk, c, n, device, inputs, outputs, group=pp_mesh.get_group()))
+    scale = step_micro_batches is None
+    if not scale:
+        assert step_micro_batches is not None
+        loss = _divided(loss, step_micro_batches)
     if layout.schedule is Schedule.INTERLEAVED:
-        return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss)
+        return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss, scale_grads=scale)
     cls = ScheduleGPipe if layout.schedule is Schedule.GPIPE else Schedule1F1B
-    return cls(stages[0], n_microbatches=micro_batches, loss_fn=loss)
+    return cls(stages[0], n_microbatches=micro_batches, loss_fn=loss, scale_grads=scale)
+
+
+def _divided(
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], count: int
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``loss`` over ``count``: one micro-batch's share of a step's mean."""
+
+    def divided(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return loss(output, target) / count
+
+    return divided
 
 
 def stage_activations(

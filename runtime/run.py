@@ -137,6 +137,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         device=device,
         dtype=training.dtype,
         reduce_dtype=training.reduce_dtype,
+        pipeline_flushes=training.pipeline_flushes,
     )
     if settings.trace_routing is not None:
         record_routing(trainer)

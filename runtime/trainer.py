@@ -29,7 +29,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
-from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches
+from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches, pipeline_schedules
 from planner.schemas.layout import check_experts
 from planner.schemas.training import default_reduce_dtype
 from runtime.context_parallel import SentBytes
@@ -80,6 +81,7 @@ class Trainer:
         experts_mesh: DeviceMesh | None = None,
         sharding: ShardingMeshes | None = None,
         contexts_mesh: DeviceMesh | None = None,
+        pipeline_flushes: int = 1,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them, and
@@ -93,12 +95,22 @@ class Trainer:
         layout's expert mesh built beforehand, as ``mesh`` (default: built here when needed);
         ``sharding``: the meshes ZeRO shares the states over built beforehand, as ``mesh``
         (default: ``runtime.mesh.sharding_meshes``, built here); ``contexts_mesh``: under context
-        parallelism the layout's context mesh built beforehand, as ``mesh`` (default: built here).
+        parallelism the layout's context mesh built beforehand, as ``mesh`` (default: built here);
+        ``pipeline_flushes``: the pipeline schedules a step runs (``TrainingSpec.pipeline_flushes``),
+        each over its share of the micro-batches, gradients accumulated between them.
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.global_batch_size = global_batch_size
         self.micro_batches = num_micro_batches(global_batch_size, layout)
+        self.flushes = pipeline_schedules(layout, pipeline_flushes)
+        """Pipeline schedules a step runs; each runs ``micro_batches // flushes`` micro-batches."""
+        if self.flushes > 1 and layout.vocabulary_layout.over_pipeline:
+            raise InfeasibleConfigError(
+                f"pipeline_flushes={self.flushes} with the vocabulary split over the pipeline "
+                f"({layout.vocabulary_layout!s}): this runtime runs the vocabulary passes once a step; plan with "
+                "--vocabulary-layout pinned or --pipeline-flushes 1"
+            )
         self.mesh: DeviceMesh = mesh or layout_mesh(layout, device.type)
         self.pp_rank = self.mesh[MeshAxis.PP].get_local_rank()
         self.placement = placement or placement_table(model, layout)
@@ -208,11 +220,17 @@ class Trainer:
             if self.schedule is not None:
                 if self.vocabulary is not None:
                     self.vocabulary.begin_step(x, y, self.micro_batches)
-                losses = pipeline_step(self.schedule, self.layout, self.pp_rank, x, y)
+                losses = [  # each schedule its share of the micro-batches; gradients accumulate
+                    loss
+                    for xs, ys in zip(x.chunk(self.flushes), y.chunk(self.flushes), strict=True)
+                    for loss in pipeline_step(self.schedule, self.layout, self.pp_rank, xs, ys)
+                ]
                 if self.vocabulary is not None:
                     self.vocabulary.end_step()
-                # only the output layer's stage has losses
-                loss = sum(_value(part) for part in losses) / len(losses) if losses else 0.0
+                # only the output layer's stage has losses; over several schedules each is already
+                # its micro-batch's share of the step's mean (pipeline.build_schedule)
+                summed = sum(_value(part) for part in losses)
+                loss = (summed if self.flushes > 1 else summed / len(losses)) if losses else 0.0
             else:
                 loss = self._local_step(x, y)
         self.tied.sync(self.chunks)
@@ -230,7 +248,10 @@ class Trainer:
         and the stages' activations for sequences of ``seq_len`` given up front."""
         pp_mesh = self.mesh[MeshAxis.PP]
         if self.vocabulary is None:
-            return build_schedule(self.chunks, self.layout, self.pp_rank, self.device, pp_mesh, self.micro_batches)
+            per_schedule, step = self.micro_batches // self.flushes, self.micro_batches if self.flushes > 1 else None
+            return build_schedule(
+                self.chunks, self.layout, self.pp_rank, self.device, pp_mesh, per_schedule, step_micro_batches=step
+            )
         assert seq_len is not None
         activations = stage_activations(
             self.layout, self.model, self.layout.micro_batch_size, seq_len, TORCH_DTYPES[self.dtype]

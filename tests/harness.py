@@ -130,7 +130,14 @@ def reference_of(model: ModelSpec, setting: Setting = Setting()) -> list[float]:
 
 def train_layouts(model: ModelSpec, layouts: list[dict[str, Any]], setting: Setting = Setting()) -> list[list[float]]:
     """Each layout's losses for ``setting.steps`` steps (runs on every rank)."""
-    return [setting.losses(model, setting.trainer(model, Layout(**kw))) for kw in layouts]
+    return [setting.losses(model, _trainer(model, kw, setting)) for kw in layouts]
+
+
+def _trainer(model: ModelSpec, kw: dict[str, Any], setting: Setting) -> Trainer:
+    """``setting``'s Trainer of the ``Layout`` keywords ``kw``, whose ``pipeline_flushes``, if
+    given, is the Trainer's (a training setting, not the layout's)."""
+    layout = {k: v for k, v in kw.items() if k != "pipeline_flushes"}
+    return setting.trainer(model, Layout(**layout), pipeline_flushes=kw.get("pipeline_flushes", 1))
 
 
 def check_parity(

@@ -70,8 +70,8 @@ PipelineFlushesOpt = Annotated[
         min=1,
         help="Pipeline schedules each step runs its micro-batches in, gradients accumulated between them: the "
         "gradient accumulation steps of torchtitan or NeMo AutoModel under pipeline parallelism (one schedule per "
-        "local batch), each filling and draining the pipeline; the planner's runtime and Megatron-LM run one "
-        "[default: 1].",
+        "local batch), each filling and draining the pipeline; Megatron-LM runs one, the planner's runtime "
+        "either [default: 1].",
     ),
 ]
 KERNELS_HELP = (

@@ -12,7 +12,12 @@ from planner.schemas.enums import (
     RecomputeModule,
 )
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import num_micro_batches, splits_for_all_to_all, splits_into_context_chunks
+from planner.schemas.geometry import (
+    num_micro_batches,
+    pipeline_schedules,
+    splits_for_all_to_all,
+    splits_into_context_chunks,
+)
 from planner.schemas.layout import Layout
 from planner.schemas.plan import Plan
 
@@ -47,18 +52,20 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
     """
     layout, training = plan.layout, plan.training
     check_recompute_modules(layout)
-    micro_batches = num_micro_batches(training.global_batch_size, layout)
+    schedules = pipeline_schedules(layout, training.pipeline_flushes)
+    micro_batches = num_micro_batches(training.global_batch_size, layout) // schedules
     if 1 < layout.pipeline_parallel_degree > micro_batches:
+        a_step = "a step" if schedules == 1 else f"a schedule ({schedules} a step)"
         raise InfeasibleConfigError(
-            f"the plan runs {micro_batches} micro-batch(es) a step through {layout.pipeline_parallel_degree} pipeline "
-            "stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size or raise "
-            "the global batch (planner search never proposes this)"
+            f"the plan runs {micro_batches} micro-batch(es) {a_step} through {layout.pipeline_parallel_degree} "
+            "pipeline stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size, "
+            "raise the global batch or lower --pipeline-flushes (planner search never proposes this)"
         )
-    if training.pipeline_flushes > 1 and layout.pipeline_parallel_degree > 1:
+    if schedules > 1 and layout.vocabulary_layout.over_pipeline:
         raise InfeasibleConfigError(
-            f"the plan runs each step as {training.pipeline_flushes} pipeline schedules (pipeline_flushes), as "
-            "torchtitan and NeMo AutoModel accumulate gradients, but this runtime runs one schedule a step; plan "
-            "with --pipeline-flushes 1 to run it here"
+            f"the plan runs each step as {schedules} pipeline schedules (pipeline_flushes) with the vocabulary split "
+            f"over the pipeline ({layout.vocabulary_layout!s}), but this runtime runs the vocabulary passes once a "
+            "step; plan with --vocabulary-layout pinned or --pipeline-flushes 1 to run it here"
         )
     if training.tp_comm_overlap and cuda and layout.tensor_parallel_degree > 1:
         raise InfeasibleConfigError(

@@ -70,9 +70,9 @@ class TrainingSpec(FrozenModel):
         ge=1,
         description=(
             "Pipeline schedules a step runs its micro-batches in, gradients accumulated between them: 1 as "
-            "Megatron-LM and this planner's runtime run every micro-batch in one schedule; the gradient "
-            "accumulation steps of torchtitan and NeMo AutoModel, which run one schedule per local batch. Each "
-            "schedule fills and drains the pipeline."
+            "Megatron-LM runs every micro-batch in one schedule; the gradient accumulation steps of torchtitan "
+            "and NeMo AutoModel, which run one schedule per local batch. Each schedule fills and drains the "
+            "pipeline. The planner's runtime runs either (not with the vocabulary split over the pipeline)."
         ),
     )
     grad_reduce_dtype: DType | None = Field(

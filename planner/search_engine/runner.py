@@ -126,9 +126,16 @@ def explain_over_constrained(space: SearchSpace) -> str:
         if (count := replace(space, constraints=rest).size()) > 0:
             freed.append(f"without the one on {name}, {count} layouts")
     culprit = "; ".join(freed) if freed else "no single one does it alone: loosen several"
+    flushes = space.training.pipeline_flushes
+    schedules = (
+        f" (with --pipeline-flushes {flushes}, each of a pipeline's {flushes} schedules needs whole micro-batches, "
+        "at least one per stage)"
+        if flushes > 1
+        else ""
+    )
     return (
         f"no valid layout of {space.model.name!r} on {space.world_size} ranks satisfies the constraints ({given}): "
-        f"{culprit}"
+        f"{culprit}{schedules}"
     )
 
 

@@ -258,16 +258,24 @@ def _micro_batch_size(space: "SearchSpace", chosen: Assignment) -> list[int]:
     dp, pp = as_int(chosen, "dp"), as_int(chosen, "pp")
     if space.training.global_batch_size % dp:
         return []
-    per_replica = space.training.global_batch_size // dp
-    # Fewer micro-batches than stages would idle most of the pipeline, and torch's schedules refuse it.
-    return [b for b in divisors(per_replica) if b <= space.max_micro_batch_size and (pp == 1 or per_replica // b >= pp)]
+    per_replica, flushes = space.training.global_batch_size // dp, space.training.pipeline_flushes
+    # Fewer micro-batches than stages (in each of the step's pipeline schedules, which split the
+    # step's evenly) would idle most of the pipeline, and torch's schedules refuse it.
+    return [
+        b
+        for b in divisors(per_replica)
+        if b <= space.max_micro_batch_size
+        and (pp == 1 or ((per_replica // b) % flushes == 0 and per_replica // b // flushes >= pp))
+    ]
 
 
 def _schedule(space: "SearchSpace", chosen: Assignment) -> list[Schedule]:
     pp = as_int(chosen, "pp")
     if pp == 1:
         return [Schedule.ONE_F_ONE_B]
-    micro_batches = space.training.global_batch_size // (as_int(chosen, "dp") * as_int(chosen, "micro_batch_size"))
+    # one of the step's pipeline schedules (TrainingSpec.pipeline_flushes) at a time
+    step = space.training.global_batch_size // (as_int(chosen, "dp") * as_int(chosen, "micro_batch_size"))
+    micro_batches = step // space.training.pipeline_flushes
     if micro_batches < pp:
         return []
     out: list[Schedule] = [s for s in (Schedule.ONE_F_ONE_B, Schedule.GPIPE) if s in space.schedules]

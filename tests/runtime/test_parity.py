@@ -56,6 +56,8 @@ def test_four_ranks_combinations(tmp_path: Path) -> None:
             L(2, 2, 1, 1, zero_stage=3),
             L(2, 1, 2, 1, zero_stage=2),
             L(2, 2, 1, 1, zero_stage=1),
+            # a step as 2 schedules of 2 micro-batches, ZeRO-2's reduction after each
+            L(2, 1, 2, 1, zero_stage=2, pipeline_flushes=2),
         ],
         tmp_path,
     )

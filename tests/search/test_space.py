@@ -84,6 +84,22 @@ def test_interleaving_needs_layers_and_divisible_micro_batches() -> None:
     assert s.choices("micro_batch_size", dp=4, pp=2) == [1, 2, 4]
 
 
+def test_each_pipeline_schedule_of_a_step_gets_whole_micro_batches_and_one_per_stage() -> None:
+    # batch 32 over dp 4: 8 sequences a replica. In 2 schedules a step, micro-batch 4 leaves one
+    # micro-batch a schedule for 2 stages; in 4, micro-batch 2 does.
+    def flushed(flushes: int) -> SearchSpace:
+        s = space(8)
+        return replace(s, training=s.training.model_copy(update={"pipeline_flushes": flushes}))
+
+    assert space(8).choices("micro_batch_size", dp=4, pp=2) == [1, 2, 4]
+    assert flushed(2).choices("micro_batch_size", dp=4, pp=2) == [1, 2]
+    assert flushed(4).choices("micro_batch_size", dp=4, pp=2) == [1]
+    assert flushed(4).choices("micro_batch_size", dp=8, pp=1) == [1, 2, 4]  # no pipeline: nothing to split
+    # interleaving needs each schedule's micro-batches divisible by pp: 8 / 2 = 4 over pp 2
+    assert Schedule.INTERLEAVED in flushed(2).choices("schedule", dp=4, pp=2, micro_batch_size=1)
+    assert flushed(2).choices("schedule", dp=4, pp=2, micro_batch_size=4) == []
+
+
 def test_only_zero_stages_that_differ_are_searched() -> None:
     s = space(8)
     # One replica shards nothing: every stage would be ZeRO-0.
