@@ -83,9 +83,8 @@ def build_schedule(
     for chunk, c in zip(chunks, stage_chunks(layout, stage), strict=True):
         inputs, outputs = activations(c) if activations else (None, None)
         stages.append(PipelineStage(chunk, c, n, device, inputs, outputs, group=pp_mesh.get_group()))
-    scale = step_micro_batches is None
-    if not scale:
-        assert step_micro_batches is not None
+    scale = step_micro_batches is None  # torch's own scaling, by this schedule's micro-batches
+    if step_micro_batches is not None:
         loss = _divided(loss, step_micro_batches)
     if layout.schedule is Schedule.INTERLEAVED:
         return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss, scale_grads=scale)
