@@ -29,9 +29,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
-from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches, pipeline_schedules
 from planner.schemas.layout import check_experts
+from planner.schemas.runtime_support import check_pipeline_flushes
 from planner.schemas.training import default_reduce_dtype
 from runtime.context_parallel import SentBytes
 from runtime.context_share import ContextShare
@@ -103,14 +103,9 @@ class Trainer:
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.global_batch_size = global_batch_size
         self.micro_batches = num_micro_batches(global_batch_size, layout)
+        check_pipeline_flushes(layout, pipeline_flushes)
         self.flushes = pipeline_schedules(layout, pipeline_flushes)
         """Pipeline schedules a step runs; each runs ``micro_batches // flushes`` micro-batches."""
-        if self.flushes > 1 and layout.vocabulary_layout.over_pipeline:
-            raise InfeasibleConfigError(
-                f"pipeline_flushes={self.flushes} with the vocabulary split over the pipeline "
-                f"({layout.vocabulary_layout!s}): this runtime runs the vocabulary passes once a step; plan with "
-                "--vocabulary-layout pinned or --pipeline-flushes 1"
-            )
         self.mesh: DeviceMesh = mesh or layout_mesh(layout, device.type)
         self.pp_rank = self.mesh[MeshAxis.PP].get_local_rank()
         self.placement = placement or placement_table(model, layout)

@@ -49,6 +49,7 @@ from planner.schemas import (
     Schedule,
     ZeroStage,
 )
+from planner.schemas.geometry import pipeline_schedules
 
 TARGET = "megatron"
 VERSION = "core_v0.15.0"
@@ -96,7 +97,7 @@ def _check(plan: Plan) -> None:
     layout = plan.layout
     if layout.pipeline_parallel_degree > 1 and layout.schedule is Schedule.GPIPE:
         refuse(TARGET, "the GPipe schedule", "its pipelines run 1F1B or interleaved", "plan with --schedule 1f1b")
-    if layout.pipeline_parallel_degree > 1 and plan.training.pipeline_flushes > 1:
+    if pipeline_schedules(layout, plan.training.pipeline_flushes) > 1:
         refuse(
             TARGET,
             f"pipeline_flushes={plan.training.pipeline_flushes}",

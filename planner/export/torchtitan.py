@@ -51,6 +51,7 @@ from planner.schemas import (
     Schedule,
     ZeroStage,
 )
+from planner.schemas.geometry import pipeline_schedules
 
 TARGET = "torchtitan"
 VERSION = "v0.2.2"
@@ -98,7 +99,9 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     if async_tp:
         parallelism["enable_async_tensor_parallel"] = True
     # one pipeline schedule's batch: torchtitan accumulates the step's pipeline_flushes of them
-    local_batch = layout.micro_batch_size * (micro_batches(plan) // training.pipeline_flushes if p > 1 else 1)
+    local_batch = layout.micro_batch_size * (
+        micro_batches(plan) // pipeline_schedules(layout, training.pipeline_flushes) if p > 1 else 1
+    )
     config: dict[str, dict[str, TomlValue]] = {
         "job": {"description": f"{plan.model.name} on {plan.cluster.spec}: {layout.describe()} (planner)"},
     }

@@ -43,6 +43,22 @@ def check_recompute_modules(layout: Layout) -> None:
         )
 
 
+def check_pipeline_flushes(layout: Layout, flushes: int) -> None:
+    """Refuse a step run as several pipeline schedules (``TrainingSpec.pipeline_flushes``) with the
+    vocabulary split over the pipeline: the runtime runs the vocabulary passes once a step.
+
+    Raises:
+        InfeasibleConfigError: naming the schedules and the layout, and how to plan one that runs.
+    """
+    schedules = pipeline_schedules(layout, flushes)
+    if schedules > 1 and layout.vocabulary_layout.over_pipeline:
+        raise InfeasibleConfigError(
+            f"the plan runs each step as {schedules} pipeline schedules (pipeline_flushes) with the vocabulary split "
+            f"over the pipeline ({layout.vocabulary_layout!s}), but this runtime runs the vocabulary passes once a "
+            "step; plan with --vocabulary-layout pinned or --pipeline-flushes 1 to run it here"
+        )
+
+
 def check_runnable(plan: Plan, *, cuda: bool) -> None:
     """Refuse a plan the runtime cannot run on a job with (``cuda``) or without CUDA devices,
     whatever the job's size (``runtime.run.check_world`` checks that).
@@ -61,12 +77,7 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             "pipeline stages; torch's pipeline schedules need at least one per stage: lower micro_batch_size, "
             "raise the global batch or lower --pipeline-flushes (planner search never proposes this)"
         )
-    if schedules > 1 and layout.vocabulary_layout.over_pipeline:
-        raise InfeasibleConfigError(
-            f"the plan runs each step as {schedules} pipeline schedules (pipeline_flushes) with the vocabulary split "
-            f"over the pipeline ({layout.vocabulary_layout!s}), but this runtime runs the vocabulary passes once a "
-            "step; plan with --vocabulary-layout pinned or --pipeline-flushes 1 to run it here"
-        )
+    check_pipeline_flushes(layout, training.pipeline_flushes)
     if training.tp_comm_overlap and cuda and layout.tensor_parallel_degree > 1:
         raise InfeasibleConfigError(
             "the plan is priced with tensor-parallel collectives behind their GEMMs (tp_comm_overlap), but this "
