@@ -62,8 +62,10 @@ def attention_priority(kernel: AttentionKernel, device: torch.device) -> list[SD
     attention not every head size); eager only the math kernel, which runs everything. None
     elsewhere."""
     first = attention_backend(kernel, device)
-    if first is None or not kernel.fused:
-        return None if first is None else [first]
+    if first is None:
+        return None
+    if not kernel.fused:
+        return [first]
     fused = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
     return [first, *(b for b in fused if b is not first)]
 

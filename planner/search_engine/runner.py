@@ -126,16 +126,21 @@ def explain_over_constrained(space: SearchSpace) -> str:
         if (count := replace(space, constraints=rest).size()) > 0:
             freed.append(f"without the one on {name}, {count} layouts")
     culprit = "; ".join(freed) if freed else "no single one does it alone: loosen several"
-    flushes = space.training.pipeline_flushes
-    schedules = (
-        f" (with --pipeline-flushes {flushes}, each of a pipeline's {flushes} schedules needs whole micro-batches, "
-        "at least one per stage)"
-        if flushes > 1
-        else ""
-    )
     return (
         f"no valid layout of {space.model.name!r} on {space.world_size} ranks satisfies the constraints ({given}): "
-        f"{culprit}{schedules}"
+        f"{culprit}{_flushes_hint(space)}"
+    )
+
+
+def _flushes_hint(space: SearchSpace) -> str:
+    """What a step's pipeline flushes ask of every layout, to add to a no-valid-layout error; empty
+    without flushes."""
+    flushes = space.training.pipeline_flushes
+    if flushes == 1:
+        return ""
+    return (
+        f" (with --pipeline-flushes {flushes}, each of a pipeline's {flushes} schedules needs whole micro-batches, "
+        "at least one per stage)"
     )
 
 
@@ -149,16 +154,10 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
     margin = f"{evaluate.memory_margin:.0%} kept free"
     miss = evaluate.closest_miss
     if miss is None:
-        flushes = space.training.pipeline_flushes
-        schedules = (
-            f", and that a replica's micro-batches divide into --pipeline-flushes {flushes} equal schedules"
-            if flushes > 1
-            else ""
-        )
         return (
             f"no valid layout of {space.model.name!r} on {space.world_size} ranks: check that the global batch "
             f"{space.training.global_batch_size} has divisors matching the data-parallel degrees the cluster allows"
-            + schedules
+            + _flushes_hint(space)
         )
     need_gib = miss.memory.total_bytes / 2**30
     term, term_bytes = dominant_term(miss.memory)
