@@ -437,7 +437,8 @@ _ATTENTION_TOKENS = 16384
 _ATTENTION_HIDDEN = 2048
 """Heads x head dim of a published attention point (the same setting)."""
 _ATTENTION_COLUMNS = {"points": 4, "forward_backward_points": 2, "causal_points": 3}
-"""A block's rows: [s, causal forward, forward, backward] or [s, causal forward + backward], FLOP/s."""
+"""A block's rows: [s, causal forward, forward, backward], [s, causal forward + backward] or
+[s, causal forward, causal backward], FLOP/s."""
 
 
 def _attention_records(blocks: object, reader: _PresetReader, sustained: float) -> tuple[AttentionRecord, ...]:

@@ -415,8 +415,8 @@ class SearchSpace:
     """In increasing order of time (and decreasing memory): strategies rely on it."""
     recompute_module_sets: tuple[tuple[RecomputeModule, ...], ...] | None = None
     """The module sets selective recomputation tries, each holding the one before (the order
-    above relies on it); None: the attention core alone, then for an MoE model
-    ``MOE_RECOMPUTE_MODULES`` (``module_sets``)."""
+    above relies on it); None: the attention core alone, then ``DENSE_RECOMPUTE_MODULES`` for a
+    dense model or ``MOE_RECOMPUTE_MODULES`` for an MoE one (``module_sets``)."""
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
     sequence_parallel: tuple[bool, ...] = (True, False)
     vocabulary_layouts: tuple[VocabularyLayout, ...] = (VocabularyLayout.PINNED, VocabularyLayout.VOCAB_2)
