@@ -26,7 +26,9 @@ first rule it breaks (``Exclusion``):
   as 8192 because the row's notes state that default; no other default is assumed.
 
 What the rows leave unstated the planner chooses (``validate_h100``): pins holds what the source
-states. Sources: the YAML's per-row ``source``; Megatron-LM ``megatron/training/training.py``
+states, in its table or, where the table is silent, in its text (the Llama 3 paper's Section
+3.3.2: an interleaved schedule, and no activation checkpointing at 8K tokens). Sources: the
+YAML's per-row ``source``; Megatron-LM ``megatron/training/training.py``
 ``num_floating_point_operations`` for the NVIDIA FLOP formulas (``source_flops_per_sequence``).
 """
 
@@ -51,6 +53,7 @@ from planner.schemas import (
     PositionEmbedding,
     Recompute,
     RecomputeModule,
+    Schedule,
     ZeroStage,
 )
 
@@ -189,6 +192,10 @@ class Pins:
     dp: int
     ep: int
     virtual_stages: int | None
+    schedule: Schedule | None = None
+    """The pipeline schedule the source states where it does not state the virtual stages (its
+    text's ``pipeline_schedule``, e.g. 'interleaved'); None lets the planner choose, and a stated
+    ``virtual_stages`` implies the schedule."""
     cp: int = 1
     """Context-parallel ranks (the row's cp; 1 where it states none)."""
     micro_batch_size: int | None
@@ -385,6 +392,7 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
             cp=cp,
             ep=par["ep"] or 1,
             virtual_stages=1 if pp == 1 else vpp,
+            schedule=_schedule(par.get("pipeline_schedule")),
             micro_batch_size=row["micro_batch_size"],
             zero_stage=_zero_stage(par),
             recompute=_recompute(par["activation_recompute"]),
@@ -421,6 +429,17 @@ def _zero_stage(par: Mapping[str, Any]) -> ZeroStage | None:
     if par["distributed_optimizer"]:
         return ZeroStage.OPTIMIZER
     return None
+
+
+def _schedule(text: str | None) -> Schedule | None:
+    """The pipeline schedule a source's text names ('interleaved (...)', '1f1b (...)'); None where
+    it names none."""
+    if text is None:
+        return None
+    for schedule in Schedule:
+        if text.startswith(schedule.value):
+            return schedule
+    raise ValueError(f"unknown pipeline_schedule {text!r}")
 
 
 def _recompute(text: str | None) -> Recompute | None:

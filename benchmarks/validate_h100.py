@@ -7,8 +7,8 @@ these rows. ``published_h100`` says which rows are selected and why the others a
 rows' statistics are kept apart from the other GPUs' (``summary``).
 
 Each row's layout keeps the degrees the source states (tp, pp, dp = GPUs / (tp pp), ep, and the
-virtual stages, micro-batch, ZeRO stage and recomputation where stated). What the source does not
-state the planner chooses, as a tuned published run would: every value the search space
+virtual stages or the schedule, micro-batch, ZeRO stage and recomputation where stated). What the
+source does not state the planner chooses, as a tuned published run would: every value the search space
 (``planner.search_engine.space``) allows for the free axes, with the vocabulary layers pinned
 (no source splits them), priced through the search's Evaluator (memory checked with its 5%
 margin), and the fastest layout that fits is the prediction. If none fits, the fastest of all is
@@ -100,6 +100,8 @@ def pinned_axes(run: PublishedRun) -> dict[str, tuple[Choice, ...]]:
     if p.virtual_stages is not None:
         pins["virtual_stages"] = (p.virtual_stages,)
         pins["schedule"] = (Schedule.INTERLEAVED if p.virtual_stages > 1 else Schedule.ONE_F_ONE_B,)
+    elif p.schedule is not None:
+        pins["schedule"] = (p.schedule,)
     if p.micro_batch_size is not None:
         pins["micro_batch_size"] = (p.micro_batch_size,)
     if p.zero_stage is not None:

@@ -69,7 +69,11 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # llm-foundry 15.9% -> 16.8%, mean 12.4% -> 12.9%, worst 42.5% (row 89). With the AutoModel rows'
     # stated gradient accumulation run as that many pipeline schedules (TrainingSpec.pipeline_flushes):
     # automodel 9.4% -> 6.4% (row 39 +3.5% -> -1.8%, row 41 +11.9% -> +1.5%; each schedule also
-    # reduce-scatters its gradients), mean 12.9% -> 12.6%.
+    # reduce-scatters its gradients), mean 12.9% -> 12.6%. With the Llama 3 rows' recompute and
+    # schedule as the paper's text states them (Section 3.3.2: interleaved, no activation
+    # checkpointing at 8K tokens; the search had chosen MLP recompute to fit the planner's memory
+    # model): llama3-paper 16.0% -> 2.5% (rows 99 +3.6%, 100 +1.4%, both '!': the planner's memory
+    # model, our runtime's, does not fit them), mean 12.6% -> 11.8%.
     # Lower these bounds as the model improves.
     # The GB200 rows (rows 33, 36) are summarised apart, under "GB200": with the gb200-nvl72
     # preset, nothing fitted, DeepSeek-V3 -20.9% and Qwen3-235B -4.3% (mean 12.6%); with the
@@ -79,7 +83,7 @@ def test_mean_error_is_no_worse_than_today() -> None:
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
     assert rows == 37
-    assert mean <= 0.13
+    assert mean <= 0.12
     assert worst <= 0.43
     assert stats["GB200"][2] == 2
 
