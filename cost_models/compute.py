@@ -94,18 +94,23 @@ def backward_gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype:
 
 
 def fused_attention_s(
-    causal_flop: float,
+    flop: float,
     seq_len: int,
     head_size: int,
     device: DeviceProfile,
     dtype: DType,
     kernel: AttentionKernel = AttentionKernel.FLASH,
+    *,
+    causal: bool = True,
 ) -> tuple[float, float] | None:
-    """Forward and backward seconds of a fused causal attention core of ``causal_flop`` forward
-    FLOPs, at the rates of the profile's attention records of ``kernel`` (the profiler's timing,
-    or a preset's published kernel figures), None without a record in ``dtype``. A profile with
-    no record of that kernel prices it at the fused kernel it has records of (what its SDPA ran:
-    the profiler times one, a preset may publish several).
+    """Forward and backward seconds of a fused attention core of ``flop`` forward FLOPs, causal or
+    without a mask (``causal``), at the rates of the profile's attention records of ``kernel`` and
+    that mask (the profiler's timing, or a preset's published kernel figures), None without a
+    record in ``dtype``. A profile with no record of that kernel prices it at the fused kernel it
+    has records of (what its SDPA ran: the profiler times one, a preset may publish several); one
+    with no unmasked record prices unmasked attention at the causal records' rates (a version-8
+    profile, or a preset whose source publishes causal figures only), which the kernels reach
+    only at the longer lengths, where the masked blocks they skip are few.
 
     FLOPs are counted as the FlashAttention papers count them (Dao 2023, Sec. 4.1; Shah et al.
     2024, Sec. 4.1): forward 4 s^2 d per head and sequence over the full s x s, halved under the
@@ -115,18 +120,20 @@ def fused_attention_s(
     linearly in log2(s), beyond the ends the nearest length's rates hold.
 
     Args:
-        causal_flop: forward FLOPs of the attention core under the causal mask.
-        seq_len: tokens per sequence.
+        flop: forward FLOPs of the attention core (halved for the causal mask where it is causal).
+        seq_len: tokens per sequence the kernel sees (per block under ring attention).
         head_size: query/key head dimension.
         device: the device and its records.
         dtype: precision of the kernel.
         kernel: the fused kernel the stack runs (``TrainingSpec.attention_kernel``).
+        causal: whether the attention runs under a causal mask.
 
     Returns:
         (forward_s, backward_s), or None.
     """
     records = [r for r in device.op_records if isinstance(r, AttentionRecord) and r.dtype is dtype]
     records = [r for r in records if r.kernel is kernel] or records
+    records = [r for r in records if r.causal is causal] or [r for r in records if r.causal] or records
     if not records:
         return None
     nearest = min(records, key=lambda r: abs(math.log(r.head_size / head_size)))
@@ -137,16 +144,16 @@ def fused_attention_s(
     (x0, fwd0, bwd0), (x1, fwd1, bwd1) = below[-1], above[0]
     w = 0.0 if x1 == x0 else min(max((x - x0) / (x1 - x0), 0.0), 1.0)
     forward_rate, backward_rate = fwd0 + w * (fwd1 - fwd0), bwd0 + w * (bwd1 - bwd0)
-    return causal_flop / forward_rate, 2.5 * causal_flop / backward_rate
+    return flop / forward_rate, 2.5 * flop / backward_rate
 
 
 def _attention_rates(record: AttentionRecord) -> tuple[float, float, float]:
-    """(log2 s, forward FLOP/s, backward FLOP/s) of one causal attention record."""
+    """(log2 s, forward FLOP/s, backward FLOP/s) of one attention record, causal or unmasked."""
     r = record
-    causal_flop = 2.0 * r.batch_size * r.num_attention_heads * r.seq_len**2 * r.head_size
+    flop = (2.0 if r.causal else 4.0) * r.batch_size * r.num_attention_heads * r.seq_len**2 * r.head_size
     # Under noise a forward can time longer than forward + backward: keep the backward above zero.
     backward_s = max(r.fwd_bwd_time_s - r.fwd_time_s, 1e-3 * r.fwd_bwd_time_s)
-    return math.log2(r.seq_len), causal_flop / r.fwd_time_s, 2.5 * causal_flop / backward_s
+    return math.log2(r.seq_len), flop / r.fwd_time_s, 2.5 * flop / backward_s
 
 
 def elementwise_time_s(bytes_moved: float, device: DeviceProfile, kernels: int = 0) -> float:

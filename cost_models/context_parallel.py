@@ -15,7 +15,9 @@ key/value block it holds while it sends that block to the next rank of the ring 
 previous rank's. A block is the k and v of the rank's tokens, b (s / cp) (k_v + v_w) / t elements
 in training precision (``kv_block_bytes``; k_v, v_w the key and value widths of all heads, split
 over the tensor-parallel group). With the zig-zag split every step computes the same work, half
-of a full (s/cp) x (s/cp) block, so a step's compute is 1/cp of the layer's attention.
+of a full (s/cp) x (s/cp) block, so a step's compute is 1/cp of the layer's attention: the
+diagonal step's under the causal mask, the others' without one, each at the kernel's rate for its
+mask and block (``attention_calls``).
 - forward: cp - 1 sends of a k/v block, each behind one step's compute;
 - backward: cp - 1 sends of the k/v block again and cp - 1 sends of the dk/dv being accumulated
   for a block, fp32 (``GRADIENT_ELEMENT_BYTES``): the accumulator of rank j's block starts at rank
@@ -42,10 +44,11 @@ arXiv 2309.14509; Megatron-Core's ``--cp-comm-type a2a``). The sequence is split
 r holds tokens [r s/cp, (r+1) s/cp)): every rank attends over the whole sequence, so no split
 balances anything. Per attention, an all-to-all over the context group turns each of q, k and v
 from the rank's s/cp tokens of all of a tensor-parallel rank's heads into all s tokens of 1/cp of
-them; attention runs locally, its work 1/cp of the layer's as the ring's; a fourth all-to-all turns
-the output back. Each rank's buffer per all-to-all is b (s/cp) w / t elements, w the width of q
-(a heads), k, v (``kv_heads_exchanged`` heads) or the output (a heads); it keeps 1/cp and sends
-(cp - 1)/cp of it to the other ranks (``all_to_all_elements``).
+them; attention runs locally, its work 1/cp of the layer's as the ring's, one causal call over the
+whole sequence (``attention_calls``); a fourth all-to-all turns the output back. Each rank's buffer
+per all-to-all is b (s/cp) w / t elements, w the width of q (a heads), k, v (``kv_heads_exchanged``
+heads) or the output (a heads); it keeps 1/cp and sends (cp - 1)/cp of it to the other ranks
+(``all_to_all_elements``).
 - forward: the 4 all-to-alls; backward: their 4 reverses (the output's gradient to the head split,
   dq, dk, dv back to the sequence split), in training precision;
 - full recomputation repeats the forward's 4; selective recomputation (of the attention core)
@@ -91,6 +94,40 @@ STATISTIC_ELEMENT_BYTES: Final = 4
 def local_seq_len(training: TrainingSpec, layout: Layout) -> int:
     """Tokens of each sequence one rank holds: s / cp (s without context parallelism)."""
     return training.seq_len // layout.context_parallel_degree
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionCall:
+    """One kind of attention-kernel call a rank makes for its share of a layer's attention core."""
+
+    share: float
+    """Of the rank's attention work (its causal FLOPs, ``layer_work``), the part run this way."""
+    seq_len: int
+    """Tokens per sequence the kernel sees, whose rate applies (the side of a square block of the
+    same work)."""
+    causal: bool
+    """Whether the call runs under a causal mask (else every query attends every key)."""
+
+
+def attention_calls(training: TrainingSpec, layout: Layout) -> tuple[AttentionCall, ...]:
+    """How the kernel runs a rank's attention work, whose rates differ by length and mask.
+
+    Without context parallelism: one causal call over the sequence. The ring (zig-zag split):
+    of its cp steps (each the same work, module docstring), step 0 is the rank's two chunks
+    against themselves, one causal call of s / cp; each other step is half of the rank's queries
+    against all of another rank's keys or all its queries against half the keys, a block of
+    (s / cp) x (s / 2 cp) every pair of which is visible, run without a mask
+    (``runtime.ring_attention.visible_block``; Transformer Engine's p2p context parallelism and
+    torch's ring run the same calls), priced at the rate of a square block of its work,
+    s / (cp sqrt 2). The all-to-all: one causal call over the whole sequence for 1/cp of the heads.
+    """
+    s, cp = training.seq_len, layout.context_parallel_degree
+    if cp == 1 or layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+        return (AttentionCall(share=1.0, seq_len=s, causal=True),)
+    return (
+        AttentionCall(share=1 / cp, seq_len=s // cp, causal=True),
+        AttentionCall(share=(cp - 1) / cp, seq_len=round(s / (cp * math.sqrt(2))), causal=False),
+    )
 
 
 def kv_block_elements(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:

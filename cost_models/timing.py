@@ -69,7 +69,7 @@ from cost_models.compute import (
     measured_moe_layer_s,
     measured_output_layer_s,
 )
-from cost_models.context_parallel import context_parallel_layer_s, local_seq_len
+from cost_models.context_parallel import attention_calls, context_parallel_layer_s, local_seq_len
 from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
 from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
@@ -405,6 +405,30 @@ def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
     return tuple(kind for kind, count in ((False, model.num_hidden_layers - moe), (True, moe)) if count)
 
 
+def _fused_attention_s(
+    causal_flop: float, model: ModelSpec, training: TrainingSpec, layout: Layout, device: DeviceProfile
+) -> tuple[float, float] | None:
+    """Forward and backward seconds of the rank's attention core of ``causal_flop`` forward FLOPs
+    (4 d per query-key pair the causal mask leaves visible), call by call
+    (``context_parallel.attention_calls``), each its share of them; None without an attention
+    record."""
+    forward_s = backward_s = 0.0
+    for call in attention_calls(training, layout):
+        times = fused_attention_s(
+            causal_flop * call.share,
+            call.seq_len,
+            model.qk_head_size,
+            device,
+            training.dtype,
+            training.attention_kernel,
+            causal=call.causal,
+        )
+        if times is None:
+            return None
+        forward_s, backward_s = forward_s + times[0], backward_s + times[1]
+    return forward_s, backward_s
+
+
 def _layer_time(
     model: ModelSpec,
     training: TrainingSpec,
@@ -424,16 +448,9 @@ def _layer_time(
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev, work.elementwise_kernels)
     dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
     dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
-    # the kernel's rate at the blocks it runs: s / cp wide under context parallelism
+    # the kernel's rates at the calls it runs: by length and mask under context parallelism
     fused = (
-        fused_attention_s(
-            0.5 * sum(g.flop for g in work.attention_gemms),
-            local_seq_len(training, layout),
-            model.qk_head_size,
-            dev,
-            dt,
-            training.attention_kernel,
-        )
+        _fused_attention_s(0.5 * sum(g.flop for g in work.attention_gemms), model, training, layout, dev)
         if work.flash_attention
         else None
     )

@@ -442,13 +442,14 @@ _ATTENTION_COLUMNS = {"points": 4, "forward_backward_points": 2, "causal_points"
 
 
 def _attention_records(blocks: object, reader: _PresetReader, sustained: float) -> tuple[AttentionRecord, ...]:
-    """Published fused-attention throughput as causal attention records, one per sequence length.
+    """Published fused-attention throughput as attention records, one per sequence length and mask.
 
     Rates are counted as the FlashAttention papers count them: forward 4 s^2 d heads per
     sequence, halved under a causal mask, backward 2.5 x forward. A block gives either
-    ``points``, [s, causal forward, forward without mask, backward without mask], whose causal
-    backward keeps the forward's causal / unmasked ratio (FlashAttention-3's paper times the
-    backward without a mask only), ``forward_backward_points``, [s, causal forward +
+    ``points``, [s, causal forward, forward without mask, backward without mask]: a causal record,
+    whose backward keeps the forward's causal / unmasked ratio (FlashAttention-3's paper times the
+    backward without a mask only), and an unmasked one (``AttentionRecord.causal`` False, as ring
+    attention's off-diagonal blocks run); or, causal records only, ``forward_backward_points``, [s, causal forward +
     backward], both passes at that rate (FlashAttention-2's paper figure for the A100), or
     ``causal_points``, [s, causal forward, causal backward] (cudnn-frontend's benchmark). Training
     sustains ``sustained`` of each rate, as of the matmul's (the papers time one GPU at a fixed
@@ -473,10 +474,10 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
         kernel = next((k for k in AttentionKernel if k.fused and k == block.get("runs_as", "flash")), None)
         if kernel is None:
             raise SchemaError(f"{where}: runs_as={block.get('runs_as')!r} must name a fused kernel: flash or cudnn")
-        for seq_len, forward, backward in _attention_rates(block, where):
+        for seq_len, causal, forward, backward in _attention_rates(block, where):
             batch, heads = _ATTENTION_TOKENS // seq_len, _ATTENTION_HIDDEN // head_dim
-            causal_flop = 2.0 * batch * heads * seq_len**2 * head_dim
-            fwd_s = causal_flop / (forward * sustained)
+            flop = (2.0 if causal else 4.0) * batch * heads * seq_len**2 * head_dim
+            fwd_s = flop / (forward * sustained)
             records.append(
                 AttentionRecord(
                     batch_size=batch,
@@ -485,15 +486,16 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
                     head_size=head_dim,
                     dtype=dtype,
                     kernel=kernel,
+                    causal=causal,
                     fwd_time_s=fwd_s,
-                    fwd_bwd_time_s=fwd_s + 2.5 * causal_flop / (backward * sustained),
+                    fwd_bwd_time_s=fwd_s + 2.5 * flop / (backward * sustained),
                 )
             )
     return tuple(records)
 
 
-def _attention_rates(block: Mapping[str, object], where: str) -> list[tuple[int, float, float]]:
-    """(s, causal forward FLOP/s, causal backward FLOP/s) of a block's rows (``_attention_records``)."""
+def _attention_rates(block: Mapping[str, object], where: str) -> list[tuple[int, bool, float, float]]:
+    """(s, causal, forward FLOP/s, backward FLOP/s) of a block's rows (``_attention_records``)."""
     given = [key for key in _ATTENTION_COLUMNS if key in block]
     if len(given) != 1:
         raise SchemaError(f"{where} needs exactly one of {', '.join(_ATTENTION_COLUMNS)}")
@@ -515,13 +517,14 @@ def _attention_rates(block: Mapping[str, object], where: str) -> list[tuple[int,
             )
         if columns == 4:
             seq_len, causal_forward, forward, backward = row
-            rates.append((seq_len, float(causal_forward), backward * causal_forward / forward))
+            rates.append((seq_len, True, float(causal_forward), backward * causal_forward / forward))
+            rates.append((seq_len, False, float(forward), float(backward)))
         elif columns == 3:
             seq_len, causal_forward, causal_backward = row
-            rates.append((seq_len, float(causal_forward), float(causal_backward)))
+            rates.append((seq_len, True, float(causal_forward), float(causal_backward)))
         else:
             seq_len, both = row
-            rates.append((seq_len, float(both), float(both)))
+            rates.append((seq_len, True, float(both), float(both)))
     return rates
 
 

@@ -154,15 +154,18 @@ def _attention_and_norm(ctx: Context) -> list[OpRecord]:
     ctx.at("ops", "attention")
     q, k, v = (torch.randn(1, heads, s, head_dim, device=ctx.device, dtype=tdt, requires_grad=True) for _ in range(3))
 
-    def attention() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    timed: list[tuple[AttentionKernel, tuple[Timing, Timing]]] = []
+    # causal, and without a mask: ring attention's off-diagonal blocks (cost_models.context_parallel)
+    timed: list[tuple[AttentionKernel, bool, tuple[Timing, Timing]]] = []
     for kernel in attention_kernels(ctx.device):
         backend = attention_backend(kernel, ctx.device)
-        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-            if _runs(attention):
-                timed.append((kernel, _fwd_bwd(ctx, attention, [q, k, v])))
+        for causal in (True, False):
+
+            def attention(causal: bool = causal) -> torch.Tensor:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                if _runs(attention):
+                    timed.append((kernel, causal, _fwd_bwd(ctx, attention, [q, k, v])))
     ctx.at("ops", "layernorm")
     x = torch.randn(s, hidden, device=ctx.device, dtype=tdt, requires_grad=True)
     norm = torch.nn.LayerNorm(hidden, device=ctx.device, dtype=tdt)
@@ -176,11 +179,12 @@ def _attention_and_norm(ctx: Context) -> list[OpRecord]:
                 head_size=head_dim,
                 dtype=dtype,
                 kernel=kernel,
+                causal=causal,
                 fwd_time_s=attn[0].median_s,
                 fwd_bwd_time_s=attn[1].median_s,
                 spread=attn[1].spread,
             )
-            for kernel, attn in timed
+            for kernel, causal, attn in timed
         ),
         LayerNormRecord(
             num_elements=s * hidden,

@@ -19,7 +19,9 @@ given per endpoint (``LinkMatrix.endpoints``), which a version-3 profile lacks: 
 a version-5 profile lacks: its links are read as full duplex; 7 adds the GEMM's per-tile
 cost beside its loop over k (``MatmulModel.k_overhead``), which a version-6 profile lacks: 0,
 its GEMMs priced as before; 8 says which fused kernel each attention record timed
-(``AttentionRecord.kernel``), which a version-7 profile lacks: flash.
+(``AttentionRecord.kernel``), which a version-7 profile lacks: flash; 9 says whether it timed
+attention under a causal mask or without one (``AttentionRecord.causal``), which a version-8
+profile lacks: causal, the only kind it held.
 """
 
 from collections.abc import Mapping
@@ -240,7 +242,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[8] = 8
+    schema_version: Literal[9] = 9
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -406,9 +408,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 8
+CLUSTER_SCHEMA_VERSION = 9
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 """The versions ``upgrade`` reads."""
 
 
@@ -429,13 +431,16 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     Version 7 -> 8: nothing to change; a version-7 profile's attention records do not say which
     fused kernel they timed, which version 8 reads as flash (what the profiler's SDPA and the
     presets' FlashAttention-2 figures were).
+    Version 8 -> 9: nothing to change; a version-8 profile's attention records do not say whether
+    they were causal, which version 9 reads as causal (the profiler timed causal attention only,
+    and the presets' records were causal).
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3, 4, 5, 6, 7):
-        return {**raw, "schema_version": 8}
+    if version in (2, 3, 4, 5, 6, 7, 8):
+        return {**raw, "schema_version": 9}
     if version != 1:
         return dict(raw)
     device = raw.get("device")

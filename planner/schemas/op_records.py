@@ -61,7 +61,8 @@ class _TimedOnce(_Measured):
 
 
 class AttentionRecord(_ForwardBackward):
-    """Causal scaled-dot-product attention on (batch, heads, sequence, head size) inputs."""
+    """Scaled-dot-product attention on (batch, heads, sequence, head size) inputs, causal or with
+    every query attending every key (``causal``)."""
 
     op: Literal[OpKind.ATTENTION] = OpKind.ATTENTION
     batch_size: int = Field(ge=1)
@@ -71,6 +72,11 @@ class AttentionRecord(_ForwardBackward):
     kernel: AttentionKernel = Field(
         default=AttentionKernel.FLASH,
         description="The fused kernel timed: what the profiler's SDPA ran (flash), or a preset's published kernel.",
+    )
+    causal: bool = Field(
+        default=True,
+        description="Whether the timed attention had a causal mask; False: no mask, as ring attention's "
+        "off-diagonal blocks run (schema version 9).",
     )
 
 

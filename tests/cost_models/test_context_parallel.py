@@ -9,11 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_models import groups as grp
+from cost_models.compute import fused_attention_s, gemms_time_s
 from cost_models.context_parallel import (
+    AttentionCall,
     all_to_all_buffer_bytes,
     all_to_all_bytes_per_layer,
     all_to_all_elements,
     all_to_all_layer_s,
+    attention_calls,
     context_buffer_bytes,
     context_bytes_sent_per_step,
     context_parallel_layer_s,
@@ -28,6 +31,7 @@ from cost_models.estimate import estimate
 from cost_models.layer_work import layer_work
 from cost_models.memory import stage_memory
 from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN
+from cost_models.timing import _layer_time
 from planner import api
 from planner.inputs import load_cluster, load_model
 from planner.schemas import AttentionKernel, ContextParallelKind, Layout, Recompute, TrainingSpec, ZeroStage
@@ -105,6 +109,37 @@ def test_each_rank_does_its_share_of_the_work() -> None:
     # Attention: s/cp queries against all s keys, half the whole (the zig-zag balances its causal half).
     assert (two.attention_gemms[0].m, two.attention_gemms[0].n) == (4096, 8192)
     assert sum(g.flop for g in two.attention_gemms) == sum(g.flop for g in one.attention_gemms) / 2
+
+
+def test_the_kernel_calls_each_kind_of_rank_makes() -> None:
+    # s = 8192. Ring at cp 4: step 0 the rank's 2048 tokens causal; the 3 others (2048 x 1024
+    # blocks, all visible) unmasked, at the rate of a square of the same work, 8192 / (4 sqrt 2).
+    assert attention_calls(TRAINING, _layout(dp=2, cp=4)) == (
+        AttentionCall(share=0.25, seq_len=2048, causal=True),
+        AttentionCall(share=0.75, seq_len=1448, causal=False),
+    )
+    # Without context parallelism, and the all-to-all (all 8192 queries of 1/cp of the heads): causal.
+    whole = (AttentionCall(share=1.0, seq_len=8192, causal=True),)
+    assert attention_calls(TRAINING, _layout(dp=8, cp=1)) == whole
+    assert attention_calls(TRAINING, _layout(dp=2, cp=4, context_parallel_kind=ContextParallelKind.ALL_TO_ALL)) == whole
+
+
+def test_the_ring_prices_its_steps_at_their_own_mask_and_length() -> None:
+    # cp 2, s = 8192: the diagonal step (half the rank's attention FLOPs) causal at 4096, the other
+    # unmasked at 8192 / (2 sqrt 2) = 2896, where dgx-h100's records hold the FA3 paper's
+    # unmasked FlashAttention-2 figures; the layer adds those over the GEMMs' pricing without records.
+    layout = _layout(dp=4, cp=2)
+    work = layer_work(LLAMA, TRAINING, layout)
+    flop = 0.5 * sum(g.flop for g in work.attention_gemms)
+    device, dt = NODE.pricing_device, TRAINING.dtype
+    diagonal = fused_attention_s(flop / 2, 4096, 128, device, dt) or (0.0, 0.0)
+    off = fused_attention_s(flop / 2, 2896, 128, device, dt, causal=False) or (0.0, 0.0)
+    assert off[0] < diagonal[0] and off[1] < diagonal[1]  # unmasked blocks run at the higher rate
+    bare = NODE.model_copy(update={"device": device.model_copy(update={"op_records": ()})})
+    priced, unpriced = (_layer_time(LLAMA, TRAINING, c, layout, None, moe=False) for c in (NODE, bare))
+    as_gemms = 0.5 * gemms_time_s(work.attention_gemms, device, dt)
+    assert priced.forward_s - unpriced.forward_s == pytest.approx(diagonal[0] + off[0] - as_gemms)
+    assert priced.backward_s - unpriced.backward_s == pytest.approx(diagonal[1] + off[1] - 2.5 * as_gemms)
 
 
 def test_cp_one_is_the_layout_without_it() -> None:

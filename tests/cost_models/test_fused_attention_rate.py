@@ -24,9 +24,12 @@ def _record(
     fwd_flop_per_s: float,
     bwd_flop_per_s: float,
     kernel: AttentionKernel = AttentionKernel.FLASH,
+    *,
+    causal: bool = True,
 ) -> AttentionRecord:
-    """One head, one sequence, timed at the given causal rates (the backward is 2.5 forwards' FLOPs)."""
-    flop = 2.0 * seq_len**2 * head_size
+    """One head, one sequence, timed at the given rates (the backward is 2.5 forwards' FLOPs;
+    4 d per visible query-key pair: half of them under the causal mask)."""
+    flop = (2.0 if causal else 4.0) * seq_len**2 * head_size
     fwd_s = flop / fwd_flop_per_s
     return AttentionRecord(
         batch_size=1,
@@ -35,6 +38,7 @@ def _record(
         head_size=head_size,
         dtype=DType.BF16,
         kernel=kernel,
+        causal=causal,
         fwd_time_s=fwd_s,
         fwd_bwd_time_s=fwd_s + 2.5 * flop / bwd_flop_per_s,
     )
@@ -172,3 +176,29 @@ def test_a_preset_attention_block_names_its_source_and_holds_whole_points() -> N
     raw["device"]["attention"][0]["head_dim"] = 96
     with pytest.raises(SchemaError, match="head_dim=96 must be a whole number dividing 2048"):
         inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
+
+
+def test_unmasked_attention_reads_the_unmasked_records_else_the_causal_ones() -> None:
+    causal, unmasked = _record(2048, 128, 200e12, 100e12), _record(2048, 128, 300e12, 250e12, causal=False)
+    both = _device(causal, unmasked)
+    assert fused_attention_s(1e12, 2048, 128, both, DType.BF16) == pytest.approx((1e12 / 200e12, 2.5e12 / 100e12))
+    assert fused_attention_s(1e12, 2048, 128, both, DType.BF16, causal=False) == pytest.approx(
+        (1e12 / 300e12, 2.5e12 / 250e12)
+    )
+    # a profile without unmasked records (schema version 8, a causal-only source) prices it causal
+    assert fused_attention_s(1e12, 2048, 128, _device(causal), DType.BF16, causal=False) == pytest.approx(
+        (1e12 / 200e12, 2.5e12 / 100e12)
+    )
+
+
+def test_h100_preset_holds_the_unmasked_rates_the_fa3_paper_measured() -> None:
+    device = cluster_preset("dgx-h100", 1).device
+    for kernel, forward, backward in ((AttentionKernel.FLASH, 370e12, 322e12), (AttentionKernel.CUDNN, 595e12, 516e12)):
+        # Fig. 5(c) forward and 6(b) backward without mask at s = 16384, head dim 128; x 0.848 sustained
+        fwd_s, bwd_s = fused_attention_s(1e12, 16384, 128, device, DType.BF16, kernel, causal=False) or (0.0, 0.0)
+        assert (1e12 / fwd_s, 2.5e12 / bwd_s) == pytest.approx((forward * 0.848, backward * 0.848))
+    # a causal-only source (cudnn-frontend's causal figures on B200): unmasked at the causal rates
+    b200 = cluster_preset("dgx-b200", 1).device
+    assert fused_attention_s(1e12, 4096, 128, b200, DType.BF16, AttentionKernel.CUDNN, causal=False) == pytest.approx(
+        fused_attention_s(1e12, 4096, 128, b200, DType.BF16, AttentionKernel.CUDNN)
+    )

@@ -21,6 +21,7 @@ from harness import planner_main
 from cost_models.estimate import estimate
 from planner.inputs import load_cluster, load_model
 from planner.schemas import (
+    AttentionRecord,
     ClusterProfile,
     DeviceKind,
     DType,
@@ -103,6 +104,8 @@ def test_quick_profile_is_complete_and_drives_the_estimate(quick_profile: tuple[
     outputs = {(OpKind.OUTPUT_LAYER, tp, mb, 128, sp) for tp in (1, 2, 4) for mb in sizes for sp in (False, True)}
     assert {k for k in outputs if k[1] > 1 or not k[4]} == {k for k in layers if k[0] is OpKind.OUTPUT_LAYER}
     assert {OpKind.ATTENTION, OpKind.LAYERNORM, OpKind.ELEMENTWISE, OpKind.OPTIMIZER} <= {r.op for r in records}
+    # attention causal and without a mask (ring attention's off-diagonal blocks)
+    assert {r.causal for r in records if isinstance(r, AttentionRecord)} == {True, False}
     assert any(isinstance(r, PipelineSlotRecord) and r.num_stages == 2 for r in records)
     # FSDP's own cost, where it came out above the collectives' (on a busy machine one can fall below).
     sharded = {(r.zero_stage, r.deferred) for r in records if isinstance(r, ShardedUnitRecord)}
