@@ -12,10 +12,11 @@ first rule it breaks (``Exclusion``):
 - BF16 only. A null precision counts as BF16 only for the Megatron-LM README rows, whose header
   derives it from TFLOP/s / MFU ~ 989 (the H100 dense BF16 peak); the Megatron-Bridge 25.09
   DeepSeek-V3 row's null precision is left out (its footnote points to FP8).
-- No context parallelism (cp > 1), for now: the planner prices it (issue 20), but the rows'
-  errors have not been looked at (measured: AutoModel's 70B FSDP x cp 2 -5.9%, the Llama 3 paper's
-  128k stage -20.2%, the Model Zoo's Qwen3-235B long-context rows -42% to -54%); adding them
-  changes what the error statistics average over.
+- Context parallelism of a kind the planner prices: ring attention (Megatron-Core's and Transformer
+  Engine's default p2p exchange, torch's ring; the rows that do not state theirs) or the
+  all-to-all. Not the Llama 3 paper's 128k stage: its context parallelism all-gathers the keys and
+  values and then attends with the local queries (Section 3.3.2), a third kind the planner does
+  not price (measured as a ring: -3.1%).
 - A model the planner builds faithfully: a preset where the row is that model (llama3-8b/70b/405b,
   deepseek-v3, qwen3-235b-a22b; the row's dimensions are checked against it), a family preset
   with the row's dimensions (Kimi K2 on deepseek-v3, Qwen3-30B-A3B on qwen3-235b-a22b), or a
@@ -339,8 +340,8 @@ def _exclusion_reason(row: Mapping[str, Any], source: str) -> str | None:
         return "precision not stated (Megatron-Bridge 25.09 footnote implies FP8)"
     if precision is not None and precision not in BF16_NAMES:
         return "precision FP8 (only BF16 is modelled)"
-    if (par["cp"] or 1) > 1:
-        return "context parallelism (cp > 1): not in the validation set yet"
+    if (par["cp"] or 1) > 1 and source == "llama3-paper":
+        return "context parallelism by all-gathered keys and values (Llama 3 paper): a kind not priced"
     if model["n_layers"] is None:
         return "hybrid Mamba-Transformer: architecture not in the file"
     if model["name"].startswith("GPT-OSS"):

@@ -310,6 +310,7 @@ def _shared_kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterPr
         layout.recompute,
         layout.recompute_modules,
         layout.context_parallel_degree,
+        layout.context_parallel_kind,  # the attention kernel's calls (context_parallel.attention_calls)
     )
     return _KERNELS.get(cluster.pricing_device, key, lambda: _kernels(model, training, cluster, layout))
 

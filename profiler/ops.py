@@ -146,26 +146,49 @@ def _runs(fn: Callable[[], torch.Tensor]) -> bool:
     return True
 
 
+ATTENTION_MIN_SEQ_LEN = 256
+ATTENTION_TOP_SEQ_LEN = {"cuda": 16384, "cpu": 2048}
+"""The longest power-of-two length a profile times attention at on each kind of device (or its
+``seq_len`` where longer): a GPU's to the presets' published 16k, a CPU's to 2k (the local plans'
+lengths; a CPU's attention at 16k takes seconds a call)."""
+
+
+def attention_lengths(seq_len: int, device: torch.device) -> tuple[int, ...]:
+    """Sequence lengths a profile times attention at: ``seq_len`` and every power of two from
+    ``ATTENTION_MIN_SEQ_LEN`` to the device's top length or ``seq_len``. A kernel's rate changes
+    with the length (how much of its tiling a causal mask skips, how full its last tiles are), and
+    plans run lengths other than the profile's: their sequences, and the blocks context
+    parallelism cuts them into (``cost_models.context_parallel.attention_calls``); the cost model
+    interpolates between the lengths timed."""
+    top = max(seq_len, ATTENTION_TOP_SEQ_LEN.get(device.type, ATTENTION_TOP_SEQ_LEN["cpu"]))
+    powers = (2**e for e in range(ATTENTION_MIN_SEQ_LEN.bit_length() - 1, top.bit_length()))
+    return tuple(sorted({seq_len, *(n for n in powers if n <= top)}))
+
+
 def _attention_and_norm(ctx: Context) -> list[OpRecord]:
     model, s = ctx.settings.model, ctx.settings.seq_len
     heads, head_dim, hidden = (model.num_attention_heads, model.head_size, model.hidden_size) if model else (8, 64, 512)
     dtype = ctx.settings.gemm_dtypes[0]
     tdt = TORCH_DTYPES[dtype]
     ctx.at("ops", "attention")
-    q, k, v = (torch.randn(1, heads, s, head_dim, device=ctx.device, dtype=tdt, requires_grad=True) for _ in range(3))
+    # at each length, causal and without a mask (ring attention's off-diagonal blocks)
+    timed: list[tuple[AttentionKernel, int, bool, tuple[Timing, Timing]]] = []
+    for length in attention_lengths(s, ctx.device):
+        q, k, v = (
+            torch.randn(1, heads, length, head_dim, device=ctx.device, dtype=tdt, requires_grad=True) for _ in range(3)
+        )
+        for kernel in attention_kernels(ctx.device):
+            backend = attention_backend(kernel, ctx.device)
+            for causal in (True, False):
 
-    # causal, and without a mask: ring attention's off-diagonal blocks (cost_models.context_parallel)
-    timed: list[tuple[AttentionKernel, bool, tuple[Timing, Timing]]] = []
-    for kernel in attention_kernels(ctx.device):
-        backend = attention_backend(kernel, ctx.device)
-        for causal in (True, False):
+                def attention(
+                    q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, causal: bool = causal
+                ) -> torch.Tensor:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-            def attention(causal: bool = causal) -> torch.Tensor:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-                if _runs(attention):
-                    timed.append((kernel, causal, _fwd_bwd(ctx, attention, [q, k, v])))
+                with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                    if _runs(attention):
+                        timed.append((kernel, length, causal, _fwd_bwd(ctx, attention, [q, k, v])))
     ctx.at("ops", "layernorm")
     x = torch.randn(s, hidden, device=ctx.device, dtype=tdt, requires_grad=True)
     norm = torch.nn.LayerNorm(hidden, device=ctx.device, dtype=tdt)
@@ -175,7 +198,7 @@ def _attention_and_norm(ctx: Context) -> list[OpRecord]:
             AttentionRecord(
                 batch_size=1,
                 num_attention_heads=heads,
-                seq_len=s,
+                seq_len=length,
                 head_size=head_dim,
                 dtype=dtype,
                 kernel=kernel,
@@ -184,7 +207,7 @@ def _attention_and_norm(ctx: Context) -> list[OpRecord]:
                 fwd_bwd_time_s=attn[1].median_s,
                 spread=attn[1].spread,
             )
-            for kernel, causal, attn in timed
+            for kernel, length, causal, attn in timed
         ),
         LayerNormRecord(
             num_elements=s * hidden,

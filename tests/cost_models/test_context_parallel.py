@@ -336,3 +336,12 @@ def test_the_kind_is_stored_as_ring_without_context_parallelism() -> None:
     assert _layout(dp=4, cp=2, context_parallel_kind="all-to-all").context_parallel_kind is A2A
     with pytest.raises(SchemaError, match="context_parallel_kind='ulysses' is not one of 'ring', 'all-to-all'"):
         _layout(dp=4, cp=2, context_parallel_kind="ulysses")
+
+
+def test_each_kind_keeps_its_own_kernel_time_whichever_is_priced_first() -> None:
+    # The ring's off-diagonal blocks run unmasked, the all-to-all's attention causal over the
+    # whole sequence: their compute differs, and a memo shared by the two would hide it.
+    ring, a2a = _layout(dp=4, cp=2), _layout(dp=4, cp=2, context_parallel_kind=ContextParallelKind.ALL_TO_ALL)
+    first = [estimate(LLAMA, TRAINING, NODE, x).time.compute_s for x in (ring, a2a)]
+    second = [estimate(LLAMA, TRAINING, NODE, x).time.compute_s for x in (a2a, ring)][::-1]
+    assert first == second and first[0] != first[1]

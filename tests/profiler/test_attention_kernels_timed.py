@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from planner.schemas import AttentionKernel
-from profiler.ops import _runs, attention_kernels
+from profiler.ops import _runs, attention_kernels, attention_lengths
 from runtime.model import attention_backend, attention_priority
 
 
@@ -52,3 +52,11 @@ def test_a_kernel_sdpa_cannot_run_here_is_left_out_not_raised() -> None:
     assert _runs(attention)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):  # no cuDNN on a CPU: SDPA has no kernel
         assert not _runs(attention)
+
+
+def test_a_profile_times_attention_at_the_lengths_plans_and_their_blocks_run() -> None:
+    # its own length and every power of two from 256 to 2k on a CPU, 16k on a GPU (or its own)
+    assert attention_lengths(512, torch.device("cpu")) == (256, 512, 1024, 2048)
+    assert attention_lengths(3000, torch.device("cpu")) == (256, 512, 1024, 2048, 3000)
+    assert attention_lengths(128, torch.device("cpu")) == (128, 256, 512, 1024, 2048)
+    assert attention_lengths(4096, torch.device("cuda", 0)) == (256, 512, 1024, 2048, 4096, 8192, 16384)
