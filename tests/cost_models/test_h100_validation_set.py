@@ -22,12 +22,13 @@ def selection() -> tuple[int, int, int]:
     return sum(r.flagged is None for r in h100), sum(r.flagged is not None for r in h100), len(excluded)
 
 
-def test_selection_keeps_37_rows_flags_the_4_torchtitan_rows_and_excludes_63(selection: tuple[int, int, int]) -> None:
+def test_selection_keeps_41_rows_flags_the_4_torchtitan_rows_and_excludes_59(selection: tuple[int, int, int]) -> None:
     # A change here changes what the error below averages over: re-measure it. 65 rows were
     # excluded before the H200, B200 and GB200 presets; the GB200 BF16 rows 33 and 36 are now
     # predicted (their statistics kept apart, test below); the H200 and B200 rows stay excluded
-    # (FP8, GPT-OSS).
-    assert selection == (37, 4, 63)
+    # (FP8, GPT-OSS). The context-parallel rows of kinds the planner prices (38, 103-105) joined
+    # when ring attention's steps were priced at their own masks.
+    assert selection == (41, 4, 59)
 
 
 def test_the_gb200_rows_run_in_nvlink_domains_of_64_gpus() -> None:
@@ -73,7 +74,11 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # schedule as the paper's text states them (Section 3.3.2: interleaved, no activation
     # checkpointing at 8K tokens; the search had chosen MLP recompute to fit the planner's memory
     # model): llama3-paper 16.0% -> 2.5% (rows 99 +3.6%, 100 +1.4%, both '!': the planner's memory
-    # model, our runtime's, does not fit them), mean 12.6% -> 11.8%.
+    # model, our runtime's, does not fit them), mean 12.6% -> 11.8%. With ring attention's
+    # off-diagonal blocks at the kernel's unmasked rates (FA3 paper), the context-parallel rows
+    # join the set (41 rows): AutoModel's 70B cp2 +7.9%, the Model Zoo's Qwen3-235B at 32k-128k
+    # -11.2%, -12.5%, -11.7% (at the causal rates -13.1%, -16.5%, -17.5%); mean 11.7%. Left out:
+    # the Llama 3 paper's 128k stage, whose all-gather context parallelism is not priced.
     # Lower these bounds as the model improves.
     # The GB200 rows (rows 33, 36) are summarised apart, under "GB200": with the gb200-nvl72
     # preset, nothing fitted, DeepSeek-V3 -20.9% and Qwen3-235B -4.3% (mean 12.6%); with the
@@ -82,7 +87,7 @@ def test_mean_error_is_no_worse_than_today() -> None:
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
-    assert rows == 37
+    assert rows == 41
     assert mean <= 0.12
     assert worst <= 0.43
     assert stats["GB200"][2] == 2
