@@ -109,8 +109,8 @@ def fused_attention_s(
     record in ``dtype``. A profile with no record of that kernel prices it at the fused kernel it
     has records of (what its SDPA ran: the profiler times one, a preset may publish several); one
     with no unmasked record prices unmasked attention at the causal records' rates (a version-8
-    profile, or a preset whose source publishes causal figures only), which the kernels reach
-    only at the longer lengths, where the masked blocks they skip are few.
+    profile, or a preset whose source publishes causal figures only): slower than it runs, a
+    causal kernel's partly masked tiles making its rate the lower one.
 
     FLOPs are counted as the FlashAttention papers count them (Dao 2023, Sec. 4.1; Shah et al.
     2024, Sec. 4.1): forward 4 s^2 d per head and sequence over the full s x s, halved under the
@@ -120,7 +120,8 @@ def fused_attention_s(
     linearly in log2(s), beyond the ends the nearest length's rates hold.
 
     Args:
-        flop: forward FLOPs of the attention core (halved for the causal mask where it is causal).
+        flop: forward FLOPs of the attention core: 4 d per query-key pair it computes and head (a
+            causal call's visible pairs, half of its s x s).
         seq_len: tokens per sequence the kernel sees (per block under ring attention).
         head_size: query/key head dimension.
         device: the device and its records.

@@ -449,11 +449,11 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
     ``points``, [s, causal forward, forward without mask, backward without mask]: a causal record,
     whose backward keeps the forward's causal / unmasked ratio (FlashAttention-3's paper times the
     backward without a mask only), and an unmasked one (``AttentionRecord.causal`` False, as ring
-    attention's off-diagonal blocks run); or, causal records only, ``forward_backward_points``, [s, causal forward +
-    backward], both passes at that rate (FlashAttention-2's paper figure for the A100), or
-    ``causal_points``, [s, causal forward, causal backward] (cudnn-frontend's benchmark). Training
-    sustains ``sustained`` of each rate, as of the matmul's (the papers time one GPU at a fixed
-    or boost clock). ``runs_as`` names the kernel (``AttentionKernel``: flash, the default, or
+    attention's off-diagonal blocks run); or, causal records only, ``forward_backward_points``,
+    [s, causal forward + backward], both passes at that rate (FlashAttention-2's paper figure for
+    the A100), or ``causal_points``, [s, causal forward, causal backward] (cudnn-frontend's
+    benchmark). Training sustains ``sustained`` of each rate, as of the matmul's (the papers time
+    one GPU at a fixed or boost clock). ``runs_as`` names the kernel (``AttentionKernel``: flash, the default, or
     cudnn) whose rates the block gives, which ``TrainingSpec.attention_kernel`` selects.
     """
     if not isinstance(blocks, list):

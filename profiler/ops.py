@@ -147,6 +147,7 @@ def _runs(fn: Callable[[], torch.Tensor]) -> bool:
 
 
 ATTENTION_MIN_SEQ_LEN = 256
+"""The shortest power-of-two length a profile times attention at (or its ``seq_len`` where shorter)."""
 ATTENTION_TOP_SEQ_LEN = {"cuda": 16384, "cpu": 2048}
 """The longest power-of-two length a profile times attention at on each kind of device (or its
 ``seq_len`` where longer): a GPU's to the presets' published 16k, a CPU's to 2k (the local plans'
