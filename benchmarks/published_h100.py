@@ -1,6 +1,6 @@
 """The rows of ``data/published_runs.yaml`` the planner can model today, as planner inputs.
 
-The file holds 106 published pre-training measurements (its header names the sources and their
+The file holds 111 published pre-training measurements (its header names the sources and their
 caveats). ``load_runs`` keeps a row only if every rule below holds, and otherwise records the
 first rule it breaks (``Exclusion``):
 
@@ -12,6 +12,8 @@ first rule it breaks (``Exclusion``):
 - BF16 only. A null precision counts as BF16 only for the Megatron-LM README rows, whose header
   derives it from TFLOP/s / MFU ~ 989 (the H100 dense BF16 peak); the Megatron-Bridge 25.09
   DeepSeek-V3 row's null precision is left out (its footnote points to FP8).
+- A layout the planner prices: not expert all-to-alls overlapped with another micro-batch's
+  compute (Megatron-Core's 1F1B A2A overlap), nor more model chunks (pp x vpp) than layers.
 - Context parallelism of a kind the planner prices: ring attention (Megatron-Core's and Transformer
   Engine's default p2p exchange, torch's ring; the rows that do not state theirs) or the
   all-to-all. Not the Llama 3 paper's 128k stage: its context parallelism all-gathers the keys and
@@ -357,6 +359,10 @@ def _exclusion_reason(row: Mapping[str, Any], source: str) -> str | None:
         return f"stated dp={par['dp']} x tp={tp} x pp={pp} x cp={cp} != {gpu['count']} GPUs"
     if gpu["type"] == "GB200" and source != "mbridge":
         return "GB200: the NVLink domain the run used is not stated"
+    if par.get("ep_comm_overlap"):
+        return "expert all-to-all behind another micro-batch's compute (Megatron-Core's 1F1B overlap): not priced"
+    if pp * (par["vpp"] or 1) > model["n_layers"]:
+        return f"pp x vpp = {pp * par['vpp']} model chunks for {model['n_layers']} layers: empty chunks not priced"
     return None
 
 

@@ -32,7 +32,7 @@ from published_h100 import CLUSTER_PRESETS, Exclusion, PublishedRun, load_runs  
 from cost_models.estimate import estimate
 from planner.inputs import load_cluster
 from planner.schemas import ClusterProfile, Estimate, Layout, LinkMatrix, Schedule, TrainingSpec, VocabularyLayout
-from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.space import Choice, RecomputeChoice, SearchSpace
 
@@ -113,11 +113,17 @@ def pinned_axes(run: PublishedRun) -> dict[str, tuple[Choice, ...]]:
 
 def candidates(space: SearchSpace, pins: Mapping[str, Sequence[Choice]]) -> Iterator[Layout]:
     """The space's layouts with the pinned axes at their values (taken as stated, even where the
-    space's own rule would not offer them, e.g. ZeRO-3 under a pipeline), the rest free."""
+    space's own rule would not offer them, e.g. ZeRO-3 under a pipeline), the rest free; a free
+    choice no layout can hold beside the pinned ones (e.g. experts not folded over tensor
+    parallelism where the stated ep exceeds dp) is skipped."""
 
     def walk(i: int, chosen: dict[str, Choice]) -> Iterator[Layout]:
         if i == len(space.axes):
-            yield space.layout(chosen)
+            try:
+                layout = space.layout(chosen)
+            except SchemaError:
+                return
+            yield layout
             return
         axis = space.axes[i]
         for value in pins.get(axis.name) or axis.choices(space, chosen):

@@ -22,13 +22,15 @@ def selection() -> tuple[int, int, int]:
     return sum(r.flagged is None for r in h100), sum(r.flagged is not None for r in h100), len(excluded)
 
 
-def test_selection_keeps_41_rows_flags_the_4_torchtitan_rows_and_excludes_59(selection: tuple[int, int, int]) -> None:
+def test_selection_keeps_44_rows_flags_the_4_torchtitan_rows_and_excludes_61(selection: tuple[int, int, int]) -> None:
     # A change here changes what the error below averages over: re-measure it. 65 rows were
     # excluded before the H200, B200 and GB200 presets; the GB200 BF16 rows 33 and 36 are now
     # predicted (their statistics kept apart, test below); the H200 and B200 rows stay excluded
     # (FP8, GPT-OSS). The context-parallel rows of kinds the planner prices (38, 103-105) joined
-    # when ring attention's steps were priced at their own masks.
-    assert selection == (41, 4, 59)
+    # when ring attention's steps were priced at their own masks. The Model Zoo's 4k-token H100
+    # table (rows 107-111) was added to the file later: 3 rows kept, 108 (1F1B A2A overlap) and
+    # 110 (96 model chunks for 94 layers) excluded.
+    assert selection == (44, 4, 61)
 
 
 def test_the_gb200_rows_run_in_nvlink_domains_of_64_gpus() -> None:
@@ -79,6 +81,10 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # join the set (41 rows): AutoModel's 70B cp2 +7.9%, the Model Zoo's Qwen3-235B at 32k-128k
     # -11.2%, -12.5%, -11.7% (at the causal rates -13.1%, -16.5%, -17.5%); mean 11.7%. Left out:
     # the Llama 3 paper's 128k stage, whose all-gather context parallelism is not priced.
+    # The Model Zoo's 4k-token H100 table joined the file (rows 107, 109, 111 kept): +6.9%
+    # (TP2 EP32 across nodes), -25.2% (FSDP dp128, EP8, full recompute), +44.9% (TP4 EP8 PP8);
+    # modelzoo 11.2% -> 17.4%, mean 11.7% -> 12.7%, worst 42.5% -> 44.9% (row 111). The bounds
+    # below rose with the set, not with the model: on the 41 rows before it they stay 11.7%, 42.5%.
     # Lower these bounds as the model improves.
     # The GB200 rows (rows 33, 36) are summarised apart, under "GB200": with the gb200-nvl72
     # preset, nothing fitted, DeepSeek-V3 -20.9% and Qwen3-235B -4.3% (mean 12.6%); with the
@@ -87,9 +93,9 @@ def test_mean_error_is_no_worse_than_today() -> None:
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
-    assert rows == 41
-    assert mean <= 0.12
-    assert worst <= 0.43
+    assert rows == 44
+    assert mean <= 0.13
+    assert worst <= 0.45
     assert stats["GB200"][2] == 2
 
 
