@@ -148,7 +148,7 @@ def check_parity(
     reference = reference_of(model, setting)
     results = run_ranks(world, train_layouts, model, layouts, setting, workdir=tmp_path)
     for kw, losses in zip(layouts, results, strict=True):
-        assert losses == pytest.approx(reference, abs=PARITY_TOLERANCE), kw
+        assert losses == pytest.approx(reference, abs=PARITY_TOLERANCE), f"{kw}: losses {losses}, reference {reference}"
     assert len(set(reference)) == setting.steps  # the steps do update the parameters
 
 
