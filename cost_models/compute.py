@@ -150,8 +150,7 @@ def fused_attention_s(
 
 def _attention_rates(record: AttentionRecord) -> tuple[float, float, float]:
     """(log2 s, forward FLOP/s, backward FLOP/s) of one attention record, causal or unmasked."""
-    r = record
-    flop = (2.0 if r.causal else 4.0) * r.batch_size * r.num_attention_heads * r.seq_len**2 * r.head_size
+    r, flop = record, record.forward_flop
     # Under noise a forward can time longer than forward + backward: keep the backward above zero.
     backward_s = max(r.fwd_bwd_time_s - r.fwd_time_s, 1e-3 * r.fwd_bwd_time_s)
     return math.log2(r.seq_len), flop / r.fwd_time_s, 2.5 * flop / backward_s

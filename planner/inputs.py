@@ -45,6 +45,7 @@ from planner.schemas import (
 from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, NicKind, upgrade
 from planner.schemas.errors import SchemaError
+from planner.schemas.op_records import attention_forward_flop
 
 MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -476,7 +477,7 @@ def _attention_records(blocks: object, reader: _PresetReader, sustained: float) 
             raise SchemaError(f"{where}: runs_as={block.get('runs_as')!r} must name a fused kernel: flash or cudnn")
         for seq_len, causal, forward, backward in _attention_rates(block, where):
             batch, heads = _ATTENTION_TOKENS // seq_len, _ATTENTION_HIDDEN // head_dim
-            flop = (2.0 if causal else 4.0) * batch * heads * seq_len**2 * head_dim
+            flop = attention_forward_flop(batch, heads, seq_len, head_dim, causal=causal)
             fwd_s = flop / (forward * sustained)
             records.append(
                 AttentionRecord(

@@ -60,6 +60,12 @@ class _TimedOnce(_Measured):
     spread: float = Field(default=0.0, ge=0, description="Interquartile range / median of the repeats.")
 
 
+def attention_forward_flop(batch: int, heads: int, seq_len: int, head_size: int, *, causal: bool) -> float:
+    """Forward FLOPs of scaled-dot-product attention as the FlashAttention papers count them:
+    4 s^2 d per head and sequence over the full s x s, half of it under a causal mask."""
+    return (2.0 if causal else 4.0) * batch * heads * seq_len**2 * head_size
+
+
 class AttentionRecord(_ForwardBackward):
     """Scaled-dot-product attention on (batch, heads, sequence, head size) inputs, causal or with
     every query attending every key (``causal``)."""
@@ -78,6 +84,13 @@ class AttentionRecord(_ForwardBackward):
         description="Whether the timed attention had a causal mask; False: no mask, as ring attention's "
         "off-diagonal blocks run (schema version 9).",
     )
+
+    @property
+    def forward_flop(self) -> float:
+        """The timed forward's FLOPs (``attention_forward_flop``)."""
+        return attention_forward_flop(
+            self.batch_size, self.num_attention_heads, self.seq_len, self.head_size, causal=self.causal
+        )
 
 
 class LayerNormRecord(_ForwardBackward):
