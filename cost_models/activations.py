@@ -16,8 +16,17 @@ per element in every dtype. Everything is per rank, per micro-batch, in bytes.
 
 import functools
 from dataclasses import dataclass
+from typing import Final
 
-from planner.schemas import DEFAULT_RECOMPUTE_MODULES, AttentionKernel, DType, ModelSpec, Recompute, RecomputeModule
+from planner.schemas import (
+    DEFAULT_RECOMPUTE_MODULES,
+    Activation,
+    AttentionKernel,
+    DType,
+    ModelSpec,
+    Recompute,
+    RecomputeModule,
+)
 
 MASK_BYTES = 1
 """One dropout-mask element (PyTorch keeps a bool/uint8 mask)."""
@@ -284,6 +293,34 @@ def rematerialized_bytes(
     if recompute is Recompute.SELECTIVE:
         return max(dropped_bytes(terms, modules))
     return terms.total_bytes - terms.layer_input_bytes
+
+
+MLP_BACKWARD_TENSORS: Final = {Activation.SWIGLU: 6, Activation.GEGLU: 7, Activation.GELU: 2}
+"""Tensors of an MLP's intermediate size that its backward holds at once, beyond what the layer
+keeps, in the runtime's kernels (``runtime.kernels``, ``runtime.model.MLP``; the count as traced:
+``tests/runtime/test_mlp_backward_memory.py``). GELU: the down projection's input gradient and
+``gelu_backward``'s output. SwiGLU (``swiglu``, which keeps gate and up and recomputes SiLU):
+that gradient, the sigmoid, the up gradient and three temporaries of the gate gradient's
+product. GeGLU (``geglu``, tanh GELU): one more, the tanh. A backward fused into one kernel
+(Megatron-Core's ``bias_swiglu_impl``) would hold three (the incoming gradient and the two it
+writes): these counts bound it."""
+
+
+def mlp_backward_bytes(model: ModelSpec, elements: float, dtype: DType) -> float:
+    """Transient bytes one MLP's backward holds beyond what its layer keeps (``MLP_BACKWARD_TENSORS``),
+    for an MLP whose intermediate tensors have ``elements`` elements each (its tokens x width / t;
+    a routed expert's: the tokens routed to it). They live while that MLP runs its backward,
+    beside every activation the rank holds then.
+
+    Args:
+        model: the MLP's activation (``hidden_act``; SwiGLU for any other gated one, GELU for any
+            ungated one, as the runtime runs them).
+        elements: elements of one intermediate tensor.
+        dtype: training precision.
+    """
+    act = model.hidden_act
+    kind = act if act is Activation.GEGLU else Activation.SWIGLU if act.gated else Activation.GELU
+    return MLP_BACKWARD_TENSORS[kind] * dtype.bytes * elements
 
 
 def embedding_activation_bytes(

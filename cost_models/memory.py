@@ -30,6 +30,12 @@ Constants (conventions, stated once here):
     holding its copies, the copy of the rows' gradients in ``TrainingSpec.reduce_dtype`` made
     after the backward; it adds what it exceeds the activations and logits by, which are freed
     by then.
+  - One MLP's backward (``activations.mlp_backward_bytes``): the largest set of temporaries a
+    layer's backward holds at once (2, 6 or 7 tensors of the MLP's width for GELU, SwiGLU,
+    GeGLU), beside every activation the rank holds then. A stage without the loss peaks in a
+    backward (measured on dry runs of Mixtral, pp 2, ep 8, 1F1B: 1.31 GiB of temporaries, the
+    6 x 8,192 x 14,336 x 2 bytes of its expert's backward); the stage with the loss adds what it
+    exceeds one micro-batch's logits by, freed before it runs.
 Under context parallelism every s above is the rank's s / cp tokens of each sequence, and a
 stage with layers adds one layer's context-parallel buffers (``context_parallel.context_buffer_bytes``:
 the ring's blocks in flight, or the all-to-all's head-split q, k, v and output).
@@ -43,6 +49,7 @@ from cost_models.activations import (
     kept_bytes,
     layer_activations,
     logits_bytes,
+    mlp_backward_bytes,
     output_layer_activation_bytes,
     rematerialized_bytes,
 )
@@ -86,7 +93,8 @@ def stage_activation_bytes(
     params: StageParams,
     load: StageExpertLoad | None = None,
 ) -> float:
-    """Activation bytes one rank of stage ``stage`` holds at its peak.
+    """Activation bytes one rank of stage ``stage`` holds at its peak (``LayoutMemory`` adds one
+    MLP's backward transient beside them, against the logits it outlives: ``_mlp_backward_bytes``).
 
     Per-layer bytes (``kept_bytes`` of ``layer_activations``, with ``training.attention_kernel``,
     for its dense and its MoE layers, ``params.stage_moe_layers``) x the stage's layers of each
@@ -113,7 +121,7 @@ def stage_activation_bytes(
     """
     check_stage(layout, stage)
     m = _micro_batches(training, layout)
-    per_micro_batch, once = _activation_terms(
+    per_micro_batch, once, _ = _activation_terms(
         model,
         training,
         layout,
@@ -140,10 +148,11 @@ def _activation_terms(
     moe_here: int,
     last_stage: bool,
     micro_batches: int,
-) -> tuple[float, float]:
-    """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once) of a stage
-    holding ``params``, ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if
-    ``last_stage``: stages alike in these differ only in their micro-batches in flight."""
+) -> tuple[float, float, float]:
+    """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once, one MLP's
+    backward transient: ``_mlp_backward_bytes``) of a stage holding ``params``, ``layers_here``
+    layers of which ``moe_here`` MoE, and the last chunk if ``last_stage``: stages alike in these
+    differ only in their micro-batches in flight."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
     sp, dtype, recompute = layout.sequence_parallel, training.dtype, layout.recompute
     s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
@@ -182,7 +191,25 @@ def _activation_terms(
     elif params.output_share:  # split over the pipeline: the last stage keeps its final norm's input
         once += vocabulary_activation_bytes(model, training, layout)
         once += output / 2 if last_stage else 0.0
-    return per_micro_batch, once
+    return per_micro_batch, once, _mlp_backward_bytes(model, training, layout, load, layers_here, moe_here)
+
+
+def _mlp_backward_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, load: StageExpertLoad | None, layers: int, moe: int
+) -> float:
+    """The largest transient one MLP's backward holds on a stage with ``layers`` layers of which
+    ``moe`` MoE (``activations.mlp_backward_bytes``): a dense MLP over the rank's s b tokens at
+    width f / t; a routed expert over the tokens routed to it, k s b / (E / ep) at width f_e / t
+    (the runtime runs a rank's experts one after another; the hottest rank's load,
+    ``StageExpertLoad.compute_max``); a shared expert over every token."""
+    t, dtype = layout.tensor_parallel_degree, training.dtype
+    tokens = local_seq_len(training, layout) * layout.micro_batch_size
+    widest = tokens * model.ffn_size / t if layers > moe else 0.0
+    if moe:
+        experts_here = max(1, model.num_local_experts // layout.expert_parallel_degree)
+        routed = model.num_experts_per_tok * tokens * (load.compute_max if load else 1.0) / experts_here
+        widest = max(widest, routed * model.expert_ffn_size / t, tokens * model.shared_ffn_size / t)
+    return mlp_backward_bytes(model, widest, dtype) if widest else 0.0
 
 
 def stage_logits_bytes(
@@ -366,7 +393,11 @@ class LayoutMemory:
 
     Model states of ``stage_params`` under ZeRO from ``sharding.stage_model_states`` (ZeRO-3's
     gathered buffer counted with the weights; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds).
-    Activations from ``stage_activation_bytes``, logits from ``stage_logits_bytes``, buffers from
+    Activations from ``stage_activation_bytes``, plus what one MLP's backward transient
+    (``_mlp_backward_bytes``) and the staging buffer beside it exceed the loss freed before
+    that backward by (``_freed_loss_bytes``: on the stage with the output layer one micro-batch's
+    logits, elsewhere nothing), less the staging buffer's own excess; logits from
+    ``stage_logits_bytes``, buffers from
     ``communication_buffer_bytes`` and what ``reduce_scatter_staging_bytes`` exceeds the logits
     by and ``tied_gradient_sum_bytes`` the activations and logits by (they live after them),
     workspace from ``workspace_bytes``. Terms are summed as if
@@ -417,16 +448,19 @@ class LayoutMemory:
         key = (params, load, layers, moe, last)
         terms = self._terms.get(key)
         if terms is None:
-            per_micro_batch, once = _activation_terms(
+            per_micro_batch, once, backward = _activation_terms(
                 model, training, layout, params, load, layers, moe, last, self._micro_batches
             )
             logits = stage_logits_bytes(model, training, layout, stage, params)
-            # The staging buffer lives after the loss's backward: it adds what it exceeds the logits by
+            # The staging buffer lives after the loss's backward: it adds what it exceeds the logits by.
+            # A layer's MLP backward runs beside it, after one micro-batch's loss is freed: the two add
+            # what they exceed that loss by, of which the staging buffer's share is counted already
             staging = reduce_scatter_staging_bytes(training, layout, params)
+            freed = _freed_loss_bytes(training, layout, params, logits, self._micro_batches)
             terms = (
                 stage_model_states(model, layout, params, training.dtype),
                 per_micro_batch,
-                once,
+                once + max(0.0, staging + backward - freed) - max(0.0, staging - freed),
                 logits,
                 communication_buffer_bytes(model, training, layout, params, load.compute_max)
                 + max(0.0, staging - logits),
@@ -519,6 +553,20 @@ def _micro_batches(training: TrainingSpec, layout: Layout) -> int:
             "lower one of them or raise the global batch"
         )
     return max(1, m // pipeline_schedules(layout, training.pipeline_flushes))
+
+
+def _freed_loss_bytes(
+    training: TrainingSpec, layout: Layout, params: StageParams, logits: float, micro_batches: int
+) -> float:
+    """Of a stage's ``logits`` (``stage_logits_bytes``), what one micro-batch's loss frees before
+    its layers' backward: on the stage holding the output layer, that micro-batch's kept logits
+    and its transient copy (all of them but GPipe's other micro-batches); elsewhere nothing (the
+    softmax shards of a vocabulary split over the pipeline are counted as held)."""
+    if not params.holds_output_layer or not logits:
+        return 0.0
+    kept, transient = loss_element_bytes(training.dtype, layout)
+    held = _loss_micro_batches(layout, micro_batches)
+    return logits * (kept + transient) / (held * kept + transient)
 
 
 def _loss_micro_batches(layout: Layout, micro_batches: int) -> int:

@@ -19,10 +19,12 @@ from cost_models.memory import (
     all_stage_memory,
     peak_stage_memory,
     reduce_scatter_staging_bytes,
+    stage_activation_bytes,
     stage_memory,
 )
 from cost_models.params import stage_params, total_params
 from cost_models.sharding import model_state_bytes, zero3_gather_buffer_bytes
+from planner.inputs import load_cluster, load_model
 from planner.schemas import (
     Activation,
     AttentionKernel,
@@ -284,14 +286,43 @@ def _acts(model: ModelSpec, layout: Layout, training: TrainingSpec) -> tuple[flo
     return per_layer, emb, out
 
 
+def _gelu_backward(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    # A GELU MLP's backward holds two tensors of its width beside what the stage keeps: the down
+    # projection's input gradient and gelu_backward's output, act s b f each.
+    return 2 * training.dtype.bytes * training.seq_len * layout.micro_batch_size * model.ffn_size
+
+
 def test_1f1b_first_stage_holds_p_micro_batches() -> None:
     layout = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=4, micro_batch_size=2)
     training = _training(layout, micro_batches=8)
     per_layer, emb, out = _acts(SMALL_GPT, layout, training)
+    backward = _gelu_backward(SMALL_GPT, layout, training)
     mems = all_stage_memory(SMALL_GPT, training, _cluster(), layout)
-    assert mems[0].activations_bytes == pytest.approx(4 * (2 * per_layer + emb))
-    assert mems[1].activations_bytes == pytest.approx(3 * 2 * per_layer)
+    assert mems[0].activations_bytes == pytest.approx(4 * (2 * per_layer + emb) + backward)
+    assert mems[1].activations_bytes == pytest.approx(3 * 2 * per_layer + backward)
+    # the last stage's MLP backward runs once its micro-batch's logits are freed, which outweigh it
+    assert backward < mems[3].logits_bytes
     assert mems[3].activations_bytes == pytest.approx(2 * per_layer + out)
+
+
+def test_a_stage_without_the_loss_adds_one_experts_backward_to_what_it_holds() -> None:
+    # Mixtral (SwiGLU experts 14,336 wide, top-2 of 8) at s 4096, b 1, pp 2: stage 0 holds no loss,
+    # so its peak falls in a backward, beside 6 tensors of one expert's tokens x 14,336 (the
+    # runtime runs a rank's experts one after another). ep 8: each rank's one expert takes the
+    # k s b = 8,192 routed tokens; ep 4: each of its two takes half.
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100:2")
+    training = TrainingSpec(global_batch_size=64, seq_len=4096)
+    for ep, tokens in ((8, 8192), (4, 4096)):
+        layout = Layout(
+            data_parallel_degree=8,
+            tensor_parallel_degree=1,
+            pipeline_parallel_degree=2,
+            micro_batch_size=1,
+            expert_parallel_degree=ep,
+        )
+        held = stage_activation_bytes(model, training, layout, 0, stage_params(model, layout, 0))
+        peak = stage_memory(model, training, cluster, layout, 0).activations_bytes
+        assert peak - held == pytest.approx(6 * 2 * tokens * 14336)
 
 
 def test_interleaved_first_stage_factor() -> None:
@@ -308,7 +339,8 @@ def test_interleaved_first_stage_factor() -> None:
     per_layer, emb, _ = _acts(SMALL_GPT, layout, training)
     mem = stage_memory(SMALL_GPT, training, _cluster(), layout, 0)
     factor = p * (1 + (p - 1) / (p * v))
-    assert mem.activations_bytes == pytest.approx(factor * (2 * per_layer + emb))
+    backward = _gelu_backward(SMALL_GPT, layout, training)
+    assert mem.activations_bytes == pytest.approx(factor * (2 * per_layer + emb) + backward)
 
 
 def test_gpipe_last_stage_keeps_every_micro_batch_logits() -> None:
@@ -462,8 +494,12 @@ def test_higher_zero_stage_never_grows_memory_but_for_the_zero3_buffer(
     layouts = [_with(layout, zero_stage=z) for z in ZeroStage]
     mems = [stage_memory(model, training, CLUSTER, zeroed, stage) for zeroed in layouts]
     params = stage_params(model, layout, stage)
+    # The staging buffer's excess over the logits, and what it adds beside an MLP's backward (the
+    # activations change with the ZeRO stage through that alone)
     staged = [
         max(0.0, reduce_scatter_staging_bytes(training, z, params) - m.logits_bytes)
+        + m.activations_bytes
+        - mems[0].activations_bytes
         for z, m in zip(layouts, mems, strict=True)
     ]
     totals = [m.total_bytes - extra for m, extra in zip(mems, staged, strict=True)]
