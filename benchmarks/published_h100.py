@@ -53,6 +53,7 @@ from planner.schemas import (
     ModelSpec,
     MoeDispatcher,
     NormKind,
+    PipelineBuffers,
     PositionEmbedding,
     Recompute,
     RecomputeModule,
@@ -156,6 +157,14 @@ SCHEDULE_PER_LOCAL_BATCH_SOURCES = {
 """Sources whose step runs its stated gradient accumulation steps as that many pipeline schedules
 (``TrainingSpec.pipeline_flushes``); every other source's pipeline runs all of a step's
 micro-batches in one schedule (Megatron-LM)."""
+TORCH_PIPELINING_SOURCES = {
+    "automodel": "NeMo AutoModel's PyTorch-native pipeline (torch.distributed.pipelining's schedules)",
+    "torchtitan": "torchtitan's pipeline is torch.distributed.pipelining's",
+}
+"""Sources whose pipeline stages keep a receive buffer per micro-batch, as torch.distributed.pipelining
+does (``PipelineBuffers.PER_MICRO_BATCH``); every other source's pipeline receives per transfer: Megatron-LM
+and the stacks on Megatron-Core (Megatron-Bridge, the Model Zoo), and the Llama 3 paper's, whose text says it
+deallocates stage outputs and inputs once used (sec. 3.3.2)."""
 CUDNN_ATTENTION_SOURCES = {
     "modelzoo": "Megatron-Core 2025 with Transformer Engine, whose attention backend selection gives cuDNN's "
     "FusedAttention preference over FlashAttention on Hopper and later (dot_product_attention/utils.py, "
@@ -241,6 +250,8 @@ class PublishedRun:
     pipeline_flushes: int = 1
     """Pipeline schedules a step runs (``SCHEDULE_PER_LOCAL_BATCH_SOURCES``: the stated gradient
     accumulation steps under a pipeline)."""
+    pipeline_buffers: PipelineBuffers = PipelineBuffers.PER_TRANSFER
+    """Where its pipeline receives (``TORCH_PIPELINING_SOURCES``)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -418,6 +429,9 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         pipeline_flushes=(row["grad_accum_steps"] or 1)
         if source in SCHEDULE_PER_LOCAL_BATCH_SOURCES and (par["pp"] or 1) > 1
         else 1,
+        pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH
+        if source in TORCH_PIPELINING_SOURCES
+        else PipelineBuffers.PER_TRANSFER,
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
 

@@ -17,6 +17,7 @@ from planner.schemas import (
     Layout,
     ModelSpec,
     NormKind,
+    PipelineBuffers,
     PositionEmbedding,
     Recompute,
     Schedule,
@@ -76,6 +77,7 @@ class Sc21Run:
             dtype=DType.FP16,
             attention_kernel=AttentionKernel.EAGER,
             pp_comm_overlap=False,  # Megatron-LM of 2021 ran them blocking; its p2p overlap came later
+            pipeline_buffers=PipelineBuffers.PER_TRANSFER,  # Megatron-LM's p2p allocates per transfer
         )
 
     def layout(self) -> Layout:

@@ -79,6 +79,7 @@ def training_of(run: PublishedRun) -> TrainingSpec:
         loss_kernels=run.loss_kernels,
         attention_kernel=run.attention_kernel,
         pipeline_flushes=run.pipeline_flushes,
+        pipeline_buffers=run.pipeline_buffers,
     )
 
 

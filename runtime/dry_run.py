@@ -9,7 +9,8 @@ driven as its schedule would at its peak: in steady state (one micro-batch forwa
 first, so the accumulated gradients are there), as many chunk forwards as the schedule keeps in
 flight on that rank (schemas.geometry.in_flight_micro_batches, torch's schedules, without the
 warm-up Vocabulary Parallelism's own schedule adds), in the schedule's order
-(``forward_order``), with activations in the plan's precision, then their backward, then, as the
+(``forward_order``), with activations in the plan's precision received into the buffers the
+schedule keeps (``_ReceiveBuffers``: torch's, one per micro-batch), then their backward, then, as the
 trainer's step, the sum of a tied embedding's two copies' gradients and the optimizer step.
 Under a vocabulary split over the pipeline the rank also runs the passes it joins as a peer, at
 its peak (``_stage_step``).
@@ -31,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.schemas import Layout, Plan
+from planner.schemas import Layout, PipelineBuffers, Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
     embedding_chunk,
@@ -307,10 +308,13 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
         b, s = trainer.layout.micro_batch_size, plan.training.seq_len
         tokens = torch.randint(0, plan.model.vocab_size, (b * trainer.micro_batches, s))
         peers = [kind[0] for kind in vocabulary.begin_step(tokens, tokens, trainer.micro_batches, serve=False)]
+    buffers = _ReceiveBuffers(trainer, plan)
     with trainer.loss_context():
         if trainer.micro_batches * layout.virtual_stages > len(held):
-            _forward_backward(trainer, plan, range(layout.virtual_stages))  # one micro-batch through each chunk
-        _forward_backward(trainer, plan, held, at_peak=peers)
+            _forward_backward(
+                trainer, plan, buffers, range(layout.virtual_stages)
+            )  # one micro-batch through each chunk
+        _forward_backward(trainer, plan, buffers, held, at_peak=peers)
     if vocabulary is not None:
         vocabulary.end_step()
     trainer.tied.sync(trainer.chunks)
@@ -325,35 +329,84 @@ def forward_order(layout: Layout, steps: int) -> list[int]:
     return [(j % (p * v)) // p for j in range(steps)]
 
 
+class _ReceiveBuffers:
+    """Where the rank's chunks receive their inputs and their outputs' gradients
+    (``TrainingSpec.pipeline_buffers``), each (b, s or s / t under sequence parallelism, h) in the
+    plan's precision.
+
+    Per micro-batch, as torch 2.13's pipeline stage, the real run's schedule: allocated at
+    its first step and kept, for each of the rank's chunks one buffer per micro-batch of the
+    schedule to receive its input activations (all chunks but the model's first:
+    ``args_recv_info``) and one to receive its output's gradient (all but the last:
+    ``grad_recv_info``); a micro-batch's forward takes its input from its buffer and its backward
+    its gradient (``next``: the chunk's micro-batches in turn). Per transfer (Megatron-LM's): each
+    input allocated as it arrives, each gradient as its backward begins."""
+
+    def __init__(self, trainer: Trainer, plan: Plan) -> None:
+        layout, model = trainer.layout, plan.model
+        kept = plan.training.pipeline_buffers is PipelineBuffers.PER_MICRO_BATCH
+        s = plan.training.seq_len
+        local_s = s // layout.tensor_parallel_degree if layout.sequence_parallel else s
+        self._shape, self._dtype = (
+            (layout.micro_batch_size, local_s, model.hidden_size),
+            TORCH_DTYPES[plan.training.dtype],
+        )
+        m, chunks = (trainer.micro_batches if kept else 0), stage_chunks(layout, trainer.pp_rank)
+        self._receives = [(chunk != embedding_chunk(layout), chunk != output_chunk(layout)) for chunk in chunks]
+        self._inputs = [[self._empty() for _ in range(m)] if inputs else [] for inputs, _ in self._receives]
+        self._gradients = [[self._empty() for _ in range(m)] if grads else [] for _, grads in self._receives]
+        self._turns = [0] * len(chunks)
+
+    def _empty(self) -> torch.Tensor:
+        return torch.empty(self._shape, dtype=self._dtype)
+
+    def next(self, position: int) -> tuple[torch.Tensor | None, Callable[[], torch.Tensor] | None]:
+        """The input buffer of the next micro-batch through the chunk at ``position`` and what
+        gives its output's gradient when its backward begins (None where the chunk receives none)."""
+        turn, self._turns[position] = self._turns[position], self._turns[position] + 1
+        receives_input, receives_gradient = self._receives[position]
+        inputs, gradients = self._inputs[position], self._gradients[position]
+        received = (inputs[turn % len(inputs)] if inputs else self._empty()) if receives_input else None
+        if not receives_gradient:
+            return received, None
+        if gradients:
+            kept = gradients[turn % len(gradients)]
+            return received, lambda: kept
+        return received, self._empty
+
+
 def _forward_backward(
-    trainer: Trainer, plan: Plan, positions: Sequence[int], *, at_peak: Sequence[Callable[[], object]] = ()
+    trainer: Trainer,
+    plan: Plan,
+    buffers: _ReceiveBuffers,
+    positions: Sequence[int],
+    *,
+    at_peak: Sequence[Callable[[], object]] = (),
 ) -> None:
     """A micro-batch through each of the rank's chunks at ``positions`` forward (the chunks'
-    activations the schedule holds at once), then ``at_peak`` (the rank's vocabulary peer
-    passes), then all of them backward."""
+    activations the schedule holds at once), its input and gradient in ``buffers``, then
+    ``at_peak`` (the rank's vocabulary peer passes), then all of them backward."""
     layout, model, training = trainer.layout, plan.model, plan.training
     b, s = layout.micro_batch_size, training.seq_len
-    local_s = s // layout.tensor_parallel_degree if layout.sequence_parallel else s
+    last = output_chunk(layout)
     chunks = stage_chunks(layout, trainer.pp_rank)
-    first, last = embedding_chunk(layout), output_chunk(layout)
-    outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    outputs: list[tuple[torch.Tensor, Callable[[], torch.Tensor] | None]] = []
     kept: list[torch.Tensor | None] = []  # per output: what the schedule keeps until its backward
     for position in positions:
         chunk, index = trainer.chunks[position], chunks[position]
-        if index == first:
-            x: torch.Tensor = torch.randint(0, model.vocab_size, (b, s))
-        else:  # the previous stage's activations, in the plan's precision
-            x = torch.randn(b, local_s, model.hidden_size, dtype=TORCH_DTYPES[training.dtype], requires_grad=True)
+        received, gradient = buffers.next(position)
+        # the embedding's token ids, or the previous stage's activations in their buffer
+        x = torch.randint(0, model.vocab_size, (b, s)) if received is None else received.detach().requires_grad_()
         out = OneCall(chunk)(x)
         if index == last:  # the loss; the schedule keeps the stage's output (the logits) as well
             loss = trainer.vocabulary.loss if trainer.vocabulary is not None else loss_fn
             outputs.append((loss(out, torch.randint(0, model.vocab_size, (b, s))), None))
             kept.append(out)
-        else:
-            outputs.append((out, torch.randn_like(out)))
+        else:  # the schedule keeps the output until its backward, whose gradient is received
+            outputs.append((out, gradient))
             kept.append(None)
     for run_pass in at_peak:
         run_pass()
     for i, (out, grad) in enumerate(outputs):
-        torch.autograd.backward(out, grad)
+        torch.autograd.backward(out, None if grad is None else grad())
         kept[i] = None

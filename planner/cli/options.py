@@ -26,6 +26,7 @@ from planner.schemas import (
     Layout,
     ModelSpec,
     MoeDispatcher,
+    PipelineBuffers,
     Recompute,
     RecomputeModule,
     Schedule,
@@ -72,6 +73,15 @@ PipelineFlushesOpt = Annotated[
         "gradient accumulation steps of torchtitan or NeMo AutoModel under pipeline parallelism (one schedule per "
         "local batch), each filling and draining the pipeline; Megatron-LM runs one, the planner's runtime "
         "either [default: 1].",
+    ),
+]
+PipelineBuffersOpt = Annotated[
+    PipelineBuffers | None,
+    typer.Option(
+        help="Where pipeline stages receive activations and gradients: per-micro-batch as torch.distributed."
+        "pipelining keeps a buffer per micro-batch of the schedule for the run (this planner's runtime, torchtitan, "
+        "NeMo AutoModel), per-transfer as Megatron-LM allocates each for its transfer (for a plan exported to it) "
+        "[default: per-micro-batch].",
     ),
 ]
 KERNELS_HELP = (
@@ -189,6 +199,7 @@ TRAINING_OPTIONS = {
     "tp_comm_overlap": "tp_comm_overlap",
     "pp_comm_overlap": "pp_comm_overlap",
     "pipeline_flushes": "pipeline_flushes",
+    "pipeline_buffers": "pipeline_buffers",
     "vocabulary_overlap": "vocabulary_overlap",
     "grad_reduce_dtype": "grad_reduce_dtype",
     "moe_dispatcher": "moe_dispatcher",

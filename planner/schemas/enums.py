@@ -79,6 +79,19 @@ class Kernels(StrEnum):
     EAGER = "eager"
 
 
+class PipelineBuffers(StrEnum):
+    """Where a pipeline stage receives its activations and gradients (``cost_models.memory.pipeline_buffer_bytes``)."""
+
+    PER_MICRO_BATCH = "per-micro-batch"
+    """One buffer per micro-batch of the schedule for each chunk's input and each chunk's output
+    gradient, allocated at the first step and kept, and each chunk's output kept until its
+    backward: torch.distributed.pipelining (torch 2.13), which the planner's runtime and
+    torchtitan run."""
+    PER_TRANSFER = "per-transfer"
+    """Each received tensor allocated for its transfer and freed once used, and each output's
+    data freed once sent (Megatron-LM's p2p communication with ``deallocate_output_tensor``)."""
+
+
 class MoeDispatcher(StrEnum):
     """How an MoE layer moves its routed tokens between expert-parallel ranks."""
 

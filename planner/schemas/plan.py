@@ -65,7 +65,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[11] = 11
+    schema_version: Literal[12] = 12
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -129,9 +129,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 11
+PLAN_SCHEMA_VERSION = 12
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 """The versions ``upgrade`` reads."""
 
 
@@ -155,7 +155,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     9 -> 10: the layouts' new field's default (selective recompute of the attention core alone) is
     what version 9's selective recompute was. Version 10 -> 11: nothing to change; the new
     attention kernel is one no version-10 plan names, and the new field's default (one pipeline
-    schedule a step) is what version 10 priced.
+    schedule a step) is what version 10 priced. Version 11 -> 12: pipeline receive buffers per
+    transfer, as version 11 priced them, although the new field's default keeps one per micro-batch.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -189,4 +190,9 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         raw = {**raw, "schema_version": 10}
     if raw.get("schema_version") == 10:
         raw = {**raw, "schema_version": 11}
+    if raw.get("schema_version") == 11:
+        raw = {**raw, "schema_version": 12}
+        training = raw.get("training")
+        if isinstance(training, dict):
+            raw["training"] = {"pipeline_buffers": "per-transfer", **training}
     return raw

@@ -6,7 +6,7 @@ from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
 from planner.schemas.bounds import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_at_most
-from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer
+from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer, PipelineBuffers
 from planner.schemas.errors import SchemaError
 
 
@@ -73,6 +73,15 @@ class TrainingSpec(FrozenModel):
             "Megatron-LM runs every micro-batch in one schedule; the gradient accumulation steps of torchtitan "
             "and NeMo AutoModel, which run one schedule per local batch. Each schedule fills and drains the "
             "pipeline. The planner's runtime runs either (not with the vocabulary split over the pipeline)."
+        ),
+    )
+    pipeline_buffers: PipelineBuffers = Field(
+        default=PipelineBuffers.PER_MICRO_BATCH,
+        description=(
+            "Where pipeline stages receive activations and gradients: 'per-micro-batch' as torch.distributed."
+            "pipelining keeps them (a buffer per micro-batch of the schedule, for each chunk's input and output "
+            "gradient, for the run), which the planner's runtime and torchtitan run; 'per-transfer' as Megatron-LM "
+            "allocates each for its transfer."
         ),
     )
     grad_reduce_dtype: DType | None = Field(

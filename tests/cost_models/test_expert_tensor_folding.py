@@ -28,7 +28,7 @@ from cost_models.params import stage_params
 from cost_models.sharding import optimizer_shard_params, stage_model_states
 from cost_models.tensor_parallel import moe_layer_share
 from planner.inputs import load_cluster, load_model
-from planner.schemas import CollectiveOp, DType, Layout, TrainingSpec
+from planner.schemas import CollectiveOp, DType, Layout, PipelineBuffers, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.layout import check_experts
 
@@ -213,8 +213,15 @@ def test_expert_tensor_parallelism_t_prices_what_it_did_before(
 ) -> None:
     layout = Layout(**{"pipeline_parallel_degree": 1, "micro_batch_size": 1, "zero_stage": 1, **degrees})  # type: ignore[arg-type]
     # Pipeline transfers priced as they were then, not behind compute (TrainingSpec.pp_comm_overlap came
-    # later), and gradients summed in bf16 (TrainingSpec.grad_reduce_dtype came later).
-    training = TrainingSpec(global_batch_size=256, seq_len=4096, pp_comm_overlap=False, grad_reduce_dtype=DType.BF16)
+    # later), gradients summed in bf16 (TrainingSpec.grad_reduce_dtype came later) and the pipeline's receive
+    # buffers per transfer (TrainingSpec.pipeline_buffers came later).
+    training = TrainingSpec(
+        global_batch_size=256,
+        seq_len=4096,
+        pp_comm_overlap=False,
+        grad_reduce_dtype=DType.BF16,
+        pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+    )
     for same in (layout, replace(layout, expert_tensor_parallel_degree=layout.tensor_parallel_degree)):
         est = estimate(load_model(model), training, load_cluster(cluster), same)
         assert (est.step_time_s, est.peak_memory_bytes) == (step_s, peak_bytes)

@@ -369,10 +369,15 @@ def test_stage_terms_hand_worked() -> None:
     params = stage_params(SMALL_GPT, layout, 0).total
     assert params < 50e6  # so the gradient buckets are capped by the rank's gradients
     # buckets, tp staging and the tied embedding's gradient sum: its fp32 copy of the first
-    # stage's V / t rows (52,428,800 bytes), made after the backward, beyond the freed activations
+    # stage's V / t rows (52,428,800 bytes), made after the backward, beyond the freed activations;
+    # and torch's pipeline buffers: the first chunk receives its gradient in one of 4 kept (m = 4)
+    # and keeps its output for each of the 2 micro-batches in flight, s h bf16 each
     tied_copy = 4 * vocab * h / 2
     assert first.activations_bytes < tied_copy
-    assert first.communication_buffers_bytes == 4 * params + s * h * 2 + tied_copy - first.activations_bytes
+    pipeline = (4 + 2) * s * h * 2
+    assert first.communication_buffers_bytes == (
+        4 * params + s * h * 2 + tied_copy - first.activations_bytes + pipeline
+    )
     assert first.workspace_bytes == CUDA_WORKSPACE_BYTES
     cpu = stage_memory(SMALL_GPT, training, _cluster("cpu-gloo", DeviceKind.CPU), layout, 0)
     assert cpu.workspace_bytes == 0

@@ -31,6 +31,7 @@ from planner.schemas import (
     DeviceKind,
     DType,
     Layout,
+    PipelineBuffers,
     ShardedUnitRecord,
     TrainingSpec,
     ZeroStage,
@@ -69,12 +70,13 @@ def test_only_sharded_data_parallel_stages_of_a_pipeline_defer() -> None:
 
 
 def test_a_pipelined_stage_holds_what_zero_1_holds() -> None:
+    training = TRAINING.model_copy(update={"pipeline_buffers": PipelineBuffers.PER_TRANSFER})  # buckets alone
     for stage in range(2):
-        zero1 = stage_memory(MODEL, TRAINING, CPU, _layout(2, ZeroStage.OPTIMIZER), stage)
+        zero1 = stage_memory(MODEL, training, CPU, _layout(2, ZeroStage.OPTIMIZER), stage)
         for zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
             # but for ZeRO-1's gradient buckets: FSDP reduces from the units' own gradients
             held = replace(zero1, communication_buffers_bytes=0.0)
-            assert stage_memory(MODEL, TRAINING, CPU, _layout(2, zero), stage) == held
+            assert stage_memory(MODEL, training, CPU, _layout(2, zero), stage) == held
     # Without a pipeline ZeRO-2 does shard the gradients, in fp32 as FSDP keeps them: 4 bytes over
     # d = 4 where ZeRO-1 keeps 2 bytes, half of ZeRO-1's.
     flat1 = stage_memory(MODEL, TRAINING, CPU, _layout(1, ZeroStage.OPTIMIZER), 0)

@@ -13,7 +13,7 @@ from cost_models.memory import communication_buffer_bytes, stage_memory, tied_gr
 from cost_models.params import stage_params
 from cost_models.vocabulary import tied_embedding_sync_s
 from planner.inputs import load_model
-from planner.schemas import DType, Layout, TrainingSpec, VocabularyLayout, ZeroStage
+from planner.schemas import DType, Layout, PipelineBuffers, TrainingSpec, VocabularyLayout, ZeroStage
 
 MODEL = load_model("tiny-gpt")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128, grad_reduce_dtype=DType.BF16)  # summed in bf16
@@ -70,8 +70,9 @@ def test_the_sum_copies_the_rows_in_the_reduce_precision() -> None:
 def test_the_copy_adds_what_it_exceeds_the_freed_activations_and_logits_by() -> None:
     # It is made after the backward: with 8-token sequences the stage's activations and logits
     # are below the 524,288-byte copy, which adds the difference; with 128 it adds nothing.
+    # (The pipeline's receive buffers per transfer: kept per micro-batch they would sit beside the copy.)
     for seq_len in (8, 128):
-        training = TrainingSpec(global_batch_size=32, seq_len=seq_len)
+        training = TrainingSpec(global_batch_size=32, seq_len=seq_len, pipeline_buffers=PipelineBuffers.PER_TRANSFER)
         for stage in (0, 1):
             memory = stage_memory(MODEL, training, CLUSTER, PIPELINE, stage)
             params = stage_params(MODEL, PIPELINE, stage)

@@ -19,6 +19,7 @@ from planner.schemas import (
     Layout,
     OpKind,
     OptimizerRecord,
+    PipelineBuffers,
     PipelineSlotRecord,
     ShardedUnitRecord,
     TrainingSpec,
@@ -146,7 +147,12 @@ LAYOUTS = {
 def test_a_version_1_profile_estimates_as_it_did(name: str) -> None:
     cluster = load_cluster(str(V1_CPU))
     batch = 12 if name == "tp2-pp2-mb3" else 16
-    training = TrainingSpec(global_batch_size=batch, seq_len=128, grad_reduce_dtype=DType.BF16)  # as priced then
+    training = TrainingSpec(  # as priced then
+        global_batch_size=batch,
+        seq_len=128,
+        grad_reduce_dtype=DType.BF16,
+        pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+    )
     got = estimate(load_model("tiny-gpt"), training, cluster, LAYOUTS[name])
     assert (got.step_time_s, got.time.compute_s, got.peak_memory_bytes) == pytest.approx(V1_ESTIMATES[name], rel=1e-9)
 

@@ -16,8 +16,11 @@ def test_a_pipeline_stage_sums_tied_gradients_between_its_backward_and_its_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
+    monkeypatch.setattr(dry_run, "_ReceiveBuffers", lambda trainer, plan, **_: None)
     monkeypatch.setattr(
-        dry_run, "_forward_backward", lambda trainer, plan, at, **_: calls.append(f"forward-backward {list(at)}")
+        dry_run,
+        "_forward_backward",
+        lambda trainer, plan, buffers, at, **_: calls.append(f"forward-backward {list(at)}"),
     )
     layout = Layout(data_parallel_degree=1, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1)
     trainer = SimpleNamespace(

@@ -36,8 +36,14 @@ def test_gradients_are_summed_in_fp32_under_bf16_and_in_the_training_precision_o
 def test_a_version_7_plan_sums_in_its_training_precision_as_it_was_priced() -> None:
     raw = {"schema_version": 7, "training": {"global_batch_size": 8, "seq_len": 64, "dtype": "bf16"}}
     upgraded = upgrade(raw)
-    assert upgraded["schema_version"] == 11  # and on to the current version: a vocabulary split as it was priced
-    expected = {**raw["training"], "grad_reduce_dtype": "bf16", "vocabulary_overlap": True}  # type: ignore[dict-item]
+    # and on to the current version: a vocabulary split and the pipeline's receive buffers as they were priced
+    assert upgraded["schema_version"] == 12
+    expected = {
+        **raw["training"],  # type: ignore[dict-item]
+        "grad_reduce_dtype": "bf16",
+        "vocabulary_overlap": True,
+        "pipeline_buffers": "per-transfer",
+    }
     assert upgraded["training"] == expected
     fp32 = upgrade({"schema_version": 7, "training": {"global_batch_size": 8, "seq_len": 64, "dtype": "fp32"}})
     assert fp32["training"]["grad_reduce_dtype"] == "fp32"  # type: ignore[index]

@@ -9,7 +9,7 @@ import pytest
 
 from planner import api
 from planner.inputs import load_cluster, load_model
-from planner.schemas import DType, ModelSpec, TrainingSpec
+from planner.schemas import DType, ModelSpec, PipelineBuffers, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine import ExhaustiveSearch, OptunaSearch
 from planner.search_engine.evaluate import Evaluator, SplitCosts
@@ -117,9 +117,15 @@ def test_optuna_reaches_2_percent_of_the_exhaustive_optimum_in_400_trials(grad_r
     # 1.0, 1.0, 1.006 and 1.0 summed in bf16; with recompute sampled and no local search they
     # reached 1.0, 1.0079, 1.0259, 1.0295 and 1.0296 (fp32), 1.0, 1.0553, 1.006, 1.0311 and 1.0
     # (bf16). Over seeds 0-19 (fp32) the mean is 1.0099 (was 1.0236) and 14 come within 2% (were
-    # 8): the median seed must come within 2% and none beyond 6%.
+    # 8): the median seed must come within 2% and none beyond 6%. Those figures are of pipelines
+    # receiving per transfer (with torch's buffers kept per micro-batch, bf16, the worst seed reached 1.067).
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-a100-80g:8")
-    training = TrainingSpec(global_batch_size=256, seq_len=4096, grad_reduce_dtype=grad_reduce_dtype)
+    training = TrainingSpec(
+        global_batch_size=256,
+        seq_len=4096,
+        grad_reduce_dtype=grad_reduce_dtype,
+        pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+    )
     space = SearchSpace(model=model, training=training, world_size=64, devices_per_node=8)
     exact = ExhaustiveSearch().search(space, Evaluator(model, training, cluster), Budget(), seed=0)
     optimum_s = exact.feasible[0].estimate.step_time_s
