@@ -30,6 +30,10 @@ Constants (conventions, stated once here):
     holding its copies, the copy of the rows' gradients in ``TrainingSpec.reduce_dtype`` made
     after the backward; it adds what it exceeds the activations and logits by, which are freed
     by then.
+  - A pipeline's receive buffers (``pipeline_buffer_bytes``, ``TrainingSpec.pipeline_buffers``):
+    torch.distributed.pipelining, which our runtime runs, keeps one per micro-batch of the
+    schedule for each chunk's input and each chunk's output gradient, and each output until its
+    backward; Megatron-LM allocates them per transfer (none counted).
   - One MLP's backward (``activations.mlp_backward_bytes``): the largest set of temporaries a
     layer's backward holds at once (2, 6 or 7 tensors of the MLP's width for GELU, SwiGLU,
     GeGLU), beside every activation the rank holds then. A stage without the loss peaks in a
@@ -449,9 +453,9 @@ class LayoutMemory:
     that backward by (``_freed_loss_bytes``: on the stage with the output layer one micro-batch's
     logits, elsewhere nothing), less the staging buffer's own excess; logits from
     ``stage_logits_bytes``, buffers from
-    ``communication_buffer_bytes`` and what ``reduce_scatter_staging_bytes`` exceeds the logits
-    by and ``tied_gradient_sum_bytes`` the activations and logits by (they live after them),
-    workspace from ``workspace_bytes``. Terms are summed as if
+    ``communication_buffer_bytes`` and ``pipeline_buffer_bytes`` and what
+    ``reduce_scatter_staging_bytes`` exceeds the logits by and ``tied_gradient_sum_bytes`` the
+    activations and logits by (they live after them), workspace from ``workspace_bytes``. Terms are summed as if
     they peak together (an upper bound). A calibrated cluster scales the activations, logits and
     buffers and adds its memory overhead to the workspace.
 
