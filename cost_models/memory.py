@@ -101,7 +101,7 @@ def stage_activation_bytes(
     load: StageExpertLoad | None = None,
 ) -> float:
     """Activation bytes one rank of stage ``stage`` holds at its peak (``LayoutMemory`` adds one
-    MLP's backward transient beside them, against the logits it outlives: ``_mlp_backward_bytes``).
+    MLP's backward transient beside them, against the logits freed before it: ``_mlp_backward_bytes``).
 
     Per-layer bytes (``kept_bytes`` of ``layer_activations``, with ``training.attention_kernel``,
     for its dense and its MoE layers, ``params.stage_moe_layers``) x the stage's layers of each
@@ -128,7 +128,7 @@ def stage_activation_bytes(
     """
     check_stage(layout, stage)
     m = _micro_batches(training, layout)
-    per_micro_batch, once, _ = _activation_terms(
+    per_micro_batch, once = _activation_terms(
         model,
         training,
         layout,
@@ -155,11 +155,10 @@ def _activation_terms(
     moe_here: int,
     last_stage: bool,
     micro_batches: int,
-) -> tuple[float, float, float]:
-    """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once, one MLP's
-    backward transient: ``_mlp_backward_bytes``) of a stage holding ``params``, ``layers_here``
-    layers of which ``moe_here`` MoE, and the last chunk if ``last_stage``: stages alike in these
-    differ only in their micro-batches in flight."""
+) -> tuple[float, float]:
+    """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once) of a stage
+    holding ``params``, ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if
+    ``last_stage``: stages alike in these differ only in their micro-batches in flight."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
     sp, dtype, recompute = layout.sequence_parallel, training.dtype, layout.recompute
     s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
@@ -198,7 +197,7 @@ def _activation_terms(
     elif params.output_share:  # split over the pipeline: the last stage keeps its final norm's input
         once += vocabulary_activation_bytes(model, training, layout)
         once += output / 2 if last_stage else 0.0
-    return per_micro_batch, once, _mlp_backward_bytes(model, training, layout, load, layers_here, moe_here)
+    return per_micro_batch, once
 
 
 def _mlp_backward_bytes(
@@ -449,15 +448,15 @@ class LayoutMemory:
     Model states of ``stage_params`` under ZeRO from ``sharding.stage_model_states`` (ZeRO-3's
     gathered buffer counted with the weights; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds).
     Activations from ``stage_activation_bytes``, plus what one MLP's backward transient
-    (``_mlp_backward_bytes``) and the staging buffer beside it exceed the loss freed before
-    that backward by (``_freed_loss_bytes``: on the stage with the output layer one micro-batch's
+    (``_mlp_backward_bytes``) and the staging buffer beside it exceed the loss freed before that
+    backward by (``_freed_loss_bytes``: on the stage with the output layer one micro-batch's
     logits, elsewhere nothing), less the staging buffer's own excess; logits from
-    ``stage_logits_bytes``, buffers from
-    ``communication_buffer_bytes`` and ``pipeline_buffer_bytes`` and what
-    ``reduce_scatter_staging_bytes`` exceeds the logits by and ``tied_gradient_sum_bytes`` the
-    activations and logits by (they live after them), workspace from ``workspace_bytes``. Terms are summed as if
-    they peak together (an upper bound). A calibrated cluster scales the activations, logits and
-    buffers and adds its memory overhead to the workspace.
+    ``stage_logits_bytes``; buffers from ``communication_buffer_bytes`` and
+    ``pipeline_buffer_bytes`` and what ``reduce_scatter_staging_bytes`` exceeds the logits by and
+    ``tied_gradient_sum_bytes`` the activations and logits by (they live after them); workspace
+    from ``workspace_bytes``. Terms are summed as if they peak together (an upper bound). A
+    calibrated cluster scales the activations, logits and buffers and adds its memory overhead to
+    the workspace.
 
     What the stages share is computed once: the micro-batches, the MoE loads and layers per stage,
     and every term of stages that hold the same parameters, layers and loads (a pipeline's middle
@@ -503,9 +502,10 @@ class LayoutMemory:
         key = (params, load, layers, moe, last)
         terms = self._terms.get(key)
         if terms is None:
-            per_micro_batch, once, backward = _activation_terms(
+            per_micro_batch, once = _activation_terms(
                 model, training, layout, params, load, layers, moe, last, self._micro_batches
             )
+            backward = _mlp_backward_bytes(model, training, layout, load, layers, moe)
             logits = stage_logits_bytes(model, training, layout, stage, params)
             # The staging buffer lives after the loss's backward: it adds what it exceeds the logits by.
             # A layer's MLP backward runs beside it, after one micro-batch's loss is freed: the two add

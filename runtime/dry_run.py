@@ -311,9 +311,8 @@ def _stage_step(trainer: Trainer, plan: Plan) -> None:
     buffers = _ReceiveBuffers(trainer, plan)
     with trainer.loss_context():
         if trainer.micro_batches * layout.virtual_stages > len(held):
-            _forward_backward(
-                trainer, plan, buffers, range(layout.virtual_stages)
-            )  # one micro-batch through each chunk
+            # one micro-batch through each chunk
+            _forward_backward(trainer, plan, buffers, range(layout.virtual_stages))
         _forward_backward(trainer, plan, buffers, held, at_peak=peers)
     if vocabulary is not None:
         vocabulary.end_step()
@@ -360,19 +359,18 @@ class _ReceiveBuffers:
     def _empty(self) -> torch.Tensor:
         return torch.empty(self._shape, dtype=self._dtype)
 
+    def _take(self, kept: list[torch.Tensor], turn: int) -> torch.Tensor:
+        """The kept buffer of micro-batch ``turn``, or one allocated now where none is kept."""
+        return kept[turn % len(kept)] if kept else self._empty()
+
     def next(self, position: int) -> tuple[torch.Tensor | None, Callable[[], torch.Tensor] | None]:
         """The input buffer of the next micro-batch through the chunk at ``position`` and what
         gives its output's gradient when its backward begins (None where the chunk receives none)."""
         turn, self._turns[position] = self._turns[position], self._turns[position] + 1
         receives_input, receives_gradient = self._receives[position]
         inputs, gradients = self._inputs[position], self._gradients[position]
-        received = (inputs[turn % len(inputs)] if inputs else self._empty()) if receives_input else None
-        if not receives_gradient:
-            return received, None
-        if gradients:
-            kept = gradients[turn % len(gradients)]
-            return received, lambda: kept
-        return received, self._empty
+        received = self._take(inputs, turn) if receives_input else None
+        return received, (lambda: self._take(gradients, turn)) if receives_gradient else None
 
 
 def _forward_backward(
