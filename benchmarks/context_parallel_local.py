@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cost_models.context_parallel import context_bytes_sent_per_step
 from planner import api
-from planner.inputs import load_cluster
+from planner.files.clusters import load_cluster
 from planner.schemas import ContextParallelKind, Layout, ModelSpec, TrainingSpec
 
 MODEL = ModelSpec(

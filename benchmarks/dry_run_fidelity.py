@@ -23,8 +23,9 @@ from pathlib import Path
 
 from cost_models.estimate import estimate
 from planner.api import search_outcome
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import Layout, Plan, TrainingSpec
 from planner.schemas.geometry import rank_of
 

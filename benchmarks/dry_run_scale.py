@@ -12,8 +12,9 @@ from pathlib import Path
 from dry_run_fidelity import HEADER, traced_row  # the script's folder is on sys.path
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import Layout, TrainingSpec
 
 

@@ -1,6 +1,6 @@
 """Expert placement against round-robin on skewed synthetic routing traces, and its time at scale.
 
-Traces (``planner.routing_trace.synthetic_trace``): expert popularity Zipf-like with exponent
+Traces (``planner.files.routing_trace.synthetic_trace``): expert popularity Zipf-like with exponent
 ``skew`` (the expert of popularity rank q gets weight q^-skew, ranks shuffled per layer) and
 ``affinity``, the probability that each of a token's experts in layer l is followed in layer
 l + 1 by its fixed partner. Metrics (``planner.schemas.routing.placement_metrics``): the
@@ -26,12 +26,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from planner.inputs import load_model
-from planner.routing_trace import load_routing_stats, summarize, synthetic_trace
+from planner.files.models import load_model
+from planner.files.routing_trace import load_routing_stats, summarize, synthetic_trace
 from planner.schemas import ExpertPlacement, RoutingStats
 from planner.schemas.routing import placement_metrics
+from planner.schemas.settings import Budget
 from planner.search_engine.expert_placement import place_experts
-from planner.search_engine.strategy import Budget
 
 DEVICES_PER_NODE = 8
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from cost_models.estimate import estimate
 from planner.api import search
-from planner.inputs import load_cluster
+from planner.files.clusters import load_cluster
 from planner.schemas import (
     Activation,
     ClusterProfile,
@@ -65,7 +65,7 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
-from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN
+from planner.schemas.settings import DEFAULT_MEMORY_MARGIN
 
 PRESET = "frontier-mi250x"
 SEQ_LEN = 2048

@@ -37,8 +37,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import planner
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import ClusterProfile, Layout, TrainingSpec, ZeroStage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

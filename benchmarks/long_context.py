@@ -30,6 +30,7 @@ from cost_models.estimate import estimate
 from planner import api
 from planner.schemas import Estimate, Layout, ModelSpec, Recompute, RopeScaling, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError
+from planner.schemas.settings import SearchSettings
 
 STEP_TOKENS = 1 << 24
 """Tokens a step: 16M, Llama 3's batch in its long-context stage."""
@@ -160,7 +161,9 @@ def chosen(model: str, cluster: str, seq_len: int, batch: int) -> str:
     start = time.perf_counter()
     try:
         spec = stretched(model, seq_len)
-        plans = api.search(spec, cluster, TrainingSpec(global_batch_size=batch, seq_len=seq_len), top_k=1)
+        plans = api.search(
+            spec, cluster, TrainingSpec(global_batch_size=batch, seq_len=seq_len), SearchSettings(top_k=1)
+        )
     except PlannerError as e:
         return f"no plan ({str(e).splitlines()[0][:90]})"
     best = plans[0]

@@ -23,13 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import Layout, Recompute, TrainingSpec, ZeroStage
 from planner.schemas.cluster import LinkMatrix
+from planner.schemas.settings import Budget
 from planner.search_engine.device_mapping import MAX_NODES, DeviceMappingRefiner, greedy_node_chain
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.intra_node_mapping import IntraNodeMappingRefiner
-from planner.search_engine.strategy import Budget, Candidate
+from planner.search_engine.strategy import Candidate
 
 DEVICES_PER_NODE, TP, PP, MICRO_BATCHES, SEQ_LEN = 8, 8, 4, 16, 4096
 

@@ -60,12 +60,12 @@ from pathlib import Path
 import numpy as np
 
 from planner import api
-from planner.plans import make_plan, save_plan
-from planner.routing_trace import load_routing_stats
+from planner.files.plans import make_plan, save_plan
+from planner.files.routing_trace import load_routing_stats
 from planner.schemas import ExpertPlacement, Layout, TrainingSpec
 from planner.schemas.routing import placement_metrics
+from planner.schemas.settings import Budget
 from planner.search_engine.expert_placement import expert_rank_nodes, place_experts
-from planner.search_engine.strategy import Budget
 
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
 MODEL = {

@@ -72,8 +72,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import planner
-from planner.inputs import load_cluster
-from planner.plans import save_plan
+from planner.files.clusters import load_cluster
+from planner.files.plans import save_plan
 from planner.schemas import ClusterProfile
 from planner.schemas.device_map import IDENTITY
 

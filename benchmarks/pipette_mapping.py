@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pipette_matrices import RUNS, Table, measured_cluster, read_run
 from sc21 import megatron_gpt
 
-from planner.inputs import load_cluster
+from planner.files.clusters import load_cluster
 from planner.schemas import (
     AttentionKernel,
     ClusterProfile,
@@ -45,6 +45,7 @@ from planner.schemas import (
     TrainingSpec,
 )
 from planner.schemas.device_map import IDENTITY
+from planner.schemas.settings import SearchSettings
 from planner.search_engine import StrategyName, make_strategy
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.layer_split import LayerSplitRefiner
@@ -125,10 +126,15 @@ def ring_bottleneck_bytes_per_s(cluster: ClusterProfile, order: tuple[int, ...])
 def measure(label: str, cluster: ClusterProfile, model: ModelSpec, training: TrainingSpec, top: int) -> MatrixResult:
     """Search ``cluster`` with and without the mapping refiner; price each top plan's identity map."""
     start = time.perf_counter()
-    outcome = run_search(model, training, cluster, make_strategy(StrategyName.EXHAUSTIVE), top_k=top)
+    outcome = run_search(model, training, cluster, make_strategy(StrategyName.EXHAUSTIVE), SearchSettings(top_k=top))
     search_s = time.perf_counter() - start
     unmapped = run_search(
-        model, training, cluster, make_strategy(StrategyName.EXHAUSTIVE), top_k=1, refiners=(LayerSplitRefiner(),)
+        model,
+        training,
+        cluster,
+        make_strategy(StrategyName.EXHAUSTIVE),
+        SearchSettings(top_k=1),
+        refiners=(LayerSplitRefiner(),),
     )
     evaluate = Evaluator(model, training, cluster)
     plans = tuple(
@@ -161,7 +167,9 @@ def main() -> None:
     model, training = pipette_gpt(), pipette_training(DType(args.dtype))
     base = load_cluster(CLUSTER)
     print(f"{model.name} on {CLUSTER}, {args.dtype}, global batch {GLOBAL_BATCH} x {SEQ_LEN} tokens")
-    uniform = run_search(model, training, base, make_strategy(StrategyName.EXHAUSTIVE), top_k=1).ranked[0]
+    uniform = run_search(model, training, base, make_strategy(StrategyName.EXHAUSTIVE), SearchSettings(top_k=1)).ranked[
+        0
+    ]
     rail = base.inter_node_links.uniform
     assert rail is not None
     print(

@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.inputs import load_cluster
+from planner.files.clusters import load_cluster
+from planner.schemas.settings import ProfileSettings
 from profiler.rounds import round_robin
-from profiler.settings import ProfileSettings, quick
 
 
 def run(ranks: int, quick_mode: bool) -> tuple[float, dict[str, float]]:
@@ -57,8 +57,7 @@ def gpu_round_s(settings: ProfileSettings) -> float:
 def main() -> None:
     """Print the table and the projection."""
     quick_mode = "--quick" in sys.argv
-    settings = ProfileSettings(output=Path("unused"))
-    settings = quick(settings) if quick_mode else settings
+    settings = ProfileSettings(output=Path("unused"), quick=quick_mode).quickened()
     print(
         f"{'ranks':>5} {'rounds':>6} {'wall s':>7} {'topology':>8} {'links':>6} {'collect.':>8} {'ops':>6} "
         f"{'s/round':>8}"

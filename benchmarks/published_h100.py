@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from cost_models.layer_work import model_flops_per_sequence
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
     Activation,

@@ -8,7 +8,7 @@ others 1F1B. Published FLOPs count recomputation (eq. 3).
 from dataclasses import dataclass
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster
+from planner.files.clusters import load_cluster
 from planner.schemas import (
     Activation,
     AttentionKernel,

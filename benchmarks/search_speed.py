@@ -10,6 +10,7 @@ import time
 
 from planner import api
 from planner.schemas import ModelSpec, TrainingSpec
+from planner.schemas.settings import SearchSettings
 
 MT_NLG_530B = ModelSpec(
     name="530b",
@@ -37,7 +38,7 @@ def main() -> int:
     missed = 0
     for model, cluster, training, target_s in CASES:
         start = time.perf_counter()
-        outcome, plans = api.search_outcome(model, cluster, training, top_k=3)
+        outcome, plans = api.search_outcome(model, cluster, training, SearchSettings(top_k=3))
         wall_s = time.perf_counter() - start
         best = plans[0]
         name = model if isinstance(model, str) else model.name

@@ -16,6 +16,7 @@ import time
 
 from planner import api
 from planner.schemas import TrainingSpec
+from planner.schemas.settings import SearchSettings
 
 TRAINING = TrainingSpec(global_batch_size=4096, seq_len=4096)
 CASES = (
@@ -35,7 +36,7 @@ def main() -> int:
     missed = 0
     for model, cluster, training, target_s in CASES:
         start, start_cpu = time.perf_counter(), _cpu_s()
-        outcome, plans = api.search_outcome(model, cluster, training, top_k=3)
+        outcome, plans = api.search_outcome(model, cluster, training, SearchSettings(top_k=3))
         wall_s, cpu_s = time.perf_counter() - start, _cpu_s() - start_cpu
         layout, est = plans[0].layout, plans[0].estimate
         print(

@@ -31,12 +31,12 @@ from scipy.stats import spearmanr
 
 from planner import api
 from planner.schemas import TrainingSpec
+from planner.schemas.settings import Selection, TuneSettings
 from planner.tuning.launcher import TrialFiles
-from planner.tuning.plot import save_plot
-from planner.tuning.render import factors_table, trials_table, validation_table
-from planner.tuning.settings import Selection, TuneSettings
 from planner.tuning.tuner import TuneResult, measured_observations, run_trial_job
 from planner.tuning.validate import after_calibration, before_calibration
+from planner.views.tune_plot import save_plot
+from planner.views.tune_tables import factors_table, trials_table, validation_table
 
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
 
@@ -67,7 +67,7 @@ def main() -> None:
         workdir=workdir,
     )
     start = time.perf_counter()
-    result = api.tune("tiny-gpt", cluster, TRAINING, settings, calibrate=False)
+    result = api.tune("tiny-gpt", cluster, TRAINING, replace(settings, calibrate=False))
     elapsed = time.perf_counter() - start
     console = Console(width=160)
     console.print(trials_table(result.records))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from published_h100 import CLUSTER_PRESETS, Exclusion, PublishedRun, load_runs  # the script's folder is on sys.path
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster
+from planner.files.clusters import load_cluster
 from planner.schemas import ClusterProfile, Estimate, Layout, LinkMatrix, Schedule, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.search_engine.evaluate import Evaluator

@@ -34,10 +34,10 @@ from planner.schemas import (
     Placement,
     Provenance,
 )
+from planner.schemas.settings import ProfileSettings
 from profiler.collectives import CollectiveSample, GroupShape, group_shapes
 from profiler.links import LinkSample, duplex_bandwidth, link_figures
 from profiler.ops import OpsSample
-from profiler.settings import ProfileSettings
 from profiler.topology import RankInfo
 
 PUBLISHED_PEAK_FLOP_PER_S = {

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from profiler.settings import ProfileSettings
+from planner.schemas.settings import ProfileSettings
 from profiler.stats import Timing
 from runtime import Heartbeat, act_out_fault
 

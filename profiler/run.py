@@ -22,11 +22,11 @@ import torch.distributed as dist
 
 from planner.schemas import ClusterProfile
 from planner.schemas.errors import ProfileError
+from planner.schemas.settings import ProfileSettings
 from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context
 from profiler.progress import ProfileProgress
-from profiler.settings import ProfileSettings
 from runtime import Stopped, cpu_threads_per_rank, stop_on_sigterm
 
 logger = logging.getLogger(__name__)

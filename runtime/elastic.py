@@ -2,7 +2,7 @@
 after a failure, with a world size other than the plan's, the ranks agree on a plan for the
 ranks they are.
 
-Rank 0 searches (the ``replan`` callback: ``planner.elastic.plan_for_world``) and broadcasts the
+Rank 0 searches (the ``replan`` callback: ``planner.flows.replan.plan_for_world``) and broadcasts the
 new plan, or the one-line reason none fits, over the process group; the other ranks wait for it.
 One search per restart, not one per rank (they would share the machine's cores), and every rank
 runs exactly the plan rank 0 wrote, whatever ties the search may break.

@@ -9,24 +9,22 @@ predicted).
 """
 
 import contextlib
-import hashlib
 import logging
 import os
 import signal
 import socket
 import statistics
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.attention import sdpa_kernel
 
-from planner.schemas import DeviceKind, DType, OnFault, Plan, RankMemory, RunReport
+from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
 from planner.schemas.runtime_support import check_runnable
+from planner.schemas.settings import RunSettings
 from runtime import checkpoint
 from runtime.checkpoint_meta import check_loadable, latest
 from runtime.data import TokenFile, synthetic_batch
@@ -41,43 +39,6 @@ from runtime.threads import cpu_threads_per_rank
 from runtime.trainer import Trainer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSettings:
-    """How a plan is run."""
-
-    plan_path: Path
-    report_path: Path
-    steps: int = 10
-    warmup_steps: int = 1
-    seed: int = 0
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    data: Path | None = None
-    """A token file (uint16); None means synthetic tokens."""
-    timeout_s: float = 300.0
-    trace_routing: Path | None = None
-    """Where rank 0 writes the run's routing trace (``runtime.routing_trace``); None: no trace."""
-    inject_fault: tuple[int, int, str, int] | None = None
-    """Testing: (rank, step, "exit" | "hang" | "slow" | "slow-link", peer): that rank dies or freezes
-    at the start of that step, or from that step on sleeps in each forward pass of its first chunk
-    (``act_out_fault``), or (on both ends) the link between it and ``peer`` slows from that step
-    on: each collective of a group holding both, the default group aside, first sleeps
-    ``SLOW_LINK_FAULT_S`` (inside the collective clock's time; without the straggler detector,
-    as on CUDA, it is not injected). ``peer`` is the rank itself for the other kinds."""
-    on_fault: OnFault = OnFault.WARN
-    """What a straggler named by the detector (``runtime.straggler_watch``) does to the run."""
-    checkpoint_dir: Path | None = None
-    """Where checkpoints go (``runtime.checkpoint``); None: none are taken."""
-    checkpoint_every: int = 0
-    """Steps between checkpoints; 0: one after the last step only."""
-    resume: bool = False
-    """Continue from the newest complete checkpoint in ``checkpoint_dir``."""
-    replan: Replan | None = None
-    """Elastic (``runtime.elastic``): on a world size other than the plan's, rank 0 gets the plan
-    for the job's ranks from this and every rank runs it; the run continues from the newest
-    complete checkpoint in ``checkpoint_dir`` whenever there is one. None: not elastic."""
 
 
 def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
@@ -96,8 +57,14 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
         )
 
 
-def run(settings: RunSettings, plan: Plan) -> RunReport | None:
-    """Run ``plan`` on this rank; on rank 0 the RunReport it wrote, None on the other ranks."""
+def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | None:
+    """Run ``settings.plan`` on this rank; on rank 0 the RunReport it wrote, None on the other ranks.
+
+    ``replan`` (elastic runs, ``runtime.elastic``): on a world size other than the plan's, rank 0
+    gets the plan for the job's ranks from it and every rank runs that plan; the run continues
+    from the newest complete checkpoint in ``settings.checkpoint_dir`` whenever there is one.
+    """
+    plan = settings.plan
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -106,10 +73,10 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         torch.cuda.set_device(device)
     else:  # the threads the profile measured with
         torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    plan_sha256 = hashlib.sha256(settings.plan_path.read_bytes()).hexdigest()
-    if settings.replan is not None and world != plan.cluster.world_size:  # an elastic (re)start on other ranks
+    plan_sha256 = settings.plan_sha256
+    if replan is not None and world != plan.cluster.world_size:  # an elastic (re)start on other ranks
         _init(settings, cuda)
-        plan, _, plan_sha256 = agreed_plan(settings.replan, rank, world)
+        plan, _, plan_sha256 = agreed_plan(replan, rank, world)
     check_world(plan, world, cuda)
     if settings.trace_routing is not None and not plan.model.is_moe:
         raise InfeasibleConfigError(
@@ -117,9 +84,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
             "drop the option"
         )
     resume = settings.resume or (
-        settings.replan is not None
-        and settings.checkpoint_dir is not None
-        and latest(settings.checkpoint_dir) is not None
+        replan is not None and settings.checkpoint_dir is not None and latest(settings.checkpoint_dir) is not None
     )
     if resume:  # before any work: a checkpoint of another model or global batch is refused
         assert settings.checkpoint_dir is not None
@@ -132,7 +97,7 @@ def run(settings: RunSettings, plan: Plan) -> RunReport | None:
         plan.layout,
         global_batch_size=training.global_batch_size,
         seed=settings.seed,
-        optimizer=settings.optimizer,
+        optimizer=str(settings.optimizer),
         lr=settings.lr,
         device=device,
         dtype=training.dtype,
@@ -388,7 +353,7 @@ def _report(
         torch_version=torch.__version__,
         hosts=tuple(sorted(set(hosts))),
         precision="fp32" if plan.training.dtype is DType.FP32 else f"{plan.training.dtype} autocast, fp32 weights",
-        optimizer=settings.optimizer,
+        optimizer=str(settings.optimizer),
         steps=settings.steps,
         warmup_steps=settings.warmup_steps,
         step_times_s=tuple(times),

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, Layout
 from planner.schemas.routing import ExpertPlacement
 from runtime.data import synthetic_batch

@@ -9,8 +9,9 @@ import pytest
 
 from cost_models.estimate import estimate
 from planner import api
-from planner.plans import cluster_sha256, load_plan
+from planner.files.plans import cluster_sha256, load_plan
 from planner.schemas import TrainingSpec
+from planner.schemas.settings import SearchSettings
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 SEARCHES = {
@@ -31,7 +32,7 @@ OLD_PLANS = (
 
 
 def _ranked(model: str, cluster: str, batch: int, seq_len: int) -> list[dict[str, object]]:
-    plans = api.search(model, cluster, TrainingSpec(global_batch_size=batch, seq_len=seq_len), top_k=3)
+    plans = api.search(model, cluster, TrainingSpec(global_batch_size=batch, seq_len=seq_len), SearchSettings(top_k=3))
     return [
         {
             "layout": p.layout.describe(),

@@ -4,7 +4,12 @@
 - ``cost_models`` imports only the leaf (and itself), and nothing that does I/O or needs torch.
 - ``runtime`` and ``profiler`` import no cost model and nothing of the front door but the leaf;
   the profiler uses the runtime only through its public API (``import runtime``).
-- Nothing imports ``runtime`` or ``profiler`` but the API (the CLI reaches them through it).
+- Nothing imports ``runtime`` or ``profiler`` but the run, profile and replan flows (the CLI and
+  the API reach them through those).
+- ``planner/files`` imports only the leaf (and itself): reading files never searches or prices.
+- ``planner/flows`` never imports the CLI or the views; ``planner/views`` imports no flow, CLI or
+  file reader (it renders result types).
+- No file-level import circle anywhere in the product (found, not listed).
 - The search never imports torch; importing the cost models, the API and the CLI does not drag it in.
 """
 
@@ -20,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = {"planner", "cost_models", "profiler", "runtime"}
 LEAF = "planner.schemas"
 FORBIDDEN_IN_COST_MODELS = {"torch", "os", "io", "pathlib", "subprocess", "socket", "open", "random", "time"}
-FRONT_DOORS = {"planner/api.py"}
+RUNNING_FLOWS = {"planner/flows/run.py", "planner/flows/profile.py", "planner/flows/replan.py"}
+PRODUCT = ("planner", "cost_models", "profiler", "runtime")
 
 
 def _imports(path: Path) -> list[str]:
@@ -74,16 +80,100 @@ def test_the_profiler_imports_only_the_leaf_and_the_runtimes_public_api() -> Non
     assert not offenders + deep
 
 
-def test_only_the_api_imports_the_runtime_and_the_profiler() -> None:
+def test_only_the_running_flows_import_the_runtime_and_the_profiler() -> None:
     offenders = [
         f"{path.relative_to(ROOT)}: {name}"
         for folder in ("planner", "cost_models")
         for path in sorted((ROOT / folder).rglob("*.py"))
-        if str(path.relative_to(ROOT)) not in FRONT_DOORS
+        if str(path.relative_to(ROOT)) not in RUNNING_FLOWS
         for name in _imports(path)
         if name.split(".")[0] in {"runtime", "profiler"}
     ]
     assert not offenders
+
+
+def test_files_import_only_the_leaf() -> None:
+    assert not _offenders("planner/files", ("planner.files", LEAF))
+
+
+def test_flows_never_import_the_cli_or_the_views() -> None:
+    assert not [o for o in _offenders("planner/flows", ()) if _front(o.split(": ")[1])]
+
+
+def test_views_import_no_flow_cli_or_file_reader() -> None:
+    assert not [o for o in _offenders("planner/views", ()) if _front(o.split(": ")[1], "planner.files")]
+
+
+def _front(name: str, *more: str) -> bool:
+    """Whether module ``name`` is part of the CLI or the views (or of ``more``)."""
+    return any(name == m or name.startswith(m + ".") for m in ("planner.cli", "planner.views", *more))
+
+
+def _module_file(name: str) -> Path | None:
+    """The product file that module ``name`` (or the module holding the name imported) is, if any."""
+    parts = name.split(".")
+    for end in (len(parts), len(parts) - 1):
+        base = ROOT.joinpath(*parts[:end])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if end and candidate.is_file():
+                return candidate
+    return None
+
+
+def _import_graph() -> dict[Path, set[Path]]:
+    """Each product file and the product files it imports (a package's ``__init__`` only where the
+    import names the package itself)."""
+    files = [p for folder in PRODUCT for p in sorted((ROOT / folder).rglob("*.py"))]
+    graph: dict[Path, set[Path]] = {}
+    for path in files:
+        targets = {_module_file(n) for n in _imports(path) if _ours(n)}
+        graph[path] = {t for t in targets if t is not None and t != path}
+    return graph
+
+
+def _circles(graph: dict[Path, set[Path]]) -> list[list[str]]:
+    """The strongly connected components of more than one file (Tarjan), as relative paths."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on_stack: set[Path] = set()
+    found: list[list[str]] = []
+
+    def visit(node: Path) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(str(p.relative_to(ROOT)) for p in component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_file_level_import_circle_anywhere() -> None:
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    a, b, c = (ROOT / "a.py", ROOT / "b.py", ROOT / "c.py")
+    assert _circles({a: {b}, b: {c}, c: {a}}) == [["a.py", "b.py", "c.py"]]
+    assert _circles({a: {b}, b: {c}, c: set()}) == []
 
 
 def test_search_never_imports_torch() -> None:

@@ -1,7 +1,7 @@
 """The ``planner`` command line: a thin layer over ``planner.api``.
 
-Each command parses its options, calls the API, renders the result (planner.render,
-planner.tuning.render) and writes its artifact; none holds logic of its own. The commands that
+Each command parses its options, calls the API, renders the result (planner.views.tables,
+planner.views.tune_tables) and writes its artifact; none holds logic of its own. The commands that
 plan are in ``plan_commands``, those that run on a cluster in ``cluster_commands``. A PlannerError
 (bad input, infeasible layout) prints one line and exits with code 2; any other exception is a bug
 and keeps its traceback.

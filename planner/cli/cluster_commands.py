@@ -3,6 +3,7 @@ validate (a tune's stored trials)."""
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -28,9 +29,9 @@ from planner.cli.options import (
     search_inputs,
     training_fields,
 )
-from planner.render import dry_run_table, run_summary
 from planner.schemas import AttentionKernel, DType, Kernels, OnFault
 from planner.schemas.errors import JobFailed, PlannerError
+from planner.views.tables import dry_run_table, run_summary
 
 if TYPE_CHECKING:
     from planner.tuning.tuner import TuneResult
@@ -69,19 +70,23 @@ def profile(
     Example: torchrun --nproc-per-node 4 -m planner profile --output cluster.json --quick
     """
     check_output("--output", output, "cluster.json")
-    code = api.profile(
-        output,
+    settings = api.ProfileSettings(
+        output=output,
         quick=quick,
-        model=model,
+        model=api.load_model(model) if model is not None else None,
         seq_len=seq_len,
-        dtype=dtype,
         timeout_s=timeout,
         inject_link_delay=parse_delay(inject_link_delay),
         simulate_nodes=simulate_nodes,
         inject_fault=parse_fault(inject_fault),
-        layer_micro_batches=parse_micro_batches(layer_micro_batches),
-        layer_repeats=layer_repeats,
     )
+    if dtype is not None:
+        settings = replace(settings, gemm_dtypes=(dtype,))
+    if (micro_batches := parse_micro_batches(layer_micro_batches)) is not None:
+        settings = replace(settings, layer_micro_batches=micro_batches)
+    if layer_repeats is not None:
+        settings = replace(settings, layer_repeats=layer_repeats)
+    code = api.profile(settings)
     _exit_now(code)
 
 
@@ -169,25 +174,29 @@ def run(
     check_output("--report", report, "report.json")
     check_output("--trace-routing", trace_routing, "routing.npz")
     check_folder("--checkpoint-dir", checkpoint_dir)
+    loaded, sha256 = api.read_plan(plan)  # once: a bad plan is refused before torch is imported
+    settings = api.RunSettings(
+        plan=loaded,
+        plan_sha256=sha256,
+        plan_file=plan,
+        report_path=report,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        optimizer=optimizer,
+        lr=lr,
+        data=data,
+        timeout_s=timeout,
+        trace_routing=trace_routing,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        elastic=elastic,
+        on_fault=on_fault,
+        inject_fault=parse_step_fault(inject_fault),
+    )
     try:
-        measured = api.run(
-            plan,
-            steps=steps,
-            report=report,
-            warmup_steps=warmup_steps,
-            seed=seed,
-            optimizer=optimizer,
-            lr=lr,
-            data=data,
-            timeout_s=timeout,
-            trace_routing=trace_routing,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            resume=resume,
-            inject_fault=parse_step_fault(inject_fault),
-            on_fault=on_fault,
-            elastic=elastic,
-        )
+        measured = api.run(settings)
     except JobFailed as e:  # as main() says it, but without tearing down a broken process group
         typer.echo(f"error: {e}", err=True)
         _exit_now(e.exit_code)
@@ -195,7 +204,7 @@ def run(
         traffic: tuple[float, ...] = ()
         routing = "uniform routing"
         if measured.expert_sent_bytes_per_step:
-            traffic = api.expert_traffic(plan, trace_routing)
+            traffic = api.expert_traffic(loaded, trace_routing)
             routing = "the captured routing" if trace_routing is not None else "uniform routing"
         typer.echo(run_summary(measured, traffic, routing), err=True)
     _exit_now(0)
@@ -282,17 +291,11 @@ def tune(
         launcher=launcher,
         trial_timeout_s=trial_timeout,
         workdir=workdir,
+        calibrate=calibrate,
+        save_calibration=save_calibration,
     )
     with progress_bar("running plans", transient=False) as progress:
-        result = api.tune(
-            model,
-            cluster,
-            training,
-            settings,
-            calibrate=calibrate,
-            save_calibration=save_calibration,
-            progress=progress,
-        )
+        result = api.tune(model, cluster, training, settings, progress=progress)
     typer.echo(f"study {result.study_name} in {storage}: {result.ran} plans run now, {len(result.records)} in all")
     _show_tune(result, plot or workdir / "validation.png")
     best = result.best
@@ -324,8 +327,8 @@ def validate(
 def _show_tune(result: "TuneResult", plot: Path | None) -> None:
     """A tune's trials, the model's figures before and after calibration, the fitted factors and
     where they went; the predicted-vs-measured plot written to ``plot``."""
-    from planner.tuning.plot import save_plot  # matplotlib: only for the commands that draw
-    from planner.tuning.render import tune_view
+    from planner.views.tune_plot import save_plot  # matplotlib: only for the commands that draw
+    from planner.views.tune_tables import tune_view
 
     output_console().print(tune_view(result))
     if result.calibration_path is not None:

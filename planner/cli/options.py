@@ -16,7 +16,7 @@ from rich.progress import Progress
 
 from planner import api
 from planner.cli.checks import finite
-from planner.plans import check_cluster
+from planner.files.plans import check_cluster
 from planner.schemas import (
     AttentionKernel,
     ClusterProfile,
@@ -34,8 +34,8 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.bounds import MAX_DEVICES
+from planner.schemas.choices import RecomputeChoice
 from planner.schemas.errors import SchemaError
-from planner.search_engine.space import RecomputeChoice
 from planner.search_engine.strategy import Progress as ProgressCallback
 
 

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from cost_models.placement_comparison import placement_applies
 from planner import api
 from planner.api import StrategyName
 from planner.cli.checks import check_output, check_storage, finite
@@ -47,19 +48,8 @@ from planner.cli.options import (
 )
 from planner.export.targets import ExportTarget
 from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
-from planner.inputs import list_cluster_presets, list_model_presets
-from planner.placement_comparison import placement_applies
-from planner.render import (
-    NO_PLACEMENT,
-    comparison_view,
-    estimate_view,
-    mapping_gain,
-    mixed_devices_view,
-    placement_hint,
-    placement_view,
-    ranked_table,
-    vocabulary_view,
-)
+from planner.files.cluster_presets import list_cluster_presets
+from planner.files.models import list_model_presets
 from planner.schemas import (
     AttentionKernel,
     ContextParallelKind,
@@ -75,6 +65,17 @@ from planner.schemas.device_map import IDENTITY
 from planner.schemas.errors import PlannerError
 from planner.schemas.geometry import rank_of
 from planner.schemas.runtime_support import check_runnable
+from planner.views.tables import (
+    NO_PLACEMENT,
+    comparison_view,
+    estimate_view,
+    mapping_gain,
+    mixed_devices_view,
+    placement_hint,
+    placement_view,
+    ranked_table,
+    vocabulary_view,
+)
 
 
 def estimate(
@@ -306,28 +307,25 @@ def search(
     check_output("--output", output)
     if strategy is StrategyName.OPTUNA:
         check_storage("--storage", storage)
+    settings = api.SearchSettings(
+        strategy=strategy,
+        budget=api.Budget(max_trials=trials, max_time_s=time_limit),
+        top_k=top_k,
+        seed=seed,
+        memory_margin=memory_margin,
+        storage=storage if strategy is StrategyName.OPTUNA else None,
+        routing_trace=routing_trace,
+        expert_replicas=expert_replicas,
+        vocabulary_layouts=tuple(vocabulary_layout) if vocabulary_layout else None,
+        hierarchical_sharding=hierarchical_sharding,
+        constraints=constraints,
+        record_points=plot is not None,
+    )
     with progress_bar("searching", transient=True) as progress:
-        outcome, plans = api.search_outcome(
-            model,
-            cluster,
-            training,
-            strategy=strategy,
-            top_k=top_k,
-            seed=seed,
-            budget=api.Budget(max_trials=trials, max_time_s=time_limit),
-            memory_margin=memory_margin,
-            storage=storage if strategy is StrategyName.OPTUNA else None,
-            progress=progress,
-            routing_trace=routing_trace,
-            expert_replicas=expert_replicas,
-            vocabulary_layouts=vocabulary_layout,
-            hierarchical_sharding=hierarchical_sharding,
-            constraints=constraints,
-            record_points=plot is not None,
-        )
+        outcome, plans = api.search_outcome(model, cluster, training, settings, progress=progress)
     output_console().print(ranked_table(outcome, plans))
     if plot is not None:
-        from planner.plots import save_search_plot  # matplotlib: only for the commands that draw
+        from planner.views.plots import save_search_plot  # matplotlib: only for the commands that draw
 
         save_search_plot(outcome.points, plans[0], outcome.usable_memory_bytes, plot, title=_search_title(plans[0]))
         typer.echo(f"wrote the search plot ({len(outcome.points)} layouts) to {plot}")
@@ -394,7 +392,7 @@ def explain(
     elif placement_applies(loaded.model, loaded.layout):
         typer.echo(placement_hint(str(plan)))
     if plot is not None:
-        from planner.plots import save_explain_plots  # matplotlib: only for the commands that draw
+        from planner.views.plots import save_explain_plots  # matplotlib: only for the commands that draw
 
         written = save_explain_plots(loaded, api.pipeline_timeline(loaded, cluster), plot)
         typer.echo(f"wrote {', '.join(str(p) for p in written)}")

@@ -8,7 +8,6 @@ import typer
 from planner import api
 from planner.api import StrategyName
 from planner.cli.options import progress_bar
-from planner.replanning import summary
 
 
 def replan(
@@ -43,18 +42,18 @@ def replan(
 
     Example: planner replan plan.json --cluster dgx-h100:3 --checkpoint-dir ckpt --output plan-3.json
     """
+    search = api.SearchSettings(
+        strategy=strategy,
+        budget=api.Budget(max_time_s=time_limit),
+        top_k=api.ReplanSettings().search.top_k,
+        seed=seed,
+        memory_margin=memory_margin,
+    )
     with progress_bar("searching", transient=True) as progress:
         result = api.replan(
-            plan,
-            cluster,
-            checkpoint_dir=checkpoint_dir,
-            strategy=strategy,
-            budget=api.Budget(max_time_s=time_limit),
-            seed=seed,
-            memory_margin=memory_margin,
-            progress=progress,
+            plan, cluster, api.ReplanSettings(checkpoint_dir=checkpoint_dir, search=search), progress=progress
         )
-    for line in summary(result):
+    for line in result.summary():
         typer.echo(line)
     if output is not None:
         api.save_plan(result.new, output)

@@ -12,7 +12,7 @@ With ``Elastic`` the lines are torchrun's elastic form: ``--nnodes MIN:MAX --max
 the c10d rendezvous (one node too, at localhost unless a master address is given), no
 ``--node-rank`` (the rendezvous numbers the nodes as they join), and ``planner run --elastic
 --checkpoint-dir D``, which re-plans for the nodes a restart has and resumes the newest
-checkpoint (``planner.elastic``). Every node then runs the same line, with
+checkpoint (``planner.flows.replan``). Every node then runs the same line, with
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: otherwise the workers of every restart share the agents'
 rendezvous store with those of the round before, whose keys (each process group's addresses) are
 still there, and a restarted worker can read a dead peer's address and fail to connect (seen with

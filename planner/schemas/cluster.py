@@ -5,7 +5,7 @@ matrix across nodes, each in its most compact form (``schemas.links``). Nodes al
 defaults; nodes that differ (their devices, intra-node links, network interface type or
 intra-node collective curves) are named in ``node_overrides``, so that 10,000+ devices stay small.
 
-Written to disk as JSON (``planner.inputs.save_cluster``); a schema change bumps
+Written to disk as JSON (``planner.files.clusters.save_cluster``); a schema change bumps
 ``schema_version`` and keeps a reader for the old one (``upgrade``).
 
 Versions: 1, the device known by its name and op records with a positional ``shape``; 2 adds

@@ -1,7 +1,7 @@
 """ModelSpec: a dense or mixture-of-experts decoder transformer.
 
 Field names are those of a Hugging Face ``config.json`` so that a real one is a valid
-model file; ``planner.inputs.model_from_dict`` decides which of a file's keys are read.
+model file; ``planner.files.models.model_from_dict`` decides which of a file's keys are read.
 The MoE and multi-head latent attention (MLA) fields follow transformers' Mixtral, Qwen2-MoE,
 Qwen3-MoE, DeepSeek-V2 and DeepSeek-V3 models (``modeling_*.py``): every one defaults to what
 a dense Llama/GPT-style model means, so a dense config reads as before.

@@ -1,6 +1,6 @@
 """Plan: a chosen layout with its estimate and the identities of the inputs it was made for.
 
-Written to disk as JSON (``planner.plans.save_plan``); a schema change bumps ``schema_version``
+Written to disk as JSON (``planner.files.plans.save_plan``); a schema change bumps ``schema_version``
 and keeps a reader for the old one (``upgrade``).
 
 Versions: 1, the dense layout; 2 adds the layout's ``vocabulary_layout``, ``expert_placement`` and

@@ -1,6 +1,6 @@
 """Routing: where a mixture-of-experts model's tokens go, and where its experts live.
 
-``RoutingStats`` summarizes a routing trace (``planner.routing_trace`` reads one): per MoE layer
+``RoutingStats`` summarizes a routing trace (``planner.files.routing_trace`` reads one): per MoE layer
 how many tokens each expert received, and how many tokens went to expert i of a layer and to
 expert j of the next (the inter-layer co-activation ExFlow exploits; Yao et al., "Exploiting
 Inter-Layer Expert Affinity for Accelerating Mixture-of-Experts Model Inference", 2024).
@@ -114,7 +114,7 @@ def _per_rank(num_experts: int, ranks: int) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class RoutingStats:
-    """What a routing trace says about one model's experts (``planner.routing_trace.summarize``)."""
+    """What a routing trace says about one model's experts (``planner.files.routing_trace.summarize``)."""
 
     model: str
     """Name of the model the trace was captured from."""

@@ -5,21 +5,13 @@ layer split is ``layer_split.LayerSplitRefiner``).
 Nothing here imports torch (a test checks it).
 """
 
-from enum import StrEnum
-
 from planner.schemas.errors import SchemaError
+from planner.schemas.settings import StrategyName
 from planner.search_engine.exhaustive import ExhaustiveSearch
 from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.optuna_search import OptunaSearch
 from planner.search_engine.refiner import Refiner
 from planner.search_engine.strategy import SearchStrategy
-
-
-class StrategyName(StrEnum):
-    """Strategies the CLI offers."""
-
-    EXHAUSTIVE = "exhaustive"
-    OPTUNA = "optuna"
 
 
 def make_strategy(name: StrategyName | str, *, storage: str | None = None) -> SearchStrategy:

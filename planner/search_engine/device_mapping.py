@@ -24,8 +24,9 @@ import numpy as np
 
 from planner.schemas import DeviceMap, Layout, LinkMatrix
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.strategy import Budget, Candidate
+from planner.search_engine.strategy import Candidate
 
 MAX_STARTS = 8
 """Greedy chains tried from at most this many start nodes (0, then evenly spaced)."""

@@ -24,9 +24,7 @@ from cost_models.timing import stage_times
 from cost_models.validate import check_layout
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
 from planner.schemas.errors import DoesNotFitError
-
-DEFAULT_MEMORY_MARGIN = 0.05
-"""Share of device memory kept free for allocator fragmentation and untracked buffers."""
+from planner.schemas.settings import DEFAULT_MEMORY_MARGIN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

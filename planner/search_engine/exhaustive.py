@@ -30,9 +30,10 @@ from typing import ClassVar
 
 from planner.schemas import Layout, MemoryBreakdown
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator, LayoutPoint, Miss
 from planner.search_engine.space import Assignment, SearchSpace, as_int
-from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
+from planner.search_engine.strategy import Candidate, Progress, SearchResult, fastest_first
 
 PARALLEL_MIN_BLOCKS = 64
 """Blocks below which the search stays in one process: forking and merging cost about 0.1 s."""

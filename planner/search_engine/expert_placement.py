@@ -23,7 +23,7 @@ copies each expert gets is the apportionment (D'Hondt) that minimizes the heavie
 tokens, max_e n_e / copies_e, which is optimal for that bound; where the copies go is solved.
 
 Decomposition (to place 256 experts x 61 layers on 256 ranks in seconds): small problems are one
-CP-SAT model over all layers (exact: ``tests/search/test_expert_placement.py`` checks it against
+CP-SAT model over all layers (exact: ``tests/search_engine/test_expert_placement.py`` checks it against
 enumeration); larger ones are solved layer by layer with the previous layer fixed, which makes
 the traffic term linear, and beyond ``_FULL_CANDIDATES`` (experts x ranks) each expert may only
 go to its greedy ranks or the few ranks where it keeps most tokens local. A greedy placement
@@ -46,9 +46,10 @@ from planner.schemas.device_map import node_numbers
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import expert_rank_of
 from planner.schemas.routing import placement_metrics
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.refiner import cp_sat_solver
-from planner.search_engine.strategy import Budget, Candidate
+from planner.search_engine.strategy import Candidate
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,10 @@ import numpy.typing as npt
 
 from planner.schemas import ClusterProfile, DeviceKind, DeviceMap, Layout, LinkMatrix
 from planner.schemas.links import FloatArray
+from planner.schemas.settings import Budget
 from planner.search_engine.device_mapping import MAX_STARTS, distinct_links, greedy_node_chain, priced_map
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.strategy import Budget, Candidate
+from planner.search_engine.strategy import Candidate
 
 MAX_EXACT_DEVICES = 8
 """Nodes of up to this many devices have every local permutation scored (8! rows); larger ones

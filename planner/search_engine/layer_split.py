@@ -18,9 +18,10 @@ from ortools.sat.python import cp_model
 from planner.schemas import Layout, Schedule
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import accounted_split
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator, SplitCosts
 from planner.search_engine.refiner import cp_sat_solver
-from planner.search_engine.strategy import Budget, Candidate
+from planner.search_engine.strategy import Candidate
 
 TIME_UNIT_S = 1e-7
 """CP-SAT works in integers: times in units of 0.1 microsecond."""

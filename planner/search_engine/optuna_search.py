@@ -32,10 +32,12 @@ from typing import Any, ClassVar
 import optuna
 
 from planner.schemas import Estimate, Layout
+from planner.schemas.choices import Choice
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError, SchemaError
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.space import Choice, SearchSpace
-from planner.search_engine.strategy import Budget, Candidate, Progress, SearchResult, fastest_first
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Candidate, Progress, SearchResult, fastest_first
 
 DEFAULT_TRIALS = 400
 """Trials when the budget sets none."""

@@ -16,8 +16,9 @@ from typing import ClassVar, Protocol
 
 from ortools.sat.python import cp_model
 
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.strategy import Budget, Candidate
+from planner.search_engine.strategy import Candidate
 
 
 class Refiner(Protocol):

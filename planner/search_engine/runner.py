@@ -5,7 +5,7 @@ how close the best attempt came, what dominated its memory and what would make i
 """
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.schemas import (
@@ -14,17 +14,18 @@ from planner.schemas import (
     Recompute,
     RoutingStats,
     TrainingSpec,
-    VocabularyLayout,
     ZeroStage,
 )
+from planner.schemas.choices import Choice
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.settings import Budget, SearchSettings
 from planner.search_engine.device_mapping import DeviceMappingRefiner
-from planner.search_engine.evaluate import DEFAULT_MEMORY_MARGIN, Evaluator, LayoutPoint, dominant_term
+from planner.search_engine.evaluate import Evaluator, LayoutPoint, dominant_term
 from planner.search_engine.intra_node_mapping import IntraNodeMappingRefiner
 from planner.search_engine.layer_split import LayerSplitRefiner
 from planner.search_engine.refiner import Refiner, refine_all
-from planner.search_engine.space import Choice, SearchSpace
-from planner.search_engine.strategy import Budget, Candidate, Progress, SearchStrategy, fastest_first
+from planner.search_engine.space import SearchSpace
+from planner.search_engine.strategy import Candidate, Progress, SearchStrategy, fastest_first
 
 FINALISTS_PER_RESULT = 3
 """Finalists refined, per plan asked for (at least 10)."""
@@ -53,60 +54,56 @@ def run_search(
     training: TrainingSpec,
     cluster: ClusterProfile,
     strategy: SearchStrategy,
+    settings: SearchSettings = SearchSettings(),
     *,
-    budget: Budget | None = None,
-    top_k: int = 5,
-    seed: int = 0,
-    memory_margin: float = DEFAULT_MEMORY_MARGIN,
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing: RoutingStats | None = None,
-    vocabulary_layouts: Sequence[VocabularyLayout] | None = None,
-    hierarchical_sharding: bool = True,
-    constraints: Mapping[str, Iterable[Choice]] | None = None,
-    record_points: bool = False,
 ) -> SearchOutcome:
-    """Search ``model`` on ``cluster``; the ``top_k`` fastest layouts that fit, fastest first.
+    """Search ``model`` on ``cluster``; the ``settings.top_k`` fastest layouts that fit, fastest first.
 
     The strategy searches the space; its fastest finalists then pass through ``refiners`` in
     order (the CP-SAT layer split by default), and the refined layouts are ranked. With
     ``routing`` (a routing trace's statistics) every layout's MoE layers are priced at their
-    busiest rank's load; without, routing is assumed uniform. ``vocabulary_layouts`` narrows or
-    widens where the vocabulary layers may go (default: ``SearchSpace.vocabulary_layouts``);
-    ``hierarchical_sharding`` False keeps ZeRO over whole data-parallel groups (no HSDP, no hpZ);
-    ``constraints`` (axis name -> allowed values, ``SearchSpace.constrained``) narrow the axes;
-    ``record_points`` keeps every evaluated layout's time and memory in ``SearchOutcome.points``.
+    busiest rank's load; without, routing is assumed uniform. The settings' vocabulary layouts,
+    hierarchical sharding and constraints shape the space (``SearchSpace``); its budget, seed and
+    memory margin the strategy and the evaluator.
 
     Raises:
         InfeasibleConfigError: no layout fits; the message says why and what would help.
     """
     start = time.perf_counter()
-    budget = budget or Budget()
+    budget = settings.budget or Budget()
     space = SearchSpace(
         model=model,
         training=training,
         world_size=cluster.world_size,
         devices_per_node=cluster.devices_per_node,
-        hierarchical_sharding=hierarchical_sharding,
+        hierarchical_sharding=settings.hierarchical_sharding,
     )
-    if vocabulary_layouts:
-        space = replace(space, vocabulary_layouts=tuple(vocabulary_layouts))
-    if constraints:
-        space = space.constrained(constraints)
+    if settings.vocabulary_layouts:
+        space = replace(space, vocabulary_layouts=tuple(settings.vocabulary_layouts))
+    if settings.constraints:
+        space = space.constrained(settings.constraints)
         if space.size() == 0:
             raise InfeasibleConfigError(explain_over_constrained(space))
     evaluate = Evaluator(
-        model, training, cluster, memory_margin=memory_margin, routing=routing, record_points=record_points
+        model,
+        training,
+        cluster,
+        memory_margin=settings.memory_margin,
+        routing=routing,
+        record_points=settings.record_points,
     )
-    finalists_wanted = max(10, FINALISTS_PER_RESULT * top_k)
-    result = strategy.search(space, evaluate, budget, seed=seed, progress=progress, keep=finalists_wanted)
+    finalists_wanted = max(10, FINALISTS_PER_RESULT * settings.top_k)
+    result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
     if not result.feasible:
         raise InfeasibleConfigError(explain_infeasible(space, evaluate))
     finalists = result.feasible[:finalists_wanted]
-    refined = refine_all(finalists, refiners, evaluate, budget, seed=seed)
+    refined = refine_all(finalists, refiners, evaluate, budget, seed=settings.seed)
     unique = {c.layout: c for c in refined}
     return SearchOutcome(
-        ranked=fastest_first(list(unique.values()))[:top_k],
+        ranked=fastest_first(list(unique.values()))[: settings.top_k],
         strategy=result.strategy,
         space_size=space.size(),
         evaluated=result.evaluated,

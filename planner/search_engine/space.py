@@ -64,24 +64,10 @@ from planner.schemas import (
     VocabularyLayout,
     ZeroStage,
 )
+from planner.schemas.choices import Choice, RecomputeChoice
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import splits_for_all_to_all, splits_into_context_chunks
 from planner.schemas.layout import recompute_modules_of
-
-
-@dataclass(frozen=True, slots=True)
-class RecomputeChoice:
-    """A value of the recompute axis: the Layout's ``recompute`` and ``recompute_modules``."""
-
-    recompute: Recompute
-    modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
-    """What selective recomputation re-runs, in ``RecomputeModule``'s order; the default otherwise."""
-
-    def __str__(self) -> str:
-        if self.modules == DEFAULT_RECOMPUTE_MODULES:
-            return str(self.recompute)
-        return f"{self.recompute}:" + "+".join(self.modules)
-
 
 DENSE_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = recompute_modules_of(
     (RecomputeModule.CORE_ATTN, RecomputeModule.MLP)
@@ -110,9 +96,6 @@ MoE README's ``layernorm moe_act``, no GEMM again) have no torch counterpart the
 refused (mixtral-8x7b on 16 H100s: a dry run, run as the runtime runs it, traced 94.1 GiB
 against 75.7 usable). ``--recompute-modules layernorm,moe_act`` prices them for a Megatron stack."""
 
-Choice = int | bool | Schedule | Recompute | RecomputeChoice | ZeroStage | VocabularyLayout | ContextParallelKind | None
-"""A value one axis takes: what the matching Layout field holds (the recompute axis: two fields;
-a constraint on it may name a mode, ``Axis.choices``)."""
 Assignment = Mapping[str, Choice]
 """Values chosen so far, by axis name."""
 

@@ -5,23 +5,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from planner.schemas import Estimate, Layout
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.space import SearchSpace
 
 Progress = Callable[[int, int | None], None]
 """Called as progress(done, total) while a strategy works; total is None when unknown."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Budget:
-    """How much a strategy may spend."""
-
-    max_trials: int | None = None
-    """Layouts to evaluate at most (None: no limit)."""
-    max_time_s: float | None = None
-    """Wall time at most (None: no limit)."""
-    workers: int = 1
-    """Parallel workers (CP-SAT search workers)."""
 
 
 @dataclass(frozen=True, slots=True)

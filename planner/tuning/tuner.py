@@ -11,13 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.plans import save_plan
+from planner.files.plans import save_plan
 from planner.schemas import Calibration, ClusterProfile, Plan
 from planner.schemas.errors import SchemaError
+from planner.schemas.settings import TuneSettings
 from planner.search_engine.strategy import Progress
 from planner.tuning.calibrate import DEFAULT_PRIOR_WEIGHT, Observation, fit_calibration
 from planner.tuning.launcher import TrialFiles, TrialRun, job_command, run_job
-from planner.tuning.settings import TuneSettings
 from planner.tuning.study import TrialRecord, finish_trial, finished_keys, open_study, plan_key, records, start_trial
 from planner.tuning.validate import (
     Validation,

@@ -14,7 +14,7 @@ from cost_models.compute import (
     quantization_efficiency,
 )
 from cost_models.layer_work import layer_work, profile_gemm_shapes
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import (
     DeviceProfile,
     DType,

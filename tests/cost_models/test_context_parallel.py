@@ -33,9 +33,11 @@ from cost_models.memory import stage_memory
 from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN
 from cost_models.timing import _layer_time
 from planner import api
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import AttentionKernel, ContextParallelKind, Layout, Recompute, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
+from planner.schemas.settings import SearchSettings
 
 LLAMA = load_model("llama3-8b")  # 32 layers, 8 kv heads of 128
 NODE = load_cluster("dgx-h100:1")  # NVLink: 370e9 B/s, 2.8 us
@@ -203,7 +205,9 @@ def test_context_parallelism_never_adds_activation_memory(
 
 def test_the_search_splits_long_sequences_and_the_plan_fits() -> None:
     # llama3-8b at 128k tokens on 64 H100s: a sequence's activations do not fit one rank.
-    plan = api.search("llama3-8b", "dgx-h100:8", TrainingSpec(global_batch_size=64, seq_len=131072), top_k=1)[0]
+    plan = api.search(
+        "llama3-8b", "dgx-h100:8", TrainingSpec(global_batch_size=64, seq_len=131072), SearchSettings(top_k=1)
+    )[0]
     assert plan.layout.context_parallel_degree > 1
     assert plan.estimate.peak_memory_bytes <= plan.estimate.memory_capacity_bytes
     assert plan.estimate.time.context_parallel_comm_s > 0

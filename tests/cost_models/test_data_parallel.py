@@ -24,7 +24,7 @@ from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN, hides_communication
 from cost_models.params import stage_params
 from cost_models.sharding import OverlapWindow
 from cost_models.timing import StageTime, stage_times
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import Calibration, DType, Layout, TrainingSpec, ZeroStage
 
 MODEL = load_model("tiny-gpt")

@@ -9,7 +9,8 @@ from cost_models import groups as grp
 from cost_models.comm import Group, collective_time_s
 from cost_models.estimate import estimate
 from cost_models.expert_parallel import off_node_share
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import CollectiveOp, Layout, MoeDispatcher, TrainingSpec
 
 

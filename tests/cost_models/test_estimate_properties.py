@@ -148,7 +148,7 @@ def test_zero_stages_move_what_the_zero_paper_and_fsdp_move() -> None:
 def test_measured_layers_price_compute_and_tensor_parallel_time() -> None:
     # tiny-gpt (4 layers) at tp 2, micro-batch 4, 2 micro-batches: the local layer's 1 + 2 ms, and
     # the real tensor-parallel layer's 4 + 5 ms, of which 3 + 3 ms are tensor-parallel time.
-    from planner.inputs import load_model
+    from planner.files.models import load_model
     from planner.schemas import DType, LayerRecord, OpKind
 
     tiny = load_model("tiny-gpt")
@@ -187,7 +187,7 @@ def test_shared_cores_shorten_only_pipelines_and_never_below_the_faster_path(lay
 def test_a_measured_output_layer_prices_the_last_stage() -> None:
     # tiny-gpt, pp 2, 4 micro-batches: the output layer runs once per micro-batch on the last
     # stage, the slowest; 10 ms more per output layer is 4 x 10 ms more compute.
-    from planner.inputs import load_model
+    from planner.files.models import load_model
     from planner.schemas import DType, LayerRecord, OpKind
 
     tiny = load_model("tiny-gpt")
@@ -219,7 +219,7 @@ def test_a_measured_output_layer_prices_the_last_stage() -> None:
 def test_a_measured_pipeline_slot_adds_the_schedules_own_cost_per_slot() -> None:
     # pp 2, 4 micro-batches of 1F1B: 4 + 2 - 1 = 5 slots. The tiny schedule's 3 ms slot, less its
     # two transfers' latency, is added to every slot; on one device (no pipeline) nothing.
-    from planner.inputs import load_model
+    from planner.files.models import load_model
     from planner.schemas import DType, PipelineSlotRecord
 
     tiny = load_model("tiny-gpt")

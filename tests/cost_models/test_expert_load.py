@@ -20,7 +20,7 @@ from cost_models.layer_work import expert_gemms
 from cost_models.memory import stage_memory
 from cost_models.params import expert_mlp_params, stage_params
 from cost_models.timing import stage_times
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, ExpertPlacement, Layout, RoutingStats, TrainingSpec
 from planner.schemas.errors import SchemaError
 

@@ -27,7 +27,8 @@ from cost_models.memory import communication_buffer_bytes, stage_activation_byte
 from cost_models.params import stage_params
 from cost_models.sharding import optimizer_shard_params, stage_model_states
 from cost_models.tensor_parallel import moe_layer_share
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import CollectiveOp, DType, Layout, PipelineBuffers, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.layout import check_experts

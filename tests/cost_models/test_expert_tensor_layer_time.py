@@ -7,7 +7,7 @@ import pytest
 from conftest import make_cluster
 
 from cost_models.estimate import estimate
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import ClusterProfile, DType, Estimate, LayerRecord, Layout, OpKind, TrainingSpec
 
 TINY_MOE = load_model("tiny-moe")  # 4 MoE layers

@@ -10,8 +10,9 @@ import yaml
 from cost_models import layer_work as lw
 from cost_models.compute import fused_attention_s, gemms_time_s
 from cost_models.timing import _layer_time
-from planner import inputs
-from planner.inputs import cluster_preset, load_model
+from planner.files import cluster_presets
+from planner.files.cluster_presets import cluster_preset
+from planner.files.models import load_model
 from planner.schemas import AttentionKernel, AttentionRecord, DeviceProfile, DType, Layout, TrainingSpec
 from planner.schemas.errors import SchemaError
 
@@ -114,7 +115,7 @@ def test_a_preset_attention_block_runs_as_a_fused_kernel() -> None:
     raw = _h100_raw()
     raw["device"]["attention"][1]["runs_as"] = "eager"
     with pytest.raises(SchemaError, match=r"device.attention\[1\]: runs_as='eager' must name a fused kernel"):
-        inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
+        cluster_presets._build_cluster(raw, name="dgx-h100", num_nodes=1)
 
 
 def test_h100_preset_holds_flash_attention_2_sustained_as_its_matmul() -> None:
@@ -161,21 +162,21 @@ def test_a_preset_attention_block_names_its_source_and_holds_whole_points() -> N
     raw = _h100_raw()
     del raw["device"]["attention"][0]["source"], raw["device"]["attention"][0]["assumption"]
     with pytest.raises(SchemaError, match=r"device.attention\[0\] names no source"):
-        inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
+        cluster_presets._build_cluster(raw, name="dgx-h100", num_nodes=1)
     raw = _h100_raw()
     raw["device"]["attention"][0]["points"][0] = [512, 191.0e12, 309.0e12]
     with pytest.raises(
         SchemaError, match=r"\[512, 191000000000000.0, 309000000000000.0\] is not \[seq_len in 1..16384, 3 FLOP/s"
     ):
-        inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
+        cluster_presets._build_cluster(raw, name="dgx-h100", num_nodes=1)
     raw = _h100_raw()
     raw["device"]["attention"][0]["forward_backward_points"] = [[512, 163.0e12]]
     with pytest.raises(SchemaError, match="needs exactly one of points, forward_backward_points"):
-        inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
+        cluster_presets._build_cluster(raw, name="dgx-h100", num_nodes=1)
     raw = _h100_raw()
     raw["device"]["attention"][0]["head_dim"] = 96
     with pytest.raises(SchemaError, match="head_dim=96 must be a whole number dividing 2048"):
-        inputs._build_cluster(raw, name="dgx-h100", num_nodes=1)
+        cluster_presets._build_cluster(raw, name="dgx-h100", num_nodes=1)
 
 
 def test_unmasked_attention_reads_the_unmasked_records_else_the_causal_ones() -> None:

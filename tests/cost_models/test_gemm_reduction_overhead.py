@@ -8,7 +8,7 @@ profile's measured record of the exact shape still winning.
 import pytest
 
 from cost_models.compute import Gemm, gemm_time_s, reduction_overhead
-from planner.inputs import cluster_preset
+from planner.files.cluster_presets import cluster_preset
 from planner.schemas import DeviceKind, DeviceProfile, DType, MatmulModel, MatmulRecord
 
 

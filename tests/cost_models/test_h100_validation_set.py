@@ -12,7 +12,7 @@ from published_h100 import FlopFormula, load_runs, source_flops_per_sequence
 from validate_h100 import cluster_of, predict, summary
 
 from cost_models.layer_work import model_flops_per_sequence
-from planner.inputs import load_model
+from planner.files.models import load_model
 
 
 @pytest.fixture(scope="module")

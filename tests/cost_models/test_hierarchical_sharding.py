@@ -12,7 +12,8 @@ from cost_models.data_parallel import stage_data_parallel_comm
 from cost_models.estimate import estimate
 from cost_models.params import stage_params
 from cost_models.sharding import optimizer_shard_params, stage_model_states
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import DType, Layout, LinkMatrix, LinkProfile, TrainingSpec, ZeroStage
 from planner.schemas.errors import SchemaError
 

@@ -10,7 +10,8 @@ from cost_models import kernels
 from cost_models.estimate import estimate
 from cost_models.layer_work import layer_work, output_layer_elementwise
 from cost_models.optimizer import optimizer_step_s
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import Kernels, Layout, NormKind, PositionEmbedding, Recompute, TrainingSpec
 
 FUSED, EAGER = Kernels.FUSED, Kernels.EAGER

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import ClusterProfile, DType, LayerRecord, Layout, OpKind, TrainingSpec
 
 V2_TINY_MOE = Path(__file__).resolve().parents[1] / "golden" / "cluster_profile_v2_cpu_tiny_moe.json"

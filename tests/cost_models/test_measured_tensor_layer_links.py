@@ -9,7 +9,7 @@ from conftest import make_cluster
 
 from cost_models.comm import Group
 from cost_models.tensor_parallel import tensor_parallel_layer_s
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import (
     ClusterProfile,
     DeviceMap,

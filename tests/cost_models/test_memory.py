@@ -24,7 +24,8 @@ from cost_models.memory import (
 )
 from cost_models.params import stage_params, total_params
 from cost_models.sharding import model_state_bytes, zero3_gather_buffer_bytes
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import (
     Activation,
     AttentionKernel,

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from cost_models.memory import stage_memory
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import Layout, TrainingSpec
 from planner.search_engine.space import SearchSpace
 

@@ -15,11 +15,11 @@ from cost_models import groups as grp
 from cost_models.estimate import estimate
 from cost_models.stage_devices import stage_devices, uniformly_slowest
 from cost_models.timing import StageTime, stage_times
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import ClusterProfile, DeviceMap, DeviceProfile, DType, Layout, NodeOverride, TrainingSpec
+from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator, SplitCosts
 from planner.search_engine.layer_split import balance_layers
-from planner.search_engine.strategy import Budget
 
 SPEEDUP = 3.0
 MODEL = load_model("llama3-8b")  # 32 layers

@@ -24,7 +24,7 @@ from cost_models.params import (
     total_params,
 )
 from cost_models.timing import stage_times
-from planner.inputs import cluster_preset
+from planner.files.cluster_presets import cluster_preset
 from planner.schemas import DType, Layout, ModelSpec, TrainingSpec
 
 # DeepSeek-shaped, small: MLA with a query down-projection, one dense first layer, two shared experts.

@@ -14,7 +14,8 @@ from cost_models.overlap import (
     overlapped_comm_cost_s,
     tensor_parallel_exposed_s,
 )
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import Layout, TrainingSpec
 
 

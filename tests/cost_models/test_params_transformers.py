@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from cost_models.params import active_params, total_params
-from planner.inputs import load_model, model_from_dict
+from planner.files.models import load_model, model_from_dict
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

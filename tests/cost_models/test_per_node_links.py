@@ -19,7 +19,7 @@ from cost_models.comm import (
     slowest_collective_s,
 )
 from cost_models.estimate import estimate
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import (
     ClusterProfile,
     CollectiveOp,

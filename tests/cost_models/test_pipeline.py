@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cost_models.pipeline import bubble_fraction, bubble_s, micro_batch_slots, pipeline_comm_s
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, Layout, ModelSpec, Schedule, TrainingSpec
 from planner.schemas.geometry import chunk_layers, in_flight_micro_batches, stage_layers
 
@@ -81,7 +81,7 @@ def test_a_pipeline_that_leaves_its_node_at_some_boundaries_pays_the_inter_node_
     # 16 devices, 8 a node; d 2 t 2 puts stage s on devices 4s..4s+3: stages 0-1 share node 0,
     # stages 2-3 node 1, so the hop 1 -> 2 crosses nodes (devices 4 -> 8) and every hop waits for it.
     from cost_models.comm import p2p_time_s
-    from planner.inputs import load_cluster
+    from planner.files.clusters import load_cluster
 
     cluster = load_cluster("dgx-h100:2")
     training = TrainingSpec(global_batch_size=16, seq_len=1024)
@@ -100,7 +100,7 @@ def test_interleaved_transfers_run_behind_compute_but_fill_and_drain() -> None:
     # that fill and drain are paid in full. Without it, or without virtual stages, all 38 are.
     from cost_models.comm import p2p_time_s
     from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN as sigma
-    from planner.inputs import load_cluster
+    from planner.files.clusters import load_cluster
 
     cluster = load_cluster("dgx-h100:2")
     training = TrainingSpec(global_batch_size=16, seq_len=1024)

@@ -13,7 +13,8 @@ from cost_models.activations import kept_bytes, layer_activations, rematerialize
 from cost_models.estimate import estimate
 from cost_models.expert_parallel import exchanges_per_micro_batch
 from cost_models.timing import stage_times
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
     AttentionKernel,

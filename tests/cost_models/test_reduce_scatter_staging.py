@@ -10,7 +10,7 @@ from conftest import make_cluster
 
 from cost_models.memory import reduce_scatter_staging_bytes, stage_logits_bytes, stage_memory
 from cost_models.params import stage_params
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, Layout, TrainingSpec, ZeroStage
 
 MODEL = load_model("tiny-gpt")

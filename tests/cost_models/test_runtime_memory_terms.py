@@ -6,7 +6,7 @@ import pytest
 from cost_models.memory import communication_buffer_bytes, loss_element_bytes
 from cost_models.params import stage_params
 from cost_models.sharding import fsdp_model_states, model_state_bytes
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, Layout, TrainingSpec, ZeroStage
 
 

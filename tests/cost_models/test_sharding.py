@@ -24,7 +24,7 @@ from cost_models.sharding import (
     optimizer_shard_params,
     step_collectives,
 )
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import (
     ClusterProfile,
     CollectiveOp,

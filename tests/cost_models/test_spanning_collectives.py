@@ -14,7 +14,7 @@ from cost_models.spanning_collectives import (
     spanning_time_s,
     tree_all_reduce_time_s,
 )
-from planner.inputs import load_cluster
+from planner.files.clusters import load_cluster
 from planner.schemas import CollectiveOp, LinkProfile
 
 NVLINK = LinkProfile(bandwidth_bytes_per_s=100e9, latency_s=1e-6)

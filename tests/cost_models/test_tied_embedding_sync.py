@@ -12,7 +12,7 @@ from cost_models.estimate import estimate
 from cost_models.memory import communication_buffer_bytes, stage_memory, tied_gradient_sum_bytes
 from cost_models.params import stage_params
 from cost_models.vocabulary import tied_embedding_sync_s
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, Layout, PipelineBuffers, TrainingSpec, VocabularyLayout, ZeroStage
 
 MODEL = load_model("tiny-gpt")

@@ -15,9 +15,10 @@ from cost_models.params import stage_params
 from cost_models.timing import _shared_kernels, stage_times
 from cost_models.vocabulary import VocabularyComm, vocabulary_activation_bytes, vocabulary_comm
 from planner import api
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DeviceMap, DType, Layout, PipelineBuffers, TrainingSpec, VocabularyLayout
 from planner.schemas.geometry import in_flight_micro_batches
+from planner.schemas.settings import SearchSettings
 
 PINNED, VOCAB_1, VOCAB_2 = VocabularyLayout.PINNED, VocabularyLayout.VOCAB_1, VocabularyLayout.VOCAB_2
 # llama3-8b's shape with 32 layers, untied 128k vocabulary
@@ -187,7 +188,7 @@ def test_search_splits_a_256k_vocabulary_over_the_pipeline_when_it_pays() -> Non
     # Megatron-LM's receive buffers: torch's, one per micro-batch, leave the split plans no room here.
     model = load_model("llama3-70b").model_copy(update={"name": "llama3-70b-256k", "vocab_size": 256_000})
     training = TrainingSpec(global_batch_size=256, seq_len=4096, pipeline_buffers=PipelineBuffers.PER_TRANSFER)
-    plans = api.search(model, "dgx-h100:4", training, top_k=5, vocabulary_layouts=(PINNED, VOCAB_2))
+    plans = api.search(model, "dgx-h100:4", training, SearchSettings(top_k=5, vocabulary_layouts=(PINNED, VOCAB_2)))
     best = plans[0].layout
     assert best.pipeline_parallel_degree > 1 and best.vocabulary_layout is VOCAB_2
     pinned = [p for p in plans if p.layout.pipeline_parallel_degree > 1 and p.layout.vocabulary_layout is PINNED]

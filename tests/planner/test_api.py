@@ -14,6 +14,7 @@ import planner
 from planner import api
 from planner.schemas import TrainingSpec
 from planner.schemas.errors import SchemaError
+from planner.schemas.settings import SearchSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,12 +27,13 @@ def test_planner_search_and_tune_are_the_functions_whatever_was_imported_first(f
     code = (
         f"{first}\nimport planner\nfrom planner.schemas import TrainingSpec\n"
         "training = TrainingSpec(global_batch_size=16, seq_len=64)\n"
-        "plans = planner.search('tiny-gpt', 'dgx-a100-80g:1', training, top_k=2)\n"
+        "plans = planner.search('tiny-gpt', 'dgx-a100-80g:1', training, planner.SearchSettings(top_k=2))\n"
         "print(type(plans).__name__, len(plans), type(plans[0]).__name__)\n"
         "print(*(getattr(planner, n).__module__ for n in ('search', 'tune', 'validate', 'run', 'profile')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.splitlines() == ["tuple 2 Plan", "planner.api planner.api planner.api planner.api planner.api"]
+    modules = "planner.flows.search planner.flows.tune planner.flows.tune planner.flows.run planner.flows.profile"
+    assert out.stdout.splitlines() == ["tuple 2 Plan", modules]
 
 
 def test_planner_search_is_the_function_before_and_after_an_estimate() -> None:
@@ -45,11 +47,11 @@ def test_planner_search_is_the_function_before_and_after_an_estimate() -> None:
         "micro_batch_size=2)\n"
         "planner.estimate('tiny-gpt', 'dgx-a100-80g:1', training, layout)\n"
         "print(type(planner.search).__name__, planner.search.__module__)\n"
-        "planner.search('tiny-gpt', 'dgx-a100-80g:1', training, top_k=1)\n"
+        "planner.search('tiny-gpt', 'dgx-a100-80g:1', training, planner.SearchSettings(top_k=1))\n"
         "print(type(planner.search).__name__, type(planner.estimate).__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.splitlines() == ["function", "function planner.api", "function function"]
+    assert out.stdout.splitlines() == ["function", "function planner.flows.search", "function function"]
 
 
 def test_no_subpackage_of_planner_shares_a_name_with_an_exported_function() -> None:
@@ -64,10 +66,12 @@ def test_a_strategy_given_by_name_is_that_strategy() -> None:
     training = TrainingSpec(global_batch_size=16, seq_len=64)
     budget = api.Budget(max_trials=12)
     for name in ("optuna", "exhaustive"):
-        outcome, plans = api.search_outcome("tiny-gpt", "dgx-a100-80g:1", training, strategy=name, budget=budget)
+        outcome, plans = api.search_outcome(
+            "tiny-gpt", "dgx-a100-80g:1", training, SearchSettings(strategy=name, budget=budget)
+        )
         assert outcome.strategy == name and plans
     with pytest.raises(SchemaError, match=r"strategy 'annealing' is not one of: exhaustive, optuna"):
-        api.search("tiny-gpt", "dgx-a100-80g:1", training, strategy="annealing")
+        api.search("tiny-gpt", "dgx-a100-80g:1", training, SearchSettings(strategy="annealing"))
 
 
 def test_planner_api_is_reachable_after_import_planner() -> None:
@@ -75,8 +79,8 @@ def test_planner_api_is_reachable_after_import_planner() -> None:
     code = (
         "import planner\nfrom planner.schemas import TrainingSpec\n"
         "training = TrainingSpec(global_batch_size=16, seq_len=64)\n"
-        "plans = planner.api.search('tiny-gpt', 'dgx-a100-80g:1', training, strategy='optuna', top_k=1, "
-        "budget=planner.api.Budget(max_trials=12))\n"
+        "settings = planner.api.SearchSettings(strategy='optuna', top_k=1, budget=planner.api.Budget(max_trials=12))\n"
+        "plans = planner.api.search('tiny-gpt', 'dgx-a100-80g:1', training, settings)\n"
         "print(len(plans), type(planner.search).__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT)
@@ -92,7 +96,7 @@ def test_every_exported_name_resolves() -> None:
 FUNCTIONS = [
     name
     for name in api.__all__
-    if inspect.isfunction(getattr(api, name)) and getattr(api, name).__module__ == "planner.api"
+    if inspect.isfunction(getattr(api, name)) and getattr(api, name).__module__.startswith("planner.flows")
 ]
 
 
@@ -106,8 +110,12 @@ def test_every_api_function_documents_its_arguments_returns_and_errors(name: str
 
 def test_run_outside_torchrun_says_how_to_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RANK", raising=False)
-    with pytest.raises(SchemaError, match="planner launch"):
-        planner.run(tmp_path / "plan.json")
+    plan = planner.search("tiny-gpt", "dgx-a100-80g:1", TrainingSpec(global_batch_size=16, seq_len=64))[0]
+    api.save_plan(plan, tmp_path / "plan.json")
+    loaded, sha256 = api.read_plan(tmp_path / "plan.json")
+    settings = api.RunSettings(plan=loaded, plan_sha256=sha256, plan_file=tmp_path / "plan.json")
+    with pytest.raises(SchemaError, match=r"`planner launch .*plan.json` prints the command"):
+        planner.run(settings)
 
 
 def test_importing_the_api_imports_neither_torch_nor_the_tuners_scipy() -> None:

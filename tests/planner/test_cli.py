@@ -111,7 +111,7 @@ def test_a_precision_the_profile_lacks_exits_2_and_says_how_to_profile_it(tmp_pa
 
     from conftest import make_cluster
 
-    from planner.inputs import save_cluster
+    from planner.files.clusters import save_cluster
     from planner.schemas import DType
 
     cluster = make_cluster(per_node=2)

@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 
 from planner import api
 from planner.cli import app
-from planner.inputs import save_cluster
-from planner.routing_trace import write_trace
+from planner.files.clusters import save_cluster
+from planner.files.routing_trace import write_trace
 from planner.schemas import DeviceMap, Layout, TrainingSpec
-from planner.schemas.errors import PlannerError
+from planner.schemas.errors import PlannerError, SchemaError
+from planner.schemas.settings import SearchSettings
 
 MODEL = "tiny-moe"  # 4 MoE layers of 4 experts, top-2
 CLUSTER = "dgx-h100:2"  # 16 ranks, 8 per node
@@ -209,9 +210,9 @@ def test_bad_expert_replicas_exit_2_with_one_line(
 def test_search_hands_the_replicas_to_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
 
-    def search_outcome(*args: Any, **kwargs: Any) -> Any:
-        seen.update(kwargs)
-        raise api.SchemaError("stop here")
+    def search_outcome(model: Any, cluster: Any, training: Any, settings: SearchSettings, **kwargs: Any) -> Any:
+        seen.update(expert_replicas=settings.expert_replicas, routing_trace=settings.routing_trace)
+        raise SchemaError("stop here")
 
     monkeypatch.setattr(api, "search_outcome", search_outcome)
     trace = _hot_trace(tmp_path / "t.npz")
@@ -222,7 +223,9 @@ def test_search_hands_the_replicas_to_the_api(tmp_path: Path, monkeypatch: pytes
 
 def test_the_searched_placements_have_the_replica_slots(tmp_path: Path) -> None:
     trace = _hot_trace(tmp_path / "t.npz", tokens=50)
-    plans = api.search(MODEL, make_cluster(per_node=4), TRAINING, top_k=20, routing_trace=trace, expert_replicas=1)
+    plans = api.search(
+        MODEL, make_cluster(per_node=4), TRAINING, SearchSettings(top_k=20, routing_trace=trace, expert_replicas=1)
+    )
     placements = [(p.layout.expert_parallel_degree, p.layout.expert_placement) for p in plans]
     placed = [(ep, placement) for ep, placement in placements if placement is not None]
     assert placed
@@ -236,7 +239,9 @@ def test_the_searched_placements_have_the_replica_slots(tmp_path: Path) -> None:
 def test_an_ep_with_too_few_free_slots_keeps_its_experts_and_the_search_goes_on(tmp_path: Path) -> None:
     # 3 replicas: ep 2 has 4 - 2 = 2 free slots per rank, too few (the search used to stop there).
     trace = _hot_trace(tmp_path / "t.npz", tokens=50)
-    plans = api.search(MODEL, make_cluster(per_node=4), TRAINING, top_k=20, routing_trace=trace, expert_replicas=3)
+    plans = api.search(
+        MODEL, make_cluster(per_node=4), TRAINING, SearchSettings(top_k=20, routing_trace=trace, expert_replicas=3)
+    )
     assert plans
     assert not [p for p in plans if p.layout.expert_parallel_degree == 2 and p.layout.expert_placement is not None]
 

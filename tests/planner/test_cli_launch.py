@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import Layout, ModelSpec, MoeDispatcher, Plan, PositionEmbedding, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError
 

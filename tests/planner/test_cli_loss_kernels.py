@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from harness import planner_main
 
-from planner.plans import load_plan
+from planner.files.plans import load_plan
 from planner.schemas import Kernels
 
 BASE = ["estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--global-batch-size", "8", "--seq-len", "4096"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from harness import planner_main
 
-from planner.plans import load_plan
+from planner.files.plans import load_plan
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.run import check_world
 

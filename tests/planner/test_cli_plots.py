@@ -10,13 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.inputs import load_cluster, load_model
-from planner.plots import EXPLAIN_FILES
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import TrainingSpec
+from planner.schemas.settings import Budget
 from planner.search_engine import ExhaustiveSearch
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.space import SearchSpace
-from planner.search_engine.strategy import Budget
+from planner.views.plots import EXPLAIN_FILES
 
 SEARCH = ["search", "-m", "tiny-gpt", "-c", "dgx-a100-80g:1", "--global-batch-size", "32", "--seq-len", "128"]
 ESTIMATE = [

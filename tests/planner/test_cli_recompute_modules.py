@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from harness import planner_main
 
-from planner.plans import load_plan
+from planner.files.plans import load_plan
 from planner.schemas import Recompute, RecomputeModule
 
 BASE = ["estimate", "-m", "tiny-moe", "-c", "dgx-h100:1", "--global-batch-size", "16", "--seq-len", "256"]

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from cost_models.estimate import estimate
 from planner.cli import app
 from planner.cli.plan_commands import _verify
-from planner.inputs import load_cluster, load_model
-from planner.plans import load_plan, make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import load_plan, make_plan, save_plan
 from planner.schemas import Layout, TrainingSpec
 
 SEARCH = ["search", "-m", "tiny-gpt", "-c", "dgx-a100-80g:1", "--global-batch-size", "32", "--seq-len", "128"]

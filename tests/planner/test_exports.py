@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from cost_models.estimate import estimate
 from planner import api
 from planner.cli import app
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import DeviceMap, Layout, ModelSpec, MoeDispatcher, Plan, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 

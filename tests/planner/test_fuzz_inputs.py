@@ -34,8 +34,9 @@ from typer.testing import CliRunner
 
 from planner import api
 from planner.cli import app
-from planner.inputs import cluster_preset, load_model
-from planner.routing_trace import synthetic_trace, write_trace
+from planner.files.cluster_presets import cluster_preset
+from planner.files.models import load_model
+from planner.files.routing_trace import synthetic_trace, write_trace
 from planner.schemas import Layout, TrainingSpec
 from planner.schemas.errors import PlannerError
 

@@ -9,8 +9,9 @@ import pytest
 from harness import planner_main
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import Layout, TrainingSpec
 
 SPEC = "dgx-h100:4"

@@ -10,6 +10,7 @@ from pathlib import Path
 from cost_models.stage_devices import uniformly_slowest
 from planner import api
 from planner.schemas import TrainingSpec
+from planner.schemas.settings import SearchSettings
 
 SPEC = "dgx-a100-80g:2+dgx-h100:2"
 TRAINING = TrainingSpec(global_batch_size=256, seq_len=4096)
@@ -19,8 +20,10 @@ NARROWED = {"tp": [1], "micro_batch_size": [2], "zero_stage": [1], "recompute": 
 
 def test_the_mixed_aware_plan_beats_the_best_homogeneous_treatment_plan(tmp_path: Path) -> None:
     cluster = api.load_cluster(SPEC)
-    (aware,) = api.search("llama3-8b", cluster, TRAINING, top_k=1, constraints=NARROWED)
-    (homogeneous,) = api.search("llama3-8b", uniformly_slowest(cluster), TRAINING, top_k=1, constraints=NARROWED)
+    (aware,) = api.search("llama3-8b", cluster, TRAINING, SearchSettings(top_k=1, constraints=NARROWED))
+    (homogeneous,) = api.search(
+        "llama3-8b", uniformly_slowest(cluster), TRAINING, SearchSettings(top_k=1, constraints=NARROWED)
+    )
     assert aware.estimate.step_time_s < 0.8 * homogeneous.estimate.step_time_s
     layout = aware.layout
     assert layout.pipeline_parallel_degree == 2 and layout.layer_split is not None

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from harness import run_ranks
 
+from planner.schemas.settings import ProfileSettings
 from profiler import context
 from profiler.context import Context
-from profiler.settings import ProfileSettings
 from runtime import threads
 
 SLOW_S = 0.05

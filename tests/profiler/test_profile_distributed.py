@@ -19,7 +19,8 @@ import pytest
 from harness import planner_main
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
 from planner.schemas import (
     AttentionRecord,
     ClusterProfile,

@@ -22,12 +22,12 @@ from planner.schemas import (
     ShardedUnitRecord,
     ZeroStage,
 )
+from planner.schemas.settings import ProfileSettings
 from profiler.build import build_profile
 from profiler.collectives import CollectiveSample, group_shapes
 from profiler.links import LinkSample, duplex_bandwidth, link_figures
 from profiler.ops import GemmSample, OpsSample
 from profiler.rounds import round_robin
-from profiler.settings import ProfileSettings
 from profiler.stats import Timing
 from profiler.topology import RankInfo, device_kind, nic_kind
 

@@ -14,8 +14,8 @@ from conftest import cpu_cluster
 from harness import planner_main, run_ranks
 
 from cost_models.estimate import estimate
-from planner.inputs import load_model
-from planner.plans import make_plan, save_plan
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import DType, Layout, ModelSpec, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import InfeasibleConfigError
 from runtime import checkpoint, checkpoint_meta, optim

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from harness import planner_main, run_ranks
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, Layout, VocabularyLayout
 from runtime import checkpoint, optim
 from runtime.data import synthetic_batch

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from harness import TINY_LLAMA, Setting, check_parity
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import ModelSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]

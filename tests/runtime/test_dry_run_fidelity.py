@@ -13,8 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_run_cli import _dry
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import Layout, TrainingSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

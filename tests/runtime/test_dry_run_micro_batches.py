@@ -5,8 +5,9 @@ import pytest
 
 from cost_models.activations import mlp_backward_bytes
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan
 from planner.schemas import Layout, Plan, Recompute, TrainingSpec, ZeroStage
 from runtime.dry_run import TRACED_MICRO_BATCHES, dry_run, traced_global_batch
 

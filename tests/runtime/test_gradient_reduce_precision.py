@@ -10,7 +10,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from cost_models.memory import communication_buffer_bytes
 from cost_models.params import stage_params
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DType, Layout, TrainingSpec
 from planner.schemas.errors import SchemaError
 from planner.schemas.plan import upgrade

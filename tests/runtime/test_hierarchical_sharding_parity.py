@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DeviceMap, Layout, ZeroStage
 from planner.schemas.geometry import ShardingMeshAxis
 from runtime.data import synthetic_batch

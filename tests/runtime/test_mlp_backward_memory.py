@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from cost_models.activations import MLP_BACKWARD_TENSORS, mlp_backward_bytes
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import Activation, DType
 from runtime.model import MLP
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from moe_training import MOE, PLACED
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import Layout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.layout import check_experts

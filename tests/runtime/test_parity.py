@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 from harness import PARITY_TOLERANCE, TINY_LLAMA, Setting, check_parity, reference_of, run_ranks, train_layouts
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import DeviceMap, DType, Layout, ModelSpec
 from planner.schemas.geometry import coordinates
 

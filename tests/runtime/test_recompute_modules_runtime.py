@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan
 from planner.schemas import Layout, ModelSpec, Plan, Recompute, RecomputeModule, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.runtime_support import check_runnable

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from attention_reference import DTYPES, assert_close_to_whole, whole_sequence_attention, worst_over_ranks
 from harness import run_ranks
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import PositionEmbedding
 from runtime.context_parallel import SentBytes, gather_sequence, merge_sequence, split_sequence, zigzag_positions
 from runtime.model import Attention, rotary

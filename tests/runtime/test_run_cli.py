@@ -19,7 +19,7 @@ from harness import planner_main
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.inputs import save_cluster
+from planner.files.clusters import save_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import cpu_cluster

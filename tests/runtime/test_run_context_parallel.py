@@ -11,7 +11,7 @@ import pytest
 
 from cost_models.context_parallel import context_bytes_sent_per_step
 from planner import api
-from planner.inputs import load_model
+from planner.files.models import load_model
 from planner.schemas import Layout, RunReport, TrainingSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -18,8 +18,8 @@ from harness import run_ranks
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.inputs import save_cluster
-from planner.plans import load_plan
+from planner.files.clusters import save_cluster
+from planner.files.plans import load_plan
 from planner.schemas import Plan
 from runtime import checkpoint
 from runtime.data import synthetic_batch

@@ -11,7 +11,7 @@ from conftest import cpu_cluster
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.inputs import save_cluster
+from planner.files.clusters import save_cluster
 from runtime import checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(180)]

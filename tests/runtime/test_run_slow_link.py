@@ -14,7 +14,7 @@ from conftest import cpu_cluster
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.inputs import save_cluster
+from planner.files.clusters import save_cluster
 from planner.schemas import RunReport
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(180)]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from planner.api import expert_traffic
 from planner.cli import app
-from planner.inputs import save_cluster
+from planner.files.clusters import save_cluster
 from planner.schemas import RunReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

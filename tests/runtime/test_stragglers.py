@@ -12,8 +12,8 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.render import run_summary
 from planner.schemas import Layout, RankMemory, RunReport, SlowLink, Straggler
+from planner.views.tables import run_summary
 from runtime.collective_clock import CollectiveClock
 from runtime.stragglers import (
     DetectorSettings,

@@ -17,8 +17,9 @@ import torch.distributed as dist
 from harness import run_ranks
 
 from cost_models.estimate import estimate
-from planner.inputs import load_cluster, load_model
-from planner.plans import make_plan, save_plan
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.files.plans import make_plan, save_plan
 from planner.schemas import DType, Layout, ModelSpec, TrainingSpec
 from planner.schemas.geometry import MeshAxis, accounted_split, vocabulary_rows
 from runtime.data import synthetic_batch

@@ -4,7 +4,7 @@ what it became, and the memo is invisible to equality and serialization."""
 import copy
 import pickle
 
-from planner.inputs import load_model
+from planner.files.models import load_model
 
 
 def test_equal_models_hash_alike_and_a_changed_copy_hashes_as_what_it_became() -> None:

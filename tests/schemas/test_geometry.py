@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from cost_models import groups as grp
 from cost_models.estimate import estimate
 from planner.export.torchrun import node_ranks
-from planner.inputs import load_model
-from planner.plans import make_plan
+from planner.files.models import load_model
+from planner.files.plans import make_plan
 from planner.schemas import DeviceMap, Layout, TrainingSpec, VocabularyLayout
 from planner.schemas.errors import SchemaError
 from planner.schemas.geometry import (

@@ -1,0 +1,103 @@
+"""`planner explain` and `planner export`: what a plan holds beyond its estimate (its expert
+placement beside round-robin, its step replayed stage by stage, its expert traffic) and the plan
+as another framework's config."""
+
+from pathlib import Path
+
+from cost_models.expert_parallel import sent_bytes_per_step
+from cost_models.placement_comparison import PlacementComparison
+from cost_models.placement_comparison import compare_placements as _compare_placements
+from cost_models.schedule_timeline import Timeline, estimate_timeline
+from planner.export.targets import ExportTarget
+from planner.export.targets import export as _export
+from planner.files.clusters import load_cluster
+from planner.files.plans import load_plan
+from planner.files.routing_trace import load_routing_stats
+from planner.flows.loading import routing_of
+from planner.schemas import ClusterProfile, Plan
+from planner.schemas.geometry import num_micro_batches
+
+
+def _plan(plan: Plan | str | Path) -> Plan:
+    return plan if isinstance(plan, Plan) else load_plan(plan)
+
+
+def compare_placements(plan: Plan | str | Path, routing_trace: Path | str) -> PlacementComparison | None:
+    """A plan's expert placement beside round-robin on a routing trace: the hottest rank's and the
+    mean rank's routed tokens, and the tokens that cross ranks and nodes between MoE layers.
+
+    Args:
+        plan: a Plan or a plan file; without a placement its experts sit in contiguous blocks.
+        routing_trace: a routing trace file (``planner.files.routing_trace``) of the plan's model.
+
+    Returns:
+        Both placements' figures, cross-node tokens for the expert-parallel group that sends the
+        most (``cost_models.placement_comparison``); None when the plan places no experts (a dense
+        model, or ep = 1).
+
+    Raises:
+        SchemaError: the plan or the trace cannot be read, or the trace is of another model.
+    """
+    loaded = _plan(plan)
+    stats = load_routing_stats(routing_trace, loaded.model)
+    return _compare_placements(stats, loaded.model, loaded.layout, loaded.cluster.devices_per_node)
+
+
+def pipeline_timeline(plan: Plan | str | Path, cluster: ClusterProfile | None = None) -> Timeline:
+    """A plan's step replayed stage by stage: each micro-batch's forward, recompute, backward
+    and communication, from the estimate's own per-stage times (``cost_models.schedule_timeline``).
+
+    Args:
+        plan: a Plan or a plan file.
+        cluster: the plan's cluster profile, when already loaded (default: loaded from the plan).
+
+    Returns:
+        The timeline; an MoE model's routing is taken as uniform.
+
+    Raises:
+        SchemaError: the plan or its cluster cannot be read.
+    """
+    loaded = _plan(plan)
+    profile = cluster if cluster is not None else load_cluster(loaded.cluster.spec)
+    return estimate_timeline(loaded.model, loaded.training, profile, loaded.layout)
+
+
+def expert_traffic(plan: Plan | str | Path, routing_trace: str | Path | None = None) -> tuple[float, ...]:
+    """What one rank of each pipeline stage is predicted to send to other expert-parallel ranks
+    in one step (``cost_models.expert_parallel.sent_bytes_per_step``), as a RunReport's
+    ``expert_sent_bytes_per_step`` measures it.
+
+    Args:
+        plan: a plan (or its file) of an MoE model; all zeros without expert parallelism.
+        routing_trace: a routing trace of the model (e.g. the one ``run`` captured); None
+            assumes uniform routing.
+
+    Returns:
+        Bytes per step, one entry per pipeline stage, in stage order.
+
+    Raises:
+        SchemaError: the plan or the trace cannot be read, or the trace is of another model.
+    """
+    loaded = _plan(plan)
+    routing = routing_of(routing_trace, loaded.model)
+    m = num_micro_batches(loaded.training.global_batch_size, loaded.layout)
+    return sent_bytes_per_step(loaded.model, loaded.training, loaded.layout, m, routing)
+
+
+def export(plan: Plan | str | Path, target: ExportTarget | str) -> str:
+    """A plan as another training framework's config or arguments (``planner.export``).
+
+    Args:
+        plan: a Plan or a plan file.
+        target: "torchtitan" (a TOML job config), "megatron" (Megatron-LM arguments) or
+            "deepspeed" (a JSON config), or an ``ExportTarget``.
+
+    Returns:
+        The export's text, ready to write to a file.
+
+    Raises:
+        SchemaError: the plan cannot be read, or the target is unknown.
+        InfeasibleConfigError: the plan uses a feature the target cannot express (one line
+            naming it, why, and what to plan instead); nothing is dropped silently.
+    """
+    return _export(_plan(plan), target)

@@ -1,0 +1,79 @@
+"""`planner run`: train with a plan on every rank under torchrun, or trace one rank's step
+under fake tensors (a dry run) before renting the cluster."""
+
+import functools
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from planner.files.plans import load_plan
+from planner.schemas import Plan, RunReport
+from planner.schemas.errors import SchemaError
+from planner.schemas.settings import OptimizerName, RunSettings
+
+if TYPE_CHECKING:  # the modules behind these import torch: loaded on use
+    from runtime.dry_run import DryRunResult
+
+
+def run(settings: RunSettings) -> RunReport | None:
+    """Train with ``settings.plan`` for a few steps; call it on every rank under torchrun.
+
+    Args:
+        settings: the plan (loaded once, with its file's hash) and how to run it (``RunSettings``).
+
+    Returns:
+        On rank 0 the RunReport (measured step times, per-rank peak memory, losses beside the
+        plan's predictions); None on the other ranks.
+
+    Raises:
+        SchemaError: not under torchrun (RANK unset), or settings that contradict each other.
+        InfeasibleConfigError: the plan is for another world size (unless elastic) or device, or
+            (elastic) no layout fits the job's ranks.
+        JobFailed: a rank died, hung past ``timeout_s`` or was stopped; the message names the
+            ranks that stopped responding and where they last were (every surviving rank raises it).
+        StragglerFound: under ``OnFault.EXIT``, a rank was far slower than its peers; the message
+            names it and its host (every rank raises it; rank 0 has written the report).
+    """
+    if "RANK" not in os.environ:
+        plan = settings.plan_file or "PLAN.json"
+        raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
+    if settings.resume and settings.checkpoint_dir is None:
+        raise SchemaError("--resume continues from a checkpoint: give its folder with --checkpoint-dir")
+    if settings.elastic and settings.checkpoint_dir is None:
+        raise SchemaError("--elastic resumes each restart from a checkpoint: give their folder with --checkpoint-dir")
+    if settings.checkpoint_every < 0:
+        raise SchemaError(f"--checkpoint-every {settings.checkpoint_every} must be 0 (after the last step) or more")
+    from planner.flows.replan import plan_for_world
+    from runtime.run import run as run_plan
+
+    replan = None
+    if settings.elastic:
+        assert settings.checkpoint_dir is not None
+        replan = functools.partial(plan_for_world, settings.plan, checkpoint_dir=settings.checkpoint_dir)
+    return run_plan(settings, replan=replan)
+
+
+def dry_run(
+    plan: Plan | str | Path, rank: int = 0, *, optimizer: OptimizerName = OptimizerName.ADAMW
+) -> "DryRunResult":
+    """Trace one rank's training step under fake tensors and a fake process group (no devices,
+    no torchrun): its peak memory beside the plan's estimate, before renting the cluster.
+
+    A process can set up the fake process group once: trace each further rank in a fresh process.
+
+    Args:
+        plan: a Plan or a plan file.
+        rank: the rank of the plan's world to trace.
+        optimizer: as ``RunSettings.optimizer``.
+
+    Returns:
+        The rank's traced peak bytes (by category), the estimate's bytes for its stage, and seconds taken.
+
+    Raises:
+        InfeasibleConfigError: ``rank`` is outside the plan's world, or the plan recomputes modules
+            the runtime does not checkpoint (``schemas.runtime_support.check_recompute_modules``).
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)  # a bad plan is refused before torch is imported
+    from runtime.dry_run import dry_run as trace
+
+    return trace(loaded, rank, optimizer=str(optimizer))
