@@ -4,14 +4,14 @@ Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Tra
 Models", sec. 4.1 (per-layer accounting), Table 2 (parallel and recompute variants) and
 sec. 4.3 (embedding and output layer); Megatron-LM ``megatron/training/theoretical_memory_usage.py``
 for the embedding input ids and the output layer. For a GPT block (LayerNorm, 4h GELU MLP,
-multi-head attention, dropout > 0, 2-byte dtype) the per-layer total is exactly
+multi-head attention, dropout > 0, 2-byte activations) the per-layer total is exactly
 s b h (34 + 5 a s / h), s b h (10 + 24/t + 5 a s / (h t)) with tensor parallelism and
 s b h (34/t + 5 a s / (h t)) with tensor + sequence parallelism.
 
 Notation: s sequence length, b micro-batch size, h hidden size, a query heads, q = a * head_dim,
 k_v = kv_heads * head_dim, f MLP width, E experts, k experts per token, t tensor-parallel degree,
-``act`` bytes of one activation element (2 for bf16/fp16, 4 for fp32). Dropout masks are 1 byte
-per element in every dtype. Everything is per rank, per micro-batch, in bytes.
+``act`` bytes of one activation element (``Precision.activations``: 2 for bf16/fp16, 4 for fp32).
+Dropout masks are 1 byte per element in every precision. Everything is per rank, per micro-batch, in bytes.
 """
 
 import functools
@@ -82,7 +82,7 @@ def layer_activations(
     *,
     seq_len: int,
     micro_batch_size: int,
-    dtype: DType,
+    activation_dtype: DType,
     tensor_parallel_degree: int = 1,
     sequence_parallel: bool = False,
     attention_kernel: AttentionKernel = AttentionKernel.EAGER,
@@ -137,7 +137,8 @@ def layer_activations(
         model: the transformer's shape and dropout rates.
         seq_len: tokens per sequence (s).
         micro_batch_size: sequences per micro-batch (b).
-        dtype: activation precision; fp32 doubles the 2-byte terms, masks stay 1 byte.
+        activation_dtype: what the kept tensors are in (``Precision.activations``); fp32 doubles
+            the 2-byte terms, masks stay 1 byte.
         tensor_parallel_degree: t.
         sequence_parallel: whether norm/dropout regions are split along the sequence over t.
         attention_kernel: eager (Korthikanti's accounting, the default) or FlashAttention.
@@ -157,7 +158,7 @@ def layer_activations(
         The layer's activations by group, in bytes, before any recomputation. Memoized (the
         inputs are immutable): every stage of every layout a search checks asks for it.
     """
-    act, t = dtype.bytes, tensor_parallel_degree
+    act, t = activation_dtype.bytes, tensor_parallel_degree
     sp = t if sequence_parallel else 1
     local = seq_len // context_parallel_degree
     tokens = local * micro_batch_size
@@ -306,7 +307,7 @@ product. GeGLU (``geglu``, tanh GELU): one more, the tanh. A backward fused into
 writes): these counts bound it."""
 
 
-def mlp_backward_bytes(model: ModelSpec, elements: float, dtype: DType) -> float:
+def mlp_backward_bytes(model: ModelSpec, elements: float, activation_dtype: DType) -> float:
     """Transient bytes one MLP's backward holds beyond what its layer keeps (``MLP_BACKWARD_TENSORS``),
     for an MLP whose intermediate tensors have ``elements`` elements each (its tokens x width / t;
     a routed expert's: the tokens routed to it). They live while that MLP runs its backward,
@@ -316,11 +317,11 @@ def mlp_backward_bytes(model: ModelSpec, elements: float, dtype: DType) -> float
         model: the MLP's activation (``hidden_act``; SwiGLU for any other gated one, GELU for any
             ungated one, as the runtime runs them).
         elements: elements of one intermediate tensor.
-        dtype: training precision.
+        activation_dtype: what those tensors are in (``Precision.activations``).
     """
     act = model.hidden_act
     kind = act if act is Activation.GEGLU else Activation.SWIGLU if act.gated else Activation.GELU
-    return MLP_BACKWARD_TENSORS[kind] * dtype.bytes * elements
+    return MLP_BACKWARD_TENSORS[kind] * activation_dtype.bytes * elements
 
 
 def embedding_activation_bytes(
@@ -350,18 +351,19 @@ def output_layer_activation_bytes(
     *,
     seq_len: int,
     micro_batch_size: int,
-    dtype: DType,
+    activation_dtype: DType,
     tensor_parallel_degree: int = 1,
     sequence_parallel: bool = False,
 ) -> float:
     """Bytes the final norm and the output projection keep, one micro-batch (Korthikanti sec. 4.3).
 
-    The final norm's input and the output projection's input, act s b h each, split over t
-    with sequence parallelism (Megatron's column-parallel linear keeps the sequence-sharded
-    input and gathers it again in the backward). The logits are ``logits_bytes``.
+    The final norm's input and the output projection's input, act s b h each (act the bytes of
+    ``activation_dtype``, ``Precision.activations``), split over t with sequence parallelism
+    (Megatron's column-parallel linear keeps the sequence-sharded input and gathers it again in
+    the backward). The logits are ``logits_bytes``.
     """
     sp = tensor_parallel_degree if sequence_parallel else 1
-    return 2 * dtype.bytes * seq_len * micro_batch_size * model.hidden_size / sp
+    return 2 * activation_dtype.bytes * seq_len * micro_batch_size * model.hidden_size / sp
 
 
 def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch_size: int, tensor_parallel_degree: int = 1) -> float:

@@ -68,29 +68,31 @@ def reduction_overhead(gemm: Gemm, device: DeviceProfile) -> float:
     return 1.0 + device.matmul.k_overhead / gemm.k
 
 
-def gemm_time_s(gemm: Gemm, device: DeviceProfile, dtype: DType) -> float:
-    """Seconds for ``gemm`` in ``dtype``: a measured record of its shape, else the roofline model.
+def gemm_time_s(gemm: Gemm, device: DeviceProfile, gemm_dtype: DType) -> float:
+    """Seconds for ``gemm`` computed in ``gemm_dtype`` (``Precision.gemm_inputs``, or
+    ``Precision.attention`` for the attention core's): a measured record of its shape in that
+    precision, else the roofline model at the device's peak in it.
 
     Model: launch overhead + max(flop / (peak * peak_fraction * quantization efficiency)
-    * (1 + k_overhead / k), io_bytes / memory bandwidth).
+    * (1 + k_overhead / k), io_bytes / memory bandwidth), inputs and output in ``gemm_dtype``.
     """
     for rec in device.matmul_records:
-        if rec.dtype is dtype and (rec.m, rec.n, rec.k) == (gemm.m, gemm.n, gemm.k):
+        if rec.dtype is gemm_dtype and (rec.m, rec.n, rec.k) == (gemm.m, gemm.n, gemm.k):
             return rec.time_s * gemm.batch
-    achievable = device.get_peak_flop_per_s(dtype) * device.matmul.peak_fraction
+    achievable = device.get_peak_flop_per_s(gemm_dtype) * device.matmul.peak_fraction
     compute_s = gemm.flop / (achievable * quantization_efficiency(gemm, device)) * reduction_overhead(gemm, device)
-    memory_s = gemm.io_bytes(dtype.bytes) / device.memory_bandwidth_bytes_per_s
+    memory_s = gemm.io_bytes(gemm_dtype.bytes) / device.memory_bandwidth_bytes_per_s
     return device.matmul.launch_overhead_s + max(compute_s, memory_s)
 
 
-def gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype: DType) -> float:
-    """Sum of :func:`gemm_time_s` over ``gemms``."""
-    return sum(gemm_time_s(g, device, dtype) for g in gemms)
+def gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, gemm_dtype: DType) -> float:
+    """Sum of :func:`gemm_time_s` over ``gemms``, computed in ``gemm_dtype``."""
+    return sum(gemm_time_s(g, device, gemm_dtype) for g in gemms)
 
 
-def backward_gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, dtype: DType) -> float:
-    """Input- and weight-gradient GEMMs of every forward GEMM in ``gemms``."""
-    return sum(gemm_time_s(b, device, dtype) for g in gemms for b in g.backward())
+def backward_gemms_time_s(gemms: tuple[Gemm, ...], device: DeviceProfile, gemm_dtype: DType) -> float:
+    """Input- and weight-gradient GEMMs of every forward GEMM in ``gemms``, computed in ``gemm_dtype``."""
+    return sum(gemm_time_s(b, device, gemm_dtype) for g in gemms for b in g.backward())
 
 
 def fused_attention_s(
@@ -98,7 +100,7 @@ def fused_attention_s(
     seq_len: int,
     head_size: int,
     device: DeviceProfile,
-    dtype: DType,
+    attention_dtype: DType,
     kernel: AttentionKernel = AttentionKernel.FLASH,
     *,
     causal: bool = True,
@@ -106,7 +108,7 @@ def fused_attention_s(
     """Forward and backward seconds of a fused attention core of ``flop`` forward FLOPs, causal or
     without a mask (``causal``), at the rates of the profile's attention records of ``kernel`` and
     that mask (the profiler's timing, or a preset's published kernel figures), None without a
-    record in ``dtype``. A profile with no record of that kernel prices it at the fused kernel it
+    record in ``attention_dtype``. A profile with no record of that kernel prices it at the fused kernel it
     has records of (what its SDPA ran: the profiler times one, a preset may publish several); one
     with no unmasked record prices unmasked attention at the causal records' rates (a version-8
     profile, or a preset whose source publishes causal figures only): slower than it runs, a
@@ -125,14 +127,14 @@ def fused_attention_s(
         seq_len: tokens per sequence the kernel sees (per block under ring attention).
         head_size: query/key head dimension.
         device: the device and its records.
-        dtype: precision of the kernel.
+        attention_dtype: what the kernel computes in (``Precision.attention``).
         kernel: the fused kernel the stack runs (``TrainingSpec.attention_kernel``).
         causal: whether the attention runs under a causal mask.
 
     Returns:
         (forward_s, backward_s), or None.
     """
-    records = [r for r in device.op_records if isinstance(r, AttentionRecord) and r.dtype is dtype]
+    records = [r for r in device.op_records if isinstance(r, AttentionRecord) and r.dtype is attention_dtype]
     records = [r for r in records if r.kernel is kernel] or records
     records = [r for r in records if r.causal is causal] or [r for r in records if r.causal] or records
     if not records:
@@ -165,7 +167,7 @@ def elementwise_time_s(bytes_moved: float, device: DeviceProfile, kernels: int =
 def measured_layer_s(
     device: DeviceProfile,
     model_name: str,
-    dtype: DType,
+    weights_dtype: DType,
     tensor_parallel: int,
     micro_batch: int,
     seq_len: int,
@@ -177,28 +179,29 @@ def measured_layer_s(
     ``sequence_parallel`` given the real tensor-parallel layer, collectives included. The record
     of this micro-batch size, else the line through the two measured sizes nearest to it (a
     fixed cost per call plus a cost per sequence, which is how small layers scale on CPUs and
-    launch-bound GPUs). None without a record of this model, precision, tensor-parallel degree
-    and sequence length."""
+    launch-bound GPUs). None without a record of this model, precision (``weights_dtype``, the
+    precision the profiler built the runtime's layer in: ``Precision.weights``), tensor-parallel
+    degree and sequence length."""
     op = OpKind.LAYER if sequence_parallel is None else OpKind.TP_LAYER
-    return _measured_s(device, op, model_name, dtype, tensor_parallel, seq_len, sequence_parallel, micro_batch)
+    return _measured_s(device, op, model_name, weights_dtype, tensor_parallel, seq_len, sequence_parallel, micro_batch)
 
 
 def measured_moe_layer_s(
-    device: DeviceProfile, model_name: str, dtype: DType, tensor_parallel: int, micro_batch: int, seq_len: int
+    device: DeviceProfile, model_name: str, weights_dtype: DType, tensor_parallel: int, micro_batch: int, seq_len: int
 ) -> tuple[float, float] | None:
     """Forward and backward seconds of one of an MoE model's layers as the runtime builds it
     (attention, router, top-k routing and every expert on the rank: expert-parallel degree 1),
     as the profiler timed it (``planner profile --model``, cluster profile version 3). Between
-    micro-batch sizes as ``measured_layer_s``. None without a record: a version-2 profile, a
-    dense model, a model whose MoE layer the runtime does not build as it is, or tensor
+    micro-batch sizes and precision as ``measured_layer_s``. None without a record: a version-2
+    profile, a dense model, a model whose MoE layer the runtime does not build as it is, or tensor
     parallelism (timed at degree 1 only)."""
-    return _measured_s(device, OpKind.MOE_LAYER, model_name, dtype, tensor_parallel, seq_len, None, micro_batch)
+    return _measured_s(device, OpKind.MOE_LAYER, model_name, weights_dtype, tensor_parallel, seq_len, None, micro_batch)
 
 
 def measured_output_layer_s(
     device: DeviceProfile,
     model_name: str,
-    dtype: DType,
+    weights_dtype: DType,
     tensor_parallel: int,
     micro_batch: int,
     seq_len: int,
@@ -208,10 +211,12 @@ def measured_output_layer_s(
     """Forward + backward seconds of the model's own output layer (final norm, head and loss) on
     one tensor-parallel rank, as the profiler timed the runtime's (``planner profile --model``):
     under tensor parallelism, split over the vocabulary with its collectives and the
-    vocabulary-parallel loss. Between micro-batch sizes as ``measured_layer_s``; None without
-    a record."""
+    vocabulary-parallel loss. Between micro-batch sizes and precision as ``measured_layer_s``;
+    None without a record."""
     split = sequence_parallel and tensor_parallel > 1  # tp 1 is timed unsplit: sequence parallel means nothing there
-    measured = _measured_s(device, OpKind.OUTPUT_LAYER, model_name, dtype, tensor_parallel, seq_len, split, micro_batch)
+    measured = _measured_s(
+        device, OpKind.OUTPUT_LAYER, model_name, weights_dtype, tensor_parallel, seq_len, split, micro_batch
+    )
     return None if measured is None else measured[0] + measured[1]
 
 
@@ -219,14 +224,14 @@ def _measured_s(
     device: DeviceProfile,
     op: OpKind,
     model_name: str,
-    dtype: DType,
+    weights_dtype: DType,
     tensor_parallel: int,
     seq_len: int,
     sequence_parallel: bool | None,
     micro_batch: int,
 ) -> tuple[float, float] | None:
-    """(forward, backward) of the ``op`` layer records of this model, precision, tensor-parallel
-    degree, sequence length and sequence parallelism: the record of ``micro_batch``, else the
+    """(forward, backward) of the ``op`` layer records of this model, precision (``weights_dtype``),
+    tensor-parallel degree, sequence length and sequence parallelism: the record of ``micro_batch``, else the
     line through the two nearest sizes, or beyond the largest the least-squares slope over all
     of them."""
     points = sorted(
@@ -235,7 +240,7 @@ def _measured_s(
         if isinstance(rec, LayerRecord)
         and rec.op is op
         and rec.model == model_name
-        and rec.dtype is dtype
+        and rec.dtype is weights_dtype
         and rec.tensor_parallel_degree == tensor_parallel
         and rec.seq_len == seq_len
         and rec.sequence_parallel == sequence_parallel
@@ -292,14 +297,17 @@ def measured_pipeline_slot_s(device: DeviceProfile) -> float | None:
     return None
 
 
-def measured_sharded_unit_s(device: DeviceProfile, zero_stage: ZeroStage, deferred: bool, dtype: DType) -> float | None:
+def measured_sharded_unit_s(
+    device: DeviceProfile, zero_stage: ZeroStage, deferred: bool, weights_dtype: DType
+) -> float | None:
     """Seconds sharded data parallelism (FSDP) spends of its own on one unit and micro-batch,
     beyond the unit's compute and its collectives (hooks, casts, buffer copies), as the profiler
-    timed it in ``dtype`` (else in any precision); None without the record."""
+    timed it with the runtime's weights in ``weights_dtype`` (``Precision.weights``; else in any
+    precision); None without the record."""
     records = [
         r
         for r in device.op_records
         if isinstance(r, ShardedUnitRecord) and r.zero_stage == zero_stage and r.deferred == deferred
     ]
-    own = [r for r in records if r.dtype is dtype] or records
+    own = [r for r in records if r.dtype is weights_dtype] or records
     return own[0].time_s if own else None

@@ -13,11 +13,11 @@ Megatron-Core's context parallelism through Transformer Engine, and torch's
 ``context_parallel``): attention runs cp steps; at each the rank computes its queries against the
 key/value block it holds while it sends that block to the next rank of the ring and receives the
 previous rank's. A block is the k and v of the rank's tokens, b (s / cp) (k_v + v_w) / t elements
-in training precision (``kv_block_bytes``; k_v, v_w the key and value widths of all heads, split
-over the tensor-parallel group). With the zig-zag split every step computes the same work, half
-of a full (s/cp) x (s/cp) block, so a step's compute is 1/cp of the layer's attention: the
-diagonal step's under the causal mask, the others' without one, each at the kernel's rate for its
-mask and block (``attention_calls``).
+in what activations are sent in (``Precision.activation_communication``, ``kv_block_bytes``;
+k_v, v_w the key and value widths of all heads, split over the tensor-parallel group). With the
+zig-zag split every step computes the same work, half of a full (s/cp) x (s/cp) block, so a
+step's compute is 1/cp of the layer's attention: the diagonal step's under the causal mask, the
+others' without one, each at the kernel's rate for its mask and block (``attention_calls``).
 - forward: cp - 1 sends of a k/v block, each behind one step's compute;
 - backward: cp - 1 sends of the k/v block again and cp - 1 sends of the dk/dv being accumulated
   for a block, fp32 (``GRADIENT_ELEMENT_BYTES``): the accumulator of rank j's block starts at rank
@@ -50,7 +50,7 @@ per all-to-all is b (s/cp) w / t elements, w the width of q (a heads), k, v (``k
 heads) or the output (a heads); it keeps 1/cp and sends (cp - 1)/cp of it to the other ranks
 (``all_to_all_elements``).
 - forward: the 4 all-to-alls; backward: their 4 reverses (the output's gradient to the head split,
-  dq, dk, dv back to the sequence split), in training precision;
+  dq, dk, dv back to the sequence split), in ``Precision.activation_communication``;
 - full recomputation repeats the forward's 4; selective recomputation (of the attention core)
   the 3 of q, k and v: the output's all-to-all is not run again, the backward needing nothing it
   made (torch's non-reentrant checkpoint stops once the saved tensors are back; this runtime).
@@ -143,8 +143,9 @@ def kv_block_elements(model: ModelSpec, training: TrainingSpec, layout: Layout) 
 
 
 def kv_block_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> int:
-    """Bytes of one rank's k/v block in training precision (``kv_block_elements``)."""
-    return kv_block_elements(model, training, layout) * training.dtype.bytes
+    """Bytes of one rank's k/v block as the ring sends it (``kv_block_elements`` in
+    ``Precision.activation_communication``)."""
+    return kv_block_elements(model, training, layout) * training.precision.activation_communication.bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,12 +168,13 @@ class ContextBytes:
 def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> ContextBytes:
     """Bytes one rank sends for one attention layer and micro-batch (module docstring):
     forward (cp - 1) B, twice under recomputation; backward (cp - 1) (B + B'), B the k/v block in
-    training precision, B' the same elements in fp32. Zero without context parallelism."""
+    ``Precision.activation_communication``, B' the same elements in fp32. Zero without context
+    parallelism."""
     cp = layout.context_parallel_degree
     if cp == 1:
         return ContextBytes(forward_bytes=0.0, backward_bytes=0.0)
     elements = kv_block_elements(model, training, layout)
-    forward = float((cp - 1) * elements * training.dtype.bytes)
+    forward = float((cp - 1) * elements * training.precision.activation_communication.bytes)
     backward = forward + (cp - 1) * elements * GRADIENT_ELEMENT_BYTES
     forwards = 2 if layout.recomputes_attention_core else 1
     return ContextBytes(forward_bytes=forwards * forward, backward_bytes=backward)
@@ -272,8 +274,9 @@ def ring_layer_s(
         return 0.0
     links = ring_links(cluster, layout, context_groups)
     block = kv_block_elements(model, training, layout)
-    kv_s = ring_hop_s(block * training.dtype.bytes, links)
-    both_s = ring_hop_s(block * (training.dtype.bytes + GRADIENT_ELEMENT_BYTES), links)
+    element_bytes = training.precision.activation_communication.bytes
+    kv_s = ring_hop_s(block * element_bytes, links)
+    both_s = ring_hop_s(block * (element_bytes + GRADIENT_ELEMENT_BYTES), links)
     dkv_s = ring_hop_s(block * GRADIENT_ELEMENT_BYTES, links)
     hides = hides_communication(cluster)
     fwd_s = ring_exposed_s([kv_s] * (cp - 1), attention_s[0] / cp, hides=hides)
@@ -283,14 +286,14 @@ def ring_layer_s(
 
 def ring_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """Transient bytes of one layer's ring attention on one rank (module docstring): the larger
-    of the forward's (2 k/v blocks, fp32 partial output and log-sum-exp) and the backward's (2
-    k/v blocks, 2 fp32 dk/dv blocks, fp32 dq); 0 with cp = 1."""
+    of the forward's (2 k/v blocks as the ring sends them, fp32 partial output and log-sum-exp)
+    and the backward's (2 such k/v blocks, 2 fp32 dk/dv blocks, fp32 dq); 0 with cp = 1."""
     if layout.context_parallel_degree == 1:
         return 0.0
     block = kv_block_elements(model, training, layout)
     tokens = layout.micro_batch_size * local_seq_len(training, layout)
     heads = model.num_attention_heads // layout.tensor_parallel_degree
-    kv = 2.0 * block * training.dtype.bytes
+    kv = 2.0 * block * training.precision.activation_communication.bytes
     forward = kv + STATISTIC_ELEMENT_BYTES * tokens * heads * (model.v_head_size + 1)
     backward = kv + 2 * block * GRADIENT_ELEMENT_BYTES + STATISTIC_ELEMENT_BYTES * tokens * heads * model.qk_head_size
     return max(forward, backward)
@@ -349,15 +352,16 @@ def all_to_all_elements(model: ModelSpec, training: TrainingSpec, layout: Layout
 
 def all_to_all_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> ContextBytes:
     """Bytes one rank sends to the other ranks of its group for one attention layer and
-    micro-batch (module docstring): (cp - 1)/cp of the four buffers in training precision, forward
-    and backward, and the forward's again under recomputation (but the output's under selective).
-    Zero without context parallelism."""
+    micro-batch (module docstring): (cp - 1)/cp of the four buffers in
+    ``Precision.activation_communication``, forward and backward, and the forward's again under
+    recomputation (but the output's under selective). Zero without context parallelism."""
     cp = layout.context_parallel_degree
     if cp == 1:
         return ContextBytes(forward_bytes=0.0, backward_bytes=0.0)
     buffers = all_to_all_elements(model, training, layout)
-    once = float(buffers.total * (cp - 1) // cp * training.dtype.bytes)
-    again = float(_recomputed(buffers, attention_recompute(layout)) * (cp - 1) // cp * training.dtype.bytes)
+    element_bytes = training.precision.activation_communication.bytes
+    once = float(buffers.total * (cp - 1) // cp * element_bytes)
+    again = float(_recomputed(buffers, attention_recompute(layout)) * (cp - 1) // cp * element_bytes)
     return ContextBytes(forward_bytes=once + again, backward_bytes=once)
 
 
@@ -400,8 +404,9 @@ def all_to_all_layer_s(
         return 0.0
     groups = priced_groups(context_groups, cluster, rank_order=layout.device_map.is_identity)
     buffers = all_to_all_elements(model, training, layout)
+    element_bytes = training.precision.activation_communication.bytes
     qkv_s, out_s = (
-        sum(slowest_collective_s(CollectiveOp.ALL_TO_ALL, n * training.dtype.bytes, groups, cluster) for n in part)
+        sum(slowest_collective_s(CollectiveOp.ALL_TO_ALL, n * element_bytes, groups, cluster) for n in part)
         for part in ((buffers.query, buffers.key, buffers.value), (buffers.output,))
     )
     again_s = {Recompute.NONE: 0.0, Recompute.SELECTIVE: qkv_s, Recompute.FULL: qkv_s + out_s}[
@@ -412,8 +417,9 @@ def all_to_all_layer_s(
 
 def all_to_all_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """Transient bytes of one layer's all-to-all attention on one rank: the head-split q, k, v
-    and output of the whole sequence, as large as the four buffers (``all_to_all_elements``); 0
-    with cp = 1."""
+    and output of the whole sequence, as large as the four buffers (``all_to_all_elements``, in
+    ``Precision.activation_communication``); 0 with cp = 1."""
     if layout.context_parallel_degree == 1:
         return 0.0
-    return float(all_to_all_elements(model, training, layout).total * training.dtype.bytes)
+    element_bytes = training.precision.activation_communication.bytes
+    return float(all_to_all_elements(model, training, layout).total * element_bytes)

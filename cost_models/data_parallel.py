@@ -1,11 +1,11 @@
 """Data parallelism's step cost: the gradient reduction, or ZeRO's collectives
 (``cost_models.sharding``), over the data-parallel groups, and the share of it compute hides.
 
-Gradients are summed (all-reduce, reduce-scatter) in ``TrainingSpec.reduce_dtype``: fp32 under
+Gradients are summed (all-reduce, reduce-scatter) in ``Precision.gradient_reduce``: fp32 under
 bf16 unless told otherwise, as Megatron-LM (accumulate_allreduce_grads_in_fp32, forced under
 bf16), torchtitan's FSDP and the planner's runtime sum them, 4 bytes per parameter; in training
-precision under fp16 (the ZeRO paper's 2 psi). Parameters are gathered (all-gather) in training
-precision. Both run over the d ranks of a stage's data-parallel group, or in sharding groups and
+precision under fp16 (the ZeRO paper's 2 psi). Parameters are gathered (all-gather) in
+``Precision.parameter_gather``. Both run over the d ranks of a stage's data-parallel group, or in sharding groups and
 across their replicas, with ZeRO-3's backward gathers over a secondary partition
 (``sharding.dense_group_collectives``, ``groups.sharding_groups``, ``groups.replica_groups``);
 expert gradients over the
@@ -80,7 +80,7 @@ def stage_data_parallel_comm(
 
     Args:
         model: the model (the stage's parameters, dense and expert).
-        training: precision of the gradients and gathered parameters.
+        training: the precisions gradients are summed and parameters gathered in.
         cluster: links and collective records.
         layout: degrees, ZeRO stage, device map.
         stage: pipeline rank.
@@ -125,8 +125,10 @@ def stage_data_parallel_comm(
 
 def element_bytes(op: CollectiveOp, training: TrainingSpec) -> int:
     """Bytes of one element of a data-parallel collective ``op``: a gathered parameter's in
-    training precision, a summed gradient's in ``training.reduce_dtype`` (module docstring)."""
-    return training.dtype.bytes if op is CollectiveOp.ALL_GATHER else training.reduce_dtype.bytes
+    ``Precision.parameter_gather``, a summed gradient's in ``Precision.gradient_reduce`` (module
+    docstring)."""
+    precision = training.precision
+    return precision.parameter_gather.bytes if op is CollectiveOp.ALL_GATHER else precision.gradient_reduce.bytes
 
 
 def _dense_groups(layout: Layout, stage: int, part: GroupCollectives) -> tuple[Iterator[Group], int]:
@@ -226,8 +228,7 @@ def _stage_comms(
     aligned = stage_ranks % per_node == 0 or per_node % stage_ranks == 0
     shared = (
         model,
-        training.dtype,
-        training.reduce_dtype,
+        training.precision,  # what the collectives move: gathered parameters and summed gradients
         layout.data_parallel_degree,
         layout.context_parallel_degree,
         layout.tensor_parallel_degree,

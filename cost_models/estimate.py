@@ -174,7 +174,7 @@ def _estimate_of(
     """The Estimate of a step taking ``time``: throughput, model and hardware FLOPs and their
     utilization of the world's peak (MFU, HFU; PaLM appendix B), the largest rank's memory."""
     step_s, world = time.step_time_s, layout.world_size
-    peak = mean_peak_flop_per_s(cluster, layout, training.dtype)
+    peak = mean_peak_flop_per_s(cluster, layout, training.precision.gemm_inputs)
     model_flop = training.global_batch_size * model_flops_per_sequence(model, training.seq_len)
     hardware_flop = model_flop * hardware_flop_ratio(
         model, training.seq_len, layout.recompute, layout.recompute_modules

@@ -247,12 +247,13 @@ def expert_parallel_layer_s(
         expert_groups: the expert-parallel groups (devices).
 
     Returns:
-        Seconds: 4 all-to-alls of P h elements (``routed_pairs``; 6 where the MoE block is recomputed); a layer's
-        ``ExpertLoad.exchange_factor`` scales it.
+        Seconds: 4 all-to-alls of P h elements (``routed_pairs``; 6 where the MoE block is recomputed) in
+        ``Precision.activation_communication``; a layer's ``ExpertLoad.exchange_factor`` scales it.
     """
     if not (model.is_moe and layout.expert_parallel_degree > 1):
         return 0.0
-    a2a_bytes = routed_pairs(model, training, layout) * model.hidden_size * training.dtype.bytes
+    element_bytes = training.precision.activation_communication.bytes
+    a2a_bytes = routed_pairs(model, training, layout) * model.hidden_size * element_bytes
     groups = priced_groups(expert_groups, cluster, rank_order=layout.device_map.is_identity)
     deepep = training.moe_dispatcher is MoeDispatcher.DEEPEP  # each group's share by the nodes it spans
     a2a_s = max(
@@ -312,10 +313,11 @@ def sent_bytes_per_step(
     model: ModelSpec, training: TrainingSpec, layout: Layout, micro_batches: int, routing: RoutingStats | None = None
 ) -> tuple[float, ...]:
     """Bytes one rank of each pipeline stage sends to other ranks of its expert-parallel group
-    in one step (every all-to-all, mean rank): P x sent share x h x dtype per exchange, summed
-    over the stage's MoE layers, exchanges and micro-batches. 0 without expert parallelism."""
+    in one step (every all-to-all, mean rank): P x sent share x h elements in
+    ``Precision.activation_communication`` per exchange, summed over the stage's MoE layers,
+    exchanges and micro-batches. 0 without expert parallelism."""
     if not (model.is_moe and layout.expert_parallel_degree > 1):
         return (0.0,) * layout.pipeline_parallel_degree
-    pair_bytes = model.hidden_size * training.dtype.bytes
+    pair_bytes = model.hidden_size * training.precision.activation_communication.bytes
     per_layer = routed_pairs(model, training, layout) * pair_bytes * exchanges_per_micro_batch(layout) * micro_batches
     return tuple(per_layer * stage.sent_pairs_share for stage in stage_expert_loads(model, training, layout, routing))

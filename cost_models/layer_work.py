@@ -25,7 +25,7 @@ much), with T = b s / cp tokens (the rank's share of the micro-batch under conte
   RMSNorms run over T (rq + rkv); rotary covers the query's rope part and the one
   shared rope key; scores are dqk = nope + rope wide, values dv.
 Dense and MoE layers of one model differ only in the MLP (``ModelSpec.is_moe_layer``).
-Units: elements for shapes, bytes for traffic.
+Units: elements for shapes, bytes for traffic; e bytes of one activation element (``Precision.activations``).
 """
 
 from dataclasses import dataclass
@@ -100,7 +100,7 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
     layer if it has any, else its dense layer.
     """
     t, b, s = layout.tensor_parallel_degree, layout.micro_batch_size, training.seq_len
-    h, e = model.hidden_size, training.dtype.bytes
+    h, e = model.hidden_size, training.precision.activations.bytes  # what the elementwise kernels move
     s_local = local_seq_len(training, layout)  # s / cp: the rank's queries; its keys are all s
     tokens = b * s_local
     seq_tokens = tokens // t if layout.sequence_parallel else tokens
@@ -248,15 +248,17 @@ def output_layer_elementwise(model: ModelSpec, training: TrainingSpec, layout: L
     as ``TrainingSpec.loss_kernels`` says), forward and backward."""
     tokens = layout.micro_batch_size * local_seq_len(training, layout)
     logits = tokens * -(-model.vocab_size // layout.tensor_parallel_degree)
-    norm = kernels.norm(model.norm_type, tokens * model.hidden_size, training.dtype.bytes, training.kernels)
+    act = training.precision.activations.bytes
+    norm = kernels.norm(model.norm_type, tokens * model.hidden_size, act, training.kernels)
     loss_kinds = training.kernels if training.loss_kernels is None else training.loss_kernels
-    return kernels.cross_entropy(logits, training.dtype.bytes, loss_kinds) + norm + norm + norm
+    return kernels.cross_entropy(logits, act, loss_kinds) + norm + norm + norm
 
 
 def embedding_elementwise_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
-    """Embedding lookup (and position add, dropout): write, read, write b s h e."""
+    """Embedding lookup (and position add, dropout): write, read, write b s h e (e the bytes of
+    ``Precision.activations``)."""
     tokens = layout.micro_batch_size * local_seq_len(training, layout)
-    return 3.0 * tokens * model.hidden_size * training.dtype.bytes
+    return 3.0 * tokens * model.hidden_size * training.precision.activations.bytes
 
 
 def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:

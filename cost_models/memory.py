@@ -14,20 +14,21 @@ Constants (conventions, stated once here):
     fragmentation margin: callers keep their own safety margin on top.
   - Data-parallel gradient buckets (``planner.schemas.buffers``, which the runtime allocates
     too): 2 buckets of 25 M elements in the precision gradients are summed in
-    (``TrainingSpec.reduce_dtype``), capped by the gradients the rank reduces; present
+    (``Precision.gradient_reduce``), capped by the gradients the rank reduces; present
     when the rank has a data-parallel peer and reduces outside FSDP (ZeRO-0/1, experts).
-  - Tensor-parallel staging: one activation, s b h x dtype bytes, when t > 1 (Megatron-LM's
-    global buffer for the sequence-parallel all-gather / all-reduce).
+  - Tensor-parallel staging: one activation, s b h elements in ``Precision.activation_communication``,
+    when t > 1 (Megatron-LM's global buffer for the sequence-parallel all-gather / all-reduce).
   - Expert-parallel staging: send and receive buffers of one micro-batch's routed tokens,
-    2 x k s b h x dtype bytes (split by t with sequence parallelism), when ep > 1.
+    2 x k s b h elements in ``Precision.activation_communication`` (split by t with sequence
+    parallelism), when ep > 1.
   - FSDP's reduce-scatter staging (ZeRO-2/3 without a pipeline, d > 1;
     ``reduce_scatter_staging_bytes``): the largest unit reduced during the backward, its
-    gradients flat in ``TrainingSpec.reduce_dtype`` plus the 1/g shard they reduce to (and,
-    under ZeRO-2, its gradients in training precision beside its gathered weights). Alive from
+    gradients flat in ``Precision.gradient_reduce`` plus the 1/g shard they reduce to (and,
+    under ZeRO-2, its gradients in ``Precision.gradients`` beside its gathered weights). Alive from
     that unit's reduction to the next unit's, after the loss's backward: it stands in for the
     logits, and adds only what it exceeds them by.
   - A tied embedding's gradient sum (``tied_gradient_sum_bytes``): on the two pipeline ranks
-    holding its copies, the copy of the rows' gradients in ``TrainingSpec.reduce_dtype`` made
+    holding its copies, the copy of the rows' gradients in ``Precision.gradient_reduce`` made
     after the backward; it adds what it exceeds the activations and logits by, which are freed
     by then.
   - A pipeline's receive buffers (``pipeline_buffer_bytes``, ``TrainingSpec.pipeline_buffers``):
@@ -160,7 +161,7 @@ def _activation_terms(
     holding ``params``, ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if
     ``last_stage``: stages alike in these differ only in their micro-batches in flight."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
-    sp, dtype, recompute = layout.sequence_parallel, training.dtype, layout.recompute
+    sp, activation_dtype, recompute = layout.sequence_parallel, training.precision.activations, layout.recompute
     s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
     per_micro_batch, once = 0.0, 0.0
     working = [0.0]
@@ -171,7 +172,7 @@ def _activation_terms(
             model,
             seq_len=s,
             micro_batch_size=b,
-            dtype=dtype,
+            activation_dtype=activation_dtype,
             tensor_parallel_degree=t,
             sequence_parallel=sp,
             attention_kernel=training.attention_kernel,
@@ -190,7 +191,12 @@ def _activation_terms(
             model, seq_len=s_local, micro_batch_size=b, tensor_parallel_degree=t, sequence_parallel=sp
         )
     output = output_layer_activation_bytes(
-        model, seq_len=s_local, micro_batch_size=b, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
+        model,
+        seq_len=s_local,
+        micro_batch_size=b,
+        activation_dtype=activation_dtype,
+        tensor_parallel_degree=t,
+        sequence_parallel=sp,
     )
     if params.holds_output_layer:
         once += output * _loss_micro_batches(layout, micro_batches)
@@ -208,14 +214,14 @@ def _mlp_backward_bytes(
     width f / t; a routed expert over the tokens routed to it, k s b / (E / ep) at width f_e / t
     (the runtime runs a rank's experts one after another; the hottest rank's load,
     ``StageExpertLoad.compute_max``); a shared expert over every token."""
-    t, dtype = layout.tensor_parallel_degree, training.dtype
+    t = layout.tensor_parallel_degree
     tokens = local_seq_len(training, layout) * layout.micro_batch_size
     widest = tokens * model.ffn_size / t if layers > moe else 0.0
     if moe:
         experts_here = max(1, model.num_local_experts // layout.expert_parallel_degree)
         routed = model.num_experts_per_tok * tokens * (load.compute_max if load else 1.0) / experts_here
         widest = max(widest, routed * model.expert_ffn_size / t, tokens * model.shared_ffn_size / t)
-    return mlp_backward_bytes(model, widest, dtype) if widest else 0.0
+    return mlp_backward_bytes(model, widest, training.precision.activations) if widest else 0.0
 
 
 def stage_logits_bytes(
@@ -239,27 +245,28 @@ def stage_logits_bytes(
         micro_batch_size=layout.micro_batch_size,
         tensor_parallel_degree=layout.tensor_parallel_degree,
     )
-    kept, transient = loss_element_bytes(training.dtype, layout)
+    kept, transient = loss_element_bytes(training.precision.activations, layout)
     held = _loss_micro_batches(layout, _micro_batches(training, layout))
     return fp32_copy * (held * kept + transient) / LOGIT_ELEMENT_BYTES
 
 
-def loss_element_bytes(dtype: DType, layout: Layout) -> tuple[int, int]:
+def loss_element_bytes(activation_dtype: DType, layout: Layout) -> tuple[int, int]:
     """Bytes per logit element (s b V / t of them per micro-batch) that the loss keeps for each
     micro-batch awaiting its backward, and that one micro-batch adds at its worst moment.
 
     Kept: the fp32 softmax, 4 (Megatron-LM's ``vocab_parallel_cross_entropy`` keeps it and
     turns it into the gradient in place; so does our runtime's loss, ``runtime.loss``); under a
-    pipeline also the logits in training precision, act: torch.distributed.pipelining's stage
+    pipeline also the logits in ``activation_dtype`` (``Precision.activations``), act:
+    torch.distributed.pipelining's stage
     (our runtime's schedule, as torchtitan's) keeps each stage's output until its backward.
     Without a pipeline the logits die with the loss's forward.
     Transient: in the forward, the logits while their fp32 copy is made (act, already kept under
-    a pipeline); in the backward, the fp32 gradient's cast to training precision (act; none in
+    a pipeline); in the backward, the fp32 gradient's cast to ``activation_dtype`` (act; none in
     fp32, where the cast is the same tensor).
     bf16/fp16: (4, 2) without a pipeline, (6, 2) with one (measured on tiny-gpt with a 32k
     vocabulary, pp 4, 1F1B: 62.5 MiB, 2 fp32 copies); fp32: (4, 4) and (8, 0).
     """
-    act = dtype.bytes
+    act = activation_dtype.bytes
     cast = act if act < LOGIT_ELEMENT_BYTES else 0
     if layout.pipeline_parallel_degree > 1:
         return LOGIT_ELEMENT_BYTES + act, cast
@@ -271,16 +278,17 @@ def communication_buffer_bytes(
 ) -> float:
     """Gradient buckets and collective staging buffers of one rank (conventions in the module doc).
 
-    Data parallel: min(2 x 25 M, gradients reduced) elements in ``training.reduce_dtype``, counting dense gradients when
-    d > 1 under ZeRO-0/1 and expert gradients when more than one rank holds the same experts
-    (d / ep > 1, or d t / ep folded) (PyTorch DDP's reducer buckets; our runtime holds the same
-    buckets for the run, ``runtime.optim.DataParallelOptimizer``). Under ZeRO-2/3 FSDP
-    reduces the dense gradients unit by unit from the unit's own gradients and keeps no bucket
-    between its reductions. Tensor parallel: s b h x dtype when t > 1
-    (attention's, with the experts folded). Expert parallel: 2 x k s b h x dtype (/t with
-    sequence parallelism, which folding needs: each rank routes its s b / t tokens) when ep > 1 on an MoE,
-    times ``compute_max``, the hottest rank's load in its hottest MoE layer
-    (``expert_parallel.StageExpertLoad``): what it receives.
+    Data parallel: min(2 x 25 M, gradients reduced) elements in ``Precision.gradient_reduce``,
+    counting dense gradients when d > 1 under ZeRO-0/1 and expert gradients when more than one
+    rank holds the same experts (d / ep > 1, or d t / ep folded) (PyTorch DDP's reducer buckets;
+    our runtime holds the same buckets for the run, ``runtime.optim.DataParallelOptimizer``).
+    Under ZeRO-2/3 FSDP reduces the dense gradients unit by unit from the unit's own gradients
+    and keeps no bucket between its reductions. Tensor parallel: s b h elements when t > 1
+    (attention's, with the experts folded). Expert parallel: 2 x k s b h elements (/t with
+    sequence parallelism, which folding needs: each rank routes its s b / t tokens) when ep > 1
+    on an MoE, times ``compute_max``, the hottest rank's load in its hottest MoE layer
+    (``expert_parallel.StageExpertLoad``): what it receives. Both staging buffers in
+    ``Precision.activation_communication``.
     """
     d, t = layout.dense_replicas, layout.tensor_parallel_degree
     ep = layout.expert_parallel_degree if model.is_moe else 1
@@ -288,14 +296,15 @@ def communication_buffer_bytes(
     reduced = (params.dense if buckets_dense else 0.0) + (
         params.expert if layout.expert_data_parallel_degree > 1 else 0.0
     )
-    total = training.reduce_dtype.bytes * grad_bucket_elements(reduced)
+    precision = training.precision
+    total = precision.gradient_reduce.bytes * grad_bucket_elements(reduced)
     tokens = local_seq_len(training, layout) * layout.micro_batch_size
     if t > 1:
-        total += tokens * model.hidden_size * training.dtype.bytes
+        total += tokens * model.hidden_size * precision.activation_communication.bytes
     if ep > 1:
         sp = t if layout.sequence_parallel else 1
         routed = model.num_experts_per_tok * tokens * model.hidden_size / sp
-        total += 2 * routed * training.dtype.bytes * compute_max
+        total += 2 * routed * precision.activation_communication.bytes * compute_max
     return total
 
 
@@ -318,7 +327,8 @@ def pipeline_buffer_bytes(
     the chunk's input, which its first norm keeps (counted with the activations, so not again
     here), and the stage keeps each chunk's output until that micro-batch's backward
     (``fwd_cache``), but the last chunk's (the logits, ``loss_element_bytes``). Each is b s/cp h
-    in training precision (/t with sequence parallelism). ``in_flight`` whole-stage micro-batches
+    elements in what the pipeline sends (``Precision.activation_communication``; /t with sequence
+    parallelism). ``in_flight`` whole-stage micro-batches
     are held (``in_flight_micro_batches``), the rank's chunks taking alike shares of them (on the
     first rank the model's first chunk takes at most one more or less).
 
@@ -342,7 +352,8 @@ def pipeline_buffer_bytes(
     receive_inputs = sum(chunk != embedding_chunk(layout) for chunk in chunks)
     receive_gradients = sum(chunk != output_chunk(layout) for chunk in chunks)
     split = layout.tensor_parallel_degree if layout.sequence_parallel else 1
-    one = local_seq_len(training, layout) * layout.micro_batch_size / split * model.hidden_size * training.dtype.bytes
+    element_bytes = training.precision.activation_communication.bytes
+    one = local_seq_len(training, layout) * layout.micro_batch_size / split * model.hidden_size * element_bytes
     buffers = micro_batches * (receive_inputs + receive_gradients)
     return one * (buffers - in_flight * receive_inputs + in_flight * receive_gradients)
 
@@ -352,12 +363,12 @@ def reduce_scatter_staging_bytes(training: TrainingSpec, layout: Layout, params:
 
     Mirrors torch 2.13's ``foreach_reduce`` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py),
     called from ``FSDPParamGroup.post_backward``: it allocates a flat input of the unit's whole
-    unsharded gradients in the reduce dtype, copies them in, then allocates the sharded output,
+    unsharded gradients in ``Precision.gradient_reduce``, copies them in, then allocates the sharded output,
     1/g of it (g = ``Layout.shard_degree``). The input is kept (``comm_ctx.reduce_scatter_states``,
     one buffer by default) until the next unit's ``post_backward``, so each unit's is alive
     through the backward of the unit before it; the embedding's unit is reduced last, when no
     activation is left, so the largest of the others counts (``StageParams.largest_reduced_unit``).
-    The unit's gradients in training precision are alive through the copy-in: under ZeRO-3 its
+    The unit's gradients (``Precision.gradients``) are alive through the copy-in: under ZeRO-3 its
     gathered weights, counted in the gathered buffer, are freed first (resharded), so only
     ZeRO-2 adds them (its weights stay gathered until the step's last backward; counted in
     every step, as its whole weights are, so memory still grows with the micro-batch).
@@ -370,7 +381,7 @@ def reduce_scatter_staging_bytes(training: TrainingSpec, layout: Layout, params:
     estimate's 13.93 either way).
 
     Args:
-        training: training precision and ``reduce_dtype``.
+        training: the gradients' precision and the one they are summed in.
         layout: ZeRO stage, degrees; under a pipeline FSDP reduces once after the last backward
             (``pipeline.defers_gradient_reduction``), when no activation is left: 0.
         params: the rank's parameters before sharding (``params.stage_params``).
@@ -380,9 +391,9 @@ def reduce_scatter_staging_bytes(training: TrainingSpec, layout: Layout, params:
     """
     if not layout.shards_over_replicas or layout.pipeline_parallel_degree > 1:
         return 0.0
-    unit = params.largest_reduced_unit
-    reduced = unit * training.reduce_dtype.bytes * (1 + 1 / layout.shard_degree)
-    gradients = 0.0 if layout.zero_stage.shards_parameters else unit * training.dtype.bytes
+    unit, precision = params.largest_reduced_unit, training.precision
+    reduced = unit * precision.gradient_reduce.bytes * (1 + 1 / layout.shard_degree)
+    gradients = 0.0 if layout.zero_stage.shards_parameters else unit * precision.gradients.bytes
     return reduced + gradients
 
 
@@ -390,10 +401,12 @@ def tied_gradient_sum_bytes(model: ModelSpec, training: TrainingSpec, layout: La
     """Bytes of the copy a tied embedding's gradient sum makes on pipeline rank ``stage``.
 
     Mirrors ``runtime.pipeline.TiedEmbedding.sync`` (run by ``Trainer.step`` after the backward,
-    before the optimizer step): where the gradient's precision is not the reduce precision, it
-    all-reduces ``grad.to(reduce_dtype)``, a copy of the rank's V/t x h rows (1/g of them where
-    FSDP shards the gradients, fp32 there). Held after the backward, when no activation or
-    logit is left: ``LayoutMemory`` adds what it exceeds them by.
+    before the optimizer step): where the gradient's precision (``Precision.gradients``, or where
+    FSDP shards the gradients its accumulator's, ``Precision.gradient_accumulation``) is not the
+    one gradients are summed in (``Precision.gradient_reduce``), it all-reduces
+    ``grad.to(reduce_dtype)``, a copy of the rank's V/t x h rows (1/g of them where FSDP shards
+    the gradients). Held after the backward, when no activation or logit is left:
+    ``LayoutMemory`` adds what it exceeds them by.
 
     Measured (dry runs of gpt3-175b's last stage, tp 8, pp 8, ZeRO-0, full recompute, b 1: the
     copy is 0.29 GiB): with s 2048 the step peaks in the backward at 42.16 GiB, the sum at 41.98;
@@ -401,7 +414,7 @@ def tied_gradient_sum_bytes(model: ModelSpec, training: TrainingSpec, layout: La
 
     Args:
         model: the model (``tie_word_embeddings``, V, h).
-        training: precision and ``reduce_dtype``.
+        training: the gradients' precision and the one they are summed in.
         layout: degrees, ZeRO stage, vocabulary layout.
         stage: pipeline rank.
 
@@ -411,12 +424,12 @@ def tied_gradient_sum_bytes(model: ModelSpec, training: TrainingSpec, layout: La
     stages = tied_copy_stages(model, layout)
     if stages is None or stage not in stages:
         return 0.0
-    fsdp = layout.shards_over_replicas
-    gradient_dtype = DType.FP32 if fsdp else training.dtype
-    if gradient_dtype is training.reduce_dtype:
+    fsdp, precision = layout.shards_over_replicas, training.precision
+    gradient_dtype = precision.gradient_accumulation if fsdp else precision.gradients
+    if gradient_dtype is precision.gradient_reduce:
         return 0.0
     rows = model.vocab_size * model.hidden_size / layout.tensor_parallel_degree
-    return rows / (layout.shard_degree if fsdp else 1) * training.reduce_dtype.bytes
+    return rows / (layout.shard_degree if fsdp else 1) * precision.gradient_reduce.bytes
 
 
 def workspace_bytes(cluster: ClusterProfile) -> float:
@@ -513,7 +526,7 @@ class LayoutMemory:
             staging = reduce_scatter_staging_bytes(training, layout, params)
             freed = _freed_loss_bytes(training, layout, params, logits, self._micro_batches)
             terms = (
-                stage_model_states(model, layout, params, training.dtype),
+                stage_model_states(model, layout, params, training.precision),
                 per_micro_batch,
                 once + max(0.0, staging + backward - freed) - max(0.0, staging - freed),
                 logits,
@@ -558,7 +571,7 @@ def stage_memory_floor(
     Raises:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
     """
-    states = stage_model_states(model, layout, stage_params(model, layout, stage), training.dtype)
+    states = stage_model_states(model, layout, stage_params(model, layout, stage), training.precision)
     return MemoryBreakdown(
         weights_bytes=states.weights_bytes,
         gradients_bytes=states.gradients_bytes,
@@ -620,7 +633,7 @@ def _freed_loss_bytes(
     softmax shards of a vocabulary split over the pipeline are counted as held)."""
     if not params.holds_output_layer or not logits:
         return 0.0
-    kept, transient = loss_element_bytes(training.dtype, layout)
+    kept, transient = loss_element_bytes(training.precision.activations, layout)
     held = _loss_micro_batches(layout, micro_batches)
     return logits * (kept + transient) / (held * kept + transient)
 

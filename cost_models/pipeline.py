@@ -90,7 +90,7 @@ def pipeline_comm_s(
     if p == 1:
         return 0.0
     tokens = layout.micro_batch_size * local_seq_len(training, layout)  # the rank's share under context parallelism
-    act_bytes = tokens * model.hidden_size * training.dtype.bytes / t
+    act_bytes = tokens * model.hidden_size * training.precision.activation_communication.bytes / t
     # With uniform links of each class a hop costs what its crossing or not of nodes does. In rank
     # order every (replica, shard) crosses nodes at the same stages, so the first pipeline's
     # boundaries stand for all; not its first boundary alone: with d t below a node's devices

@@ -14,16 +14,16 @@ holding the same experts, ``Layout.expert_data_parallel_degree``: d / ep, or d t
 experts are folded over the stage's d t ranks). ZeRO-3 gathers its parameters module by
 module: ``ZERO3_GATHERED_UNITS`` = 2 units (the one in use and the next, prefetched), a unit
 being the largest module gathered at once on the stage (a transformer layer, the embedding or
-the output layer on this rank's tensor-parallel shard), in training precision; as DeepSpeed's
-estimator, whose 4 x largest_layer_params bytes is the same term. The dense states of ZeRO-2/3
-are counted as FSDP2 (our runtime's ZeRO-2/3, torchtitan's) holds them: fp32 sharded gradients
-and, in mixed precision, no sharded copy of the weights beside the fp32 master
-(``fsdp_model_states``).
+the output layer on this rank's tensor-parallel shard), in the precision weights are gathered in
+(``Precision.parameter_gather``); as DeepSpeed's estimator, whose 4 x largest_layer_params bytes
+is the same term. The dense states of ZeRO-2/3 are counted as FSDP2 (our runtime's ZeRO-2/3,
+torchtitan's) holds them: sharded gradients in ``Precision.gradient_accumulation`` (fp32) and,
+in mixed precision, no sharded copy of the weights beside the master (``fsdp_model_states``).
 
-Collectives per step (each over the gradients' bytes, summed in ``TrainingSpec.reduce_dtype``,
-or the parameters' bytes, gathered in training precision: ``data_parallel.element_bytes``; the
-ZeRO paper's 2 psi in fp16): without ZeRO one all-reduce, bucket by bucket during the
-last micro-batch's backward. ZeRO-1 reduce-scatters the accumulated gradients once and
+Collectives per step (each over the gradients' bytes, summed in ``Precision.gradient_reduce``,
+or the parameters' bytes, gathered in ``Precision.parameter_gather``:
+``data_parallel.element_bytes``; the ZeRO paper's 2 psi in fp16): without ZeRO one all-reduce,
+bucket by bucket during the last micro-batch's backward. ZeRO-1 reduce-scatters the accumulated gradients once and
 all-gathers the updated parameters (the same volume), hidden the same way. ZeRO-2 keeps no full
 gradient, so it reduce-scatters every micro-batch's gradients during that micro-batch's backward
 (as DeepSpeed stage 2 and FSDP with gradient sync do). ZeRO-3 also gathers parameters for every
@@ -51,14 +51,10 @@ from typing import Final
 from cost_models.compute import measured_sharded_unit_s
 from cost_models.params import StageParams
 from cost_models.pipeline import defers_gradient_reduction
-from planner.schemas import CollectiveOp, DeviceProfile, DType, Layout, ModelSpec, ZeroStage
+from planner.schemas import CollectiveOp, DeviceProfile, DType, Layout, ModelSpec, Precision, ZeroStage
 from planner.schemas.errors import SchemaError
 
 ZERO3_GATHERED_UNITS: Final = 2
-SHARDED_GRADIENT_ELEMENT_BYTES: Final = 4
-"""Bytes of one gradient element FSDP2 keeps after its reduce-scatter: the sharded parameters'
-precision, fp32 (``MixedPrecisionPolicy`` casts the gathered parameters and the reduction only;
-FSDP2's ``FSDPParam`` accumulates each reduced shard into the fp32 shard's gradient)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,11 +62,11 @@ class ModelStates:
     """Bytes of model states one rank holds (Rajbhandari et al. SC20, sec. 5)."""
 
     weights_bytes: float
-    """Parameters in training precision."""
+    """Parameters in ``Precision.weights`` (and under ZeRO-3 the gathered units)."""
     gradients_bytes: float
-    """Gradients in training precision."""
+    """Gradients in ``Precision.gradients`` (FSDP2's sharded ones in ``Precision.gradient_accumulation``)."""
     optimizer_states_bytes: float
-    """Adam: fp32 master copy (mixed precision only) and two fp32 moments."""
+    """Adam: the master copy (mixed precision only) and two moments (``Precision.optimizer_bytes_per_param``)."""
 
     @property
     def total_bytes(self) -> float:
@@ -78,60 +74,63 @@ class ModelStates:
         return self.weights_bytes + self.gradients_bytes + self.optimizer_states_bytes
 
 
-def model_state_bytes(params: float, shard_degree: int, zero_stage: ZeroStage, dtype: DType) -> ModelStates:
+def model_state_bytes(params: float, shard_degree: int, zero_stage: ZeroStage, precision: Precision) -> ModelStates:
     """Weights, gradients and Adam states of ``params`` parameters on one rank under ZeRO.
 
-    Source: Rajbhandari et al. (SC20) sec. 5. Mixed precision (bf16/fp16): 2 bytes of weights,
-    2 of gradients and K = 12 of optimizer states (fp32 master weights and two moments) per
-    parameter; fp32 training: 4, 4 and K = 8 (no master copy). Each term is divided by
-    ``shard_degree`` where ``zero_stage`` shards it. The gathered-parameter buffer of stage 3 is
-    ``zero3_gather_buffer_bytes``, not included here.
+    Source: Rajbhandari et al. (SC20) sec. 5. Per parameter: the weights and gradients in their
+    precisions (``Precision.weights``, ``Precision.gradients``) and K bytes of optimizer states
+    (``Precision.optimizer_bytes_per_param``: a master copy where there is one, two moments).
+    Mixed precision (bf16/fp16): 2 bytes of weights, 2 of gradients and K = 12 (fp32 master
+    weights and two fp32 moments); fp32 training: 4, 4 and K = 8 (no master copy). Each term is
+    divided by ``shard_degree`` where ``zero_stage`` shards it. The gathered-parameter buffer of
+    stage 3 is ``zero3_gather_buffer_bytes``, not included here.
 
     Args:
         params: parameters this rank holds without ZeRO (elements).
         shard_degree: ranks that share these parameters' states (d, or d / ep for experts).
         zero_stage: what is sharded.
-        dtype: training precision.
+        precision: the weights', gradients' and optimizer states' precisions.
 
     Returns:
         The three model-state terms, in bytes.
     """
     if shard_degree < 1:
         raise SchemaError(f"shard_degree={shard_degree} must be >= 1")
-    element_bytes = dtype.bytes
-    optimizer_bytes_per_param = 8 if dtype is DType.FP32 else 12
     d = shard_degree
+    optimizer_bytes = precision.optimizer_bytes_per_param * params
     return ModelStates(
-        weights_bytes=element_bytes * params / (d if zero_stage.shards_parameters else 1),
-        gradients_bytes=element_bytes * params / (d if zero_stage.shards_gradients else 1),
-        optimizer_states_bytes=optimizer_bytes_per_param * params / (d if zero_stage.shards_optimizer_states else 1),
+        weights_bytes=precision.weights.bytes * params / (d if zero_stage.shards_parameters else 1),
+        gradients_bytes=precision.gradients.bytes * params / (d if zero_stage.shards_gradients else 1),
+        optimizer_states_bytes=optimizer_bytes / (d if zero_stage.shards_optimizer_states else 1),
     )
 
 
-def zero3_gather_buffer_bytes(largest_unit_params: float, dtype: DType) -> float:
-    """Bytes of the parameters ZeRO-3 gathers at once: 2 units in training precision.
+def zero3_gather_buffer_bytes(largest_unit_params: float, gather_dtype: DType) -> float:
+    """Bytes of the parameters ZeRO-3 gathers at once: 2 units in ``gather_dtype``
+    (``Precision.parameter_gather``).
 
     One unit is in use while the next is prefetched (DeepSpeed ``stage3.py`` estimator:
     4 x largest_layer_params bytes for 2-byte weights; FSDP's default backward prefetch).
     """
-    return ZERO3_GATHERED_UNITS * largest_unit_params * dtype.bytes
+    return ZERO3_GATHERED_UNITS * largest_unit_params * gather_dtype.bytes
 
 
 def fsdp_model_states(
-    states: ModelStates, params: float, shard_degree: int, zero_stage: ZeroStage, dtype: DType
+    states: ModelStates, params: float, shard_degree: int, zero_stage: ZeroStage, precision: Precision
 ) -> ModelStates:
     """``states`` (``model_state_bytes`` under ZeRO-2/3) as FSDP2 holds them, the ZeRO-2/3 of
-    our runtime and of torchtitan: the sharded gradients in fp32,
-    ``SHARDED_GRADIENT_ELEMENT_BYTES`` x params / d (the ZeRO paper keeps them in fp16, 2 bytes:
-    DeepSpeed converts each partition to fp32 only for the update); under ZeRO-3 in mixed
-    precision no sharded copy of the weights in training precision: the fp32 shard is the
-    master copy (in the optimizer states) and FSDP casts it as it gathers (the gathered units
-    are ``zero3_gather_buffer_bytes``). The optimizer states are the ZeRO paper's.
+    our runtime and of torchtitan: the sharded gradients in ``Precision.gradient_accumulation``,
+    fp32, x params / d (``MixedPrecisionPolicy`` casts the gathered parameters and the reduction
+    only; FSDP2's ``FSDPParam`` accumulates each reduced shard into the fp32 shard's gradient; the
+    ZeRO paper keeps them in fp16, 2 bytes: DeepSpeed converts each partition to fp32 only for
+    the update); under ZeRO-3 in mixed precision (``Precision.mixed``) no sharded copy of the
+    weights in ``Precision.weights``: the fp32 shard is the master copy (in the optimizer states)
+    and FSDP casts it as it gathers (the gathered units are ``zero3_gather_buffer_bytes``). The
+    optimizer states are the ZeRO paper's.
     """
-    mixed = dtype is not DType.FP32
     return ModelStates(
-        weights_bytes=0.0 if zero_stage.shards_parameters and mixed else states.weights_bytes,
-        gradients_bytes=SHARDED_GRADIENT_ELEMENT_BYTES * params / shard_degree,
+        weights_bytes=0.0 if zero_stage.shards_parameters and precision.mixed else states.weights_bytes,
+        gradients_bytes=precision.gradient_accumulation.bytes * params / shard_degree,
         optimizer_states_bytes=states.optimizer_states_bytes,
     )
 
@@ -143,7 +142,7 @@ def held_zero_stage(layout: Layout) -> ZeroStage:
     return ZeroStage.OPTIMIZER if defers_gradient_reduction(layout) else layout.zero_stage
 
 
-def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dtype: DType) -> ModelStates:
+def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, precision: Precision) -> ModelStates:
     """Model states of one rank holding ``params``, under the layout's ZeRO stage.
 
     Dense parameters are sharded over d, experts over d / ep or folded d t / ep
@@ -157,33 +156,34 @@ def stage_model_states(model: ModelSpec, layout: Layout, params: StageParams, dt
         model: the model (whether it has experts).
         layout: degrees and ZeRO stage.
         params: what the rank holds before sharding (``params.stage_params``).
-        dtype: training precision.
+        precision: the model states' and gathered weights' precisions.
 
     Returns:
         Weights (gathered buffer included), gradients and optimizer states, in bytes.
     """
     edp = layout.expert_data_parallel_degree if model.is_moe else layout.dense_replicas
     secondary = layout.secondary_partition_size
-    return _model_states(params, layout.shard_degree, edp, held_zero_stage(layout), dtype, secondary)
+    return _model_states(params, layout.shard_degree, edp, held_zero_stage(layout), precision, secondary)
 
 
 @functools.lru_cache(maxsize=4096)
 def _model_states(
-    params: StageParams, d: int, edp: int, zero: ZeroStage, dtype: DType, secondary: int | None = None
+    params: StageParams, d: int, edp: int, zero: ZeroStage, precision: Precision, secondary: int | None = None
 ) -> ModelStates:
     """``stage_model_states`` of what it reads of the model and layout (memoized on those: the
     layouts of a search that differ in micro-batch, recompute, schedule, ... share it): the dense
     states sharded over ``d`` ranks (the sharding group), ``edp`` ranks hold the same experts,
     and ZeRO-3's weights kept after the forward over a ``secondary`` partition: every unit's
-    shard in training precision, held from its forward to its backward (ZeRO++ hpZ's secondary
-    copy, FSDP2's ``reshard_after_forward=<int>``)."""
-    dense = model_state_bytes(params.dense, d, zero, dtype)
+    shard as it is gathered (``Precision.parameter_gather``), held from its forward to its
+    backward (ZeRO++ hpZ's secondary copy, FSDP2's ``reshard_after_forward=<int>``)."""
+    gather = precision.parameter_gather
+    dense = model_state_bytes(params.dense, d, zero, precision)
     if zero.shards_gradients and d > 1:
-        dense = fsdp_model_states(dense, params.dense, d, zero, dtype)
-    expert = model_state_bytes(params.expert, edp, zero, dtype)
-    gathered = zero3_gather_buffer_bytes(params.largest_unit, dtype) if zero.shards_parameters and d > 1 else 0.0
+        dense = fsdp_model_states(dense, params.dense, d, zero, precision)
+    expert = model_state_bytes(params.expert, edp, zero, precision)
+    gathered = zero3_gather_buffer_bytes(params.largest_unit, gather) if zero.shards_parameters and d > 1 else 0.0
     if secondary is not None and zero.shards_parameters:
-        gathered += dtype.bytes * params.dense / secondary
+        gathered += gather.bytes * params.dense / secondary
     return ModelStates(
         weights_bytes=dense.weights_bytes + expert.weights_bytes + gathered,
         gradients_bytes=dense.gradients_bytes + expert.gradients_bytes,
@@ -201,13 +201,14 @@ def optimizer_shard_params(params: StageParams, layout: Layout) -> float:
     return params.dense / shard + params.expert / expert_shard
 
 
-def sharded_unit_s(device: DeviceProfile, layout: Layout, dtype: DType) -> float:
+def sharded_unit_s(device: DeviceProfile, layout: Layout, weights_dtype: DType) -> float:
     """Seconds FSDP spends of its own on one sharded unit and micro-batch under ZeRO 2-3 with
-    d > 1 (hooks, casts, copies, beyond compute and collectives), as the profiler timed it
-    (``compute.measured_sharded_unit_s``); 0 without sharded units or without the record."""
+    d > 1 (hooks, casts, copies, beyond compute and collectives), as the profiler timed it with
+    the weights in ``weights_dtype`` (``compute.measured_sharded_unit_s``); 0 without sharded
+    units or without the record."""
     if not layout.shards_over_replicas:
         return 0.0
-    measured = measured_sharded_unit_s(device, layout.zero_stage, defers_gradient_reduction(layout), dtype)
+    measured = measured_sharded_unit_s(device, layout.zero_stage, defers_gradient_reduction(layout), weights_dtype)
     return measured or 0.0
 
 

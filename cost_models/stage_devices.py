@@ -48,14 +48,15 @@ def _stage_devices(cluster: ClusterProfile, layout: Layout) -> tuple[DeviceProfi
     return tuple(out)
 
 
-def mean_peak_flop_per_s(cluster: ClusterProfile, layout: Layout, dtype: DType) -> float:
-    """The mean peak FLOP/s of ``layout``'s ranks, each on its own node's device: MFU divides by
-    the world size times this (the device's peak on a cluster of one type)."""
+def mean_peak_flop_per_s(cluster: ClusterProfile, layout: Layout, gemm_dtype: DType) -> float:
+    """The mean peak FLOP/s in ``gemm_dtype`` (``Precision.gemm_inputs``) of ``layout``'s ranks,
+    each on its own node's device: MFU divides by the world size times this (the device's peak on
+    a cluster of one type)."""
     if not cluster.has_mixed_devices:
-        return cluster.pricing_device.get_peak_flop_per_s(dtype)
+        return cluster.pricing_device.get_peak_flop_per_s(gemm_dtype)
     per_node = cluster.devices_per_node
     total = sum(
-        cluster.node_device(layout.device_map.device_of(r) // per_node).get_peak_flop_per_s(dtype)
+        cluster.node_device(layout.device_map.device_of(r) // per_node).get_peak_flop_per_s(gemm_dtype)
         for r in range(layout.world_size)
     )
     return total / layout.world_size

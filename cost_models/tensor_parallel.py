@@ -104,14 +104,14 @@ def tensor_parallel_forward_backward_s(
 ) -> tuple[float, float]:
     """Forward and backward tensor-parallel seconds of one layer: measured beyond ``local``, or
     else the collectives priced over the tensor-parallel groups."""
-    t, dt = layout.tensor_parallel_degree, training.dtype
+    t = layout.tensor_parallel_degree
     if t == 1:
         return 0.0, 0.0
     if local is not None:
         real = measured_layer_s(
             cluster.pricing_device,
             model.name,
-            dt,
+            training.precision.weights,
             t,
             layout.micro_batch_size,
             training.seq_len,
@@ -129,8 +129,10 @@ def _collectives_s(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, groups: tuple[Group, ...]
 ) -> float:
     """One pass's (forward or backward) tensor-parallel collectives of a layer over ``groups``,
-    priced from the links: the slowest group's."""
-    act_bytes = layout.micro_batch_size * local_seq_len(training, layout) * model.hidden_size * training.dtype.bytes
+    priced from the links: the slowest group's, each over the rank's s b h activations in
+    ``Precision.activation_communication``."""
+    element_bytes = training.precision.activation_communication.bytes
+    act_bytes = layout.micro_batch_size * local_seq_len(training, layout) * model.hidden_size * element_bytes
     if layout.sequence_parallel:
         return 2 * (
             slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)

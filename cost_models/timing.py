@@ -81,9 +81,9 @@ from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
 from planner.schemas import (
     ClusterProfile,
     DeviceProfile,
-    DType,
     Layout,
     ModelSpec,
+    Precision,
     Recompute,
     RecomputeModule,
     TrainingSpec,
@@ -93,9 +93,11 @@ from planner.schemas.geometry import chunk_stage, embedding_chunk, output_chunk,
 from planner.schemas.routing import RoutingStats
 
 
-def grad_accumulation_bytes_per_param(dtype: DType) -> int:
-    """Bytes moved to add one parameter's gradient into its fp32 accumulator: read e + 4, write 4."""
-    return dtype.bytes + 4 + 4
+def grad_accumulation_bytes_per_param(precision: Precision) -> int:
+    """Bytes moved to add one parameter's gradient (``Precision.gradients``, e bytes) into its
+    accumulator (``Precision.gradient_accumulation``, fp32: 4): read e + 4, write 4."""
+    accumulator = precision.gradient_accumulation.bytes
+    return precision.gradients.bytes + accumulator + accumulator
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,7 +186,7 @@ def _stage_times(
     routing: RoutingStats | None,
 ) -> tuple[StageTime, ...]:
     """``stage_times`` with every stage priced on ``cluster.pricing_device``."""
-    dev, dt = cluster.pricing_device, training.dtype
+    dev, precision = cluster.pricing_device, training.precision
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     kernels = _shared_kernels(model, training, cluster, layout)
     kinds = kernels.kinds
@@ -231,7 +233,7 @@ def _stage_times(
         if layout.vocabulary_layout.over_pipeline
         else NO_COMM
     )
-    unit_s = sharded_unit_s(dev, layout, dt)
+    unit_s = sharded_unit_s(dev, layout, precision.weights)
     experts = kernels.experts
     alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
@@ -251,7 +253,7 @@ def _stage_times(
         if stage_time is None:
             embedding_share_s, output_share_s = held.embedding_share * embed_s, held.output_share * output_s
             extra = embedding_share_s + output_share_s
-            extra += elementwise_time_s(grad_accumulation_bytes_per_param(dt) * held.total, dev)
+            extra += elementwise_time_s(grad_accumulation_bytes_per_param(precision) * held.total, dev)
             extra += held.units * unit_s
             counts = {False: n - load.moe_layers, True: load.moe_layers}
             here = [(counts[moe], moe, kinds[moe]) for moe in kinds if counts[moe]]
@@ -320,12 +322,12 @@ def _kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, 
     where there is one), the routed experts' GEMMs and the vocabulary layers of ``layout``.
     Under context parallelism the profile's layers (timed over whole sequences, without the ring)
     are not what a rank runs: its kernels are priced from its share (``layer_work``)."""
-    dev, dt = cluster.pricing_device, training.dtype
+    dev, weights = cluster.pricing_device, training.precision.weights  # the precision the profiler built the layer in
     t, b = layout.tensor_parallel_degree, layout.micro_batch_size
     whole = layout.context_parallel_degree == 1
-    measured = measured_layer_s(dev, model.name, dt, t, b, training.seq_len) if whole else None
+    measured = measured_layer_s(dev, model.name, weights, t, b, training.seq_len) if whole else None
     measured_moe = (
-        measured_moe_layer_s(dev, model.name, dt, t, b, training.seq_len)
+        measured_moe_layer_s(dev, model.name, weights, t, b, training.seq_len)
         if whole and model.is_moe and not layout.folds_experts
         else None
     )
@@ -352,12 +354,12 @@ def _vocabulary_layers_s(
 ) -> tuple[float, float]:
     """(output layer, embedding) seconds of one micro-batch on one rank of ``layout``, whole: the
     profiled output layer where there is one, else its GEMM and elementwise traffic."""
-    dev, dt = cluster.pricing_device, training.dtype
+    dev, precision = cluster.pricing_device, training.precision
     output_s = (
         measured_output_layer_s(
             dev,
             model.name,
-            dt,
+            precision.weights,
             layout.tensor_parallel_degree,
             layout.micro_batch_size,
             training.seq_len,
@@ -370,7 +372,8 @@ def _vocabulary_layers_s(
         gemm = lw.output_layer_gemm(model, training, layout)
         traffic = lw.output_layer_elementwise(model, training, layout)
         elementwise = elementwise_time_s(traffic.bytes, dev, traffic.kernels)
-        output_s = gemm_time_s(gemm, dev, dt) + backward_gemms_time_s((gemm,), dev, dt) + elementwise
+        gemm_dtype = precision.gemm_inputs
+        output_s = gemm_time_s(gemm, dev, gemm_dtype) + backward_gemms_time_s((gemm,), dev, gemm_dtype) + elementwise
     return output_s, 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
 
 
@@ -390,12 +393,12 @@ def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     """Forward, backward and recompute seconds of one rank's routed experts in a balanced MoE
     layer (``layer_work.expert_gemms``); recomputing the MoE block (full, or selective with
     ``moe``) repeats the forward."""
-    gemms = lw.expert_gemms(model, training, layout)
-    forward = gemms_time_s(gemms, cluster.pricing_device, training.dtype)
+    gemms, gemm_dtype = lw.expert_gemms(model, training, layout), training.precision.gemm_inputs
+    forward = gemms_time_s(gemms, cluster.pricing_device, gemm_dtype)
     recompute = forward if layout.recomputes(RecomputeModule.MOE) else 0.0
     return _LayerTime(
         forward_s=forward,
-        backward_s=backward_gemms_time_s(gemms, cluster.pricing_device, training.dtype),
+        backward_s=backward_gemms_time_s(gemms, cluster.pricing_device, gemm_dtype),
         recompute_s=recompute,
     )
 
@@ -420,7 +423,7 @@ def _fused_attention_s(
             call.seq_len,
             model.qk_head_size,
             device,
-            training.dtype,
+            training.precision.attention,
             training.attention_kernel,
             causal=call.causal,
         )
@@ -444,11 +447,12 @@ def _layer_time(
     ``measured_moe`` (the runtime's MoE layer, timed) for an MoE layer where there is one, else
     ``measured`` (the dense local layer, timed; an MoE layer adds its modeled difference), else
     the modeled kernels."""
-    dev, dt = cluster.pricing_device, training.dtype
+    dev, precision = cluster.pricing_device, training.precision
+    gemm_dtype, attention_dtype = precision.gemm_inputs, precision.attention
     work = lw.layer_work(model, training, layout, moe=moe)
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev, work.elementwise_kernels)
-    dense_fwd = gemms_time_s(work.dense_gemms, dev, dt)
-    dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, dt)
+    dense_fwd = gemms_time_s(work.dense_gemms, dev, gemm_dtype)
+    dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, gemm_dtype)
     # the kernel's rates at the calls it runs: by length and mask under context parallelism
     fused = (
         _fused_attention_s(0.5 * sum(g.flop for g in work.attention_gemms), model, training, layout, dev)
@@ -458,12 +462,12 @@ def _layer_time(
     if fused is not None:  # the attention kernel's own rate, as the profile records it
         attn_fwd, attn_bwd = fused
     elif work.flash_attention:  # no record: the causal half of its GEMMs at the matmul rate
-        attn_fwd = 0.5 * gemms_time_s(work.attention_gemms, dev, dt)
+        attn_fwd = 0.5 * gemms_time_s(work.attention_gemms, dev, attention_dtype)
         attn_bwd = 2.5 * attn_fwd
     else:
         attn_elem = elementwise_time_s(work.attention_elementwise_bytes, dev)
-        attn_fwd = gemms_time_s(work.attention_gemms, dev, dt) + attn_elem
-        attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, dt) + 2 * attn_elem
+        attn_fwd = gemms_time_s(work.attention_gemms, dev, attention_dtype) + attn_elem
+        attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, attention_dtype) + 2 * attn_elem
     layer_fwd = dense_fwd + attn_fwd + elem_fwd
     layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
     if moe and measured_moe is not None:  # the profiler timed the runtime's own MoE layer: everything it launches
@@ -475,7 +479,7 @@ def _layer_time(
             fwd, bwd = fwd + layer_fwd - dense.forward_s, bwd + layer_bwd - dense.backward_s
         layer_fwd, layer_bwd = fwd, bwd
     block = RecomputeModule.MOE if moe else RecomputeModule.MLP
-    block_gemms_s = gemms_time_s(work.mlp_gemms, dev, dt) if layout.recomputes(block) else 0.0
+    block_gemms_s = gemms_time_s(work.mlp_gemms, dev, gemm_dtype) if layout.recomputes(block) else 0.0
     if layout.recompute is Recompute.FULL:
         recompute, gemms_again_s = layer_fwd, dense_fwd
     elif layout.recompute is Recompute.SELECTIVE:

@@ -10,8 +10,9 @@ their work (``geometry.vocabulary_share``; under tensor parallelism, below). Per
   column (the previous micro-batch's per-token loss gradient), s b (h + 1) x 4 bytes; every
   rank all-reduces three per-token fp32 statistics (max, target logit, sum of exp), 3 s b x 4
   bytes; the input gradient dX, s b h x 4 bytes, is summed with an all-reduce;
-- input embedding: the partial lookups, s b h x dtype, are summed with an all-reduce; the
-  gradient of the embedding's output, as many bytes, is broadcast back.
+- input embedding: the partial lookups, s b h elements in ``Precision.activation_communication``,
+  are summed with an all-reduce; the gradient of the embedding's output, as many bytes, is
+  broadcast back.
 
 Run as the paper's own schedule runs them (``TrainingSpec.vocabulary_overlap``, on GPUs), the
 collectives run on their own stream beside the transformer layers (the paper's Fig. 5), so only
@@ -159,9 +160,10 @@ def vocabulary_comm(
         + statistics_s
         + input_grad_s
     )
+    element_bytes = training.precision.activation_communication.bytes
     embedding_s = (
-        cost(CollectiveOp.ALL_REDUCE, hidden * training.dtype.bytes)  # the embedding's partial lookups
-        + cost(CollectiveOp.ALL_GATHER, hidden * training.dtype.bytes)  # broadcast of its output's gradient
+        cost(CollectiveOp.ALL_REDUCE, hidden * element_bytes)  # the embedding's partial lookups
+        + cost(CollectiveOp.ALL_GATHER, hidden * element_bytes)  # broadcast of its output's gradient
     )
     barrier = statistics_s + (input_grad_s if layout.vocabulary_layout is VocabularyLayout.VOCAB_1 else 0.0)
     return VocabularyComm(embedding_s=embedding_s, output_s=output_s, barrier_s=barrier)
@@ -192,7 +194,7 @@ def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: Clu
     """Seconds a step waits to sum the two copies of a tied embedding's gradient when the
     embedding and the output layer sit on different pipeline ranks (Megatron-LM's embedding
     group, the runtime's ``TiedEmbedding``): one all-reduce of the rank's V/t x h rows in the
-    precision gradients are summed in (``TrainingSpec.reduce_dtype``) between the two ranks of
+    precision gradients are summed in (``Precision.gradient_reduce``) between the two ranks of
     each (replica, tensor shard) coordinate, after the last backward and before the update,
     behind no compute. 0 without tied embeddings, with one stage, with both layers on one rank,
     or with the vocabulary split over the pipeline (each rank's rows then serve both)."""
@@ -207,6 +209,6 @@ def tied_embedding_sync_s(model: ModelSpec, training: TrainingSpec, cluster: Clu
         for j in range(layout.tensor_parallel_degree)
     )
     rows = -(-model.vocab_size // layout.tensor_parallel_degree)
-    grad_bytes = rows * model.hidden_size * training.reduce_dtype.bytes
+    grad_bytes = rows * model.hidden_size * training.precision.gradient_reduce.bytes
     groups = priced_groups(pairs, cluster, rank_order=layout.device_map.is_identity)
     return slowest_collective_s(CollectiveOp.ALL_REDUCE, grad_bytes, groups, cluster)

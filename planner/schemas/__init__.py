@@ -49,6 +49,7 @@ from planner.schemas.op_records import (
     ShardedUnitRecord,
 )
 from planner.schemas.plan import Alternative, ClusterRef, Plan
+from planner.schemas.precision import Precision, precision_of
 from planner.schemas.report import GroupTiming, RankMemory, RunReport, SlowLink, Straggler, TimingWindow
 from planner.schemas.rope import RopeScaling, RopeType
 from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats
@@ -99,6 +100,7 @@ __all__ = [
     "PlacementMetrics",
     "Plan",
     "PositionEmbedding",
+    "Precision",
     "Provenance",
     "RankMemory",
     "Recompute",
@@ -117,4 +119,5 @@ __all__ = [
     "TrainingSpec",
     "VocabularyLayout",
     "ZeroStage",
+    "precision_of",
 ]

@@ -8,6 +8,7 @@ from planner.schemas._base import FrozenModel
 from planner.schemas.bounds import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_at_most
 from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer, PipelineBuffers
 from planner.schemas.errors import SchemaError
+from planner.schemas.precision import Precision, precision_of
 
 
 class TrainingSpec(FrozenModel):
@@ -124,17 +125,20 @@ class TrainingSpec(FrozenModel):
             raise SchemaError(
                 "moe_pad_to_capacity needs a moe_capacity_factor (e.g. 1.25); give one or drop the padding"
             )
-        if self.grad_reduce_dtype not in (None, DType.FP32, self.dtype):
-            raise SchemaError(
-                f"grad_reduce_dtype={self.grad_reduce_dtype.value!r} under dtype={self.dtype.value!r}: gradients "
-                f"are summed in fp32 or in the training precision; give 'fp32' or {self.dtype.value!r}"
-            )
+        precision_of(self.dtype, self.grad_reduce_dtype)  # raises where grad_reduce_dtype is neither fp32 nor dtype
         return self
 
     @property
+    def precision(self) -> Precision:
+        """What each role is stored, computed and communicated in (``precision.precision_of``):
+        derived from ``dtype`` and ``grad_reduce_dtype``, not stored."""
+        return precision_of(self.dtype, self.grad_reduce_dtype)
+
+    @property
     def reduce_dtype(self) -> DType:
-        """The precision gradients are summed in: ``grad_reduce_dtype``, or ``default_reduce_dtype``."""
-        return default_reduce_dtype(self.dtype) if self.grad_reduce_dtype is None else self.grad_reduce_dtype
+        """The precision gradients are summed in: ``grad_reduce_dtype``, or ``default_reduce_dtype``
+        (``Precision.gradient_reduce``)."""
+        return self.precision.gradient_reduce
 
     @property
     def tokens_per_step(self) -> int:
@@ -145,5 +149,5 @@ class TrainingSpec(FrozenModel):
 def default_reduce_dtype(dtype: DType) -> DType:
     """The precision data-parallel ranks sum gradients in when training in ``dtype``, unless told:
     fp32 under bf16 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 under bf16; torchtitan's
-    FSDP reduces in fp32), else ``dtype`` (Megatron-LM's default under fp16)."""
-    return DType.FP32 if dtype is DType.BF16 else dtype
+    FSDP reduces in fp32), else ``dtype`` (Megatron-LM's default under fp16): ``precision_of``'s."""
+    return precision_of(dtype).gradient_reduce

@@ -29,7 +29,7 @@ from cost_models.sharding import optimizer_shard_params, stage_model_states
 from cost_models.tensor_parallel import moe_layer_share
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import CollectiveOp, DType, Layout, PipelineBuffers, TrainingSpec
+from planner.schemas import CollectiveOp, DType, Layout, PipelineBuffers, TrainingSpec, precision_of
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.layout import check_experts
 
@@ -58,8 +58,8 @@ def test_a_folded_rank_holds_whole_experts_sharded_over_the_ranks_that_share_the
     # ZeRO-1: the optimizer steps 1/d of the dense parameters and 1/(d t / ep) of the experts'
     assert optimizer_shard_params(stage_params(MODEL, FOLDED, 0), FOLDED) == dense / 2 + 4 * 2 * EXPERT / 2
     assert optimizer_shard_params(stage_params(MODEL, SPLIT, 0), SPLIT) == dense / 2 + 4 * EXPERT
-    folded = stage_model_states(MODEL, FOLDED, stage_params(MODEL, FOLDED, 0), DType.BF16)
-    split = stage_model_states(MODEL, SPLIT, stage_params(MODEL, SPLIT, 0), DType.BF16)
+    folded = stage_model_states(MODEL, FOLDED, stage_params(MODEL, FOLDED, 0), precision_of(DType.BF16))
+    split = stage_model_states(MODEL, SPLIT, stage_params(MODEL, SPLIT, 0), precision_of(DType.BF16))
     assert folded.weights_bytes - split.weights_bytes == 2 * 4 * EXPERT  # bf16 weights, twice the experts
     assert folded.optimizer_states_bytes == split.optimizer_states_bytes  # 12 x 8E / 2 against 12 x 4E / 1
 
@@ -136,7 +136,12 @@ def test_folded_routed_activations_are_the_ranks_own_copies_at_whole_width() -> 
     input and fp32 logits over its 32 tokens. A split rank keeps the same bytes: k s b = 128 copies
     of half the width (the formula's /t), the inputs and outputs sequence-sharded."""
     mlp = layer_activations(
-        MODEL, seq_len=64, micro_batch_size=1, dtype=DType.BF16, tensor_parallel_degree=2, sequence_parallel=True
+        MODEL,
+        seq_len=64,
+        micro_batch_size=1,
+        activation_dtype=DType.BF16,
+        tensor_parallel_degree=2,
+        sequence_parallel=True,
     ).mlp_bytes
     assert mlp == 64 * (2 * 128 + 3 * 256) * 2 + 32 * 128 * 2 + 32 * 4 * 4
     folded, split = (stage_activation_bytes(MODEL, TRAINING, x, 0, stage_params(MODEL, x, 0)) for x in (FOLDED, SPLIT))

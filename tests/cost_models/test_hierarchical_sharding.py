@@ -14,7 +14,7 @@ from cost_models.params import stage_params
 from cost_models.sharding import optimizer_shard_params, stage_model_states
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import DType, Layout, LinkMatrix, LinkProfile, TrainingSpec, ZeroStage
+from planner.schemas import DType, Layout, LinkMatrix, LinkProfile, TrainingSpec, ZeroStage, precision_of
 from planner.schemas.errors import SchemaError
 
 MODEL = load_model("tiny-gpt")
@@ -87,9 +87,9 @@ def test_a_secondary_partition_moves_the_backward_gather_inside_the_node() -> No
 
 def test_memory_of_each() -> None:
     held = stage_params(MODEL, ZERO3, 0)
-    full = stage_model_states(MODEL, ZERO3, held, DType.BF16)
-    hsdp = stage_model_states(MODEL, replace(ZERO3, sharding_group_size=4), held, DType.BF16)
-    hpz = stage_model_states(MODEL, replace(ZERO3, secondary_partition_size=2), held, DType.BF16)
+    full = stage_model_states(MODEL, ZERO3, held, precision_of(DType.BF16))
+    hsdp = stage_model_states(MODEL, replace(ZERO3, sharding_group_size=4), held, precision_of(DType.BF16))
+    hpz = stage_model_states(MODEL, replace(ZERO3, secondary_partition_size=2), held, precision_of(DType.BF16))
     # optimizer states (12 bytes) and fp32 gradients (4) over 4 ranks instead of 8
     assert hsdp.optimizer_states_bytes == pytest.approx(2 * full.optimizer_states_bytes)
     assert hsdp.gradients_bytes == pytest.approx(2 * full.gradients_bytes)

@@ -45,6 +45,7 @@ from planner.schemas import (
     Schedule,
     TrainingSpec,
     ZeroStage,
+    precision_of,
 )
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 
@@ -103,17 +104,17 @@ def _gpt(h: int = 12288, a: int = 96, layers: int = 80, dropout: float = 0.1) ->
 )
 def test_zero_paper_figure_1(stage: ZeroStage, expected_gb: float) -> None:
     # Psi = 7.5B, N_d = 64, K = 12: (2 + 2 + K) Psi, 4 Psi + K Psi/N_d, 2 Psi + 14 Psi/N_d, 16 Psi/N_d.
-    states = model_state_bytes(7.5e9, 64, stage, DType.FP16)
+    states = model_state_bytes(7.5e9, 64, stage, precision_of(DType.FP16))
     assert states.total_bytes / GB == pytest.approx(expected_gb, rel=0.01)
 
 
 def test_zero_terms_and_fp32() -> None:
-    mixed = model_state_bytes(1000.0, 4, ZeroStage.GRADIENTS, DType.BF16)
+    mixed = model_state_bytes(1000.0, 4, ZeroStage.GRADIENTS, precision_of(DType.BF16))
     assert (mixed.weights_bytes, mixed.gradients_bytes, mixed.optimizer_states_bytes) == (2000, 500, 3000)
-    fp32 = model_state_bytes(1000.0, 4, ZeroStage.PARAMETERS, DType.FP32)
+    fp32 = model_state_bytes(1000.0, 4, ZeroStage.PARAMETERS, precision_of(DType.FP32))
     assert (fp32.weights_bytes, fp32.gradients_bytes, fp32.optimizer_states_bytes) == (1000, 1000, 2000)
     with pytest.raises(SchemaError, match="shard_degree"):
-        model_state_bytes(1.0, 0, ZeroStage.NONE, DType.BF16)
+        model_state_bytes(1.0, 0, ZeroStage.NONE, precision_of(DType.BF16))
 
 
 def test_deepspeed_zero3_estimator_cross_check() -> None:
@@ -122,7 +123,7 @@ def test_deepspeed_zero3_estimator_cross_check() -> None:
     # on 1 GPU prints 46.91 GiB. Its 18 bytes per parameter keep fp32 gradients (4) where the
     # ZeRO paper (and we) count 2-byte gradients; the gathered-layer term is the same.
     psi, largest, n = 2783e6, 65e6, 1
-    ours = model_state_bytes(psi, n, ZeroStage.PARAMETERS, DType.FP16).total_bytes
+    ours = model_state_bytes(psi, n, ZeroStage.PARAMETERS, precision_of(DType.FP16)).total_bytes
     ours += zero3_gather_buffer_bytes(largest, DType.FP16)
     fp32_gradient_extra = 2 * psi / n
     assert (ours + fp32_gradient_extra) / GIB == pytest.approx(46.91, rel=1e-3)
@@ -144,7 +145,7 @@ def _layer(
     dtype: DType = DType.BF16,
 ) -> float:
     terms = layer_activations(
-        model, seq_len=S, micro_batch_size=B, dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
+        model, seq_len=S, micro_batch_size=B, activation_dtype=dtype, tensor_parallel_degree=t, sequence_parallel=sp
     )
     return kept_bytes(terms, rc)
 
@@ -172,7 +173,7 @@ def test_table2_full_recompute() -> None:
 
 
 def test_the_34_is_11_attention_19_mlp_4_norms() -> None:
-    terms = layer_activations(GPT, seq_len=S, micro_batch_size=B, dtype=DType.BF16)
+    terms = layer_activations(GPT, seq_len=S, micro_batch_size=B, activation_dtype=DType.BF16)
     assert terms.attention_bytes == 11 * SBH
     assert terms.mlp_bytes == 19 * SBH
     assert terms.norm_inputs_bytes == 4 * SBH
@@ -188,7 +189,7 @@ def _small(**kw: object) -> float:
         "vocab_size": 100,
     }
     model = ModelSpec.model_validate(base | kw)
-    return layer_activations(model, seq_len=16, micro_batch_size=2, dtype=DType.BF16).total_bytes
+    return layer_activations(model, seq_len=16, micro_batch_size=2, activation_dtype=DType.BF16).total_bytes
 
 
 def test_no_dropout_variant() -> None:
@@ -233,14 +234,14 @@ def test_flash_attention_keeps_only_the_log_sum_exp() -> None:
     # backward; it keeps one fp32 log-sum-exp per head and token: 4 a s b / t bytes.
     a = GPT.num_attention_heads
     flash = layer_activations(
-        GPT, seq_len=S, micro_batch_size=B, dtype=DType.BF16, attention_kernel=AttentionKernel.FLASH
+        GPT, seq_len=S, micro_batch_size=B, activation_dtype=DType.BF16, attention_kernel=AttentionKernel.FLASH
     ).total_bytes
     assert flash == pytest.approx(34 * SBH + 4 * a * S * B, rel=1e-12)
     flash_tp = layer_activations(
         GPT,
         seq_len=S,
         micro_batch_size=B,
-        dtype=DType.BF16,
+        activation_dtype=DType.BF16,
         tensor_parallel_degree=T,
         sequence_parallel=True,
         attention_kernel=AttentionKernel.FLASH,
@@ -280,10 +281,16 @@ def _training(layout: Layout, micro_batches: int, seq_len: int = 256) -> Trainin
 def _acts(model: ModelSpec, layout: Layout, training: TrainingSpec) -> tuple[float, float, float]:
     s, b = training.seq_len, layout.micro_batch_size
     per_layer = layer_activations(
-        model, seq_len=s, micro_batch_size=b, dtype=training.dtype, attention_kernel=training.attention_kernel
+        model,
+        seq_len=s,
+        micro_batch_size=b,
+        activation_dtype=training.precision.activations,
+        attention_kernel=training.attention_kernel,
     ).total_bytes
     emb = embedding_activation_bytes(model, seq_len=s, micro_batch_size=b)
-    out = output_layer_activation_bytes(model, seq_len=s, micro_batch_size=b, dtype=training.dtype)
+    out = output_layer_activation_bytes(
+        model, seq_len=s, micro_batch_size=b, activation_dtype=training.precision.activations
+    )
     return per_layer, emb, out
 
 
@@ -511,7 +518,7 @@ def test_higher_zero_stage_never_grows_memory_but_for_the_zero3_buffer(
     totals = [m.total_bytes - extra for m, extra in zip(mems, staged, strict=True)]
     assert totals[0] >= totals[1] >= totals[2] * (1 - 1e-12)
     d = layout.data_parallel_degree
-    buffer = zero3_gather_buffer_bytes(params.largest_unit, training.dtype) if d > 1 else 0
+    buffer = zero3_gather_buffer_bytes(params.largest_unit, training.precision.parameter_gather) if d > 1 else 0
     saved = mems[2].weights_bytes - (mems[3].weights_bytes - buffer)
     assert saved >= 0
     assert totals[3] == pytest.approx(totals[2] - saved + buffer, rel=1e-9)

@@ -168,11 +168,11 @@ def test_moe_layer_gemms_add_shared_experts_for_every_token_and_the_gate() -> No
 
 def test_mla_and_shared_expert_activations_by_hand() -> None:
     act, tokens = 2, 2 * 32
-    dense = layer_activations(DEEPSEEK, seq_len=32, micro_batch_size=2, dtype=DType.BF16, moe=False)
+    dense = layer_activations(DEEPSEEK, seq_len=32, micro_batch_size=2, activation_dtype=DType.BF16, moe=False)
     attention = act * tokens * (64 + 2 * (24 + 32) + 8 + 2 * 4 * 24 + 2 * 4 * 12)
     assert dense.attention_bytes == attention
     assert dense.mlp_bytes == act * tokens * (64 + 3 * 96)
-    moe = layer_activations(QWEN2, seq_len=32, micro_batch_size=2, dtype=DType.BF16, moe=True)
+    moe = layer_activations(QWEN2, seq_len=32, micro_batch_size=2, activation_dtype=DType.BF16, moe=True)
     router = act * tokens * 64 + 4 * tokens * 4
     routed = 2 * (2 * act * tokens * 64 + 3 * act * tokens * 16)
     shared = 3 * act * tokens * 32 + act * tokens * 64 + act * tokens

@@ -51,7 +51,12 @@ TOTAL_DENSE = 32768 + 65536 + 32768 + (16384 + 98304)
 
 def _terms(moe: bool) -> object:
     return layer_activations(
-        TINY_MOE, seq_len=64, micro_batch_size=1, dtype=DType.BF16, attention_kernel=AttentionKernel.EAGER, moe=moe
+        TINY_MOE,
+        seq_len=64,
+        micro_batch_size=1,
+        activation_dtype=DType.BF16,
+        attention_kernel=AttentionKernel.EAGER,
+        moe=moe,
     )
 
 

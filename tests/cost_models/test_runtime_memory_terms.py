@@ -5,9 +5,9 @@ import pytest
 
 from cost_models.memory import communication_buffer_bytes, loss_element_bytes
 from cost_models.params import stage_params
-from cost_models.sharding import fsdp_model_states, model_state_bytes
+from cost_models.sharding import ModelStates, fsdp_model_states, model_state_bytes
 from planner.files.models import load_model
-from planner.schemas import DType, Layout, TrainingSpec, ZeroStage
+from planner.schemas import DType, Layout, TrainingSpec, ZeroStage, precision_of
 
 
 def _layout(p: int = 1, zero: ZeroStage = ZeroStage.NONE, d: int = 1) -> Layout:
@@ -24,17 +24,15 @@ def test_fsdp_keeps_fp32_gradient_shards_and_no_bf16_weight_shard() -> None:
     # 1000 parameters over d = 4 in bf16: ZeRO-2 keeps the 2-byte weights whole, 4-byte gradient
     # shards (not 2) and 12 bytes of optimizer states over 4; ZeRO-3 keeps no 2-byte weight shard
     # beside the fp32 master. In fp32 the shard is the weights (no master).
-    zero2 = fsdp_model_states(
-        model_state_bytes(1000, 4, ZeroStage.GRADIENTS, DType.BF16), 1000, 4, ZeroStage.GRADIENTS, DType.BF16
-    )
+    def fsdp(zero: ZeroStage, dtype: DType) -> ModelStates:
+        precision = precision_of(dtype)
+        return fsdp_model_states(model_state_bytes(1000, 4, zero, precision), 1000, 4, zero, precision)
+
+    zero2 = fsdp(ZeroStage.GRADIENTS, DType.BF16)
     assert (zero2.weights_bytes, zero2.gradients_bytes, zero2.optimizer_states_bytes) == (2000, 1000, 3000)
-    zero3 = fsdp_model_states(
-        model_state_bytes(1000, 4, ZeroStage.PARAMETERS, DType.BF16), 1000, 4, ZeroStage.PARAMETERS, DType.BF16
-    )
+    zero3 = fsdp(ZeroStage.PARAMETERS, DType.BF16)
     assert (zero3.weights_bytes, zero3.gradients_bytes, zero3.optimizer_states_bytes) == (0, 1000, 3000)
-    fp32 = fsdp_model_states(
-        model_state_bytes(1000, 4, ZeroStage.PARAMETERS, DType.FP32), 1000, 4, ZeroStage.PARAMETERS, DType.FP32
-    )
+    fp32 = fsdp(ZeroStage.PARAMETERS, DType.FP32)
     assert (fp32.weights_bytes, fp32.gradients_bytes, fp32.optimizer_states_bytes) == (1000, 1000, 2000)
 
 
