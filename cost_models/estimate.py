@@ -71,6 +71,20 @@ def estimate(
         InfeasibleConfigError: the layout does not divide the model, the batch or the cluster.
     """
     check_layout(model, training, cluster, layout)
+    return estimate_unchecked(model, training, cluster, layout, memories=memories, routing=routing)
+
+
+def estimate_unchecked(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    *,
+    memories: tuple[MemoryBreakdown, ...] | None = None,
+    routing: RoutingStats | None = None,
+) -> Estimate:
+    """``estimate`` of a layout that ``check_layout`` has already accepted (a search's evaluator
+    checks every layout before pricing its memory, and need not check it again)."""
     path = critical_path(model, training, cluster, layout, routing)
     m, times, slowest, bubble, shared = path.micro_batches, path.times, path.slowest, path.bubble_s, path.shared
     if memories is None:
