@@ -59,9 +59,9 @@ from cost_models.activations import (
 )
 from cost_models.context_parallel import context_buffer_bytes, kv_replication, local_seq_len
 from cost_models.expert_parallel import StageExpertLoad, stage_expert_loads
+from cost_models.layout_validity import check_stage
 from cost_models.params import StageParams, all_stage_params, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
-from cost_models.validate import check_stage
 from cost_models.vocabulary import vocabulary_activation_bytes, vocabulary_logits_bytes
 from planner.schemas import (
     ClusterProfile,

@@ -18,10 +18,10 @@ import operator
 from dataclasses import dataclass, fields, replace
 
 from cost_models.estimate import estimate_unchecked
+from cost_models.layout_validity import check_layout
 from cost_models.memory import LayoutMemory, all_stage_memory, stage_memory_floor
 from cost_models.stage_devices import stage_devices
 from cost_models.timing import stage_times
-from cost_models.validate import check_layout
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
 from planner.schemas.errors import DoesNotFitError
 

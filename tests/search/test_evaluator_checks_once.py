@@ -8,7 +8,7 @@ import pytest
 import cost_models.estimate
 import planner.search_engine.evaluate
 from cost_models.estimate import estimate
-from cost_models.validate import check_layout
+from cost_models.layout_validity import check_layout
 from planner.inputs import load_cluster, load_model
 from planner.schemas import Layout, TrainingSpec
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError

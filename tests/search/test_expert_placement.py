@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from cost_models.validate import check_layout
+from cost_models.layout_validity import check_layout
 from planner.inputs import load_cluster, load_model
 from planner.routing_trace import summarize, synthetic_trace
 from planner.schemas import ExpertPlacement, Layout, RoutingStats, TrainingSpec
