@@ -15,8 +15,8 @@ A group spanning nodes, k members on each, that the profile measured whole (its 
 op, else all-reduce, at ``Placement.INTER_NODE`` with n members, k per node: the profiler's
 whole-world shape) is priced from those records (scaled as in 1.) when its ring visits each node's members in one
 run, as the measured group's did: a measured curve of the group itself beats a model of it (on
-gloo, whose rings are flat, the hierarchical model below priced a 2 x 2 ZeRO-3 all-gather at
-0.57 of the measured time: ``benchmarks/hsdp_netns.py``). All-to-all keeps its link pricing (a
+gloo, whose rings are flat, the hierarchical model below priced a 2 x 2 ZeRO-3 all-gather well
+below the measured time: ``benchmarks/hsdp_netns.py``). All-to-all keeps its link pricing (a
 dispatcher may send less off-node than the measured all-to-all). Any other all-reduce,
 all-gather or reduce-scatter over a group with k members on each of its N nodes, on a profile that
 measured none of them across nodes (the presets), is priced as NCCL runs it

@@ -257,7 +257,7 @@ def _measured_s(
         return fwd * micro_batch / sizes[0], bwd * micro_batch / sizes[0]
     if micro_batch > sizes[-1]:
         # Beyond the largest size, the least-squares slope over every size: the two largest
-        # alone can come out flat under noise (measured: a tp2 layer at 70.7 ms for 4, 65.9 for 8).
+        # alone can come out flat, or even falling, under noise.
         top = sizes[-1]
         fwd_slope, bwd_slope = (_least_squares_slope(sizes, [by_size[b][i] for b in sizes]) for i in (0, 1))
         fwd, bwd = by_size[top]

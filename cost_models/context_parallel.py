@@ -306,7 +306,7 @@ def kv_heads_exchanged(model: ModelSpec, layout: Layout) -> int:
     """Key/value heads of a tensor-parallel rank that its all-to-alls hand out: its kv / t (MLA:
     its a / t up-projected heads) when cp divides them, else lcm(kv / t, cp), each repeated so that
     every rank receives the copies its query heads read (module docstring). Needs cp to divide
-    the rank's query heads (``validate.check_context_parallel``)."""
+    the rank's query heads (``schemas.context_split.check_context_split``)."""
     kv = (model.num_attention_heads if model.is_mla else model.kv_heads) // layout.tensor_parallel_degree
     return math.lcm(kv, layout.context_parallel_degree)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from cost_models.calibration import calibrated_time
 from cost_models.data_parallel import data_parallel_time
 from cost_models.layer_work import hardware_flop_ratio, model_flops_per_sequence
+from cost_models.layout_validity import check_layout
 from cost_models.memory import all_stage_memory
 from cost_models.optimizer import optimizer_step_s
 from cost_models.params import all_stage_params
@@ -26,7 +27,6 @@ from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.shared_cores import shared_core_factor
 from cost_models.stage_devices import mean_peak_flop_per_s
 from cost_models.timing import StageTime, stage_times
-from cost_models.validate import check_layout
 from cost_models.vocabulary import tied_embedding_sync_s
 from planner.schemas import (
     ClusterProfile,
@@ -71,6 +71,20 @@ def estimate(
         InfeasibleConfigError: the layout does not divide the model, the batch or the cluster.
     """
     check_layout(model, training, cluster, layout)
+    return estimate_unchecked(model, training, cluster, layout, memories=memories, routing=routing)
+
+
+def estimate_unchecked(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    *,
+    memories: tuple[MemoryBreakdown, ...] | None = None,
+    routing: RoutingStats | None = None,
+) -> Estimate:
+    """``estimate`` of a layout that ``check_layout`` has already accepted (a search's evaluator
+    checks every layout before pricing its memory, and need not check it again)."""
     path = critical_path(model, training, cluster, layout, routing)
     m, times, slowest, bubble, shared = path.micro_batches, path.times, path.slowest, path.bubble_s, path.shared
     if memories is None:

@@ -38,9 +38,9 @@ Constants (conventions, stated once here):
   - One MLP's backward (``activations.mlp_backward_bytes``): the largest set of temporaries a
     layer's backward holds at once (2, 6 or 7 tensors of the MLP's width for GELU, SwiGLU,
     GeGLU), beside every activation the rank holds then. A stage without the loss peaks in a
-    backward (measured on dry runs of Mixtral, pp 2, ep 8, 1F1B: 1.31 GiB of temporaries, the
-    6 x 8,192 x 14,336 x 2 bytes of its expert's backward); the stage with the loss adds what it
-    exceeds one micro-batch's logits by, freed before it runs.
+    backward (as dry runs trace: on Mixtral, the 6 x 8,192 x 14,336 x 2 bytes of its expert's
+    backward); the stage with the loss adds what it exceeds one micro-batch's logits by, freed
+    before it runs.
 Under context parallelism every s above is the rank's s / cp tokens of each sequence, and a
 stage with layers adds one layer's context-parallel buffers (``context_parallel.context_buffer_bytes``:
 the ring's blocks in flight, or the all-to-all's head-split q, k, v and output).
@@ -60,9 +60,9 @@ from cost_models.activations import (
 )
 from cost_models.context_parallel import context_buffer_bytes, kv_replication, local_seq_len
 from cost_models.expert_parallel import StageExpertLoad, stage_expert_loads
+from cost_models.layout_validity import check_stage
 from cost_models.params import StageParams, all_stage_params, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
-from cost_models.validate import check_stage
 from cost_models.vocabulary import vocabulary_activation_bytes, vocabulary_logits_bytes
 from planner.schemas import (
     ClusterProfile,
@@ -263,8 +263,8 @@ def loss_element_bytes(activation_dtype: DType, layout: Layout) -> tuple[int, in
     Transient: in the forward, the logits while their fp32 copy is made (act, already kept under
     a pipeline); in the backward, the fp32 gradient's cast to ``activation_dtype`` (act; none in
     fp32, where the cast is the same tensor).
-    bf16/fp16: (4, 2) without a pipeline, (6, 2) with one (measured on tiny-gpt with a 32k
-    vocabulary, pp 4, 1F1B: 62.5 MiB, 2 fp32 copies); fp32: (4, 4) and (8, 0).
+    bf16/fp16: (4, 2) without a pipeline, (6, 2) with one (2 fp32 copies, as a dry run of a
+    pipeline traces them); fp32: (4, 4) and (8, 0).
     """
     act = activation_dtype.bytes
     cast = act if act < LOGIT_ELEMENT_BYTES else 0
@@ -373,12 +373,10 @@ def reduce_scatter_staging_bytes(training: TrainingSpec, layout: Layout, params:
     ZeRO-2 adds them (its weights stay gathered until the step's last backward; counted in
     every step, as its whole weights are, so memory still grows with the micro-batch).
 
-    Measured (dry runs of llama3-8b on 16 ranks, full recompute, b 1, s 1024): the peak is the
-    output layer's reduction, its 1.96 GiB fp32 input, 0.12 GiB shard and 0.98 GiB bf16
-    gradients beside the states; ZeRO-2 traced 25.75 GiB, estimated 23.56 without this term and
-    25.89 with it; ZeRO-3 11.20 GiB, 10.56 and 11.91. With s 4096 the loss's logits outweigh it
-    (ZeRO-3: the peak, 12.45 GiB, is the last layer's backward with that input held, below the
-    estimate's 13.93 either way).
+    As dry runs trace (llama3-8b, full recompute, b 1): at a short sequence the peak is the
+    output layer's reduction, its fp32 input, shard and bf16 gradients beside the states, which
+    the estimate misses without this term under ZeRO-2 and ZeRO-3; at a long one the loss's
+    logits outweigh it (the peak is then the last layer's backward with that input held).
 
     Args:
         training: the gradients' precision and the one they are summed in.
@@ -408,9 +406,9 @@ def tied_gradient_sum_bytes(model: ModelSpec, training: TrainingSpec, layout: La
     the gradients). Held after the backward, when no activation or logit is left:
     ``LayoutMemory`` adds what it exceeds them by.
 
-    Measured (dry runs of gpt3-175b's last stage, tp 8, pp 8, ZeRO-0, full recompute, b 1: the
-    copy is 0.29 GiB): with s 2048 the step peaks in the backward at 42.16 GiB, the sum at 41.98;
-    with s 1024 at 41.98 and 41.97; with s 512 the sum is the step's peak.
+    As dry runs trace (gpt3-175b's last stage, tp 8, pp 8, ZeRO-0, full recompute, b 1): at long
+    sequences the step peaks in the backward, just above the sum; at short ones the sum is the
+    step's peak.
 
     Args:
         model: the model (``tie_word_embeddings``, V, h).

@@ -60,8 +60,7 @@ def overlapped_comm_cost_s(comm_s: float, window_s: float, slowdown: float = OVE
 def hides_communication(cluster: ClusterProfile) -> bool:
     """Whether communication can run behind compute. On GPUs it can: NCCL runs on its own
     streams and copy engines. On a CPU it cannot: gloo's collectives run on the cores that
-    compute (measured on the local 4-rank cluster: ZeRO-3 adds its gathers in full, 0.13 s a
-    micro-batch of tiny-gpt at dp 4)."""
+    compute (ZeRO-3's gathers add to a CPU step in full)."""
     return cluster.pricing_device.kind is not DeviceKind.CPU
 
 

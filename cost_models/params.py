@@ -10,7 +10,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from cost_models.validate import check_stage
+from cost_models.layout_validity import check_stage
 from planner.schemas import Layout, ModelSpec, NormKind, PositionEmbedding
 from planner.schemas.geometry import (
     chunk_layers,

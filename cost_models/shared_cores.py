@@ -14,10 +14,9 @@ def shared_core_factor(times: tuple[StageTime, ...], micro_batches: int, bubble_
     waits (in the bubble, or for a slower stage) leaves its cores to the others, which run up
     to 1 / ``core_share`` faster. With ideal sharing the node's cores bound the step from below
     by the mean stage's busy time, and no rank beats its own faster path; this takes that bound.
-    Measured on the local 4-rank CPU cluster (2 cores, tiny-gpt, 9 pipelined plans): the
-    measured step lay between this bound and the unshared path, nearer the bound when waits are
-    long (pp4 with 4 micro-batches: measured 0.39 s, this 0.36 s, unshared 0.69 s) and nearer
-    the unshared path with many short slots (pp4, 32 micro-batches: 0.59, 0.44, 0.64 s).
+    On a CPU cluster whose ranks share cores, pipelined plans' measured steps lie between this
+    bound and the unshared path: nearer the bound when waits are long (few micro-batches), and
+    nearer the unshared path with many short slots.
 
     Args:
         times: every stage's times per micro-batch, as profiled (seconds).

@@ -23,9 +23,9 @@ The profiler times the real layer on every group of t consecutive devices at onc
 the slowest (``profiler.ops``): its collectives ran over those groups' links. Where links
 differ (``comm.has_uniform_links`` false) and the priced groups are others (a device map, or a
 cluster the record did not come from), the record's time is moved by the difference the link
-model prices between the two sets of groups: a tp2 layer timed across a slowed pair (a 10 Mbit/s
-link among namespaced test hosts: 2.09 s a step) does not price a map that keeps tensor groups
-off that pair as slow, nor the reverse. Units: seconds, bytes.
+model prices between the two sets of groups: a tp2 layer timed across a slowed pair (a rate-shaped
+link among namespaced test hosts) does not price a map that keeps tensor groups off that pair as
+slow, nor the reverse. Units: seconds, bytes.
 """
 
 from collections.abc import Iterable

@@ -34,12 +34,10 @@ first stage then waits for the embedding's collectives in full, the last stage f
 layer's, and the other stages join both from service threads beside their own layers, waiting
 for neither. The peers compute their share of a pass beside their own layers on the cores they
 share, so the stage running it waits for that share as well, and cores the other stages free do
-not shorten the wait (every pipeline rank takes part). Measured on the local 4-rank CPU cluster
-(tiny-gpt, 1F1B): with 8 micro-batches of 4 over 4 stages the last stage spent 33-36 ms of each
-micro-batch in its output pass, 4 ms of it computing, against the 6.6 ms barrier the overlapped
-pricing gave it; vocab-2 plans ran 1.22-1.59x their predictions while their pinned twins ran
-0.92-1.10x. Priced this way, three vocab-2 plans (pp4; dp2 pp2; tp2 pp2) ran 0.95-1.01x their
-predictions, their pinned twins 0.81-0.88x, in the same alternating runs.
+not shorten the wait (every pipeline rank takes part). On a CPU cluster whose ranks share cores
+the last stage spent several times its output pass's compute waiting in it, well beyond the
+barrier an overlapped pricing gave it, so vocab-2 plans so priced ran slower than predicted
+while their pinned twins did not; priced this way, they run as predicted.
 
 Every rank keeps, for each micro-batch between its two vocabulary passes (one awaiting its
 gradient pass while the next is computed: two), its fp32 softmax shard (``logits_bytes`` / p),
@@ -67,8 +65,8 @@ KEPT_MICRO_BATCHES = 2
 """Micro-batches' worth of vocabulary state a rank holds at once. Under the paper's schedule: one
 awaiting its gradient pass, one being computed. Run synchronously, one pass's own, whose fp32
 softmax shard is joined by its lower-precision copies (the logits' gradient, the probabilities
-multiplied by the shard) at its peak: measured on tiny-gpt (vocab-2, pp4, CPU), counting one
-micro-batch's state left the last stage 18% under its tracked peak, two 8%."""
+multiplied by the shard) at its peak: counting one micro-batch's state leaves the last stage of
+a dry run well under its tracked peak, two nearer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

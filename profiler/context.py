@@ -69,8 +69,8 @@ class Context:
 
         ``lockstep``: every rank runs ``fn`` and each repeat counts the slowest rank's time, as
         a synchronous training step waits for its slowest rank (every rank gets the same Timing).
-        Ranks that share cores finish a repeat at different times; on the local 4-rank CPU
-        cluster the slowest took 1.1-1.8 times the median rank.
+        Ranks that share cores finish a repeat at different times, the slowest well after the
+        median rank.
         """
         (timing,) = self.time_each([fn], warmup=warmup, repeats=repeats, lockstep=lockstep)
         return timing
@@ -84,16 +84,16 @@ class Context:
         lockstep: bool = False,
     ) -> list[Timing]:
         """``time`` of each of ``fns``, timed in rounds of one repeat of each: a slow spell of
-        the machine then falls on all of them alike, not on whichever was being timed (on the
-        shared local CPU cluster one micro-batch size of a layer, timed in a block, once came
-        out 40% above the line through its neighbours).
+        the machine then falls on all of them alike, not on whichever was being timed (on shared
+        CPU cores one micro-batch size of a layer, timed in a block, came out far above the line
+        through its neighbours).
 
         With ``lockstep`` a sample calls the op back to back, as often as every rank needs for
         it to last ``settings.min_sample_s``, and counts one call's share. Ranks leave a barrier
         at different moments; on shared cores a short op then runs while others have not started,
-        faster than in training, where every rank stays busy (measured on the local 4-rank CPU
-        cluster: a tiny-gpt layer at micro-batch 1 timed alone at 3.0 ms, 4.2 ms a sequence at 2,
-        and plans of micro-batch 1 ran 1.46-1.58 times their prediction).
+        faster than in training, where every rank stays busy (on shared CPU cores a layer at
+        micro-batch 1 timed well under its share at micro-batch 2, and plans of micro-batch 1 ran
+        slower than their prediction).
         """
         warmup = self.settings.warmup if warmup is None else warmup
         repeats = self.settings.repeats if repeats is None else repeats

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from planner.schemas.geometry import context_chunks, splits_into_context_chunks
+from planner.schemas.context_split import check_context_split
+from planner.schemas.enums import ContextParallelKind
+from planner.schemas.geometry import context_chunks
 
 
 @dataclass(slots=True)
@@ -37,21 +39,10 @@ class SentBytes:
         return self.forward_bytes + self.backward_bytes
 
 
-def check_divisible(seq_len: int, cp: int) -> None:
-    """Refuse a sequence the zig-zag split cannot cut into 2 cp equal chunks."""
-    if cp < 1:
-        raise ValueError(f"context-parallel degree {cp} must be at least 1")
-    if not splits_into_context_chunks(seq_len, cp):
-        raise ValueError(
-            f"sequence length {seq_len} does not split into 2 x cp = {2 * cp} equal chunks for "
-            f"context parallelism {cp}; use a sequence length divisible by {2 * cp}"
-        )
-
-
 def zigzag_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
     """The global positions (int64, ``seq_len / cp`` of them, ascending) of the tokens ``rank``
     holds, for rotary and absolute position embeddings. seq 8, cp 2: rank 0 holds 0, 1, 6, 7."""
-    check_divisible(seq_len, cp)
+    check_context_split(ContextParallelKind.RING, cp, seq_len)
     c = seq_len // (2 * cp)
     return torch.cat([torch.arange(i * c, (i + 1) * c) for i in context_chunks(cp, rank)])
 
@@ -59,7 +50,7 @@ def zigzag_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
 def split_sequence(x: torch.Tensor, cp: int, rank: int, dim: int) -> torch.Tensor:
     """``rank``'s share of ``x`` along its sequence dim ``dim``: chunks r and 2 cp - 1 - r."""
     s = x.shape[dim]
-    check_divisible(s, cp)
+    check_context_split(ContextParallelKind.RING, cp, s)
     c = s // (2 * cp)
     return torch.cat([x.narrow(dim, i * c, c) for i in context_chunks(cp, rank)], dim=dim)
 
@@ -85,9 +76,6 @@ def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torc
 def contiguous_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
     """The global positions (int64, ascending) of the tokens ``rank`` holds under the all-to-all
     kind's contiguous split: [r s / cp, (r + 1) s / cp). seq 8, cp 2: rank 1 holds 4, 5, 6, 7."""
-    if seq_len % cp:
-        raise ValueError(
-            f"sequence length {seq_len} does not split into cp = {cp} equal chunks; use a multiple of {cp}"
-        )
+    check_context_split(ContextParallelKind.ALL_TO_ALL, cp, seq_len)
     held = seq_len // cp
     return torch.arange(rank * held, (rank + 1) * held)

@@ -203,7 +203,7 @@ def _traced_peak(trainer: Trainer, plan: Plan) -> dict[str, int]:
             _stage_step(trainer, plan)
 
     # A real run's traced step follows a whole first step (a shorter one, or zero gradients, leaves
-    # the tracker counting the next step's gradients twice: measured, 10.0 vs 9.7 GiB).
+    # the tracker counting the next step's gradients twice).
     one_step()
     return tracked_peak(trainer, one_step)
 
@@ -249,7 +249,7 @@ class _CudaAttentionLayout(TorchDispatchMode):  # type: ignore[no-untyped-call] 
 
 class _RankPeakTracker(MemTracker):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
     """MemTracker keeping the rank's peak only. Its per-module peaks walk every tracked module at
-    every allocation: 85% of a 70B stage's traced step (cProfile: 84 of 99 s), and unused here.
+    every allocation, most of a large stage's traced step (cProfile), and are unused here.
     The categories still come from its module hooks, so the peak is the same to the byte. It also
     follows a module called again as the root within a step, as pipeline schedules do."""
 

@@ -30,7 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.context_parallel import SentBytes, check_divisible
+from planner.schemas.context_split import check_context_split
+from planner.schemas.enums import ContextParallelKind
+from runtime.context_parallel import SentBytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +280,7 @@ def ring_attention(
         raise ValueError(f"keys {tuple(k.shape)} do not match queries {tuple(q.shape)} in batch, length or head dim")
     if heads % k.shape[1] != 0:
         raise ValueError(f"{heads} query heads are not a multiple of {k.shape[1]} key/value heads")
-    check_divisible(local * dist.get_world_size(group), dist.get_world_size(group))
+    cp = dist.get_world_size(group)
+    check_context_split(ContextParallelKind.RING, cp, local * cp)
     out: torch.Tensor = _RingAttention.apply(q, k, v, group, causal, sent)  # type: ignore[no-untyped-call]
     return out

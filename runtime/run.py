@@ -103,6 +103,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
         dtype=training.dtype,
         reduce_dtype=training.reduce_dtype,
         pipeline_flushes=training.pipeline_flushes,
+        plan_checked=True,  # check_world ran check_runnable
     )
     if settings.trace_routing is not None:
         record_routing(trainer)

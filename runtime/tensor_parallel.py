@@ -309,11 +309,11 @@ class VocabularyLookup:
     DTensor's own row-wise embedding (``RowwiseParallel``) looks up alike but has no row-wise
     backward strategy: it computes the whole (V, h) weight gradient as a partial sum on every rank
     and reduce-scatters it, every micro-batch. On the dry run of Llama 3 70B at tp 8 that held two
-    whole-vocabulary (V, h) tensors, 2 GiB each, at the first stage's peak (16.1 GiB traced for
-    13.6 estimated). Here the lookup runs on the local shard, whose backward is the shard's
-    gradient alone; the forward's all-reduce has an identity backward. The weight is a DTensor
-    (Shard(0)), laid out as ``Shard`` splits a tensor (``torch.chunk``: ceil(V/t) rows per rank,
-    the last ranks' fewer), as the tied output layer's (``ColwiseParallel``) is."""
+    whole-vocabulary (V, h) tensors, 2 GiB each, at the first stage's peak, beyond the estimate.
+    Here the lookup runs on the local shard, whose backward is the shard's gradient alone; the
+    forward's all-reduce has an identity backward. The weight is a DTensor (Shard(0)), laid out
+    as ``Shard`` splits a tensor (``torch.chunk``: ceil(V/t) rows per rank, the last ranks'
+    fewer), as the tied output layer's (``ColwiseParallel``) is."""
 
     def __init__(self, embedding: nn.Embedding, mesh: DeviceMesh) -> None:
         self.embedding, self.mesh, self.group = embedding, mesh, mesh.get_group()

@@ -82,6 +82,7 @@ class Trainer:
         sharding: ShardingMeshes | None = None,
         contexts_mesh: DeviceMesh | None = None,
         pipeline_flushes: int = 1,
+        plan_checked: bool = False,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
         ``pipeline_schedule``: False leaves the stages without a schedule (a dry run drives them, and
@@ -97,13 +98,17 @@ class Trainer:
         (default: ``runtime.mesh.sharding_meshes``, built here); ``contexts_mesh``: under context
         parallelism the layout's context mesh built beforehand, as ``mesh`` (default: built here);
         ``pipeline_flushes``: the pipeline schedules a step runs (``TrainingSpec.pipeline_flushes``),
-        each over its share of the micro-batches, gradients accumulated between them.
+        each over its share of the micro-batches, gradients accumulated between them;
+        ``plan_checked``: the caller refused what the runtime cannot run with
+        ``schemas.runtime_support.check_runnable`` (``runtime.run`` does, before any work), so the
+        pipeline flushes are not checked again here.
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.global_batch_size = global_batch_size
         self.micro_batches = num_micro_batches(global_batch_size, layout)
-        check_pipeline_flushes(layout, pipeline_flushes)
+        if not plan_checked:
+            check_pipeline_flushes(layout, pipeline_flushes)
         self.flushes = pipeline_schedules(layout, pipeline_flushes)
         """Pipeline schedules a step runs; each runs ``micro_batches // flushes`` micro-batches."""
         self.mesh: DeviceMesh = mesh or layout_mesh(layout, device.type)

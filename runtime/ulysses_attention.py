@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from planner.schemas.context_split import check_context_split
+from planner.schemas.enums import ContextParallelKind
 from runtime.context_parallel import SentBytes
 
 
@@ -99,8 +101,7 @@ def ulysses_attention(
             f"all-to-all attention takes (b, heads, s, d) q, k, v with heads a multiple of kv heads; got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if heads % cp:
-        raise ValueError(f"all-to-all attention over {cp} ranks needs them to divide the {heads} query heads")
+    check_context_split(ContextParallelKind.ALL_TO_ALL, cp, q.shape[2] * cp, heads)
     handed = math.lcm(kv_heads, cp)
     if handed != kv_heads:
         k, v = (t.repeat_interleave(handed // kv_heads, dim=1) for t in (k, v))

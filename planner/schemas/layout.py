@@ -360,7 +360,7 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
     """Raise InfeasibleConfigError unless ``layout``'s expert parallelism and placement fit
     ``model``'s experts: ep > 1 only for a mixture of experts, ep divides its experts, and a
     placement places its MoE layers and experts. (What a layout needs of a model beyond that
-    needs the cluster too: ``cost_models.validate``.)"""
+    needs the cluster too: ``cost_models.layout_validity``.)"""
     ep, ranks, experts = layout.expert_parallel_degree, layout.expert_ranks, model.num_local_experts
     if ep > 1 and not model.is_moe:
         raise InfeasibleConfigError(

@@ -9,10 +9,9 @@ A link's figures are one-way: what a transfer gets while the other direction is 
 matrix may also hold each pair's duplex bandwidth, what each direction gets while both ends send
 at once (``LinkMatrix.duplex_bandwidth_bytes_per_s``): a two-member ring sends both ways at once,
 and a link whose two directions share something gets less than its one-way figure (the
-namespaced test hosts, ``benchmarks/netns_profile.py``: half of it, 0.6 MB/s each way on the
-rate-shaped pair read 1.2 MB/s one way, and on the unshaped pairs, whose copies share the
-machine's 2 cores). Without it a link is taken as full duplex, as NVLink, InfiniBand and
-Ethernet are specified.
+namespaced test hosts, ``benchmarks/netns_profile.py``: half of it each way, on the
+rate-shaped pair and on the unshaped pairs, whose copies share the machine's cores). Without it
+a link is taken as full duplex, as NVLink, InfiniBand and Ethernet are specified.
 
 ``LinkMatrix.link`` reads one pair; ``LinkMatrix.arrays`` holds every pair's bandwidth and
 latency as numpy arrays that agree with it, built once per matrix, for code that scans whole rows

@@ -3,8 +3,8 @@ so that `planner launch` refuses the same plans without importing torch (the run
 ``check_runnable`` from ``runtime.run.check_world``; the launch export before printing a command
 that could only fail on every node)."""
 
+from planner.schemas.context_split import check_context_split
 from planner.schemas.enums import (
-    ContextParallelKind,
     DType,
     MoeDispatcher,
     PositionEmbedding,
@@ -12,12 +12,7 @@ from planner.schemas.enums import (
     RecomputeModule,
 )
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.geometry import (
-    num_micro_batches,
-    pipeline_schedules,
-    splits_for_all_to_all,
-    splits_into_context_chunks,
-)
+from planner.schemas.geometry import num_micro_batches, pipeline_schedules
 from planner.schemas.layout import Layout
 from planner.schemas.plan import Plan
 
@@ -102,18 +97,9 @@ def check_runnable(plan: Plan, *, cuda: bool) -> None:
             "planner search --no-hierarchical-sharding, or without tensor and pipeline parallelism"
         )
     cp = layout.context_parallel_degree
-    if cp > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
+    if cp > 1:
         heads = plan.model.num_attention_heads // layout.tensor_parallel_degree
-        if not splits_for_all_to_all(training.seq_len, heads, cp):
-            raise InfeasibleConfigError(
-                f"the plan's all-to-all context parallelism needs cp={cp} to divide the sequence ({training.seq_len} "
-                f"tokens) and a tensor-parallel rank's {heads} query heads; plan with a cp that divides both"
-            )
-    elif cp > 1 and not splits_into_context_chunks(training.seq_len, cp):
-        raise InfeasibleConfigError(
-            f"the plan splits sequences of {training.seq_len} tokens over {cp} context-parallel ranks, which hold "
-            f"2 of {2 * cp} equal chunks each; use a sequence length divisible by {2 * cp}"
-        )
+        check_context_split(layout.context_parallel_kind, cp, training.seq_len, heads)
     if cp > 1 and layout.vocabulary_layout.over_pipeline:
         raise InfeasibleConfigError(
             f"the plan splits the vocabulary over the pipeline ({layout.vocabulary_layout!s}) beside context "

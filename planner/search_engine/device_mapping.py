@@ -2,7 +2,7 @@
 consecutive ranks so that neighbouring rank blocks (which share data-parallel and pipeline
 traffic in rank order) sit on nodes joined by the fastest measured links (``refiner``).
 
-First step of issue 16's mapping refiner: nodes are ordered by a greedy chain over the node
+The first of the two mapping refiners: nodes are ordered by a greedy chain over the node
 bandwidth matrix (start at each of a few nodes, always step to the unvisited node with the
 fastest link from the last one), each order is turned into a device map that keeps every node's
 devices in local order, and the Evaluator judges: the fastest map is kept only when it is priced
@@ -36,9 +36,8 @@ Evaluator prices a swap faster (a chain sees only each next hop: a pipeline's bo
 stages' data-parallel rings pull the order different ways)."""
 MAX_NODES = 4096
 """Clusters of more nodes keep the identity. Up to here the whole refiner (its chains and the
-Evaluator pricing each order) takes seconds: at 4,096 nodes of 8 devices, for a 70B model's tp8
-pp4 layout, one chain 0.04 s and the refiner 1.7-3 s on a shared 2-core machine, most of it the
-Evaluator's (benchmarks/mapping_speed.py); and the node matrix's arrays hold 16 bytes per node
+Evaluator pricing each order) takes seconds, most of it the Evaluator's
+(benchmarks/mapping_speed.py times it); and the node matrix's arrays hold 16 bytes per node
 pair (268 MB at 4,096 nodes), growing with the square beyond."""
 
 
@@ -76,11 +75,10 @@ def distinct_links(links: LinkMatrix) -> bool:
     and, where the bandwidths were measured (``LinkMatrix.bandwidth_spread``), the fastest and
     slowest pair differ by more than the median spread (interquartile range / median) of the
     repeats. Within it, which pair is faster is noise, and a map chosen by it gains nothing when
-    run: on the local 4-rank CPU node (one shared memory, pairs read 1.2-2.1 GB/s with a median
-    spread of 0.56), maps priced 2.5-28% faster ran 1.23-1.47x their prediction
-    (``benchmarks/tune_local.py``). That node's pairs can also differ by more than their spread
-    (1.3-3.4 GB/s, median spread 0.27, in another profile) with nothing to place by, as every pair
-    is the same loopback through one memory: the intra-node refiner leaves CPU nodes alone too.
+    run: on a CPU node (one shared memory), maps priced faster ran slower than their prediction
+    (``benchmarks/tune_local.py``). Such a node's pairs can also differ by more than their spread
+    with nothing to place by, as every pair is the same loopback through one memory: the
+    intra-node refiner leaves CPU nodes alone too.
     The node-order refiner reads it of the node matrix: nodes whose links differ within their
     noise keep their order."""
     if links.uniform is not None:

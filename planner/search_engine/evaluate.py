@@ -17,11 +17,11 @@ micro-batches in flight times b, min(in flight, m) b with m = B / (d b), cannot 
 import operator
 from dataclasses import dataclass, fields, replace
 
-from cost_models.estimate import estimate
+from cost_models.estimate import estimate_unchecked
+from cost_models.layout_validity import check_layout
 from cost_models.memory import LayoutMemory, all_stage_memory, stage_memory_floor
 from cost_models.stage_devices import stage_devices
 from cost_models.timing import stage_times
-from cost_models.validate import check_layout
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
 from planner.schemas.errors import DoesNotFitError
 from planner.schemas.settings import DEFAULT_MEMORY_MARGIN
@@ -182,10 +182,15 @@ class Evaluator:
             if self.points is not None:
                 whole = all_stage_memory(self.model, self.training, self.cluster, layout, self.routing)
                 self._record(
-                    estimate(self.model, self.training, self.cluster, layout, memories=whole, routing=self.routing)
+                    estimate_unchecked(
+                        self.model, self.training, self.cluster, layout, memories=whole, routing=self.routing
+                    )
                 )
             raise
-        est = estimate(self.model, self.training, self.cluster, layout, memories=memories, routing=self.routing)
+        # ``memory`` checked the layout (here or in the caller that passed its ``memories``).
+        est = estimate_unchecked(
+            self.model, self.training, self.cluster, layout, memories=memories, routing=self.routing
+        )
         if self.points is not None:
             self._record(est)
         return est

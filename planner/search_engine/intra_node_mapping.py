@@ -1,6 +1,6 @@
 """Rank-to-device mapping inside nodes: ``IntraNodeMappingRefiner`` permutes each node's local
 devices so that tensor-parallel groups, then the next mesh axis's members on the node, take the
-node's fastest links (``refiner``; issue 16's second mapping step, after ``device_mapping``'s node
+node's fastest links (``refiner``; the second mapping step, after ``device_mapping``'s node
 order).
 
 A node runs a block of ``d`` consecutive ranks (``d`` devices a node); rank slot ``k`` of the block

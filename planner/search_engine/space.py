@@ -76,9 +76,8 @@ DENSE_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = recompute_modules_of(
 alone): the MLP too (Megatron-Core's ``--recompute-modules mlp``), whose two GEMMs run again in
 the backward while its input and the widest activations (the up projection and its activation,
 f wide against the attention's h) are not kept. Llama 3 405B on 8,192 H100s (the Llama 3 paper's
-layout, ``benchmarks/validate_h100.py`` rows 99-100) holds 84.6 GiB per GPU without recompute and
-41.3 GiB with this set, so the search had only full recompute there: 22% slower than published
-with it, 15% with this set."""
+layout, ``benchmarks/validate_h100.py``) does not fit without recompute and fits with this set:
+without it the search had only full recompute there, further from the published step time."""
 
 MOE_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = recompute_modules_of(
     (RecomputeModule.CORE_ATTN, RecomputeModule.MOE)
@@ -93,8 +92,8 @@ Only modules the planner's own runtime checkpoints are searched by default, as w
 choice a search makes: Megatron-Core's output-discarding ones (``layernorm``, ``moe_act``: its
 MoE README's ``layernorm moe_act``, no GEMM again) have no torch counterpart there
 (``schemas.runtime_support``), so a search that picked them returned plans ``planner run``
-refused (mixtral-8x7b on 16 H100s: a dry run, run as the runtime runs it, traced 94.1 GiB
-against 75.7 usable). ``--recompute-modules layernorm,moe_act`` prices them for a Megatron stack."""
+refused (a dry run, run as the runtime runs it, traced more than the devices hold).
+``--recompute-modules layernorm,moe_act`` prices them for a Megatron stack."""
 
 Assignment = Mapping[str, Choice]
 """Values chosen so far, by axis name."""
@@ -152,9 +151,8 @@ class Axis:
 
         Optuna requires one name to always offer the same choices. Naming the choices rather than
         the values of ``depends_on`` meets that too, and lets every context that offers the same
-        choices share what the sampler learned. Measured on llama3-70b over 64 A100s (400 TPE
-        trials, seeds 0-5): 3% from the exhaustive optimum on average named after the choices,
-        12% named after the dependencies' values.
+        choices share what the sampler learned: TPE then comes closer to the exhaustive optimum
+        in the same trials than with names after the dependencies' values.
         """
         return f"{self.name}|" + ",".join(str(c) for c in choices)
 

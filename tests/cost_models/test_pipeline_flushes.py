@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 
 from cost_models.estimate import estimate
+from cost_models.layout_validity import check_layout
 from cost_models.memory import all_stage_memory
 from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.schedule_timeline import estimate_timeline
-from cost_models.validate import check_layout
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.schemas import Layout, Schedule, TrainingSpec

@@ -16,6 +16,7 @@ from harness import run_ranks
 
 from planner.files.models import load_model
 from planner.schemas import PositionEmbedding
+from planner.schemas.errors import InfeasibleConfigError
 from runtime.context_parallel import SentBytes, gather_sequence, merge_sequence, split_sequence, zigzag_positions
 from runtime.model import Attention, rotary
 from runtime.ring_attention import block_attention, block_attention_backward, ring_attention, visible_block
@@ -44,9 +45,9 @@ def test_split_and_merge_sequence() -> None:
 
 
 def test_refuses_a_sequence_that_does_not_split() -> None:
-    with pytest.raises(ValueError, match=r"sequence length 12 .* divisible by 8"):
+    with pytest.raises(InfeasibleConfigError, match=r"seq_len=12 is not divisible by 8"):
         zigzag_positions(12, 4, 0)
-    with pytest.raises(ValueError, match="sequence length 6"):
+    with pytest.raises(InfeasibleConfigError, match="seq_len=6 is not divisible by 4"):
         split_sequence(torch.zeros(1, 6), 2, 0, dim=1)
     with pytest.raises(ValueError, match="context_rank=2"):
         zigzag_positions(8, 2, 2)
@@ -186,7 +187,7 @@ def _refuse(workdir: str) -> str:
     assert group is not None
     try:
         ring_attention(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), group)
-    except ValueError as e:
+    except InfeasibleConfigError as e:
         return str(e)
     return "accepted"
 
@@ -194,7 +195,7 @@ def _refuse(workdir: str) -> str:
 @pytest.mark.distributed
 def test_ring_attention_refuses_an_odd_share(tmp_path: Path) -> None:
     message = run_ranks(2, _refuse, str(tmp_path), workdir=tmp_path)
-    assert "sequence length 6" in message and "divisible by 4" in message
+    assert "seq_len=6 is not divisible by 4" in message
 
 
 def _attention_layer(workdir: str) -> dict[str, float]:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from attention_reference import DTYPES, assert_close_to_whole, whole_sequence_attention, worst_over_ranks
 from harness import run_ranks
 
+from planner.schemas.errors import InfeasibleConfigError
 from runtime.context_parallel import SentBytes, contiguous_positions
 from runtime.ulysses_attention import ulysses_attention
 
@@ -30,7 +31,7 @@ CASES = [  # (batch, heads, kv heads, tokens a rank, head dim, dtype, causal)
 def test_contiguous_positions_by_hand() -> None:
     assert contiguous_positions(8, 2, 1).tolist() == [4, 5, 6, 7]
     assert contiguous_positions(12, 4, 0).tolist() == [0, 1, 2]
-    with pytest.raises(ValueError, match="does not split into cp = 4 equal chunks"):
+    with pytest.raises(InfeasibleConfigError, match="into 4 equal chunks, but seq_len=10 is not divisible by 4"):
         contiguous_positions(10, 4, 0)
 
 
@@ -72,11 +73,12 @@ def _refuse(workdir: str) -> str:
     assert group is not None
     try:  # 3 query heads over 2 ranks
         ulysses_attention(torch.zeros(1, 3, 2, 4), torch.zeros(1, 3, 2, 4), torch.zeros(1, 3, 2, 4), group)
-    except ValueError as e:
+    except InfeasibleConfigError as e:
         return str(e)
     return "accepted"
 
 
 @pytest.mark.distributed
 def test_all_to_all_attention_refuses_heads_cp_does_not_divide(tmp_path: Path) -> None:
-    assert "needs them to divide the 3 query heads" in run_ranks(2, _refuse, str(tmp_path), workdir=tmp_path)
+    message = run_ranks(2, _refuse, str(tmp_path), workdir=tmp_path)
+    assert "a tensor-parallel rank's 3 query heads, but cp does not divide 3" in message

@@ -11,14 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from cost_models.validate import check_layout
+from cost_models.layout_validity import check_layout
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.files.routing_trace import summarize, synthetic_trace
 from planner.schemas import ExpertPlacement, Layout, RoutingStats, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.routing import placement_metrics
-from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.expert_placement import (
     ExpertPlacementRefiner,
@@ -26,7 +25,7 @@ from planner.search_engine.expert_placement import (
     place_experts,
     replica_counts,
 )
-from planner.search_engine.strategy import Candidate
+from planner.search_engine.strategy import Budget, Candidate
 
 BUDGET = Budget(max_time_s=10.0, workers=1)
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_models.validate import check_layout
+from cost_models.layout_validity import check_layout
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.schemas import (

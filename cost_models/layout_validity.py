@@ -12,8 +12,9 @@ from planner.schemas import (
     Schedule,
     TrainingSpec,
 )
+from planner.schemas.context_split import check_context_split
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
-from planner.schemas.geometry import chunk_layers, pipeline_schedules, splits_into_context_chunks
+from planner.schemas.geometry import chunk_layers, pipeline_schedules
 from planner.schemas.layout import check_experts
 
 
@@ -78,36 +79,14 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
 
 def check_context_parallel(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:
     """Raise InfeasibleConfigError unless context parallelism (cp > 1) of ``layout``'s kind can
-    split the sequence and run attention. Ring: 2 cp equal chunks (``schemas.geometry.context_chunks``,
-    the zig-zag split that balances causal attention), with the fused attention kernel that ring
-    attention runs block by block. All-to-all: cp equal chunks (the contiguous split), and a
-    tensor-parallel rank's query heads divisible by cp, each rank attending with 1/cp of them (its
-    key/value heads are replicated up to a multiple of cp where they are fewer,
-    ``context_parallel.kv_heads_exchanged``)."""
-    cp, s = layout.context_parallel_degree, training.seq_len
+    split the sequence and run attention: the split's rule (``schemas.context_split``), and for
+    the ring the fused attention kernel that ring attention runs block by block."""
+    cp = layout.context_parallel_degree
     if cp == 1:
         return
-    if layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
-        heads = model.num_attention_heads // layout.tensor_parallel_degree
-        if heads % cp:
-            choices = [c for c in range(2, heads + 1) if heads % c == 0]
-            raise InfeasibleConfigError(
-                f"all-to-all context parallelism over cp={cp} ranks gives each rank 1/cp of a tensor-parallel rank's "
-                f"{heads} query heads, but cp does not divide {heads}; use a cp among "
-                f"{', '.join(map(str, choices)) or 'none (one head)'} or the ring (context_parallel_kind 'ring')"
-            )
-        if s % cp:
-            raise InfeasibleConfigError(
-                f"all-to-all context parallelism over cp={cp} ranks splits every sequence into {cp} equal chunks, "
-                f"but seq_len={s} is not divisible by {cp}; use a cp that divides it"
-            )
-        return
-    if not splits_into_context_chunks(s, cp):
-        raise InfeasibleConfigError(
-            f"context parallelism over cp={cp} ranks splits every sequence into 2 x cp = {2 * cp} equal chunks, "
-            f"but seq_len={s} is not divisible by {2 * cp}; use a cp for which 2 cp divides it"
-        )
-    if not training.attention_kernel.fused:
+    heads = model.num_attention_heads // layout.tensor_parallel_degree
+    check_context_split(layout.context_parallel_kind, cp, training.seq_len, heads)
+    if layout.context_parallel_kind is ContextParallelKind.RING and not training.attention_kernel.fused:
         raise InfeasibleConfigError(
             f"context parallelism (cp={cp}) runs ring attention with the fused kernel block by block; "
             "use attention_kernel flash or cudnn, the all-to-all kind (context_parallel_kind 'all-to-all') or cp 1"
