@@ -20,7 +20,7 @@ from planner.files.clusters import load_cluster, save_cluster
 from planner.files.models import load_model
 from planner.files.plans import load_plan, make_plan, read_plan, save_plan
 from planner.flows.estimate import dropped_token_share, estimate, homogeneous_estimate, stage_device_names
-from planner.flows.explain import compare_placements, expert_traffic, pipeline_timeline
+from planner.flows.explain import Explanation, compare_placements, expert_traffic, explain, pipeline_timeline
 from planner.flows.explain import export as export  # not in __all__: see below
 from planner.flows.profile import profile
 from planner.flows.replan import Replan, replan
@@ -41,6 +41,7 @@ from planner.schemas.settings import (
 
 __all__ = [
     "Budget",
+    "Explanation",
     "ExportTarget",
     "OptimizerName",
     "ProfileSettings",
@@ -56,6 +57,7 @@ __all__ = [
     "dry_run",
     "estimate",
     "expert_traffic",
+    "explain",
     "homogeneous_estimate",
     "load_cluster",
     "load_model",

@@ -1,8 +1,9 @@
 """The ``planner`` command line: a thin layer over ``planner.api``.
 
-Each command parses its options, calls the API, renders the result (planner.views.tables,
-planner.views.tune_tables) and writes its artifact; none holds logic of its own. The commands that
-plan are in ``plan_commands``, those that run on a cluster in ``cluster_commands``. A PlannerError
+Each command parses its options into a Settings object, calls a flow through the API, renders the
+result through ``planner.views`` and writes its artifact; none holds logic of its own. The
+commands that plan are in ``plan_commands``, those over a plan file in ``plan_file_commands``,
+those that run on a cluster in ``cluster_commands``, and replan in ``replan_command``. A PlannerError
 (bad input, infeasible layout) prints one line and exits with code 2; any other exception is a bug
 and keeps its traceback.
 """
@@ -14,7 +15,8 @@ import optuna
 import typer
 
 from planner.cli.cluster_commands import profile, run, tune, validate
-from planner.cli.plan_commands import estimate, explain, export, launch, presets, search
+from planner.cli.plan_commands import estimate, search
+from planner.cli.plan_file_commands import explain, export, launch, presets
 from planner.cli.replan_command import replan
 from planner.schemas.errors import PlannerError
 

@@ -69,3 +69,34 @@ def finite(value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number")
     return value
+
+
+def check_plot_file(path: Path | None) -> None:
+    """Refuse, before any work, a --plot FILE that cannot be written as a PNG."""
+    if path is None:
+        return
+    if path.suffix.lower() != ".png":
+        raise SchemaError(f"--plot {path} must name a .png file, e.g. --plot search.png")
+    if path.is_dir():
+        raise SchemaError(f"--plot {path} is a directory; name a .png file in it, e.g. --plot {path / 'search.png'}")
+    parent = path.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise SchemaError(f"--plot {path}: the directory {parent} does not exist or is not writable; create it first")
+
+
+def check_plot_dir(path: Path | None) -> None:
+    """Refuse, before any work, a --plot DIR that is a file or cannot be created or written;
+    create it if its parent exists."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise SchemaError(f"--plot {path} is a file; name a directory for the plots, e.g. --plot plots")
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise SchemaError(f"--plot {path}: its parent {path.parent} does not exist; create it first")
+        try:
+            path.mkdir()
+        except OSError as e:
+            raise SchemaError(f"--plot {path} cannot be created ({e.strerror}); name a writable directory") from e
+    if not os.access(path, os.W_OK):
+        raise SchemaError(f"--plot {path} is not writable; name a writable directory")

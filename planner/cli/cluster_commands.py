@@ -21,14 +21,11 @@ from planner.cli.options import (
     ModelOpt,
     SeqLenOpt,
     output_console,
-    parse_delay,
-    parse_fault,
-    parse_micro_batches,
-    parse_step_fault,
     progress_bar,
     search_inputs,
     training_fields,
 )
+from planner.cli.testing_aids import parse_delay, parse_fault, parse_micro_batches, parse_step_fault
 from planner.schemas import AttentionKernel, DType, Kernels, OnFault
 from planner.schemas.errors import JobFailed, PlannerError
 from planner.views.tables import dry_run_table, run_summary

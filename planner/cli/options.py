@@ -353,61 +353,6 @@ def progress_bar(description: str, *, transient: bool) -> Iterator[ProgressCallb
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
-def parse_delay(text: str | None) -> tuple[tuple[int, int, float], ...]:
-    """``A,B,SECONDS[;A,B,SECONDS...]``: the pairs ``--inject-link-delay`` slows."""
-    if text is None:
-        return ()
-    delays = []
-    try:
-        for pair in text.split(";"):
-            a, b, seconds = pair.split(",")
-            delays.append((int(a), int(b), float(seconds)))
-    except ValueError as e:
-        raise SchemaError(
-            f"--inject-link-delay {text!r} must be RANK_A,RANK_B,SECONDS, pairs joined by ';', e.g. 0,1,0.01;2,3,0.01"
-        ) from e
-    return tuple(delays)
-
-
-def parse_fault(text: str | None) -> tuple[int, str, str] | None:
-    if text is None:
-        return None
-    rank, phase, kind = [*text.split(","), "", "", ""][:3]
-    if not rank.isdigit() or kind not in ("exit", "hang"):
-        raise SchemaError(f"--inject-fault {text!r} must be RANK,PHASE,exit|hang, e.g. 2,links,exit")
-    return int(rank), phase, kind
-
-
-def parse_micro_batches(text: str | None) -> tuple[int, ...] | None:
-    """``B[,B...]``: the micro-batch sizes ``--layer-micro-batches`` times the model's layers at,
-    each once, in increasing order."""
-    if text is None:
-        return None
-    sizes = text.split(",")
-    if not all(size.isdigit() and int(size) > 0 for size in sizes):
-        raise SchemaError(f"--layer-micro-batches {text!r} must be positive whole numbers joined by ',', e.g. 1,2")
-    return tuple(sorted({int(size) for size in sizes}))
-
-
-def parse_step_fault(text: str | None) -> tuple[int, int, str, int] | None:
-    """planner run's testing aid: RANK,STEP,exit|hang|slow or RANK,STEP,slow-link,PEER; the fourth
-    field is the link's other end (RANK itself for the other kinds)."""
-    if text is None:
-        return None
-    fields = text.split(",")
-    rank, step, kind, peer = [*fields, "", "", "", ""][:4]
-    link = kind == "slow-link" and len(fields) == 4 and peer.isdigit() and peer != rank
-    if (
-        not rank.isdigit()
-        or not step.isdigit()
-        or not (link or (kind in ("exit", "hang", "slow") and len(fields) == 3))
-    ):
-        raise SchemaError(
-            f"--inject-fault {text!r} must be RANK,STEP,exit|hang|slow or RANK,STEP,slow-link,PEER, e.g. 2,3,exit"
-        )
-    return int(rank), int(step), kind, int(peer) if link else int(rank)
-
-
 CONSTRAINT_HELP = "a value, a range A-B or a list (e.g. 8, 1-16, 1,2,4)"
 IntRangeOpt = Annotated[str | None, typer.Option(help=f"Search only these; {CONSTRAINT_HELP}.")]
 CONSTRAINT_AXES: dict[str, tuple[str, type[StrEnum] | type[IntEnum] | None]] = {
@@ -486,34 +431,3 @@ def parse_constraint(option: str, text: str, kind: type[StrEnum] | type[IntEnum]
                 f"{option} {text!r}: {kind.__name__} takes {', '.join(str(int(v)) for v in kind)}"
             ) from None
     return frozenset(values)
-
-
-def check_plot_file(path: Path | None) -> None:
-    """Refuse, before any work, a --plot FILE that cannot be written as a PNG."""
-    if path is None:
-        return
-    if path.suffix.lower() != ".png":
-        raise SchemaError(f"--plot {path} must name a .png file, e.g. --plot search.png")
-    if path.is_dir():
-        raise SchemaError(f"--plot {path} is a directory; name a .png file in it, e.g. --plot {path / 'search.png'}")
-    parent = path.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise SchemaError(f"--plot {path}: the directory {parent} does not exist or is not writable; create it first")
-
-
-def check_plot_dir(path: Path | None) -> None:
-    """Refuse, before any work, a --plot DIR that is a file or cannot be created or written;
-    create it if its parent exists."""
-    if path is None:
-        return
-    if path.exists() and not path.is_dir():
-        raise SchemaError(f"--plot {path} is a file; name a directory for the plots, e.g. --plot plots")
-    if not path.exists():
-        if not path.parent.is_dir():
-            raise SchemaError(f"--plot {path}: its parent {path.parent} does not exist; create it first")
-        try:
-            path.mkdir()
-        except OSError as e:
-            raise SchemaError(f"--plot {path} cannot be created ({e.strerror}); name a writable directory") from e
-    if not os.access(path, os.W_OK):
-        raise SchemaError(f"--plot {path} is not writable; name a writable directory")

@@ -2,6 +2,7 @@
 placement beside round-robin, its step replayed stage by stage, its expert traffic) and the plan
 as another framework's config."""
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cost_models.expert_parallel import sent_bytes_per_step
@@ -13,9 +14,89 @@ from planner.export.targets import export as _export
 from planner.files.clusters import load_cluster
 from planner.files.plans import load_plan
 from planner.files.routing_trace import load_routing_stats
+from planner.flows.estimate import estimate, homogeneous_estimate, stage_device_names
 from planner.flows.loading import routing_of
-from planner.schemas import ClusterProfile, Plan
+from planner.schemas import ClusterProfile, Estimate, Layout, Plan, Schedule, VocabularyLayout
+from planner.schemas.device_map import IDENTITY
 from planner.schemas.geometry import num_micro_batches
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixedDevices:
+    """How a plan on a cluster of mixed devices is priced, beside the homogeneous treatment."""
+
+    stage_devices: tuple[str, ...]
+    """The device type pricing each pipeline stage."""
+    homogeneous: Estimate
+    """The plan priced with every rank as the slowest device with the smallest memory."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Explanation:
+    """What `planner explain` shows of a plan beside its own estimate: each a comparison that
+    applies to it, or None."""
+
+    plan: Plan
+    cluster: ClusterProfile
+    """The plan's cluster profile, as loaded from its spec."""
+    mixed_devices: MixedDevices | None
+    """On a cluster of mixed devices: the stage-by-stage pricing beside the homogeneous one."""
+    identity_mapping: Estimate | None
+    """With a device map: the layout on the identity map, against which the mapping gains."""
+    other_vocabulary: tuple[Layout, Estimate] | None
+    """With a 1F1B pipeline: the layout with its vocabulary layers the other way, and its estimate."""
+    placement: PlacementComparison | None
+    """With a routing trace: the plan's expert placement beside round-robin (None where the plan
+    places no experts)."""
+    timeline: Timeline | None
+    """When asked: the plan's step replayed stage by stage."""
+
+
+def explain(plan: Plan | str | Path, *, routing_trace: Path | str | None = None, timeline: bool = False) -> Explanation:
+    """What a plan holds beyond its estimate: the comparisons that apply to it.
+
+    Args:
+        plan: a Plan or a plan file.
+        routing_trace: a routing trace of the plan's model: its expert placement is compared with
+            round-robin on it.
+        timeline: also replay the plan's step stage by stage (for the plots).
+
+    Returns:
+        The plan, its cluster and each comparison that applies (``Explanation``).
+
+    Raises:
+        SchemaError: the plan, its cluster or the trace cannot be read, or the trace is of another model.
+    """
+    loaded = _plan(plan)
+    cluster = load_cluster(loaded.cluster.spec)
+    model, training, layout = loaded.model, loaded.training, loaded.layout
+    mixed = None
+    if cluster.has_mixed_devices:
+        homogeneous = homogeneous_estimate(model, cluster, training, layout)
+        mixed = MixedDevices(stage_devices=stage_device_names(cluster, layout), homogeneous=homogeneous)
+    identity = None
+    if not layout.device_map.is_identity:
+        identity = estimate(model, cluster, training, replace(layout, device_map=IDENTITY))
+    other = _other_vocabulary(layout)
+    return Explanation(
+        plan=loaded,
+        cluster=cluster,
+        mixed_devices=mixed,
+        identity_mapping=identity,
+        other_vocabulary=(other, estimate(model, cluster, training, other)) if other is not None else None,
+        placement=compare_placements(loaded, routing_trace) if routing_trace is not None else None,
+        timeline=pipeline_timeline(loaded, cluster) if timeline else None,
+    )
+
+
+def _other_vocabulary(layout: Layout) -> Layout | None:
+    """The layout with its vocabulary layers the other way (pinned against split over the
+    pipeline), where a pipeline allows both; None otherwise."""
+    if layout.pipeline_parallel_degree < 2 or layout.schedule is not Schedule.ONE_F_ONE_B:
+        return None
+    pinned = VocabularyLayout.PINNED
+    other = VocabularyLayout.VOCAB_2 if layout.vocabulary_layout is pinned else pinned
+    return replace(layout, vocabulary_layout=other)
 
 
 def _plan(plan: Plan | str | Path) -> Plan:

@@ -172,7 +172,7 @@ def test_layer_repeats_below_1_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_layer_micro_batches_are_timed_once_each_in_increasing_order() -> None:
-    from planner.cli.options import parse_micro_batches
+    from planner.cli.testing_aids import parse_micro_batches
 
     assert parse_micro_batches("4,1,4,2") == (1, 2, 4)
     assert parse_micro_batches(None) is None

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.device_mesh import init_device_mesh
 
-from planner.cli.options import parse_step_fault
+from planner.cli.testing_aids import parse_step_fault
 from planner.schemas.errors import SchemaError
 from runtime.collective_clock import CollectiveClock
 from runtime.slow_links import (

@@ -1,0 +1,177 @@
+"""Commands over a plan file: explain, launch and export it; and the presets."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cost_models.placement_comparison import placement_applies
+from planner import api
+from planner.cli.checks import check_output, check_plot_dir
+from planner.cli.options import output_console
+from planner.export.targets import ExportTarget
+from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
+from planner.files.cluster_presets import list_cluster_presets
+from planner.files.models import list_model_presets
+from planner.schemas import (
+    DeviceKind,
+)
+from planner.schemas.runtime_support import check_runnable
+from planner.views.tables import (
+    NO_PLACEMENT,
+    comparison_view,
+    estimate_view,
+    mapping_gain,
+    mixed_devices_view,
+    placement_hint,
+    placement_view,
+    vocabulary_view,
+)
+
+
+def explain(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    routing_trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="A routing trace (.npz) of the plan's model: compare the plan's expert placement with "
+            "round-robin on it (hottest and mean rank's tokens, tokens crossing ranks and nodes)."
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also draw the plan as PNGs in this directory (created if missing): the pipeline schedule stage by "
+            "stage (schedule.png), memory per stage against capacity (memory.png), the step time's terms "
+            "(step_time.png)."
+        ),
+    ] = None,
+) -> None:
+    """Show a plan's memory and time breakdowns, and why it beat the runner-up.
+
+    Example: planner explain plan.json --routing-trace routing.npz
+
+    Example: planner explain plan.json --plot plots
+    """
+    check_plot_dir(plot)
+    shown = api.explain(plan, routing_trace=routing_trace, timeline=plot is not None)
+    loaded = shown.plan
+    console = output_console()
+    console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, shown.cluster, loaded.layout))
+    console.print(comparison_view(loaded))
+    if shown.mixed_devices is not None:
+        mixed = shown.mixed_devices
+        pricing = shown.cluster.pricing_device.name
+        console.print(mixed_devices_view(loaded.estimate, mixed.stage_devices, mixed.homogeneous, pricing))
+    if shown.identity_mapping is not None:
+        typer.echo(mapping_gain(loaded.estimate, shown.identity_mapping))
+    if shown.other_vocabulary is not None:
+        other, estimate = shown.other_vocabulary
+        console.print(vocabulary_view(loaded.estimate, loaded.layout, estimate, other))
+    if shown.placement is not None:
+        console.print(placement_view(shown.placement))
+    elif routing_trace is not None:
+        typer.echo(NO_PLACEMENT)
+    elif placement_applies(loaded.model, loaded.layout):
+        typer.echo(placement_hint(str(plan)))
+    if shown.timeline is not None and plot is not None:
+        from planner.views.plots import save_explain_plots  # matplotlib: only for the commands that draw
+
+        written = save_explain_plots(loaded, shown.timeline, plot)
+        typer.echo(f"wrote {', '.join(str(p) for p in written)}")
+
+
+def launch(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    master_addr: Annotated[
+        str | None,
+        typer.Option(
+            help="Address of node 0, reachable from every node [default: each node's MASTER_ADDR, read by the lines]."
+        ),
+    ] = None,
+    master_port: Annotated[int, typer.Option(min=1, max=65535, help="Rendezvous port on node 0.")] = 29500,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps to run.")] = 10,
+    report: Annotated[str, typer.Option(help="Where each run writes its report.")] = "report.json",
+    output: Annotated[Path | None, typer.Option(help="Write a launch script (bash launch.sh NODE_RANK).")] = None,
+    elastic: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MIN:MAX",
+            help="torchrun's elastic form: run on MIN to MAX nodes of the plan's cluster, restart the workers "
+            "after a failure, and re-plan for the nodes a restart has (planner run --elastic); needs "
+            "--checkpoint-dir.",
+        ),
+    ] = None,
+    max_restarts: Annotated[int, typer.Option(min=0, help="With --elastic: restarts torchrun allows.")] = 3,
+    checkpoint_dir: Annotated[
+        str | None, typer.Option(help="With --elastic: the checkpoint folder every node reads and writes.")
+    ] = None,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="With --elastic: steps between checkpoints.")] = 1,
+    last_call: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --elastic: seconds the rendezvous waits for more nodes once it has MIN, so also how long a "
+            "restart waits for a node that died [default: torchrun's 30].",
+        ),
+    ] = None,
+) -> None:
+    """Print the torchrun command line of every node that runs the plan.
+
+    With --elastic MIN:MAX the lines are torchrun's elastic form (c10d rendezvous, --max-restarts):
+    a restart with fewer nodes re-plans for them and resumes the newest checkpoint, resharded.
+
+    Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
+    Example: planner launch plan.json --elastic 2:4 --max-restarts 3 --checkpoint-dir /shared/ckpt
+    """
+    check_output("--output", output, "launch.sh")
+    loaded = api.load_plan(plan)
+    check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)  # as every rank would
+    elastic_launch = elastic_options(elastic, max_restarts, checkpoint_dir, checkpoint_every, last_call)
+    commands = torchrun_commands(
+        loaded,
+        str(plan),
+        master_addr=master_addr,
+        master_port=master_port,
+        steps=steps,
+        report_path=report,
+        elastic=elastic_launch,
+    )
+    reads_master_addr = any(cmd.reads_master_addr for cmd in commands)
+    if output is not None:
+        output.write_text(launch_script(commands))
+        where = " with MASTER_ADDR set to the address of node 0" if reads_master_addr else ""
+        typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes{where}")
+        return
+    if reads_master_addr:
+        typer.echo(f"# {MASTER_ADDR_HINT}; the lines read it from the shell, e.g. export MASTER_ADDR=10.0.0.1")
+    for cmd in commands:
+        typer.echo(f"{cmd.comment()}\n{cmd.shell()}")
+
+
+def export(
+    plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
+    to: Annotated[
+        ExportTarget,
+        typer.Option(help="torchtitan: a TOML job config; megatron: Megatron-LM arguments; deepspeed: a JSON config."),
+    ],
+    output: Annotated[Path | None, typer.Option(help="Write the export here [default: print it].")] = None,
+) -> None:
+    """Write a plan as torchtitan's, Megatron-LM's or DeepSpeed's config; a plan feature the target
+    cannot express is refused in one line, never dropped.
+
+    Example: planner export plan.json --to torchtitan --output job.toml
+    """
+    check_output("--output", output, "job.toml")
+    text = api.export(plan, to)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    output.write_text(text)
+    typer.echo(f"wrote {output} ({to} export of {plan})")
+
+
+def presets() -> None:
+    """List the model and cluster presets (use a cluster preset as NAME:NODES)."""
+    typer.echo("models:   " + ", ".join(list_model_presets()))
+    typer.echo("clusters: " + ", ".join(f"{name}:NODES" for name in list_cluster_presets()))
