@@ -10,7 +10,7 @@
    predicted key/value bytes per rank and step beside the measured ones (``RunReport``), and the
    predicted exposed context-parallel communication.
 
-Issue 20 asks for the ratio of measured to predicted step time with cp ranks on the local
+The target is the ratio of measured to predicted step time with cp ranks on the local
 cluster. On this machine gloo runs no transfer behind compute, so the ring's every send is
 exposed, as the all-to-alls always are (``cost_models.context_parallel``); ranks beyond the cores share them
 (``cost_models.shared_cores``).

@@ -7,7 +7,7 @@ l + 1 by its fixed partner. Metrics (``planner.schemas.routing.placement_metrics
 hottest rank's routed tokens summed over layers, and the co-activated token pairs of consecutive
 layers whose experts sit on different ranks / nodes (8 ranks per node).
 
-Targets (issue 13): on the skewed trace, cross-rank traffic at most 70% of round-robin's and a
+Targets: on the skewed trace, cross-rank traffic at most 70% of round-robin's and a
 lower hottest-rank load; the DeepSeek-V3-sized case (256 experts x 61 layers on 256 ranks) placed
 in seconds. With top-8 routing only 1 of a token's 8 layer-l experts is the partner of a given
 layer-(l + 1) expert, so at most about affinity / k of the pairs can be kept local there: that

@@ -1,4 +1,4 @@
-"""Long-context layouts (issue 20): what the search chooses for llama3-8b and llama3-70b on 64 and
+"""Long-context layouts: what the search chooses for llama3-8b and llama3-70b on 64 and
 512 H100s at 32k, 128k and 1M tokens a sequence (16M tokens a step, as Llama 3's long-context
 stage), and the published long-context runs beside the cost model's view of their settings.
 

@@ -11,7 +11,7 @@
    each, their ratio, the predicted ratio, and the hottest rank's routed tokens of each on the
    trace (summed over the MoE layers; the mean rank's beside it).
 
-The setting, and why (issue 13: the placed plan's measured step must be lower than round-robin's,
+The setting, and why (the placed plan's measured step must be lower than round-robin's,
 by more than this machine's run-to-run noise of about +-8%):
 
 - The model (``MODEL``, written to the output folder as ``moe-bench.json``): one layer of 8

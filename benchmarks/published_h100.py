@@ -106,7 +106,7 @@ rows (8k-65k tokens, where attention is 20-75% of the step) leave room for about
 FlashAttention-2's rate, not 1 / 2.3: the Triton kernel runs faster on H100 than FlashAttention-1,
 by an amount no source states.
 
-What the long-sequence rows' optimism is (issue 15, measured with this file's inputs): the gap
+What the long-sequence rows' optimism is (measured with this file's inputs): the gap
 over the attention core's predicted time is a constant 1.38-1.48 for MPT-7b/13b from 4k to 65k
 tokens (rows 90, 91, 93, 94 and the README's other 8-GPU lengths), a kernel rate, not a term
 growing with the sequence; the kernel skips masked blocks both ways (flash_attn_triton.py's

@@ -3,7 +3,7 @@ and report how right the model was, before calibration and after it (leave-one-o
 is predicted by factors fitted on the other plans only). Keep the machine otherwise idle: the
 plans share its cores.
 
-Targets (issue 6): Spearman >= 0.9 and top-1 regret <= 5% before calibration; median step-time
+Targets: Spearman >= 0.9 and top-1 regret <= 5% before calibration; median step-time
 and per-rank memory errors <= 10% after calibration, on plans not used for fitting.
 
 The machine's own noise bounds what any model can score: with --passes 2 (the default) every

@@ -1,5 +1,5 @@
 """The README's Python example runs as written, and the layout it estimates by hand fits and says
-so (issue 19, item 5g: it estimated a layout 2.7 GiB over the H100's memory and printed it as if
+so (it estimated a layout 2.7 GiB over the H100's memory and printed it as if
 it were a plan)."""
 
 import contextlib

@@ -4,7 +4,8 @@ from enum import IntEnum, StrEnum
 
 
 class DType(StrEnum):
-    """Training precision of weights and activations."""
+    """A number format: what one role of training is stored, computed or sent in
+    (``planner.schemas.precision.Precision``), and the plan's one ``--dtype`` it derives them from."""
 
     BF16 = "bf16"
     FP16 = "fp16"

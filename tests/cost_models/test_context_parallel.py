@@ -1,4 +1,4 @@
-"""Context parallelism's cost (issue 20): the ring's bytes and exposed time worked by hand, every
+"""Context parallelism's cost: the ring's bytes and exposed time worked by hand, every
 rank's share of the work and memory, the validity rules, and the search choosing it where
 sequences are long."""
 

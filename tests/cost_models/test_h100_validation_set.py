@@ -48,7 +48,7 @@ def test_the_gb200_rows_run_in_nvlink_domains_of_64_gpus() -> None:
 
 
 def test_mean_error_is_no_worse_than_today() -> None:
-    # Issue 15's target is a mean |error| <= 8% and a worst <= 15%. Measured when this guard was
+    # The validation target is a mean |error| <= 8% and a worst <= 15%. Measured when this guard was
     # written (dgx-h100 preset, nothing fitted): mean 22.8%, worst 79.8% (Model Zoo Qwen3-235B,
     # expert all-to-all across nodes); per source megatron-lm 7.9%, automodel 22.0%,
     # llm-foundry 26.8%, llama3-paper 20.6%, modelzoo 79.8%. With the attention core at

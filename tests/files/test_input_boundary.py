@@ -1,4 +1,4 @@
-"""Inputs that once ended in a traceback or a hang (issue 19 item 6) now end in one line and exit 2,
+"""Inputs that once ended in a traceback or a hang now end in one line and exit 2,
 refused where they are read: output paths and storage before the work, numbers at load (finite,
 positive, within the bounds of ``planner.schemas.bounds``)."""
 

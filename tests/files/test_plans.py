@@ -173,7 +173,7 @@ def _opens(plan_path: Path) -> Path:
 def test_a_plan_on_a_measured_cluster_opens_from_any_directory_and_when_copied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Issue 19, item 5d: the plan stored the profile's path as typed, relative to the working
+    # The plan once stored the profile's path as typed, relative to the working
     # directory (out/cluster.json): from out/ itself, or once out/ was copied, it no longer opened.
     monkeypatch.chdir(tmp_path)
     _measured_plan(Path("out/cluster.json"), "out/cluster.json", Path("out/plan.json"))

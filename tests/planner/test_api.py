@@ -37,7 +37,7 @@ def test_planner_search_and_tune_are_the_functions_whatever_was_imported_first(f
 
 
 def test_planner_search_is_the_function_before_and_after_an_estimate() -> None:
-    # Issue 19, item 5b: once ``planner.search`` was the function on first access and the search
+    # Once ``planner.search`` was the function on first access and the search
     # subpackage after ``planner.estimate`` had imported it (a subpackage import sets the attribute).
     code = (
         "import planner\nfrom planner.schemas import Layout, TrainingSpec\n"
@@ -61,7 +61,7 @@ def test_no_subpackage_of_planner_shares_a_name_with_an_exported_function() -> N
 
 
 def test_a_strategy_given_by_name_is_that_strategy() -> None:
-    # Issue 19, item 5c: strategy="optuna" (a str, as the docstring allows) reached the runner as
+    # strategy="optuna" (a str, as the docstring allows) once reached the runner as
     # the string and failed with AttributeError: 'str' object has no attribute 'search'.
     training = TrainingSpec(global_batch_size=16, seq_len=64)
     budget = api.Budget(max_trials=12)

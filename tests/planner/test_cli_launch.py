@@ -1,5 +1,5 @@
 """`planner launch` refuses, in one line with exit code 2, a plan the runtime would refuse: it
-prints no command that could only fail on every node (issue 19, item 5f)."""
+prints no command that could only fail on every node."""
 
 import os
 import re

@@ -131,7 +131,7 @@ def test_search_verify_dry_runs_the_first_and_last_stage(tmp_path: Path) -> None
 def test_verify_dry_runs_both_ends_of_a_pipeline_with_tied_embeddings(capsys: pytest.CaptureFixture[str]) -> None:
     # The README main job's plan kind: tiny-gpt ties its embeddings, and with a pipeline the first
     # and last stage pair up to sum the copies' gradients. --verify dry-runs exactly those two
-    # stages; it once failed there reading the fake mesh tensor (issue 19, item 5a).
+    # stages; it once failed there reading the fake mesh tensor.
     model, cluster = load_model("tiny-gpt"), load_cluster("dgx-h100:1")
     training = TrainingSpec(global_batch_size=8, seq_len=64)
     layout = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=2, micro_batch_size=1)
@@ -167,7 +167,7 @@ def _bash(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[s
 
 
 def test_launch_without_master_addr_says_how_to_set_it_and_takes_it_from_the_shell(tmp_path: Path) -> None:
-    # Issue 19, item 5e: without --master-addr the lines read `--rdzv-endpoint MASTER_ADDR:29500`,
+    # Without --master-addr the lines once read `--rdzv-endpoint MASTER_ADDR:29500`,
     # a placeholder that looks like a host name; run as printed, torchrun tried to resolve it.
     plan = _two_node_plan(tmp_path)
     result = CliRunner().invoke(app, ["launch", str(plan)])
@@ -185,7 +185,7 @@ def test_launch_without_master_addr_says_how_to_set_it_and_takes_it_from_the_she
 
 
 def test_launch_script_needs_the_node_rank_and_the_master_address(tmp_path: Path) -> None:
-    # Issue 19, item 5e: `bash launch.sh` without a node rank ran as node 0 on every node it was
+    # `bash launch.sh` without a node rank once ran as node 0 on every node it was
     # started on. It now takes the rank as its argument or from NODE_RANK, and fails in one line without.
     plan, script = _two_node_plan(tmp_path), tmp_path / "launch.sh"
     assert CliRunner().invoke(app, ["launch", str(plan), "--output", str(script)]).exit_code == 0

@@ -1,7 +1,7 @@
 """`planner export plan.json --to torchtitan|megatron|deepspeed` and ``planner.api.export``: each
 export parsed back (tomllib, shlex, json) against hand-worked values, each target's own config
 code run on it where that target is installed, and every plan feature a target cannot express
-refused in one line (exit code 2), never dropped (issue 19, item 1)."""
+refused in one line (exit code 2), never dropped."""
 
 import importlib.util
 import json

@@ -1,4 +1,4 @@
-"""Malformed inputs end in one line and exit code 2, never a traceback or a hang (issue 19 item 6).
+"""Malformed inputs end in one line and exit code 2, never a traceback or a hang.
 
 Hypothesis mutates valid model, cluster, plan and routing-trace files (a value swapped for NaN,
 infinity, zero, a negative or huge number, a string, null, a list; a key deleted or added; the

@@ -1,7 +1,7 @@
 """Context parallelism trains like the single-process reference: each rank holds a zig-zag share
 of every sequence (1,024 tokens here; a contiguous share under the all-to-all kind), and the
 losses of the first steps match within 1e-5 (SGD, float32 on CPU), alone and beside data, tensor
-and pipeline parallelism (issue 20's acceptance)."""
+and pipeline parallelism."""
 
 import dataclasses
 from pathlib import Path

@@ -1,6 +1,6 @@
 """`planner run` runs a context-parallel plan on CPU ranks: every rank's ring attention sends the
 key/value bytes the cost model prices, and the all-to-all kind the shares of q, k, v and the
-output it prices (issue 20's acceptance: within 10%; here exactly, as the cost model counts what
+output it prices (within 10%; here exactly, as the cost model counts what
 this runtime runs)."""
 
 import subprocess

@@ -1,4 +1,4 @@
-"""An elastic job that loses a rank continues on the ranks left (issue 18): 4 CPU ranks train
+"""An elastic job that loses a rank continues on the ranks left: 4 CPU ranks train
 with --elastic and a checkpoint each step, rank 3 dies at the start of step 3; the same command
 started again on 3 ranks (what torchrun's restart with fewer nodes is to the run: another world
 on the same checkpoint folder) re-plans for them, resumes the step-3 checkpoint resharded and

@@ -1,6 +1,6 @@
 """A rank that freezes mid-run ends the job within --timeout on every rank: each survivor names
 it and the step it froze in, and exits with code 3; the checkpoints completed before it stay
-complete (issue 18, no hang). One torchrun job of 4 CPU ranks with a short timeout."""
+complete (no hang). One torchrun job of 4 CPU ranks with a short timeout."""
 
 import subprocess
 import sys

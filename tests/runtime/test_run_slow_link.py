@@ -1,5 +1,5 @@
 """A link slowed on purpose is named, with its two ranks and their hosts, no rank is named a
-straggler, and --on-fault exit ends the job there with code 4 (issue 18, slow links). One torchrun
+straggler, and --on-fault exit ends the job there with code 4 (slow links). One torchrun
 job of 4 CPU ranks, tiny-gpt tp2 x dp2 (the fewest ranks with two groups along an axis): from
 step 2, the first step the detector judges, ranks 0 and 1 sleep runtime.run.SLOW_LINK_FAULT_S
 in each collective of their tp group (0, 1)."""

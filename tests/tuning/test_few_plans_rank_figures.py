@@ -1,5 +1,5 @@
 """The rank figures (Spearman, top-1 regret) of a validation on so few plans that no ordering is
-significant say so instead of standing as if they meant something (issue 19 item 7)."""
+significant say so instead of standing as if they meant something."""
 
 import io
 

@@ -1,4 +1,4 @@
-"""Tables written to a file or pipe keep every row on one line (issue 19 item 7): a search's
+"""Tables written to a file or pipe keep every row on one line: a search's
 ranked plans, redirected, read one plan per line, as grep and people expect."""
 
 import os
