@@ -26,7 +26,7 @@ def run(settings: RunSettings) -> RunReport | None:
         plan's predictions); None on the other ranks.
 
     Raises:
-        SchemaError: not under torchrun (RANK unset), or settings that contradict each other.
+        SchemaError: not under torchrun (RANK unset).
         InfeasibleConfigError: the plan is for another world size (unless elastic) or device, or
             (elastic) no layout fits the job's ranks.
         JobFailed: a rank died, hung past ``timeout_s`` or was stopped; the message names the
@@ -37,12 +37,6 @@ def run(settings: RunSettings) -> RunReport | None:
     if "RANK" not in os.environ:
         plan = settings.plan_file or "PLAN.json"
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
-    if settings.resume and settings.checkpoint_dir is None:
-        raise SchemaError("--resume continues from a checkpoint: give its folder with --checkpoint-dir")
-    if settings.elastic and settings.checkpoint_dir is None:
-        raise SchemaError("--elastic resumes each restart from a checkpoint: give their folder with --checkpoint-dir")
-    if settings.checkpoint_every < 0:
-        raise SchemaError(f"--checkpoint-every {settings.checkpoint_every} must be 0 (after the last step) or more")
     from planner.flows.replan import plan_for_world
     from runtime.run import run as run_plan
 

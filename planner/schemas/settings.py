@@ -12,6 +12,7 @@ from pathlib import Path
 
 from planner.schemas.choices import Choice
 from planner.schemas.enums import DType, OnFault, VocabularyLayout
+from planner.schemas.errors import SchemaError
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan
 
@@ -166,6 +167,22 @@ class RunSettings:
     from that step on: each collective of a group holding both, the default group aside, first
     sleeps ``SLOW_LINK_FAULT_S`` (inside the collective clock's time; without the straggler
     detector, as on CUDA, it is not injected). ``peer`` is the rank itself for the other kinds."""
+
+    def __post_init__(self) -> None:
+        """Refuse settings that contradict each other, before any work.
+
+        Raises:
+            SchemaError: resuming or running elastic without a checkpoint folder, or a negative
+                checkpoint interval.
+        """
+        if self.resume and self.checkpoint_dir is None:
+            raise SchemaError("--resume continues from a checkpoint: give its folder with --checkpoint-dir")
+        if self.elastic and self.checkpoint_dir is None:
+            raise SchemaError(
+                "--elastic resumes each restart from a checkpoint: give their folder with --checkpoint-dir"
+            )
+        if self.checkpoint_every < 0:
+            raise SchemaError(f"--checkpoint-every {self.checkpoint_every} must be 0 (after the last step) or more")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 from harness import planner_main, run_ranks
 
+from planner import api
 from planner.files.models import load_model
-from planner.schemas import DType, Layout, VocabularyLayout
+from planner.schemas import DType, Layout, TrainingSpec, VocabularyLayout
 from runtime import checkpoint, optim
 from runtime.data import synthetic_batch
 from runtime.trainer import Trainer
@@ -91,6 +92,8 @@ def test_a_resumed_run_continues_exactly_where_it_stopped(tmp_path: Path, monkey
 
 def test_resume_needs_a_checkpoint_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RANK", "0")
+    plan = api.search("tiny-gpt", "dgx-a100-80g:1", TrainingSpec(global_batch_size=16, seq_len=64))[0]
+    api.save_plan(plan, tmp_path / "plan.json")
     code, _, err = planner_main(["run", str(tmp_path / "plan.json"), "--resume"], monkeypatch)
     assert code == 2 and "--checkpoint-dir" in err and len(err.strip().splitlines()) == 1
 
