@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from cost_models import groups as grp
 from cost_models.estimate import estimate
-from cost_models.memory import stage_activation_bytes, stage_logits_bytes
+from cost_models.loss_memory import stage_logits_bytes
 from cost_models.params import stage_params
+from cost_models.stage_activations import stage_activation_bytes
 from cost_models.timing import _shared_kernels, stage_times
 from cost_models.vocabulary import VocabularyComm, vocabulary_activation_bytes, vocabulary_comm
 from planner import api
