@@ -10,7 +10,9 @@ s b h (34/t + 5 a s / (h t)) with tensor + sequence parallelism.
 
 Notation: s sequence length, b micro-batch size, h hidden size, a query heads, q = a * head_dim,
 k_v = kv_heads * head_dim, f MLP width, E experts, k experts per token, t tensor-parallel degree,
-``act`` bytes of one activation element (``Precision.activations``: 2 for bf16/fp16, 4 for fp32).
+``act`` bytes of one activation element (``Precision.activations``: 2 for bf16/fp16, 4 for fp32);
+``/t`` = split over tensor parallelism, ``/sp`` = split by t only with sequence parallelism,
+replicated otherwise.
 Dropout masks are 1 byte per element in every precision. Everything is per rank, per micro-batch, in bytes.
 """
 
@@ -91,47 +93,11 @@ def layer_activations(
     context_parallel_degree: int = 1,
     kv_replication: int = 1,
 ) -> LayerActivations:
-    """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized).
-
-    Attention block (``/t`` = split over tensor parallelism; ``/sp`` = split by t only with
-    sequence parallelism, replicated otherwise):
-      - QKV-projection input ................ act s b h /sp
-      - Q and K (inputs of Q K^T) ........... act s b (q + k_v) /t    (GQA: K is k_v wide)
-      - softmax output ...................... act a s^2 b /t
-      - softmax dropout mask ................ 1 a s^2 b /t            (attention_dropout > 0)
-      - dropout output (input of scores @ V)  act a s^2 b /t          (attention_dropout > 0; without
-        dropout the softmax output itself feeds scores @ V and is not stored twice)
-      - with FlashAttention (``AttentionKernel.FLASH``) the three s^2 terms above are replaced
-        by the fp32 log-sum-exp, 4 a s b /t: the kernel recomputes the scores in its backward
-        and regenerates the dropout mask from the saved RNG state (Dao 2023, FlashAttention-2)
-      - V ................................... act s b k_v /t
-      - output-projection input ............. act s b q /t
-      - dropout mask after attention ........ 1 s b h /sp             (hidden_dropout > 0)
-    MLP block, dense:
-      - MLP input ........................... act s b h /sp
-      - GELU-type: activation input and output, 2 x act s b f /t
-      - gated (SwiGLU): gate and up projection outputs (the inputs of a fused SwiGLU, whose
-        backward recomputes SiLU, as Megatron-Core's ``SwiGLUFunction``) and their product
-        (the down-projection input), 3 x act s b f /t. An unfused eager implementation also
-        keeps SiLU(gate): one more act s b f /t, not counted.
-      - dropout mask after the MLP .......... 1 s b h /sp             (hidden_dropout > 0)
-    MLP block, MoE (balanced routing, capacity factor 1, so a rank's experts see s b k tokens):
-      - router input ........................ act s b h /sp
-      - router logits ....................... 4 s b E /sp            (fp32)
-      - per routed copy (x k): expert input act s b h /sp, intermediates as dense (expert width),
-        expert output (kept by the probability-weighted combine) act s b h /sp
-      - shared experts (every token): intermediates as dense at their width; with Qwen2-MoE's
-        sigmoid gate also the shared output act s b h /sp and the gate value act s b
-      - dropout mask after the MLP .......... 1 s b h /sp
-      With the experts whole on each rank (expert tensor parallelism 1, which needs sequence
-      parallelism) a rank routes its own s b / t tokens and keeps k s b / t routed copies at the
-      whole expert width: the same bytes as k s b copies at width /t, so the terms above hold.
-    Multi-head latent attention (DeepSeek) replaces Q, K, V above: the latent down-projection
-    outputs (each its RMSNorm's input) and the normalized latents (the up-projections' inputs),
-    2 act s b (rq + rkv), and the rope key, act s b dr, all whole on every rank; Q and K,
-    2 act s b a dqk /t; V and the output-projection input, 2 act s b a dv /t.
-    Qwen3's q/k norms keep their inputs: act s b (q + k_v) /t more.
-    Norms: each of the two keeps its input, act s b h /sp (LayerNorm and RMSNorm alike).
+    """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized):
+    the attention block's (``_attention_bytes``; multi-head latent attention's
+    ``_mla_attention_bytes``), its scores (``_attention_scores_bytes``), the MLP block's
+    (``_mlp_bytes``), and the norms': each of the two keeps its input, act s b h /sp (LayerNorm
+    and RMSNorm alike).
 
     Args:
         model: the transformer's shape and dropout rates.
@@ -162,58 +128,18 @@ def layer_activations(
     sp = t if sequence_parallel else 1
     local = seq_len // context_parallel_degree
     tokens = local * micro_batch_size
-    h, a = model.hidden_size, model.num_attention_heads
-    q, kv = a * model.head_size, model.kv_heads * model.head_size
+    h = model.hidden_size
     hidden_mask = MASK_BYTES * tokens * h / sp if model.hidden_dropout > 0 else 0.0
-
-    if model.is_mla:
-        qk, v = a * model.qk_head_size, a * model.v_head_size
-        rq, rkv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
-        attention = (
-            act * tokens * h / sp  # down-projection input
-            + act * tokens * (2 * (rq + rkv) + rope)  # latents before and after their norms, rope key
-            + act * tokens * qk * (1 + kv_replication) / t  # Q and K
-            + act * tokens * v * (kv_replication + 1) / t  # V and the output-projection input
-            + hidden_mask
-        )
-    else:
-        attention = (
-            act * tokens * h / sp  # QKV-projection input
-            + act * tokens * (q + kv * kv_replication) / t  # Q and K
-            + act * tokens * kv * kv_replication / t  # V
-            + act * tokens * q / t  # output-projection input
-            + hidden_mask
-        )
-        if model.qk_norm:
-            attention += act * tokens * (q + kv) / t
-    if attention_kernel.fused:
-        scores = SOFTMAX_STAT_BYTES * a * tokens / t  # log-sum-exp; the dropout mask is regenerated
-    else:
-        scores_elements = a * local * seq_len * micro_batch_size / t
-        scores = act * scores_elements  # softmax output
-        if model.attention_dropout > 0:
-            scores += MASK_BYTES * scores_elements + act * scores_elements  # mask, dropout output
-
-    def intermediates_at(width: int) -> float:
-        return (3 if model.hidden_act.gated else 2) * act * tokens * width / t
-
+    rank = _RankShape(act=act, tokens=tokens, t=t, sp=sp, hidden_mask=hidden_mask)
+    attention = (
+        _mla_attention_bytes(model, rank, kv_replication)
+        if model.is_mla
+        else _attention_bytes(model, rank, kv_replication)
+    )
+    scores = _attention_scores_bytes(model, rank, attention_kernel, local * seq_len * micro_batch_size)
     sparse = model.is_moe if moe is None else moe
+    mlp, expert_activations = _mlp_bytes(model, rank, sparse, expert_load)
     mlp_input = act * tokens * h / sp  # the second norm's output
-    expert_activations = 0.0
-    if sparse:
-        k = model.num_experts_per_tok
-        router = mlp_input + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
-        routed = expert_load * k * (2 * act * tokens * h / sp + intermediates_at(model.expert_ffn_size))
-        expert_activations = expert_load * k * act * tokens * model.expert_ffn_size / t
-        mlp = router + routed + hidden_mask
-        if model.shared_ffn_size:
-            mlp += intermediates_at(model.shared_ffn_size)
-        if model.has_shared_expert_gate:
-            mlp += act * tokens * h / sp + act * tokens
-    else:
-        intermediates = intermediates_at(model.ffn_size)
-        mlp = mlp_input + intermediates + hidden_mask
-
     return LayerActivations(
         norm_inputs_bytes=2 * act * tokens * h / sp,
         attention_bytes=attention,
@@ -224,6 +150,133 @@ def layer_activations(
         mlp_block_bytes=mlp - mlp_input - hidden_mask,
         expert_activation_bytes=expert_activations,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RankShape:
+    """What every term of ``layer_activations`` is priced over on one rank, one micro-batch."""
+
+    act: int
+    """Bytes of one activation element."""
+    tokens: int
+    """The rank's tokens of the micro-batch: b s / cp."""
+    t: int
+    """Tensor-parallel degree: what ``/t`` terms are split over."""
+    sp: int
+    """t with sequence parallelism, else 1: what ``/sp`` terms are split over."""
+    hidden_mask: float
+    """One dropout mask after attention or the MLP, 1 s b h /sp (0 without hidden dropout)."""
+
+
+def _attention_bytes(model: ModelSpec, rank: _RankShape, kv_replication: int) -> float:
+    """The attention block's bytes beyond its scores (``_attention_scores_bytes``):
+      - QKV-projection input ................ act s b h /sp
+      - Q and K (inputs of Q K^T) ........... act s b (q + k_v) /t    (GQA: K is k_v wide)
+      - V ................................... act s b k_v /t
+      - output-projection input ............. act s b q /t
+      - dropout mask after attention ........ 1 s b h /sp             (hidden_dropout > 0)
+    Qwen3's q/k norms keep their inputs: act s b (q + k_v) /t more. K and V scale by
+    ``kv_replication`` (``layer_activations``)."""
+    act, tokens, t, sp = rank.act, rank.tokens, rank.t, rank.sp
+    h, a = model.hidden_size, model.num_attention_heads
+    q, kv = a * model.head_size, model.kv_heads * model.head_size
+    attention = (
+        act * tokens * h / sp  # QKV-projection input
+        + act * tokens * (q + kv * kv_replication) / t  # Q and K
+        + act * tokens * kv * kv_replication / t  # V
+        + act * tokens * q / t  # output-projection input
+        + rank.hidden_mask
+    )
+    if model.qk_norm:
+        attention += act * tokens * (q + kv) / t
+    return attention
+
+
+def _mla_attention_bytes(model: ModelSpec, rank: _RankShape, kv_replication: int) -> float:
+    """Multi-head latent attention's (DeepSeek) block, beyond its scores: it replaces Q, K, V of
+    ``_attention_bytes`` by the latent down-projection outputs (each its RMSNorm's input) and the
+    normalized latents (the up-projections' inputs), 2 act s b (rq + rkv), and the rope key,
+    act s b dr, all whole on every rank; Q and K, 2 act s b a dqk /t; V and the output-projection
+    input, 2 act s b a dv /t; beside the down-projection input, act s b h /sp, and the dropout
+    mask after attention."""
+    act, tokens, t, sp = rank.act, rank.tokens, rank.t, rank.sp
+    h, a = model.hidden_size, model.num_attention_heads
+    qk, v = a * model.qk_head_size, a * model.v_head_size
+    rq, rkv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+    return (
+        act * tokens * h / sp  # down-projection input
+        + act * tokens * (2 * (rq + rkv) + rope)  # latents before and after their norms, rope key
+        + act * tokens * qk * (1 + kv_replication) / t  # Q and K
+        + act * tokens * v * (kv_replication + 1) / t  # V and the output-projection input
+        + rank.hidden_mask
+    )
+
+
+def _attention_scores_bytes(
+    model: ModelSpec, rank: _RankShape, attention_kernel: AttentionKernel, query_key_pairs: int
+) -> float:
+    """The attention core's score terms, over the rank's ``query_key_pairs`` (its s / cp queries
+    against all s keys, times b):
+      - softmax output ...................... act a s^2 b /t
+      - softmax dropout mask ................ 1 a s^2 b /t            (attention_dropout > 0)
+      - dropout output (input of scores @ V)  act a s^2 b /t          (attention_dropout > 0; without
+        dropout the softmax output itself feeds scores @ V and is not stored twice)
+      - with FlashAttention (``AttentionKernel.FLASH``) the three s^2 terms above are replaced
+        by the fp32 log-sum-exp, 4 a s b /t: the kernel recomputes the scores in its backward
+        and regenerates the dropout mask from the saved RNG state (Dao 2023, FlashAttention-2)"""
+    a, act, t = model.num_attention_heads, rank.act, rank.t
+    if attention_kernel.fused:
+        return SOFTMAX_STAT_BYTES * a * rank.tokens / t  # log-sum-exp; the dropout mask is regenerated
+    scores_elements = a * query_key_pairs / t
+    scores = act * scores_elements  # softmax output
+    if model.attention_dropout > 0:
+        scores += MASK_BYTES * scores_elements + act * scores_elements  # mask, dropout output
+    return scores
+
+
+def _mlp_bytes(model: ModelSpec, rank: _RankShape, sparse: bool, expert_load: float) -> tuple[float, float]:
+    """The MLP block's bytes, and of them the routed experts' activation outputs (0 when dense).
+
+    MLP block, dense:
+      - MLP input ........................... act s b h /sp
+      - GELU-type: activation input and output, 2 x act s b f /t
+      - gated (SwiGLU): gate and up projection outputs (the inputs of a fused SwiGLU, whose
+        backward recomputes SiLU, as Megatron-Core's ``SwiGLUFunction``) and their product
+        (the down-projection input), 3 x act s b f /t. An unfused eager implementation also
+        keeps SiLU(gate): one more act s b f /t, not counted.
+      - dropout mask after the MLP .......... 1 s b h /sp             (hidden_dropout > 0)
+    MLP block, MoE (balanced routing, capacity factor 1, so a rank's experts see s b k tokens):
+      - router input ........................ act s b h /sp
+      - router logits ....................... 4 s b E /sp            (fp32)
+      - per routed copy (x k): expert input act s b h /sp, intermediates as dense (expert width),
+        expert output (kept by the probability-weighted combine) act s b h /sp
+      - shared experts (every token): intermediates as dense at their width; with Qwen2-MoE's
+        sigmoid gate also the shared output act s b h /sp and the gate value act s b
+      - dropout mask after the MLP .......... 1 s b h /sp
+      With the experts whole on each rank (expert tensor parallelism 1, which needs sequence
+      parallelism) a rank routes its own s b / t tokens and keeps k s b / t routed copies at the
+      whole expert width: the same bytes as k s b copies at width /t, so the terms above hold.
+    The routed experts' terms scale by ``expert_load`` (``layer_activations``)."""
+    act, tokens, t, sp, h = rank.act, rank.tokens, rank.t, rank.sp, model.hidden_size
+    mlp_input = act * tokens * h / sp  # the second norm's output
+    if not sparse:
+        intermediates = _intermediates_bytes(model, rank, model.ffn_size)
+        return mlp_input + intermediates + rank.hidden_mask, 0.0
+    k = model.num_experts_per_tok
+    router = mlp_input + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
+    routed = expert_load * k * (2 * act * tokens * h / sp + _intermediates_bytes(model, rank, model.expert_ffn_size))
+    expert_activations = expert_load * k * act * tokens * model.expert_ffn_size / t
+    mlp = router + routed + rank.hidden_mask
+    if model.shared_ffn_size:
+        mlp += _intermediates_bytes(model, rank, model.shared_ffn_size)
+    if model.has_shared_expert_gate:
+        mlp += act * tokens * h / sp + act * tokens
+    return mlp, expert_activations
+
+
+def _intermediates_bytes(model: ModelSpec, rank: _RankShape, width: int) -> float:
+    """An MLP's intermediates at ``width``: 3 tensors of it for a gated activation, 2 otherwise."""
+    return (3 if model.hidden_act.gated else 2) * rank.act * rank.tokens * width / rank.t
 
 
 def kept_bytes(

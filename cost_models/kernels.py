@@ -42,7 +42,7 @@ are left out.
   (16), and write the copy (2): 78 bytes.
 
 The backward of a layer's elementwise work moves about twice the forward's bytes through twice
-its kernels (``cost_models.timing``). Each kernel also costs the device's launch overhead
+its kernels (``cost_models.layer_time``). Each kernel also costs the device's launch overhead
 (``MatmulModel.launch_overhead_s``, as every GEMM does). Units: bytes, kernels.
 """
 

@@ -94,7 +94,9 @@ def expert_gemms(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tu
 
 
 def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe: bool | None = None) -> LayerWork:
-    """Forward GEMMs and elementwise traffic of one transformer layer (see module docstring).
+    """Forward GEMMs and elementwise traffic of one transformer layer (see module docstring): its
+    attention projections (``_attention_projections``), its MLP or MoE block (``_mlp_work``), the
+    attention core, and the norms and residual adds around them.
 
     ``moe`` says which kind of layer (``ModelSpec.is_moe_layer``); None means the model's MoE
     layer if it has any, else its dense layer.
@@ -108,21 +110,100 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
     sparse = model.is_moe if moe is None else moe
 
     kinds, norm_kind = training.kernels, model.norm_type
+    dense, attention_side, out_elements = _attention_projections(model, tokens, t, e, kinds)
+    mlp = _mlp_work(model, training, layout, tokens, seq_tokens, sparse=sparse)
+    dense += mlp.gemms
+
+    attention = (
+        Gemm(s_local, s, model.qk_head_size, batch=b * heads),
+        Gemm(s_local, model.v_head_size, s, batch=b * heads),
+    )
+
+    dropout = model.hidden_dropout > 0
+    norms = kernels.norm(norm_kind, seq_tokens * h, e, kinds)
+    residual = kernels.residual_add(seq_tokens * h, e, dropout, kinds)
+    elementwise = (
+        norms
+        + norms
+        + residual
+        + residual
+        + mlp.activation
+        + attention_side
+        + mlp.permute
+        + kernels.attention_output(out_elements, e, kinds)
+    )
+
+    flash = training.attention_kernel.fused
+    scores = b * heads * s_local * s
+    attn_mask = 1 if model.attention_dropout > 0 else 0
+    alibi = 2 * e if model.position_embedding_type is PositionEmbedding.ALIBI else 0  # its bias, one more pass
+    attention_bytes = 0.0 if flash else (2 * e + alibi + (2 * e + attn_mask if attn_mask else 0)) * scores
+    return LayerWork(
+        dense_gemms=tuple(dense),
+        attention_gemms=attention,
+        elementwise_bytes=elementwise.bytes,
+        elementwise_kernels=elementwise.kernels,
+        attention_elementwise_bytes=float(attention_bytes),
+        flash_attention=flash,
+        mlp_gemms=tuple(mlp.gemms),
+        mlp_elementwise=mlp.activation + mlp.permute,
+        expert_activation=mlp.routed_activation,
+        norms=norms + norms,
+    )
+
+
+def _attention_projections(
+    model: ModelSpec, tokens: int, t: int, e: int, kinds: Kernels
+) -> tuple[list[Gemm], kernels.Traffic, int]:
+    """The attention block's projections on one tensor-parallel rank over ``tokens`` tokens, the
+    elementwise traffic beside them (rotary, Qwen3's q/k norms; MLA's latent norms), and the
+    elements of the attention core's output (what eager kernels copy back to token-major layout)."""
     if model.is_mla:
-        dense, attention_side = _mla_gemms(model, tokens, t), _mla_elementwise(model, tokens, t, e, kinds)
-        out_elements = tokens * heads * model.v_head_size
-    else:
-        q_dim = model.num_attention_heads * model.head_size
-        kv_dim = model.kv_heads * model.head_size
-        dense = [Gemm(tokens, (q_dim + 2 * kv_dim) // t, h), Gemm(tokens, h, q_dim // t)]
-        q_elements, k_elements = tokens * q_dim // t, tokens * kv_dim // t
-        rope = model.position_embedding_type is PositionEmbedding.ROPE
-        attention_side = kernels.rotary(q_elements, k_elements, e, kinds) if rope else kernels.NONE
-        if model.qk_norm:
-            attention_side += kernels.norm(norm_kind, q_elements, e, kinds) + kernels.norm(
-                norm_kind, k_elements, e, kinds
-            )
-        out_elements = q_elements
+        heads = model.num_attention_heads // t
+        return (
+            _mla_gemms(model, tokens, t),
+            _mla_elementwise(model, tokens, t, e, kinds),
+            tokens * heads * model.v_head_size,
+        )
+    h, norm_kind = model.hidden_size, model.norm_type
+    q_dim = model.num_attention_heads * model.head_size
+    kv_dim = model.kv_heads * model.head_size
+    dense = [Gemm(tokens, (q_dim + 2 * kv_dim) // t, h), Gemm(tokens, h, q_dim // t)]
+    q_elements, k_elements = tokens * q_dim // t, tokens * kv_dim // t
+    rope = model.position_embedding_type is PositionEmbedding.ROPE
+    attention_side = kernels.rotary(q_elements, k_elements, e, kinds) if rope else kernels.NONE
+    if model.qk_norm:
+        attention_side += kernels.norm(norm_kind, q_elements, e, kinds) + kernels.norm(norm_kind, k_elements, e, kinds)
+    return dense, attention_side, q_elements
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _MlpWork:
+    """One layer's MLP or MoE block on one tensor-parallel rank (``_mlp_work``)."""
+
+    gemms: list[Gemm]
+    """Its GEMMs: up and down projections; an MoE block's router, routed and shared experts and gate."""
+    activation: kernels.Traffic
+    """Its activations' traffic (routed and shared experts')."""
+    routed_activation: kernels.Traffic
+    """Of ``activation``: the routed experts' (none for a dense MLP)."""
+    permute: kernels.Traffic
+    """Permuting the routed tokens to their experts and back (none for a dense MLP)."""
+
+
+def _mlp_work(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, tokens: int, seq_tokens: int, *, sparse: bool
+) -> _MlpWork:
+    """The MLP's GEMMs and elementwise traffic over the rank's ``tokens`` (``seq_tokens`` of them
+    under sequence parallelism): a dense MLP split over t, or an MoE block whose routed experts
+    see their share of the routed pairs (``expert_gemms``; with the experts folded, each rank
+    routes its own ``seq_tokens``) and whose shared experts see every token, split over t."""
+    t, h, e, kinds = (
+        layout.tensor_parallel_degree,
+        model.hidden_size,
+        training.precision.activations.bytes,
+        training.kernels,
+    )
     gated = model.hidden_act.gated
     in_factor = 2 if gated else 1
     mlp: list[Gemm]
@@ -144,44 +225,7 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         mlp = [Gemm(tokens, in_factor * f // t, h), Gemm(tokens, h, f // t)]
         act = kernels.activation(gated, tokens * (f // t), e, kinds)
         permute = routed_act = kernels.NONE
-    dense += mlp
-
-    attention = (
-        Gemm(s_local, s, model.qk_head_size, batch=b * heads),
-        Gemm(s_local, model.v_head_size, s, batch=b * heads),
-    )
-
-    dropout = model.hidden_dropout > 0
-    norms = kernels.norm(norm_kind, seq_tokens * h, e, kinds)
-    residual = kernels.residual_add(seq_tokens * h, e, dropout, kinds)
-    elementwise = (
-        norms
-        + norms
-        + residual
-        + residual
-        + act
-        + attention_side
-        + permute
-        + kernels.attention_output(out_elements, e, kinds)
-    )
-
-    flash = training.attention_kernel.fused
-    scores = b * heads * s_local * s
-    attn_mask = 1 if model.attention_dropout > 0 else 0
-    alibi = 2 * e if model.position_embedding_type is PositionEmbedding.ALIBI else 0  # its bias, one more pass
-    attention_bytes = 0.0 if flash else (2 * e + alibi + (2 * e + attn_mask if attn_mask else 0)) * scores
-    return LayerWork(
-        dense_gemms=tuple(dense),
-        attention_gemms=attention,
-        elementwise_bytes=elementwise.bytes,
-        elementwise_kernels=elementwise.kernels,
-        attention_elementwise_bytes=float(attention_bytes),
-        flash_attention=flash,
-        mlp_gemms=tuple(mlp),
-        mlp_elementwise=act + permute,
-        expert_activation=routed_act,
-        norms=norms + norms,
-    )
+    return _MlpWork(gemms=mlp, activation=act, routed_activation=routed_act, permute=permute)
 
 
 def _mla_gemms(model: ModelSpec, tokens: int, t: int) -> list[Gemm]:

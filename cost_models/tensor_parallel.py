@@ -54,7 +54,7 @@ def tensor_parallel_layer_s(
         layout: tensor-parallel degree, micro-batch size, sequence parallel, recompute.
         tensor_groups: the tensor-parallel groups (devices).
         local: the (forward, backward) seconds of the local layer the real one's record holds
-            (for an MoE model, its MoE layer: ``cost_models.timing``), or None if not profiled.
+            (for an MoE model, its MoE layer: ``cost_models.layer_time``), or None if not profiled.
 
     Returns:
         Seconds per layer and micro-batch.

@@ -1,35 +1,14 @@
 """Per-micro-batch time of each pipeline stage, split into compute, recompute and communication.
 
-Forward and backward of every layer come from its GEMM shapes and elementwise traffic
-(cost_models.layer_work, cost_models.compute). The backward of a GEMM is its input- and
-weight-gradient GEMMs; elementwise backward moves twice the forward's bytes. FlashAttention
-skips the masked half of a causal s x s product and its backward runs 5 GEMMs to the
-forward's 2 (Dao 2023, FlashAttention-2, sec. 3), so it costs 2.5 forwards; it runs at the rates
-the profile's attention records give (``compute.fused_attention_s``: the kernel as published or
-timed, well below the matmul rate), else at the matmul rate. Recomputation
-(Korthikanti et al. 2022): full repeats the layer's forward; selective repeats the modules the
-layout names (``Layout.recompute_modules``, Megatron-Core's ``--recompute-modules``): by default
-the attention core (nothing extra under FlashAttention, which already recomputes it), and the
-norms, the experts' activation, a dense MLP or a whole MoE block (``_selective_recompute_s``), at
-most the layer's forward. Tensor- and
+Each kind of layer's kernels, and the vocabulary layers', come from ``cost_models.layer_time``
+(its docstring: GEMMs and elementwise traffic, FlashAttention, recomputation, the profile's
+timed layers); a stage runs its layers of each kind, and the hottest rank's routed pairs beyond
+the mean add the modeled expert GEMMs (``layer_time.LayoutKernels.experts``). Tensor- and
 expert-parallel communication per layer come from ``cost_models.tensor_parallel`` and
 ``cost_models.expert_parallel``. Every micro-batch's
 weight gradients are accumulated into fp32 buffers (Megatron-LM's main_grad, PyTorch AMP's
-fp32 .grad): read the new gradient and the sum, write the sum, memory-bound. Where the profile
-timed this model's own layer (``compute.measured_layer_s``), that time replaces the layer's
-kernels: it holds every small op and launch the kernel sum leaves out. An MoE layer is priced
-from the profile's timing of the runtime's own MoE layer (``compute.measured_moe_layer_s``:
-router, top-k routing and every expert on one rank, uniform routing as untrained routers on
-random inputs give) where there is one. Under expert parallelism each rank computes about the
-same routed pairs as there (P = k s b, ``cost_models.expert_parallel``) over fewer experts, so
-that layer is the base for every ep; the all-to-alls are priced on their own, and the hottest
-rank's pairs beyond the mean add the modeled expert GEMMs (``_expert_gemms_time``). Without
-that record (a version-2 profile, tensor parallelism, a model the runtime does not build as it
-is) an MoE layer is the measured dense layer (``profiler.layer``) plus the modeled difference
-between its MLP (router, routed and shared experts, permutation) and that dense one.
-The output layer (final norm, head, loss) likewise, where the profile timed the runtime's own,
-vocabulary-parallel under tensor parallelism, its collectives counted as its compute; each stage
-does its share of it and of the embedding (``StageParams.output_share``, ``embedding_share``):
+fp32 .grad): read the new gradient and the sum, write the sum, memory-bound. Each stage
+does its share of the output layer and of the embedding (``StageParams.output_share``, ``embedding_share``):
 all on the stage holding it when pinned, 1/p on every stage when the vocabulary is split over
 the pipeline, which then waits for the part of its vocabulary collectives that its layers'
 compute does not hide (``cost_models.vocabulary``). Under ZeRO 2-3 each sharded unit
@@ -41,13 +20,11 @@ beyond that layer's own local time (for an MoE layer, the measured dense local l
 modeled MoE difference) is the tensor-parallel time, so that the layer's compute and its
 tensor-parallel time add up to the record, the MoE part counted once. With the experts folded
 (``Layout.folds_experts``: whole experts, each rank routing its own s b / t tokens) an MoE layer
-runs attention's tensor-parallel collectives alone (``tensor_parallel.moe_layer_share``) and is
-priced from its modeled kernels over the measured dense layer, the runtime's MoE layer (which
-splits experts over t) not being what runs. With ``TrainingSpec.tp_comm_overlap`` under sequence
+runs attention's tensor-parallel collectives alone (``tensor_parallel.moe_layer_share``). With
+``TrainingSpec.tp_comm_overlap`` under sequence
 parallelism on GPUs, a layer waits only for the part of its tensor-parallel time that its dense
-GEMMs do not hide (``overlap.tensor_parallel_exposed_s``). Under context parallelism a rank's
-kernels run over its s / cp tokens of each sequence (``layer_work``; the profile's timed layers,
-over whole sequences, are not read), and each layer waits for the part of its ring attention's
+GEMMs do not hide (``overlap.tensor_parallel_exposed_s``). Under context parallelism each layer
+waits for the part of its ring attention's
 key/value exchange that the attention core's blocks do not hide, or for all of its all-to-alls
 (``context_parallel.context_parallel_layer_s``).
 Units: seconds.
@@ -57,37 +34,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from cost_models import groups as grp
-from cost_models import layer_work as lw
 from cost_models.comm import Group
-from cost_models.compute import (
-    backward_gemms_time_s,
-    elementwise_time_s,
-    fused_attention_s,
-    gemm_time_s,
-    gemms_time_s,
-    measured_layer_s,
-    measured_moe_layer_s,
-    measured_output_layer_s,
-)
-from cost_models.context_parallel import attention_calls, context_parallel_layer_s, local_seq_len
-from cost_models.expert_parallel import expert_parallel_layer_s, stage_expert_loads
-from cost_models.memo import HeldMemo
+from cost_models.compute import elementwise_time_s
+from cost_models.context_parallel import context_parallel_layer_s, local_seq_len
+from cost_models.expert_parallel import StageExpertLoad, expert_parallel_layer_s, stage_expert_loads
+from cost_models.layer_time import LayoutKernels, shared_kernels
 from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
-from cost_models.params import all_stage_params
+from cost_models.params import StageParams, all_stage_params
 from cost_models.sharding import sharded_unit_s
 from cost_models.stage_devices import priced_on, stage_devices
 from cost_models.tensor_parallel import tensor_parallel_forward_backward_s, tensor_parallel_kind_s
-from cost_models.vocabulary import NO_COMM, vocabulary_comm, vocabulary_tokens
-from planner.schemas import (
-    ClusterProfile,
-    DeviceProfile,
-    Layout,
-    ModelSpec,
-    Precision,
-    Recompute,
-    RecomputeModule,
-    TrainingSpec,
-)
+from cost_models.vocabulary import NO_COMM, VocabularyComm, vocabulary_comm, vocabulary_tokens
+from planner.schemas import ClusterProfile, DeviceProfile, Layout, ModelSpec, Precision, TrainingSpec
 from planner.schemas.device_map import IDENTITY
 from planner.schemas.geometry import chunk_stage, embedding_chunk, output_chunk, stage_layers
 from planner.schemas.routing import RoutingStats
@@ -185,59 +143,31 @@ def _stage_times(
     context_groups: Iterable[Group],
     routing: RoutingStats | None,
 ) -> tuple[StageTime, ...]:
-    """``stage_times`` with every stage priced on ``cluster.pricing_device``."""
-    dev, precision = cluster.pricing_device, training.precision
-    t, b = layout.tensor_parallel_degree, layout.micro_batch_size
-    kernels = _shared_kernels(model, training, cluster, layout)
-    kinds = kernels.kinds
-    tp_fwd, tp_bwd = tensor_parallel_forward_backward_s(
-        model, training, cluster, layout, tensor_groups, kernels.timed_local
-    )
-    # Each kind of layer's tensor-parallel time (an MoE layer's a share of it when folded), and what
-    # of it the layer waits for: all, unless the collectives run in chunks behind its GEMMs.
-    tp_overlap = training.tp_comm_overlap and layout.sequence_parallel and t > 1 and hides_communication(cluster)
-    tp_of = {moe: tensor_parallel_kind_s(model, layout, tp_fwd, tp_bwd, moe=moe) for moe in kinds}
-    tp_exposed = {
-        moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t) if tp_overlap else tp_of[moe] for moe in kinds
-    }
-    ep_layer = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
-    cp_of = {
-        moe: context_parallel_layer_s(model, training, cluster, layout, context_groups, kinds[moe].attention_s)
-        if layout.context_parallel_degree > 1
-        else 0.0
-        for moe in kinds
-    }
-
-    if layout.vocabulary_layout.over_pipeline:
-        # Every tp rank does its stage's share of the unsplit layers, over its tokens (cost_models.vocabulary).
-        alone = (
-            replace(
-                layout,
-                tensor_parallel_degree=1,
-                sequence_parallel=False,
-                expert_tensor_parallel_degree=None,
-                expert_parallel_degree=1,
-                expert_placement=None,
-                device_map=IDENTITY,  # a map of the layout's t-times-larger world; the kernels do not read it
-            )
-            if t > 1
-            else layout
-        )
-        tokens_share = vocabulary_tokens(training, layout) / (local_seq_len(training, layout) * b)
-        output_s, embed_s = (x * tokens_share for x in _shared_kernels(model, training, cluster, alone).vocabulary_s)
-    else:
-        output_s, embed_s = kernels.vocabulary_s
-
+    """``stage_times`` with every stage priced on ``cluster.pricing_device``: what every stage
+    shares priced once (``_LayoutCosts``), then each stage (``_stage_time``), stages alike once."""
+    kernels = shared_kernels(model, training, cluster, layout)
+    tp_exposed_s = _tensor_parallel_exposed_s(model, training, cluster, layout, kernels, tensor_groups)
+    ep_layer_s = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
+    cp_s = _context_parallel_s(model, training, cluster, layout, kernels, context_groups)
+    output_s, embed_s = _vocabulary_layers_share_s(model, training, cluster, layout, kernels)
     vocabulary = (
         vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
         if layout.vocabulary_layout.over_pipeline
         else NO_COMM
     )
-    unit_s = sharded_unit_s(dev, layout, precision.weights)
-    experts = kernels.experts
+    costs = _LayoutCosts(
+        kernels=kernels,
+        tp_exposed_s=tp_exposed_s,
+        ep_layer_s=ep_layer_s,
+        cp_s=cp_s,
+        output_s=output_s,
+        embed_s=embed_s,
+        vocabulary=vocabulary,
+        unit_s=sharded_unit_s(cluster.pricing_device, layout, training.precision.weights),
+        overlapped=training.vocabulary_overlap and hides_communication(cluster),
+    )
     alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
-    overlapped = training.vocabulary_overlap and hides_communication(cluster)
     first, last = chunk_stage(layout, embedding_chunk(layout)), chunk_stage(layout, output_chunk(layout))
     for stage, (n, load, held) in enumerate(
         zip(
@@ -251,271 +181,137 @@ def _stage_times(
         key = (n, load, held, roles)
         stage_time = alike.get(key)
         if stage_time is None:
-            embedding_share_s, output_share_s = held.embedding_share * embed_s, held.output_share * output_s
-            extra = embedding_share_s + output_share_s
-            extra += elementwise_time_s(grad_accumulation_bytes_per_param(precision) * held.total, dev)
-            extra += held.units * unit_s
-            counts = {False: n - load.moe_layers, True: load.moe_layers}
-            here = [(counts[moe], moe, kinds[moe]) for moe in kinds if counts[moe]]
-            hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
-            layers_s = sum((c * (k.forward_s + k.backward_s) for c, _, k in here), 0.0)
-            stage_time = alike[key] = StageTime(
-                compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
-                recompute_s=sum((c * k.recompute_s for c, _, k in here), 0.0) + hot * experts.recompute_s,
-                tensor_parallel_comm_s=sum((c * tp_exposed[moe] for c, moe, _ in here), 0.0),
-                expert_parallel_comm_s=load.exchange_sum * ep_layer,
-                backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s,
-                vocabulary_comm_s=vocabulary.exposed_s(
-                    layers_s,
-                    overlapped=overlapped,
-                    first=roles[0],
-                    last=roles[1],
-                    embedding_share_s=embedding_share_s,
-                    output_share_s=output_share_s,
-                ),
-                context_parallel_comm_s=sum((c * cp_of[moe] for c, moe, _ in here), 0.0),
+            stage_time = alike[key] = _stage_time(
+                costs, training.precision, cluster.pricing_device, n, load, held, roles
             )
         out.append(stage_time)
     return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Kernels:
-    """One micro-batch's kernel times on one rank that every stage of a layout shares."""
+class _LayoutCosts:
+    """What every stage of a layout shares, per micro-batch on one rank, in seconds."""
 
-    kinds: dict[bool, "_LayerTime"]
-    """Each kind of layer the model has (dense False, MoE True)."""
-    timed_local: tuple[float, float] | None
-    """Forward and backward of the layer the profiler timed under tensor parallelism (the
-    runtime's layer 0, an MoE layer for an MoE model) as it runs alone, where the profile timed
-    this model's layer: ``tensor_parallel_layer_s`` takes what the tp record adds beyond it."""
-    experts: "_LayerTime"
-    """A balanced MoE layer's routed-expert GEMMs on one rank (zero for a dense model)."""
-    vocabulary_s: tuple[float, float]
-    """The whole output layer's and embedding's seconds (``_vocabulary_layers_s``)."""
-
-
-_KERNELS: HeldMemo[_Kernels] = HeldMemo(limit=4096)
-"""``_kernels`` by what it reads: a search's many layouts share few (t, b, sp, ep, etp, recompute)."""
-
-
-def _shared_kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _Kernels:
-    """``_kernels``, memoized on what it reads of the layout and on the device object."""
-    key = (
-        model,
-        training,
-        layout.tensor_parallel_degree,
-        layout.micro_batch_size,
-        layout.sequence_parallel,
-        layout.expert_parallel_degree,
-        layout.expert_tensor_parallel_degree,
-        layout.recompute,
-        layout.recompute_modules,
-        layout.context_parallel_degree,
-        layout.context_parallel_kind,  # the attention kernel's calls (context_parallel.attention_calls)
-    )
-    return _KERNELS.get(cluster.pricing_device, key, lambda: _kernels(model, training, cluster, layout))
+    kernels: LayoutKernels
+    """Each kind of layer's kernels, the routed experts' GEMMs (``layer_time.shared_kernels``)."""
+    tp_exposed_s: dict[bool, float]
+    """Each kind of layer's tensor-parallel time it waits for (``_tensor_parallel_exposed_s``)."""
+    ep_layer_s: float
+    """One MoE layer's expert-parallel all-to-alls at a balanced load."""
+    cp_s: dict[bool, float]
+    """Each kind of layer's context-parallel time it waits for (``_context_parallel_s``)."""
+    output_s: float
+    """The output layer a stage holding all of it runs (``_vocabulary_layers_share_s``)."""
+    embed_s: float
+    """The embedding a stage holding all of it runs."""
+    vocabulary: VocabularyComm
+    """The vocabulary collectives over the pipeline group (none unless the vocabulary is split over it)."""
+    unit_s: float
+    """What FSDP spends of its own on one sharded unit (``sharding.sharded_unit_s``)."""
+    overlapped: bool
+    """Whether the vocabulary collectives may run behind the layers' compute."""
 
 
-def _kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _Kernels:
-    """Each kind of layer's time (from the profile's timing of this model's dense or MoE layer
-    where there is one), the routed experts' GEMMs and the vocabulary layers of ``layout``.
-    Under context parallelism the profile's layers (timed over whole sequences, without the ring)
-    are not what a rank runs: its kernels are priced from its share (``layer_work``)."""
-    dev, weights = cluster.pricing_device, training.precision.weights  # the precision the profiler built the layer in
-    t, b = layout.tensor_parallel_degree, layout.micro_batch_size
-    whole = layout.context_parallel_degree == 1
-    measured = measured_layer_s(dev, model.name, weights, t, b, training.seq_len) if whole else None
-    measured_moe = (
-        measured_moe_layer_s(dev, model.name, weights, t, b, training.seq_len)
-        if whole and model.is_moe and not layout.folds_experts
-        else None
-    )
-    kinds = {
-        moe: _layer_time(model, training, cluster, layout, measured, measured_moe if moe else None, moe=moe)
-        for moe in _layer_kinds(model)
-    }
-    # The profiler's real tensor-parallel layer is the runtime's layer 0, an MoE layer for an MoE
-    # model: what it takes beyond the same layer's local time is tensor-parallel time.
-    timed = kinds.get(model.is_moe) or _layer_time(
-        model, training, cluster, layout, measured, measured_moe, moe=model.is_moe
-    )
-    none = _LayerTime(forward_s=0.0, backward_s=0.0, recompute_s=0.0, attention_s=(0.0, 0.0))
-    return _Kernels(
-        kinds=kinds,
-        timed_local=None if measured is None else (timed.forward_s, timed.backward_s),
-        experts=_expert_gemms_time(model, training, cluster, layout) if True in kinds else none,
-        vocabulary_s=_vocabulary_layers_s(model, training, cluster, layout),
-    )
-
-
-def _vocabulary_layers_s(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
-) -> tuple[float, float]:
-    """(output layer, embedding) seconds of one micro-batch on one rank of ``layout``, whole: the
-    profiled output layer where there is one, else its GEMM and elementwise traffic."""
-    dev, precision = cluster.pricing_device, training.precision
-    output_s = (
-        measured_output_layer_s(
-            dev,
-            model.name,
-            precision.weights,
-            layout.tensor_parallel_degree,
-            layout.micro_batch_size,
-            training.seq_len,
-            sequence_parallel=layout.sequence_parallel,
-        )
-        if layout.context_parallel_degree == 1
-        else None
-    )
-    if output_s is None:
-        gemm = lw.output_layer_gemm(model, training, layout)
-        traffic = lw.output_layer_elementwise(model, training, layout)
-        elementwise = elementwise_time_s(traffic.bytes, dev, traffic.kernels)
-        gemm_dtype = precision.gemm_inputs
-        output_s = gemm_time_s(gemm, dev, gemm_dtype) + backward_gemms_time_s((gemm,), dev, gemm_dtype) + elementwise
-    return output_s, 3 * elementwise_time_s(lw.embedding_elementwise_bytes(model, training, layout), dev)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _LayerTime:
-    forward_s: float
-    backward_s: float
-    recompute_s: float
-    gemm_s: float = 0.0
-    """The layer's dense GEMMs (projections and MLP or shared experts), forward, backward and
-    recomputed: what its tensor-parallel collectives can run behind."""
-    attention_s: tuple[float, float] = (0.0, 0.0)
-    """The attention core's forward and backward: what a context-parallel ring runs behind."""
-
-
-def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> _LayerTime:
-    """Forward, backward and recompute seconds of one rank's routed experts in a balanced MoE
-    layer (``layer_work.expert_gemms``); recomputing the MoE block (full, or selective with
-    ``moe``) repeats the forward."""
-    gemms, gemm_dtype = lw.expert_gemms(model, training, layout), training.precision.gemm_inputs
-    forward = gemms_time_s(gemms, cluster.pricing_device, gemm_dtype)
-    recompute = forward if layout.recomputes(RecomputeModule.MOE) else 0.0
-    return _LayerTime(
-        forward_s=forward,
-        backward_s=backward_gemms_time_s(gemms, cluster.pricing_device, gemm_dtype),
-        recompute_s=recompute,
-    )
-
-
-def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
-    """Which kinds of layer the model has: dense (False), MoE (True) or both."""
-    moe = model.num_moe_layers
-    return tuple(kind for kind, count in ((False, model.num_hidden_layers - moe), (True, moe)) if count)
-
-
-def _fused_attention_s(
-    causal_flop: float, model: ModelSpec, training: TrainingSpec, layout: Layout, device: DeviceProfile
-) -> tuple[float, float] | None:
-    """Forward and backward seconds of the rank's attention core of ``causal_flop`` forward FLOPs
-    (4 d per query-key pair the causal mask leaves visible), call by call
-    (``context_parallel.attention_calls``), each its share of them; None without an attention
-    record."""
-    forward_s = backward_s = 0.0
-    for call in attention_calls(training, layout):
-        times = fused_attention_s(
-            causal_flop * call.share,
-            call.seq_len,
-            model.qk_head_size,
-            device,
-            training.precision.attention,
-            training.attention_kernel,
-            causal=call.causal,
-        )
-        if times is None:
-            return None
-        forward_s, backward_s = forward_s + times[0], backward_s + times[1]
-    return forward_s, backward_s
-
-
-def _layer_time(
+def _tensor_parallel_exposed_s(
     model: ModelSpec,
     training: TrainingSpec,
     cluster: ClusterProfile,
     layout: Layout,
-    measured: tuple[float, float] | None,
-    measured_moe: tuple[float, float] | None = None,
-    *,
-    moe: bool,
-) -> _LayerTime:
-    """Forward, backward and recompute seconds of one dense or MoE layer and micro-batch:
-    ``measured_moe`` (the runtime's MoE layer, timed) for an MoE layer where there is one, else
-    ``measured`` (the dense local layer, timed; an MoE layer adds its modeled difference), else
-    the modeled kernels."""
-    dev, precision = cluster.pricing_device, training.precision
-    gemm_dtype, attention_dtype = precision.gemm_inputs, precision.attention
-    work = lw.layer_work(model, training, layout, moe=moe)
-    elem_fwd = elementwise_time_s(work.elementwise_bytes, dev, work.elementwise_kernels)
-    dense_fwd = gemms_time_s(work.dense_gemms, dev, gemm_dtype)
-    dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, gemm_dtype)
-    # the kernel's rates at the calls it runs: by length and mask under context parallelism
-    fused = (
-        _fused_attention_s(0.5 * sum(g.flop for g in work.attention_gemms), model, training, layout, dev)
-        if work.flash_attention
-        else None
+    kernels: LayoutKernels,
+    tensor_groups: Iterable[Group],
+) -> dict[bool, float]:
+    """Each kind of layer's tensor-parallel time (an MoE layer's a share of it when folded), and what
+    of it the layer waits for: all, unless the collectives run in chunks behind its GEMMs."""
+    t, kinds = layout.tensor_parallel_degree, kernels.kinds
+    tp_fwd, tp_bwd = tensor_parallel_forward_backward_s(
+        model, training, cluster, layout, tensor_groups, kernels.timed_local
     )
-    if fused is not None:  # the attention kernel's own rate, as the profile records it
-        attn_fwd, attn_bwd = fused
-    elif work.flash_attention:  # no record: the causal half of its GEMMs at the matmul rate
-        attn_fwd = 0.5 * gemms_time_s(work.attention_gemms, dev, attention_dtype)
-        attn_bwd = 2.5 * attn_fwd
-    else:
-        attn_elem = elementwise_time_s(work.attention_elementwise_bytes, dev)
-        attn_fwd = gemms_time_s(work.attention_gemms, dev, attention_dtype) + attn_elem
-        attn_bwd = backward_gemms_time_s(work.attention_gemms, dev, attention_dtype) + 2 * attn_elem
-    layer_fwd = dense_fwd + attn_fwd + elem_fwd
-    layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
-    if moe and measured_moe is not None:  # the profiler timed the runtime's own MoE layer: everything it launches
-        layer_fwd, layer_bwd = measured_moe
-    elif measured is not None:  # the profiler timed this model's own layer: everything it launches
-        fwd, bwd = measured
-        if moe:  # it timed a dense MLP (profiler.layer): add what the experts, router and routing cost beyond it
-            dense = _layer_time(model, training, cluster, layout, None, moe=False)
-            fwd, bwd = fwd + layer_fwd - dense.forward_s, bwd + layer_bwd - dense.backward_s
-        layer_fwd, layer_bwd = fwd, bwd
-    block = RecomputeModule.MOE if moe else RecomputeModule.MLP
-    block_gemms_s = gemms_time_s(work.mlp_gemms, dev, gemm_dtype) if layout.recomputes(block) else 0.0
-    if layout.recompute is Recompute.FULL:
-        recompute, gemms_again_s = layer_fwd, dense_fwd
-    elif layout.recompute is Recompute.SELECTIVE:
-        recompute, gemms_again_s = (
-            _selective_recompute_s(work, layout, dev, attn_fwd, block_gemms_s, moe=moe),
-            block_gemms_s,
+    tp_overlap = training.tp_comm_overlap and layout.sequence_parallel and t > 1 and hides_communication(cluster)
+    tp_of = {moe: tensor_parallel_kind_s(model, layout, tp_fwd, tp_bwd, moe=moe) for moe in kinds}
+    return {
+        moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t) if tp_overlap else tp_of[moe] for moe in kinds
+    }
+
+
+def _context_parallel_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    kernels: LayoutKernels,
+    context_groups: Iterable[Group],
+) -> dict[bool, float]:
+    """Each kind of layer's context-parallel time it waits for, behind its attention core; 0 with cp 1."""
+    kinds = kernels.kinds
+    return {
+        moe: context_parallel_layer_s(model, training, cluster, layout, context_groups, kinds[moe].attention_s)
+        if layout.context_parallel_degree > 1
+        else 0.0
+        for moe in kinds
+    }
+
+
+def _vocabulary_layers_share_s(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, kernels: LayoutKernels
+) -> tuple[float, float]:
+    """(output layer, embedding) seconds a stage holding all of them runs: the whole layers'
+    (``LayoutKernels.vocabulary_s``), or, split over the pipeline, every tp rank's share of the
+    unsplit layers over its tokens (cost_models.vocabulary)."""
+    if not layout.vocabulary_layout.over_pipeline:
+        return kernels.vocabulary_s
+    alone = (
+        replace(
+            layout,
+            tensor_parallel_degree=1,
+            sequence_parallel=False,
+            expert_tensor_parallel_degree=None,
+            expert_parallel_degree=1,
+            expert_placement=None,
+            device_map=IDENTITY,  # a map of the layout's t-times-larger world; the kernels do not read it
         )
-        recompute = min(recompute, layer_fwd)  # never more than the whole forward (a timed layer's)
-    else:
-        recompute, gemms_again_s = 0.0, 0.0
-    gemm_s = dense_fwd + dense_bwd + gemms_again_s
-    return _LayerTime(
-        forward_s=layer_fwd,
-        backward_s=layer_bwd,
-        recompute_s=recompute,
-        gemm_s=gemm_s,
-        attention_s=(attn_fwd, attn_bwd),
+        if layout.tensor_parallel_degree > 1
+        else layout
     )
+    tokens_share = vocabulary_tokens(training, layout) / (local_seq_len(training, layout) * layout.micro_batch_size)
+    output_s, embed_s = (x * tokens_share for x in shared_kernels(model, training, cluster, alone).vocabulary_s)
+    return output_s, embed_s
 
 
-def _selective_recompute_s(
-    work: lw.LayerWork, layout: Layout, dev: DeviceProfile, attn_fwd_s: float, block_gemms_s: float, *, moe: bool
-) -> float:
-    """Seconds one layer's backward spends re-running its ``Layout.recompute_modules`` (each as
-    Megatron-Core runs it: ``RecomputeModule``): core_attn the attention core's forward (nothing
-    under FlashAttention, whose backward recomputes it anyway); layernorm the two norms; moe_act
-    the routed experts' activation; mlp (moe) the block's GEMMs (``block_gemms_s``) and
-    elementwise kernels, which hold moe_act's. The MoE block's all-to-alls and a block's
-    tensor-parallel collectives are priced with their kind (``expert_parallel``, ``tensor_parallel``)."""
-    seconds = 0.0
-    if layout.recomputes(RecomputeModule.CORE_ATTN) and not work.flash_attention:
-        seconds += attn_fwd_s
-    if layout.recomputes(RecomputeModule.LAYERNORM):
-        seconds += elementwise_time_s(work.norms.bytes, dev, work.norms.kernels)
-    if layout.recomputes(RecomputeModule.MOE if moe else RecomputeModule.MLP):
-        seconds += block_gemms_s + elementwise_time_s(work.mlp_elementwise.bytes, dev, work.mlp_elementwise.kernels)
-    elif moe and layout.recomputes(RecomputeModule.MOE_ACT):
-        seconds += elementwise_time_s(work.expert_activation.bytes, dev, work.expert_activation.kernels)
-    return seconds
+def _stage_time(
+    costs: _LayoutCosts,
+    precision: Precision,
+    dev: DeviceProfile,
+    n: int,
+    load: StageExpertLoad,
+    held: StageParams,
+    roles: tuple[bool, bool],
+) -> StageTime:
+    """One micro-batch on a stage of ``n`` layers with MoE loads ``load``, holding ``held``, and
+    the first or last of the vocabulary's collectives by ``roles``: its layers of each kind, the
+    hottest rank's expert work beyond the mean's, its vocabulary shares, gradient accumulation and
+    sharded units."""
+    kinds, experts = costs.kernels.kinds, costs.kernels.experts
+    embedding_share_s, output_share_s = held.embedding_share * costs.embed_s, held.output_share * costs.output_s
+    extra = embedding_share_s + output_share_s
+    extra += elementwise_time_s(grad_accumulation_bytes_per_param(precision) * held.total, dev)
+    extra += held.units * costs.unit_s
+    counts = {False: n - load.moe_layers, True: load.moe_layers}
+    here = [(counts[moe], moe, kinds[moe]) for moe in kinds if counts[moe]]
+    hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
+    layers_s = sum((c * (k.forward_s + k.backward_s) for c, _, k in here), 0.0)
+    return StageTime(
+        compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
+        recompute_s=sum((c * k.recompute_s for c, _, k in here), 0.0) + hot * experts.recompute_s,
+        tensor_parallel_comm_s=sum((c * costs.tp_exposed_s[moe] for c, moe, _ in here), 0.0),
+        expert_parallel_comm_s=load.exchange_sum * costs.ep_layer_s,
+        backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s,
+        vocabulary_comm_s=costs.vocabulary.exposed_s(
+            layers_s,
+            overlapped=costs.overlapped,
+            first=roles[0],
+            last=roles[1],
+            embedding_share_s=embedding_share_s,
+            output_share_s=output_share_s,
+        ),
+        context_parallel_comm_s=sum((c * costs.cp_s[moe] for c, moe, _ in here), 0.0),
+    )

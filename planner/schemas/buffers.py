@@ -5,7 +5,7 @@ Data-parallel gradient buckets: ``GRAD_BUCKETS`` buckets (one reducing while the
 (``TrainingSpec.reduce_dtype``: fp32 under bf16), capped by the gradients a rank reduces and held
 for the whole run, as PyTorch DDP's reducer holds them (its default ``bucket_cap_mb=25``, read as
 elements).
-``runtime.optim.DataParallelOptimizer`` allocates them; ``cost_models.memory`` counts them.
+``runtime.optim.DataParallelOptimizer`` allocates them; ``cost_models.communication_buffers`` counts them.
 """
 
 from typing import Final

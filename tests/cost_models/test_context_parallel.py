@@ -28,10 +28,10 @@ from cost_models.context_parallel import (
     ring_exposed_s,
 )
 from cost_models.estimate import estimate
+from cost_models.layer_time import _layer_time
 from cost_models.layer_work import layer_work
 from cost_models.memory import stage_memory
 from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN
-from cost_models.timing import _layer_time
 from planner import api
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model

@@ -190,7 +190,7 @@ def test_pipeline_stages_sum_their_own_layers() -> None:
 def test_a_measured_layer_gets_the_moe_layers_extra_work() -> None:
     # The profiler times a layer with a dense MLP (here 1 ms forward, 2 ms backward); an MoE layer
     # adds the modeled difference of its router, experts and routing over that dense MLP.
-    from cost_models.timing import _layer_time
+    from cost_models.layer_time import _layer_time
 
     layout = _layout(ep=1)
     dense, moe = (_layer_time(MOE, TRAINING, CLUSTER, layout, None, moe=kind) for kind in (False, True))

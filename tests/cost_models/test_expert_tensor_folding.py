@@ -17,15 +17,16 @@ from conftest import make_cluster
 
 from cost_models.activations import layer_activations
 from cost_models.comm import Group, collective_time_s
+from cost_models.communication_buffers import communication_buffer_bytes
 from cost_models.compute import Gemm
 from cost_models.data_parallel import stage_data_parallel_comm
 from cost_models.estimate import estimate
 from cost_models.expert_parallel import expert_parallel_layer_s, routed_pairs
 from cost_models.groups import expert_groups
 from cost_models.layer_work import expert_gemms, layer_work
-from cost_models.memory import communication_buffer_bytes, stage_activation_bytes
 from cost_models.params import stage_params
 from cost_models.sharding import optimizer_shard_params, stage_model_states
+from cost_models.stage_activations import stage_activation_bytes
 from cost_models.tensor_parallel import moe_layer_share
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
@@ -151,7 +152,7 @@ def test_folded_routed_activations_are_the_ranks_own_copies_at_whole_width() -> 
 # Estimates of MoE layouts by the planner before expert tensor parallelism was an option (commit 126bf63),
 # re-frozen when overlapped data-parallel communication began to cost its slowdown and its edges
 # (cost_models.overlap), and when the loss without a pipeline stopped counting a second transient copy of the
-# logits (cost_models.memory.loss_element_bytes), and when elementwise kernels began to pay their launches
+# logits (cost_models.loss_memory.loss_element_bytes), and when elementwise kernels began to pay their launches
 # (cost_models.kernels); the memory when the gradient buckets took the precision gradients are summed in
 # (bf16 here: 2 x 25 M elements of 2 bytes, 100 MB less), and when groups spanning nodes took NCCL's
 # per-protocol latencies (cost_models.spanning_collectives, the presets' 2.7 us network hop), and when the

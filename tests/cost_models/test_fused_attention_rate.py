@@ -9,7 +9,7 @@ import yaml
 
 from cost_models import layer_work as lw
 from cost_models.compute import fused_attention_s, gemms_time_s
-from cost_models.timing import _layer_time
+from cost_models.layer_time import _layer_time
 from planner.files import cluster_presets
 from planner.files.cluster_presets import cluster_preset
 from planner.files.models import load_model

@@ -14,16 +14,11 @@ from cost_models.activations import (
     layer_activations,
     output_layer_activation_bytes,
 )
-from cost_models.memory import (
-    CUDA_WORKSPACE_BYTES,
-    all_stage_memory,
-    peak_stage_memory,
-    reduce_scatter_staging_bytes,
-    stage_activation_bytes,
-    stage_memory,
-)
+from cost_models.communication_buffers import reduce_scatter_staging_bytes
+from cost_models.memory import CUDA_WORKSPACE_BYTES, all_stage_memory, peak_stage_memory, stage_memory
 from cost_models.params import stage_params, total_params
 from cost_models.sharding import model_state_bytes, zero3_gather_buffer_bytes
+from cost_models.stage_activations import stage_activation_bytes
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.schemas import (

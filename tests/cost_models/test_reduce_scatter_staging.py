@@ -1,4 +1,4 @@
-"""FSDP2's reduce-scatter staging (``memory.reduce_scatter_staging_bytes``, torch's
+"""FSDP2's reduce-scatter staging (``communication_buffers.reduce_scatter_staging_bytes``, torch's
 ``foreach_reduce``), hand-worked on tiny-gpt: h 128, V 1024, GELU MLP of 4h with biases,
 LayerNorms, tied embeddings. One layer: attention 4 h^2 + 4 h = 66,048, MLP 8 h^2 + 4 h + h
 = 131,712, two norms 2 x 2 h = 512: 198,272 parameters."""
@@ -8,7 +8,9 @@ from dataclasses import replace
 import pytest
 from conftest import make_cluster
 
-from cost_models.memory import reduce_scatter_staging_bytes, stage_logits_bytes, stage_memory
+from cost_models.communication_buffers import reduce_scatter_staging_bytes
+from cost_models.loss_memory import stage_logits_bytes
+from cost_models.memory import stage_memory
 from cost_models.params import stage_params
 from planner.files.models import load_model
 from planner.schemas import DType, Layout, TrainingSpec, ZeroStage

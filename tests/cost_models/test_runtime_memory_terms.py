@@ -3,7 +3,8 @@ llama3-70b on H100 plans), hand-worked on small numbers."""
 
 import pytest
 
-from cost_models.memory import communication_buffer_bytes, loss_element_bytes
+from cost_models.communication_buffers import communication_buffer_bytes
+from cost_models.loss_memory import loss_element_bytes
 from cost_models.params import stage_params
 from cost_models.sharding import ModelStates, fsdp_model_states, model_state_bytes
 from planner.files.models import load_model

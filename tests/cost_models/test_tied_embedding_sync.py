@@ -1,15 +1,16 @@
 """A tied embedding split from its output layer across the pipeline sums its two copies'
 gradients every step (``vocabulary.tied_embedding_sync_s``): hand-worked on two nodes of four
 (10 GB/s between nodes, 1 us a hop inside a node), and nothing where no second copy exists; and the copy the
-sum makes in the reduce precision (``memory.tied_gradient_sum_bytes``)."""
+sum makes in the reduce precision (``communication_buffers.tied_gradient_sum_bytes``)."""
 
 from dataclasses import replace
 
 import pytest
 from conftest import make_cluster
 
+from cost_models.communication_buffers import communication_buffer_bytes, tied_gradient_sum_bytes
 from cost_models.estimate import estimate
-from cost_models.memory import communication_buffer_bytes, stage_memory, tied_gradient_sum_bytes
+from cost_models.memory import stage_memory
 from cost_models.params import stage_params
 from cost_models.vocabulary import tied_embedding_sync_s
 from planner.files.models import load_model

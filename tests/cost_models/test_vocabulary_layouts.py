@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 
 from cost_models import groups as grp
 from cost_models.estimate import estimate
-from cost_models.memory import stage_activation_bytes, stage_logits_bytes
+from cost_models.layer_time import shared_kernels
+from cost_models.loss_memory import stage_logits_bytes
 from cost_models.params import stage_params
-from cost_models.timing import _shared_kernels, stage_times
+from cost_models.stage_activations import stage_activation_bytes
+from cost_models.timing import stage_times
 from cost_models.vocabulary import VocabularyComm, vocabulary_activation_bytes, vocabulary_comm
 from planner import api
 from planner.files.models import load_model
@@ -132,7 +134,7 @@ def test_cpu_ranks_wait_in_full_on_the_first_and_last_stage_only() -> None:
     training = TrainingSpec(global_batch_size=32, seq_len=128, dtype=DType.BF16)
     layout = replace(_layout(VOCAB_2), data_parallel_degree=1, micro_batch_size=4)
     comm = vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
-    output_s, embed_s = _shared_kernels(model, training, cluster, layout).vocabulary_s
+    output_s, embed_s = shared_kernels(model, training, cluster, layout).vocabulary_s
     waits = [t.vocabulary_comm_s for t in stage_times(model, training, cluster, layout)]
     assert waits == pytest.approx([comm.embedding_s + embed_s / 4, 0.0, 0.0, comm.output_s + output_s / 4])
     assert comm.embedding_s > 0 and comm.output_s > 0
@@ -159,7 +161,7 @@ def test_run_synchronously_as_the_runtime_runs_it_a_rank_holds_torchs_warm_up() 
     assert in_flight > 0  # the paper's schedule holds one more micro-batch
     assert [in_flight_micro_batches(layout, r, 8, vocabulary_warmup=False) for r in range(4)] == [4, 3, 2, 1]
     comm = vocabulary_comm(MODEL, TRAINING, CLUSTER, layout, grp.pipeline_groups(layout))
-    output_s, embed_s = _shared_kernels(MODEL, synchronous, CLUSTER, layout).vocabulary_s
+    output_s, embed_s = shared_kernels(MODEL, synchronous, CLUSTER, layout).vocabulary_s
     waits = [t.vocabulary_comm_s for t in stage_times(MODEL, synchronous, CLUSTER, layout)]
     assert waits == pytest.approx([comm.embedding_s + embed_s / 4, 0.0, 0.0, comm.output_s + output_s / 4])
     overlapped = [t.vocabulary_comm_s for t in stage_times(MODEL, TRAINING, CLUSTER, layout)]

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from cost_models.memory import communication_buffer_bytes
+from cost_models.communication_buffers import communication_buffer_bytes
 from cost_models.params import stage_params
 from planner.files.models import load_model
 from planner.schemas import DType, Layout, TrainingSpec

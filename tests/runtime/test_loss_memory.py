@@ -1,5 +1,5 @@
 """The runtime's cross-entropy: torch's values and gradients, and one fp32 copy of the logits
-kept for the backward (what ``cost_models.memory.stage_logits_bytes`` prices); the fp32 master
+kept for the backward (what ``cost_models.loss_memory.stage_logits_bytes`` prices); the fp32 master
 slices of mixed-precision AdamW."""
 
 import pytest

@@ -1,6 +1,6 @@
 """What the runtime's pipeline keeps to receive activations and gradients: torch's stages keep a
 buffer per micro-batch of the schedule, for each chunk's input and each chunk's output gradient,
-across steps, which ``cost_models.memory.pipeline_buffer_bytes`` prices (``PipelineBuffers``)."""
+across steps, which ``cost_models.communication_buffers.pipeline_buffer_bytes`` prices (``PipelineBuffers``)."""
 
 from pathlib import Path
 from typing import Any
@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 from harness import TINY_LLAMA, Setting, run_ranks
 
-from cost_models.memory import pipeline_buffer_bytes
+from cost_models.communication_buffers import pipeline_buffer_bytes
 from planner.schemas import DType, Layout, PipelineBuffers, Schedule, TrainingSpec
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -1,0 +1,82 @@
+"""What the loss holds on one rank, in bytes: the logits of each micro-batch awaiting its
+backward, one micro-batch's transient copies, and what one micro-batch's loss frees before its
+layers' backward.
+
+Sources: one fp32 copy of the logits, s b V / t elements, from ``cost_models.activations.logits_bytes``
+(Megatron-LM's ``vocab_parallel_cross_entropy``); what the loss and the pipeline keep of it in
+``loss_element_bytes``; the softmax shards of a vocabulary split over the pipeline from
+``cost_models.vocabulary``; the micro-batches whose loss awaits its backward from
+``cost_models.stage_activations``. Under context parallelism s is the rank's s / cp tokens of
+each sequence.
+"""
+
+from cost_models.activations import LOGIT_ELEMENT_BYTES, logits_bytes
+from cost_models.context_parallel import local_seq_len
+from cost_models.layout_validity import check_stage
+from cost_models.params import StageParams
+from cost_models.stage_activations import loss_micro_batches, schedule_micro_batches
+from cost_models.vocabulary import vocabulary_logits_bytes
+from planner.schemas import DType, Layout, ModelSpec, TrainingSpec
+
+
+def stage_logits_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, stage: int, params: StageParams
+) -> float:
+    """Logits on the stage holding the output layer: what each micro-batch awaiting its backward
+    keeps, plus one micro-batch's transient copies (``loss_element_bytes``). Split over the
+    pipeline, every stage's softmax shards (``vocabulary.vocabulary_logits_bytes``).
+
+    Zero on other stages (``params.holds_output_layer``).
+
+    Returns:
+        Bytes.
+    """
+    check_stage(layout, stage)
+    if not params.holds_output_layer:
+        return vocabulary_logits_bytes(model, training, layout)
+    fp32_copy = logits_bytes(
+        model,
+        seq_len=local_seq_len(training, layout),
+        micro_batch_size=layout.micro_batch_size,
+        tensor_parallel_degree=layout.tensor_parallel_degree,
+    )
+    kept, transient = loss_element_bytes(training.precision.activations, layout)
+    held = loss_micro_batches(layout, schedule_micro_batches(training, layout))
+    return fp32_copy * (held * kept + transient) / LOGIT_ELEMENT_BYTES
+
+
+def loss_element_bytes(activation_dtype: DType, layout: Layout) -> tuple[int, int]:
+    """Bytes per logit element (s b V / t of them per micro-batch) that the loss keeps for each
+    micro-batch awaiting its backward, and that one micro-batch adds at its worst moment.
+
+    Kept: the fp32 softmax, 4 (Megatron-LM's ``vocab_parallel_cross_entropy`` keeps it and
+    turns it into the gradient in place; so does our runtime's loss, ``runtime.loss``); under a
+    pipeline also the logits in ``activation_dtype`` (``Precision.activations``), act:
+    torch.distributed.pipelining's stage
+    (our runtime's schedule, as torchtitan's) keeps each stage's output until its backward.
+    Without a pipeline the logits die with the loss's forward.
+    Transient: in the forward, the logits while their fp32 copy is made (act, already kept under
+    a pipeline); in the backward, the fp32 gradient's cast to ``activation_dtype`` (act; none in
+    fp32, where the cast is the same tensor).
+    bf16/fp16: (4, 2) without a pipeline, (6, 2) with one (2 fp32 copies, as a dry run of a
+    pipeline traces them); fp32: (4, 4) and (8, 0).
+    """
+    act = activation_dtype.bytes
+    cast = act if act < LOGIT_ELEMENT_BYTES else 0
+    if layout.pipeline_parallel_degree > 1:
+        return LOGIT_ELEMENT_BYTES + act, cast
+    return LOGIT_ELEMENT_BYTES, act
+
+
+def freed_loss_bytes(
+    training: TrainingSpec, layout: Layout, params: StageParams, logits: float, micro_batches: int
+) -> float:
+    """Of a stage's ``logits`` (``stage_logits_bytes``), what one micro-batch's loss frees before
+    its layers' backward: on the stage holding the output layer, that micro-batch's kept logits
+    and its transient copy (all of them but GPipe's other micro-batches); elsewhere nothing (the
+    softmax shards of a vocabulary split over the pipeline are counted as held)."""
+    if not params.holds_output_layer or not logits:
+        return 0.0
+    kept, transient = loss_element_bytes(training.precision.activations, layout)
+    held = loss_micro_batches(layout, micro_batches)
+    return logits * (kept + transient) / (held * kept + transient)
