@@ -145,7 +145,7 @@ def test_endpoints_must_name_one_link_per_node(tmp_path: Path) -> None:
 def test_the_planner_says_how_it_prices_mixed_devices(caplog: pytest.LogCaptureFixture) -> None:
     training = TrainingSpec(global_batch_size=64, seq_len=2048, dtype=DType.BF16)
     layout = Layout(data_parallel_degree=8, tensor_parallel_degree=8, pipeline_parallel_degree=1, micro_batch_size=1)
-    with caplog.at_level(logging.INFO, logger="planner.api"):
+    with caplog.at_level(logging.INFO, logger="planner.flows.loading"):
         mixed = api.estimate("llama3-8b", "dgx-a100-80g:4+dgx-h100:4", training, layout)
     (note,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note:")]
     assert "each pipeline stage is priced on its own ranks' devices" in note
