@@ -32,9 +32,10 @@ from published_h100 import CLUSTER_PRESETS, Exclusion, PublishedRun, load_runs  
 from cost_models.estimate import estimate
 from planner.files.clusters import load_cluster
 from planner.schemas import ClusterProfile, Estimate, Layout, LinkMatrix, Schedule, TrainingSpec, VocabularyLayout
+from planner.schemas.choices import Choice, RecomputeChoice
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.space import Choice, RecomputeChoice, SearchSpace
+from planner.search_engine.space import SearchSpace
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -174,6 +174,10 @@ def _ring_bandwidth(
     return min(slowest)
 
 
+Figures = dict[tuple[int, int], list[float]]
+"""By (source, destination): every figure measured between them."""
+
+
 def build_profile(
     settings: ProfileSettings,
     infos: list[RankInfo],
@@ -189,37 +193,7 @@ def build_profile(
     node_of = {i.rank: hosts.index(i.host) for i in infos}
     local_of = {i.rank: i.local_rank for i in infos}
     per_node = infos[0].local_world_size
-
-    intra: dict[int, dict[str, dict[tuple[int, int], list[float]]]] = {
-        node: {
-            "bw": defaultdict(list),
-            "lat": defaultdict(list),
-            "spread": defaultdict(list),
-            "duplex": defaultdict(list),
-        }
-        for node in range(len(hosts))
-    }
-    inter: dict[str, dict[tuple[int, int], list[float]]] = {
-        "bw": defaultdict(list),
-        "lat": defaultdict(list),
-        "duplex": defaultdict(list),
-    }
-    for link in (s for rank_samples in links for s in rank_samples):
-        bw, lat, bw_spread = link_figures(link, settings.latency_bytes, settings.bandwidth_bytes)
-        duplex = duplex_bandwidth(link, settings.bandwidth_bytes)
-        if node_of[link.src] == node_of[link.dst]:
-            pair, on_node = (local_of[link.src], local_of[link.dst]), intra[node_of[link.src]]
-            on_node["bw"][pair].append(bw)
-            on_node["lat"][pair].append(lat)
-            on_node["spread"][pair].append(bw_spread)
-            if duplex is not None:
-                on_node["duplex"][pair].append(duplex)
-        else:
-            pair = (node_of[link.src], node_of[link.dst])
-            inter["bw"][pair].append(bw)
-            inter["lat"][pair].append(lat)
-            if duplex is not None:
-                inter["duplex"][pair].append(duplex)
+    intra, inter = _sorted_figures(settings, links, node_of, local_of, len(hosts))
 
     # One device type per host; ranks of each type (their host's first rank's name) make its profile.
     device_of_node = [next(i.device_name for i in infos if i.host == h) for h in hosts]
@@ -227,44 +201,8 @@ def build_profile(
         name: _device([i for i in infos if device_of_node[node_of[i.rank]] == name], ops)
         for name in dict.fromkeys(device_of_node)
     }
-    node_links = [
-        LinkMatrix(
-            size=per_node,
-            bandwidth_bytes_per_s=_matrix(intra[node]["bw"], per_node, min),
-            latency_s=_matrix(intra[node]["lat"], per_node, max),
-            bandwidth_spread=_matrix(intra[node]["spread"], per_node, max),
-            duplex_bandwidth_bytes_per_s=_duplex_matrix(intra[node]["duplex"], per_node),
-        )
-        for node in range(len(hosts))
-    ]
-    inter_node_links = LinkMatrix(
-        size=len(hosts),
-        bandwidth_bytes_per_s=_matrix(inter["bw"], len(hosts), min),
-        latency_s=_matrix(inter["lat"], len(hosts), max),
-        duplex_bandwidth_bytes_per_s=_duplex_matrix(inter["duplex"], len(hosts)),
-    )
-    shapes = {s.name: s for s in group_shapes(infos)}
-    ring_bandwidth = {
-        name: _ring_bandwidth(shape, node_of, local_of, node_links, inter_node_links) for name, shape in shapes.items()
-    }
-    slowest: dict[tuple[str, str, int], CollectiveSample] = {}
-    for sample in (s for rank_samples in collectives for s in rank_samples):
-        key = (sample.shape, str(sample.op), sample.message_bytes)
-        if key not in slowest or sample.median_s > slowest[key].median_s:
-            slowest[key] = sample
-    records = tuple(
-        CollectiveRecord(
-            op=s.op,
-            placement=shapes[s.shape].placement,
-            group_size=len(shapes[s.shape].groups[0]),
-            members_per_node=shapes[s.shape].members_per_node,
-            message_bytes=s.message_bytes,
-            time_s=s.median_s,
-            spread=s.spread,
-            ring_bandwidth_bytes_per_s=ring_bandwidth[s.shape],
-        )
-        for s in slowest.values()
-    )
+    node_links, inter_node_links = _link_matrices(intra, inter, per_node, len(hosts))
+    records = _collective_records(infos, collectives, node_of, local_of, node_links, inter_node_links)
 
     # One network interface type per host (a single host has no inter-node traffic: not known).
     nics = [next(i.nic for i in infos if i.host == h) if len(hosts) > 1 else None for h in hosts]
@@ -286,4 +224,104 @@ def build_profile(
             hosts=tuple(hosts),
             settings=settings.to_record() | {f"seconds_{k}": round(v, 3) for k, v in (phase_seconds or {}).items()},
         ),
+    )
+
+
+def _sorted_figures(
+    settings: ProfileSettings,
+    links: list[list[LinkSample]],
+    node_of: dict[int, int],
+    local_of: dict[int, int],
+    num_nodes: int,
+) -> tuple[dict[int, dict[str, Figures]], dict[str, Figures]]:
+    """Every link sample's bandwidth, latency, spread and duplex bandwidth, sorted by where it ran:
+    by node, between its local devices; or between two nodes (no spread kept)."""
+    intra: dict[int, dict[str, Figures]] = {
+        node: {
+            "bw": defaultdict(list),
+            "lat": defaultdict(list),
+            "spread": defaultdict(list),
+            "duplex": defaultdict(list),
+        }
+        for node in range(num_nodes)
+    }
+    inter: dict[str, Figures] = {
+        "bw": defaultdict(list),
+        "lat": defaultdict(list),
+        "duplex": defaultdict(list),
+    }
+    for link in (s for rank_samples in links for s in rank_samples):
+        bw, lat, bw_spread = link_figures(link, settings.latency_bytes, settings.bandwidth_bytes)
+        duplex = duplex_bandwidth(link, settings.bandwidth_bytes)
+        if node_of[link.src] == node_of[link.dst]:
+            pair, on_node = (local_of[link.src], local_of[link.dst]), intra[node_of[link.src]]
+            on_node["bw"][pair].append(bw)
+            on_node["lat"][pair].append(lat)
+            on_node["spread"][pair].append(bw_spread)
+            if duplex is not None:
+                on_node["duplex"][pair].append(duplex)
+        else:
+            pair = (node_of[link.src], node_of[link.dst])
+            inter["bw"][pair].append(bw)
+            inter["lat"][pair].append(lat)
+            if duplex is not None:
+                inter["duplex"][pair].append(duplex)
+    return intra, inter
+
+
+def _link_matrices(
+    intra: dict[int, dict[str, Figures]], inter: dict[str, Figures], per_node: int, num_nodes: int
+) -> tuple[list[LinkMatrix], LinkMatrix]:
+    """Each node's device matrix and the node matrix: the slowest bandwidth and latency of each
+    pair (the widest spread), as a synchronous job runs at its slowest link."""
+    node_links = [
+        LinkMatrix(
+            size=per_node,
+            bandwidth_bytes_per_s=_matrix(intra[node]["bw"], per_node, min),
+            latency_s=_matrix(intra[node]["lat"], per_node, max),
+            bandwidth_spread=_matrix(intra[node]["spread"], per_node, max),
+            duplex_bandwidth_bytes_per_s=_duplex_matrix(intra[node]["duplex"], per_node),
+        )
+        for node in range(num_nodes)
+    ]
+    inter_node_links = LinkMatrix(
+        size=num_nodes,
+        bandwidth_bytes_per_s=_matrix(inter["bw"], num_nodes, min),
+        latency_s=_matrix(inter["lat"], num_nodes, max),
+        duplex_bandwidth_bytes_per_s=_duplex_matrix(inter["duplex"], num_nodes),
+    )
+    return node_links, inter_node_links
+
+
+def _collective_records(
+    infos: list[RankInfo],
+    collectives: list[list[CollectiveSample]],
+    node_of: dict[int, int],
+    local_of: dict[int, int],
+    node_links: list[LinkMatrix],
+    inter_node_links: LinkMatrix,
+) -> tuple[CollectiveRecord, ...]:
+    """One record per (group shape, op, message size): the slowest rank's median time, with the
+    slowest link along the shape's rings."""
+    shapes = {s.name: s for s in group_shapes(infos)}
+    ring_bandwidth = {
+        name: _ring_bandwidth(shape, node_of, local_of, node_links, inter_node_links) for name, shape in shapes.items()
+    }
+    slowest: dict[tuple[str, str, int], CollectiveSample] = {}
+    for sample in (s for rank_samples in collectives for s in rank_samples):
+        key = (sample.shape, str(sample.op), sample.message_bytes)
+        if key not in slowest or sample.median_s > slowest[key].median_s:
+            slowest[key] = sample
+    return tuple(
+        CollectiveRecord(
+            op=s.op,
+            placement=shapes[s.shape].placement,
+            group_size=len(shapes[s.shape].groups[0]),
+            members_per_node=shapes[s.shape].members_per_node,
+            message_bytes=s.message_bytes,
+            time_s=s.median_s,
+            spread=s.spread,
+            ring_bandwidth_bytes_per_s=ring_bandwidth[s.shape],
+        )
+        for s in slowest.values()
     )

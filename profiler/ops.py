@@ -1,9 +1,9 @@
 """What one device computes: GEMMs by shape (and the model's own shapes), memory bandwidth,
 and the fixed cost of a kernel. Measured on all ranks at once, so shared cores, caches and
 memory bandwidth contend as they do in training; each repeat of work counts its slowest rank,
-as a synchronous step waits for it (the kernel overhead is each rank's own). Also the pipeline
-schedule's own cost per slot, and sharded data parallelism's (FSDP's) own cost per unit and
-micro-batch."""
+as a synchronous step waits for it (the kernel overhead is each rank's own). ``measure`` also
+takes the runtime's own costs: the pipeline schedule's per slot, and sharded data parallelism's
+(FSDP's) per unit and micro-batch (``profiler.framework_ops``)."""
 
 import contextlib
 import itertools
@@ -14,8 +14,6 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.nn.attention import sdpa_kernel
 
 from planner.schemas import (
@@ -28,13 +26,10 @@ from planner.schemas import (
     OpKind,
     OpRecord,
     OptimizerRecord,
-    PipelineSlotRecord,
-    ShardedUnitRecord,
-    ZeroStage,
 )
 from planner.schemas.geometry import MeshAxis
-from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
+from profiler.framework_ops import pipeline_slot, sharded_units
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
 from runtime import (
@@ -46,7 +41,6 @@ from runtime import (
     group_mesh,
     loss_context,
     loss_fn,
-    shard_units,
     tensor_parallel,
 )
 
@@ -97,7 +91,7 @@ def measure(ctx: Context) -> list[OpsSample] | None:
         ElementwiseRecord(num_elements=elems, dtype=DType.FP32, time_s=stream.median_s, spread=stream.spread)
     ]
     others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _output_layers(ctx)
-    others += _optimizer(ctx) + _pipeline_slot(ctx) + _sharded_units(ctx)
+    others += _optimizer(ctx) + pipeline_slot(ctx) + sharded_units(ctx)
     sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
     return ctx.gather(sample)
 
@@ -318,120 +312,6 @@ def _tensor_parallel_variants(ctx: Context, degrees: list[int]) -> Iterator[tupl
             if sp and ctx.settings.seq_len % tp:
                 continue
             yield tp, mesh, dtype, sp, ctx.settings.seq_len // tp if sp else ctx.settings.seq_len
-
-
-PIPELINE_SLOT_MICRO_BATCHES = (2, 8)
-"""The tiny schedule runs 2 and 8 micro-batches; per slot is the difference over the 6 slots between."""
-
-
-def _pipeline_slot(ctx: Context) -> list[OpRecord]:
-    """The pipeline schedule's own cost per slot: 1F1B over every pair of consecutive ranks at
-    once, with a stage too small to compute anything (8 features, one token). Each slot holds a
-    forward, a backward and their two transfers; what it takes beyond the transfers' latency is
-    the schedule's bookkeeping, which no kernel or link measurement holds."""
-    if ctx.world_size % 2:
-        return []
-    ctx.at("ops", "pipeline slot")
-    mesh = group_mesh(ctx.device.type, ctx.world_size, 2, MeshAxis.PP)
-    stage_index = mesh.get_local_rank()
-    steps = []
-    for m in PIPELINE_SLOT_MICRO_BATCHES:
-        module = torch.nn.Linear(8, 8, device=ctx.device)
-        stage = PipelineStage(module, stage_index, 2, ctx.device, group=mesh.get_group())
-        schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, _: y.sum())
-        x, target = torch.randn(m, 1, 8, device=ctx.device), torch.zeros(m, 1, 8, device=ctx.device)
-        steps.append(
-            partial(schedule.step, x) if stage_index == 0 else partial(schedule.step, target=target, losses=[])
-        )
-    few, many = ctx.time_each(steps, repeats=ctx.settings.layer_repeats, lockstep=True)
-    slots = PIPELINE_SLOT_MICRO_BATCHES[1] - PIPELINE_SLOT_MICRO_BATCHES[0]
-    per_slot_s = max(many.median_s - few.median_s, 0.0) / slots
-    if per_slot_s <= 0:
-        return []
-    return [PipelineSlotRecord(num_stages=2, dtype=DType.FP32, time_s=per_slot_s, spread=many.spread)]
-
-
-SHARDED_UNITS = 4
-"""Tiny modules in the stack whose sharding is timed."""
-SHARDED_MICRO_BATCHES = (1, 4)
-"""The stack runs steps of 1 and 4 micro-batches; per micro-batch is the difference over the 3 between."""
-SHARDED_MODES = ((2, False), (3, False), (2, True), (3, True))
-"""(ZeRO stage, deferred): how the runtime shards, without a pipeline and under one."""
-
-
-def _sharded_units(ctx: Context) -> list[OpRecord]:
-    """FSDP's own cost per unit and micro-batch, beyond the unit's compute and its collectives'
-    latency: hooks, casts, copies into and out of the flat buffers. A stack of tiny units (8
-    features) runs on every pair of consecutive ranks at once, sharded over the pair, in each of
-    the runtime's ways (``SHARDED_MODES``): ZeRO-2 reduce-scatters each micro-batch's gradient,
-    ZeRO-3 also gathers for the forward and the backward; deferred (under a pipeline) no unit
-    reduces before the last backward and ZeRO-3 gathers once a micro-batch. Beside them the same
-    stack unsharded, and one tiny all-gather and reduce-scatter on the pair, in the same rounds."""
-    if ctx.world_size % 2:
-        return []
-    ctx.at("ops", "sharded unit")
-    mesh = group_mesh(ctx.device.type, ctx.world_size, 2, MeshAxis.DP)
-    group = mesh.get_group()
-    few, many = SHARDED_MICRO_BATCHES
-    out: list[OpRecord] = []
-    for dtype in ctx.settings.gemm_dtypes:
-        low = TORCH_DTYPES[dtype]
-        reduce = TORCH_DTYPES[default_reduce_dtype(dtype)]  # as a plan in this precision sums them
-        x = torch.randn(1, 8, device=ctx.device, dtype=low)
-        stacks: list[torch.nn.Module] = [_tiny_stack(ctx.device, low)]
-        for zero, _ in SHARDED_MODES:
-            stack = _tiny_stack(ctx.device, torch.float32)
-            shard_units(stack, stack, mesh, zero_stage=ZeroStage(zero), dtype=low, reduce_dtype=reduce)
-            stacks.append(stack)
-        modes = [(0, False), *SHARDED_MODES]
-        steps: list[Callable[[], object]] = [
-            partial(_sharded_step, stack, x, m, zero, deferred)
-            for stack, (zero, deferred) in zip(stacks, modes, strict=True)
-            for m in (few, many)
-        ]
-        shard, whole = torch.zeros(8, device=ctx.device, dtype=low), torch.zeros(16, device=ctx.device, dtype=low)
-        steps.append(partial(torch.distributed.all_gather_into_tensor, whole, shard, group=group))
-        steps.append(partial(torch.distributed.reduce_scatter_tensor, shard, whole, group=group))
-        ctx.at("ops", f"sharded unit {dtype}")
-        timings = ctx.time_each(steps, repeats=ctx.settings.layer_repeats, lockstep=True)
-        per_micro_batch = [
-            (timings[2 * i + 1].median_s - timings[2 * i].median_s) / (many - few) for i in range(len(modes))
-        ]
-        gather_s, reduce_s = timings[-2].median_s, timings[-1].median_s
-        for i, (zero, deferred) in enumerate(SHARDED_MODES, start=1):
-            collectives_s = {
-                (2, False): reduce_s,
-                (3, False): reduce_s + 2 * gather_s,
-                (2, True): 0.0,
-                (3, True): gather_s,
-            }[zero, deferred]
-            own_s = (per_micro_batch[i] - per_micro_batch[0]) / SHARDED_UNITS - collectives_s
-            if own_s > 0:
-                spread = timings[2 * i + 1].spread
-                out.append(
-                    ShardedUnitRecord(
-                        zero_stage=ZeroStage(zero), deferred=deferred, dtype=dtype, time_s=own_s, spread=spread
-                    )
-                )
-    return out
-
-
-def _tiny_stack(device: torch.device, dtype: torch.dtype) -> torch.nn.Sequential:
-    with default_dtype(dtype):
-        return torch.nn.Sequential(*(torch.nn.Linear(8, 8, device=device) for _ in range(SHARDED_UNITS)))
-
-
-def _sharded_step(stack: torch.nn.Module, x: torch.Tensor, micro_batches: int, zero: int, deferred: bool) -> None:
-    """A step of ``micro_batches`` forwards and backwards as the runtime shards ``zero`` (0: not)."""
-    for i in range(micro_batches):
-        last = i == micro_batches - 1
-        if isinstance(stack, FSDPModule):
-            if deferred:  # as torch.distributed.pipelining drives a sharded stage
-                stack.set_requires_gradient_sync(last)
-                stack.set_reshard_after_backward(last)
-            elif zero == 2:  # as the runtime keeps ZeRO-2's gathered weights until the last backward
-                stack.set_reshard_after_backward(last)
-        stack(x).float().sum().backward()
 
 
 def _output_layers(ctx: Context) -> list[OpRecord]:

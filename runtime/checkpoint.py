@@ -44,7 +44,7 @@ as ``latest``.
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,41 @@ def _mixed(
     takes its slices and the masters' casts to the parameters. A rank so keeps 1/shards of the
     masters and moments at once, plus one holder's share in transit.
     """
+    holders = _mixed_holders(part)
+    kept, buffers = _gathered(holders, saving=saving)
+    entries = _mixed_entries(holders, kept, names, splits)
+    mine = {id(p) for p in holders.held.get(part.rank, [])}
+    return entries, mine, _mixed_loader(holders, buffers, optimizer_state=optimizer_state)
+
+
+Views = dict[int, dict[str, torch.Tensor]]
+"""By parameter id, each field's view into a packed buffer (``_pack``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _MixedHolders:
+    """Which rank of the sharing group holds each ZeRO-0/1 parameter's gathered masters (and
+    states) in a checkpoint, and the fields each carries."""
+
+    part: DataParallelOptimizer
+    fields: list[str]
+    """``master``, the optimizer's state kinds (alike on every rank of the group), then ``step`` if any."""
+    sharded: bool
+    """ZeRO-1 over more than one rank: the masters' slices are spread over the sharing group."""
+    holder: dict[int, int]
+    """By parameter id: the rank holding it (the owner of its first slice; this rank unsharded)."""
+    holders: Sequence[int]
+    held: dict[int, list[torch.nn.Parameter]]
+    """By holder: the parameters it holds, in order."""
+
+    def source(self, d: int) -> int:
+        """Holder ``d``'s global rank."""
+        return dist.get_global_rank(self.part.shard_group, d) if self.sharded else dist.get_rank()
+
+
+def _mixed_holders(part: DataParallelOptimizer) -> _MixedHolders:
+    """Who holds which parameter, and its fields; sharded, the state kinds are agreed over the
+    sharing group (one collective), as every rank must lay the buffers out alike."""
     pieces = [(piece, inner) for group, inner in zip(part.slices, part.inner, strict=True) for piece in group]
     kinds = sorted({k for piece, inner in pieces for k in inner.state.get(piece.master, {}) if k != "step"})
     sharded = part.shard and part.shards > 1
@@ -253,21 +288,26 @@ def _mixed(
         holder.setdefault(id(unit.param), owner if sharded else part.rank)
     holders = range(part.shards) if sharded else [part.rank]
     held = {d: [p for p in part.params if holder[id(p)] == d] for d in holders}
+    return _MixedHolders(part=part, fields=fields, sharded=sharded, holder=holder, holders=holders, held=held)
 
-    def pack(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, dict[int, dict[str, torch.Tensor]]]:
-        """One zeroed fp32 buffer for ``params``' fields, and each field's view into it."""
-        sizes = [(p, k, 1 if k == "step" else local(p).numel()) for p in params for k in fields]
-        buffer = torch.zeros(sum(n for _, _, n in sizes))
-        views: dict[int, dict[str, torch.Tensor]] = {id(p): {} for p in params}
-        offset = 0
-        for p, k, n in sizes:
-            views[id(p)][k] = buffer[offset : offset + n]
-            offset += n
-        return buffer, views
 
-    def fill(views: dict[int, dict[str, torch.Tensor]]) -> None:
-        """This rank's slices (and, for the parameters it holds, their step) into ``views``."""
-        for piece, inner in pieces:
+def _pack(params: list[torch.nn.Parameter], fields: list[str]) -> tuple[torch.Tensor, Views]:
+    """One zeroed fp32 buffer for ``params``' fields, and each field's view into it."""
+    sizes = [(p, k, 1 if k == "step" else local(p).numel()) for p in params for k in fields]
+    buffer = torch.zeros(sum(n for _, _, n in sizes))
+    views: Views = {id(p): {} for p in params}
+    offset = 0
+    for p, k, n in sizes:
+        views[id(p)][k] = buffer[offset : offset + n]
+        offset += n
+    return buffer, views
+
+
+def _fill(views: Views, holders: _MixedHolders) -> None:
+    """This rank's slices (and, for the parameters it holds, their step) into ``views``."""
+    part = holders.part
+    for group, inner in zip(part.slices, part.inner, strict=True):
+        for piece in group:
             mine = views.get(id(piece.param))
             if mine is None:
                 continue
@@ -275,52 +315,78 @@ def _mixed(
             for k, value in inner.state.get(piece.master, {}).items():
                 if k != "step":
                     mine[k][piece.start : piece.stop] = value
-                elif holder[id(piece.param)] == part.rank and piece.start == 0:
+                elif holders.holder[id(piece.param)] == part.rank and piece.start == 0:
                     mine[k].copy_(value.detach().reshape(1))
 
-    def source(d: int) -> int:
-        return dist.get_global_rank(part.shard_group, d) if sharded else dist.get_rank()
 
-    kept: dict[int, dict[str, torch.Tensor]] = {}
-    buffers: dict[int, tuple[torch.Tensor, dict[int, dict[str, torch.Tensor]]]] = {}
-    for d in holders:
+def _gathered(holders: _MixedHolders, *, saving: bool) -> tuple[Views, dict[int, tuple[torch.Tensor, Views]]]:
+    """The views of the parameters this rank holds, and (loading) its buffer to load them into.
+
+    Saving, each holder's buffer is packed and filled on every rank and, sharded, summed into the
+    holder (one ``reduce`` per holder, in order); loading, only this rank's buffer is packed.
+    """
+    part = holders.part
+    kept: Views = {}
+    buffers: dict[int, tuple[torch.Tensor, Views]] = {}
+    for d in holders.holders:
         if saving:
-            buffer, views = pack(held[d])
-            fill(views)
-            if sharded:
-                dist.reduce(buffer, dst=source(d), group=part.shard_group)
+            buffer, views = _pack(holders.held[d], holders.fields)
+            _fill(views, holders)
+            if holders.sharded:
+                dist.reduce(buffer, dst=holders.source(d), group=part.shard_group)
             if d == part.rank:
                 kept = views
         elif d == part.rank:
-            buffers[d] = pack(held[d])
+            buffers[d] = _pack(holders.held[d], holders.fields)
             kept = buffers[d][1]
+    return kept, buffers
+
+
+def _mixed_entries(
+    holders: _MixedHolders, kept: Views, names: dict[int, str], splits: Splits
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's entries of the parameters this rank holds: masters as ``model.<name>``,
+    states as ``optim.<name>.<state>``, in their parameters' shapes."""
     entries: dict[str, torch.Tensor] = {}
-    for p in held.get(part.rank, []):
+    for p in holders.held.get(holders.part.rank, []):
         name = names[id(p)]
-        for k in fields:
+        for k in holders.fields:
             key = f"model.{name}" if k == "master" else f"optim.{name}.{k}"
             view = kept[id(p)][k]
             entries[key] = view.reshape(()) if k == "step" else placed(shaped(view, p), p, splits)
+    return entries
+
+
+def _mixed_loader(
+    holders: _MixedHolders, buffers: dict[int, tuple[torch.Tensor, Views]], *, optimizer_state: bool
+) -> Apply:
+    """What puts loaded masters (and states) in place: each holder's buffer, sent to the group
+    (sharded: one ``broadcast`` per holder, in order), gives every rank its slices and the
+    masters' casts to the parameters."""
+    part = holders.part
 
     def finish(loaded: dict[str, Any]) -> None:
         with torch.no_grad():
-            for d in holders:  # the holder's loaded buffer (the entries' storage), to every rank
-                buffer, views = buffers[d] if d == part.rank else pack(held[d])
-                if sharded:
-                    dist.broadcast(buffer, src=source(d), group=part.shard_group)
-                for p in held[d]:
+            for d in holders.holders:  # the holder's loaded buffer (the entries' storage), to every rank
+                buffer, views = buffers[d] if d == part.rank else _pack(holders.held[d], holders.fields)
+                if holders.sharded:
+                    dist.broadcast(buffer, src=holders.source(d), group=part.shard_group)
+                for p in holders.held[d]:
                     local(p.data).view(-1).copy_(views[id(p)]["master"])
-                for piece, inner in pieces:
-                    mine = views.get(id(piece.param))
-                    if mine is None:
-                        continue
-                    piece.master.copy_(mine["master"][piece.start : piece.stop])
-                    if not optimizer_state:
-                        continue
-                    for k, value in inner.state.get(piece.master, {}).items():
-                        value.copy_(mine[k][piece.start : piece.stop] if k != "step" else mine[k].reshape(value.shape))
+                for group, inner in zip(part.slices, part.inner, strict=True):
+                    for piece in group:
+                        mine = views.get(id(piece.param))
+                        if mine is None:
+                            continue
+                        piece.master.copy_(mine["master"][piece.start : piece.stop])
+                        if not optimizer_state:
+                            continue
+                        for k, value in inner.state.get(piece.master, {}).items():
+                            value.copy_(
+                                mine[k][piece.start : piece.stop] if k != "step" else mine[k].reshape(value.shape)
+                            )
 
-    return entries, {id(p) for p in held.get(part.rank, [])}, finish
+    return finish
 
 
 def _create_optimizer_states(optimizer: Optimizer) -> None:

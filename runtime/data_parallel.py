@@ -120,21 +120,7 @@ class DataParallel:
         replicas = meshes.shard[ShardingMeshAxis.REPLICATE].get_group() if meshes.shard.ndim == 2 else None
         main: DataParallelOptimizer | torch.optim.Optimizer | JointOptimizer
         if self.shards_with_fsdp:
-            if experts:
-                check_sharded_experts(self.layout, fp32=compute_dtype == torch.float32)
-            stage, ignored = self.layout.zero_stage, set(experts) or None
-            for chunk in chunks:
-                units = [*vocabulary_units(chunk), *chunk.layers.values()]
-                shard_units(
-                    units,
-                    chunk,
-                    meshes.shard,
-                    zero_stage=stage,
-                    dtype=compute_dtype,
-                    reduce_dtype=reduce_dtype,
-                    ignored=ignored,
-                    secondary=meshes.secondary,
-                )
+            self._shard_chunks(chunks, experts, meshes, compute_dtype=compute_dtype, reduce_dtype=reduce_dtype)
             # read after sharding: FSDP replaces each parameter it shards by a new one
             main = make_optimizer(optimizer, [p for p in parameters(chunks) if id(p) not in held], lr)
             if outside:  # ZeRO-1 for them, as for experts
@@ -164,16 +150,55 @@ class DataParallel:
             )
         if self.expert_data_mesh is None:
             return main
-        expert = DataParallelOptimizer(
+        expert = self._expert_optimizer(self.expert_data_mesh, experts, optimizer, lr, reduce_dtype)
+        return JointOptimizer([main, expert])
+
+    def _shard_chunks(
+        self,
+        chunks: Sequence[Decoder],
+        experts: list[nn.Parameter],
+        meshes: ShardingMeshes,
+        *,
+        compute_dtype: torch.dtype,
+        reduce_dtype: torch.dtype,
+    ) -> None:
+        """ZeRO-2/3: shard each chunk with FSDP, unit by unit (``vocabulary_units``, then its
+        layers), leaving ``experts`` whole (they are reduced over their own group)."""
+        if experts:
+            check_sharded_experts(self.layout, fp32=compute_dtype == torch.float32)
+        stage, ignored = self.layout.zero_stage, set(experts) or None
+        for chunk in chunks:
+            units = [*vocabulary_units(chunk), *chunk.layers.values()]
+            shard_units(
+                units,
+                chunk,
+                meshes.shard,
+                zero_stage=stage,
+                dtype=compute_dtype,
+                reduce_dtype=reduce_dtype,
+                ignored=ignored,
+                secondary=meshes.secondary,
+            )
+
+    def _expert_optimizer(
+        self,
+        expert_data_mesh: DeviceMesh,
+        experts: list[nn.Parameter],
+        optimizer: str,
+        lr: float,
+        reduce_dtype: torch.dtype,
+    ) -> DataParallelOptimizer:
+        """The experts' own optimizer, over the replicas holding them (``expert_data_mesh``):
+        sharded under any ZeRO stage, their gradients divided by the dense replicas."""
+        return DataParallelOptimizer(
             optimizer,
             experts,
             lr,
-            self.expert_data_mesh.get_group(),
+            expert_data_mesh.get_group(),
             shard=self.layout.zero_stage is not ZeroStage.NONE,
             reduce_dtype=reduce_dtype,
             grad_divisor=self.layout.dense_replicas,
         )
-        return JointOptimizer([main, expert])
 
     def before_micro_batch(self, chunk: nn.Module, index: int, micro_batches: int) -> None:
         """Without a pipeline: ZeRO-2 keeps the gathered weights until the step's last backward

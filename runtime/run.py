@@ -16,6 +16,7 @@ import socket
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -64,7 +65,39 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     gets the plan for the job's ranks from it and every rank runs that plan; the run continues
     from the newest complete checkpoint in ``settings.checkpoint_dir`` whenever there is one.
     """
-    plan = settings.plan
+    rank, world, cuda, device = _set_up_device()
+    plan, plan_sha256, resume = _agree_on_plan(settings, replan, rank, world, cuda)
+    if not dist.is_initialized():
+        _init(settings, cuda)
+    trainer = _build_trainer(settings, plan, device)
+    first = _resume(settings, trainer, plan_sha256, rank) if resume else 0
+    tokens = TokenFile(settings.data) if settings.data else None
+    hosts, watch = _place_ranks(settings, trainer, rank, world, cuda, first)
+    times, losses, sent, memory = _train_or_diagnose(
+        settings, plan, trainer, tokens, device, first, plan_sha256, watch, rank, world
+    )
+    if settings.trace_routing is not None:
+        _save_routing(settings, settings.trace_routing, plan, trainer)
+    everyone, sent_by_rank = _gather_measurements(plan, trainer, rank, world, memory, sent)
+    report = None
+    if rank == 0:
+        assert everyone is not None and sent_by_rank is not None
+        report = _report(
+            settings, plan, plan_sha256, times, losses, everyone, hosts, device, world, sent_by_rank, first
+        )
+        if watch is not None:
+            report = _with_faults(report, watch)
+        settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+    if watch is not None and watch.stopped:  # every rank: the launcher sees the job end with this code
+        raise StragglerFound(f"stopped after step {first + len(times) - 1}: " + "; ".join(watch.messages))
+    return report
+
+
+def _set_up_device() -> tuple[int, int, bool, torch.device]:
+    """This rank's (rank, world size, whether on CUDA, device), read from torchrun's environment;
+    the device is made current (CUDA) or given the threads the profile measured with (CPU)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -73,6 +106,19 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
         torch.cuda.set_device(device)
     else:  # the threads the profile measured with
         torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    return rank, world, cuda, device
+
+
+def _agree_on_plan(
+    settings: RunSettings, replan: Replan | None, rank: int, world: int, cuda: bool
+) -> tuple[Plan, str, bool]:
+    """The plan every rank runs, its SHA-256, and whether the run resumes from a checkpoint.
+
+    An elastic (re)start on other ranks than the plan's starts the process group here to agree on
+    rank 0's new plan; the plan is then checked against the job, and a checkpoint to resume from
+    against the plan, before any work.
+    """
+    plan = settings.plan
     plan_sha256 = settings.plan_sha256
     if replan is not None and world != plan.cluster.world_size:  # an elastic (re)start on other ranks
         _init(settings, cuda)
@@ -89,8 +135,11 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     if resume:  # before any work: a checkpoint of another model or global batch is refused
         assert settings.checkpoint_dir is not None
         check_loadable(settings.checkpoint_dir, plan.model, plan.training.global_batch_size)
-    if not dist.is_initialized():
-        _init(settings, cuda)
+    return plan, plan_sha256, resume
+
+
+def _build_trainer(settings: RunSettings, plan: Plan, device: torch.device) -> Trainer:
+    """The plan's Trainer on ``device``, recording its routing when the run traces it."""
     training = plan.training
     trainer = Trainer(
         plan.model,
@@ -107,19 +156,30 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     )
     if settings.trace_routing is not None:
         record_routing(trainer)
-    first = 0
-    if resume:
-        assert settings.checkpoint_dir is not None
-        resumed = checkpoint.resume(trainer, settings.checkpoint_dir, plan_sha256)
-        first = resumed.step
-        if resumed.resharded and rank == 0:
-            logger.info("resumed %s, taken under another layout, resharded into this plan's", resumed.path)
-        if first >= settings.steps:
-            raise InfeasibleConfigError(
-                f"the checkpoint has {first} steps done, and --steps {settings.steps} asks for no more; "
-                f"give --steps above {first}"
-            )
-    tokens = TokenFile(settings.data) if settings.data else None
+    return trainer
+
+
+def _resume(settings: RunSettings, trainer: Trainer, plan_sha256: str, rank: int) -> int:
+    """Load the newest checkpoint into ``trainer`` (resharded if taken under another layout) and
+    return the steps it had done; refuse a run that asks for no more steps than that."""
+    assert settings.checkpoint_dir is not None
+    resumed = checkpoint.resume(trainer, settings.checkpoint_dir, plan_sha256)
+    first = resumed.step
+    if resumed.resharded and rank == 0:
+        logger.info("resumed %s, taken under another layout, resharded into this plan's", resumed.path)
+    if first >= settings.steps:
+        raise InfeasibleConfigError(
+            f"the checkpoint has {first} steps done, and --steps {settings.steps} asks for no more; "
+            f"give --steps above {first}"
+        )
+    return first
+
+
+def _place_ranks(
+    settings: RunSettings, trainer: Trainer, rank: int, world: int, cuda: bool, first: int
+) -> tuple[list[str], StragglerWatch | None]:
+    """Every rank's host (one collective: each rank's host and pipeline stage), and the straggler
+    watch that knows them (None on CUDA)."""
     placed: list[tuple[str, int]] = [("", 0)] * world
     dist.all_gather_object(placed, (socket.gethostname(), trainer.pp_rank))
     hosts = [host for host, _ in placed]
@@ -135,14 +195,30 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
             on_fault=settings.on_fault,
             axes=axis_groups(trainer.mesh),
         )
+    return hosts, watch
+
+
+def _train_or_diagnose(
+    settings: RunSettings,
+    plan: Plan,
+    trainer: Trainer,
+    tokens: TokenFile | None,
+    device: torch.device,
+    first: int,
+    plan_sha256: str,
+    watch: StragglerWatch | None,
+    rank: int,
+    world: int,
+) -> tuple[list[float], list[float], list[tuple[float, float]], tuple[int, str, dict[str, int]]]:
+    """``_train`` under the plan's attention kernel, with a heartbeat; a peer's death or hang, or
+    the launcher stopping us, becomes JobFailed with the heartbeat's diagnosis (a bug keeps its
+    traceback)."""
     heartbeat = Heartbeat(rank, world, dist.distributed_c10d._get_default_store(), HEARTBEAT_KEY)
     stop_on_sigterm()
-    backends = attention_priority(training.attention_kernel, device)  # the kernel the plan was priced for first
+    backends = attention_priority(plan.training.attention_kernel, device)  # the kernel the plan was priced for first
     try:
         with sdpa_kernel(backends, set_priority=True) if backends is not None else contextlib.nullcontext():
-            times, losses, sent, memory = _train(
-                settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat, watch
-            )
+            return _train(settings, plan, trainer, tokens, device, first, plan_sha256, heartbeat, watch)
     except (Stopped, RuntimeError) as e:  # a peer died, hung past the timeout, or the launcher stopped us
         if not (isinstance(e, Stopped) or communication_failed(e)):
             raise  # a bug: it keeps its traceback
@@ -150,11 +226,26 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
         failure = heartbeat.diagnose(e, "training")
         logger.error("rank %d: %s", rank, failure)
         raise JobFailed(failure) from None
-    if settings.trace_routing is not None:
-        rows = training.global_batch_size // plan.layout.data_parallel_degree
-        expert_ids = gather_routing(trainer, settings.steps * rows * training.seq_len)
-        if expert_ids is not None:  # rank 0
-            save_routing_trace(settings.trace_routing, expert_ids, plan.model)
+
+
+def _save_routing(settings: RunSettings, path: Path, plan: Plan, trainer: Trainer) -> None:
+    """Gather the experts every token went to on rank 0, which writes them to ``path``."""
+    training = plan.training
+    rows = training.global_batch_size // plan.layout.data_parallel_degree
+    expert_ids = gather_routing(trainer, settings.steps * rows * training.seq_len)
+    if expert_ids is not None:  # rank 0
+        save_routing_trace(path, expert_ids, plan.model)
+
+
+def _gather_measurements(
+    plan: Plan,
+    trainer: Trainer,
+    rank: int,
+    world: int,
+    memory: tuple[int, str, dict[str, int]],
+    sent: list[tuple[float, float]],
+) -> tuple[list[RankMemory] | None, list[tuple[float, float]] | None]:
+    """Every rank's memory and steady bytes sent per step, gathered on rank 0 (None elsewhere)."""
     stage = trainer.pp_rank
     rank_memory = RankMemory(
         rank=rank,
@@ -171,29 +262,21 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     steady_sent = (statistics.mean(e for e, _ in steady), statistics.mean(c for _, c in steady))
     sent_by_rank: list[tuple[float, float]] | None = [(0.0, 0.0)] * world if rank == 0 else None
     dist.gather_object(steady_sent, sent_by_rank, dst=0)
-    report = None
-    if rank == 0:
-        assert everyone is not None and sent_by_rank is not None
-        report = _report(
-            settings, plan, plan_sha256, times, losses, everyone, hosts, device, world, sent_by_rank, first
-        )
-        if watch is not None:
-            report = report.model_copy(
-                update={
-                    "stragglers": tuple(watch.found),
-                    "timing_windows": tuple(watch.windows),
-                    "straggler_checks": watch.checks,
-                    "slow_links": tuple(watch.links),
-                    "link_checks": watch.link_state.checks,
-                    "stopped_by_fault": watch.stopped,
-                }
-            )
-        settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
-    dist.barrier()
-    dist.destroy_process_group()
-    if watch is not None and watch.stopped:  # every rank: the launcher sees the job end with this code
-        raise StragglerFound(f"stopped after step {first + len(times) - 1}: " + "; ".join(watch.messages))
-    return report
+    return everyone, sent_by_rank
+
+
+def _with_faults(report: RunReport, watch: StragglerWatch) -> RunReport:
+    """``report`` with what the straggler watch found and checked."""
+    return report.model_copy(
+        update={
+            "stragglers": tuple(watch.found),
+            "timing_windows": tuple(watch.windows),
+            "straggler_checks": watch.checks,
+            "slow_links": tuple(watch.links),
+            "link_checks": watch.link_state.checks,
+            "stopped_by_fault": watch.stopped,
+        }
+    )
 
 
 def _init(settings: RunSettings, cuda: bool) -> None:

@@ -19,8 +19,24 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from planner.schemas import GroupTiming, OnFault, SlowLink, Straggler, TimingWindow
 from runtime.collective_clock import CollectiveClock
-from runtime.slow_links import GroupKey, GroupWaits, LinkSettings, LinkState, describe_link, observe_links
-from runtime.stragglers import DetectorSettings, DetectorState, WindowTimings, describe, observe, peer_groups
+from runtime.slow_links import (
+    GroupKey,
+    GroupWaits,
+    LinkFinding,
+    LinkSettings,
+    LinkState,
+    describe_link,
+    observe_links,
+)
+from runtime.stragglers import (
+    DetectorSettings,
+    DetectorState,
+    Finding,
+    WindowTimings,
+    describe,
+    observe,
+    peer_groups,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +131,13 @@ class StragglerWatch:
             settings=self.link_settings,
             ranks=self.settings,
         )
+        self._name_stragglers(findings)
+        self._name_links(link_findings)
+        self.stopped = bool(findings or link_findings) and self.on_fault is OnFault.EXIT
+        return self.stopped
+
+    def _name_stragglers(self, findings: tuple[Finding, ...]) -> None:
+        """Log (rank 0) and keep for the report each rank the window's judgement named."""
         for finding in findings:
             message = describe(finding, self.hosts)
             if self.rank == 0:
@@ -132,6 +155,9 @@ class StragglerWatch:
                     message=message,
                 )
             )
+
+    def _name_links(self, link_findings: tuple[LinkFinding, ...]) -> None:
+        """Log (rank 0) and keep for the report each link the window's judgement named, with its mesh axis."""
         for link in link_findings:
             axis = self.axes.get(link.group, "")
             message = describe_link(link, self.hosts, axis)
@@ -151,8 +177,6 @@ class StragglerWatch:
                     message=message,
                 )
             )
-        self.stopped = bool(findings or link_findings) and self.on_fault is OnFault.EXIT
-        return self.stopped
 
     @property
     def checks(self) -> int:

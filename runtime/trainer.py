@@ -47,7 +47,7 @@ from runtime.expert_parallel import (
     replicated,
 )
 from runtime.mesh import ShardingMeshes, context_mesh, expert_mesh, layout_mesh, sharding_meshes
-from runtime.model import TORCH_DTYPES, default_dtype, loss_fn, set_recompute
+from runtime.model import TORCH_DTYPES, Decoder, default_dtype, loss_fn, set_recompute
 from runtime.pipeline import (
     PipelineSchedule,
     TiedEmbedding,
@@ -115,34 +115,44 @@ class Trainer:
         self.pp_rank = self.mesh[MeshAxis.PP].get_local_rank()
         self.placement = placement or placement_table(model, layout)
         check_placement(model, layout, self.placement)
-        # folded experts (whole on each rank) are reduced over their own group even without ep
-        own_experts = layout.expert_parallel_degree > 1 or layout.folds_experts
-        if own_experts and experts_mesh is None:
-            experts_mesh = expert_mesh(layout, device.type)
-        experts_mesh = experts_mesh if own_experts else None
+        experts_mesh = _own_experts_mesh(layout, device, experts_mesh)
         self.data_parallel = DataParallel(
             layout,
             self.mesh[MeshAxis.DP],
             experts_mesh[ExpertMeshAxis.EDP] if experts_mesh else None,
             sharding or sharding_meshes(layout, device.type, self.mesh),
         )
-        self.context: ContextShare | None = None
+        self.context: ContextShare | None = _context_share(layout, device, contexts_mesh)
         """Under context parallelism: this rank's share of each sequence and its group."""
-        if layout.context_parallel_degree > 1:
-            cp_mesh = (contexts_mesh or context_mesh(layout, device.type))[ContextMeshAxis.CP]
-            self.context = ContextShare(
-                layout.context_parallel_degree,
-                cp_mesh.get_local_rank(),
-                cp_mesh.get_group(),
-                SentBytes(),
-                layout.context_parallel_kind,
-            )
-        place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         compute = TORCH_DTYPES[dtype]
+        self.chunks = self._build_chunks(seed, compute, experts_mesh)
+        reduce = TORCH_DTYPES[default_reduce_dtype(dtype) if reduce_dtype is None else reduce_dtype]
+        self.tied = TiedEmbedding(model, layout, reduce_dtype=reduce)
+        self.vocabulary: VocabularyParallel | None = self._vocabulary(seed, compute)
+        """Under a vocabulary layout split over the pipeline: this rank's shards and passes."""
+        self.optimizer: Optimizer = self._optimizer(optimizer, lr, compute, reduce, experts_mesh)
+        self.params = parameters(self.chunks) + (self.vocabulary.parameters() if self.vocabulary else [])
+        self.report_loss = True
+        """False in a dry run: reading a loss's value needs real tensors."""
+        self.fresh_roots = False
+        """True while memory is tracked: each micro-batch calls its chunk through a new wrapper
+        module, because torch's MemTracker refuses a root module called twice in one step."""
+        self.schedule: PipelineSchedule | None = None
+        self._schedule_seq_len = 0
+        """The sequence length the schedule was built for (vocabulary layouts give theirs up front)."""
+        if layout.pipeline_parallel_degree > 1 and pipeline_schedule and self.vocabulary is None:
+            self.schedule = self._build_schedule()
+
+    def _build_chunks(self, seed: int, compute: torch.dtype, experts_mesh: DeviceMesh | None) -> list[Decoder]:
+        """This rank's model chunks, built in the parameters' precision and then split: recompute
+        set, the context share held, the experts exchanged over ``experts_mesh``'s ep axis and the
+        tensor-parallel split applied, as the layout asks; moved to the device last."""
+        model, layout, device = self.model, self.layout, self.device
+        place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         with default_dtype(self.data_parallel.parameter_dtype(compute)):
             held = hosted_experts(model, self.placement, place) if experts_mesh else None
-            self.chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
-        for chunk in self.chunks:
+            chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
+        for chunk in chunks:
             set_recompute(chunk, layout.recompute, layout.recompute_modules)
             if self.context is not None:
                 self.context.hold(chunk)
@@ -157,17 +167,28 @@ class Trainer:
                 )
             if device.type != "cpu":  # built on the CPU already (and fake tensors cannot be moved in place)
                 chunk.to(device)
-        reduce = TORCH_DTYPES[default_reduce_dtype(dtype) if reduce_dtype is None else reduce_dtype]
-        self.tied = TiedEmbedding(model, layout, reduce_dtype=reduce)
-        self.vocabulary: VocabularyParallel | None = None
-        """Under a vocabulary layout split over the pipeline: this rank's shards and passes."""
-        if layout.vocabulary_layout.over_pipeline:
-            with default_dtype(self.data_parallel.parameter_dtype(compute)):
-                self.vocabulary = VocabularyParallel(model, layout, self.mesh, seed=seed, compute_dtype=compute)
-            for chunk in self.chunks:
-                if chunk.takes_tokens:
-                    chunk.embed_tokens = self.vocabulary.embed
-        self.optimizer: Optimizer = self.data_parallel.share(
+        return chunks
+
+    def _vocabulary(self, seed: int, compute: torch.dtype) -> VocabularyParallel | None:
+        """Under a vocabulary layout split over the pipeline, this rank's shards (which then embed
+        the tokens of the chunks that take them); None otherwise."""
+        if not self.layout.vocabulary_layout.over_pipeline:
+            return None
+        with default_dtype(self.data_parallel.parameter_dtype(compute)):
+            vocabulary = VocabularyParallel(self.model, self.layout, self.mesh, seed=seed, compute_dtype=compute)
+        for chunk in self.chunks:
+            if chunk.takes_tokens:
+                chunk.embed_tokens = vocabulary.embed
+        return vocabulary
+
+    def _optimizer(
+        self, optimizer: str, lr: float, compute: torch.dtype, reduce: torch.dtype, experts_mesh: DeviceMesh | None
+    ) -> Optimizer:
+        """The data-parallel optimizer over this rank's parameters, joined by the reductions it
+        does not make itself: an MoE router's partial gradients under tensor parallelism, and
+        replicated experts' gradients over the expert-parallel group."""
+        model, layout = self.model, self.layout
+        joint: Optimizer = self.data_parallel.share(
             self.chunks,
             optimizer=optimizer,
             lr=lr,
@@ -177,7 +198,7 @@ class Trainer:
         )
         tp_mesh = self.mesh[MeshAxis.TP]
         if model.is_moe and layout.tensor_parallel_degree > 1:  # partial router gradients (runtime.tensor_parallel)
-            self.optimizer = JointOptimizer([RouterGradients(self.chunks, tp_mesh.get_group()), self.optimizer])
+            joint = JointOptimizer([RouterGradients(self.chunks, tp_mesh.get_group()), joint])
         if experts_mesh is not None and replicated(self.placement):
             ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
             copies = ReplicaGradients(
@@ -188,18 +209,8 @@ class Trainer:
                 tensor_rank=0 if layout.folds_experts else tp_mesh.get_local_rank(),
                 tensor_degree=layout.expert_tensor_degree,
             )
-            self.optimizer = JointOptimizer([copies, self.optimizer])
-        self.params = parameters(self.chunks) + (self.vocabulary.parameters() if self.vocabulary else [])
-        self.report_loss = True
-        """False in a dry run: reading a loss's value needs real tensors."""
-        self.fresh_roots = False
-        """True while memory is tracked: each micro-batch calls its chunk through a new wrapper
-        module, because torch's MemTracker refuses a root module called twice in one step."""
-        self.schedule: PipelineSchedule | None = None
-        self._schedule_seq_len = 0
-        """The sequence length the schedule was built for (vocabulary layouts give theirs up front)."""
-        if layout.pipeline_parallel_degree > 1 and pipeline_schedule and self.vocabulary is None:
-            self.schedule = self._build_schedule()
+            joint = JointOptimizer([copies, joint])
+        return joint
 
     @property
     def dp_rank(self) -> int:
@@ -301,6 +312,31 @@ class OneCall(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.module(x)
         return out
+
+
+def _own_experts_mesh(layout: Layout, device: torch.device, experts_mesh: DeviceMesh | None) -> DeviceMesh | None:
+    """The expert mesh when the experts have their own groups (``experts_mesh``, or built here);
+    None otherwise. Folded experts (whole on each rank) are reduced over their own group even
+    without expert parallelism."""
+    own_experts = layout.expert_parallel_degree > 1 or layout.folds_experts
+    if own_experts and experts_mesh is None:
+        experts_mesh = expert_mesh(layout, device.type)
+    return experts_mesh if own_experts else None
+
+
+def _context_share(layout: Layout, device: torch.device, contexts_mesh: DeviceMesh | None) -> ContextShare | None:
+    """Under context parallelism, this rank's share of each sequence over the cp axis of
+    ``contexts_mesh`` (or of the context mesh built here); None otherwise."""
+    if layout.context_parallel_degree <= 1:
+        return None
+    cp_mesh = (contexts_mesh or context_mesh(layout, device.type))[ContextMeshAxis.CP]
+    return ContextShare(
+        layout.context_parallel_degree,
+        cp_mesh.get_local_rank(),
+        cp_mesh.get_group(),
+        SentBytes(),
+        layout.context_parallel_kind,
+    )
 
 
 def _value(t: torch.Tensor) -> float:

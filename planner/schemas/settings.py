@@ -95,7 +95,7 @@ class SearchSettings:
     constraints: Mapping[str, Collection[Choice]] | None = None
     """Values some axes may take, by axis name (``tp``, ``pp``, ``dp``, ``ep``, ``micro_batch_size``,
     ``schedule``, ``virtual_stages``, ``zero_stage``, ``recompute``, ...;
-    ``planner.search_engine.space.AXES``), applied before anything is enumerated; a search they
+    ``planner.search_engine.axes.AXES``), applied before anything is enumerated; a search they
     leave without a valid layout says which constraint did it."""
     record_points: bool = False
     """Keep every evaluated layout's predicted time and peak memory (for a plot; layouts that do

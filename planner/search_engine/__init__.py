@@ -1,4 +1,4 @@
-"""Searching layouts: the space declared once (``space.AXES``), one evaluator, strategies behind
+"""Searching layouts: the space declared once (``axes.AXES``), one evaluator, strategies behind
 one interface (``strategy``), and refiners that improve the finalists (``refiner``; the CP-SAT
 layer split is ``layer_split.LayerSplitRefiner``).
 

@@ -31,8 +31,9 @@ from typing import ClassVar
 from planner.schemas import Layout, MemoryBreakdown
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.settings import Budget
+from planner.search_engine.axes import Assignment, as_int
 from planner.search_engine.evaluate import Evaluator, LayoutPoint, Miss
-from planner.search_engine.space import Assignment, SearchSpace, as_int
+from planner.search_engine.space import SearchSpace
 from planner.search_engine.strategy import Candidate, Progress, SearchResult, fastest_first
 
 PARALLEL_MIN_BLOCKS = 64

@@ -34,6 +34,7 @@ hint and the fallback. Model sections: data -> variables -> constraints -> objec
 import heapq
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -178,51 +179,134 @@ def _solve(
     """One CP-SAT model over consecutive layers; ``fixed_kept`` prices the first against the
     fixed layer before it, ``together[w]`` is the co-activation of window layers w and w + 1."""
     # Data.
-    window, (experts, ranks) = range(len(layers)), hints[0].shape
-    slots = int(hints[0][:, 0].sum())
-    allowed = [candidates[e] if candidates else range(ranks) for e in range(experts)]
-    nodes = range(int(node_of_rank.max()) + 1)
+    experts, ranks = hints[0].shape
+    data = _Data(
+        layers=layers,
+        window=range(len(layers)),
+        experts=experts,
+        ranks=ranks,
+        slots=int(hints[0][:, 0].sum()),
+        allowed=[candidates[e] if candidates else range(ranks) for e in range(experts)],
+        nodes=range(int(node_of_rank.max()) + 1),
+        node_of_rank=node_of_rank,
+    )
     model = cp_model.CpModel()
+    variables = _variables(model, data)
+    _constraints(model, data, variables)
+    _objective(model, data, variables, fixed_kept, together, node_weight=node_weight, scale=scale)
+    for w in data.window:
+        for e in range(experts):
+            for r in data.allowed[e]:
+                model.add_hint(variables.x[w, e, r], bool(hints[w][e, r]))
 
-    # Variables: whether rank r hosts expert e in window layer w; copies of e on node n.
-    x = {(w, e, r): model.new_bool_var(f"x[{w},{e},{r}]") for w in window for e in range(experts) for r in allowed[e]}
+    # Solve.
+    solver = cp_sat_solver(budget, seed=seed)
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return hints
+    placed = [np.zeros((experts, ranks), dtype=bool) for _ in data.window]
+    for (w, e, r), var in variables.x.items():
+        placed[w][e, r] = bool(solver.value(var))
+    return placed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Data:
+    """What one CP-SAT model of ``_solve`` is built from."""
+
+    layers: list[_Layer]
+    window: range
+    """The window's layers, by index."""
+    experts: int
+    ranks: int
+    slots: int
+    """Experts each rank hosts in each layer."""
+    allowed: list[Sequence[int]]
+    """By expert: the ranks it may go to (every rank without candidates)."""
+    nodes: range
+    node_of_rank: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class _Variables:
+    """The model's variables, keyed by (window layer, expert, rank or node)."""
+
+    x: dict[tuple[int, int, int], cp_model.IntVar]
+    """Whether rank r hosts expert e in window layer w."""
+    excess: dict[int, cp_model.IntVar]
+    """Tokens by which window layer w's hottest rank exceeds its target."""
+    on_node: dict[tuple[int, int, int], cp_model.IntVar]
+    """Copies of expert e on node n in window layer w (only over several nodes and layers)."""
+
+
+def _variables(model: cp_model.CpModel, data: _Data) -> _Variables:
+    """Variables: whether rank r hosts expert e in window layer w; each layer's excess; copies of
+    e on node n, tied to those on its ranks."""
+    layers, window, allowed = data.layers, data.window, data.allowed
+    x = {
+        (w, e, r): model.new_bool_var(f"x[{w},{e},{r}]")
+        for w in window
+        for e in range(data.experts)
+        for r in allowed[e]
+    }
     excess = {w: model.new_int_var(0, int(layers[w].load @ layers[w].copies), f"excess[{w}]") for w in window}
-    on_node = {}
-    if len(nodes) > 1 and len(layers) > 1:
+    on_node: dict[tuple[int, int, int], cp_model.IntVar] = {}
+    if len(data.nodes) > 1 and len(layers) > 1:
         for w in window:
-            for e in range(experts):
-                for n in nodes:
-                    here = [x[w, e, r] for r in allowed[e] if node_of_rank[r] == n]
+            for e in range(data.experts):
+                for n in data.nodes:
+                    here = [x[w, e, r] for r in allowed[e] if data.node_of_rank[r] == n]
                     on_node[w, e, n] = model.new_int_var(0, len(here), f"on_node[{w},{e},{n}]")
                     # Copies of e on node n are those on its ranks.
                     model.add(on_node[w, e, n] == sum(here))
+    return _Variables(x, excess, on_node)
 
-    # Constraints: each expert has its copies, at most one per rank.
-    for w in window:
-        for e in range(experts):
+
+def _constraints(model: cp_model.CpModel, data: _Data, variables: _Variables) -> None:
+    """Constraints: every expert's copies, at most one per rank; every rank's slots filled, its
+    tokens within the layer's target plus excess."""
+    layers, allowed, x = data.layers, data.allowed, variables.x
+    # Each expert has its copies, at most one per rank.
+    for w in data.window:
+        for e in range(data.experts):
             model.add(cp_model.LinearExpr.sum([x[w, e, r] for r in allowed[e]]) == int(layers[w].copies[e]))
     # Every rank fills its slots.
-    by_rank: dict[int, list[int]] = {r: [] for r in range(ranks)}
-    for e in range(experts):
+    by_rank: dict[int, list[int]] = {r: [] for r in range(data.ranks)}
+    for e in range(data.experts):
         for r in allowed[e]:
             by_rank[r].append(e)
-    for w in window:
-        for r in range(ranks):
+    for w in data.window:
+        for r in range(data.ranks):
             hosted = [x[w, e, r] for e in by_rank[r]]
-            model.add(cp_model.LinearExpr.sum(hosted) == slots)
+            model.add(cp_model.LinearExpr.sum(hosted) == data.slots)
             # The layer's excess bounds every rank's tokens above the target.
             tokens = cp_model.LinearExpr.weighted_sum(hosted, [int(layers[w].load[e]) for e in by_rank[r]])
-            model.add(tokens <= layers[w].target + excess[w])
+            model.add(tokens <= layers[w].target + variables.excess[w])
 
-    # Objective: tokens kept on their rank (and, weighted, their node) between consecutive layers.
+
+def _objective(
+    model: cp_model.CpModel,
+    data: _Data,
+    variables: _Variables,
+    fixed_kept: npt.NDArray[np.int64] | None,
+    together: list[npt.NDArray[np.int64]],
+    *,
+    node_weight: int,
+    scale: int,
+) -> None:
+    """Objective: tokens kept on their rank (and, weighted, their node) between consecutive
+    layers, after any excess, which outweighs all the traffic there is (lexicographic)."""
+    x, on_node, allowed, ranks = variables.x, variables.on_node, data.allowed, data.ranks
     kept: list[cp_model.LinearExprT] = []
     most = 0  # the most that kept can be
     if fixed_kept is not None:
         most += int(fixed_kept.sum())
-        terms = [(x[0, e, r], int(fixed_kept[e, r])) for e in range(experts) for r in allowed[e] if fixed_kept[e, r]]
+        terms = [
+            (x[0, e, r], int(fixed_kept[e, r])) for e in range(data.experts) for r in allowed[e] if fixed_kept[e, r]
+        ]
         kept.append(cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [c for _, c in terms]))
-    for w in window[:-1]:
-        c_now, c_next = layers[w].copies, layers[w + 1].copies
+    for w in data.window[:-1]:
+        c_now, c_next = data.layers[w].copies, data.layers[w + 1].copies
         for i, j in zip(*np.nonzero(together[w]), strict=True):
             weight = scale * int(together[w][i, j]) / (int(c_now[i]) * int(c_next[j]))
             for r in set(allowed[i]) & set(allowed[j]):
@@ -231,29 +315,15 @@ def _solve(
                 model.add_implication(same, x[w + 1, j, r])
                 kept.append(round(weight) * same)
                 most += round(weight)
-            for n in nodes if on_node else ():
+            for n in data.nodes if on_node else ():
                 # Copies of i and of j that share node n: the product of their counts there.
                 both = model.new_int_var(0, ranks * ranks, f"same_node[{w},{i},{j},{n}]")
                 model.add_multiplication_equality(both, [on_node[w, i, n], on_node[w + 1, j, n]])
                 kept.append(round(node_weight * weight) * both)
                 most += round(node_weight * weight) * ranks * ranks
     # Any excess outweighs all the traffic there is: lexicographic.
-    over = cp_model.LinearExpr.sum(list(excess.values()))
+    over = cp_model.LinearExpr.sum(list(variables.excess.values()))
     model.maximize(cp_model.LinearExpr.sum(kept) - (most + 1) * over)
-    for w in window:
-        for e in range(experts):
-            for r in allowed[e]:
-                model.add_hint(x[w, e, r], bool(hints[w][e, r]))
-
-    # Solve.
-    solver = cp_sat_solver(budget, seed=seed)
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return hints
-    placed = [np.zeros((experts, ranks), dtype=bool) for _ in window]
-    for (w, e, r), var in x.items():
-        placed[w][e, r] = bool(solver.value(var))
-    return placed
 
 
 def place_experts(

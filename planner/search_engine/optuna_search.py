@@ -1,7 +1,7 @@
 """Optuna TPE over the search space, for spaces too large to enumerate.
 
 Driven through ``study.ask()`` / ``study.tell()`` with a seeded sampler. Each axis of the space
-(``space.AXES``, the same declaration the exhaustive strategy iterates) is one parameter, but
+(``axes.AXES``, the same declaration the exhaustive strategy iterates) is one parameter, but
 an axis ``tried_in_full``, whose every value a trial evaluates, keeping the fastest, and the last
 axis, recompute, whose values a trial tries in order (increasing time, decreasing memory) up to
 the first that fits, the fastest that does, as the exhaustive strategy prunes

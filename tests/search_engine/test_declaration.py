@@ -9,9 +9,10 @@ from planner.files.models import load_model
 from planner.schemas import Layout, TrainingSpec
 from planner.schemas.settings import Budget
 from planner.search_engine import ExhaustiveSearch, OptunaSearch
+from planner.search_engine.axes import AXES, divisors
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.optuna_search import _neighbours, _suggest
-from planner.search_engine.space import AXES, SearchSpace, divisors
+from planner.search_engine.space import SearchSpace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -9,9 +9,10 @@ from planner.files.models import load_model
 from planner.schemas import TrainingSpec
 from planner.schemas.settings import Budget
 from planner.search_engine import ExhaustiveSearch
+from planner.search_engine.axes import AXES, DEGREE_AXES
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.runner import explain_infeasible
-from planner.search_engine.space import AXES, DEGREE_AXES, SearchSpace
+from planner.search_engine.space import SearchSpace
 
 MIXTRAL = load_model("mixtral-8x7b")
 

@@ -12,7 +12,8 @@ from planner.files.models import load_model
 from planner.schemas import ContextParallelKind, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.settings import SearchSettings
-from planner.search_engine.space import AXES, SearchSpace
+from planner.search_engine.axes import AXES
+from planner.search_engine.space import SearchSpace
 
 MODEL = load_model("llama3-70b")
 TRAINING = TrainingSpec(global_batch_size=256, seq_len=4096)

@@ -18,7 +18,8 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
-from planner.search_engine.space import AXES, SearchSpace, divisors
+from planner.search_engine.axes import AXES, divisors
+from planner.search_engine.space import SearchSpace
 
 TINY = load_model("tiny-gpt")  # 4 heads
 RING, A2A = ContextParallelKind.RING, ContextParallelKind.ALL_TO_ALL
