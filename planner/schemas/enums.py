@@ -4,8 +4,7 @@ from enum import IntEnum, StrEnum
 
 
 class DType(StrEnum):
-    """A number format: what one role of training is stored, computed or sent in
-    (``planner.schemas.precision.Precision``), and the plan's one ``--dtype`` it derives them from."""
+    """Training precision of weights and activations."""
 
     BF16 = "bf16"
     FP16 = "fp16"

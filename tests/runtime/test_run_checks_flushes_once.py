@@ -1,14 +1,17 @@
 """``planner run`` checks a plan's pipeline flushes once, in ``check_runnable`` before any work; a
 Trainer built without that check (a library user's, a test's) still checks them itself."""
 
+import json
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from conftest import cpu_cluster
-from harness import run_ranks
 
 import runtime.run
 import runtime.trainer
@@ -75,4 +78,26 @@ def test_a_run_checks_the_flushes_once_and_a_trainer_alone_checks_them(tmp_path:
         model, training, cluster, str(tmp_path / "cluster.json"), layout, estimate(model, training, cluster, layout)
     )
     save_plan(plan, tmp_path / "plan.json")
-    assert run_ranks(1, _checks, str(tmp_path / "plan.json"), workdir=tmp_path / "ranks") == {"run": 1, "direct": 1}
+    # A fresh interpreter, not a fork of this one: a fork after other tests' threads can hang.
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from test_run_checks_flushes_once import _checks; print(json.dumps(_checks(sys.argv[2])))"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "LOCAL_RANK": "0"}
+    here = str(Path(__file__).resolve().parent)
+    tests = str(Path(__file__).resolve().parents[1])
+    args = [sys.executable, "-c", code, here, str(tmp_path / "plan.json")]
+    proc = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": f"{tests}:{env.get('PYTHONPATH', '')}"},
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"run": 1, "direct": 1}
