@@ -3,8 +3,9 @@ its false-positive rate on undisturbed runs and its detection latency with one r
 
 - Undisturbed: ``planner run --steps 200``; every rank named is a false positive. The rate is
   named ranks over the rank-windows judged (the report's ``straggler_checks``).
-- Slowed: ``--inject-fault 2,SLOW_FROM,slow`` (rank 2 sleeps runtime.heartbeat.SLOW_FAULT_S in
-  each forward pass from that step on); the latency is the steps it ran slowed until named,
+- Slowed: ``--inject-fault 2,SLOW_FROM,slow`` (from that step on, rank 2 sleeps at
+  each step's start as long as its fastest step took, at least runtime.heartbeat.SLOW_FAULT_S);
+  the latency is the steps it ran slowed until named,
   ``named_at_step - SLOW_FROM + 1``; naming another rank, or none, is a miss.
 
 Each report keeps every step's timings (``timing_windows``), so the benchmark also judges the

@@ -34,12 +34,13 @@ def stop_on_sigterm() -> None:
 
 
 SLOW_FAULT_S = 0.05
-"""How long the "slow" testing aid sleeps each time."""
+"""How long the "slow" testing aid sleeps each time, at least."""
 
 
 def act_out_fault(kind: str, timeout_s: float) -> None:
     """Testing aid: die at once ("exit"), freeze ("hang") for far longer than the job's timeout, or
-    lag ("slow", ``SLOW_FAULT_S``: the caller repeats it, as a straggler lags again and again)."""
+    lag once ("slow", ``SLOW_FAULT_S``; a straggler that lags again and again is
+    ``runtime.run``'s, relative to its own compute)."""
     if kind == "exit":
         os._exit(1)
     time.sleep(SLOW_FAULT_S if kind == "slow" else 10 * timeout_s)

@@ -15,6 +15,7 @@ import signal
 import socket
 import statistics
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from runtime.data import TokenFile, synthetic_batch
 from runtime.dry_run import tracked_peak
 from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
-from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
+from runtime.heartbeat import SLOW_FAULT_S, Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.model import attention_priority
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.straggler_watch import StragglerWatch, axis_groups
@@ -320,6 +321,7 @@ def _train(
     losses: list[float] = []
     sent: list[tuple[float, float]] = []
     memory: tuple[int, str, dict[str, int]] | None = None
+    lag_s = 0.0
     with watch.clock.running() if watch is not None else contextlib.nullcontext():
         for step in range(first, settings.steps):
             began = time.perf_counter()
@@ -327,7 +329,8 @@ def _train(
             if watch is not None:
                 watch.step_begins()
             heartbeat.at("step", str(step))
-            _inject_fault(settings, trainer, heartbeat.rank, step, watch)
+            lag_s = max(lag_s, _inject_fault(settings, heartbeat.rank, step, watch, times))
+            time.sleep(lag_s)
             inputs, targets = (
                 tokens.batch(training.global_batch_size, training.seq_len, step=step)
                 if tokens
@@ -366,20 +369,26 @@ SLOW_LINK_FAULT_S = 6e-3
 """Seconds the injected slow link adds to each collective of its groups."""
 
 
-def _inject_fault(settings: RunSettings, trainer: Trainer, rank: int, step: int, watch: StragglerWatch | None) -> None:
+def _inject_fault(
+    settings: RunSettings, rank: int, step: int, watch: StragglerWatch | None, times_s: Sequence[float]
+) -> float:
+    """Act out ``settings.inject_fault`` if it falls on this rank and step. Returns the seconds
+    this rank lags each step from now on: the "slow" fault's straggler sleeps, inside its compute
+    where its peers wait for it, as long as its fastest step so far took (``times_s``; at least
+    ``SLOW_FAULT_S``), so it is about twice as slow on a fast host and a slow one alike; 0 otherwise."""
     fault = settings.inject_fault
     if fault is None or step != fault[1]:
-        return
+        return 0.0
     if fault[2] == "slow-link":
         if rank in (fault[0], fault[3]) and watch is not None:
             watch.clock.injected_delay = (frozenset((fault[0], fault[3])), SLOW_LINK_FAULT_S)
-        return
+        return 0.0
     if rank != fault[0]:
-        return
-    if fault[2] == "slow":  # from now on, inside the compute, where its peers will wait for it
-        trainer.chunks[0].register_forward_pre_hook(lambda module, args: act_out_fault("slow", settings.timeout_s))
-        return
+        return 0.0
+    if fault[2] == "slow":
+        return max(SLOW_FAULT_S, min(times_s, default=0.0))
     act_out_fault(fault[2], settings.timeout_s)
+    return 0.0
 
 
 def tracked_step(settings: RunSettings, first: int = 0) -> int:

@@ -162,8 +162,9 @@ class RunSettings:
     (a checkpoint is taken there, if they are) and raises StragglerFound."""
     inject_fault: tuple[int, int, str, int] | None = None
     """Testing: (rank, step, "exit" | "hang" | "slow" | "slow-link", peer): that rank dies or freezes
-    at the start of that step, or from that step on sleeps in each forward pass of its first chunk
-    (``runtime.heartbeat.act_out_fault``), or (on both ends) the link between it and ``peer`` slows
+    at the start of that step (``runtime.heartbeat.act_out_fault``), or from that step on sleeps
+    at each step's start as long as its fastest step took, about doubling its compute
+    (``runtime.run``), or (on both ends) the link between it and ``peer`` slows
     from that step on: each collective of a group holding both, the default group aside, first
     sleeps ``SLOW_LINK_FAULT_S`` (inside the collective clock's time; without the straggler
     detector, as on CUDA, it is not injected). ``peer`` is the rank itself for the other kinds."""

@@ -1,8 +1,8 @@
 """A rank slowed on purpose is named, with its host, and --on-fault exit ends
 the job there on every rank with code 4 (fault and straggler detection). One torchrun
 job of 2 CPU ranks (dp2; 4 ranks on this test machine's 2 cores were too noisy to name the slowed
-one reliably within a test's steps): rank 1 sleeps 50 ms in each forward pass from step 2, the
-first step the detector judges."""
+one reliably within a test's steps): from step 2, the first step the detector judges, rank 1
+sleeps at each step's start as long as its fastest step took, on a fast host and a slow one."""
 
 import socket
 import subprocess
