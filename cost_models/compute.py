@@ -73,13 +73,13 @@ def gemm_time_s(gemm: Gemm, device: DeviceProfile, gemm_dtype: DType) -> float:
     ``Precision.attention`` for the attention core's): a measured record of its shape in that
     precision, else the roofline model at the device's peak in it.
 
-    Model: launch overhead + max(flop / (peak * peak_fraction * quantization efficiency)
+    Model: launch overhead + max(flop / (peak * fraction(dtype) * quantization efficiency)
     * (1 + k_overhead / k), io_bytes / memory bandwidth), inputs and output in ``gemm_dtype``.
     """
     for rec in device.matmul_records:
         if rec.dtype is gemm_dtype and (rec.m, rec.n, rec.k) == (gemm.m, gemm.n, gemm.k):
             return rec.time_s * gemm.batch
-    achievable = device.get_peak_flop_per_s(gemm_dtype) * device.matmul.peak_fraction
+    achievable = device.get_peak_flop_per_s(gemm_dtype) * device.matmul.fraction(gemm_dtype)
     compute_s = gemm.flop / (achievable * quantization_efficiency(gemm, device)) * reduction_overhead(gemm, device)
     memory_s = gemm.io_bytes(gemm_dtype.bytes) / device.memory_bandwidth_bytes_per_s
     return device.matmul.launch_overhead_s + max(compute_s, memory_s)

@@ -105,15 +105,23 @@ class Context:
         if lockstep:
             if warmup > 0:
                 calls = torch.ceil(self.settings.min_sample_s / once.clamp(min=1e-6)).clamp(min=1)
-            dist.all_reduce(calls, op=dist.ReduceOp.MAX)  # every rank calls each op alike
+            calls = self._max_over_ranks(calls)  # every rank calls each op alike
         samples = torch.zeros(repeats, len(fns), dtype=torch.float64)
         for r in range(repeats):
             for i, fn in enumerate(fns):
                 self.sync()
                 samples[r, i] = self._call_s(fn, int(calls[i])) / calls[i]
         if lockstep:
-            dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+            samples = self._max_over_ranks(samples)
         return [Timing.of(samples[:, i].tolist()) for i in range(len(fns))]
+
+    def _max_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum of ``values`` (a CPU tensor) over every rank, on the CPU. The
+        reduction runs on the compute device: NCCL takes device tensors only (it refuses a CPU
+        tensor), gloo takes either."""
+        on_device = values.to(self.device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
+        return on_device.cpu()
 
     def _call_s(self, fn: Callable[[], Any], calls: int) -> float:
         """Wall seconds of ``calls`` calls of ``fn`` back to back (on CUDA, to the last kernel's end)."""

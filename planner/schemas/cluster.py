@@ -21,7 +21,11 @@ cost beside its loop over k (``MatmulModel.k_overhead``), which a version-6 prof
 its GEMMs priced as before; 8 says which fused kernel each attention record timed
 (``AttentionRecord.kernel``), which a version-7 profile lacks: flash; 9 says whether it timed
 attention under a causal mask or without one (``AttentionRecord.causal``), which a version-8
-profile lacks: causal, the only kind it held.
+profile lacks: causal, the only kind it held; 10 adds the GEMM efficiency measured in each
+precision (``MatmulModel.peak_fraction_by_dtype``), the device memory the kernel libraries took
+(``DeviceProfile.workspace_bytes``) and what a profile could not measure
+(``Provenance.not_measured``), which a version-9 profile lacks: one efficiency for every
+precision, an unmeasured workspace, everything measured.
 """
 
 from collections.abc import Mapping
@@ -88,6 +92,27 @@ class MatmulModel(FrozenModel):
         ge=0,
         description="Per-tile cost beside the loop over k, in elements of k: compute time x (1 + k_overhead / k).",
     )
+    peak_fraction_by_dtype: dict[DType, float] = Field(
+        default_factory=dict,
+        description="peak_fraction as measured in each precision the profiler timed GEMMs in (its best GEMM"
+        " rate in that precision / the peak in it); a precision absent here is priced at peak_fraction.",
+    )
+
+    @model_validator(mode="after")
+    def _check_fractions(self) -> Self:
+        for dtype, fraction in self.peak_fraction_by_dtype.items():
+            if not 0 < fraction <= 1:
+                raise SchemaError(
+                    f"matmul.peak_fraction_by_dtype.{dtype}={fraction!r} must be in (0, 1] (best GEMM rate / peak "
+                    "in that precision); fix it or leave the precision out"
+                )
+        return self
+
+    def fraction(self, dtype: DType) -> float:
+        """The share of the peak GEMMs in ``dtype`` sustain: measured in that precision where the
+        profile timed it, else ``peak_fraction``. Precisions differ (on an H100 fp32 runs on CUDA
+        cores, bf16 on tensor cores), so one precision's fraction misprices another's."""
+        return self.peak_fraction_by_dtype.get(dtype, self.peak_fraction)
 
 
 class MatmulRecord(FrozenModel):
@@ -123,6 +148,13 @@ class DeviceProfile(FrozenModel):
         description="Share of a compute unit each rank gets while every rank of its node computes: 1 for "
         "accelerators; below 1 for CPU ranks that outnumber their node's cores (4 ranks on 2 cores: 0.5). "
         "Times are measured with every rank busy; a rank runs up to 1/core_share faster while others wait.",
+    )
+    workspace_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Device memory the GEMM and attention libraries took beyond tensors (their handles and"
+        " workspaces: the driver's used memory grown over the first GEMMs and attention calls, less the"
+        " tensors allocated), as the profiler measured it on a GPU; None: not measured (presets, CPUs).",
     )
 
     @model_validator(mode="after")
@@ -183,6 +215,11 @@ class Provenance(FrozenModel):
     settings: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="How a measured profile was taken (sizes, repeats, timeout)."
     )
+    not_measured: tuple[str, ...] = Field(
+        default=(),
+        description="What a measured profile could not measure, each with why (a one-rank job has no link,"
+        " collective or tensor-parallel group): it prices only layouts that need none of them.",
+    )
 
 
 class NicKind(StrEnum):
@@ -227,9 +264,10 @@ class NodeOverride(FrozenModel):
 
 
 def _sustained_flop_per_s(device: DeviceProfile) -> float:
-    """A device's sustained GEMM rate in bf16 (else its best dtype), which orders devices by speed."""
-    peak = device.peak_flop_per_s.get(DType.BF16, max(device.peak_flop_per_s.values(), default=0.0))
-    return peak * device.matmul.peak_fraction
+    """A device's sustained GEMM rate in bf16 (else its fastest dtype), which orders devices by speed."""
+    peaks = device.peak_flop_per_s
+    dtype = DType.BF16 if DType.BF16 in peaks else max(peaks, key=lambda d: peaks[d], default=DType.BF16)
+    return peaks.get(dtype, 0.0) * device.matmul.fraction(dtype)
 
 
 class ClusterProfile(FrozenModel):
@@ -242,7 +280,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[9] = 9
+    schema_version: Literal[10] = 10
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -408,9 +446,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 9
+CLUSTER_SCHEMA_VERSION = 10
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 """The versions ``upgrade`` reads."""
 
 
@@ -434,13 +472,16 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     Version 8 -> 9: nothing to change; a version-8 profile's attention records do not say whether
     they were causal, which version 9 reads as causal (the profiler timed causal attention only,
     and the presets' records were causal).
+    Version 9 -> 10: nothing to change; a version-9 profile has one GEMM efficiency for every
+    precision (no ``peak_fraction_by_dtype``), no measured workspace and no ``not_measured``, which
+    version 10 reads as it did.
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3, 4, 5, 6, 7, 8):
-        return {**raw, "schema_version": 9}
+    if version in (2, 3, 4, 5, 6, 7, 8, 9):
+        return {**raw, "schema_version": 10}
     if version != 1:
         return dict(raw)
     device = raw.get("device")
