@@ -7,10 +7,11 @@ rail). Slowest, not median: a synchronous job runs at its slowest link, and a me
 the one slow pair a profile exists to find.
 
 GEMMs become measured records (used for their exact shapes) and a MatmulModel whose peak is the
-best GEMM rate measured (a CPU publishes no peak; on CUDA a known device's published peak is kept
-and the fraction is measured). Collective times are the slowest rank's median; other ops' times
-the median over ranks. Hosts with devices of another type than the first host's keep their own
-device profile (a node override), built from their own ranks' measurements.
+best GEMM rate measured (a CPU publishes no peak; a GPU known by name keeps its published peak and
+the fraction is measured in each precision timed: ``gemm_efficiency``). Collective times are the
+slowest rank's median; other ops' times the median over ranks. Hosts with devices of another type
+than the first host's keep their own device profile (a node override), built from their own ranks'
+measurements.
 """
 
 import statistics
@@ -23,6 +24,7 @@ import torch
 from planner.schemas import (
     ClusterProfile,
     CollectiveRecord,
+    DeviceKind,
     DeviceProfile,
     DType,
     LinkMatrix,
@@ -40,12 +42,32 @@ from profiler.links import LinkSample, duplex_bandwidth, link_figures
 from profiler.ops import OpsSample
 from profiler.topology import RankInfo
 
-PUBLISHED_PEAK_FLOP_PER_S = {
-    # Dense tensor-core peaks (the dgx presets' sources): a measured CUDA profile keeps them, so
-    # MFU stays comparable with published runs.
-    "A100": {DType.BF16: 312e12, DType.FP16: 312e12, DType.FP32: 19.5e12},
-    "H100": {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12},
-}
+PUBLISHED_PEAK_FLOP_PER_S: tuple[tuple[str, dict[DType, float]], ...] = (
+    # Dense peaks (no sparsity) of the data-center GPUs a measured CUDA profile recognises by the
+    # name torch reports, first match wins (so "GB200" before "B200"); fp32 is the CUDA cores'
+    # rate, not TF32's, as plans run fp32 GEMMs in true fp32. Keeping them, not the best rate
+    # measured, keeps MFU comparable with published runs. Source: stas00/ml-engineering,
+    # compute/accelerator/README.md, "TFLOPS comparison table" (as the dgx presets cite it): A100
+    # SXM 312/19.5, H100 SXM 989/67, H200 SXM "the same" compute as the H100 (its memory differs:
+    # 141 GB, measured by the profiler), B200 SXM 2250/80 (note: the DGX B200 datasheet), GB200
+    # 2500/80 per GPU.
+    ("A100", {DType.BF16: 312e12, DType.FP16: 312e12, DType.FP32: 19.5e12}),
+    ("H100", {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12}),
+    ("H200", {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12}),
+    ("GB200", {DType.BF16: 2500e12, DType.FP16: 2500e12, DType.FP32: 80e12}),
+    ("B200", {DType.BF16: 2250e12, DType.FP16: 2250e12, DType.FP32: 80e12}),
+)
+
+CUDA_GEMM_TILE = (256, 128)
+"""Output tile (rows, columns) of a CUDA GEMM kernel in the wave model: the largest typical cuBLAS
+tile (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, Sec. 2.3), as the dgx
+presets assume. Every CUDA device gets it over its measured streaming multiprocessors, whatever its
+name; CPUs and ROCm GPUs (whose kernels' tiles no source here gives) get no wave model: one unit,
+1 x 1 tiles."""
+
+FRACTION_FALLBACK_ORDER = (DType.BF16, DType.FP16, DType.FP32)
+"""Whose measured efficiency prices a precision the profile did not time GEMMs in: the first of
+these it timed (training precisions first: their tensor-core rate is what plans mostly run)."""
 
 
 def _matrix(
@@ -109,6 +131,38 @@ def _node_overrides(
     )
 
 
+def published_peaks(device_name: str) -> dict[DType, float] | None:
+    """The published dense peaks of a GPU known by ``device_name`` (``PUBLISHED_PEAK_FLOP_PER_S``),
+    None for any other device."""
+    return next((dict(peaks) for key, peaks in PUBLISHED_PEAK_FLOP_PER_S if key in device_name), None)
+
+
+def gemm_efficiency(
+    best_flop_per_s: dict[DType, float], published: dict[DType, float] | None
+) -> tuple[dict[DType, float], float, dict[DType, float]]:
+    """(peak FLOP/s by precision, the fraction for unmeasured precisions, the fraction measured in
+    each precision) from the best GEMM rate measured in each precision.
+
+    A GPU with published peaks keeps them, and each precision timed gets its own fraction: best
+    rate in it / its peak (at least 1e-3, at most 1); a precision not timed is priced at the first
+    timed one of ``FRACTION_FALLBACK_ORDER``. Any other device (a CPU, an unknown GPU) takes the
+    best rate measured in each precision as its peak, fraction 1, and fp16 at bf16's when only
+    bf16 was timed (a CPU runs it like bf16 at best).
+    """
+    if published is None:
+        peak = dict(best_flop_per_s)
+        if DType.FP16 not in peak and DType.BF16 in peak:
+            peak[DType.FP16] = peak[DType.BF16]
+        return peak, 1.0, {}
+    fractions = {
+        dtype: min(max(rate / published[dtype], 1e-3), 1.0)
+        for dtype, rate in best_flop_per_s.items()
+        if dtype in published
+    }
+    fallback = next((fractions[d] for d in FRACTION_FALLBACK_ORDER if d in fractions), 1e-3)
+    return published, fallback, fractions
+
+
 def _device(infos: list[RankInfo], ops: list[OpsSample]) -> DeviceProfile:
     """The profile of one device type from the measurements of the ranks that run on it (``ops``
     is every rank's, by rank): GEMM records and other ops' times are medians over those ranks."""
@@ -128,29 +182,28 @@ def _device(infos: list[RankInfo], ops: list[OpsSample]) -> DeviceProfile:
         dt: max(2.0 * r.m * r.n * r.k / r.time_s for r in matmul_records if r.dtype is dt)
         for dt in {r.dtype for r in matmul_records}
     }
-    device_name = infos[0].device_name
-    published = next((v for k, v in PUBLISHED_PEAK_FLOP_PER_S.items() if k in device_name), None)
-    peak = dict(published) if published else dict(best)
-    if DType.FP16 not in peak and DType.BF16 in peak:
-        peak[DType.FP16] = peak[DType.BF16]  # not measured: the CPU runs it like bf16 at best
-    fraction = max(best.get(DType.BF16, 0.0) / peak[DType.BF16], 1e-3) if published else 1.0
-    cuda = device_name and published is not None
+    device_name, kind = infos[0].device_name, infos[0].device_kind
+    peak, fraction, fractions = gemm_efficiency(best, published_peaks(device_name))
+    tile_m, tile_n = CUDA_GEMM_TILE if kind is DeviceKind.CUDA else (1, 1)
+    workspaces = [o.workspace_bytes for o in mine if o.workspace_bytes is not None]
     return DeviceProfile(
         name=device_name,
-        kind=infos[0].device_kind,
+        kind=kind,
         memory_bytes=min(i.memory_bytes for i in infos),
         peak_flop_per_s=peak,
         memory_bandwidth_bytes_per_s=statistics.median(o.stream_bytes_per_s for o in mine),
         matmul=MatmulModel(
-            peak_fraction=min(fraction, 1.0),
-            compute_units=infos[0].compute_units if cuda else 1,
-            tile_m=256 if cuda else 1,
-            tile_n=128 if cuda else 1,
+            peak_fraction=fraction,
+            peak_fraction_by_dtype=fractions,
+            compute_units=infos[0].compute_units if kind is DeviceKind.CUDA else 1,
+            tile_m=tile_m,
+            tile_n=tile_n,
             launch_overhead_s=statistics.median(o.launch_overhead_s for o in mine),
         ),
         matmul_records=matmul_records,
         op_records=_median_records(o for rank_ops in mine for o in rank_ops.others),
         core_share=min(i.core_share for i in infos),
+        workspace_bytes=max(workspaces) if workspaces else None,
     )
 
 
@@ -187,8 +240,10 @@ def build_profile(
     *,
     backend: str,
     phase_seconds: dict[str, float] | None = None,
+    not_measured: tuple[str, ...] = (),
 ) -> ClusterProfile:
-    """The profile of this cluster from every rank's measurements."""
+    """The profile of this cluster from every rank's measurements; ``not_measured`` says what the
+    run left out and why (``Provenance.not_measured``)."""
     hosts = sorted({i.host for i in infos}, key=lambda h: min(i.rank for i in infos if i.host == h))
     node_of = {i.rank: hosts.index(i.host) for i in infos}
     local_of = {i.rank: i.local_rank for i in infos}
@@ -223,6 +278,7 @@ def build_profile(
             backend=backend,
             hosts=tuple(hosts),
             settings=settings.to_record() | {f"seconds_{k}": round(v, 3) for k, v in (phase_seconds or {}).items()},
+            not_measured=not_measured,
         ),
     )
 
@@ -303,12 +359,13 @@ def _collective_records(
 ) -> tuple[CollectiveRecord, ...]:
     """One record per (group shape, op, message size): the slowest rank's median time, with the
     slowest link along the shape's rings."""
-    shapes = {s.name: s for s in group_shapes(infos)}
+    # A one-member group (the "world" of a one-rank job) communicates nothing: no record.
+    shapes = {s.name: s for s in group_shapes(infos) if len(s.groups[0]) >= 2}
     ring_bandwidth = {
         name: _ring_bandwidth(shape, node_of, local_of, node_links, inter_node_links) for name, shape in shapes.items()
     }
     slowest: dict[tuple[str, str, int], CollectiveSample] = {}
-    for sample in (s for rank_samples in collectives for s in rank_samples):
+    for sample in (s for rank_samples in collectives for s in rank_samples if s.shape in shapes):
         key = (sample.shape, str(sample.op), sample.message_bytes)
         if key not in slowest or sample.median_s > slowest[key].median_s:
             slowest[key] = sample

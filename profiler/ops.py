@@ -66,6 +66,9 @@ class OpsSample:
     launch_overhead_s: float
     others: tuple[OpRecord, ...] = ()
     """Other ops, each with this rank's median times."""
+    workspace_bytes: int | None = None
+    """Device memory the kernel libraries took on their first calls beyond tensors (CUDA only:
+    ``profiler.workspace``); None where not measured."""
 
 
 def measure(ctx: Context) -> list[OpsSample] | None:

@@ -1,0 +1,105 @@
+"""build_profile on GPUs by the names torch reports, from synthetic samples: the published peak
+kept per known name, the GEMM efficiency measured in each precision, the tile/wave rule by device
+kind, the workspace carried over, and a one-rank world (no links, no collectives)."""
+
+import pytest
+
+from cost_models.compute import Gemm, gemm_time_s
+from planner.schemas import ClusterProfile, DeviceKind, DType
+from planner.schemas.settings import ProfileSettings
+from profiler.build import build_profile
+from profiler.ops import GemmSample, OpsSample
+from profiler.topology import RankInfo
+
+SIDE = 4096
+FLOP = 2.0 * SIDE**3
+"""One 4096^3 GEMM: 2 * 4096^3 = 137,438,953,472 FLOP."""
+
+
+def _rank(name: str, kind: DeviceKind = DeviceKind.CUDA, units: int = 132) -> RankInfo:
+    return RankInfo(rank=0, host="gpu0", local_rank=0, local_world_size=1, device_name=name, device_kind=kind,
+                    memory_bytes=80 * 2**30, compute_units=units)  # fmt: skip
+
+
+def _ops(rates: dict[DType, float], workspace_bytes: int | None = None) -> OpsSample:
+    """One rank's samples: a 4096^3 GEMM at each of ``rates`` (FLOP/s), HBM at 3e12 B/s."""
+    gemms = tuple(GemmSample(SIDE, SIDE, SIDE, dtype, FLOP / rate, 0.0) for dtype, rate in rates.items())
+    return OpsSample(gemms, 3e12, 5e-6, workspace_bytes=workspace_bytes)
+
+
+def _one_gpu(
+    name: str, rates: dict[DType, float], kind: DeviceKind = DeviceKind.CUDA, units: int = 132
+) -> ClusterProfile:
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
+    return build_profile(settings, [_rank(name, kind, units)], [[]], [[]], [_ops(rates)], backend="nccl")
+
+
+def test_an_h100_keeps_its_published_peaks_and_measures_each_precisions_share() -> None:
+    # bf16 at 70% of 989 TFLOP/s (692.3e12), fp32 at 60% of 67 TFLOP/s (40.2e12)
+    profile = _one_gpu("NVIDIA H100 80GB HBM3", {DType.BF16: 692.3e12, DType.FP32: 40.2e12})
+    device = profile.device
+    assert device.peak_flop_per_s == {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12}
+    assert device.matmul.fraction(DType.BF16) == pytest.approx(0.7)
+    assert device.matmul.fraction(DType.FP32) == pytest.approx(0.6)
+    assert device.matmul.fraction(DType.FP16) == pytest.approx(0.7)  # not timed: bf16's
+    assert (device.matmul.compute_units, device.matmul.tile_m, device.matmul.tile_n) == (132, 256, 128)
+
+
+def test_an_fp32_only_profile_prices_bf16_at_fp32s_share_not_at_a_thousandth() -> None:
+    profile = _one_gpu("NVIDIA H100 80GB HBM3", {DType.FP32: 40.2e12})
+    assert profile.device.matmul.fraction(DType.FP32) == pytest.approx(0.6)
+    assert profile.device.matmul.fraction(DType.BF16) == pytest.approx(0.6)
+    # an unmeasured bf16 shape: 0.6 * 989e12 on 16 x 32 = 512 tiles over 132 units (4 waves, 97%)
+    unmeasured = Gemm(m=SIDE, n=SIDE, k=2 * SIDE)
+    compute_s = 2.0 * SIDE * SIDE * 2 * SIDE / (0.6 * 989e12 * (512 / 528))
+    assert gemm_time_s(unmeasured, profile.device, DType.BF16) == pytest.approx(5e-6 + compute_s)
+
+
+def test_each_precision_prices_unmeasured_shapes_at_its_own_share() -> None:
+    profile = _one_gpu("NVIDIA H100 80GB HBM3", {DType.BF16: 692.3e12, DType.FP32: 40.2e12})
+    unmeasured = Gemm(m=SIDE, n=SIDE, k=2 * SIDE)
+    bf16_s = gemm_time_s(unmeasured, profile.device, DType.BF16) - 5e-6
+    fp32_s = gemm_time_s(unmeasured, profile.device, DType.FP32) - 5e-6
+    assert fp32_s / bf16_s == pytest.approx((0.7 * 989e12) / (0.6 * 67e12))
+
+
+@pytest.mark.parametrize(
+    ("name", "bf16_peak", "fp32_peak"),
+    [
+        ("NVIDIA A100-SXM4-80GB", 312e12, 19.5e12),
+        ("NVIDIA H200", 989e12, 67e12),
+        ("NVIDIA B200", 2250e12, 80e12),
+        ("NVIDIA GB200", 2500e12, 80e12),
+    ],
+)
+def test_known_gpus_keep_their_published_peaks(name: str, bf16_peak: float, fp32_peak: float) -> None:
+    profile = _one_gpu(name, {DType.BF16: 0.75 * bf16_peak}, units=148)
+    device = profile.device
+    assert device.peak_flop_per_s[DType.BF16] == bf16_peak and device.peak_flop_per_s[DType.FP32] == fp32_peak
+    assert device.matmul.fraction(DType.BF16) == pytest.approx(0.75)
+    assert (device.matmul.compute_units, device.matmul.tile_m, device.matmul.tile_n) == (148, 256, 128)
+
+
+def test_an_unknown_cuda_gpu_takes_its_best_rate_as_peak_with_the_wave_model() -> None:
+    profile = _one_gpu("NVIDIA L40S", {DType.BF16: 300e12}, units=142)
+    device = profile.device
+    assert device.peak_flop_per_s == {DType.BF16: pytest.approx(300e12), DType.FP16: pytest.approx(300e12)}
+    assert device.matmul.peak_fraction == 1.0 and device.matmul.peak_fraction_by_dtype == {}
+    assert (device.matmul.compute_units, device.matmul.tile_m, device.matmul.tile_n) == (142, 256, 128)
+
+
+def test_a_rocm_gpu_gets_no_wave_model() -> None:
+    profile = _one_gpu("AMD Instinct MI250X", {DType.BF16: 150e12}, kind=DeviceKind.ROCM, units=110)
+    matmul = profile.device.matmul
+    assert (matmul.compute_units, matmul.tile_m, matmul.tile_n) == (1, 1, 1)
+
+
+def test_a_one_rank_world_builds_without_links_or_collectives_and_says_what_it_left_out() -> None:
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
+    ops = [_ops({DType.BF16: 692.3e12}, workspace_bytes=3 * 2**20)]
+    note = ("links: one rank",)
+    profile = build_profile(settings, [_rank("NVIDIA H100 80GB HBM3")], [[]], [[]], ops, backend="nccl",
+                            not_measured=note)  # fmt: skip
+    assert profile.world_size == 1 and profile.collectives == ()
+    assert profile.provenance.not_measured == note
+    assert profile.device.workspace_bytes == 3 * 2**20
