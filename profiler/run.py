@@ -58,8 +58,6 @@ class ProfileOutcome:
 def profile(settings: ProfileSettings) -> ProfileOutcome:
     """Profile the cluster this rank belongs to (see the module docstring)."""
     rank, world, local_rank, local_world = _environment()
-    if world < 2:
-        raise ProfileError("profiling needs at least 2 ranks: torchrun --nproc-per-node 2 (or more)")
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
@@ -80,10 +78,13 @@ def profile(settings: ProfileSettings) -> ProfileOutcome:
         with _timed(seconds, "topology", progress):
             measured["topology"] = topology.measure(ctx)
             infos = _broadcast(measured["topology"])
-        with _timed(seconds, "links", progress):
-            measured["links"] = links.measure(ctx)
-        with _timed(seconds, "collectives", progress):
-            measured["collectives"] = collectives.measure(ctx, infos)
+        if world > 1:
+            with _timed(seconds, "links", progress):
+                measured["links"] = links.measure(ctx)
+            with _timed(seconds, "collectives", progress):
+                measured["collectives"] = collectives.measure(ctx, infos)
+        else:  # one rank: no peer to send to, no group to reduce over
+            measured["links"], measured["collectives"] = [[]], [[]]
         with _timed(seconds, "ops", progress):
             measured["ops"] = ops.measure(ctx)
     except (Stopped, RuntimeError, dist.DistBackendError) as e:
@@ -98,6 +99,26 @@ def profile(settings: ProfileSettings) -> ProfileOutcome:
         dist.barrier()
     _teardown(failure is None)
     return outcome
+
+
+def not_measured(world_size: int) -> tuple[str, ...]:
+    """What a profile of ``world_size`` ranks cannot measure, each with why: one rank has no
+    link, collective or tensor-parallel group; an odd number of ranks leaves one out of the pairs
+    that time the pipeline slot and sharded data parallelism's unit cost (``profiler.framework_ops``).
+    Its plans price only what needs none of them (one rank: dp 1, tp 1, pp 1)."""
+    out = []
+    if world_size == 1:
+        out += [
+            "links: one rank has no peer to time a transfer to",
+            "collectives: one rank has no group of two or more",
+            "tensor-parallel layers: one rank has no tensor-parallel group",
+        ]
+    if world_size % 2:
+        out += [
+            f"pipeline slot: timed on pairs of ranks, and {world_size} is odd",
+            f"sharded data parallelism (FSDP) unit cost: timed on pairs of ranks, and {world_size} is odd",
+        ]
+    return tuple(out)
 
 
 def _broadcast(infos: list[topology.RankInfo] | None) -> list[topology.RankInfo]:
@@ -129,6 +150,7 @@ def _outcome(
             measured["ops"],
             backend=backend,
             phase_seconds=seconds,
+            not_measured=not_measured(len(measured["topology"])),
         )
         return ProfileOutcome(0, profile=profile)
     partial: dict[str, object] = {

@@ -27,7 +27,7 @@ def profile(settings: ProfileSettings = ProfileSettings()) -> int:
         Rank 0 writes ``settings.output`` either way.
 
     Raises:
-        ProfileError: not under torchrun, or fewer than 2 ranks.
+        ProfileError: not under torchrun.
     """
     from profiler.run import profile as run_profile  # torch: only for the commands that need it
 
@@ -39,6 +39,8 @@ def profile(settings: ProfileSettings = ProfileSettings()) -> int:
     if outcome.profile is not None:
         save_cluster(outcome.profile, settings.output)
         logger.info("wrote %s", settings.output)
+        for what in outcome.profile.provenance.not_measured:
+            logger.warning("not measured: %s", what)
     elif outcome.incomplete is not None:
         settings.output.write_text(json.dumps(outcome.incomplete, indent=2) + "\n")
         logger.warning("wrote the incomplete profile to %s", settings.output)
