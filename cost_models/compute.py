@@ -279,13 +279,17 @@ def _least_squares_slope(xs: list[int], ys: list[float]) -> float:
     return max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread)
 
 
-def measured_optimizer_s(device: DeviceProfile, model_name: str, params: float) -> float | None:
+def measured_optimizer_s(
+    device: DeviceProfile, model_name: str, params: float, weights_dtype: DType | None = None
+) -> float | None:
     """Seconds of an optimizer step over ``params`` parameters, at the rate the profiler timed on
-    the model's own layer (``planner profile --model``); None without such a record."""
-    for rec in device.op_records:
-        if isinstance(rec, OptimizerRecord) and rec.model == model_name:
-            return rec.time_s * params / rec.num_parameters
-    return None
+    the model's own layer (``planner profile --model``): the record of the weights' precision
+    (``Precision.weights``: fp32 steps the parameters, bf16/fp16 their fp32 masters slice by
+    slice, a different cost), else any record of the model (a version-9 profile timed one, fp32
+    masters; None for ``weights_dtype`` also takes any); None without such a record."""
+    records = [r for r in device.op_records if isinstance(r, OptimizerRecord) and r.model == model_name]
+    rec = next((r for r in records if r.dtype is weights_dtype), records[0] if records else None)
+    return None if rec is None else rec.time_s * params / rec.num_parameters
 
 
 def measured_pipeline_slot_s(device: DeviceProfile) -> float | None:

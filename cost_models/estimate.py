@@ -110,7 +110,9 @@ def estimate_unchecked(
         + tied_embedding_sync_s(model, training, cluster, layout),
         pipeline_bubble_s=shared * bubble,
         data_parallel_comm_s=data_parallel.exposed_s,
-        optimizer_s=optimizer_step_s(model, cluster, layout, training.kernels),
+        optimizer_s=optimizer_step_s(
+            model, cluster, layout, training.kernels, weights_dtype=training.precision.weights
+        ),
         data_parallel_comm_overlapped_s=data_parallel.overlapped_s,
         context_parallel_comm_s=shared * m * slowest.context_parallel_comm_s,
     )

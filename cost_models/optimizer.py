@@ -12,10 +12,12 @@ from cost_models.compute import elementwise_time_s, measured_optimizer_s
 from cost_models.kernels import adam_bytes_per_param
 from cost_models.params import all_stage_params
 from cost_models.sharding import optimizer_shard_params
-from planner.schemas import ClusterProfile, Kernels, Layout, ModelSpec
+from planner.schemas import ClusterProfile, DType, Kernels, Layout, ModelSpec
 
 
-def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout, kinds: Kernels) -> float:
+def optimizer_step_s(
+    model: ModelSpec, cluster: ClusterProfile, layout: Layout, kinds: Kernels, *, weights_dtype: DType
+) -> float:
     """Seconds of one optimizer step on the slowest pipeline stage.
 
     Args:
@@ -23,6 +25,7 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout, 
         cluster: the device (memory bandwidth, profiled optimizer record).
         layout: degrees and ZeRO stage.
         kinds: fused or eager kernels (``TrainingSpec.kernels``).
+        weights_dtype: the parameters' precision (``Precision.weights``), whose profiled step is read.
 
     Returns:
         The largest stage's optimizer time, in seconds.
@@ -30,7 +33,7 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout, 
     optimizer_s = 0.0
     for held in set(all_stage_params(model, layout)):
         params = optimizer_shard_params(held, layout)
-        measured = measured_optimizer_s(cluster.pricing_device, model.name, params)
+        measured = measured_optimizer_s(cluster.pricing_device, model.name, params, weights_dtype)
         stage_s = (
             measured
             if measured is not None

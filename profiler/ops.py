@@ -28,12 +28,15 @@ from planner.schemas import (
     OptimizerRecord,
 )
 from planner.schemas.geometry import MeshAxis
+from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
 from profiler.framework_ops import pipeline_slot, sharded_units
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
+from profiler.workspace import library_workspace_bytes
 from runtime import (
     TORCH_DTYPES,
+    DataParallelOptimizer,
     Decoder,
     attention_backend,
     builds_moe_layer,
@@ -73,6 +76,8 @@ class OpsSample:
 
 def measure(ctx: Context) -> list[OpsSample] | None:
     """Every rank's op samples, on rank 0."""
+    ctx.at("ops", "library workspace")
+    workspace = library_workspace_bytes(ctx.device, partial(_first_calls, ctx))
     gemms: list[GemmSample] = []
     shapes = sorted({*ctx.settings.gemm_shapes, *ctx.settings.model_gemm_shapes})
     count = len(ctx.settings.gemm_dtypes) * len(shapes)
@@ -95,8 +100,26 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     ]
     others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _output_layers(ctx)
     others += _optimizer(ctx) + pipeline_slot(ctx) + sharded_units(ctx)
-    sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others))
+    sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others), workspace)
     return ctx.gather(sample)
+
+
+def _first_calls(ctx: Context) -> None:
+    """One small GEMM in each profiled precision and one forward and backward of each fused
+    attention kernel in each precision attention is timed in (``attention_dtypes``), keeping no
+    tensor: what makes the kernel libraries set themselves up (``profiler.workspace``)."""
+    model = ctx.settings.model
+    heads, head_dim = (model.num_attention_heads, model.head_size) if model else (8, 64)
+    for dtype in ctx.settings.gemm_dtypes:
+        a = torch.randn(256, 256, device=ctx.device, dtype=TORCH_DTYPES[dtype])
+        torch.mm(a, a)
+    for dtype in attention_dtypes(ctx.settings.gemm_dtypes, ctx.device):
+        q = torch.randn(1, heads, 256, head_dim, device=ctx.device, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+        for kernel in attention_kernels(ctx.device):
+            backend = attention_backend(kernel, ctx.device)
+            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                if _runs(partial(F.scaled_dot_product_attention, q, q, q, is_causal=True)):
+                    torch.autograd.backward(F.scaled_dot_product_attention(q, q, q, is_causal=True).float().sum())
 
 
 def _fwd_bwd(
@@ -163,17 +186,64 @@ def attention_lengths(seq_len: int, device: torch.device) -> tuple[int, ...]:
     return tuple(sorted({seq_len, *(n for n in powers if n <= top)}))
 
 
+def attention_dtypes(gemm_dtypes: tuple[DType, ...], device: torch.device) -> tuple[DType, ...]:
+    """Precisions a profile times attention in: on a GPU each profiled one, as plans in each run
+    their attention in it (``Precision.attention``; FlashAttention and cuDNN refuse fp32, so a
+    default fp32 + bf16 profile records them in bf16: ``_runs`` leaves out what a kernel refuses);
+    on a CPU the first only, the one CPU plans train in (its SDPA in bf16 took four times fp32's
+    time, 0.7 s a call at 2k tokens on the 2-core machine, which would double a CPU profile)."""
+    return gemm_dtypes if device.type == "cuda" else gemm_dtypes[:1]
+
+
 def _attention_and_norm(ctx: Context) -> list[OpRecord]:
     model, s = ctx.settings.model, ctx.settings.seq_len
     heads, head_dim, hidden = (model.num_attention_heads, model.head_size, model.hidden_size) if model else (8, 64, 512)
-    dtype = ctx.settings.gemm_dtypes[0]
-    tdt = TORCH_DTYPES[dtype]
     ctx.at("ops", "attention")
-    # at each length, causal and without a mask (ring attention's off-diagonal blocks)
+    # in each precision, at each length, causal and without a mask (ring attention's off-diagonal blocks)
+    records: list[OpRecord] = []
+    for dtype in attention_dtypes(ctx.settings.gemm_dtypes, ctx.device):
+        for kernel, length, causal, attn in _attention_timings(ctx, heads, head_dim, dtype):
+            records.append(
+                AttentionRecord(
+                    batch_size=1,
+                    num_attention_heads=heads,
+                    seq_len=length,
+                    head_size=head_dim,
+                    dtype=dtype,
+                    kernel=kernel,
+                    causal=causal,
+                    fwd_time_s=attn[0].median_s,
+                    fwd_bwd_time_s=attn[1].median_s,
+                    spread=attn[1].spread,
+                )
+            )
+    ctx.at("ops", "layernorm")
+    dtype = ctx.settings.gemm_dtypes[0]
+    x = torch.randn(s, hidden, device=ctx.device, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+    norm = torch.nn.LayerNorm(hidden, device=ctx.device, dtype=TORCH_DTYPES[dtype])
+    ln = _fwd_bwd(ctx, lambda: norm(x), [x, *norm.parameters()])
+    return [
+        *records,
+        LayerNormRecord(
+            num_elements=s * hidden,
+            dtype=dtype,
+            fwd_time_s=ln[0].median_s,
+            fwd_bwd_time_s=ln[1].median_s,
+            spread=ln[1].spread,
+        ),
+    ]
+
+
+def _attention_timings(
+    ctx: Context, heads: int, head_dim: int, dtype: DType
+) -> list[tuple[AttentionKernel, int, bool, tuple[Timing, Timing]]]:
+    """(kernel, length, causal, (forward, forward + backward)) of every fused kernel that runs
+    ``dtype`` at each of the profile's lengths, causal and without a mask."""
     timed: list[tuple[AttentionKernel, int, bool, tuple[Timing, Timing]]] = []
-    for length in attention_lengths(s, ctx.device):
+    for length in attention_lengths(ctx.settings.seq_len, ctx.device):
         q, k, v = (
-            torch.randn(1, heads, length, head_dim, device=ctx.device, dtype=tdt, requires_grad=True) for _ in range(3)
+            torch.randn(1, heads, length, head_dim, device=ctx.device, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+            for _ in range(3)
         )
         for kernel in attention_kernels(ctx.device):
             backend = attention_backend(kernel, ctx.device)
@@ -187,42 +257,15 @@ def _attention_and_norm(ctx: Context) -> list[OpRecord]:
                 with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
                     if _runs(attention):
                         timed.append((kernel, length, causal, _fwd_bwd(ctx, attention, [q, k, v])))
-    ctx.at("ops", "layernorm")
-    x = torch.randn(s, hidden, device=ctx.device, dtype=tdt, requires_grad=True)
-    norm = torch.nn.LayerNorm(hidden, device=ctx.device, dtype=tdt)
-    ln = _fwd_bwd(ctx, lambda: norm(x), [x, *norm.parameters()])
-    return [
-        *(
-            AttentionRecord(
-                batch_size=1,
-                num_attention_heads=heads,
-                seq_len=length,
-                head_size=head_dim,
-                dtype=dtype,
-                kernel=kernel,
-                causal=causal,
-                fwd_time_s=attn[0].median_s,
-                fwd_bwd_time_s=attn[1].median_s,
-                spread=attn[1].spread,
-            )
-            for kernel, length, causal, attn in timed
-        ),
-        LayerNormRecord(
-            num_elements=s * hidden,
-            dtype=dtype,
-            fwd_time_s=ln[0].median_s,
-            fwd_bwd_time_s=ln[1].median_s,
-            spread=ln[1].spread,
-        ),
-    ]
+    return timed
 
 
 def _layers(ctx: Context) -> list[OpRecord]:
     """Forward + backward of one layer at each (tp, micro-batch) a plan may use (with ``model``):
-    the local layer with a dense MLP (``profiler.layer``), and for an MoE model the runtime
-    builds, its own MoE layer at tp 1 (``_moe_layers``), which then stands for the dense one
-    there when every layer is MoE (the cost model reads the dense one at tp 1 for dense layers
-    only)."""
+    at tp 1 the runtime's own layer (``_local_layer``), above it one tensor-parallel rank's slice
+    with no communication (``profiler.layer``); and for an MoE model the runtime builds, its own
+    MoE layer at tp 1 (``_moe_layers``), which then stands for the dense one there when every
+    layer is MoE (the cost model reads the dense one at tp 1 for dense layers only)."""
     model = ctx.settings.model
     if model is None:
         return []
@@ -240,9 +283,22 @@ def _layers(ctx: Context) -> list[OpRecord]:
             and not (only_moe and t == 1)
         ),
     ):
-        layer = LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
-        out += _time_layer(ctx, layer, OpKind.LAYER, tp, None, dtype, ctx.settings.seq_len)
+        out += _time_layer(ctx, _local_layer(ctx, tp, dtype), OpKind.LAYER, tp, None, dtype, ctx.settings.seq_len)
     return out + moe
+
+
+def _local_layer(ctx: Context, tp: int, dtype: DType) -> torch.nn.Module:
+    """The layer one tensor-parallel rank of ``tp`` computes, in ``dtype`` on the rank's device: at
+    tp 1 of a dense model the runtime's own (``runtime.Decoder``'s first layer: its projections,
+    rotary embedding and norms, as a run computes them); else ``LocalLayer``, the rank's slice
+    of heads and MLP (the runtime's tensor-parallel layer, collectives included, is timed apart),
+    which also stands in at tp 1 for an MoE layer the runtime does not build."""
+    model = ctx.settings.model
+    assert model is not None
+    if tp == 1 and not model.is_moe_layer(0):
+        with default_dtype(TORCH_DTYPES[dtype]):
+            return Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
+    return LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
 
 
 def _moe_layers(ctx: Context) -> list[OpRecord]:
@@ -263,24 +319,31 @@ def _moe_layers(ctx: Context) -> list[OpRecord]:
 
 
 def _optimizer(ctx: Context) -> list[OpRecord]:
-    """One AdamW step over fp32 copies of one layer's parameters (the master weights mixed
-    precision keeps), with gradients: the optimizer's cost per parameter, per-tensor overheads
-    included, at the model's own tensor sizes (with ``model``)."""
+    """The runtime's optimizer step (``runtime.DataParallelOptimizer`` over a one-rank group:
+    fused AdamW, with bf16/fp16 weights over their fp32 masters slice by slice) on the parameters
+    of the runtime's own layer at tp 1, with gradients, in each profiled precision (with
+    ``model``): the optimizer's cost per parameter, per-tensor and per-slice overheads included,
+    at the model's own tensor sizes."""
     model = ctx.settings.model
     if model is None:
         return []
-    ctx.at("ops", "optimizer")
-    params = [torch.nn.Parameter(p.detach().float().clone()) for p in LocalLayer(model, 1).to(ctx.device).parameters()]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
-    step = ctx.time(opt.step, repeats=ctx.settings.layer_repeats, lockstep=True)
-    count = sum(p.numel() for p in params)
-    return [
-        OptimizerRecord(
-            model=model.name, num_parameters=count, dtype=DType.FP32, time_s=step.median_s, spread=step.spread
+    alone = group_mesh(ctx.device.type, ctx.world_size, 1, MeshAxis.DP).get_group()
+    out: list[OpRecord] = []
+    for dtype in ctx.settings.gemm_dtypes:
+        ctx.at("ops", f"optimizer {dtype}")
+        params = list(_local_layer(ctx, 1, dtype).parameters())
+        for p in params:
+            p.grad = torch.randn_like(p)
+        reduce = TORCH_DTYPES[default_reduce_dtype(dtype)]
+        opt = DataParallelOptimizer("adamw", params, 1e-6, alone, shard=False, reduce_dtype=reduce)
+        step = ctx.time(opt.step, repeats=ctx.settings.layer_repeats, lockstep=True)
+        count = sum(p.numel() for p in params)
+        out.append(
+            OptimizerRecord(
+                model=model.name, num_parameters=count, dtype=dtype, time_s=step.median_s, spread=step.spread
+            )
         )
-    ]
+    return out
 
 
 def _tensor_parallel_layers(ctx: Context) -> list[OpRecord]:

@@ -1,21 +1,23 @@
 """The runtime: executes a plan's layout with torch.distributed (and builds every DeviceMesh).
 
 This is its public API, the one the profiler uses (``from runtime import ...``): the model it
-trains and its loss, the parallelisms that time their own cost there (tensor parallelism, FSDP
-sharding), the mesh builders, and the CPU threads a rank computes with. Importing it imports
-torch; the CLI imports it only inside the commands that need it.
+trains and its loss, its optimizer, the parallelisms that time their own cost there (tensor
+parallelism, FSDP sharding), the mesh builders, and the CPU threads a rank computes with.
+Importing it imports torch; the CLI imports it only inside the commands that need it.
 """
 
 from runtime.data_parallel import shard_units
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.mesh import device_grid, group_mesh, layout_mesh
 from runtime.model import TORCH_DTYPES, Decoder, attention_backend, builds_moe_layer, default_dtype, loss_fn
+from runtime.optim import DataParallelOptimizer
 from runtime.tensor_parallel import loss_context, tensor_parallel
 from runtime.threads import core_share, cpu_threads_per_rank
 from runtime.trainer import Trainer
 
 __all__ = [
     "TORCH_DTYPES",
+    "DataParallelOptimizer",
     "Decoder",
     "Heartbeat",
     "Stopped",

@@ -140,7 +140,10 @@ class LayerRecord(_ForwardBackward):
 
 
 class OptimizerRecord(_TimedOnce):
-    """One AdamW step over ``num_parameters`` fp32 parameters of the model's own layer."""
+    """One optimizer step over the ``num_parameters`` parameters of the model's own layer, held in
+    ``dtype``, as the runtime steps them (``runtime.optim``: fused AdamW; bf16/fp16 weights through
+    their fp32 masters, slice by slice). Before version 10 profiles held one, fp32 masters stepped
+    by torch's default AdamW."""
 
     op: Literal[OpKind.OPTIMIZER] = OpKind.OPTIMIZER
     model: str = Field(description="The name of the model whose layer's parameters were stepped.")

@@ -135,6 +135,15 @@ def test_the_optimizer_is_priced_at_its_measured_rate() -> None:
     assert measured_optimizer_s(dev, "gpt3-175b", 1_000_000) is None
 
 
+def test_the_optimizer_is_priced_in_the_weights_precision_else_any() -> None:
+    fp32 = OptimizerRecord(model="tiny-gpt", num_parameters=200_000, dtype=DType.FP32, time_s=1.0e-3)
+    bf16 = OptimizerRecord(model="tiny-gpt", num_parameters=200_000, dtype=DType.BF16, time_s=3.0e-3)
+    dev = DEVICE.model_copy(update={"op_records": (fp32, bf16)})
+    assert measured_optimizer_s(dev, "tiny-gpt", 1_000_000, DType.BF16) == pytest.approx(15.0e-3)
+    assert measured_optimizer_s(dev, "tiny-gpt", 1_000_000, DType.FP32) == pytest.approx(5.0e-3)
+    assert measured_optimizer_s(dev, "tiny-gpt", 1_000_000, DType.FP16) == pytest.approx(5.0e-3)  # the first
+
+
 def test_the_real_tensor_parallel_layer_is_a_record_of_its_own() -> None:
     local = _layer("m", OpKind.LAYER, 2, 4, 1e-3, 3e-3)
     real = [_layer("m", OpKind.TP_LAYER, 2, 4, f, fb, sp) for sp, f, fb in ((False, 4e-3, 9e-3), (True, 5e-3, 12e-3))]

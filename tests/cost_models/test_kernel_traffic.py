@@ -12,7 +12,7 @@ from cost_models.layer_work import layer_work, output_layer_elementwise
 from cost_models.optimizer import optimizer_step_s
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import Kernels, Layout, NormKind, PositionEmbedding, Recompute, TrainingSpec
+from planner.schemas import DType, Kernels, Layout, NormKind, PositionEmbedding, Recompute, TrainingSpec
 
 FUSED, EAGER = Kernels.FUSED, Kernels.EAGER
 
@@ -80,7 +80,9 @@ def test_alibi_adds_no_rotary_traffic() -> None:
 def test_an_eager_adam_step_moves_78_bytes_a_parameter_to_the_fused_28() -> None:
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100:1")
     layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
-    fused, eager = (optimizer_step_s(model, cluster, layout, kinds) for kinds in (FUSED, EAGER))
+    fused, eager = (
+        optimizer_step_s(model, cluster, layout, kinds, weights_dtype=DType.BF16) for kinds in (FUSED, EAGER)
+    )
     assert eager / fused == pytest.approx(78 / 28, rel=1e-12)
 
 

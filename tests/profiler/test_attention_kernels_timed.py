@@ -1,12 +1,16 @@
-"""Which attention kernels a profile times, and the SDPA backends each plan's kernel runs with."""
+"""Which attention kernels a profile times, in which precisions, the SDPA backends each plan's kernel
+runs with, and the kernel libraries' workspace measured beside them."""
+
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from planner.schemas import AttentionKernel
-from profiler.ops import _runs, attention_kernels, attention_lengths
+from planner.schemas import AttentionKernel, DType
+from profiler.ops import _runs, attention_dtypes, attention_kernels, attention_lengths
+from profiler.workspace import library_workspace_bytes
 from runtime.model import attention_backend, attention_priority
 
 
@@ -60,3 +64,36 @@ def test_a_profile_times_attention_at_the_lengths_plans_and_their_blocks_run() -
     assert attention_lengths(3000, torch.device("cpu")) == (256, 512, 1024, 2048, 3000)
     assert attention_lengths(128, torch.device("cpu")) == (128, 256, 512, 1024, 2048)
     assert attention_lengths(4096, torch.device("cuda", 0)) == (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def test_a_gpu_profile_times_attention_in_every_precision_and_a_cpu_in_its_first() -> None:
+    both = (DType.FP32, DType.BF16)
+    assert attention_dtypes(both, torch.device("cuda", 0)) == both  # the fused kernels refuse fp32 (`_runs`)
+    assert attention_dtypes(both, torch.device("cpu")) == (DType.FP32,)
+    assert attention_dtypes((DType.BF16,), torch.device("cpu")) == (DType.BF16,)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (FlashAttention and cuDNN)")
+def test_on_a_gpu_flash_runs_bf16_and_refuses_fp32() -> None:
+    for dtype, runs in ((torch.bfloat16, True), (torch.float32, False)):
+        q = torch.randn(1, 8, 256, 128, device="cuda", dtype=dtype)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            assert _runs(partial(F.scaled_dot_product_attention, q, q, q, is_causal=True)) is runs
+
+
+def test_the_library_workspace_is_not_measured_off_a_gpu() -> None:
+    called = []
+    assert library_workspace_bytes(torch.device("cpu"), lambda: called.append(1)) is None
+    assert called == []  # nothing to set up: the probe does not run
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (driver memory)")
+def test_on_a_gpu_the_workspace_is_the_drivers_growth_not_the_tensors() -> None:
+    device = torch.device("cuda", 0)
+
+    def allocate_and_free() -> None:  # 256 MiB of tensor, freed: the allocator returns it
+        torch.empty(2**28, dtype=torch.uint8, device=device)
+
+    assert library_workspace_bytes(device, allocate_and_free) < 2**28
