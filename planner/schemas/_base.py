@@ -13,8 +13,8 @@ class FrozenModel(BaseModel):
 
     Its hash is computed once per object and kept in a slot of its own (pydantic hashes every
     field at each call, and the cost model's memo tables hash the model and the cluster hundreds
-    of thousands of times in a search). The slot is not a field: equality, copies (which compute
-    their own) and serialization do not see it.
+    of thousands of times in a search); a mapping field hashes as its sorted items. The slot is not
+    a field: equality, copies (which compute their own) and serialization do not see it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, allow_inf_nan=False)
@@ -28,6 +28,8 @@ class FrozenModel(BaseModel):
     def __hash__(self) -> int:
         memo: int | None = getattr(self, "_memo_hash", None)
         if memo is None:
-            memo = hash((type(self), *self.__dict__.values()))
+            # a mapping field (peak FLOP/s or GEMM share by precision) hashes as its sorted items
+            values = (tuple(sorted(v.items())) if isinstance(v, dict) else v for v in self.__dict__.values())
+            memo = hash((type(self), *values))
             object.__setattr__(self, "_memo_hash", memo)
         return memo

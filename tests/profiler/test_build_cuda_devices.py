@@ -103,3 +103,9 @@ def test_a_one_rank_world_builds_without_links_or_collectives_and_says_what_it_l
     assert profile.world_size == 1 and profile.collectives == ()
     assert profile.provenance.not_measured == note
     assert profile.device.workspace_bytes == 3 * 2**20
+
+
+def test_a_matmul_model_with_shares_by_precision_hashes_as_the_cost_models_memos_need() -> None:
+    one = _one_gpu("NVIDIA H100 80GB HBM3", {DType.BF16: 692.3e12, DType.FP32: 40.2e12}).device.matmul
+    again = _one_gpu("NVIDIA H100 80GB HBM3", {DType.FP32: 40.2e12, DType.BF16: 692.3e12}).device.matmul
+    assert one == again and hash(one) == hash(again)
