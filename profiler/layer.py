@@ -1,7 +1,10 @@
-"""One transformer layer as one tensor-parallel rank computes it, for timing its forward and
-backward at the shapes plans use: the rank's slice of the heads and of the MLP, no communication
-(the collectives are measured on their own). Follows the model's MLP (GELU or SwiGLU), grouped
-query attention and norm kind."""
+"""One transformer layer as one tensor-parallel rank of tp > 1 computes it, for timing its forward
+and backward at the shapes plans use: the rank's slice of the heads and of the MLP, no
+communication (the collectives are measured on their own). Follows the model's MLP (GELU or
+SwiGLU), grouped query attention and norm kind, not every detail of the runtime's layer (it fuses
+q, k and v, and has no rotary embedding): at tp 1 the profiler times the runtime's own layer
+(``profiler.ops._local_layer``), and this one only stands in for an MoE layer the runtime does
+not build."""
 
 import torch
 import torch.nn.functional as F
