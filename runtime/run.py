@@ -38,6 +38,7 @@ from runtime.model import attention_priority
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.straggler_watch import StragglerWatch, axis_groups
 from runtime.threads import cpu_threads_per_rank
+from runtime.torch_compat import require_supported_torch
 from runtime.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     gets the plan for the job's ranks from it and every rank runs that plan; the run continues
     from the newest complete checkpoint in ``settings.checkpoint_dir`` whenever there is one.
     """
+    require_supported_torch()
     rank, world, cuda, device = _set_up_device()
     plan, plan_sha256, resume = _agree_on_plan(settings, replan, rank, world, cuda)
     if not dist.is_initialized():
