@@ -73,7 +73,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     trainer = _build_trainer(settings, plan, device)
     first = _resume(settings, trainer, plan_sha256, rank) if resume else 0
     tokens = TokenFile(settings.data) if settings.data else None
-    hosts, watch = _place_ranks(settings, trainer, rank, world, cuda, first)
+    hosts, watch = _place_ranks(settings, trainer, rank, world, first)
     times, losses, sent, memory = _train_or_diagnose(
         settings, plan, trainer, tokens, device, first, plan_sha256, watch, rank, world
     )
@@ -177,25 +177,22 @@ def _resume(settings: RunSettings, trainer: Trainer, plan_sha256: str, rank: int
 
 
 def _place_ranks(
-    settings: RunSettings, trainer: Trainer, rank: int, world: int, cuda: bool, first: int
+    settings: RunSettings, trainer: Trainer, rank: int, world: int, first: int
 ) -> tuple[list[str], StragglerWatch | None]:
     """Every rank's host (one collective: each rank's host and pipeline stage), and the straggler
-    watch that knows them (None on CUDA)."""
+    watch that knows them (on CUDA its clock times collectives by events: runtime.collective_clock)."""
     placed: list[tuple[str, int]] = [("", 0)] * world
     dist.all_gather_object(placed, (socket.gethostname(), trainer.pp_rank))
     hosts = [host for host, _ in placed]
-    watch = None
-    if cuda:  # its collectives return once queued: the clock would not see the waits
-        logger.info("straggler detection is off on CUDA (runtime.collective_clock)")
-    else:
-        watch = StragglerWatch(
-            rank=rank,
-            hosts=hosts,
-            stages=[stage for _, stage in placed],
-            first_step=tracked_step(settings, first) + 1,
-            on_fault=settings.on_fault,
-            axes=axis_groups(trainer.mesh),
-        )
+    watch = StragglerWatch(
+        rank=rank,
+        hosts=hosts,
+        stages=[stage for _, stage in placed],
+        first_step=tracked_step(settings, first) + 1,
+        on_fault=settings.on_fault,
+        axes=axis_groups(trainer.mesh),
+        device=trainer.device,
+    )
     return hosts, watch
 
 
@@ -340,6 +337,7 @@ def _train(
             )
             track = step == tracked_step(settings, first)
             dist.barrier()
+            synchronize(device)
             sent_before = _sent_bytes(trainer)
             start = time.perf_counter()
             if track:
@@ -347,6 +345,7 @@ def _train(
             else:
                 loss = trainer.step(inputs, targets)
             dist.barrier()
+            synchronize(device)
             times.append(time.perf_counter() - start)
             if step == first and first > 0 and heartbeat.rank == 0:  # how long a restart took shows from here
                 logger.info("step %d, the first after the resume, ended at %s", step, datetime.now(UTC).isoformat())
@@ -363,6 +362,14 @@ def _train(
                 break
     assert memory is not None
     return times, losses, sent, memory
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA; the CPU has none queued), so that a host clock
+    read next measures it: NCCL's barrier waits for its own all-reduce only, and a step's
+    collectives return once queued."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 SLOW_LINK_FAULT_S = 6e-3
