@@ -23,18 +23,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.attention import sdpa_kernel
 
-from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
+from planner.schemas import DeviceKind, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
 from planner.schemas.runtime_support import check_runnable
 from planner.schemas.settings import RunSettings
 from runtime import checkpoint
 from runtime.checkpoint_meta import check_loadable, latest
 from runtime.data import TokenFile, synthetic_batch
-from runtime.dry_run import tracked_peak
 from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import SLOW_FAULT_S, Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.model import attention_priority
+from runtime.peak_memory import MeasuredPeak, measured_step
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.straggler_watch import StragglerWatch, axis_groups
 from runtime.threads import cpu_threads_per_rank
@@ -207,7 +207,7 @@ def _train_or_diagnose(
     watch: StragglerWatch | None,
     rank: int,
     world: int,
-) -> tuple[list[float], list[float], list[tuple[float, float]], tuple[int, str, dict[str, int]]]:
+) -> tuple[list[float], list[float], list[tuple[float, float]], MeasuredPeak]:
     """``_train`` under the plan's attention kernel, with a heartbeat; a peer's death or hang, or
     the launcher stopping us, becomes JobFailed with the heartbeat's diagnosis (a bug keeps its
     traceback)."""
@@ -240,18 +240,22 @@ def _gather_measurements(
     trainer: Trainer,
     rank: int,
     world: int,
-    memory: tuple[int, str, dict[str, int]],
+    memory: MeasuredPeak,
     sent: list[tuple[float, float]],
 ) -> tuple[list[RankMemory] | None, list[tuple[float, float]] | None]:
     """Every rank's memory and steady bytes sent per step, gathered on rank 0 (None elsewhere)."""
     stage = trainer.pp_rank
+    predicted = plan.estimate.stages[stage].memory
     rank_memory = RankMemory(
         rank=rank,
         stage=stage,
-        peak_bytes=memory[0],
-        predicted_bytes=plan.estimate.stages[stage].memory.total_bytes,
-        method=memory[1],
-        breakdown_bytes=memory[2],
+        peak_bytes=memory.peak_bytes,
+        predicted_bytes=predicted.total_bytes,
+        method=memory.method,
+        breakdown_bytes=memory.breakdown_bytes,
+        predicted_workspace_bytes=max(predicted.workspace_bytes, 0.0),
+        reserved_bytes=memory.reserved_bytes,
+        driver_used_bytes=memory.driver_used_bytes,
     )
     everyone: list[RankMemory] | None = [rank_memory] * world if rank == 0 else None
     dist.gather_object(rank_memory, everyone, dst=0)
@@ -309,7 +313,7 @@ def _train(
     plan_sha256: str,
     heartbeat: Heartbeat,
     watch: StragglerWatch | None,
-) -> tuple[list[float], list[float], list[tuple[float, float]], tuple[int, str, dict[str, int]]]:
+) -> tuple[list[float], list[float], list[tuple[float, float]], MeasuredPeak]:
     """Steps ``first`` .. ``settings.steps - 1``: their times, losses and bytes sent (``_sent_bytes``), and
     the tracked step's memory; each step recorded in ``heartbeat`` before it starts, and timed
     for ``watch``, which may stop the run early (a checkpoint is then taken, if they are)."""
@@ -317,7 +321,7 @@ def _train(
     times: list[float] = []
     losses: list[float] = []
     sent: list[tuple[float, float]] = []
-    memory: tuple[int, str, dict[str, int]] | None = None
+    memory: MeasuredPeak | None = None
     lag_s = 0.0
     with watch.clock.running() if watch is not None else contextlib.nullcontext():
         for step in range(first, settings.steps):
@@ -341,7 +345,7 @@ def _train(
             sent_before = _sent_bytes(trainer)
             start = time.perf_counter()
             if track:
-                loss, memory = _tracked_step(trainer, inputs, targets, device)
+                loss, memory = measured_step(trainer, inputs, targets, device)
             else:
                 loss = trainer.step(inputs, targets)
             dist.barrier()
@@ -411,19 +415,6 @@ def _checkpoint_due(settings: RunSettings, done: int) -> bool:
     return done == settings.steps or (every > 0 and done % every == 0)
 
 
-def _tracked_step(
-    trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device
-) -> tuple[float, tuple[int, str, dict[str, int]]]:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        loss = trainer.step(inputs, targets)
-        return loss, (torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated", {})
-    result: list[float] = []
-    peak = tracked_peak(trainer, lambda: result.append(trainer.step(inputs, targets)))
-    total = peak.pop("Total")
-    return result[0], (total, "MemTracker", peak)
-
-
 def _report(
     settings: RunSettings,
     plan: Plan,
@@ -452,7 +443,7 @@ def _report(
         device=str(device.type),
         torch_version=torch.__version__,
         hosts=tuple(sorted(set(hosts))),
-        precision="fp32" if plan.training.dtype is DType.FP32 else f"{plan.training.dtype} autocast, fp32 weights",
+        precision=plan.training.precision.describe(),
         optimizer=str(settings.optimizer),
         steps=settings.steps,
         warmup_steps=settings.warmup_steps,
