@@ -1,11 +1,11 @@
 """`planner run`: execute a plan for a few steps under torchrun and report what it measured.
 
 Every rank checks the plan against the job before any work (world size, devices), trains with
-runtime.Trainer, times each step between barriers, and measures one step's peak memory: on CUDA
-with max_memory_allocated, on CPU with torch's MemTracker (the tensors PyTorch tracks: parameters,
-gradients, optimizer states, activations, temporaries; under pipeline schedules too); the report
-names the method. Rank 0 writes the RunReport and returns it (the CLI prints measured beside
-predicted).
+runtime.Trainer, times each step between barriers (on CUDA, each clock read after a device
+synchronize), and measures one step's peak memory (``runtime.peak_memory``: on CUDA the tensors',
+the allocator's and the driver's, on CPU torch's MemTracker); the report names the method. The
+straggler watch times every step's collectives (by CUDA events on a GPU). Rank 0 writes the
+RunReport and returns it (the CLI prints measured beside predicted).
 """
 
 import contextlib

@@ -246,7 +246,8 @@ def _ratio(x: float | None, y: float | None) -> str:
 
 
 def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routing: str = "uniform routing") -> str:
-    """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes),
+    """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes; on
+    CUDA a fifth, of the memory beyond tensors: ``_memory_lines``),
     and a fifth for expert parallelism: the bytes a rank's all-to-alls sent to other ranks per
     step, measured (mean rank) beside ``expert_traffic`` (per stage, ``api.expert_traffic``;
     ``routing`` names what it assumed); then a line per straggler and per slow link the run named."""
