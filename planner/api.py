@@ -3,7 +3,8 @@
 profile (under torchrun) -> search / estimate -> run (under torchrun) or dry_run -> tune / validate.
 Each name is a flow (``planner.flows``: inputs and one Settings object in, a result object out;
 none prints) or a file reader (``planner.files``). torch is imported only inside the flows that
-need it (profile, run, dry_run), so that importing the API, and planning on a laptop, stays light.
+need it (profile, run, dry_run, a local tune, replan from a checkpoint), so that importing the API,
+and planning on a laptop, needs no torch; without it those raise MissingExtraError naming the extra.
 
 >>> import planner
 >>> training = planner.TrainingSpec(global_batch_size=64, seq_len=8192)

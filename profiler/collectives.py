@@ -15,6 +15,7 @@ import torch.distributed as dist
 from planner.schemas import CollectiveOp, Placement
 from profiler.context import Context
 from profiler.topology import RankInfo
+from runtime import all_gather_single, reduce_scatter_single
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +59,9 @@ def _run(op: CollectiveOp, group: dist.ProcessGroup, buffers: dict[str, torch.Te
     if op is CollectiveOp.ALL_REDUCE:
         dist.all_reduce(buffers["full"], group=group)
     elif op is CollectiveOp.ALL_GATHER:
-        dist.all_gather_single(buffers["full"], buffers["shard"], group=group)
+        all_gather_single(buffers["full"], buffers["shard"], group=group)
     elif op is CollectiveOp.REDUCE_SCATTER:
-        dist.reduce_scatter_single(buffers["shard"], buffers["full"], group=group)
+        reduce_scatter_single(buffers["shard"], buffers["full"], group=group)
     else:
         dist.all_to_all_single(buffers["out"], buffers["full"], group=group)
 

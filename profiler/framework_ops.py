@@ -15,7 +15,7 @@ from planner.schemas import DType, OpRecord, PipelineSlotRecord, ShardedUnitReco
 from planner.schemas.geometry import MeshAxis
 from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
-from runtime import TORCH_DTYPES, default_dtype, group_mesh, shard_units
+from runtime import TORCH_DTYPES, all_gather_single, default_dtype, group_mesh, reduce_scatter_single, shard_units
 
 PIPELINE_SLOT_MICRO_BATCHES = (2, 8)
 """The tiny schedule runs 2 and 8 micro-batches; per slot is the difference over the 6 slots between."""
@@ -87,8 +87,8 @@ def sharded_units(ctx: Context) -> list[OpRecord]:
             for m in (few, many)
         ]
         shard, whole = torch.zeros(8, device=ctx.device, dtype=low), torch.zeros(16, device=ctx.device, dtype=low)
-        steps.append(partial(torch.distributed.all_gather_into_tensor, whole, shard, group=group))
-        steps.append(partial(torch.distributed.reduce_scatter_tensor, shard, whole, group=group))
+        steps.append(partial(all_gather_single, whole, shard, group=group))
+        steps.append(partial(reduce_scatter_single, shard, whole, group=group))
         ctx.at("ops", f"sharded unit {dtype}")
         timings = ctx.time_each(steps, repeats=ctx.settings.layer_repeats, lockstep=True)
         per_micro_batch = [

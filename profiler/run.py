@@ -27,7 +27,7 @@ from profiler import collectives, links, ops, topology
 from profiler.build import build_profile
 from profiler.context import Context
 from profiler.progress import ProfileProgress
-from runtime import Stopped, cpu_threads_per_rank, stop_on_sigterm
+from runtime import Stopped, cpu_threads_per_rank, require_supported_torch, stop_on_sigterm
 
 logger = logging.getLogger(__name__)
 FAILED_EXIT_CODE = 3
@@ -57,6 +57,7 @@ class ProfileOutcome:
 
 def profile(settings: ProfileSettings) -> ProfileOutcome:
     """Profile the cluster this rank belongs to (see the module docstring)."""
+    require_supported_torch()
     rank, world, local_rank, local_world = _environment()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")

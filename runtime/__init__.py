@@ -13,9 +13,16 @@ from runtime.model import TORCH_DTYPES, Decoder, attention_backend, builds_moe_l
 from runtime.optim import DataParallelOptimizer
 from runtime.tensor_parallel import loss_context, tensor_parallel
 from runtime.threads import core_share, cpu_threads_per_rank
+from runtime.torch_compat import (
+    SUPPORTED_TORCH,
+    all_gather_single,
+    reduce_scatter_single,
+    require_supported_torch,
+)
 from runtime.trainer import Trainer
 
 __all__ = [
+    "SUPPORTED_TORCH",
     "TORCH_DTYPES",
     "DataParallelOptimizer",
     "Decoder",
@@ -23,6 +30,7 @@ __all__ = [
     "Stopped",
     "Trainer",
     "act_out_fault",
+    "all_gather_single",
     "attention_backend",
     "builds_moe_layer",
     "core_share",
@@ -33,6 +41,8 @@ __all__ = [
     "layout_mesh",
     "loss_context",
     "loss_fn",
+    "reduce_scatter_single",
+    "require_supported_torch",
     "shard_units",
     "stop_on_sigterm",
     "tensor_parallel",

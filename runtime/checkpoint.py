@@ -291,10 +291,13 @@ def _mixed_holders(part: DataParallelOptimizer) -> _MixedHolders:
     return _MixedHolders(part=part, fields=fields, sharded=sharded, holder=holder, holders=holders, held=held)
 
 
-def _pack(params: list[torch.nn.Parameter], fields: list[str]) -> tuple[torch.Tensor, Views]:
-    """One zeroed fp32 buffer for ``params``' fields, and each field's view into it."""
+def _pack(params: list[torch.nn.Parameter], holders: _MixedHolders) -> tuple[torch.Tensor, Views]:
+    """One zeroed fp32 buffer for ``params``' fields, and each field's view into it, on the
+    optimizer's device (its buckets'): the buffer goes through ``reduce``/``broadcast``, and NCCL
+    takes only CUDA tensors."""
+    fields = holders.fields
     sizes = [(p, k, 1 if k == "step" else local(p).numel()) for p in params for k in fields]
-    buffer = torch.zeros(sum(n for _, _, n in sizes))
+    buffer = torch.zeros(sum(n for _, _, n in sizes), device=holders.part.buckets.device)
     views: Views = {id(p): {} for p in params}
     offset = 0
     for p, k, n in sizes:
@@ -330,14 +333,14 @@ def _gathered(holders: _MixedHolders, *, saving: bool) -> tuple[Views, dict[int,
     buffers: dict[int, tuple[torch.Tensor, Views]] = {}
     for d in holders.holders:
         if saving:
-            buffer, views = _pack(holders.held[d], holders.fields)
+            buffer, views = _pack(holders.held[d], holders)
             _fill(views, holders)
             if holders.sharded:
                 dist.reduce(buffer, dst=holders.source(d), group=part.shard_group)
             if d == part.rank:
                 kept = views
         elif d == part.rank:
-            buffers[d] = _pack(holders.held[d], holders.fields)
+            buffers[d] = _pack(holders.held[d], holders)
             kept = buffers[d][1]
     return kept, buffers
 
@@ -368,7 +371,7 @@ def _mixed_loader(
     def finish(loaded: dict[str, Any]) -> None:
         with torch.no_grad():
             for d in holders.holders:  # the holder's loaded buffer (the entries' storage), to every rank
-                buffer, views = buffers[d] if d == part.rank else _pack(holders.held[d], holders.fields)
+                buffer, views = buffers[d] if d == part.rank else _pack(holders.held[d], holders)
                 if holders.sharded:
                     dist.broadcast(buffer, src=holders.source(d), group=part.shard_group)
                 for p in holders.held[d]:

@@ -18,9 +18,19 @@ It also sums that time per process group (``inside_by_group_s``, keyed by the gr
 ranks, sorted: the default group's key is every rank), the wait half of ``runtime.slow_links``.
 A group's ranks are looked up once per group object and cached (no communication).
 
-Under NCCL a collective returns once queued, so this clock would see almost nothing: timing
-CUDA events around each collective is the way there (not done; ``planner run`` on CUDA skips
-straggler detection).
+On CUDA a collective returns once queued, so the host clock would see almost nothing. There the
+clock records a CUDA event on the current stream before and after each collective instead: a
+synchronous collective returns after making the current stream wait for NCCL's, so the two
+events bracket the time the stream spent in the collective, waiting for its peers included; what
+was queued before it runs before the first event and counts as compute. The events are read
+(``settle``: ``elapsed_time``, waiting for the last event first) only when ``inside_s`` or
+``inside_by_group_s`` is asked for, which ``planner run`` does after the step's closing
+``torch.cuda.synchronize``, so reading costs no wait. Cost: two event records a collective (a few
+microseconds of host time each, no synchronisation), where a ``synchronize`` around each
+collective would drain the launch queue every time and serialise FSDP's prefetches with the
+compute they overlap. What events cannot see: an ``async_op`` collective's time, as on the CPU.
+An injected slow link on CUDA synchronises before its sleep, so the sleep lies between the
+events rather than hidden behind queued work.
 """
 
 import inspect
@@ -30,6 +40,7 @@ from contextlib import contextmanager
 from functools import wraps
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
@@ -71,10 +82,14 @@ class CollectiveClock:
     """Seconds this rank spent inside collectives while ``running``, in all and per process group
     (mutable: it accumulates)."""
 
-    def __init__(self) -> None:
-        self.inside_s = 0.0
-        self.inside_by_group_s: dict[GroupKey, float] = {}
-        """Per group (its global ranks, sorted): seconds inside its collectives."""
+    def __init__(self, device: torch.device | None = None) -> None:
+        """``device``: the compute device; a CUDA one is timed by events (module docstring)."""
+        self._inside_s = 0.0
+        self._inside_by_group_s: dict[GroupKey, float] = {}
+        self.device = device
+        self._cuda = device is not None and device.type == "cuda"
+        self._pending: list[tuple[GroupKey | None, torch.cuda.Event, torch.cuda.Event]] = []
+        """CUDA: each timed collective's group key and (start, end) events, not yet read."""
         self.injected_delay: tuple[frozenset[int], float] | None = None
         """Testing (a slow link): (ranks, seconds): each collective of a group holding all these
         ranks, other than the default group, first sleeps that long, inside the clock's time."""
@@ -82,6 +97,32 @@ class CollectiveClock:
         """Collectives in progress: one that calls another is timed once."""
         self._keys: dict[Any, GroupKey] = {}
         """Per group object seen (None: the default group), its key."""
+
+    @property
+    def inside_s(self) -> float:
+        """Seconds inside collectives so far (on CUDA, once their events are read: ``settle``)."""
+        self.settle()
+        return self._inside_s
+
+    @property
+    def inside_by_group_s(self) -> dict[GroupKey, float]:
+        """Per group (its global ranks, sorted): seconds inside its collectives."""
+        self.settle()
+        return self._inside_by_group_s
+
+    def _add(self, key: GroupKey | None, elapsed_s: float) -> None:
+        self._inside_s += elapsed_s
+        if key is not None:
+            self._inside_by_group_s[key] = self._inside_by_group_s.get(key, 0.0) + elapsed_s
+
+    def settle(self) -> None:
+        """Add the pending CUDA events' times (waiting for the last one, normally done already)."""
+        if not self._pending:
+            return
+        self._pending[-1][2].synchronize()
+        for key, start, end in self._pending:
+            self._add(key, start.elapsed_time(end) / 1e3)  # milliseconds
+        self._pending.clear()
 
     def group_key(self, group: Any) -> GroupKey:
         """The key of a process group (None: the default group; a functional collective's
@@ -108,6 +149,7 @@ class CollectiveClock:
                 return collective(*args, **kwargs)
             self._depth += 1
             start = time.perf_counter()
+            began = self._event()
             group = kwargs.get("group", args[position] if position is not None and len(args) > position else None)
             try:
                 key = self.group_key(group)
@@ -115,19 +157,34 @@ class CollectiveClock:
                 key = None
             try:
                 if key is not None and self.injected_delay is not None:
-                    time.sleep(self._delay_s(key))
+                    self._sleep(self._delay_s(key))
                 result = collective(*args, **kwargs)
                 if functional and isinstance(result, funcol.AsyncCollectiveTensor):
                     result = result.wait()
                 return result
             finally:
-                elapsed = time.perf_counter() - start
-                self.inside_s += elapsed
-                if key is not None:
-                    self.inside_by_group_s[key] = self.inside_by_group_s.get(key, 0.0) + elapsed
+                if began is not None:
+                    self._pending.append((key, began, self._event_now()))
+                else:
+                    self._add(key, time.perf_counter() - start)
                 self._depth -= 1
 
         return timed
+
+    def _event(self) -> torch.cuda.Event | None:
+        """A timing event recorded now on the current stream (CUDA), else None."""
+        return self._event_now() if self._cuda else None
+
+    def _event_now(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+    def _sleep(self, delay_s: float) -> None:
+        """The injected delay; on CUDA after the queued work, so the events see it."""
+        if delay_s and self._cuda:
+            torch.cuda.synchronize(self.device)
+        time.sleep(delay_s)
 
     @contextmanager
     def running(self) -> Iterator["CollectiveClock"]:

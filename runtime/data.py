@@ -13,10 +13,12 @@ import torch
 def synthetic_batch(
     vocab_size: int, batch: int, seq_len: int, *, step: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of shape (batch, seq_len): random tokens, targets shifted by one."""
+    """(inputs, targets) of shape (batch, seq_len): random tokens, targets shifted by one. Both
+    contiguous: a pipeline's first stage checks its microbatches' strides against the shapes it
+    inferred (torch 2.11 does), and a (seq_len + 1)-strided slice fails that check."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     tokens = torch.randint(0, vocab_size, (batch, seq_len + 1), generator=gen)
-    return tokens[:, :-1], tokens[:, 1:]
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
 class TokenFile:
@@ -31,4 +33,4 @@ class TokenFile:
         count = (len(self.tokens) - 1) // span
         rows = [(step * batch + i) % count for i in range(batch)]
         data = torch.from_numpy(np.stack([self.tokens[r * span : (r + 1) * span].astype(np.int64) for r in rows]))
-        return data[:, :-1], data[:, 1:]
+        return data[:, :-1].contiguous(), data[:, 1:].contiguous()

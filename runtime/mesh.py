@@ -23,7 +23,8 @@ torch orders the members of a process group by their rank, and a process's place
 axis is its rank in that axis's group. A map under which some axis lists its devices out of
 increasing order would then give processes other coordinates than the plan's (measured on
 torch 2.13: a tp axis of devices [1, 0] put device 1's shard second). Such meshes are built on
-groups that keep the mesh's order (``new_group(sort_ranks=False)``).
+groups that keep the mesh's order (``torch_compat.new_group_in_order``; torch 2.11 cannot build
+them and refuses such a map).
 """
 
 import itertools
@@ -49,6 +50,7 @@ from planner.schemas.geometry import (
     rank_of,
     sharding_mesh_shape,
 )
+from runtime.torch_compat import new_group_in_order
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +217,7 @@ def _mesh_of_ordered_groups(grid: torch.Tensor, device_type: str, names: tuple[s
     me = dist.get_rank()
     for axis, name in enumerate(names):
         for fiber in _fibers(grid, axis):
-            group = dist.new_group(ranks=fiber, sort_ranks=False, group_desc=f"mesh_{name}")
+            group = new_group_in_order(fiber, group_desc=f"mesh_{name}")
             if me in fiber:
                 mine.append(group)
     return DeviceMesh.from_group(mine, device_type, mesh=grid, mesh_dim_names=names)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from planner.schemas.buffers import grad_bucket_elements
+from runtime.torch_compat import all_gather_single, reduce_scatter_single
 
 OPTIMIZERS = ("adamw", "sgd")
 MASTER_SLICE_ELEMENTS: Final = 1 << 20
@@ -222,9 +223,9 @@ class DataParallelOptimizer:
         whole = self.buckets[: -(-used // self.shards) * self.shards]
         whole[used:].zero_()
         share = torch.empty(whole.numel() // self.shards, dtype=whole.dtype, device=whole.device)
-        dist.reduce_scatter_tensor(share, whole, group=self.shard_group)
+        reduce_scatter_single(share, whole, group=self.shard_group)
         dist.all_reduce(share, group=replicas)
-        dist.all_gather_into_tensor(whole, share, group=self.shard_group)
+        all_gather_single(whole, share, group=self.shard_group)
         return whole[:used]
 
     def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:

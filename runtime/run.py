@@ -1,11 +1,11 @@
 """`planner run`: execute a plan for a few steps under torchrun and report what it measured.
 
 Every rank checks the plan against the job before any work (world size, devices), trains with
-runtime.Trainer, times each step between barriers, and measures one step's peak memory: on CUDA
-with max_memory_allocated, on CPU with torch's MemTracker (the tensors PyTorch tracks: parameters,
-gradients, optimizer states, activations, temporaries; under pipeline schedules too); the report
-names the method. Rank 0 writes the RunReport and returns it (the CLI prints measured beside
-predicted).
+runtime.Trainer, times each step between barriers (on CUDA, each clock read after a device
+synchronize), and measures one step's peak memory (``runtime.peak_memory``: on CUDA the tensors',
+the allocator's and the driver's, on CPU torch's MemTracker); the report names the method. The
+straggler watch times every step's collectives (by CUDA events on a GPU). Rank 0 writes the
+RunReport and returns it (the CLI prints measured beside predicted).
 """
 
 import contextlib
@@ -23,21 +23,22 @@ import torch
 import torch.distributed as dist
 from torch.nn.attention import sdpa_kernel
 
-from planner.schemas import DeviceKind, DType, Plan, RankMemory, RunReport
+from planner.schemas import DeviceKind, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
 from planner.schemas.runtime_support import check_runnable
 from planner.schemas.settings import RunSettings
 from runtime import checkpoint
 from runtime.checkpoint_meta import check_loadable, latest
 from runtime.data import TokenFile, synthetic_batch
-from runtime.dry_run import tracked_peak
 from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import SLOW_FAULT_S, Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.model import attention_priority
+from runtime.peak_memory import MeasuredPeak, measured_step
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.straggler_watch import StragglerWatch, axis_groups
 from runtime.threads import cpu_threads_per_rank
+from runtime.torch_compat import require_supported_torch
 from runtime.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     gets the plan for the job's ranks from it and every rank runs that plan; the run continues
     from the newest complete checkpoint in ``settings.checkpoint_dir`` whenever there is one.
     """
+    require_supported_torch()
     rank, world, cuda, device = _set_up_device()
     plan, plan_sha256, resume = _agree_on_plan(settings, replan, rank, world, cuda)
     if not dist.is_initialized():
@@ -73,7 +75,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     trainer = _build_trainer(settings, plan, device)
     first = _resume(settings, trainer, plan_sha256, rank) if resume else 0
     tokens = TokenFile(settings.data) if settings.data else None
-    hosts, watch = _place_ranks(settings, trainer, rank, world, cuda, first)
+    hosts, watch = _place_ranks(settings, trainer, rank, world, first)
     times, losses, sent, memory = _train_or_diagnose(
         settings, plan, trainer, tokens, device, first, plan_sha256, watch, rank, world
     )
@@ -177,25 +179,22 @@ def _resume(settings: RunSettings, trainer: Trainer, plan_sha256: str, rank: int
 
 
 def _place_ranks(
-    settings: RunSettings, trainer: Trainer, rank: int, world: int, cuda: bool, first: int
+    settings: RunSettings, trainer: Trainer, rank: int, world: int, first: int
 ) -> tuple[list[str], StragglerWatch | None]:
     """Every rank's host (one collective: each rank's host and pipeline stage), and the straggler
-    watch that knows them (None on CUDA)."""
+    watch that knows them (on CUDA its clock times collectives by events: runtime.collective_clock)."""
     placed: list[tuple[str, int]] = [("", 0)] * world
     dist.all_gather_object(placed, (socket.gethostname(), trainer.pp_rank))
     hosts = [host for host, _ in placed]
-    watch = None
-    if cuda:  # its collectives return once queued: the clock would not see the waits
-        logger.info("straggler detection is off on CUDA (runtime.collective_clock)")
-    else:
-        watch = StragglerWatch(
-            rank=rank,
-            hosts=hosts,
-            stages=[stage for _, stage in placed],
-            first_step=tracked_step(settings, first) + 1,
-            on_fault=settings.on_fault,
-            axes=axis_groups(trainer.mesh),
-        )
+    watch = StragglerWatch(
+        rank=rank,
+        hosts=hosts,
+        stages=[stage for _, stage in placed],
+        first_step=tracked_step(settings, first) + 1,
+        on_fault=settings.on_fault,
+        axes=axis_groups(trainer.mesh),
+        device=trainer.device,
+    )
     return hosts, watch
 
 
@@ -210,7 +209,7 @@ def _train_or_diagnose(
     watch: StragglerWatch | None,
     rank: int,
     world: int,
-) -> tuple[list[float], list[float], list[tuple[float, float]], tuple[int, str, dict[str, int]]]:
+) -> tuple[list[float], list[float], list[tuple[float, float]], MeasuredPeak]:
     """``_train`` under the plan's attention kernel, with a heartbeat; a peer's death or hang, or
     the launcher stopping us, becomes JobFailed with the heartbeat's diagnosis (a bug keeps its
     traceback)."""
@@ -243,18 +242,22 @@ def _gather_measurements(
     trainer: Trainer,
     rank: int,
     world: int,
-    memory: tuple[int, str, dict[str, int]],
+    memory: MeasuredPeak,
     sent: list[tuple[float, float]],
 ) -> tuple[list[RankMemory] | None, list[tuple[float, float]] | None]:
     """Every rank's memory and steady bytes sent per step, gathered on rank 0 (None elsewhere)."""
     stage = trainer.pp_rank
+    predicted = plan.estimate.stages[stage].memory
     rank_memory = RankMemory(
         rank=rank,
         stage=stage,
-        peak_bytes=memory[0],
-        predicted_bytes=plan.estimate.stages[stage].memory.total_bytes,
-        method=memory[1],
-        breakdown_bytes=memory[2],
+        peak_bytes=memory.peak_bytes,
+        predicted_bytes=predicted.total_bytes,
+        method=memory.method,
+        breakdown_bytes=memory.breakdown_bytes,
+        predicted_workspace_bytes=max(predicted.workspace_bytes, 0.0),
+        reserved_bytes=memory.reserved_bytes,
+        driver_used_bytes=memory.driver_used_bytes,
     )
     everyone: list[RankMemory] | None = [rank_memory] * world if rank == 0 else None
     dist.gather_object(rank_memory, everyone, dst=0)
@@ -312,7 +315,7 @@ def _train(
     plan_sha256: str,
     heartbeat: Heartbeat,
     watch: StragglerWatch | None,
-) -> tuple[list[float], list[float], list[tuple[float, float]], tuple[int, str, dict[str, int]]]:
+) -> tuple[list[float], list[float], list[tuple[float, float]], MeasuredPeak]:
     """Steps ``first`` .. ``settings.steps - 1``: their times, losses and bytes sent (``_sent_bytes``), and
     the tracked step's memory; each step recorded in ``heartbeat`` before it starts, and timed
     for ``watch``, which may stop the run early (a checkpoint is then taken, if they are)."""
@@ -320,7 +323,7 @@ def _train(
     times: list[float] = []
     losses: list[float] = []
     sent: list[tuple[float, float]] = []
-    memory: tuple[int, str, dict[str, int]] | None = None
+    memory: MeasuredPeak | None = None
     lag_s = 0.0
     with watch.clock.running() if watch is not None else contextlib.nullcontext():
         for step in range(first, settings.steps):
@@ -340,13 +343,15 @@ def _train(
             )
             track = step == tracked_step(settings, first)
             dist.barrier()
+            synchronize(device)
             sent_before = _sent_bytes(trainer)
             start = time.perf_counter()
             if track:
-                loss, memory = _tracked_step(trainer, inputs, targets, device)
+                loss, memory = measured_step(trainer, inputs, targets, device)
             else:
                 loss = trainer.step(inputs, targets)
             dist.barrier()
+            synchronize(device)
             times.append(time.perf_counter() - start)
             if step == first and first > 0 and heartbeat.rank == 0:  # how long a restart took shows from here
                 logger.info("step %d, the first after the resume, ended at %s", step, datetime.now(UTC).isoformat())
@@ -363,6 +368,14 @@ def _train(
                 break
     assert memory is not None
     return times, losses, sent, memory
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA; the CPU has none queued), so that a host clock
+    read next measures it: NCCL's barrier waits for its own all-reduce only, and a step's
+    collectives return once queued."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 SLOW_LINK_FAULT_S = 6e-3
@@ -404,19 +417,6 @@ def _checkpoint_due(settings: RunSettings, done: int) -> bool:
     return done == settings.steps or (every > 0 and done % every == 0)
 
 
-def _tracked_step(
-    trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device
-) -> tuple[float, tuple[int, str, dict[str, int]]]:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        loss = trainer.step(inputs, targets)
-        return loss, (torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated", {})
-    result: list[float] = []
-    peak = tracked_peak(trainer, lambda: result.append(trainer.step(inputs, targets)))
-    total = peak.pop("Total")
-    return result[0], (total, "MemTracker", peak)
-
-
 def _report(
     settings: RunSettings,
     plan: Plan,
@@ -445,7 +445,7 @@ def _report(
         device=str(device.type),
         torch_version=torch.__version__,
         hosts=tuple(sorted(set(hosts))),
-        precision="fp32" if plan.training.dtype is DType.FP32 else f"{plan.training.dtype} autocast, fp32 weights",
+        precision=plan.training.precision.describe(),
         optimizer=str(settings.optimizer),
         steps=settings.steps,
         warmup_steps=settings.warmup_steps,

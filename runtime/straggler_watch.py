@@ -4,7 +4,8 @@ alike, for slow ranks (``runtime.stragglers``) and slow links (``runtime.slow_li
 or link is logged (by rank 0) and kept for the run report; under ``OnFault.EXIT`` every rank
 learns it at the same step and stops there.
 
-Cost: two ``perf_counter`` calls and a dictionary look-up per collective, and one
+Cost: two ``perf_counter`` calls (on CUDA, two event records) and a dictionary look-up per
+collective, and one
 ``all_gather_object`` every K = ``window_steps`` steps, at a step boundary, with no barrier of its
 own: per rank, per step of the window, its compute, its wait and its wait in each process group
 it used (at K = 3 on tp2 x dp2, a few hundred bytes pickled a rank; the object gather is two
@@ -14,6 +15,7 @@ all-gathers, sizes then bytes).
 import logging
 from collections.abc import Mapping, Sequence
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -55,10 +57,12 @@ class StragglerWatch:
         settings: DetectorSettings | None = None,
         link_settings: LinkSettings | None = None,
         axes: Mapping[GroupKey, str] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         """``hosts``, ``stages``: every rank's host name and pipeline stage, in rank order;
         ``first_step``: the first step judged (the warm-up and memory-tracked steps are not);
-        ``axes``: the mesh axis of each group that lies along one (``axis_groups``), to name it."""
+        ``axes``: the mesh axis of each group that lies along one (``axis_groups``), to name it;
+        ``device``: the compute device, whose collectives the clock times (CUDA: by events)."""
         self.rank, self.hosts, self.first_step, self.on_fault = rank, tuple(hosts), first_step, on_fault
         self.settings = settings or DetectorSettings()
         self.link_settings = link_settings or LinkSettings()
@@ -67,7 +71,7 @@ class StragglerWatch:
         self.groups = peer_groups(stages)
         self.state = DetectorState.empty(len(hosts))
         self.link_state = LinkState()
-        self.clock = CollectiveClock()
+        self.clock = CollectiveClock(device)
         self.compute_s: list[float] = []
         self.wait_s: list[float] = []
         self.group_wait_s: list[dict[GroupKey, float]] = []

@@ -64,6 +64,7 @@ from torch.distributed.tensor.parallel import (
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.model import MLP, Decoder, MoE
 from runtime.optim import flat_apply, local, local_grad
+from runtime.torch_compat import all_gather_single, reduce_scatter_single
 
 
 def tensor_parallel(
@@ -260,7 +261,7 @@ def _gather_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     shard = x.transpose(0, 1).contiguous()
     out = shard.new_empty((shard.shape[0] * dist.get_world_size(group), *shard.shape[1:]))
     if not out.is_meta:
-        dist.all_gather_single(out, shard, group=group)
+        all_gather_single(out, shard, group=group)
     return out.transpose(0, 1)
 
 
@@ -269,7 +270,7 @@ def _reduce_scatter_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch
     whole = x.transpose(0, 1).contiguous()
     out = whole.new_empty((whole.shape[0] // dist.get_world_size(group), *whole.shape[1:]))
     if not out.is_meta:
-        dist.reduce_scatter_single(out, whole, group=group)
+        reduce_scatter_single(out, whole, group=group)
     return out.transpose(0, 1)
 
 

@@ -248,7 +248,8 @@ class Trainer:
         self.optimizer.step()
         if not self.report_loss:
             return 0.0
-        total = torch.tensor([loss], dtype=torch.float64)
+        # on the compute device: NCCL takes only CUDA tensors (gloo, CPU ones)
+        total = torch.tensor([loss], dtype=torch.float64, device=self.device)
         # every (dp, cp, tp) rank of the output layer's stage reports its share's mean loss (cp's
         # shares hold equal token counts, so their mean is the replica's)
         dist.all_reduce(total)

@@ -244,7 +244,7 @@ class VocabularyParallel:
     def _embedding_backward(self, ids: torch.Tensor, grad: torch.Tensor | None) -> None:
         weight = self.shards.embedding
         if grad is None:
-            grad = torch.empty(*ids.shape, weight.shape[1], dtype=self.compute_dtype)
+            grad = torch.empty(*ids.shape, weight.shape[1], dtype=self.compute_dtype, device=weight.device)
         dist.broadcast(grad, src=self.groups.first_rank, group=self.groups.embedding_backward)
         local, held = self._local(ids)
         assert self._embedding_grad is not None
@@ -257,7 +257,7 @@ class VocabularyParallel:
         """(the micro-batch's mean loss, the summed dX in fp32): both meaningful on the last stage."""
         weight, group = self.shards.output.to(self.compute_dtype), self.groups.output
         if hidden is None:
-            hidden = torch.empty(*targets.shape, weight.shape[1], dtype=self.compute_dtype)
+            hidden = torch.empty(*targets.shape, weight.shape[1], dtype=self.compute_dtype, device=weight.device)
         dist.broadcast(hidden, src=self.groups.last_rank, group=group)
         x = hidden.flatten(0, 1)  # (n, h)
         local, held = self._local(targets.flatten())

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs the project with its test tools. Idempotent.
 # torch first, pinned to the CPU build where no torch is present: an unpinned torch would pull
-# a multi-GB CUDA build. A machine that already has torch 2.13 (CPU or CUDA) keeps it.
+# a multi-GB CUDA build. A machine that already has a torch (CPU or CUDA) keeps it; the dev extra
+# pulls the runtime extra, whose range (pyproject.toml) pip then checks it against.
 # Says on stderr what each of its 4 steps installs and how long the setup has taken (one line a
 # step; pip itself stays quiet).
 set -euo pipefail
@@ -27,8 +28,11 @@ fi
 deps=$(.venv/bin/python - <<'EOF'
 import re, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+# dev pulls the runtime extra by name (planner[runtime]): show the packages, torch already said.
+dev = [r for r in extras["dev"] if not r.startswith("planner[")]
 names = lambda reqs: ", ".join(re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] for r in reqs if not r.startswith("torch"))
-print(f"{names(project['dependencies'])}; test tools: {names(project['optional-dependencies']['dev'])}")
+print(f"{names(project['dependencies'])}; test tools: {names(dev)}")
 EOF
 )
 step 4 "installing the project (editable) and what it needs: $deps"

@@ -200,3 +200,98 @@ def test_importing_the_leaf_loads_nothing_else_of_ours() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+NEEDS_TORCH = {"torch", "runtime", "profiler"}
+"""Top-level packages whose import needs torch (``runtime/__init__`` and the profiler import it)."""
+PLANNING_ENTRIES = ("planner/__init__.py", "planner/api.py", "planner/cli/__init__.py", "planner/__main__.py")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_time_imports(path: Path) -> list[str]:
+    """The modules ``path`` imports when it is imported: not those inside functions (run on call)
+    nor under ``if TYPE_CHECKING`` (never run)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names: list[str] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                names.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                module = ".".join(part for part in (base, node.module or "") if part)
+                names.extend([module] if node.module else [f"{module}.{a.name}" for a in node.names])
+            elif isinstance(node, ast.If):
+                visit(node.orelse if _is_type_checking(node.test) else node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body + [s for h in node.handlers for s in h.body] + node.orelse + node.finalbody)
+            elif isinstance(node, ast.With | ast.ClassDef | ast.For | ast.While):
+                visit(node.body)
+
+    visit(ast.parse(path.read_text()).body)
+    return names
+
+
+def _import_time_closure(entries: Collection[Path]) -> tuple[set[Path], set[str]]:
+    """The product files importing ``entries`` runs (with their packages' ``__init__``), and the
+    top-level names of everything else they import."""
+    seen: set[Path] = set()
+    others: set[str] = set()
+    todo = list(entries)
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo += [p / "__init__.py" for p in path.parents if p != ROOT and (p / "__init__.py").is_file()]
+        for name in _import_time_imports(path):
+            target = _module_file(name) if _ours(name) else None
+            if target is not None:
+                todo.append(target)
+            elif not _ours(name):
+                others.add(name.split(".")[0])
+    return seen, others
+
+
+def test_planning_import_closure_holds_no_torch() -> None:
+    """Importing the API or the CLI runs no file that needs torch, whether torch is installed or not
+    (``test_without_torch.py`` runs the commands themselves with torch unimportable)."""
+    files, others = _import_time_closure([ROOT / entry for entry in PLANNING_ENTRIES])
+    reached = {str(p.relative_to(ROOT)) for p in files}
+    assert "planner/flows/search.py" in reached  # the closure follows our imports
+    assert not {name for name in reached if name.split("/")[0] in NEEDS_TORCH}
+    assert "torch" not in others
+    assert {"optuna", "typer", "pydantic"} <= others  # and records the others'
+
+
+def test_torch_is_imported_only_after_require_torch() -> None:
+    """In the front door, every function that imports torch, the runtime or the profiler first calls
+    ``planner.flows.extras.require_torch``: the one place that turns a missing torch into one line
+    naming the extra."""
+    unguarded = []
+    for path in sorted((ROOT / "planner").rglob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            guards = [
+                node.lineno
+                for node in ast.walk(function)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "require_torch"
+            ]
+            for node in ast.walk(function):
+                modules = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(m.split(".")[0] in NEEDS_TORCH for m in modules) and not any(g < node.lineno for g in guards):
+                    unguarded.append(f"{path.relative_to(ROOT)}:{node.lineno} in {function.name}")
+    assert unguarded == []

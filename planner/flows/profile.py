@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from cost_models.layer_work import profile_gemm_shapes
 from planner.files.clusters import save_cluster
+from planner.flows.extras import require_torch
 from planner.schemas.settings import ProfileSettings
 
 logger = logging.getLogger(__name__)
@@ -27,8 +28,10 @@ def profile(settings: ProfileSettings = ProfileSettings()) -> int:
         Rank 0 writes ``settings.output`` either way.
 
     Raises:
+        MissingExtraError: torch is not installed.
         ProfileError: not under torchrun.
     """
+    require_torch("planner profile")
     from profiler.run import profile as run_profile  # torch: only for the commands that need it
 
     if settings.model is not None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from planner.files.clusters import load_cluster, save_cluster
 from planner.files.plans import check_cluster, load_plan, save_plan
+from planner.flows.extras import require_torch
 from planner.flows.search import search
 from planner.schemas import ClusterProfile, DeviceKind, Layout, Plan
 from planner.schemas.errors import InfeasibleConfigError
@@ -136,6 +137,7 @@ def replan(
         The old plan, the new one and the checkpoint's step, for ``summary``.
 
     Raises:
+        MissingExtraError: a checkpoint to check, and torch is not installed.
         SchemaError: an input could not be read, or no complete checkpoint is in the checkpoint folder.
         InfeasibleConfigError: no layout fits or none of the fastest runs on this runtime, or the
             checkpoint cannot load into the new plan.
@@ -143,6 +145,7 @@ def replan(
     old = plan if isinstance(plan, Plan) else load_plan(plan)
     step = None
     if settings.checkpoint_dir is not None:  # before the search: the new plan keeps the model and global batch
+        require_torch("planner replan --checkpoint-dir")  # the runtime package imports torch
         from runtime.checkpoint_meta import check_loadable
 
         checkpoint = check_loadable(settings.checkpoint_dir, old.model, old.training.global_batch_size)

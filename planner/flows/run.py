@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.files.plans import load_plan
+from planner.flows.extras import require_torch
 from planner.schemas import Plan, RunReport
 from planner.schemas.errors import SchemaError
 from planner.schemas.settings import OptimizerName, RunSettings
@@ -26,6 +27,7 @@ def run(settings: RunSettings) -> RunReport | None:
         plan's predictions); None on the other ranks.
 
     Raises:
+        MissingExtraError: torch is not installed.
         SchemaError: not under torchrun (RANK unset).
         InfeasibleConfigError: the plan is for another world size (unless elastic) or device, or
             (elastic) no layout fits the job's ranks.
@@ -34,6 +36,7 @@ def run(settings: RunSettings) -> RunReport | None:
         StragglerFound: under ``OnFault.EXIT``, a rank was far slower than its peers; the message
             names it and its host (every rank raises it; rank 0 has written the report).
     """
+    require_torch("planner run")  # first: without torch there is no torchrun either
     if "RANK" not in os.environ:
         plan = settings.plan_file or "PLAN.json"
         raise SchemaError(f"planner run runs on every rank under torchrun: `planner launch {plan}` prints the command")
@@ -64,10 +67,12 @@ def dry_run(
         The rank's traced peak bytes (by category), the estimate's bytes for its stage, and seconds taken.
 
     Raises:
+        MissingExtraError: torch is not installed.
         InfeasibleConfigError: ``rank`` is outside the plan's world, or the plan recomputes modules
             the runtime does not checkpoint (``schemas.runtime_support.check_recompute_modules``).
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)  # a bad plan is refused before torch is imported
+    require_torch("planner run --dry-run")
     from runtime.dry_run import dry_run as trace
 
     return trace(loaded, rank, optimizer=str(optimizer))

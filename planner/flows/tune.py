@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from planner.files.clusters import load_cluster, save_cluster
 from planner.files.models import load_model
+from planner.flows.extras import require_torch
 from planner.flows.search import search
 from planner.schemas import ModelSpec, TrainingSpec
 from planner.schemas.settings import SearchSettings, TuneSettings
@@ -45,7 +46,10 @@ def tune(
         SchemaError: an input or the launcher template is invalid; calibrating a preset cluster
             with no ``save_calibration``.
         InfeasibleConfigError: no layout fits.
+        MissingExtraError: the trials run here (no launcher) and torch is not installed.
     """
+    if settings.launcher is None and run_trial is None:  # a launcher's jobs find torch on their cluster
+        require_torch("planner tune")
     from planner.tuning.launcher import check_template
     from planner.tuning.selection import pool_size, select_plans
     from planner.tuning.study import study_name

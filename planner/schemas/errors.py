@@ -29,6 +29,11 @@ class SearchError(PlannerError):
     """The search could not produce a plan."""
 
 
+class MissingExtraError(PlannerError):
+    """A command needs an optional dependency (torch, for profiling and running) that is not installed;
+    the message names the extra that brings it."""
+
+
 class DoesNotFitError(InfeasibleConfigError):
     """A layout that runs but needs more memory per rank than the device has to give."""
 

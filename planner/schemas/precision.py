@@ -65,6 +65,16 @@ class Precision:
         """Whether the optimizer keeps master weights apart from the copy the model computes with."""
         return self.master_weights is not None
 
+    def describe(self) -> str:
+        """One line of what a run holds and computes in, e.g. "bf16 weights and compute, fp32
+        master weights and optimizer states, gradients summed in fp32" (a run report's precision):
+        the runtime holds the weights in ``weights`` and computes in them, with no autocast."""
+        master = f", {self.master_weights} master weights and" if self.master_weights else " and"
+        return (
+            f"{self.weights} weights and compute{master} {self.optimizer_states} optimizer states, "
+            f"gradients summed in {self.gradient_reduce}"
+        )
+
     @property
     def master_weight_bytes_per_param(self) -> int:
         """Bytes of the master copy of one parameter: 0 where the weights are the master copy."""

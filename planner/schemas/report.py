@@ -10,14 +10,42 @@ from planner.schemas.layout import Layout
 
 
 class RankMemory(FrozenModel):
-    """One rank's peak memory during a training step."""
+    """One rank's peak memory during a training step.
+
+    ``peak_bytes`` counts tensors (either method), so it compares with the estimate less its
+    workspace (``tensors_predicted_bytes``). On CUDA the two figures beyond the tensors are kept
+    apart, so that the workspace the estimate assumes can be measured: the allocator's slack
+    (``reserved_bytes - peak_bytes``) and what the driver holds besides the allocator
+    (``driver_used_bytes - reserved_bytes``: CUDA context, kernels, cuBLAS and NCCL buffers)."""
 
     rank: int = Field(ge=0)
     stage: int = Field(ge=0, description="Pipeline rank.")
-    peak_bytes: int = Field(ge=0)
-    predicted_bytes: float = Field(ge=0, description="The plan's estimate for this rank's stage.")
+    peak_bytes: int = Field(ge=0, description="Peak bytes of tensors during the tracked step.")
+    predicted_bytes: float = Field(ge=0, description="The plan's estimate for this rank's stage, workspace included.")
     method: str = Field(description="How it was measured: 'cuda max_memory_allocated' or 'MemTracker'.")
     breakdown_bytes: dict[str, int] = Field(default_factory=dict, description="By category, where the method tells.")
+    predicted_workspace_bytes: float = Field(
+        default=0.0,
+        ge=0,
+        description="The estimate's workspace term (in predicted_bytes, with a calibrated cluster's memory "
+        "overhead): memory no tensor holds; 0 on a CPU.",
+    )
+    reserved_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="CUDA: the caching allocator's peak reservation over the tracked step (max_memory_reserved).",
+    )
+    driver_used_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="CUDA: device memory in use (mem_get_info's total - free) right after the tracked step; "
+        "counts other processes on the device too.",
+    )
+
+    @property
+    def tensors_predicted_bytes(self) -> float:
+        """The estimate of what tensors hold: ``predicted_bytes`` less the workspace."""
+        return self.predicted_bytes - self.predicted_workspace_bytes
 
 
 class Straggler(FrozenModel):
@@ -76,11 +104,12 @@ class TimingWindow(FrozenModel):
 class RunReport(FrozenModel):
     """A plan run for a few steps: times, losses and memory, each beside its prediction."""
 
-    schema_version: Literal[1, 2, 3, 4] = Field(
-        default=4,
+    schema_version: Literal[1, 2, 3, 4, 5] = Field(
+        default=5,
         description="2: the layout may carry a device map, expert placement and vocabulary layout; "
         "3: the straggler detector's findings (stragglers, timing_windows, straggler_checks, stopped_by_fault); "
-        "4: the slow-link detector's (slow_links, link_checks, timing_windows' groups).",
+        "4: the slow-link detector's (slow_links, link_checks, timing_windows' groups); "
+        "5: memory's predicted_workspace_bytes, and on CUDA reserved_bytes and driver_used_bytes.",
     )
     created: datetime
     plan_sha256: str
@@ -91,7 +120,7 @@ class RunReport(FrozenModel):
     device: str
     torch_version: str
     hosts: tuple[str, ...]
-    precision: str = Field(description="The dtype the runtime trained in.")
+    precision: str = Field(description="What the runtime trained in: weights, master weights, compute.")
     optimizer: str
     steps: int = Field(ge=1)
     first_step: int = Field(

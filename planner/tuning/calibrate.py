@@ -9,7 +9,10 @@ scaled backward hides. A term no plan exercises (a column of zeros) keeps its id
 with fewer plans than factors only one scale is fitted, on the whole step.
 
 Memory: over every measured rank whose method counts tensors (MemTracker, CUDA allocator; not RSS
-growth), measured - (model states + workspace) = a x activations + l x logits + b x buffers + o,
+growth), measured - model states = a x activations + l x logits + b x buffers + o: the
+estimate's workspace is left out, as no tensor holds it (on CUDA the run report measures it
+apart: ``RankMemory``'s reserved and driver-used figures), so o is the tensors' own offset,
+not the assumed workspace fitted away;
 by least squares in relative error with a, l, b >= 0 (bounded linear least squares,
 scipy.optimize.lsq_linear); o may be negative. A term no measured rank has keeps its identity.
 The tuner keeps them only when they predict held-out ranks better than the model alone
@@ -205,7 +208,8 @@ def _fit_memory(rows: Sequence[tuple[MemoryBreakdown, float]]) -> dict[str, floa
         return identity
     measured = np.array([m for _, m in rows])
     terms = np.array([_memory_terms(mem) for mem, _ in rows])
-    fixed = np.array([mem.total_bytes for mem, _ in rows]) - terms.sum(axis=1)
+    # tensors only: measured peaks count no workspace (module docstring)
+    fixed = np.array([mem.total_bytes - mem.workspace_bytes for mem, _ in rows]) - terms.sum(axis=1)
     used = [j for j in range(terms.shape[1]) if np.any(terms[:, j] > 0)]
     x = np.column_stack([terms[:, used] / measured[:, None], 1.0 / measured])
     y = (measured - fixed) / measured

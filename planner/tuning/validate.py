@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from scipy.stats import spearmanr
 
+from cost_models.memory import workspace_bytes
 from planner.schemas import ClusterProfile, Estimate
 from planner.tuning.calibrate import PRIOR_WEIGHTS, Observation, fit_calibration, uncalibrated
 
@@ -64,13 +65,14 @@ class Validation:
         return len(self.plans) >= MIN_PLANS_FOR_RANKS
 
 
-def plan_result(obs: Observation, est: Estimate) -> PlanResult:
-    """``obs`` beside the estimate ``est`` of its plan."""
+def plan_result(obs: Observation, est: Estimate, workspace: float) -> PlanResult:
+    """``obs`` beside the estimate ``est`` of its plan; memory as the tensors the measured peaks
+    count: the estimate less the uncalibrated ``workspace`` bytes (a calibrated offset stays in)."""
     return PlanResult(
         label=obs.label,
         predicted_step_time_s=est.step_time_s,
         measured_step_time_s=obs.measured_step_time_s,
-        memory=tuple((est.stages[s.stage].memory.total_bytes, s.measured_bytes) for s in obs.memory),
+        memory=tuple((est.stages[s.stage].memory.total_bytes - workspace, s.measured_bytes) for s in obs.memory),
     )
 
 
@@ -97,7 +99,8 @@ def validate(title: str, plans: Sequence[PlanResult]) -> Validation:
 def before_calibration(observations: Sequence[Observation], cluster: ClusterProfile) -> Validation:
     """The uncalibrated model against every measured plan."""
     base = uncalibrated(cluster)
-    return validate("uncalibrated model", [plan_result(obs, obs.predict(base)) for obs in observations])
+    workspace = workspace_bytes(cluster)
+    return validate("uncalibrated model", [plan_result(obs, obs.predict(base), workspace) for obs in observations])
 
 
 PULL_TOLERANCE = 0.01
@@ -112,12 +115,14 @@ def after_calibration(observations: Sequence[Observation], cluster: ClusterProfi
     The weight is the one figure chosen with every plan in view (one of four), so the figures
     are a shade optimistic; the factors themselves never see the plan they predict."""
     tried = []
+    workspace = workspace_bytes(cluster)
     for weight in PRIOR_WEIGHTS:
         results = []
         for i, obs in enumerate(observations):
             others = [o for j, o in enumerate(observations) if j != i]
             calibration = fit_calibration(others, cluster, prior_weight=weight)
-            results.append(plan_result(obs, obs.predict(cluster.model_copy(update={"calibration": calibration}))))
+            calibrated = cluster.model_copy(update={"calibration": calibration})
+            results.append(plan_result(obs, obs.predict(calibrated), workspace))
         tried.append((validate("calibrated, leave-one-out", results), weight))
     # The strongest pull whose error is within a point of the least: among fits the held-out
     # plans cannot tell apart, the one closest to the physical model (no scale near 0).

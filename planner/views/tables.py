@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 
 from cost_models.placement_comparison import PlacementComparison
-from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, RunReport, TrainingSpec
+from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, RankMemory, RunReport, TrainingSpec
 from planner.search_engine.runner import SearchOutcome
 
 GIB = 2**30
@@ -246,7 +246,8 @@ def _ratio(x: float | None, y: float | None) -> str:
 
 
 def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routing: str = "uniform routing") -> str:
-    """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes),
+    """A run's measured figures beside the plan's predictions, in four lines (MiB = 2^20 bytes; on
+    CUDA a fifth, of the memory beyond tensors: ``_memory_lines``),
     and a fifth for expert parallelism: the bytes a rank's all-to-alls sent to other ranks per
     step, measured (mean rank) beside ``expert_traffic`` (per stage, ``api.expert_traffic``;
     ``routing`` names what it assumed); then a line per straggler and per slow link the run named."""
@@ -256,11 +257,7 @@ def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routi
         f"   ratio {report.measured_step_time_s / report.predicted_step_time_s:.2f}",
         f"  loss        first {report.losses[0]:.4f}   last {report.losses[-1]:.4f}",
     ]
-    worst = max(report.memory, key=lambda m: m.peak_bytes)
-    lines.append(
-        f"  peak memory measured {worst.peak_bytes / MIB:.1f} MiB (rank {worst.rank}, {worst.method})   "
-        f"predicted {worst.predicted_bytes / MIB:.1f} MiB"
-    )
+    lines += _memory_lines(max(report.memory, key=lambda m: m.peak_bytes))
     if report.expert_sent_bytes_per_step and expert_traffic:
         measured = sum(report.expert_sent_bytes_per_step) / len(report.expert_sent_bytes_per_step)
         predicted = sum(expert_traffic) / len(expert_traffic)  # every stage has as many ranks
@@ -282,6 +279,32 @@ def run_summary(report: RunReport, expert_traffic: tuple[float, ...] = (), routi
         for link in report.slow_links
     ]
     return "\n".join(lines)
+
+
+def _memory_lines(worst: RankMemory) -> list[str]:
+    """The peak memory line; where the estimate holds a workspace (CUDA), tensors are compared
+    with the estimate less it, and a second line splits what is not tensors: the allocator's slack
+    and what the driver holds besides (context, libraries, NCCL), to set beside the workspace."""
+    measured = f"  peak memory measured {worst.peak_bytes / MIB:.1f} MiB (rank {worst.rank}, {worst.method})   "
+    workspace_bytes = worst.predicted_workspace_bytes
+    if not workspace_bytes and worst.reserved_bytes is None:
+        return [measured + f"predicted {worst.predicted_bytes / MIB:.1f} MiB"]
+    tensors_bytes = worst.tensors_predicted_bytes
+    lines = [
+        measured + f"predicted {tensors_bytes / MIB:.1f} MiB of tensors   ratio "
+        f"{worst.peak_bytes / max(tensors_bytes, 1.0):.2f}   (+ {workspace_bytes / MIB:.1f} MiB workspace: "
+        f"{worst.predicted_bytes / MIB:.1f} MiB)"
+    ]
+    if worst.reserved_bytes is not None and worst.driver_used_bytes is not None:
+        slack_bytes = worst.reserved_bytes - worst.peak_bytes
+        outside_bytes = worst.driver_used_bytes - worst.reserved_bytes
+        lines.append(
+            f"  beyond tensors allocator slack {slack_bytes / MIB:.1f} MiB (reserved {worst.reserved_bytes / MIB:.1f})"
+            f"   context, libraries, NCCL {outside_bytes / MIB:.1f} MiB (driver used "
+            f"{worst.driver_used_bytes / MIB:.1f})   measured workspace {(slack_bytes + outside_bytes) / MIB:.1f} MiB"
+            f"   assumed {workspace_bytes / MIB:.1f} MiB"
+        )
+    return lines
 
 
 class TracedRank(Protocol):

@@ -46,7 +46,7 @@ def trials_table(records: tuple[TrialRecord, ...]) -> Table:
             row = [
                 f"{r.report.measured_step_time_s:.4f}",
                 f"{r.report.measured_step_time_s / est.step_time_s:.2f}",
-                f"{worst.predicted_bytes / MIB:,.1f}",
+                f"{worst.tensors_predicted_bytes / MIB:,.1f}",  # peak_bytes counts tensors only
                 f"{worst.peak_bytes / MIB:,.1f}",
                 "measured" + ("" if worst.method == "MemTracker" else f" ({worst.method})"),
             ]

@@ -72,6 +72,7 @@ def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClusterProf
     return _profile(tmp_path_factory.mktemp("quick"), *model, "--inject-link-delay", "1,2,0.05")
 
 
+@pytest.mark.torch_oldest  # the collective curves and the sharded-unit collectives
 def test_quick_profile_is_complete_and_drives_the_estimate(quick_profile: tuple[ClusterProfile, str]) -> None:
     profile, output = quick_profile
     assert profile.world_size == 4 and profile.provenance.kind == "measured", output

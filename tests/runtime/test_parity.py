@@ -24,6 +24,7 @@ def L(d: int, t: int, p: int, b: int, **kw: Any) -> dict[str, Any]:
     return dict(data_parallel_degree=d, tensor_parallel_degree=t, pipeline_parallel_degree=p, micro_batch_size=b, **kw)
 
 
+@pytest.mark.torch_oldest  # pipelines on synthetic batches, ZeRO-2
 def test_two_ranks_every_family(tmp_path: Path) -> None:
     check_parity(
         GPT,
@@ -86,7 +87,9 @@ def test_eight_ranks_three_dimensions(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("model", [GPT, TINY_LLAMA], ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "model", [pytest.param(GPT, marks=pytest.mark.torch_oldest), TINY_LLAMA], ids=lambda m: m.name
+)  # the sequence-parallel collectives
 def test_four_ranks_sequence_parallel_and_recompute(model: ModelSpec, tmp_path: Path) -> None:
     check_parity(
         model,

@@ -80,3 +80,14 @@ def test_a_precision_is_frozen_and_needs_every_role() -> None:
     with pytest.raises(TypeError):
         Precision(weights=DType.BF16)  # type: ignore[call-arg]
     assert hash(p) == hash(dataclasses.replace(p))
+
+
+def test_the_run_report_says_what_the_runtime_holds_and_computes_in() -> None:
+    # bf16 weights that compute themselves (no autocast), fp32 masters beside them
+    assert precision_of(DType.BF16).describe() == (
+        "bf16 weights and compute, fp32 master weights and fp32 optimizer states, gradients summed in fp32"
+    )
+    assert precision_of(DType.FP32).describe() == (
+        "fp32 weights and compute and fp32 optimizer states, gradients summed in fp32"
+    )
+    assert precision_of(DType.BF16, DType.BF16).describe().endswith("gradients summed in bf16")

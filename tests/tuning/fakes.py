@@ -4,6 +4,7 @@ on a 'true machine', the cluster under known calibration factors."""
 from datetime import UTC, datetime
 
 from cost_models.estimate import estimate
+from cost_models.memory import workspace_bytes
 from planner.schemas import Calibration, ClusterProfile, Plan, RankMemory, RunReport
 from planner.schemas.settings import TuneSettings
 from planner.tuning.launcher import TrialFiles, TrialRun
@@ -40,8 +41,10 @@ def fake_report(plan: Plan, machine: ClusterProfile) -> RunReport:
             RankMemory(
                 rank=rank,
                 stage=stage,
-                peak_bytes=int(truth.stages[stage].memory.total_bytes),
+                # a measured peak counts tensors: not the workspace the estimate assumes
+                peak_bytes=int(truth.stages[stage].memory.total_bytes - workspace_bytes(machine)),
                 predicted_bytes=plan.estimate.stages[stage].memory.total_bytes,
+                predicted_workspace_bytes=plan.estimate.stages[stage].memory.workspace_bytes,
                 method="MemTracker",
             )
         )
