@@ -186,6 +186,7 @@ def _device(infos: list[RankInfo], ops: list[OpsSample]) -> DeviceProfile:
     peak, fraction, fractions = gemm_efficiency(best, published_peaks(device_name))
     tile_m, tile_n = CUDA_GEMM_TILE if kind is DeviceKind.CUDA else (1, 1)
     workspaces = [o.workspace_bytes for o in mine if o.workspace_bytes is not None]
+    copies = [o.host_copies for o in mine if o.host_copies is not None]
     return DeviceProfile(
         name=device_name,
         kind=kind,
@@ -204,6 +205,8 @@ def _device(infos: list[RankInfo], ops: list[OpsSample]) -> DeviceProfile:
         op_records=_median_records(o for rank_ops in mine for o in rank_ops.others),
         core_share=min(i.core_share for i in infos),
         workspace_bytes=max(workspaces) if workspaces else None,
+        host_to_device_bytes_per_s=min(c.host_to_device_bytes_per_s for c in copies) if copies else None,
+        device_to_host_bytes_per_s=min(c.device_to_host_bytes_per_s for c in copies) if copies else None,
     )
 
 

@@ -31,6 +31,7 @@ from planner.schemas.geometry import MeshAxis
 from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
 from profiler.framework_ops import pipeline_slot, sharded_units
+from profiler.host_copies import HostCopies, measure_host_copies
 from profiler.layer import LocalLayer
 from profiler.stats import Timing
 from profiler.workspace import library_workspace_bytes
@@ -72,6 +73,8 @@ class OpsSample:
     workspace_bytes: int | None = None
     """Device memory the kernel libraries took on their first calls beyond tensors (CUDA only:
     ``profiler.workspace``); None where not measured."""
+    host_copies: HostCopies | None = None
+    """Pinned host-to-device and device-to-host copy rates (CUDA only: ``profiler.host_copies``)."""
 
 
 def measure(ctx: Context) -> list[OpsSample] | None:
@@ -89,7 +92,7 @@ def measure(ctx: Context) -> list[OpsSample] | None:
             timing = ctx.time(partial(torch.mm, a, b), lockstep=True)
             gemms.append(GemmSample(m, n, k, dtype, timing.median_s, timing.spread))
     ctx.at("ops", "memory bandwidth")
-    elems = ctx.settings.stream_bytes // 4
+    elems = stream_operand_bytes(ctx) // 4
     x, y, z = (torch.rand(elems, device=ctx.device) for _ in range(3))
     stream = ctx.time(lambda: torch.add(x, y, out=z), lockstep=True)
     ctx.at("ops", "kernel overhead")
@@ -100,8 +103,22 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     ]
     others += _attention_and_norm(ctx) + _layers(ctx) + _tensor_parallel_layers(ctx) + _output_layers(ctx)
     others += _optimizer(ctx) + pipeline_slot(ctx) + sharded_units(ctx)
-    sample = OpsSample(tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others), workspace)
+    ctx.at("ops", "host-device copies")
+    copies = measure_host_copies(ctx)
+    sample = OpsSample(
+        tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others), workspace, copies
+    )
     return ctx.gather(sample)
+
+
+def stream_operand_bytes(ctx: Context) -> int:
+    """Each operand of the bandwidth kernel: ``settings.stream_bytes``, and on a GPU at least
+    four times its L2 cache, so the three operands stream from HBM (an H100's 50 MiB L2 held
+    most of the quick profile's 3 x 16 MiB, and the kernel would have timed the cache)."""
+    if ctx.device.type != "cuda":
+        return ctx.settings.stream_bytes
+    l2_bytes = int(torch.cuda.get_device_properties(ctx.device).L2_cache_size)
+    return max(ctx.settings.stream_bytes, 4 * l2_bytes)
 
 
 def _first_calls(ctx: Context) -> None:

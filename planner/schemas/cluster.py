@@ -149,6 +149,17 @@ class DeviceProfile(FrozenModel):
         "accelerators; below 1 for CPU ranks that outnumber their node's cores (4 ranks on 2 cores: 0.5). "
         "Times are measured with every rank busy; a rank runs up to 1/core_share faster while others wait.",
     )
+    host_to_device_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Pinned host memory to this device, every rank of the node copying at once, as the"
+        " profiler measured it on a GPU (what offloading moves over); None: not measured.",
+    )
+    device_to_host_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="This device to pinned host memory, measured as host_to_device_bytes_per_s is.",
+    )
     workspace_bytes: int | None = Field(
         default=None,
         ge=0,

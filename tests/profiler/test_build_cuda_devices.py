@@ -2,12 +2,15 @@
 kept per known name, the GEMM efficiency measured in each precision, the tile/wave rule by device
 kind, the workspace carried over, and a one-rank world (no links, no collectives)."""
 
+from dataclasses import replace
+
 import pytest
 
 from cost_models.compute import Gemm, gemm_time_s
 from planner.schemas import ClusterProfile, DeviceKind, DType
 from planner.schemas.settings import ProfileSettings
 from profiler.build import build_profile
+from profiler.host_copies import HostCopies, copy_bytes
 from profiler.ops import GemmSample, OpsSample
 from profiler.topology import RankInfo
 
@@ -109,3 +112,18 @@ def test_a_matmul_model_with_shares_by_precision_hashes_as_the_cost_models_memos
     one = _one_gpu("NVIDIA H100 80GB HBM3", {DType.BF16: 692.3e12, DType.FP32: 40.2e12}).device.matmul
     again = _one_gpu("NVIDIA H100 80GB HBM3", {DType.FP32: 40.2e12, DType.BF16: 692.3e12}).device.matmul
     assert one == again and hash(one) == hash(again)
+
+
+def test_host_copies_are_carried_into_the_profile_and_absent_where_unmeasured() -> None:
+    settings = ProfileSettings(latency_bytes=0, bandwidth_bytes=2**20)
+    rates = {DType.BF16: 692.3e12}
+    sample = replace(_ops(rates), host_copies=HostCopies(22e9, 24e9))  # PCIe 5.0 x16 pinned: 22 up, 24 GB/s down
+    profile = build_profile(settings, [_rank("NVIDIA H100 80GB HBM3")], [[]], [[]], [sample], backend="nccl")
+    assert profile.device.host_to_device_bytes_per_s == 22e9
+    assert profile.device.device_to_host_bytes_per_s == 24e9
+    assert _one_gpu("NVIDIA H100 80GB HBM3", rates).device.host_to_device_bytes_per_s is None
+
+
+def test_host_copies_move_past_the_copy_engines_start_up() -> None:
+    assert copy_bytes(16 * 2**20) == 64 * 2**20  # the quick profile's stream operand
+    assert copy_bytes(64 * 2**20) == 256 * 2**20

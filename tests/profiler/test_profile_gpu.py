@@ -86,6 +86,17 @@ def test_the_library_workspace_is_measured(gpu_profile: tuple[ClusterProfile, Pa
     assert workspace is not None and 0 < workspace < 8 * 2**30
 
 
+def test_hbm_is_streamed_past_the_l2_and_host_copies_are_measured(
+    gpu_profile: tuple[ClusterProfile, Path, str],
+) -> None:
+    device = gpu_profile[0].device
+    # an H100 SXM's HBM3 is 3.35 TB/s; a stream kernel that fits the 50 MiB L2 would read far above it
+    assert 1.5e12 < device.memory_bandwidth_bytes_per_s < 3.35e12
+    # pinned copies over PCIe 5.0 x16 (64 GB/s raw a way): a few to ~55 GB/s
+    assert device.host_to_device_bytes_per_s is not None and 5e9 < device.host_to_device_bytes_per_s < 64e9
+    assert device.device_to_host_bytes_per_s is not None and 5e9 < device.device_to_host_bytes_per_s < 64e9
+
+
 def test_the_runtimes_layer_and_optimizer_are_timed_in_each_precision(
     gpu_profile: tuple[ClusterProfile, Path, str],
 ) -> None:
