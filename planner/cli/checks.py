@@ -4,10 +4,14 @@ that runs for minutes must not fail at the end on a path it could have refused a
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from planner.schemas.errors import SchemaError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 
 def check_output(option: str, path: Path | None, example: str = "plan.json") -> None:
@@ -41,27 +45,78 @@ def check_folder(option: str, path: Path | None) -> None:
         raise SchemaError(f"{option} {str(path)!r}: {str(blocking)!r} is a file, not a folder; give a folder")
 
 
+CONNECT_TIMEOUT_S = 5
+"""Seconds a storage check waits for a database server: an address that drops packets would
+otherwise hold the command for the system's TCP timeout (minutes) before it says anything."""
+
+CONNECT_TIMEOUT_ARGS = {
+    "psycopg": "connect_timeout",
+    "psycopg2": "connect_timeout",
+    "pg8000": "timeout",
+    "pymysql": "connect_timeout",
+    "mysqldb": "connect_timeout",
+    "mariadbconnector": "connect_timeout",
+    "mysqlconnector": "connection_timeout",
+}
+"""The connect-timeout keyword of each database driver SQLAlchemy names (``dialect.driver``) that
+has one; a driver not listed connects with its own default."""
+
+STORAGE_EXAMPLE = "e.g. sqlite:///search.db"
+
+
 def check_storage(option: str, url: str) -> None:
     """Refuse an Optuna storage URL that cannot open: not a database URL, a database whose driver
-    is not installed, or an SQLite file that cannot be written (``check_output``).
+    is not installed, a database server that cannot be reached (connection refused, unknown host,
+    no answer within ``CONNECT_TIMEOUT_S``, login refused), or an SQLite file that cannot be
+    written (``check_output``). Only a server is connected to: an SQLite file is not created here.
 
     Raises:
-        SchemaError: naming the option, the URL and the fix.
+        SchemaError: naming the option, the URL (its password hidden) and the fix.
     """
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    example = "e.g. sqlite:///search.db"
     try:
         parsed = make_url(url)
         dialect = parsed.get_dialect()
         dialect.import_dbapi()
     except (ArgumentError, ValueError) as e:
-        raise SchemaError(f"{option} {url!r} is not a database URL ({e}); {example}") from e
+        raise SchemaError(f"{option} {url!r} is not a database URL ({e}); {STORAGE_EXAMPLE}") from e
     except ImportError as e:  # sqlalchemy's NoSuchModuleError is an ArgumentError; a missing driver is this
-        raise SchemaError(f"{option} {url!r}: its database driver is not installed ({e}); {example}") from e
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        shown = parsed.render_as_string(hide_password=True)
+        raise SchemaError(f"{option} {shown!r}: its database driver is not installed ({e}); {STORAGE_EXAMPLE}") from e
+    if parsed.get_backend_name() != "sqlite":
+        _check_server(option, parsed)
+    elif parsed.database not in (None, "", ":memory:"):
         check_output(f"{option} {url!r}: the database file", Path(parsed.database), "search.db")
+
+
+def connect_args(url: "URL") -> dict[str, int]:
+    """The keyword arguments that bound the driver's connect to ``CONNECT_TIMEOUT_S``: none where the
+    driver has no such keyword or the URL sets it already (the user's value wins)."""
+    keyword = CONNECT_TIMEOUT_ARGS.get(url.get_dialect().driver)
+    return {} if keyword is None or keyword in url.query else {keyword: CONNECT_TIMEOUT_S}
+
+
+def _check_server(option: str, url: "URL") -> None:
+    """Connect once to the database server of ``url`` and close; a failure is one line (the
+    driver's first line of its reason), not the traceback Optuna would end in later."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import DBAPIError
+
+    engine = create_engine(url, connect_args=connect_args(url))
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as e:
+        reason = (str(e.orig) if e.orig is not None else str(e)).strip().splitlines()[0]
+        shown = url.render_as_string(hide_password=True)
+        raise SchemaError(
+            f"{option} {shown!r}: cannot connect to the database server ({reason}); start the server or fix"
+            f" the host, port, user, password or database name in the URL, or use a file, {STORAGE_EXAMPLE}"
+        ) from e
+    finally:
+        engine.dispose()
 
 
 def finite(value: float | None) -> float | None:
