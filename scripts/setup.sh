@@ -4,12 +4,26 @@
 # a multi-GB CUDA build. A machine that already has a torch (CPU or CUDA) keeps it; the dev extra
 # pulls the runtime extra, whose range (pyproject.toml) pip then checks it against.
 # Says on stderr what each of its 4 steps installs and how long the setup has taken (one line a
-# step; pip itself stays quiet).
+# step; pip itself stays quiet), and every 15 s of a long pip install that it is still at it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 start=$SECONDS
 step() { printf 'setup [%s/4] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - start))" >&2; }
+HEARTBEAT_S=15
+# Runs "${@:3}" with a line on stderr every HEARTBEAT_S seconds while it runs ("$1": the step,
+# "$2": what it installs), so a quiet pip is not taken for a hung one. The heartbeat also stops
+# by itself once this script is gone (interrupted: a background job ignores the Ctrl-C).
+with_heartbeat() {
+    local n=$1 what=$2 beat rc=0
+    shift 2
+    (while sleep "$HEARTBEAT_S" && kill -0 "$$" 2>/dev/null; do step "$n" "still installing $what"; done) &
+    beat=$!
+    "$@" || rc=$?
+    kill "$beat" 2>/dev/null || true
+    wait "$beat" 2>/dev/null || true
+    return "$rc"
+}
 
 if [ -x .venv/bin/python ]; then
     step 1 ".venv exists: $(.venv/bin/python --version)"
@@ -23,7 +37,7 @@ if torch_version=$(.venv/bin/python -c "import torch; print(torch.__version__)" 
     step 3 "torch $torch_version already in .venv: kept"
 else
     step 3 "installing torch==2.13.0 (a large download: the longest step)"
-    .venv/bin/python -m pip install --quiet "torch==2.13.0"
+    with_heartbeat 3 "torch" .venv/bin/python -m pip install --quiet "torch==2.13.0"
 fi
 deps=$(.venv/bin/python - <<'EOF'
 import re, tomllib
@@ -36,5 +50,5 @@ print(f"{names(project['dependencies'])}; test tools: {names(dev)}")
 EOF
 )
 step 4 "installing the project (editable) and what it needs: $deps"
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+with_heartbeat 4 "the project" .venv/bin/python -m pip install --quiet -e ".[dev]"
 printf 'setup done in %ss: .venv/bin/planner --help; .venv/bin/python -m pytest\n' "$((SECONDS - start))" >&2
