@@ -1,5 +1,6 @@
 """Human-readable views of the planner's results, as rich renderables or text (the CLI prints them)."""
 
+import math
 from collections.abc import Iterable
 from dataclasses import fields
 from typing import Protocol
@@ -20,6 +21,22 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:,.2f}"
 
 
+FLOP_RATE_UNITS = {0: "FLOP/s", 3: "kFLOP/s", 6: "MFLOP/s", 9: "GFLOP/s", 12: "TFLOP/s", 15: "PFLOP/s"}
+"""FLOP/s prefixes by power of ten: a CPU rank does GFLOP/s, a GPU TFLOP/s, a whole cluster PFLOP/s."""
+
+
+def flop_rate(flop_per_s: float) -> str:
+    """``flop_per_s`` to 3 significant figures in the largest unit of ``FLOP_RATE_UNITS`` it holds
+    at least one of (e.g. 12.3 GFLOP/s, 148 TFLOP/s), so a CPU rank's rate does not print as
+    "0.0 TFLOP/s". Rounding comes first: 999.6e9 is "1.00 TFLOP/s", not "1.00e+03 GFLOP/s"."""
+    if not math.isfinite(flop_per_s) or flop_per_s <= 0:
+        return f"{flop_per_s:g} FLOP/s"
+    mantissa, exponent = f"{flop_per_s:.2e}".split("e")
+    power = min(max(3 * (int(exponent) // 3), 0), max(FLOP_RATE_UNITS))
+    shift = int(exponent) - power
+    return f"{float(mantissa) * 10**shift:.{max(2 - shift, 0)}f} {FLOP_RATE_UNITS[power]}"
+
+
 def estimate_view(
     est: Estimate, model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
 ) -> Group:
@@ -32,8 +49,8 @@ def estimate_view(
     summary.add_row("model FLOPs / step", f"{est.model_flops_per_step:.4g}")
     summary.add_row("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}")
     summary.add_row(
-        "TFLOP/s per rank (hardware)",
-        f"{est.hardware_flops_per_step / est.step_time_s / layout.world_size / 1e12:.1f}",
+        "FLOP/s per rank (hardware)",
+        flop_rate(est.hardware_flops_per_step / est.step_time_s / layout.world_size),
     )
     fit = "fits" if est.fits else "DOES NOT FIT"
     summary.add_row(
