@@ -88,12 +88,11 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
         report = _report(
             settings, plan, plan_sha256, times, losses, everyone, hosts, device, world, sent_by_rank, first
         )
-        if watch is not None:
-            report = _with_faults(report, watch)
+        report = _with_faults(report, watch)
         settings.report_path.write_text(report.model_dump_json(indent=2) + "\n")
     dist.barrier()
     dist.destroy_process_group()
-    if watch is not None and watch.stopped:  # every rank: the launcher sees the job end with this code
+    if watch.stopped:  # every rank: the launcher sees the job end with this code
         raise StragglerFound(f"stopped after step {first + len(times) - 1}: " + "; ".join(watch.messages))
     return report
 
@@ -180,7 +179,7 @@ def _resume(settings: RunSettings, trainer: Trainer, plan_sha256: str, rank: int
 
 def _place_ranks(
     settings: RunSettings, trainer: Trainer, rank: int, world: int, first: int
-) -> tuple[list[str], StragglerWatch | None]:
+) -> tuple[list[str], StragglerWatch]:
     """Every rank's host (one collective: each rank's host and pipeline stage), and the straggler
     watch that knows them (on CUDA its clock times collectives by events: runtime.collective_clock)."""
     placed: list[tuple[str, int]] = [("", 0)] * world
@@ -206,7 +205,7 @@ def _train_or_diagnose(
     device: torch.device,
     first: int,
     plan_sha256: str,
-    watch: StragglerWatch | None,
+    watch: StragglerWatch,
     rank: int,
     world: int,
 ) -> tuple[list[float], list[float], list[tuple[float, float]], MeasuredPeak]:
@@ -314,7 +313,7 @@ def _train(
     first: int,
     plan_sha256: str,
     heartbeat: Heartbeat,
-    watch: StragglerWatch | None,
+    watch: StragglerWatch,
 ) -> tuple[list[float], list[float], list[tuple[float, float]], MeasuredPeak]:
     """Steps ``first`` .. ``settings.steps - 1``: their times, losses and bytes sent (``_sent_bytes``), and
     the tracked step's memory; each step recorded in ``heartbeat`` before it starts, and timed
@@ -325,12 +324,11 @@ def _train(
     sent: list[tuple[float, float]] = []
     memory: MeasuredPeak | None = None
     lag_s = 0.0
-    with watch.clock.running() if watch is not None else contextlib.nullcontext():
+    with watch.clock.running():
         for step in range(first, settings.steps):
             began = time.perf_counter()
-            inside_before = watch.clock.inside_s if watch is not None else 0.0
-            if watch is not None:
-                watch.step_begins()
+            inside_before = watch.clock.inside_s
+            watch.step_begins()
             heartbeat.at("step", str(step))
             lag_s = max(lag_s, _inject_fault(settings, heartbeat.rank, step, watch, times))
             time.sleep(lag_s)
@@ -358,9 +356,7 @@ def _train(
             losses.append(loss)
             (expert, context), (expert_before, context_before) = _sent_bytes(trainer), sent_before
             sent.append((expert - expert_before, context - context_before))
-            stop = watch is not None and watch.step_done(
-                step, time.perf_counter() - began, watch.clock.inside_s - inside_before
-            )
+            stop = watch.step_done(step, time.perf_counter() - began, watch.clock.inside_s - inside_before)
             if settings.checkpoint_dir is not None and (stop or _checkpoint_due(settings, step + 1)):
                 heartbeat.at("checkpoint", str(step + 1))
                 checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
@@ -383,7 +379,7 @@ SLOW_LINK_FAULT_S = 6e-3
 
 
 def _inject_fault(
-    settings: RunSettings, rank: int, step: int, watch: StragglerWatch | None, times_s: Sequence[float]
+    settings: RunSettings, rank: int, step: int, watch: StragglerWatch, times_s: Sequence[float]
 ) -> float:
     """Act out ``settings.inject_fault`` if it falls on this rank and step. Returns the seconds
     this rank lags each step from now on: the "slow" fault's straggler sleeps, inside its compute
@@ -393,7 +389,7 @@ def _inject_fault(
     if fault is None or step != fault[1]:
         return 0.0
     if fault[2] == "slow-link":
-        if rank in (fault[0], fault[3]) and watch is not None:
+        if rank in (fault[0], fault[3]):
             watch.clock.injected_delay = (frozenset((fault[0], fault[3])), SLOW_LINK_FAULT_S)
         return 0.0
     if rank != fault[0]:

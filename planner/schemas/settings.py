@@ -166,8 +166,8 @@ class RunSettings:
     at each step's start as long as its fastest step took, about doubling its compute
     (``runtime.run``), or (on both ends) the link between it and ``peer`` slows
     from that step on: each collective of a group holding both, the default group aside, first
-    sleeps ``SLOW_LINK_FAULT_S`` (inside the collective clock's time; without the straggler
-    detector, as on CUDA, it is not injected). ``peer`` is the rank itself for the other kinds."""
+    sleeps ``SLOW_LINK_FAULT_S`` (inside the collective clock's time; on CUDA after a device
+    synchronize, so the clock's events see it). ``peer`` is the rank itself for the other kinds."""
 
     def __post_init__(self) -> None:
         """Refuse settings that contradict each other, before any work.
