@@ -88,7 +88,7 @@ def traced_row(name: str, plan: Plan, path: Path, rank: int, usable_bytes: float
         return f"{name:<13} {plan.layout.describe():<44} {rank:>4} not traced: {reason}"
     traced = json.loads(run.stdout.strip().splitlines()[-1])
     memory = plan.estimate.stages[traced["stage"]].memory
-    tensors = memory.total_bytes - memory.workspace_bytes
+    tensors = memory.tensors_bytes
     usable = "" if usable_bytes is None else f"{usable_bytes / GIB:.2f}"
     return (
         f"{name:<13} {plan.layout.describe():<44} {rank:>4} {traced['stage']:>5} "

@@ -156,7 +156,7 @@ def _row(plan_path: Path, preset_path: str | None, results: dict[str, Any]) -> d
         "layout": plan.layout.describe(),
         "predicted step s": plan.estimate.step_time_s,
         "predicted bytes": memory.total_bytes,
-        "predicted tensor bytes": memory.total_bytes - memory.workspace_bytes,
+        "predicted tensor bytes": memory.tensors_bytes,
         "dry run bytes": results.get(f"dry run {name}", {}).get("traced_bytes"),
     }
     if preset_path is not None:

@@ -40,6 +40,12 @@ class MemoryBreakdown:
             + self.workspace_bytes
         )
 
+    @property
+    def tensors_bytes(self) -> float:
+        """Every term but the workspace: what a run's measured peak of tensors counts (MemTracker,
+        CUDA's ``max_memory_allocated``), which no tensor of the workspace is in."""
+        return self.total_bytes - self.workspace_bytes
+
     def contract_dict(self) -> dict[str, float]:
         """The five keys of the design contract, in bytes."""
         return {

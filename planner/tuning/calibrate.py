@@ -209,7 +209,7 @@ def _fit_memory(rows: Sequence[tuple[MemoryBreakdown, float]]) -> dict[str, floa
     measured = np.array([m for _, m in rows])
     terms = np.array([_memory_terms(mem) for mem, _ in rows])
     # tensors only: measured peaks count no workspace (module docstring)
-    fixed = np.array([mem.total_bytes - mem.workspace_bytes for mem, _ in rows]) - terms.sum(axis=1)
+    fixed = np.array([mem.tensors_bytes for mem, _ in rows]) - terms.sum(axis=1)
     used = [j for j in range(terms.shape[1]) if np.any(terms[:, j] > 0)]
     x = np.column_stack([terms[:, used] / measured[:, None], 1.0 / measured])
     y = (measured - fixed) / measured
