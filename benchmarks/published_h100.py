@@ -36,7 +36,7 @@ YAML's per-row ``source``; Megatron-LM ``megatron/training/training.py``
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -49,17 +49,17 @@ from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
     Activation,
     AttentionKernel,
-    Kernels,
     ModelSpec,
     MoeDispatcher,
     NormKind,
-    PipelineBuffers,
     PositionEmbedding,
     Recompute,
     RecomputeModule,
     Schedule,
+    StackName,
     ZeroStage,
 )
+from planner.schemas.stacks import STACKS
 
 DATA = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
 
@@ -88,12 +88,62 @@ PRESETS = {
 """Rows that are a preset's model, by the YAML's model name."""
 CLUSTER_PRESETS = {"H100": "dgx-h100", "H200": "dgx-h200", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
 """The cluster preset of each GPU type."""
-EAGER_SOURCES = {
-    "llm-foundry": "Composer's trainer in eager PyTorch: llm-foundry's submit_benchmarks.py sets no torch.compile; "
-    "MPT's low-precision LayerNorm and GELU are single kernels either way",
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceStack:
+    """The stack a source's runs were priced for: a named stack (``planner.schemas.stacks``), and
+    what the source states or its release ran otherwise, with why."""
+
+    stack: StackName
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    """TrainingSpec behaviours that differ from the stack's (``stacks.BEHAVIOURS``)."""
+    why: str = ""
+
+
+SOURCE_STACKS = {
+    "megatron-lm": SourceStack(
+        stack=StackName.MEGATRON_LM,
+        overrides={"attention_kernel": AttentionKernel.FLASH},
+        why="r0.8's README table does not state its Transformer Engine release, so its attention is priced at "
+        "FlashAttention-2's rates, not cuDNN's (its rows run 2,048 tokens, where the attention core is a small "
+        "share: cuDNN's rates would move them 2-6 points faster). Its loss is eager, the stack's: r0.8 computes it "
+        "with vocab_parallel_cross_entropy unless --cross-entropy-loss-fusion (arguments.py core_r0.8.0: "
+        "store_true, off by default), and the README lists the flags its runs set (the overlaps), not that one",
+    ),
+    "modelzoo": SourceStack(
+        stack=StackName.MEGATRON_LM,
+        overrides={"loss_kernels": None},
+        why="Megatron-Core 2025 with Transformer Engine (cuDNN attention, the stack's); the Model Zoo's launch "
+        "scripts set --cross-entropy-loss-fusion, so the loss runs fused as the other kernels",
+    ),
+    "mbridge": SourceStack(stack=StackName.MEGATRON_BRIDGE),
+    "automodel": SourceStack(
+        stack=StackName.NEMO_AUTOMODEL,
+        why="its rows state 'Kernel optimizations: TE + DeepEP': Transformer Engine's attention, the stack's",
+    ),
+    "torchtitan": SourceStack(stack=StackName.TORCHTITAN),
+    "llm-foundry": SourceStack(
+        stack=StackName.LLM_FOUNDRY,
+        why="llm-foundry's submit_benchmarks.py sets no torch.compile; MPT's low-precision LayerNorm and GELU are "
+        "single kernels either way. The benchmark configs set no loss_fn, so MPT's default fused_crossentropy "
+        "holds (modeling_mpt.py at commit 5e85bd62d). Not priced: Composer also evaluates two train metrics after "
+        "every micro-batch's backward (use_train_metrics True; LanguageCrossEntropy and LanguagePerplexity each "
+        "run a full-vocabulary torch cross-entropy without gradient), about 1-2% of the small models' steps",
+    ),
+    "llama3-paper": SourceStack(
+        stack=StackName.MEGATRON_LM,
+        overrides={"attention_kernel": AttentionKernel.FLASH, "loss_kernels": None},
+        why="Meta's own stack, priced as Megatron-LM's but for what the paper states or leaves out: no attention "
+        "kernel is stated (FlashAttention-2's rates), nor an unfused loss; its pipeline deallocates stage outputs "
+        "and inputs once used (sec. 3.3.2), per transfer as Megatron-LM",
+    ),
 }
-"""Sources whose stack runs eager elementwise kernels (every other source runs Transformer Engine
-or Megatron-Core's fused kernels, or states torch.compile).
+"""The stack each source ran (``SOURCES``' short names): how its step is priced beside the
+layout, from the one table of stacks (``planner.schemas.stacks.STACKS``). A row's own statements
+come on top: tensor-parallel overlap, the MoE dispatcher, and its gradient accumulation steps
+as pipeline schedules where its stack runs one per accumulation step
+(``Stack.schedule_per_accumulation_step``).
 
 The llm-foundry rows' attention kernel is not one kernel: the 8-64 GPU table ran
 submit_benchmarks.py's default ``attn_impl: triton`` (llm-foundry's Triton FlashAttention, a
@@ -128,57 +178,8 @@ PURE): weights gathered in bf16, gradients reduced in fp32 (the planner's defaul
 no activation checkpointing on the small models, ``limit_all_gathers``, no torch.compile, no
 dropout. Not priced: MPT's flash-attn 2 path unpads q, k and v and pads the output in every layer
 even without padding (three gathers and a scatter, each unpad syncing the host), and Composer's
-per-micro-batch train metrics (``LOSS_KERNELS``)."""
-LOSS_KERNELS = {
-    "megatron-lm": (
-        Kernels.EAGER,
-        "Megatron-LM r0.8 (the README table's release) computes the loss with "
-        "vocab_parallel_cross_entropy, one fp32 pass per tensor operation, unless --cross-entropy-loss-fusion "
-        "(arguments.py core_r0.8.0: store_true, off by default; language_module.compute_language_model_loss); "
-        "the README lists the flags its runs set (the overlaps), not that one",
-    ),
-    "llm-foundry": (
-        Kernels.FUSED,
-        "the benchmark configs set no loss_fn, so MPT's default fused_crossentropy holds "
-        "(modeling_mpt.py at commit 5e85bd62d: flash-attn's Triton cross-entropy, one kernel each way). Not "
-        "priced: Composer also evaluates two train metrics after every micro-batch's backward (use_train_metrics "
-        "True; LanguageCrossEntropy and LanguagePerplexity each run a full-vocabulary torch cross-entropy without "
-        "gradient), about 1-2% of the small models' steps",
-    ),
-}
-"""Sources whose loss runs otherwise than their other kernels (``TrainingSpec.loss_kernels``), and why."""
-SCHEDULE_PER_LOCAL_BATCH_SOURCES = {
-    "automodel": "NeMo AutoModel's PyTorch-native pipeline runs one schedule per local batch (its rows' LBS, "
-    "LBS / MBS micro-batches) and accumulates gradients over the stated GA of them, each filling and draining the "
-    "pipeline, as torchtitan's trainer does (gradient accumulation steps over pp_schedule.step)",
-    "torchtitan": "its trainer runs the pipeline schedule once per local batch, gradients accumulated over the "
-    "gradient accumulation steps",
-}
-"""Sources whose step runs its stated gradient accumulation steps as that many pipeline schedules
-(``TrainingSpec.pipeline_flushes``); every other source's pipeline runs all of a step's
-micro-batches in one schedule (Megatron-LM)."""
-TORCH_PIPELINING_SOURCES = {
-    "automodel": "NeMo AutoModel's PyTorch-native pipeline (torch.distributed.pipelining's schedules)",
-    "torchtitan": "torchtitan's pipeline is torch.distributed.pipelining's",
-}
-"""Sources whose pipeline stages keep a receive buffer per micro-batch, as torch.distributed.pipelining
-does (``PipelineBuffers.PER_MICRO_BATCH``); every other source's pipeline receives per transfer: Megatron-LM
-and the stacks on Megatron-Core (Megatron-Bridge, the Model Zoo), and the Llama 3 paper's, whose text says it
-deallocates stage outputs and inputs once used (sec. 3.3.2)."""
-CUDNN_ATTENTION_SOURCES = {
-    "modelzoo": "Megatron-Core 2025 with Transformer Engine, whose attention backend selection gives cuDNN's "
-    "FusedAttention preference over FlashAttention on Hopper and later (dot_product_attention/utils.py, "
-    "get_attention_backend: 'for performance reasons')",
-    "automodel": "its rows state 'Kernel optimizations: TE + DeepEP': Transformer Engine's attention, cuDNN's "
-    "FusedAttention on Hopper by the same selection",
-    "mbridge": "Megatron-Bridge runs Megatron-Core with Transformer Engine: cuDNN's FusedAttention, as modelzoo",
-}
-"""Sources whose stack runs cuDNN's fused attention (``AttentionKernel.CUDNN``); every other
-source is priced at FlashAttention-2's rates (``AttentionKernel.FLASH``): llm-foundry (flash-attn
-2 or its Triton kernel, ``EAGER_SOURCES``), torchtitan (PyTorch's SDPA), the Llama 3 paper (no
-kernel stated), and Megatron-LM r0.8's README table, whose Transformer Engine release is not
-stated (its rows run 2,048 tokens, where the attention core is a small share: cuDNN's rates
-would move them 2-6 points faster)."""
+per-micro-batch train metrics (the ``SOURCE_STACKS`` entry)."""
+
 GB200_GPUS_PER_TRAY = 4
 GB200_TRAYS_PER_RACK = 18
 
@@ -236,22 +237,12 @@ class PublishedRun:
     tokens_per_s_per_gpu: float | None
     tflops_per_gpu: float | None
     flop_formula: FlopFormula
-    tp_comm_overlap: bool = False
-    """Whether the source states tensor-parallel communication overlap (Megatron-LM's
-    ``--tp-comm-overlap``)."""
-    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
-    """The token dispatcher the source states (DeepEP: ``MoeDispatcher.DEEPEP``)."""
-    kernels: Kernels = Kernels.FUSED
-    """How the source's stack runs its elementwise work (``EAGER_SOURCES``)."""
-    loss_kernels: Kernels | None = None
-    """How its loss runs where that differs (``LOSS_KERNELS``); None: as ``kernels``."""
-    attention_kernel: AttentionKernel = AttentionKernel.FLASH
-    """The fused attention kernel its stack runs (``CUDNN_ATTENTION_SOURCES``)."""
-    pipeline_flushes: int = 1
-    """Pipeline schedules a step runs (``SCHEDULE_PER_LOCAL_BATCH_SOURCES``: the stated gradient
-    accumulation steps under a pipeline)."""
-    pipeline_buffers: PipelineBuffers = PipelineBuffers.PER_TRANSFER
-    """Where its pipeline receives (``TORCH_PIPELINING_SOURCES``)."""
+    stack: StackName
+    """The stack its source ran (``SOURCE_STACKS``)."""
+    behaviours: Mapping[str, object] = field(default_factory=dict)
+    """Its behaviours that differ from the stack's: its source's (``SourceStack.overrides``), then
+    what the row states (tensor-parallel overlap, the MoE dispatcher, the pipeline schedules a
+    step runs)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
 
@@ -421,19 +412,24 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         flop_formula={"megatron-lm": FlopFormula.MEGATRON_2024, "modelzoo": FlopFormula.MEGATRON_CAUSAL}.get(
             source, FlopFormula.PLANNER
         ),
-        tp_comm_overlap=bool(par.get("tp_comm_overlap")),
-        moe_dispatcher=MoeDispatcher(par.get("moe_dispatcher") or MoeDispatcher.ALLTOALL),
-        kernels=Kernels.EAGER if source in EAGER_SOURCES else Kernels.FUSED,
-        loss_kernels=LOSS_KERNELS[source][0] if source in LOSS_KERNELS else None,
-        attention_kernel=AttentionKernel.CUDNN if source in CUDNN_ATTENTION_SOURCES else AttentionKernel.FLASH,
-        pipeline_flushes=(row["grad_accum_steps"] or 1)
-        if source in SCHEDULE_PER_LOCAL_BATCH_SOURCES and (par["pp"] or 1) > 1
-        else 1,
-        pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH
-        if source in TORCH_PIPELINING_SOURCES
-        else PipelineBuffers.PER_TRANSFER,
+        stack=SOURCE_STACKS[source].stack,
+        behaviours=_behaviours(source, row),
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
     )
+
+
+def _behaviours(source: str, row: Mapping[str, Any]) -> dict[str, object]:
+    """The row's behaviours beside its source's stack (``PublishedRun.behaviours``)."""
+    par = row["parallel"]
+    chosen = SOURCE_STACKS[source]
+    behaviours = dict(chosen.overrides)
+    if par.get("tp_comm_overlap"):
+        behaviours["tp_comm_overlap"] = True
+    if par.get("moe_dispatcher"):
+        behaviours["moe_dispatcher"] = MoeDispatcher(par["moe_dispatcher"])
+    if STACKS[chosen.stack].schedule_per_accumulation_step and (par["pp"] or 1) > 1:
+        behaviours["pipeline_flushes"] = row["grad_accum_steps"] or 1
+    return behaviours
 
 
 def _zero_stage(par: Mapping[str, Any]) -> ZeroStage | None:

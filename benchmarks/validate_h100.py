@@ -66,21 +66,10 @@ class Prediction:
 
 
 def training_of(run: PublishedRun) -> TrainingSpec:
-    """BF16 mixed precision, the source's fused attention kernel (FlashAttention-2, or cuDNN's
-    where its stack runs Transformer Engine's: ``published_h100.CUDNN_ATTENTION_SOURCES``), the
-    source's pipeline schedules per step (``published_h100.SCHEDULE_PER_LOCAL_BATCH_SOURCES``), and
-    tensor-parallel communication overlap, the MoE token dispatcher and eager elementwise kernels
-    (or an eager loss alone) where the source states them or its release runs them by default."""
-    return TrainingSpec(
-        global_batch_size=run.global_batch_size,
-        seq_len=run.seq_len,
-        tp_comm_overlap=run.tp_comm_overlap,
-        moe_dispatcher=run.moe_dispatcher,
-        kernels=run.kernels,
-        loss_kernels=run.loss_kernels,
-        attention_kernel=run.attention_kernel,
-        pipeline_flushes=run.pipeline_flushes,
-        pipeline_buffers=run.pipeline_buffers,
+    """BF16 mixed precision under the stack the run's source ran (``published_h100.SOURCE_STACKS``),
+    with the behaviours its source or row states otherwise (``PublishedRun.behaviours``)."""
+    return TrainingSpec.model_validate(
+        {"global_batch_size": run.global_batch_size, "seq_len": run.seq_len, "stack": run.stack, **run.behaviours}
     )
 
 

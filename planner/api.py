@@ -22,7 +22,7 @@ from planner.files.models import load_model
 from planner.files.plans import load_plan, make_plan, read_plan, save_plan
 from planner.flows.estimate import dropped_token_share, estimate, homogeneous_estimate, stage_device_names
 from planner.flows.explain import Explanation, compare_placements, expert_traffic, explain, pipeline_timeline
-from planner.flows.explain import export as export  # not in __all__: see below
+from planner.flows.export import Exported, export_plan, export_text
 from planner.flows.profile import profile
 from planner.flows.replan import Replan, replan
 from planner.flows.run import dry_run, run
@@ -44,6 +44,7 @@ __all__ = [
     "Budget",
     "Explanation",
     "ExportTarget",
+    "Exported",
     "OptimizerName",
     "ProfileSettings",
     "Replan",
@@ -59,6 +60,7 @@ __all__ = [
     "estimate",
     "expert_traffic",
     "explain",
+    "export_plan",
     "homogeneous_estimate",
     "load_cluster",
     "load_model",
@@ -77,5 +79,6 @@ __all__ = [
     "tune",
     "validate",
 ]
+export = export_text
 # ``export`` is planner.api.export only: ``planner.export`` is the exports' subpackage, which an
 # attribute of that name on the package would hide (see planner/__init__.py).

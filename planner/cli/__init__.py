@@ -16,7 +16,7 @@ import typer
 
 from planner.cli.cluster_commands import profile, run, tune, validate
 from planner.cli.plan_commands import estimate, search
-from planner.cli.plan_file_commands import explain, export, launch, presets
+from planner.cli.plan_file_commands import explain, export, launch, presets, stacks
 from planner.cli.replan_command import replan
 from planner.schemas.errors import PlannerError
 
@@ -29,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts are plain: "[default: 1]" is text, not rich markup to strip
 )
-for _command in (estimate, search, replan, explain, launch, export, profile, run, tune, validate, presets):
+for _command in (estimate, search, replan, explain, launch, export, profile, run, tune, validate, presets, stacks):
     app.command()(_command)
 
 

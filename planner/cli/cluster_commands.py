@@ -13,21 +13,22 @@ from planner import api
 from planner.api import OptimizerName, Selection
 from planner.cli.checks import check_folder, check_output, check_storage, finite
 from planner.cli.options import (
-    KERNELS_HELP,
     AttentionOpt,
     ClusterOpt,
     DTypeOpt,
     GlobalBatchOpt,
+    KernelsOpt,
     ModelOpt,
     SeqLenOpt,
+    StackOpt,
     output_console,
     progress_bar,
     search_inputs,
     training_fields,
 )
 from planner.cli.testing_aids import parse_delay, parse_fault, parse_micro_batches, parse_step_fault
-from planner.schemas import AttentionKernel, DType, Kernels, OnFault
-from planner.schemas.errors import JobFailed, PlannerError
+from planner.schemas import DType, OnFault, StackName
+from planner.schemas.errors import JobFailed, PlannerError, SchemaError
 from planner.views.tables import dry_run_table, run_summary
 
 if TYPE_CHECKING:
@@ -213,10 +214,9 @@ def tune(
     global_batch_size: GlobalBatchOpt = None,
     seq_len: SeqLenOpt = None,
     dtype: DTypeOpt = DType.BF16,
-    attention: AttentionOpt = AttentionKernel.FLASH,
-    kernels: Annotated[
-        Kernels, typer.Option(help=KERNELS_HELP + "; tune runs the planner's own runtime, so eager by default.")
-    ] = Kernels.EAGER,
+    stack: StackOpt = None,
+    attention: AttentionOpt = None,
+    kernels: KernelsOpt = None,
     top_k: Annotated[int, typer.Option(min=1, help="Plans to run.")] = 10,
     select: Annotated[
         Selection,
@@ -274,6 +274,12 @@ def tune(
     Example: planner tune -m tiny-gpt -c cluster.json --global-batch-size 32 --seq-len 128 --top-k 10
     """
     model, cluster, training = search_inputs(model, cluster, training_fields(locals()))
+    if training.stack is not StackName.PLANNER_RUNTIME:
+        raise SchemaError(
+            f"--stack {training.stack}: tune runs the plans on this planner's runtime and compares them with their "
+            "estimates, so it prices them for planner-runtime; leave --stack out (search --stack plans for another "
+            "framework)"
+        )
     check_storage("--storage", storage)
     check_folder("--workdir", workdir)
     check_output("--save-calibration", save_calibration, "cluster.json")

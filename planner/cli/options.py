@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
 
@@ -36,6 +35,8 @@ from planner.schemas import (
 from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.choices import RecomputeChoice
 from planner.schemas.errors import SchemaError
+from planner.schemas.stacks import StackName
+from planner.schemas.training import training_from
 from planner.search_engine.strategy import Progress as ProgressCallback
 
 
@@ -64,7 +65,7 @@ ATTENTION_HELP = (
     "Engine's default on Hopper; priced at the cluster's cuDNN figures where it has them, else at flash's), or "
     "eager (the s x s scores kept)"
 )
-AttentionOpt = Annotated[AttentionKernel, typer.Option(help=ATTENTION_HELP + ".")]
+AttentionOpt = Annotated[AttentionKernel | None, typer.Option(help=ATTENTION_HELP + " [default: the stack's].")]
 PipelineFlushesOpt = Annotated[
     int | None,
     typer.Option(
@@ -72,7 +73,7 @@ PipelineFlushesOpt = Annotated[
         help="Pipeline schedules each step runs its micro-batches in, gradients accumulated between them: the "
         "gradient accumulation steps of torchtitan or NeMo AutoModel under pipeline parallelism (one schedule per "
         "local batch), each filling and draining the pipeline; Megatron-LM runs one, the planner's runtime "
-        "either [default: 1].",
+        "either [default: the stack's].",
     ),
 ]
 PipelineBuffersOpt = Annotated[
@@ -81,7 +82,15 @@ PipelineBuffersOpt = Annotated[
         help="Where pipeline stages receive activations and gradients: per-micro-batch as torch.distributed."
         "pipelining keeps a buffer per micro-batch of the schedule for the run (this planner's runtime, torchtitan, "
         "NeMo AutoModel), per-transfer as Megatron-LM allocates each for its transfer (for a plan exported to it) "
-        "[default: per-micro-batch].",
+        "[default: the stack's].",
+    ),
+]
+StackOpt = Annotated[
+    StackName | None,
+    typer.Option(
+        help="The training framework the plan is for: it sets how the step runs (kernels, attention, overlaps, "
+        "pipeline buffers, gradient-reduce precision; `planner stacks` lists each value and its source), and the "
+        "options below change one behaviour of it [default: planner-runtime, what `planner run` runs].",
     ),
 ]
 KERNELS_HELP = (
@@ -89,12 +98,12 @@ KERNELS_HELP = (
     "one kernel each: Transformer Engine, Megatron-Core, torch.compile) or eager (one kernel per tensor operation, "
     "as eager PyTorch and this planner's own runtime run them)"
 )
-KernelsOpt = Annotated[Kernels | None, typer.Option(help=KERNELS_HELP + " [default: fused].")]
+KernelsOpt = Annotated[Kernels | None, typer.Option(help=KERNELS_HELP + " [default: the stack's].")]
 LossKernelsOpt = Annotated[
     Kernels | None,
     typer.Option(
         help="How the loss runs where it differs from --kernels: eager as Megatron-LM computes it without "
-        "--cross-entropy-loss-fusion (its default) [default: as --kernels]."
+        "--cross-entropy-loss-fusion (its default) [default: the stack's]."
     ),
 ]
 CapacityOpt = Annotated[
@@ -118,7 +127,7 @@ DispatcherOpt = Annotated[
     typer.Option(
         help="MoE: how tokens reach their experts. alltoall sends every (token, expert) pair (this planner's "
         "runtime); deepep sends a token once to each remote node and forwards it over NVLink (DeepEP, Megatron-Core's "
-        "flex dispatcher) [default: alltoall].",
+        "flex dispatcher) [default: the stack's].",
     ),
 ]
 TpOverlapOpt = Annotated[
@@ -127,7 +136,7 @@ TpOverlapOpt = Annotated[
         "--tp-comm-overlap/--no-tp-comm-overlap",
         help="Price tensor-parallel collectives run in chunks behind their GEMMs, as a GPU stack with Megatron-Core's "
         "--tp-comm-overlap or torch's async TP runs them (with sequence parallelism; the planner's own runtime "
-        "runs them synchronously) [default: off].",
+        "runs them synchronously) [default: the stack's].",
     ),
 ]
 
@@ -137,7 +146,7 @@ VocabularyOverlapOpt = Annotated[
         "--vocabulary-overlap/--no-vocabulary-overlap",
         help="Price a vocabulary split over the pipeline as Vocabulary Parallelism's own schedule runs it (its "
         "authors' Megatron-LM fork: collectives behind the layers, 1-2 more micro-batches in flight); off, as the "
-        "planner's own runtime runs it, each pass synchronously [default: off].",
+        "planner's own runtime runs it, each pass synchronously [default: the stack's].",
     ),
 ]
 
@@ -145,8 +154,7 @@ GradReduceOpt = Annotated[
     DType | None,
     typer.Option(
         help="Precision data-parallel ranks sum gradients in: fp32 (Megatron-LM under bf16, torchtitan's FSDP, this "
-        "planner's runtime) or the training precision (Megatron-LM's --grad-reduce-in-bf16) [default: fp32 under "
-        "bf16, else the training precision].",
+        "planner's runtime) or the training precision (Megatron-LM's --grad-reduce-in-bf16) [default: the stack's].",
     ),
 ]
 
@@ -157,7 +165,7 @@ PpOverlapOpt = Annotated[
         "--pp-comm-overlap/--no-pp-comm-overlap",
         help="Price an interleaved pipeline's steady-state sends and receives behind compute, as Megatron-LM runs "
         "them with virtual stages (--overlap-p2p-communication); the transfers that fill and drain the pipeline "
-        "stay exposed, and a CPU hides nothing [default: on].",
+        "stay exposed, and a CPU hides nothing [default: the stack's].",
     ),
 ]
 
@@ -180,17 +188,14 @@ def search_inputs(model: str | None, cluster: str | None, training: Mapping[str,
 def training_spec(training: Mapping[str, Any]) -> TrainingSpec:
     """The TrainingSpec of the options' fields; a value the options let through but the spec refuses
     (a number out of its range) is a SchemaError naming it."""
-    try:
-        return TrainingSpec.model_validate(dict(training))
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}={err['input']!r}: {err['msg']}" for err in e.errors())
-        raise SchemaError(f"training: {problems}") from e
+    return training_from(training)
 
 
 TRAINING_OPTIONS = {
     "global_batch_size": "global_batch_size",
     "seq_len": "seq_len",
     "dtype": "dtype",
+    "stack": "stack",
     "attention": "attention_kernel",
     "kernels": "kernels",
     "loss_kernels": "loss_kernels",
@@ -324,7 +329,7 @@ def resolve(
     check_cluster(plan, cluster_profile)
     return Inputs(
         api.load_model(model) if model is not None else plan.model,
-        plan.training.model_copy(update=training),
+        plan.training.with_options(training),
         cluster_profile,
         cluster_spec,
         replace(plan.layout, **layout),

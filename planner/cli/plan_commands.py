@@ -13,7 +13,6 @@ from planner import api
 from planner.api import StrategyName
 from planner.cli.checks import check_output, check_plot_file, check_storage, finite
 from planner.cli.options import (
-    ATTENTION_HELP,
     RECOMPUTE_MODULES_HELP,
     AttentionOpt,
     CapacityOpt,
@@ -32,6 +31,7 @@ from planner.cli.options import (
     PipelineFlushesOpt,
     PpOverlapOpt,
     SeqLenOpt,
+    StackOpt,
     TpOverlapOpt,
     VocabularyOverlapOpt,
     constraint_fields,
@@ -43,7 +43,6 @@ from planner.cli.options import (
     training_fields,
 )
 from planner.schemas import (
-    AttentionKernel,
     ContextParallelKind,
     DType,
     Plan,
@@ -125,7 +124,8 @@ def estimate(
         ),
     ] = None,
     dtype: Annotated[DType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")] = None,
-    attention: Annotated[AttentionKernel | None, typer.Option(help=ATTENTION_HELP + " [default: flash].")] = None,
+    stack: StackOpt = None,
+    attention: AttentionOpt = None,
     kernels: KernelsOpt = None,
     loss_kernels: LossKernelsOpt = None,
     capacity_factor: CapacityOpt = None,
@@ -168,7 +168,8 @@ def search(
     global_batch_size: GlobalBatchOpt = None,
     seq_len: SeqLenOpt = None,
     dtype: DTypeOpt = DType.BF16,
-    attention: AttentionOpt = AttentionKernel.FLASH,
+    stack: StackOpt = None,
+    attention: AttentionOpt = None,
     kernels: KernelsOpt = None,
     loss_kernels: LossKernelsOpt = None,
     capacity_factor: CapacityOpt = None,

@@ -13,9 +13,7 @@ from planner.export.targets import ExportTarget
 from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
 from planner.files.cluster_presets import list_cluster_presets
 from planner.files.models import list_model_presets
-from planner.schemas import (
-    DeviceKind,
-)
+from planner.schemas import STACKS, DeviceKind, StackName
 from planner.schemas.runtime_support import check_runnable
 from planner.views.tables import (
     NO_PLACEMENT,
@@ -25,6 +23,9 @@ from planner.views.tables import (
     mixed_devices_view,
     placement_hint,
     placement_view,
+    repricing_line,
+    stack_view,
+    stacks_view,
     vocabulary_view,
 )
 
@@ -160,15 +161,38 @@ def export(
     """Write a plan as torchtitan's, Megatron-LM's or DeepSpeed's config; a plan feature the target
     cannot express is refused in one line, never dropped.
 
+    The config is written as the target runs the plan (its stack: `planner stacks`), and where that
+    prices the plan otherwise than the stack it was searched for, the step time and peak memory
+    under both are printed (on stderr when the config goes to stdout).
+
     Example: planner export plan.json --to torchtitan --output job.toml
     """
     check_output("--output", output, "job.toml")
-    text = api.export(plan, to)
+    exported = api.export_plan(plan, to)
     if output is None:
-        typer.echo(text, nl=False)
-        return
-    output.write_text(text)
-    typer.echo(f"wrote {output} ({to} export of {plan})")
+        typer.echo(exported.text, nl=False)
+    else:
+        output.write_text(exported.text)
+        typer.echo(f"wrote {output} ({to} export of {plan})")
+    if exported.planned is not None and exported.under_target is not None:
+        line = repricing_line(exported.planned, exported.under_target, exported.plan_stack, exported.target_stack)
+        typer.echo(line, err=output is None)
+    elif exported.not_priced is not None:
+        typer.echo(f"not re-priced as {exported.target_stack} runs it: {exported.not_priced}", err=True)
+
+
+def stacks(
+    name: Annotated[
+        StackName | None, typer.Argument(help="A stack: show each of its values and where it comes from.")
+    ] = None,
+) -> None:
+    """List the stacks a plan can be priced for (--stack on estimate, search and replan), or one stack's
+    values with their sources.
+
+    Example: planner stacks megatron-lm
+    """
+    console = output_console()
+    console.print(stacks_view() if name is None else stack_view(STACKS[name]))
 
 
 def presets() -> None:

@@ -8,6 +8,7 @@ import typer
 from planner import api
 from planner.api import StrategyName
 from planner.cli.options import progress_bar
+from planner.schemas import StackName
 
 
 def replan(
@@ -31,6 +32,10 @@ def replan(
     time_limit: Annotated[float | None, typer.Option(min=0.1, help="Seconds to search at most.")] = None,
     memory_margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of device memory kept free.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the sampler and solver.")] = 0,
+    stack: Annotated[
+        StackName | None,
+        typer.Option(help="Price the new plan for this stack (`planner stacks`) [default: the old plan's]."),
+    ] = None,
 ) -> None:
     """Search the plan's model and training again for other devices, and say what changed.
 
@@ -51,7 +56,10 @@ def replan(
     )
     with progress_bar("searching", transient=True) as progress:
         result = api.replan(
-            plan, cluster, api.ReplanSettings(checkpoint_dir=checkpoint_dir, search=search), progress=progress
+            plan,
+            cluster,
+            api.ReplanSettings(checkpoint_dir=checkpoint_dir, search=search, stack=stack),
+            progress=progress,
         )
     for line in result.summary():
         typer.echo(line)

@@ -6,7 +6,7 @@ from enum import StrEnum
 from planner.export.deepspeed import deepspeed_json
 from planner.export.megatron import megatron_text
 from planner.export.torchtitan import torchtitan_toml
-from planner.schemas import Plan
+from planner.schemas import Plan, StackName
 from planner.schemas.errors import SchemaError
 
 
@@ -21,8 +21,30 @@ class ExportTarget(StrEnum):
     """A DeepSpeed config (JSON)."""
 
 
+TARGET_STACKS = {
+    ExportTarget.TORCHTITAN: StackName.TORCHTITAN,
+    ExportTarget.MEGATRON: StackName.MEGATRON_LM,
+    ExportTarget.DEEPSPEED: StackName.DEEPSPEED,
+}
+"""The stack each target runs a plan with (``schemas.stacks``): what its export is priced under."""
+
+
+def export_target(target: ExportTarget | str) -> ExportTarget:
+    """The export target named ``target``.
+
+    Raises:
+        SchemaError: ``target`` is not a known target (the message lists them).
+    """
+    try:
+        return ExportTarget(target)
+    except ValueError as e:
+        known = ", ".join(t.value for t in ExportTarget)
+        raise SchemaError(f"export target {target!r} is not one of {known}") from e
+
+
 def export(plan: Plan, target: ExportTarget | str) -> str:
-    """The plan as ``target``'s config or arguments, as text to write to a file.
+    """The plan as ``target``'s config or arguments, as text to write to a file, from the plan's
+    training as it is (``flows.export.export_plan`` first re-prices it under the target's stack).
 
     Args:
         plan: the plan to export.
@@ -36,11 +58,7 @@ def export(plan: Plan, target: ExportTarget | str) -> str:
         InfeasibleConfigError: the plan uses a feature the target cannot express; the one-line
             message names it, why, and what to plan instead.
     """
-    try:
-        chosen = ExportTarget(target)
-    except ValueError as e:
-        known = ", ".join(t.value for t in ExportTarget)
-        raise SchemaError(f"export target {target!r} is not one of {known}") from e
+    chosen = export_target(target)
     writers = {
         ExportTarget.TORCHTITAN: torchtitan_toml,
         ExportTarget.MEGATRON: megatron_text,

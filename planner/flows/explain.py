@@ -1,6 +1,5 @@
-"""`planner explain` and `planner export`: what a plan holds beyond its estimate (its expert
-placement beside round-robin, its step replayed stage by stage, its expert traffic) and the plan
-as another framework's config."""
+"""`planner explain`: what a plan holds beyond its estimate (its expert placement beside
+round-robin, its step replayed stage by stage, its expert traffic)."""
 
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -9,8 +8,6 @@ from cost_models.expert_parallel import sent_bytes_per_step
 from cost_models.placement_comparison import PlacementComparison
 from cost_models.placement_comparison import compare_placements as _compare_placements
 from cost_models.schedule_timeline import Timeline, estimate_timeline
-from planner.export.targets import ExportTarget
-from planner.export.targets import export as _export
 from planner.files.clusters import load_cluster
 from planner.files.plans import load_plan
 from planner.files.routing_trace import load_routing_stats
@@ -163,22 +160,3 @@ def expert_traffic(plan: Plan | str | Path, routing_trace: str | Path | None = N
     routing = routing_of(routing_trace, loaded.model)
     m = num_micro_batches(loaded.training.global_batch_size, loaded.layout)
     return sent_bytes_per_step(loaded.model, loaded.training, loaded.layout, m, routing)
-
-
-def export(plan: Plan | str | Path, target: ExportTarget | str) -> str:
-    """A plan as another training framework's config or arguments (``planner.export``).
-
-    Args:
-        plan: a Plan or a plan file.
-        target: "torchtitan" (a TOML job config), "megatron" (Megatron-LM arguments) or
-            "deepspeed" (a JSON config), or an ``ExportTarget``.
-
-    Returns:
-        The export's text, ready to write to a file.
-
-    Raises:
-        SchemaError: the plan cannot be read, or the target is unknown.
-        InfeasibleConfigError: the plan uses a feature the target cannot express (one line
-            naming it, why, and what to plan instead); nothing is dropped silently.
-    """
-    return _export(_plan(plan), target)

@@ -150,7 +150,8 @@ def replan(
 
         checkpoint = check_loadable(settings.checkpoint_dir, old.model, old.training.global_batch_size)
         step = int(checkpoint["step"])
-    plans = search(old.model, cluster, old.training, settings.search, progress=progress)
+    training = old.training if settings.stack is None else old.training.under(settings.stack)
+    plans = search(old.model, cluster, training, settings.search, progress=progress)
     refusals: list[str] = []
     for candidate in plans:
         try:

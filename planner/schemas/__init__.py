@@ -53,10 +53,12 @@ from planner.schemas.precision import Precision, precision_of
 from planner.schemas.report import GroupTiming, RankMemory, RunReport, SlowLink, Straggler, TimingWindow
 from planner.schemas.rope import RopeScaling, RopeType
 from planner.schemas.routing import ExpertPlacement, PlacementMetrics, RoutingStats
+from planner.schemas.stacks import STACKS, Stack, StackName
 from planner.schemas.training import TrainingSpec
 
 __all__ = [
     "DEFAULT_RECOMPUTE_MODULES",
+    "STACKS",
     "Activation",
     "Alternative",
     "AttentionKernel",
@@ -112,6 +114,8 @@ __all__ = [
     "Schedule",
     "ShardedUnitRecord",
     "SlowLink",
+    "Stack",
+    "StackName",
     "StageEstimate",
     "Straggler",
     "TimeBreakdown",

@@ -22,7 +22,9 @@ plan priced, and ``vocabulary_overlap``, which a version-8 plan reads as on (as 
 the layout's ``recompute_modules``, whose default (the attention core) is what selective recompute
 meant in a version-9 plan; 11 adds the training's attention kernel ``cudnn``, which no version-10
 plan names, and its ``pipeline_flushes``, whose default (one schedule a step) is what version 10
-priced.
+priced; 12 reads pipeline receive buffers per transfer where a plan names none (``upgrade``);
+13 adds the training's ``stack``: a version-12 plan reads as priced for 'planner-runtime' with
+version 12's default of every behaviour it does not name (fused kernels among them).
 """
 
 from dataclasses import fields
@@ -65,7 +67,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[12] = 12
+    schema_version: Literal[13] = 13
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -131,7 +133,7 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
 
 PLAN_SCHEMA_VERSION = 12
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 """The versions ``upgrade`` reads."""
 
 
@@ -157,6 +159,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     attention kernel is one no version-10 plan names, and the new field's default (one pipeline
     schedule a step) is what version 10 priced. Version 11 -> 12: pipeline receive buffers per
     transfer, as version 11 priced them, although the new field's default keeps one per micro-batch.
+    Version 12 -> 13: priced for 'planner-runtime', with version 12's default of each behaviour the
+    plan does not name (``VERSION_12_BEHAVIOURS``), although that stack's kernels are eager.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -195,4 +199,24 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         training = raw.get("training")
         if isinstance(training, dict):
             raw["training"] = {"pipeline_buffers": "per-transfer", **training}
+    if raw.get("schema_version") == 12:
+        raw = {**raw, "schema_version": 13}
+        training = raw.get("training")
+        if isinstance(training, dict):
+            raw["training"] = {**VERSION_12_BEHAVIOURS, **training}
     return raw
+
+
+VERSION_12_BEHAVIOURS = {
+    "attention_kernel": "flash",
+    "kernels": "fused",
+    "loss_kernels": None,
+    "tp_comm_overlap": False,
+    "pp_comm_overlap": True,
+    "pipeline_flushes": 1,
+    "pipeline_buffers": "per-micro-batch",
+    "vocabulary_overlap": False,
+    "grad_reduce_dtype": None,
+    "moe_dispatcher": "alltoall",
+}
+"""The behaviours' defaults before stacks (version 12): what a plan that names none of them priced."""

@@ -15,6 +15,7 @@ from planner.schemas.enums import DType, OnFault, VocabularyLayout
 from planner.schemas.errors import SchemaError
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan
+from planner.schemas.stacks import StackName
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -111,6 +112,8 @@ class ReplanSettings:
     plan (same model and global batch). None: no checkpoint is checked."""
     search: SearchSettings = SearchSettings(top_k=REPLAN_CANDIDATES)
     """The search; its ``top_k`` fastest layouts are tried in order for the first the runtime runs."""
+    stack: StackName | None = None
+    """Price the new plan for this stack (``TrainingSpec.under``); None: the old plan's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

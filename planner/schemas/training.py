@@ -1,23 +1,34 @@
-"""TrainingSpec: what one optimizer step processes and in which precision."""
+"""TrainingSpec: what one optimizer step processes, in which precision, and under which stack."""
 
-from typing import Self
+from collections.abc import Mapping
+from typing import Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from planner.schemas._base import FrozenModel
 from planner.schemas.bounds import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_at_most
 from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer, PipelineBuffers
 from planner.schemas.errors import SchemaError
 from planner.schemas.precision import Precision, precision_of
+from planner.schemas.stacks import BEHAVIOURS, DEFAULT_STACK, StackName, stack_named
 
 
 class TrainingSpec(FrozenModel):
-    """Global batch, sequence length, precision and optimizer of a training run."""
+    """Global batch, sequence length, precision and optimizer of a training run, and how its
+    framework runs it: the ``stack`` gives every behaviour (``stacks.BEHAVIOURS``) a value unless
+    the spec is given its own (``overrides``)."""
 
     global_batch_size: int = Field(ge=1, description="Sequences per optimizer step (B).")
     seq_len: int = Field(ge=1, description="Tokens per sequence (s).")
     dtype: DType = Field(default=DType.BF16, description="bf16/fp16 mean mixed precision with fp32 master weights.")
     optimizer: Optimizer = Field(default=Optimizer.ADAM)
+    stack: StackName = Field(
+        default=DEFAULT_STACK,
+        description=(
+            "The training framework the step is priced for (``stacks.STACKS``): it sets every behaviour below "
+            "that is not given. 'planner-runtime' is what `planner run` runs."
+        ),
+    )
     attention_kernel: AttentionKernel = Field(
         default=AttentionKernel.FLASH,
         description=(
@@ -26,7 +37,7 @@ class TrainingSpec(FrozenModel):
         ),
     )
     kernels: Kernels = Field(
-        default=Kernels.FUSED,
+        default=Kernels.EAGER,
         description=(
             "'fused': the norms, activations, rotary embedding, loss and optimizer step each run as one kernel "
             "(Transformer Engine, Megatron-Core, torch.compile); 'eager': one kernel per tensor operation, each "
@@ -117,6 +128,15 @@ class TrainingSpec(FrozenModel):
         ),
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_values(cls, data: Any) -> Any:
+        """Fill each behaviour not given from the stack (``stacks.Stack.behaviours``)."""
+        if not isinstance(data, dict):
+            return data
+        stack = stack_named(data.get("stack", DEFAULT_STACK))
+        return {**stack.behaviours(data.get("dtype", DType.BF16)), **data}
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         check_at_most("", {"global_batch_size": self.global_batch_size}, MAX_GLOBAL_BATCH, "any batch")
@@ -141,9 +161,52 @@ class TrainingSpec(FrozenModel):
         return self.precision.gradient_reduce
 
     @property
+    def overrides(self) -> dict[str, Any]:
+        """The behaviours whose values differ from the stack's, by field name (what ``--kernels``
+        and the other behaviour options changed)."""
+        stack_values = stack_named(self.stack).behaviours(self.dtype)
+        return {name: getattr(self, name) for name in BEHAVIOURS if getattr(self, name) != stack_values[name]}
+
+    def under(self, stack: StackName | str) -> "TrainingSpec":
+        """This training under another stack: that stack's behaviours, with this training's
+        ``overrides`` kept (a value the user chose holds under any framework that runs it)."""
+        kept = self.model_dump(exclude={*BEHAVIOURS, "stack"})
+        return TrainingSpec.model_validate({**kept, **self.overrides, "stack": StackName(stack)})
+
+    def with_options(self, updates: Mapping[str, Any]) -> "TrainingSpec":
+        """This training with some fields given anew (a command's options over a plan's training):
+        a new ``stack`` first (``under``), then the other fields over it.
+
+        Raises:
+            SchemaError: the fields make no valid training (the message names them).
+        """
+        base = self.under(updates["stack"]) if "stack" in updates else self
+        fields = {name: value for name, value in updates.items() if name != "stack"}
+        try:
+            return TrainingSpec.model_validate({**base.model_dump(), **fields})
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc']))}={err['input']!r}: {err['msg']}" for err in e.errors()
+            )
+            raise SchemaError(f"training: {problems}") from e
+
+    @property
     def tokens_per_step(self) -> int:
         """Tokens processed by one optimizer step."""
         return self.global_batch_size * self.seq_len
+
+
+def training_from(fields: Mapping[str, Any]) -> TrainingSpec:
+    """The TrainingSpec of ``fields`` (a command's options, a plan's training and options over it).
+
+    Raises:
+        SchemaError: a value the spec refuses (a number out of its range), named with the reason.
+    """
+    try:
+        return TrainingSpec.model_validate(dict(fields))
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}={err['input']!r}: {err['msg']}" for err in e.errors())
+        raise SchemaError(f"training: {problems}") from e
 
 
 def default_reduce_dtype(dtype: DType) -> DType:

@@ -9,7 +9,20 @@ from rich.console import Group
 from rich.table import Table
 
 from cost_models.placement_comparison import PlacementComparison
-from planner.schemas import ClusterProfile, Estimate, Layout, ModelSpec, Plan, RankMemory, RunReport, TrainingSpec
+from planner.schemas import (
+    STACKS,
+    ClusterProfile,
+    DType,
+    Estimate,
+    Layout,
+    ModelSpec,
+    Plan,
+    RankMemory,
+    RunReport,
+    Stack,
+    StackName,
+    TrainingSpec,
+)
 from planner.search_engine.runner import SearchOutcome
 
 GIB = 2**30
@@ -37,6 +50,67 @@ def flop_rate(flop_per_s: float) -> str:
     return f"{float(mantissa) * 10**shift:.{max(2 - shift, 0)}f} {FLOP_RATE_UNITS[power]}"
 
 
+def stack_label(training: TrainingSpec) -> str:
+    """The training's stack and, in brackets, each behaviour it runs otherwise (e.g.
+    "megatron-lm (kernels=eager)")."""
+    changed = ", ".join(f"{name}={_value(name, value)}" for name, value in training.overrides.items())
+    return f"{training.stack} ({changed})" if changed else str(training.stack)
+
+
+NONE_MEANS = {"loss_kernels": "as kernels", "grad_reduce_dtype": "fp32 under bf16"}
+"""What a behaviour's None stands for (``TrainingSpec``'s field descriptions)."""
+
+
+def _value(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return NONE_MEANS.get(name, "default") if value is None else str(value)
+
+
+def stacks_view() -> Table:
+    """Every named stack with its one-line summary and the behaviours where it differs from planner-runtime's."""
+    base = STACKS[StackName.PLANNER_RUNTIME].behaviours(DType.BF16)
+    table = Table(title="stacks (planner stacks NAME: each value and its source)")
+    for column in ("stack", "what it is", "runs otherwise than planner-runtime (under bf16)"):
+        table.add_column(column)
+    for stack in STACKS.values():
+        values = stack.behaviours(DType.BF16)
+        changed = ", ".join(f"{k}={_value(k, v)}" for k, v in values.items() if v != base[k])
+        table.add_row(str(stack.name), stack.summary, changed or "-")
+    return table
+
+
+def stack_view(stack: Stack) -> Table:
+    """One stack's value of each behaviour and where it comes from."""
+    table = Table(title=f"{stack.name}: {stack.summary}")
+    for column in ("behaviour", "value", "source"):
+        table.add_column(column)
+    for name, value in stack.behaviours(DType.BF16).items():
+        shown = "the training precision" if name == "grad_reduce_dtype" and stack.reduce_in_training_dtype else value
+        table.add_row(name, _value(name, shown), stack.sources[name])
+    return table
+
+
+def repricing_line(planned: Estimate, under_target: Estimate, plan_stack: str, target_stack: str) -> str:
+    """How the target's stack changes a plan's step time and peak memory per rank, in one line
+    (``flows.export.Exported``), and whether the plan still fits there."""
+    time_change = under_target.step_time_s / planned.step_time_s - 1
+    faster = f"{abs(time_change):.1%} {'faster' if time_change < 0 else 'slower'}"
+    memory_change = under_target.peak_memory_bytes - planned.peak_memory_bytes
+    memory = f"{gib(abs(memory_change))} GiB {'less' if memory_change < 0 else 'more'} a rank"
+    line = (
+        f"priced for {plan_stack} ({planned.step_time_s:.4g} s a step, {gib(planned.peak_memory_bytes)} GiB a rank); "
+        f"as {target_stack} runs it: {under_target.step_time_s:.4g} s ({faster}), "
+        f"{gib(under_target.peak_memory_bytes)} GiB ({memory})"
+    )
+    if not under_target.fits:
+        line += (
+            f"; it does not fit there ({gib(under_target.memory_capacity_bytes)} GiB a rank): "
+            f"search --stack {target_stack} for a plan that does"
+        )
+    return line
+
+
 def estimate_view(
     est: Estimate, model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
 ) -> Group:
@@ -58,6 +132,7 @@ def estimate_view(
         f"{gib(est.peak_memory_bytes)} of {gib(est.memory_capacity_bytes)} GiB ({fit})",
     )
     summary.add_row("global batch x seq len", f"{training.global_batch_size} x {training.seq_len} ({training.dtype})")
+    summary.add_row("priced for (stack)", stack_label(training))
 
     memory = Table(title="memory per rank by pipeline stage (GiB = 2^30 bytes)")
     columns = {

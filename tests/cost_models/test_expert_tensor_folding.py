@@ -30,7 +30,7 @@ from cost_models.stage_activations import stage_activation_bytes
 from cost_models.tensor_parallel import moe_layer_share
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import CollectiveOp, DType, Layout, PipelineBuffers, TrainingSpec, precision_of
+from planner.schemas import CollectiveOp, DType, Kernels, Layout, PipelineBuffers, TrainingSpec, precision_of
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.layout import check_experts
 
@@ -221,10 +221,12 @@ def test_expert_tensor_parallelism_t_prices_what_it_did_before(
     layout = Layout(**{"pipeline_parallel_degree": 1, "micro_batch_size": 1, "zero_stage": 1, **degrees})  # type: ignore[arg-type]
     # Pipeline transfers priced as they were then, not behind compute (TrainingSpec.pp_comm_overlap came
     # later), gradients summed in bf16 (TrainingSpec.grad_reduce_dtype came later) and the pipeline's receive
-    # buffers per transfer (TrainingSpec.pipeline_buffers came later).
+    # buffers per transfer (TrainingSpec.pipeline_buffers came later), with fused kernels (the default
+    # before stacks; TrainingSpec.stack came later).
     training = TrainingSpec(
         global_batch_size=256,
         seq_len=4096,
+        kernels=Kernels.FUSED,
         pp_comm_overlap=False,
         grad_reduce_dtype=DType.BF16,
         pipeline_buffers=PipelineBuffers.PER_TRANSFER,

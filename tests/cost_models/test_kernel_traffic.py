@@ -56,7 +56,7 @@ def test_an_eager_loss_under_fused_kernels_moves_52_bytes_a_logit() -> None:
     model = load_model("llama3-8b")
     layout = Layout(data_parallel_degree=1, tensor_parallel_degree=2, pipeline_parallel_degree=1, micro_batch_size=1)
     logits, norms = 4096 * 64128, 3 * 2 * 2 * 4096 * 4096
-    fused = TrainingSpec(global_batch_size=1, seq_len=4096)
+    fused = TrainingSpec(global_batch_size=1, seq_len=4096, kernels=Kernels.FUSED)
     assert output_layer_elementwise(model, fused, layout) == kernels.Traffic(12.0 * logits + norms, 2 + 3)
     eager_loss = fused.model_copy(update={"loss_kernels": EAGER})
     assert output_layer_elementwise(model, eager_loss, layout) == kernels.Traffic(52.0 * logits + norms, 10 + 3)

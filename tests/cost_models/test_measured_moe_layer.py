@@ -8,13 +8,15 @@ import pytest
 from cost_models.estimate import estimate
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import ClusterProfile, DType, LayerRecord, Layout, OpKind, TrainingSpec
+from planner.schemas import ClusterProfile, DType, Kernels, LayerRecord, Layout, OpKind, TrainingSpec
 
 V2_TINY_MOE = Path(__file__).resolve().parents[1] / "golden" / "cluster_profile_v2_cpu_tiny_moe.json"
 """A version-2 profile of 2 CPU ranks, measured for tiny-moe (seq len 128, bf16) by the
 profiler that timed only a dense-MLP layer."""
 TINY_MOE = load_model("tiny-moe")
-TRAINING = TrainingSpec(global_batch_size=32, seq_len=128, grad_reduce_dtype=DType.BF16)  # as priced then
+TRAINING = TrainingSpec(  # as priced then: gradients summed in bf16, fused kernels
+    global_batch_size=32, seq_len=128, grad_reduce_dtype=DType.BF16, kernels=Kernels.FUSED
+)
 
 V2_ESTIMATES = {
     # (ep, micro-batch): (step s, compute s, peak memory bytes), computed by the planner before

@@ -17,7 +17,7 @@ from planner.files.plans import load_plan, make_plan, save_plan
 from planner.schemas import DeviceKind, Estimate, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError, SchemaError
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v12.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v13.json"
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster("dgx-a100-80g:1")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)

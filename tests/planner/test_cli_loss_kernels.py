@@ -12,6 +12,7 @@ from planner.schemas import Kernels
 
 BASE = ["estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--global-batch-size", "8", "--seq-len", "4096"]
 BASE += ["--dp", "8", "--tp", "1", "--micro-batch-size", "1", "--zero-stage", "1", "--format", "json"]
+BASE += ["--kernels", "fused"]  # fused kernels beside an eager loss: Megatron-LM's default
 
 
 def test_an_eager_loss_adds_its_passes_over_the_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from cost_models.params import stage_params
 from planner.files.models import load_model
 from planner.schemas import DType, Layout, TrainingSpec
 from planner.schemas.errors import SchemaError
-from planner.schemas.plan import upgrade
+from planner.schemas.plan import VERSION_12_BEHAVIOURS, upgrade
 from runtime.model import TORCH_DTYPES
 from runtime.optim import DataParallelOptimizer
 
@@ -36,9 +36,11 @@ def test_gradients_are_summed_in_fp32_under_bf16_and_in_the_training_precision_o
 def test_a_version_7_plan_sums_in_its_training_precision_as_it_was_priced() -> None:
     raw = {"schema_version": 7, "training": {"global_batch_size": 8, "seq_len": 64, "dtype": "bf16"}}
     upgraded = upgrade(raw)
-    # and on to the current version: a vocabulary split and the pipeline's receive buffers as they were priced
-    assert upgraded["schema_version"] == 12
+    # and on to the current version: a vocabulary split, the pipeline's receive buffers and every other
+    # behaviour as they were priced before stacks
+    assert upgraded["schema_version"] == 13
     expected = {
+        **VERSION_12_BEHAVIOURS,
         **raw["training"],  # type: ignore[dict-item]
         "grad_reduce_dtype": "bf16",
         "vocabulary_overlap": True,

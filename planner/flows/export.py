@@ -1,0 +1,90 @@
+"""`planner export`: a plan as another framework's config, priced as that framework runs it.
+
+A plan is priced for the stack it was searched under (``TrainingSpec.stack``); the framework an
+export targets runs the layout its own way (``schemas.stacks``). The export re-prices the plan
+under the target's stack (``TrainingSpec.under``: the plan's own overrides kept), writes the
+config from that training, and returns both estimates where they differ, so a plan searched for
+one framework and run on another says what it will cost there.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.export.targets import TARGET_STACKS, export, export_target
+from planner.files.clusters import load_cluster
+from planner.files.plans import load_plan
+from planner.flows.estimate import estimate
+from planner.schemas import Estimate, Plan, StackName
+from planner.schemas.errors import SchemaError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exported:
+    """An export's text and what its target's stack changes of the plan's estimate."""
+
+    text: str
+    """The target's config or arguments, written from the plan under the target's stack."""
+    plan_stack: StackName
+    target_stack: StackName
+    planned: Estimate | None = None
+    """The plan under its own stack, priced now; None where the target's stack prices it the same
+    (the same training) or it could not be priced (``not_priced``)."""
+    under_target: Estimate | None = None
+    """The plan under the target's stack; None as ``planned``."""
+    not_priced: str | None = None
+    """Why the plan could not be re-priced (its cluster profile cannot be read); None otherwise."""
+
+
+def export_plan(plan: Plan | str | Path, target: str) -> Exported:
+    """``plan`` as ``target``'s config, priced under ``target``'s stack beside its own.
+
+    Args:
+        plan: a Plan or a plan file.
+        target: an export target's name (``ExportTarget``).
+
+    Returns:
+        The export and, where the target's stack prices the plan otherwise, both estimates.
+
+    Raises:
+        SchemaError: the plan cannot be read, or the target is unknown.
+        InfeasibleConfigError: the plan uses a feature the target cannot express.
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+    chosen = export_target(target)
+    stack = TARGET_STACKS[chosen]
+    training = loaded.training.under(stack)
+    text = export(loaded.model_copy(update={"training": training}), chosen)
+    done = Exported(text=text, plan_stack=loaded.training.stack, target_stack=stack)
+    if training == loaded.training:
+        return done
+    try:
+        cluster = load_cluster(loaded.cluster.spec)
+    except SchemaError as e:
+        return Exported(text=text, plan_stack=done.plan_stack, target_stack=stack, not_priced=str(e))
+    return Exported(
+        text=text,
+        plan_stack=done.plan_stack,
+        target_stack=stack,
+        planned=estimate(loaded.model, cluster, loaded.training, loaded.layout),
+        under_target=estimate(loaded.model, cluster, training, loaded.layout),
+    )
+
+
+def export_text(plan: Plan | str | Path, target: str) -> str:
+    """A plan as another training framework's config or arguments, written from the plan under
+    that framework's stack (``export_plan``; ``planner.export`` holds the writers).
+
+    Args:
+        plan: a Plan or a plan file.
+        target: "torchtitan" (a TOML job config), "megatron" (Megatron-LM arguments) or
+            "deepspeed" (a JSON config), or an ``ExportTarget``.
+
+    Returns:
+        The export's text, ready to write to a file.
+
+    Raises:
+        SchemaError: the plan cannot be read, or the target is unknown.
+        InfeasibleConfigError: the plan uses a feature the target cannot express (one line
+            naming it, why, and what to plan instead); nothing is dropped silently.
+    """
+    return export_plan(plan, target).text

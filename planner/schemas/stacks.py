@@ -1,0 +1,324 @@
+"""Stacks: how a training framework runs a layout, as named bundles of the training's behaviours.
+
+The same layout costs a different step time and memory under Megatron-LM than under torchtitan:
+one frees each pipeline receive buffer after its transfer, the other keeps one per micro-batch;
+one fuses the norms and activations, another runs them op by op. A ``Stack`` names the values of
+every such behaviour a ``TrainingSpec`` carries (``BEHAVIOURS``), each with the source that states
+it, for one framework as its own code runs it by default (its recipes where the framework is a
+library of recipes). ``STACKS`` is the one table: the CLI's ``--stack``, the Python API, the
+exports (a plan is re-priced under its target's stack) and the published-run benchmark read it.
+
+A training's own value of a behaviour overrides its stack's (``TrainingSpec.overrides``): a
+stack is where the values start, not a lock.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, PipelineBuffers
+from planner.schemas.errors import SchemaError
+
+
+class StackName(StrEnum):
+    """The training frameworks a plan can be priced for (``STACKS``)."""
+
+    PLANNER_RUNTIME = "planner-runtime"
+    MEGATRON_LM = "megatron-lm"
+    MEGATRON_BRIDGE = "megatron-bridge"
+    TORCHTITAN = "torchtitan"
+    NEMO_AUTOMODEL = "nemo-automodel"
+    DEEPSPEED = "deepspeed"
+    LLM_FOUNDRY = "llm-foundry"
+
+
+BEHAVIOURS = (
+    "attention_kernel",
+    "kernels",
+    "loss_kernels",
+    "tp_comm_overlap",
+    "pp_comm_overlap",
+    "pipeline_buffers",
+    "pipeline_flushes",
+    "vocabulary_overlap",
+    "grad_reduce_dtype",
+    "moe_dispatcher",
+)
+"""The ``TrainingSpec`` fields a stack sets: how the framework runs the step, not what it trains."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stack:
+    """One framework's values of the behaviours (``BEHAVIOURS``), each with its source."""
+
+    name: StackName
+    summary: str
+    """One line: what the stack is, as ``planner stacks`` lists it."""
+    attention_kernel: AttentionKernel
+    kernels: Kernels
+    loss_kernels: Kernels | None
+    """None: the loss runs as ``kernels``."""
+    tp_comm_overlap: bool
+    pp_comm_overlap: bool
+    pipeline_buffers: PipelineBuffers
+    pipeline_flushes: int
+    schedule_per_accumulation_step: bool
+    """Whether the framework runs each gradient-accumulation step as its own pipeline schedule
+    (torchtitan's and NeMo AutoModel's trainers), so that a run's accumulation steps are its
+    ``pipeline_flushes``; otherwise every micro-batch of a step runs in one schedule."""
+    vocabulary_overlap: bool
+    reduce_in_training_dtype: bool
+    """Whether gradients are summed in the training precision (bf16 under bf16) rather than the
+    common default, fp32 under bf16 (``TrainingSpec.grad_reduce_dtype`` None)."""
+    moe_dispatcher: MoeDispatcher
+    sources: Mapping[str, str]
+    """Where each behaviour's value comes from, by field name (every field of ``BEHAVIOURS``)."""
+
+    def behaviours(self, dtype: DType | str) -> dict[str, object]:
+        """The TrainingSpec fields this stack sets, for a training in ``dtype``."""
+        values: dict[str, object] = {name: getattr(self, name) for name in BEHAVIOURS if name != "grad_reduce_dtype"}
+        values["grad_reduce_dtype"] = DType(dtype) if self.reduce_in_training_dtype else None
+        return values
+
+
+_P2P_SOURCE = (
+    "Megatron-LM's p2p_communication allocates each received tensor for its transfer and frees each sent "
+    "output's data once sent (deallocate_pipeline_outputs)"
+)
+_FP32_REDUCE = (
+    "fp32 under bf16: Megatron-Core forces accumulate_allreduce_grads_in_fp32 under bf16 (--grad-reduce-in-bf16 "
+    "to change it)"
+)
+_NO_VOCABULARY_OVERLAP = "only Vocabulary Parallelism's own Megatron-LM fork overlaps the split vocabulary's passes"
+_ONE_FLUSH = "every micro-batch of a step in one pipeline schedule"
+_PER_LOCAL_BATCH = (
+    "one pipeline schedule per local batch, gradients accumulated over them: 1 unless the run accumulates "
+    "gradients (give --pipeline-flushes with its accumulation steps)"
+)
+_ALLTOALL = "the all-to-all dispatcher (DeepEP: --moe-dispatcher deepep)"
+_TE_ATTENTION = (
+    "Transformer Engine's attention: its backend selection prefers cuDNN's FusedAttention over FlashAttention "
+    "on Hopper and later (dot_product_attention/utils.py get_attention_backend, 'for performance reasons')"
+)
+
+STACKS: Mapping[StackName, Stack] = MappingProxyType(
+    {
+        StackName.PLANNER_RUNTIME: Stack(
+            name=StackName.PLANNER_RUNTIME,
+            summary="this planner's own runtime (planner run): eager PyTorch on torch.distributed and FSDP2",
+            attention_kernel=AttentionKernel.FLASH,
+            kernels=Kernels.EAGER,
+            loss_kernels=None,
+            tp_comm_overlap=False,
+            pp_comm_overlap=True,
+            pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
+            pipeline_flushes=1,
+            schedule_per_accumulation_step=False,
+            vocabulary_overlap=False,
+            reduce_in_training_dtype=False,
+            moe_dispatcher=MoeDispatcher.ALLTOALL,
+            sources={
+                "attention_kernel": "runtime/model.py: F.scaled_dot_product_attention, FlashAttention-2 on GPUs",
+                "kernels": "runtime/model.py runs eager PyTorch, one kernel per tensor operation (no torch.compile)",
+                "loss_kernels": "runtime/loss.py: F.cross_entropy over fp32 logits, as the other kernels",
+                "tp_comm_overlap": "runtime's tensor-parallel collectives run synchronously "
+                "(runtime_support refuses the overlap)",
+                "pp_comm_overlap": "torch.distributed.pipelining's multi-stage schedules post a step's sends and "
+                "receives beside its compute",
+                "pipeline_buffers": "torch.distributed.pipelining keeps a receive buffer per micro-batch",
+                "pipeline_flushes": _ONE_FLUSH,
+                "vocabulary_overlap": "runtime runs each vocabulary pass when its stage reaches it",
+                "grad_reduce_dtype": "runtime's FSDP2 MixedPrecisionPolicy reduces in fp32 under bf16",
+                "moe_dispatcher": "runtime's expert parallelism is one all-to-all of every (token, expert) pair",
+            },
+        ),
+        StackName.MEGATRON_LM: Stack(
+            name=StackName.MEGATRON_LM,
+            summary="Megatron-LM's pretrain_gpt.py (Megatron-Core with Transformer Engine) at its argument defaults",
+            attention_kernel=AttentionKernel.CUDNN,
+            kernels=Kernels.FUSED,
+            loss_kernels=Kernels.EAGER,
+            tp_comm_overlap=False,
+            pp_comm_overlap=True,
+            pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+            pipeline_flushes=1,
+            schedule_per_accumulation_step=False,
+            vocabulary_overlap=False,
+            reduce_in_training_dtype=False,
+            moe_dispatcher=MoeDispatcher.ALLTOALL,
+            sources={
+                "attention_kernel": "--attention-backend auto lets " + _TE_ATTENTION,
+                "kernels": "Transformer Engine's layers and Megatron-Core's fused bias-activation, softmax, "
+                "rotary and optimizer kernels",
+                "loss_kernels": "arguments.py: --cross-entropy-loss-fusion is store_true, off by default "
+                "(vocab_parallel_cross_entropy, one fp32 pass per tensor operation)",
+                "tp_comm_overlap": "arguments.py: --tp-comm-overlap is store_true, off by default",
+                "pp_comm_overlap": "arguments.py: --no-overlap-p2p-communication is store_false (overlap on with "
+                "virtual stages)",
+                "pipeline_buffers": _P2P_SOURCE,
+                "pipeline_flushes": _ONE_FLUSH,
+                "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,
+                "grad_reduce_dtype": _FP32_REDUCE,
+                "moe_dispatcher": "--moe-token-dispatcher-type alltoall, as its MoE recipes set it (the argument's "
+                "default, allgather, is not priced)",
+            },
+        ),
+        StackName.MEGATRON_BRIDGE: Stack(
+            name=StackName.MEGATRON_BRIDGE,
+            summary="NeMo Megatron-Bridge's recipes (Megatron-Core with Transformer Engine, fused loss)",
+            attention_kernel=AttentionKernel.CUDNN,
+            kernels=Kernels.FUSED,
+            loss_kernels=None,
+            tp_comm_overlap=False,
+            pp_comm_overlap=True,
+            pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+            pipeline_flushes=1,
+            schedule_per_accumulation_step=False,
+            vocabulary_overlap=False,
+            reduce_in_training_dtype=False,
+            moe_dispatcher=MoeDispatcher.ALLTOALL,
+            sources={
+                "attention_kernel": _TE_ATTENTION,
+                "kernels": "Megatron-Core with Transformer Engine, its model providers' fusions on",
+                "loss_kernels": "its GPT model providers set cross_entropy_loss_fusion True",
+                "tp_comm_overlap": "off unless a recipe's CommOverlapConfig turns it on (--tp-comm-overlap)",
+                "pp_comm_overlap": "Megatron-Bridge overlaps pipeline transfers with virtual stages",
+                "pipeline_buffers": _P2P_SOURCE + " (Megatron-Core's schedules)",
+                "pipeline_flushes": _ONE_FLUSH,
+                "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,
+                "grad_reduce_dtype": _FP32_REDUCE,
+                "moe_dispatcher": _ALLTOALL,
+            },
+        ),
+        StackName.TORCHTITAN: Stack(
+            name=StackName.TORCHTITAN,
+            summary="torchtitan's trainer (FSDP2, torch.distributed.pipelining) with torch.compile on",
+            attention_kernel=AttentionKernel.FLASH,
+            kernels=Kernels.FUSED,
+            loss_kernels=None,
+            tp_comm_overlap=False,
+            pp_comm_overlap=True,
+            pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
+            pipeline_flushes=1,
+            schedule_per_accumulation_step=True,
+            vocabulary_overlap=False,
+            reduce_in_training_dtype=False,
+            moe_dispatcher=MoeDispatcher.ALLTOALL,
+            sources={
+                "attention_kernel": "PyTorch's SDPA, FlashAttention-2 on GPUs",
+                "kernels": "its benchmark runs set [compile] enable (torch.compile fuses the elementwise work)",
+                "loss_kernels": "the loss is compiled with the model",
+                "tp_comm_overlap": "async tensor parallelism is off unless [parallelism] enable_async_tensor_parallel",
+                "pp_comm_overlap": "torch.distributed.pipelining's multi-stage schedules post a step's sends and "
+                "receives beside its compute",
+                "pipeline_buffers": "torch.distributed.pipelining keeps a receive buffer per micro-batch",
+                "pipeline_flushes": _PER_LOCAL_BATCH,
+                "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,
+                "grad_reduce_dtype": "FSDP2's MixedPrecisionPolicy reduce_dtype float32 ([training] "
+                "mixed_precision_reduce)",
+                "moe_dispatcher": _ALLTOALL,
+            },
+        ),
+        StackName.NEMO_AUTOMODEL: Stack(
+            name=StackName.NEMO_AUTOMODEL,
+            summary="NeMo AutoModel (PyTorch-native FSDP2 and pipelining, Transformer Engine kernels)",
+            attention_kernel=AttentionKernel.CUDNN,
+            kernels=Kernels.FUSED,
+            loss_kernels=None,
+            tp_comm_overlap=False,
+            pp_comm_overlap=True,
+            pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
+            pipeline_flushes=1,
+            schedule_per_accumulation_step=True,
+            vocabulary_overlap=False,
+            reduce_in_training_dtype=False,
+            moe_dispatcher=MoeDispatcher.ALLTOALL,
+            sources={
+                "attention_kernel": "its performance summary states 'Kernel optimizations: TE': " + _TE_ATTENTION,
+                "kernels": "Transformer Engine's fused layers",
+                "loss_kernels": "as its other kernels",
+                "tp_comm_overlap": "no tensor-parallel overlap is stated",
+                "pp_comm_overlap": "torch.distributed.pipelining's multi-stage schedules post a step's sends and "
+                "receives beside its compute",
+                "pipeline_buffers": "its pipeline is torch.distributed.pipelining's: a receive buffer per micro-batch",
+                "pipeline_flushes": _PER_LOCAL_BATCH,
+                "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,
+                "grad_reduce_dtype": "FSDP2's MixedPrecisionPolicy reduce_dtype float32",
+                "moe_dispatcher": _ALLTOALL,
+            },
+        ),
+        StackName.DEEPSPEED: Stack(
+            name=StackName.DEEPSPEED,
+            summary="DeepSpeed's engine around an eager PyTorch model (ZeRO, its pipeline engine)",
+            attention_kernel=AttentionKernel.FLASH,
+            kernels=Kernels.EAGER,
+            loss_kernels=None,
+            tp_comm_overlap=False,
+            pp_comm_overlap=False,
+            pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+            pipeline_flushes=1,
+            schedule_per_accumulation_step=False,
+            vocabulary_overlap=False,
+            reduce_in_training_dtype=True,
+            moe_dispatcher=MoeDispatcher.ALLTOALL,
+            sources={
+                "attention_kernel": "the model's own attention, PyTorch's SDPA (FlashAttention-2 on GPUs)",
+                "kernels": "DeepSpeed wraps the user's eager model; it fuses none of its elementwise work",
+                "loss_kernels": "as its other kernels",
+                "tp_comm_overlap": "AutoTP runs its collectives synchronously",
+                "pp_comm_overlap": "its PipelineEngine runs 1F1B, no interleaved schedule to overlap",
+                "pipeline_buffers": "its PipelineEngine reuses min(stages - stage, micro-batches) buffers, the "
+                "micro-batches in flight",
+                "pipeline_flushes": _ONE_FLUSH,
+                "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,
+                "grad_reduce_dtype": "engine.py communication_data_type: the training precision unless the config "
+                "sets communication_data_type",
+                "moe_dispatcher": "DeepSpeed-MoE's all-to-all",
+            },
+        ),
+        StackName.LLM_FOUNDRY: Stack(
+            name=StackName.LLM_FOUNDRY,
+            summary="Databricks LLM Foundry on Composer (FSDP, eager PyTorch, flash-attn, fused loss)",
+            attention_kernel=AttentionKernel.FLASH,
+            kernels=Kernels.EAGER,
+            loss_kernels=Kernels.FUSED,
+            tp_comm_overlap=False,
+            pp_comm_overlap=False,
+            pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+            pipeline_flushes=1,
+            schedule_per_accumulation_step=False,
+            vocabulary_overlap=False,
+            reduce_in_training_dtype=False,
+            moe_dispatcher=MoeDispatcher.ALLTOALL,
+            sources={
+                "attention_kernel": "MPT's flash-attn 2 (or its Triton FlashAttention), priced at FlashAttention-2",
+                "kernels": "Composer's trainer in eager PyTorch: its benchmark scripts set no torch.compile",
+                "loss_kernels": "MPT's default loss_fn fused_crossentropy (flash-attn's Triton cross-entropy)",
+                "tp_comm_overlap": "no tensor parallelism",
+                "pp_comm_overlap": "no pipeline parallelism",
+                "pipeline_buffers": "no pipeline parallelism",
+                "pipeline_flushes": _ONE_FLUSH,
+                "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,
+                "grad_reduce_dtype": "Composer's FSDP mixed_precision DEFAULT reduces gradients in fp32",
+                "moe_dispatcher": _ALLTOALL,
+            },
+        ),
+    }
+)
+"""Every named stack (one per ``StackName``)."""
+
+DEFAULT_STACK = StackName.PLANNER_RUNTIME
+"""What a training is priced for unless told: what ``planner run`` runs."""
+
+
+def stack_named(name: StackName | str) -> Stack:
+    """The stack called ``name``.
+
+    Raises:
+        SchemaError: no stack has that name (the message lists them).
+    """
+    try:
+        return STACKS[StackName(name)]
+    except ValueError as e:
+        raise SchemaError(f"stack {name!r} is not one of {', '.join(STACKS)}; pick one of them") from e
