@@ -18,6 +18,7 @@ True
 
 from planner.export.targets import ExportTarget
 from planner.files.clusters import load_cluster, save_cluster
+from planner.files.layout_parts import load_device_map, load_expert_placement
 from planner.files.models import load_model
 from planner.files.plans import load_plan, make_plan, read_plan, save_plan
 from planner.flows.estimate import dropped_token_share, estimate, homogeneous_estimate, stage_device_names
@@ -63,6 +64,8 @@ __all__ = [
     "export_plan",
     "homogeneous_estimate",
     "load_cluster",
+    "load_device_map",
+    "load_expert_placement",
     "load_model",
     "load_plan",
     "make_plan",

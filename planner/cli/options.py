@@ -15,6 +15,7 @@ from rich.progress import Progress
 
 from planner import api
 from planner.cli.checks import finite
+from planner.cli.layout_options import EVEN_SPLIT, parse_layout_parts
 from planner.files.plans import check_cluster
 from planner.schemas import (
     AttentionKernel,
@@ -227,8 +228,13 @@ LAYOUT_OPTIONS = {
     "virtual_stages": "virtual_stages",
     "layer_split": "layer_split",
     "vocabulary_layout": "vocabulary_layout",
+    "sharding_group_size": "sharding_group_size",
+    "secondary_partition_size": "secondary_partition_size",
+    "expert_placement": "expert_placement",
+    "device_map": "device_map",
 }
-"""estimate's options that set a Layout field: option parameter -> field."""
+"""estimate's options that set a Layout field: option parameter -> field. Every field of Layout
+has one (tests/planner/test_estimate_every_field.py prices every plan a search returns from them)."""
 
 
 def training_fields(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -243,6 +249,7 @@ def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:
         fields["zero_stage"] = ZeroStage(fields["zero_stage"])
     if "layer_split" in fields:
         fields["layer_split"] = _parse_split(fields["layer_split"])
+    parse_layout_parts(fields)
     if "recompute_modules" in fields:
         fields["recompute_modules"] = parse_recompute_modules(fields["recompute_modules"])
         recompute = fields.setdefault("recompute", Recompute.SELECTIVE)  # the modules imply selective
@@ -278,11 +285,15 @@ def parse_recompute_modules(text: str) -> tuple[RecomputeModule, ...]:
     return tuple(m for m in RecomputeModule if m.value in names)
 
 
-def _parse_split(text: str) -> tuple[int, ...]:
+def _parse_split(text: str) -> tuple[int, ...] | None:
+    if text.strip().lower() == EVEN_SPLIT:
+        return None
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError as e:
-        raise SchemaError(f"--layer-split {text!r} must be comma-separated whole numbers, e.g. 7,9,9,7") from e
+        raise SchemaError(
+            f"--layer-split {text!r} must be comma-separated whole numbers, e.g. 7,9,9,7, or {EVEN_SPLIT!r}"
+        ) from e
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,14 @@ import typer
 from planner import api
 from planner.api import StrategyName
 from planner.cli.checks import check_output, check_plot_file, check_storage, finite
+from planner.cli.layout_options import (
+    DeviceMapOpt,
+    ExpertPlacementOpt,
+    RoutingTraceOpt,
+    SecondaryPartitionSizeOpt,
+    ShardingGroupSizeOpt,
+    naming_layout_files,
+)
 from planner.cli.options import (
     RECOMPUTE_MODULES_HELP,
     AttentionOpt,
@@ -114,7 +122,13 @@ def estimate(
     virtual_stages: Annotated[
         int | None, typer.Option(min=1, help="Model chunks per pipeline rank (interleaved) [default: 1].")
     ] = None,
-    layer_split: Annotated[str | None, typer.Option(help="Layers per model chunk, e.g. 7,9,9,7.")] = None,
+    layer_split: Annotated[
+        str | None,
+        typer.Option(
+            help="Transformer layers per model chunk in pipeline order (pp x virtual stages entries), e.g. 7,9,9,7; "
+            "even to spread them evenly [default: even]."
+        ),
+    ] = None,
     vocabulary_layout: Annotated[
         VocabularyLayout | None,
         typer.Option(
@@ -123,6 +137,11 @@ def estimate(
             "1f1b pipelines) [default: pinned]."
         ),
     ] = None,
+    sharding_group_size: ShardingGroupSizeOpt = None,
+    secondary_partition_size: SecondaryPartitionSizeOpt = None,
+    expert_placement: ExpertPlacementOpt = None,
+    device_map: DeviceMapOpt = None,
+    routing_trace: RoutingTraceOpt = None,
     dtype: Annotated[DType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")] = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
@@ -148,11 +167,16 @@ def estimate(
     --dp 8 --tp 8 --pp 16 --micro-batch-size 1 --recompute full --schedule interleaved --virtual-stages 2
 
     Example: planner estimate --plan plan.json --tp 4 --dp 4   (the plan's layout with tp and dp changed)
+
+    Example: planner estimate -m llama3-8b -c dgx-h100:4 --global-batch-size 256 --seq-len 4096 --dp 32
+    --zero-stage 3 --sharding-group-size 16 --secondary-partition-size 8 --device-map map.json
+    (every field a plan's layout holds has its option, so a searched plan can be priced field by field)
     """
     given = locals()  # every option by its parameter name (no other local is set yet)
     check_output("--output", output)
-    inputs = resolve(plan, model, cluster, training_fields(given), layout_fields(given))
-    est = api.estimate(inputs.model, inputs.cluster, inputs.training, inputs.layout)
+    with naming_layout_files(given):
+        inputs = resolve(plan, model, cluster, training_fields(given), layout_fields(given))
+        est = api.estimate(inputs.model, inputs.cluster, inputs.training, inputs.layout, routing_trace=routing_trace)
     if output is not None:
         made = api.make_plan(inputs.model, inputs.training, inputs.cluster, inputs.cluster_spec, inputs.layout, est)
         api.save_plan(made, output)

@@ -436,6 +436,8 @@ ESTIMATE_NUMBER_OPTIONS = [
     "--virtual-stages",
     "--capacity-factor",
     "--layer-split",
+    "--sharding-group-size",
+    "--secondary-partition-size",
 ]
 SEARCH_NUMBER_OPTIONS = [
     "--top-k",
