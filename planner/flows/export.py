@@ -53,20 +53,22 @@ def export_plan(plan: Plan | str | Path, target: str) -> Exported:
     chosen = export_target(target)
     stack = TARGET_STACKS[chosen]
     training = loaded.training.under(stack)
-    text = export(loaded.model_copy(update={"training": training}), chosen)
-    done = Exported(text=text, plan_stack=loaded.training.stack, target_stack=stack)
+    moved = loaded.model_copy(update={"training": training})
     if training == loaded.training:
-        return done
+        return Exported(text=export(moved, chosen), plan_stack=loaded.training.stack, target_stack=stack)
     try:
         cluster = load_cluster(loaded.cluster.spec)
-    except SchemaError as e:
-        return Exported(text=text, plan_stack=done.plan_stack, target_stack=stack, not_priced=str(e))
+    except SchemaError as e:  # the config is still written: the figures in it are the plan's own
+        return Exported(
+            text=export(moved, chosen), plan_stack=loaded.training.stack, target_stack=stack, not_priced=str(e)
+        )
+    under_target = estimate(loaded.model, cluster, training, loaded.layout)
     return Exported(
-        text=text,
-        plan_stack=done.plan_stack,
+        text=export(moved.model_copy(update={"estimate": under_target}), chosen),
+        plan_stack=loaded.training.stack,
         target_stack=stack,
         planned=estimate(loaded.model, cluster, loaded.training, loaded.layout),
-        under_target=estimate(loaded.model, cluster, training, loaded.layout),
+        under_target=under_target,
     )
 
 
