@@ -283,6 +283,17 @@ REFUSED = {
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, sharding_group_size=8)),
         "HSDP (sharding_group_size=8) under ZeRO-3",
     ),
+    "megatron-deepep-padding": (
+        "megatron",
+        lambda: _plan(
+            "tiny-moe",
+            _layout(8, tp=2, sequence_parallel=True, expert_parallel_degree=4),
+            moe_capacity_factor=1.25,
+            moe_pad_to_capacity=True,
+            moe_dispatcher=MoeDispatcher.DEEPEP,
+        ),
+        "padded to capacity with the DeepEP dispatcher",
+    ),
     "megatron-gpipe": ("megatron", lambda: _plan("tiny-gpt", _layout(8, pp=2, schedule="gpipe")), "GPipe"),
     "megatron-vocabulary": (
         "megatron",
