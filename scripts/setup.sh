@@ -2,14 +2,17 @@
 # Creates .venv and installs the project with its test tools. Idempotent.
 # torch first, pinned to the CPU build where no torch is present: an unpinned torch would pull
 # a multi-GB CUDA build. A machine that already has a torch (CPU or CUDA) keeps it; the dev extra
-# pulls the runtime extra, whose range (pyproject.toml) pip then checks it against.
-# Says on stderr what each of its 4 steps installs and how long the setup has taken (one line a
+# pulls the runtime extra, whose range (pyproject.toml) pip then checks it against. Last, the
+# exports extra (the frameworks the exports target, for the export tests) without its dependencies,
+# so that it can neither replace torch nor pull CUDA wheels (pyproject.toml says why each is safe to
+# skip); DeepSpeed ships only a source archive, built against the installed torch with no ops.
+# Says on stderr what each of its 5 steps installs and how long the setup has taken (one line a
 # step; pip itself stays quiet), and every 15 s of a long pip install that it is still at it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 start=$SECONDS
-step() { printf 'setup [%s/4] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - start))" >&2; }
+step() { printf 'setup [%s/5] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - start))" >&2; }
 HEARTBEAT_S=15
 # Runs "${@:3}" with a line on stderr every HEARTBEAT_S seconds while it runs ("$1": the step,
 # "$2": what it installs), so a quiet pip is not taken for a hung one. The heartbeat also stops
@@ -51,4 +54,10 @@ EOF
 )
 step 4 "installing the project (editable) and what it needs: $deps"
 with_heartbeat 4 "the project" .venv/bin/python -m pip install --quiet -e ".[dev]"
+exports=$(.venv/bin/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["exports"]))')
+step 5 "installing the export targets' config code, without dependencies: $exports"
+# DS_BUILD_OPS=0: no C++/CUDA op is compiled at install (DeepSpeed builds them at first use);
+# --no-build-isolation: its setup.py imports the installed torch, not one pip would fetch for the build.
+with_heartbeat 5 "the export targets" env DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet --no-deps \
+    --no-build-isolation $exports
 printf 'setup done in %ss: .venv/bin/planner --help; .venv/bin/python -m pytest\n' "$((SECONDS - start))" >&2

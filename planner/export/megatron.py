@@ -32,7 +32,8 @@ How the plan maps:
 - Batch and precision: --micro-batch-size b, --global-batch-size B (Megatron accumulates
   B / (d b) micro-batches), --seq-length, --bf16 / --fp16 (fp32 is the default).
 - MoE: --num-experts, --moe-router-topk, the dispatcher (alltoall; DeepEP as flex +
-  --moe-enable-deepep), capacity factor and padding; --tp-comm-overlap where the plan priced it.
+  --moe-enable-deepep), capacity factor and padding (refused with DeepEP: the flex dispatcher
+  does not pad); --tp-comm-overlap where the plan priced it.
 - Left to the user: the rest of the model's shape, tokenizer, data, optimizer and schedule.
 """
 
@@ -111,6 +112,13 @@ def _check(plan: Plan) -> None:
             f"all-to-all context parallelism over cp={cp} ranks with {kv} key/value heads a tensor-parallel rank",
             "Transformer Engine's a2a needs cp to divide them (the plan repeats them, it does not)",
             "plan with --cp-kind ring, or a cp that divides the key/value heads of a tp rank",
+        )
+    if plan.training.moe_pad_to_capacity and plan.training.moe_dispatcher is MoeDispatcher.DEEPEP:
+        refuse(
+            TARGET,
+            "expert inputs padded to capacity with the DeepEP dispatcher",
+            "Megatron-Core's flex dispatcher, which runs DeepEP, does not pad them",
+            "plan with --moe-dispatcher alltoall or --no-pad-to-capacity",
         )
     if layout.secondary_partition_size is not None:
         refuse(

@@ -1,55 +1,31 @@
 """`planner export plan.json --to torchtitan|megatron|deepspeed` and ``planner.api.export``: each
-export parsed back (tomllib, shlex, json) against hand-worked values, each target's own config
-code run on it where that target is installed, and every plan feature a target cannot express
-refused in one line (exit code 2), never dropped."""
+export parsed back (tomllib, shlex, json) against hand-worked values, and every plan feature a
+target cannot express refused in one line (exit code 2), never dropped. Each target's own config
+code reads the exports in ``test_exports_frameworks.py``."""
 
-import importlib.util
 import json
-import shlex
 import subprocess
 import sys
 import tomllib
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from export_plans import GPT16
+from export_plans import layout as _layout
+from export_plans import megatron_words as _megatron
+from export_plans import plan as _plan
 from typer.testing import CliRunner
 
-from cost_models.estimate import estimate
 from planner import api
 from planner.cli import app
-from planner.files.clusters import load_cluster
-from planner.files.models import load_model
-from planner.files.plans import make_plan, save_plan
-from planner.schemas import DeviceMap, Layout, ModelSpec, MoeDispatcher, Plan, TrainingSpec, ZeroStage
+from planner.files.plans import save_plan
+from planner.schemas import DeviceMap, Layout, MoeDispatcher, Plan, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
-
-CLUSTER_SPEC = "dgx-h100:2"  # 16 devices
-CLUSTER = load_cluster(CLUSTER_SPEC)
-GPT16 = load_model("tiny-gpt").model_copy(update={"num_hidden_layers": 16, "name": "tiny-gpt-16"})
-
-
-def _plan(model: ModelSpec | str, layout: Layout, batch: int = 64, **training: Any) -> Plan:
-    spec = load_model(model) if isinstance(model, str) else model
-    train = TrainingSpec(global_batch_size=batch, seq_len=128, **training)
-    return make_plan(spec, train, CLUSTER, CLUSTER_SPEC, layout, estimate(spec, train, CLUSTER, layout))
-
-
-def _layout(dp: int, tp: int = 1, pp: int = 1, mb: int = 1, **more: Any) -> Layout:
-    return Layout(
-        data_parallel_degree=dp, tensor_parallel_degree=tp, pipeline_parallel_degree=pp, micro_batch_size=mb, **more
-    )
 
 
 def _toml(plan: Plan) -> dict[str, Any]:
     return tomllib.loads(api.export(plan, "torchtitan"))
-
-
-def _megatron(plan: Plan) -> list[str]:
-    text = api.export(plan, "megatron")
-    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    return shlex.split(body.replace("\\\n", " "))
 
 
 def _flags(args: list[str]) -> dict[str, str | None]:
@@ -283,6 +259,17 @@ REFUSED = {
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, sharding_group_size=8)),
         "HSDP (sharding_group_size=8) under ZeRO-3",
     ),
+    "megatron-deepep-padding": (
+        "megatron",
+        lambda: _plan(
+            "tiny-moe",
+            _layout(8, tp=2, sequence_parallel=True, expert_parallel_degree=4),
+            moe_capacity_factor=1.25,
+            moe_pad_to_capacity=True,
+            moe_dispatcher=MoeDispatcher.DEEPEP,
+        ),
+        "padded to capacity with the DeepEP dispatcher",
+    ),
     "megatron-gpipe": ("megatron", lambda: _plan("tiny-gpt", _layout(8, pp=2, schedule="gpipe")), "GPipe"),
     "megatron-vocabulary": (
         "megatron",
@@ -392,82 +379,3 @@ def test_cli_refusal_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.startswith("error: deepspeed cannot express tensor parallelism") and proc.stderr.count("\n") == 1
     assert not out.exists()
-
-
-# the targets' own code, where installed -----------------------------------------------------------
-
-
-def _torchtitan_config_manager() -> Any:
-    """torchtitan's ConfigManager; its package __init__ imports the MoE kernels (triton, GPU
-    builds), which the config does not need, so the package is entered without it."""
-    spec = importlib.util.find_spec("torchtitan")
-    if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("torchtitan is not installed (pip install torchtitan==0.2.2 to check the TOML with its own loader)")
-    try:
-        import torchtitan  # noqa: F401
-    except ImportError:  # a build without triton: enter the package without its __init__
-        package = types.ModuleType("torchtitan")
-        package.__path__ = list(spec.submodule_search_locations)
-        sys.modules["torchtitan"] = package
-    from torchtitan.config import ConfigManager
-
-    return ConfigManager
-
-
-def test_torchtitan_loads_the_export_with_its_own_config_manager(tmp_path: Path) -> None:
-    manager = _torchtitan_config_manager()
-    layout = _layout(2, tp=2, pp=4, zero_stage=3, sequence_parallel=True, schedule="interleaved", virtual_stages=2)
-    path = tmp_path / "job.toml"
-    path.write_text(api.export(_plan(GPT16, layout, tp_comm_overlap=True), "torchtitan"))
-    config = manager().parse_args(["--job.config_file", str(path)])  # refuses unknown keys
-    assert config.parallelism.data_parallel_shard_degree == 2
-    assert config.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
-    assert len(config.parallelism.module_fqns_per_model_part) == 8
-    assert config.parallelism.enable_async_tensor_parallel and config.compile.enable
-
-
-def test_deepspeed_accepts_the_export_with_its_own_config_class() -> None:
-    config_module = pytest.importorskip(
-        "deepspeed.runtime.config", reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)"
-    )
-
-    class DataParallel:  # what DeepSpeed asks its model-parallel unit: the data-parallel world
-        def get_data_parallel_world_size(self) -> int:
-            return 16
-
-    layout = _layout(16, mb=2, zero_stage=ZeroStage.PARAMETERS, secondary_partition_size=8)
-    raw = json.loads(api.export(_plan("llama3-8b", layout), "deepspeed"))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(config_module.dist, "get_rank", lambda: 0)  # no process group: rank 0 of 16
-        config = config_module.DeepSpeedConfig(raw, mpu=DataParallel())  # checks B = b x accumulation x d
-    assert (config.train_batch_size, config.gradient_accumulation_steps) == (64, 2)
-    assert config.zero_optimization_stage == 3 and config.zero_config.zero_hpz_partition_size == 8
-
-
-def test_megatron_parses_the_export_with_its_own_argument_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    arguments = pytest.importorskip(
-        "megatron.training.arguments",
-        reason="Megatron-LM's training package is not importable (its source tree, core_v0.15.0, on PYTHONPATH)",
-    )
-    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
-
-    layout = _layout(
-        2,
-        tp=2,
-        pp=4,
-        mb=2,
-        zero_stage=ZeroStage.OPTIMIZER,
-        sequence_parallel=True,
-        recompute="full",
-        schedule="interleaved",
-        virtual_stages=2,
-        layer_split=(1, 2, 2, 2, 2, 2, 2, 3),
-    )
-    words = _megatron(_plan(GPT16, layout, tp_comm_overlap=True, pp_comm_overlap=False))
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *words])
-    args = arguments.parse_args(ignore_unknown_args=False)  # exits on an unknown flag or a bad choice
-    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.micro_batch_size) == (2, 4, 2)
-    assert args.sequence_parallel and args.use_distributed_optimizer and args.recompute_granularity == "full"
-    split = PipelineParallelLayerLayout(args.pipeline_model_parallel_layout, args.pipeline_model_parallel_size)
-    split.validate_layer_layout(num_layers=args.num_layers, mtp_num_layers=None)  # 16 layers, E first, L last
-    assert split.virtual_pipeline_model_parallel_size == 2
