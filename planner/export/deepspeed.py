@@ -14,7 +14,9 @@ is not DeepSpeed's scheme, and its sequence parallelism (Ulysses), which is the 
 is not in its config (the model code wraps attention and hands DeepSpeed the groups); so is HSDP, whose DeepSpeed
 form (MiCS) 0.19.8 removed. Full recompute is the ``activation_checkpointing`` section, which configures
 ``deepspeed.checkpointing.checkpoint``: the model's layers must call it. Selective recompute has
-no DeepSpeed form and is refused. The optimizer and its schedule are left to the user.
+no DeepSpeed form and is refused. ``communication_data_type`` is written where the plan sums
+gradients in another precision than it trains in (DeepSpeed's default: the engine's
+``communication_data_type``). The optimizer and its schedule are left to the user.
 """
 
 import json
@@ -26,6 +28,8 @@ TARGET = "deepspeed"
 VERSION = "0.19.8"
 
 JsonValue = int | bool | str | dict[str, "JsonValue"]
+COMMUNICATION_TYPES = {DType.FP32: "fp32", DType.BF16: "bf16", DType.FP16: "fp16"}
+"""``communication_data_type``'s names (DeepSpeed's config.py ``get_communication_data_type``)."""
 
 
 def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
@@ -48,6 +52,8 @@ def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
         "bf16": {"enabled": training.dtype is DType.BF16},
         "fp16": {"enabled": training.dtype is DType.FP16},
     }
+    if training.reduce_dtype is not training.dtype:  # DeepSpeed sums gradients in the training precision
+        config["communication_data_type"] = COMMUNICATION_TYPES[training.reduce_dtype]
     if layout.recompute is Recompute.FULL:
         config["activation_checkpointing"] = {
             "partition_activations": False,

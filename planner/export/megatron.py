@@ -34,6 +34,12 @@ How the plan maps:
 - MoE: --num-experts, --moe-router-topk, the dispatcher (alltoall; DeepEP as flex +
   --moe-enable-deepep), capacity factor and padding (refused with DeepEP: the flex dispatcher
   does not pad); --tp-comm-overlap where the plan priced it.
+- The stack's behaviours that Megatron-LM runs otherwise by default (the plan re-priced as
+  megatron-lm runs it keeps the ones it was told: ``TrainingSpec.under``):
+  --cross-entropy-loss-fusion where the loss runs fused, --attention-backend flash or unfused
+  where the plan priced FlashAttention-2 or eager attention (auto, the default, lets Transformer
+  Engine pick cuDNN's fused attention on Hopper), --grad-reduce-in-bf16 where gradients are
+  summed in bf16. Eager elementwise kernels have no switch: Megatron-Core fuses them.
 - Left to the user: the rest of the model's shape, tokenizer, data, optimizer and schedule.
 """
 
@@ -42,8 +48,10 @@ import shlex
 from planner.export.common import check_common, layers_per_chunk, refuse
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
+    AttentionKernel,
     ContextParallelKind,
     DType,
+    Kernels,
     MoeDispatcher,
     Plan,
     Recompute,
@@ -89,9 +97,28 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
     args += ["--micro-batch-size", str(layout.micro_batch_size)]
     args += ["--global-batch-size", str(training.global_batch_size), "--seq-length", str(training.seq_len)]
     args += {DType.BF16: ["--bf16"], DType.FP16: ["--fp16"], DType.FP32: []}[training.dtype]
+    args += _stack_flags(plan)
     if model.is_moe:
         args += _experts(plan)
     return tuple(args)
+
+
+ATTENTION_BACKENDS = {AttentionKernel.FLASH: "flash", AttentionKernel.EAGER: "unfused"}
+"""--attention-backend for the attention kernels auto would not pick (``AttnBackend``'s names)."""
+
+
+def _stack_flags(plan: Plan) -> list[str]:
+    """The arguments that make Megatron-LM run the plan's loss, attention and gradient reduction as
+    it was priced, where that is not Megatron-LM's default."""
+    training = plan.training
+    flags = []
+    if (training.loss_kernels or training.kernels) is Kernels.FUSED:
+        flags.append("--cross-entropy-loss-fusion")
+    if training.attention_kernel in ATTENTION_BACKENDS:
+        flags += ["--attention-backend", ATTENTION_BACKENDS[training.attention_kernel]]
+    if training.dtype is DType.BF16 and training.reduce_dtype is DType.BF16:
+        flags.append("--grad-reduce-in-bf16")
+    return flags
 
 
 def _check(plan: Plan) -> None:

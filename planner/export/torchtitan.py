@@ -36,8 +36,11 @@ How the plan maps:
   layers are dropless, so a capacity factor is refused. A plan that priced the tensor-parallel
   collectives overlapped gets torchtitan's async tensor parallelism, with the model compiled,
   which that needs.
-- Left to the user: the model (named for the Llama 3 presets), dataset, optimizer, steps,
-  compile (but for async tensor parallelism) and float8.
+- The stack: ``[compile] enable`` where the plan priced fused elementwise kernels (torch.compile
+  fuses them; the torchtitan stack's own value) or async tensor parallelism, which needs it.
+  Gradients summed in bf16 are refused: 0.2.2's ``mixed_precision_reduce`` is float32 only.
+- Left to the user: the model (named for the Llama 3 presets), dataset, optimizer, steps and
+  float8.
 """
 
 from planner.export.common import check_common, layers_per_chunk, micro_batches, refuse
@@ -45,6 +48,7 @@ from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
     ContextParallelKind,
     DType,
+    Kernels,
     MoeDispatcher,
     Plan,
     Recompute,
@@ -119,7 +123,8 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     config["activation_checkpoint"] = {"mode": str(layout.recompute)}
     if layout.recompute is Recompute.SELECTIVE:
         config["activation_checkpoint"]["selective_ac_option"] = "op"
-    if async_tp:  # torchtitan's async tensor parallelism is an inductor pass: it needs the model compiled
+    # fused kernels are torch.compile's; async tensor parallelism is an inductor pass that needs it too
+    if async_tp or training.kernels is Kernels.FUSED:
         config["compile"] = {"enable": True, "components": ["model", "loss"]}
     return config
 
@@ -135,6 +140,13 @@ def _check(plan: Plan) -> None:
         )
     if plan.training.dtype is DType.FP16:
         refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
+    if plan.training.reduce_dtype is not DType.FP32:
+        refuse(
+            TARGET,
+            f"gradients summed in {plan.training.reduce_dtype}",
+            "its mixed_precision_reduce is float32 only",
+            "plan with --grad-reduce-dtype fp32",
+        )
     cp = layout.context_parallel_degree
     if cp > 1 and layout.context_parallel_kind is ContextParallelKind.ALL_TO_ALL:
         refuse(

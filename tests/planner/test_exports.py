@@ -116,8 +116,10 @@ def test_torchtitan_experts() -> None:
 
 def test_torchtitan_overlapped_tensor_parallel_collectives_are_async_tp_with_the_model_compiled() -> None:
     layout = _layout(8, tp=2, zero_stage=ZeroStage.PARAMETERS, sequence_parallel=True)
-    assert "compile" not in _toml(_plan("tiny-gpt", layout))  # compile is the user's choice ...
-    config = _toml(_plan("tiny-gpt", layout, tp_comm_overlap=True))
+    assert "compile" not in _toml(
+        _plan("tiny-gpt", layout, stack="torchtitan", kernels="eager")
+    )  # eager: not compiled ...
+    config = _toml(_plan("tiny-gpt", layout, stack="torchtitan", kernels="eager", tp_comm_overlap=True))
     assert config["parallelism"]["enable_async_tensor_parallel"] is True
     assert config["compile"] == {"enable": True, "components": ["model", "loss"]}  # ... but async TP needs it
 
@@ -233,6 +235,11 @@ REFUSED = {
         "ZeRO-0 data parallelism beside tensor or pipeline parallelism",
     ),
     "torchtitan-fp16": ("torchtitan", lambda: _plan("tiny-gpt", _layout(16), dtype="fp16"), "dtype=fp16"),
+    "torchtitan-bf16-reduce": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(16, zero_stage=3), grad_reduce_dtype="bf16"),
+        "gradients summed in bf16",
+    ),
     "torchtitan-tp-without-sp": (
         "torchtitan",
         lambda: _plan("tiny-gpt", _layout(8, tp=2, zero_stage=3)),

@@ -54,6 +54,7 @@ TORCHTITAN: dict[str, Callable[[], Plan]] = {
     "context-parallel": lambda: plan(
         "llama3-8b", layout(4, zero_stage=ZeroStage.PARAMETERS, context_parallel_degree=4)
     ),
+    "fused-compiled": lambda: plan("llama3-8b", layout(16, zero_stage=ZeroStage.PARAMETERS), stack="torchtitan"),
     "interleaved-async-tp": lambda: plan(
         GPT16,
         layout(2, tp=2, pp=4, zero_stage=3, sequence_parallel=True, schedule="interleaved", virtual_stages=2),
@@ -132,6 +133,7 @@ DEEPSPEED: dict[str, Callable[[], Plan]] = {
     ),
     "zero3-hpz": lambda: plan("llama3-8b", layout(16, mb=2, zero_stage=3, secondary_partition_size=8)),
     "zero3-experts": lambda: plan("tiny-moe", layout(16, zero_stage=ZeroStage.PARAMETERS)),
+    "fp32-reduce": lambda: plan("tiny-gpt", layout(16, zero_stage=1), stack="deepspeed", grad_reduce_dtype="fp32"),
 }
 
 
@@ -160,6 +162,10 @@ def test_deepspeed_accepts_the_export(case: str) -> None:
         training.dtype == "fp16",
     )
     assert config.zero_config.zero_hpz_partition_size == (exported.layout.secondary_partition_size or 1)
+    # gradients summed as priced under DeepSpeed's stack: the training precision unless the plan says otherwise
+    summed = exported.training.under("deepspeed").reduce_dtype
+    expected = None if summed == training.dtype else {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[summed]
+    assert (config.communication_data_type and str(config.communication_data_type).removeprefix("torch.")) == expected
 
 
 # Megatron-LM --------------------------------------------------------------------------------------
@@ -206,6 +212,15 @@ MEGATRON: dict[str, Callable[[], Plan]] = {
     "selective-modules": lambda: plan(
         "tiny-moe", layout(16, recompute="selective", recompute_modules=("moe", "layernorm"))
     ),
+    "stack-flags": lambda: plan(  # a fused loss, FlashAttention-2 and a bf16 gradient reduction on megatron-lm
+        "tiny-gpt",
+        layout(8, tp=2, zero_stage=1),
+        stack="megatron-lm",
+        loss_kernels=None,
+        attention_kernel="flash",
+        grad_reduce_dtype="bf16",
+    ),
+    "eager-attention": lambda: plan("tiny-gpt", layout(16), stack="megatron-lm", attention_kernel="eager"),
 }
 
 _MEGATRON_DESTS = {"--no-overlap-p2p-communication": "overlap_p2p_comm"}
@@ -246,13 +261,14 @@ def test_megatron_core_accepts_the_export(case: str) -> None:
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     exported = MEGATRON[case]()
     args = _megatron_namespace(megatron_words(exported))
     classes = (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)
     fields = set().union(*map(_names, classes))
-    derived = {"num_layers_per_virtual_pipeline_stage"}  # validate_args turns it into a field, below
+    derived = {"num_layers_per_virtual_pipeline_stage", "grad_reduce_in_bf16"}  # validate_args makes fields of them
     assert set(args) - fields - set(_MEGATRON_RENAMES) - _MEGATRON_TRAINING_ONLY - derived == set()
 
     model, dtype = exported.model, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(exported.training.dtype)
@@ -260,6 +276,10 @@ def test_megatron_core_accepts_the_export(case: str) -> None:
     kwargs |= {_MEGATRON_RENAMES[name]: value for name, value in args.items() if name in _MEGATRON_RENAMES}
     if "cp_comm_type" in args:  # one type for every layer is passed on as a string
         kwargs["cp_comm_type"] = args["cp_comm_type"][0]
+    if "attention_backend" in args:  # the parser's type: AttnBackend[name]
+        kwargs["attention_backend"] = AttnBackend[args["attention_backend"]]
+    if args.get("grad_reduce_in_bf16"):  # validate_args: accumulate_allreduce_grads_in_fp32 = False
+        kwargs["grad_reduce_in_fp32"] = False
     if "overlap_p2p_comm" in args:
         kwargs["batch_p2p_comm"] = not args["overlap_p2p_comm"]
     if "num_layers_per_virtual_pipeline_stage" in args:  # as validate_args derives it
