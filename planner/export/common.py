@@ -9,9 +9,9 @@ The three targets share the planner's rank order (tensor axis fastest, then data
 
 from typing import NoReturn
 
-from planner.schemas import Plan
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import chunk_layers, num_micro_batches
+from planner.schemas.plan import PlanShape
 
 
 def refuse(target: str, feature: str, reason: str, fix: str) -> NoReturn:
@@ -19,7 +19,7 @@ def refuse(target: str, feature: str, reason: str, fix: str) -> NoReturn:
     raise InfeasibleConfigError(f"{target} cannot express {feature}: {reason}; {fix}")
 
 
-def check_common(plan: Plan, target: str) -> None:
+def check_common(plan: PlanShape, target: str) -> None:
     """Refuse what none of the targets expresses: a rank-to-device map (each numbers its ranks
     as the launcher starts them), a chosen expert placement (each places experts in contiguous
     blocks) and a vocabulary split over the pipeline (Vocabulary Parallelism is in none of them)."""
@@ -47,7 +47,7 @@ def check_common(plan: Plan, target: str) -> None:
         )
 
 
-def micro_batches(plan: Plan) -> int:
+def micro_batches(plan: PlanShape) -> int:
     """Micro-batches per step on one data-parallel replica, B / (d b); refused unless whole."""
     layout, batch = plan.layout, plan.training.global_batch_size
     per_step = layout.data_parallel_degree * layout.micro_batch_size
@@ -59,7 +59,7 @@ def micro_batches(plan: Plan) -> int:
     return num_micro_batches(batch, layout)
 
 
-def layers_per_chunk(plan: Plan) -> tuple[int, ...]:
+def layers_per_chunk(plan: PlanShape) -> tuple[int, ...]:
     """Transformer layers of each model chunk in pipeline order (p v entries); chunk c runs on
     pipeline rank c % p, as in the three targets' interleaved schedules."""
     return chunk_layers(plan.model, plan.layout)

@@ -23,6 +23,7 @@ import json
 
 from planner.export.common import check_common, micro_batches, refuse
 from planner.schemas import ContextParallelKind, DType, Plan, Recompute
+from planner.schemas.plan import PlanShape
 
 TARGET = "deepspeed"
 VERSION = "0.19.8"
@@ -38,8 +39,7 @@ def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
     Raises:
         InfeasibleConfigError: the plan uses a feature a DeepSpeed config cannot express (the message says which).
     """
-    check_common(plan, TARGET)
-    _check(plan)
+    check(plan)
     layout, training = plan.layout, plan.training
     zero: dict[str, JsonValue] = {"stage": int(layout.zero_stage)}
     if layout.secondary_partition_size is not None:
@@ -63,7 +63,14 @@ def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
     return config
 
 
-def _check(plan: Plan) -> None:
+def check(plan: PlanShape) -> None:
+    """Refuse what a DeepSpeed config cannot express (``planner search --stack deepspeed`` leaves
+    such layouts out).
+
+    Raises:
+        InfeasibleConfigError: one line naming the feature, why, and what to plan instead.
+    """
+    check_common(plan, TARGET)
     layout = plan.layout
     for name, flag, degree in (
         ("tensor parallelism", "--tp", layout.tensor_parallel_degree),

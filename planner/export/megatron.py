@@ -59,6 +59,7 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.geometry import pipeline_schedules
+from planner.schemas.plan import PlanShape
 
 TARGET = "megatron"
 VERSION = "core_v0.15.0"
@@ -71,8 +72,7 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
     Raises:
         InfeasibleConfigError: the plan uses a feature Megatron-LM cannot express (the message says which).
     """
-    check_common(plan, TARGET)
-    _check(plan)
+    check(plan)
     layout, training, model = plan.layout, plan.training, plan.model
     args = [
         "--tensor-model-parallel-size",
@@ -121,7 +121,14 @@ def _stack_flags(plan: Plan) -> list[str]:
     return flags
 
 
-def _check(plan: Plan) -> None:
+def check(plan: PlanShape) -> None:
+    """Refuse what Megatron-LM's arguments cannot express (``planner search --stack megatron-lm``
+    leaves such layouts out).
+
+    Raises:
+        InfeasibleConfigError: one line naming the feature, why, and what to plan instead.
+    """
+    check_common(plan, TARGET)
     layout = plan.layout
     if layout.pipeline_parallel_degree > 1 and layout.schedule is Schedule.GPIPE:
         refuse(TARGET, "the GPipe schedule", "its pipelines run 1F1B or interleaved", "plan with --schedule 1f1b")

@@ -1,13 +1,16 @@
 """The export targets and one entry point: a plan as the config or arguments of another
 training framework (``planner export plan.json --to torchtitan|megatron|deepspeed``)."""
 
+from collections.abc import Callable
 from enum import StrEnum
 
+from planner.export import deepspeed, megatron, torchtitan
 from planner.export.deepspeed import deepspeed_json
 from planner.export.megatron import megatron_text
 from planner.export.torchtitan import torchtitan_toml
 from planner.schemas import Plan, StackName
 from planner.schemas.errors import SchemaError
+from planner.schemas.plan import PlanShape
 
 
 class ExportTarget(StrEnum):
@@ -27,6 +30,14 @@ TARGET_STACKS = {
     ExportTarget.DEEPSPEED: StackName.DEEPSPEED,
 }
 """The stack each target runs a plan with (``schemas.stacks``): what its export is priced under."""
+
+
+STACK_CHECKS: dict[StackName, Callable[[PlanShape], None]] = {
+    StackName.TORCHTITAN: torchtitan.check,
+    StackName.MEGATRON_LM: megatron.check,
+    StackName.DEEPSPEED: deepspeed.check,
+}
+"""What each stack with an export refuses: a search for that stack leaves those layouts out."""
 
 
 def export_target(target: ExportTarget | str) -> ExportTarget:

@@ -56,6 +56,7 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.geometry import pipeline_schedules
+from planner.schemas.plan import PlanShape
 
 TARGET = "torchtitan"
 VERSION = "v0.2.2"
@@ -74,10 +75,9 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     Raises:
         InfeasibleConfigError: the plan uses a feature torchtitan cannot express (the message says which).
     """
-    check_common(plan, TARGET)
+    check(plan)
     layout, training = plan.layout, plan.training
     d, t, p = layout.data_parallel_degree, layout.tensor_parallel_degree, layout.pipeline_parallel_degree
-    _check(plan)
     cp = layout.context_parallel_degree
     shard = layout.shard_degree if layout.zero_stage.shards_gradients else 1
     parallelism: dict[str, TomlValue] = {
@@ -129,7 +129,14 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     return config
 
 
-def _check(plan: Plan) -> None:
+def check(plan: PlanShape) -> None:
+    """Refuse what a torchtitan job config cannot express (``planner search --stack torchtitan``
+    leaves such layouts out).
+
+    Raises:
+        InfeasibleConfigError: one line naming the feature, why, and what to plan instead.
+    """
+    check_common(plan, TARGET)
     layout = plan.layout
     if layout.recompute is Recompute.SELECTIVE and layout.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         refuse(

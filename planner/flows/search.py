@@ -1,11 +1,14 @@
 """`planner search`: the fastest layouts that fit, as plans, and the search's account."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from planner.export.targets import STACK_CHECKS
 from planner.files.plans import make_plan
 from planner.flows.loading import cluster_of, model_for, routing_of
-from planner.schemas import Alternative, ClusterProfile, ModelSpec, Plan, TrainingSpec
+from planner.schemas import Alternative, ClusterProfile, DeviceKind, Layout, ModelSpec, Plan, StackName, TrainingSpec
 from planner.schemas.errors import SchemaError
+from planner.schemas.plan import PlannedLayout
+from planner.schemas.runtime_support import check_runnable
 from planner.schemas.settings import SearchSettings
 from planner.search_engine import make_strategy
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
@@ -62,8 +65,17 @@ def search_outcome(
     routing = routing_of(settings.routing_trace, model_spec)
     if routing is not None:
         refiners = (*refiners, ExpertPlacementRefiner(stats=routing, replicas=settings.expert_replicas))
+    admit = admission(model_spec, training, cluster_profile)
     outcome = run_search(
-        model_spec, training, cluster_profile, chosen, settings, progress=progress, refiners=refiners, routing=routing
+        model_spec,
+        training,
+        cluster_profile,
+        chosen,
+        settings,
+        progress=progress,
+        refiners=refiners,
+        routing=routing,
+        admit=admit,
     )
     ranked = outcome.ranked
     plans = tuple(
@@ -108,3 +120,19 @@ def search(
         model, cluster, training, settings, strategy=strategy, progress=progress, refiners=refiners
     )
     return plans
+
+
+def admission(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile) -> Callable[[Layout], None] | None:
+    """What the training's stack refuses to run, as the search's check of each layout: the
+    planner's runtime refuses what ``planner run`` would (``runtime_support.check_runnable``, on
+    this cluster's kind of device), a stack with an export what its export cannot express
+    (``export.targets.STACK_CHECKS``); so the best plan of ``search --stack X`` runs or exports.
+    None for the stacks with neither (megatron-bridge, nemo-automodel, llm-foundry): they are
+    priced, not checked."""
+    if training.stack is StackName.PLANNER_RUNTIME:
+        cuda = cluster.pricing_device.kind is not DeviceKind.CPU
+        return lambda layout: check_runnable(PlannedLayout(model, training, layout), cuda=cuda)
+    check = STACK_CHECKS.get(training.stack)
+    if check is None:
+        return None
+    return lambda layout: check(PlannedLayout(model, training, layout))

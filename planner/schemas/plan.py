@@ -27,9 +27,9 @@ priced; 12 reads pipeline receive buffers per transfer where a plan names none (
 version 12's default of every behaviour it does not name (fused kernels among them).
 """
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Literal, Self
+from typing import Literal, Protocol, Self
 
 from pydantic import Field, model_validator
 
@@ -40,6 +40,29 @@ from planner.schemas.estimate import Estimate
 from planner.schemas.layout import Layout, check_experts
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
+
+
+class PlanShape(Protocol):
+    """What the checks of who runs a plan read (``schemas.runtime_support``, ``planner.export``):
+    its model, training and layout; a Plan, or a layout a search weighs (``PlannedLayout``)."""
+
+    @property
+    def model(self) -> ModelSpec: ...
+
+    @property
+    def training(self) -> TrainingSpec: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedLayout:
+    """A layout with the model and training it is for: a plan before it is priced (``PlanShape``)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    layout: Layout
 
 
 class ClusterRef(FrozenModel):

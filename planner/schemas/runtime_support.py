@@ -14,7 +14,7 @@ from planner.schemas.enums import (
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches, pipeline_schedules
 from planner.schemas.layout import Layout
-from planner.schemas.plan import Plan
+from planner.schemas.plan import PlanShape
 
 OUTPUT_DISCARDING = (RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT)
 """Recompute modules that free a module's output once its consumer ran and rebuild it in the
@@ -54,7 +54,7 @@ def check_pipeline_flushes(layout: Layout, flushes: int) -> None:
         )
 
 
-def check_runnable(plan: Plan, *, cuda: bool) -> None:
+def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
     """Refuse a plan the runtime cannot run on a job with (``cuda``) or without CUDA devices,
     whatever the job's size (``runtime.run.check_world`` checks that).
 

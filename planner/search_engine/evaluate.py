@@ -15,6 +15,7 @@ micro-batches in flight times b, min(in flight, m) b with m = B / (d b), cannot 
 """
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from cost_models.estimate import estimate_unchecked
@@ -23,7 +24,7 @@ from cost_models.memory import LayoutMemory, all_stage_memory, stage_memory_floo
 from cost_models.stage_devices import stage_devices
 from cost_models.timing import stage_times
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
-from planner.schemas.errors import DoesNotFitError
+from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError
 from planner.schemas.settings import DEFAULT_MEMORY_MARGIN
 
 
@@ -77,8 +78,16 @@ class Evaluator:
         memory_margin: float = DEFAULT_MEMORY_MARGIN,
         routing: RoutingStats | None = None,
         record_points: bool = False,
+        admit: Callable[[Layout], None] | None = None,
     ) -> None:
         self.model, self.training, self.cluster = model, training, cluster
+        self.admit = admit
+        """The stack's own refusals: raises InfeasibleConfigError for a layout the framework the
+        training is priced for cannot run or express (``flows.search.admission``); None admits all."""
+        self.refused = 0
+        """Layouts ``admit`` refused."""
+        self.first_refusal: str | None = None
+        """Why ``admit`` refused the first layout it refused."""
         self.routing = routing
         """A routing trace's statistics: every MoE layer is priced at its busiest rank's load."""
         self.usable_memory_bytes = cluster.pricing_device.memory_bytes * (1.0 - memory_margin)
@@ -104,6 +113,13 @@ class Evaluator:
         (``LayoutMemory`` prices each stage once, what the stages share once).
         """
         check_layout(self.model, self.training, self.cluster, layout)
+        if self.admit is not None:
+            try:
+                self.admit(layout)
+            except InfeasibleConfigError as e:
+                self.refused += 1
+                self.first_refusal = self.first_refusal or str(e)
+                raise
         stages = LayoutMemory(self.model, self.training, self.cluster, layout, self.routing)
         usable = self.stage_usable_bytes(layout)
         first = stages.stage(0)

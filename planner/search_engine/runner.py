@@ -5,11 +5,12 @@ how close the best attempt came, what dominated its memory and what would make i
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.schemas import (
     ClusterProfile,
+    Layout,
     ModelSpec,
     Recompute,
     RoutingStats,
@@ -59,13 +60,15 @@ def run_search(
     progress: Progress | None = None,
     refiners: Sequence[Refiner] = DEFAULT_REFINERS,
     routing: RoutingStats | None = None,
+    admit: Callable[[Layout], None] | None = None,
 ) -> SearchOutcome:
     """Search ``model`` on ``cluster``; the ``settings.top_k`` fastest layouts that fit, fastest first.
 
     The strategy searches the space; its fastest finalists then pass through ``refiners`` in
     order (the CP-SAT layer split by default), and the refined layouts are ranked. With
     ``routing`` (a routing trace's statistics) every layout's MoE layers are priced at their
-    busiest rank's load; without, routing is assumed uniform. The settings' vocabulary layouts,
+    busiest rank's load; without, routing is assumed uniform. ``admit`` refuses the layouts the
+    training's stack cannot run (``Evaluator.admit``). The settings' vocabulary layouts,
     hierarchical sharding and constraints shape the space (``SearchSpace``); its budget, seed and
     memory margin the strategy and the evaluator.
 
@@ -94,6 +97,7 @@ def run_search(
         memory_margin=settings.memory_margin,
         routing=routing,
         record_points=settings.record_points,
+        admit=admit,
     )
     finalists_wanted = max(10, FINALISTS_PER_RESULT * settings.top_k)
     result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
@@ -150,6 +154,13 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
     usable_gib = evaluate.usable_memory_bytes / 2**30
     margin = f"{evaluate.memory_margin:.0%} kept free"
     miss = evaluate.closest_miss
+    if miss is None and evaluate.first_refusal is not None:
+        stack = space.training.stack
+        return (
+            f"no layout of {space.model.name!r} that {stack} runs fits or is valid ({evaluate.refused} refused, e.g. "
+            f"{evaluate.first_refusal}); search with --stack for the framework that will run it "
+            "(`planner stacks`), or as that message says"
+        )
     if miss is None:
         return (
             f"no valid layout of {space.model.name!r} on {space.world_size} ranks: check that the global batch "

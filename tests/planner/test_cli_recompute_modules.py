@@ -52,7 +52,8 @@ SEARCH += ["--tp", "1", "--pp", "1", "--micro-batch-size", "2", "--zero-stage", 
 def test_search_tries_the_given_modules_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "plan.json"
     code, _, err = planner_main(
-        [*SEARCH, "--recompute-modules", "layernorm,moe_act", "--output", str(path)], monkeypatch
+        [*SEARCH, "--recompute-modules", "layernorm,moe_act", "--stack", "megatron-lm", "--output", str(path)],
+        monkeypatch,
     )
     assert code == 0, err
     assert load_plan(path).layout.recompute_modules == (RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT)
