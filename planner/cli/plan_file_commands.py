@@ -174,6 +174,8 @@ def export(
     else:
         output.write_text(exported.text)
         typer.echo(f"wrote {output} ({to} export of {plan})")
+    if exported.note is not None:  # beside the text, never in it: Megatron-LM's arguments must paste as they are
+        typer.echo(exported.note, err=True)
     if exported.planned is not None and exported.under_target is not None:
         line = repricing_line(exported.planned, exported.under_target, exported.plan_stack, exported.target_stack)
         typer.echo(line, err=output is None)
