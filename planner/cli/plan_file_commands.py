@@ -47,6 +47,12 @@ def explain(
             "(step_time.png)."
         ),
     ] = None,
+    memory_margin: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=0.9, help="With --plot: the share of device memory the search kept free (the usable line)."
+        ),
+    ] = 0.05,
 ) -> None:
     """Show a plan's memory and time breakdowns, and why it beat the runner-up.
 
@@ -78,7 +84,7 @@ def explain(
     if shown.timeline is not None and plot is not None:
         from planner.views.plots import save_explain_plots  # matplotlib: only for the commands that draw
 
-        written = save_explain_plots(loaded, shown.timeline, plot)
+        written = save_explain_plots(loaded, shown.timeline, plot, memory_margin=memory_margin)
         typer.echo(f"wrote {', '.join(str(p) for p in written)}")
 
 
