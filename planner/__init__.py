@@ -31,3 +31,9 @@ def __getattr__(name: str) -> Any:
     if name in api.__all__:
         return getattr(api, name)
     raise AttributeError(f"module 'planner' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The API and the subpackages ``dir(planner)`` and completion offer: the names are reached
+    lazily (``__getattr__``), so the module's own namespace holds none of them."""
+    return sorted({*globals(), *_MODULES, *__getattr__("__all__")})

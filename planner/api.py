@@ -25,7 +25,7 @@ from planner.flows.estimate import dropped_token_share, estimate, homogeneous_es
 from planner.flows.explain import Explanation, compare_placements, expert_traffic, explain, pipeline_timeline
 from planner.flows.export import Exported, export_plan, export_text
 from planner.flows.profile import profile
-from planner.flows.replan import Replan, replan
+from planner.flows.replan import Replan, replan, survivors
 from planner.flows.run import dry_run, run
 from planner.flows.search import search, search_outcome
 from planner.flows.tune import tune, validate
@@ -79,6 +79,7 @@ __all__ = [
     "search",
     "search_outcome",
     "stage_device_names",
+    "survivors",
     "tune",
     "validate",
 ]

@@ -57,7 +57,16 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from planner.schemas.errors import InfeasibleConfigError
 from runtime.checkpoint_layout import Splits, expert_splits, placed, shaped, vocabulary_splits
-from runtime.checkpoint_meta import LATEST, META, check_loadable, latest, layout_json, model_sha256
+from runtime.checkpoint_meta import (
+    CHECKPOINT_PREFIX,
+    LATEST,
+    META,
+    check_loadable,
+    latest,
+    layout_json,
+    model_sha256,
+    prune,
+)
 from runtime.data_parallel import Optimizer
 from runtime.expert_parallel import JointOptimizer
 from runtime.optim import DataParallelOptimizer, local
@@ -81,11 +90,15 @@ class Resumed:
 
 def checkpoint_name(step: int) -> str:
     """The folder of the checkpoint taken after ``step`` steps."""
-    return f"step-{step:08d}"
+    return f"{CHECKPOINT_PREFIX}{step:08d}"
 
 
-def save(trainer: Trainer, directory: Path, step: int, plan_sha256: str) -> Path:
-    """Save the run's state after ``step`` completed steps (collective: every rank calls it).
+def save(
+    trainer: Trainer, directory: Path, step: int, plan_sha256: str, *, keep_last: int = 0, keep: Path | None = None
+) -> Path:
+    """Save the run's state after ``step`` completed steps (collective: every rank calls it); then,
+    with ``keep_last`` above 0, remove the complete checkpoints older than the newest
+    ``keep_last``, ``keep`` (the one the run resumed from) aside (``checkpoint_meta.prune``).
 
     Returns:
         The complete checkpoint's folder.
@@ -115,6 +128,8 @@ def save(trainer: Trainer, directory: Path, step: int, plan_sha256: str) -> Path
         pointer = directory / (LATEST + ".tmp")
         pointer.write_text(final.name + "\n")
         os.replace(pointer, directory / LATEST)
+        if keep_last > 0:
+            prune(directory, keep_last, keep=keep)
     dist.barrier()
     return final
 

@@ -4,6 +4,7 @@ checks before any job starts)."""
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from planner.schemas.errors import InfeasibleConfigError, SchemaError
 
 LATEST = "latest"
 META = "meta.json"
+CHECKPOINT_PREFIX = "step-"
+"""A checkpoint's folder is this and its step count in 8 digits (``.partial`` while it is written)."""
 
 
 def model_sha256(model: ModelSpec) -> str:
@@ -64,3 +67,24 @@ def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int) ->
             f"plan's {global_batch_size}; re-plan with the same global batch size (planner replan)"
         )
     return meta
+
+
+def prune(directory: Path, keep_last: int, *, keep: Path | None = None) -> list[Path]:
+    """Remove the complete checkpoints of ``directory`` older than its newest ``keep_last``: a
+    checkpoint is some hundred MB to many GB, and a run that takes one every few steps fills its
+    disk. Never removed: a ``.partial`` folder (being written, or left by a killed job), the one
+    ``latest`` names, and ``keep`` (the one the run resumed from).
+
+    Returns:
+        The folders removed, oldest first.
+    """
+    complete = sorted(
+        path
+        for path in directory.glob(f"{CHECKPOINT_PREFIX}*")
+        if path.is_dir() and not path.name.endswith(".partial") and (path / META).is_file()
+    )  # 8-digit steps: the names sort as the steps do
+    spared = {latest(directory), keep}
+    removed = [path for path in complete[: max(len(complete) - keep_last, 0)] if path not in spared]
+    for path in removed:
+        shutil.rmtree(path)
+    return removed

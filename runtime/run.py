@@ -35,6 +35,7 @@ from runtime.expert_parallel import expert_sent_bytes
 from runtime.heartbeat import SLOW_FAULT_S, Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.model import attention_priority
 from runtime.peak_memory import MeasuredPeak, measured_step
+from runtime.progress import log_step, progress_every
 from runtime.routing_trace import gather_routing, record_routing, save_routing_trace
 from runtime.straggler_watch import StragglerWatch, axis_groups
 from runtime.threads import cpu_threads_per_rank
@@ -324,6 +325,10 @@ def _train(
     sent: list[tuple[float, float]] = []
     memory: MeasuredPeak | None = None
     lag_s = 0.0
+    every, tokens_per_step = progress_every(settings.steps, settings.log_every), training.tokens_per_step
+    resumed_from = (
+        settings.checkpoint_dir / checkpoint.checkpoint_name(first) if settings.checkpoint_dir and first else None
+    )
     with watch.clock.running():
         for step in range(first, settings.steps):
             began = time.perf_counter()
@@ -351,6 +356,8 @@ def _train(
             dist.barrier()
             synchronize(device)
             times.append(time.perf_counter() - start)
+            if heartbeat.rank == 0:
+                log_step(step, settings.steps, every, loss=loss, step_time_s=times[-1], tokens_per_step=tokens_per_step)
             if step == first and first > 0 and heartbeat.rank == 0:  # how long a restart took shows from here
                 logger.info("step %d, the first after the resume, ended at %s", step, datetime.now(UTC).isoformat())
             losses.append(loss)
@@ -359,7 +366,14 @@ def _train(
             stop = watch.step_done(step, time.perf_counter() - began, watch.clock.inside_s - inside_before)
             if settings.checkpoint_dir is not None and (stop or _checkpoint_due(settings, step + 1)):
                 heartbeat.at("checkpoint", str(step + 1))
-                checkpoint.save(trainer, settings.checkpoint_dir, step + 1, plan_sha256)
+                checkpoint.save(
+                    trainer,
+                    settings.checkpoint_dir,
+                    step + 1,
+                    plan_sha256,
+                    keep_last=settings.keep_last,
+                    keep=resumed_from,
+                )
             if stop:
                 break
     assert memory is not None

@@ -3,7 +3,8 @@
 Each command parses its options into a Settings object, calls a flow through the API, renders the
 result through ``planner.views`` and writes its artifact; none holds logic of its own. The
 commands that plan are in ``plan_commands``, those over a plan file in ``plan_file_commands``,
-those that run on a cluster in ``cluster_commands``, and replan in ``replan_command``. A PlannerError
+those that run on a cluster in ``cluster_commands``, replan in ``replan_command``, and the cluster
+profile's own (``planner cluster cut``) in ``cluster_profile_commands``. A PlannerError
 (bad input, infeasible layout) prints one line and exits with code 2; any other exception is a bug
 and keeps its traceback.
 """
@@ -15,6 +16,7 @@ import optuna
 import typer
 
 from planner.cli.cluster_commands import profile, run, tune, validate
+from planner.cli.cluster_profile_commands import cluster_app
 from planner.cli.plan_commands import estimate, search
 from planner.cli.plan_file_commands import explain, export, launch, presets, stacks
 from planner.cli.replan_command import replan
@@ -31,6 +33,7 @@ app = typer.Typer(
 )
 for _command in (estimate, search, replan, explain, launch, export, profile, run, tune, validate, presets, stacks):
     app.command()(_command)
+app.add_typer(cluster_app, name="cluster")
 
 
 class _LogFormatter(logging.Formatter):

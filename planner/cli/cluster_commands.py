@@ -117,6 +117,23 @@ def run(
     checkpoint_every: Annotated[
         int, typer.Option(min=0, help="Steps between checkpoints (0: one after the last step).")
     ] = 0,
+    keep_last: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Keep the newest N complete checkpoints in --checkpoint-dir (and the one resumed from), "
+            "removing older ones (0: keep all).",
+        ),
+    ] = 0,
+    log_every: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Steps between rank 0's progress lines (step, loss, step time, tokens/s); 0: none "
+            "[default: every step up to 50 steps, else every 10].",
+            show_default=False,
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -188,6 +205,8 @@ def run(
         trace_routing=trace_routing,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
+        keep_last=keep_last,
+        log_every=log_every,
         resume=resume,
         elastic=elastic,
         on_fault=on_fault,

@@ -47,6 +47,12 @@ def explain(
             "(step_time.png)."
         ),
     ] = None,
+    memory_margin: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=0.9, help="With --plot: the share of device memory the search kept free (the usable line)."
+        ),
+    ] = 0.05,
 ) -> None:
     """Show a plan's memory and time breakdowns, and why it beat the runner-up.
 
@@ -78,7 +84,7 @@ def explain(
     if shown.timeline is not None and plot is not None:
         from planner.views.plots import save_explain_plots  # matplotlib: only for the commands that draw
 
-        written = save_explain_plots(loaded, shown.timeline, plot)
+        written = save_explain_plots(loaded, shown.timeline, plot, memory_margin=memory_margin)
         typer.echo(f"wrote {', '.join(str(p) for p in written)}")
 
 
@@ -174,6 +180,8 @@ def export(
     else:
         output.write_text(exported.text)
         typer.echo(f"wrote {output} ({to} export of {plan})")
+    if exported.note is not None:  # beside the text, never in it: Megatron-LM's arguments must paste as they are
+        typer.echo(exported.note, err=True)
     if exported.planned is not None and exported.under_target is not None:
         line = repricing_line(exported.planned, exported.under_target, exported.plan_stack, exported.target_stack)
         typer.echo(line, err=output is None)

@@ -261,22 +261,23 @@ def _experts(plan: Plan) -> list[str]:
 
 
 def megatron_text(plan: Plan) -> str:
-    """The arguments as shell text: a header naming the plan and the Megatron-LM version, then
-    one flag (with its value) per line, continued with backslashes.
+    """The arguments as shell text on one line, and nothing else: pasted after ``pretrain_gpt.py``
+    or read with ``$(cat megatron.args)``, a comment or a continuation backslash would reach
+    Megatron-LM's parser as a word (``$(cat ...)`` does not strip them), so what the arguments
+    come from is :func:`megatron_note`. A value with shell characters (the ``|`` of a layout
+    string) is quoted, for a paste or ``eval``.
 
     Raises:
         InfeasibleConfigError: as :func:`megatron_args`.
     """
-    args = megatron_args(plan)
-    lines: list[str] = []
-    for word in args:
-        if word.startswith("--") or not lines:
-            lines.append(shlex.quote(word))
-        else:
-            lines[-1] += " " + shlex.quote(word)
-    header = [
-        f"# Megatron-LM {VERSION} arguments from a planner plan: {plan.model.name} on {plan.cluster.spec}",
-        f"# {plan.layout.describe()}; predicted step time {plan.estimate.step_time_s:.3f} s. Add the model's "
-        "shape, tokenizer, data and optimizer.",
-    ]
-    return "\n".join([*header, " \\\n".join(lines)]) + "\n"
+    return shlex.join(megatron_args(plan)) + "\n"
+
+
+def megatron_note(plan: Plan) -> str:
+    """What :func:`megatron_text`'s arguments come from and what they leave to the user, as a
+    note printed beside them (never inside: they must stay pasteable)."""
+    return (
+        f"Megatron-LM {VERSION} arguments from a planner plan: {plan.model.name} on {plan.cluster.spec}; "
+        f"{plan.layout.describe()}; predicted step time {plan.estimate.step_time_s:.3f} s. Add the model's "
+        "shape, tokenizer, data and optimizer."
+    )

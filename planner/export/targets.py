@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from planner.export import deepspeed, megatron, torchtitan
 from planner.export.deepspeed import deepspeed_json
-from planner.export.megatron import megatron_text
+from planner.export.megatron import megatron_note, megatron_text
 from planner.export.torchtitan import torchtitan_toml
 from planner.schemas import Plan, StackName
 from planner.schemas.errors import SchemaError
@@ -76,3 +76,13 @@ def export(plan: Plan, target: ExportTarget | str) -> str:
         ExportTarget.DEEPSPEED: deepspeed_json,
     }
     return writers[chosen](plan)
+
+
+def export_note(plan: Plan, target: ExportTarget | str) -> str | None:
+    """What ``target``'s export of ``plan`` comes from, where its text cannot carry a comment
+    (Megatron-LM's arguments, which must paste as they are); None where the text says it itself.
+
+    Raises:
+        SchemaError: ``target`` is not a known target.
+    """
+    return megatron_note(plan) if export_target(target) is ExportTarget.MEGATRON else None

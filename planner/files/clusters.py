@@ -18,6 +18,12 @@ def load_cluster(spec: str) -> ClusterProfile:
     """Load a cluster: a preset ``NAME:NODES`` (e.g. ``dgx-a100-80g:16``), a mixed cluster of presets
     joined by ``+`` (``dgx-a100-80g:4+dgx-h100:4``: ``planner.files.cluster_mix``), or a path to a profile JSON.
 
+    Args:
+        spec: the preset, mixed cluster or profile path.
+
+    Returns:
+        The cluster profile.
+
     Raises:
         SchemaError: a malformed spec, unknown preset, missing or malformed file, or an invalid profile.
     """
@@ -56,6 +62,10 @@ def _preset_part(part: str, spec: str, presets: tuple[str, ...], form: str) -> C
 
 def save_cluster(profile: ClusterProfile, path: str | Path) -> None:
     """Write ``profile`` to ``path`` as JSON (indent 2), readable by ``load_cluster``.
+
+    Args:
+        profile: the cluster profile (from ``planner profile``, a preset or ``load_cluster``).
+        path: the file to write (replaced if it exists).
 
     Raises:
         SchemaError: the file cannot be written.

@@ -128,6 +128,22 @@ _GATED_MLP_MODEL_TYPES = frozenset(
     }
 )
 _GELUS = frozenset({Activation.GELU, Activation.GELU_NEW, Activation.GELU_TANH})
+_GEMMA_ACT, _LLAMA_ACT = Activation.GELU_TANH, Activation.SILU
+# The activation of a config.json that names none: the default its transformers config class
+# declares (hidden_act, or Gemma 2/3's hidden_activation, GPT-2's activation_function, Falcon's
+# activation), not ModelSpec's GELU, which the gated-MLP rule would turn into GEGLU.
+_DEFAULT_ACTIVATIONS: Mapping[str, Activation] = MappingProxyType(
+    {
+        **dict.fromkeys(("gemma", "gemma2", "gemma3_text"), _GEMMA_ACT),
+        **dict.fromkeys(
+            ("llama", "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"), _LLAMA_ACT
+        ),
+        **dict.fromkeys(("deepseek_v2", "deepseek_v3", "phi3", "olmo"), _LLAMA_ACT),
+        "gpt2": Activation.GELU_NEW,
+        "gpt_bigcode": Activation.GELU_TANH,
+        "falcon": Activation.GELU,
+    }
+)
 _FALCON_MODEL_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 # DeepSeek-V3's multi-token-prediction layers: trained beside the model by DeepSeek, absent from
 # transformers' model; the planner plans the model without them.
@@ -222,7 +238,9 @@ def spec_values(raw: Mapping[str, object], name: str) -> dict[str, object]:
         _falcon(raw, values)
     if model_type == "llama4_text":
         _llama4_text(raw, values)
-    if model_type in _GATED_MLP_MODEL_TYPES and _activation(values.get("hidden_act", Activation.GELU)) in _GELUS:
+    if model_type in _DEFAULT_ACTIVATIONS:
+        values.setdefault("hidden_act", _DEFAULT_ACTIVATIONS[model_type])
+    if model_type in _GATED_MLP_MODEL_TYPES and _activation(values.get("hidden_act")) in _GELUS:
         values["hidden_act"] = Activation.GEGLU
     if "norm_type" not in values:
         hinted = {_NORM_HINTS[key] for key in _NORM_HINTS if key in raw}

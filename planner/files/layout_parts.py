@@ -25,6 +25,12 @@ def load_expert_placement(path: Path | str) -> ExpertPlacement | None:
     """The expert placement in ``path``: its ``{"slots": ...}`` object, or a plan file's (None where
     the plan keeps the default, experts in contiguous blocks).
 
+    Args:
+        path: a placement file or a plan file.
+
+    Returns:
+        The placement, or None where a plan keeps the default.
+
     Raises:
         SchemaError: the file cannot be read, is not JSON, or holds no valid placement; the
             message names the file and the form expected.
@@ -46,6 +52,12 @@ def load_expert_placement(path: Path | str) -> ExpertPlacement | None:
 
 def load_device_map(path: Path | str) -> DeviceMap:
     """The device map in ``path``: its ``{"devices": ...}`` object, or a plan file's.
+
+    Args:
+        path: a device-map file or a plan file.
+
+    Returns:
+        The device map.
 
     Raises:
         SchemaError: the file cannot be read, is not JSON, or holds no valid map; the message names

@@ -50,6 +50,13 @@ def model_from_dict(raw: Mapping[str, object], *, name: str) -> ModelSpec:
 def load_model(spec: str) -> ModelSpec:
     """Load a model: a preset name, or a path to a ``.json``/``.yaml``/``.yml`` file.
 
+    Args:
+        spec: a preset name (``llama3-8b``; any case) or a model file's path (a Hugging Face
+            config.json names the model after its folder).
+
+    Returns:
+        The model.
+
     Raises:
         SchemaError: unknown preset, missing or malformed file, or an invalid model.
     """

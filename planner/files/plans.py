@@ -46,7 +46,21 @@ def make_plan(
     runner_up: Alternative | None = None,
 ) -> Plan:
     """Bundle a layout and its estimate with the identities of their inputs (a profile file's path
-    made absolute: see the module's docstring)."""
+    made absolute: see the module's docstring).
+
+    Args:
+        model: the model planned.
+        training: the training it was priced for.
+        cluster: the cluster profile it was priced on.
+        cluster_spec: how the cluster was given (a preset ``NAME:NODES`` or a profile path), recorded
+            so that the plan's cluster can be read again.
+        layout: the layout.
+        estimate: the layout's estimate.
+        runner_up: the next-best layout and how it compares; None where there is none.
+
+    Returns:
+        The plan, created now.
+    """
     ref = ClusterRef(
         spec=str(Path(cluster_spec).resolve()) if _names_a_file(Path(cluster_spec)) else cluster_spec,
         name=cluster.name,
@@ -72,6 +86,10 @@ def save_plan(plan: Plan, path: str | Path) -> None:
     """Write ``plan`` as indented JSON, its profile file's path relative to ``path``'s folder when
     the profile lies there or below, absolute otherwise (see the module's docstring).
 
+    Args:
+        plan: the plan.
+        path: the file to write (replaced if it exists).
+
     Raises:
         SchemaError: the file cannot be written.
     """
@@ -88,12 +106,28 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read a plan file; raises SchemaError naming the file and what is wrong with it."""
+    """Read a plan file (any readable schema version).
+
+    Args:
+        path: the plan file (from ``planner search`` or ``save_plan``).
+
+    Returns:
+        The plan.
+
+    Raises:
+        SchemaError: naming the file and what is wrong with it.
+    """
     return read_plan(path)[0]
 
 
 def read_plan(path: str | Path) -> tuple[Plan, str]:
     """Read a plan file once: the plan, and the SHA-256 of the file's bytes (a run report records it).
+
+    Args:
+        path: the plan file.
+
+    Returns:
+        The plan and the file's SHA-256 (hex).
 
     Raises:
         SchemaError: naming the file and what is wrong with it.

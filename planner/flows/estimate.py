@@ -53,13 +53,18 @@ def homogeneous_estimate(
     own devices is measured (the estimate itself on a cluster of one device type).
 
     Args:
-        model, cluster, training, layout: as for :func:`estimate`.
+        model: a ModelSpec, a preset name (``llama3-8b``) or a config.json/YAML path.
+        cluster: a ClusterProfile, a preset ``NAME:NODES`` or a profile path, of one or several
+            device types.
+        training: global batch (sequences), sequence length (tokens), precision, optimizer.
+        layout: parallel degrees, ZeRO stage, micro-batch, recompute, schedule.
 
     Returns:
         The Estimate on the cluster's slowest device everywhere.
 
     Raises:
-        SchemaError, InfeasibleConfigError: as :func:`estimate`.
+        SchemaError: an input could not be read or is invalid.
+        InfeasibleConfigError: the layout does not divide the model, batch or cluster.
     """
     profile = load_cluster(cluster) if isinstance(cluster, str) else cluster
     return _estimate(model_for(model, training), training, uniformly_slowest(profile), layout)

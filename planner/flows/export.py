@@ -10,7 +10,7 @@ one framework and run on another says what it will cost there.
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.export.targets import TARGET_STACKS, export, export_target
+from planner.export.targets import TARGET_STACKS, export, export_note, export_target
 from planner.files.clusters import load_cluster
 from planner.files.plans import load_plan
 from planner.flows.estimate import estimate
@@ -33,6 +33,9 @@ class Exported:
     """The plan under the target's stack; None as ``planned``."""
     not_priced: str | None = None
     """Why the plan could not be re-priced (its cluster profile cannot be read); None otherwise."""
+    note: str | None = None
+    """What the text comes from, to print beside it where the text cannot hold a comment
+    (Megatron-LM's arguments); None otherwise."""
 
 
 def export_plan(plan: Plan | str | Path, target: str) -> Exported:
@@ -54,13 +57,18 @@ def export_plan(plan: Plan | str | Path, target: str) -> Exported:
     stack = TARGET_STACKS[chosen]
     training = loaded.training.under(stack)
     moved = loaded.model_copy(update={"training": training})
+    note = export_note(loaded, chosen)
     if training == loaded.training:
-        return Exported(text=export(moved, chosen), plan_stack=loaded.training.stack, target_stack=stack)
+        return Exported(text=export(moved, chosen), plan_stack=loaded.training.stack, target_stack=stack, note=note)
     try:
         cluster = load_cluster(loaded.cluster.spec)
     except SchemaError as e:  # the config is still written: the figures in it are the plan's own
         return Exported(
-            text=export(moved, chosen), plan_stack=loaded.training.stack, target_stack=stack, not_priced=str(e)
+            text=export(moved, chosen),
+            plan_stack=loaded.training.stack,
+            target_stack=stack,
+            not_priced=str(e),
+            note=note,
         )
     under_target = estimate(loaded.model, cluster, training, loaded.layout)
     return Exported(
@@ -69,6 +77,7 @@ def export_plan(plan: Plan | str | Path, target: str) -> Exported:
         target_stack=stack,
         planned=estimate(loaded.model, cluster, loaded.training, loaded.layout),
         under_target=under_target,
+        note=export_note(moved.model_copy(update={"estimate": under_target}), chosen),
     )
 
 

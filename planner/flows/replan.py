@@ -186,7 +186,16 @@ def first_endpoints(links: LinkMatrix, size: int) -> LinkMatrix:
 
 def survivors(cluster: ClusterProfile, world_size: int) -> ClusterProfile:
     """``cluster`` cut to its first ``world_size`` ranks: whole nodes when it has several, the
-    first devices of its node otherwise (see the module's docstring).
+    first devices of its node otherwise, whose CPU ranks then share its cores among fewer
+    (``survivor_core_share``; see the module's docstring).
+
+    Args:
+        cluster: the measured (or preset) cluster profile.
+        world_size: the ranks to keep.
+
+    Returns:
+        The kept part's profile, named ``<name>-first-<world_size>``; ``cluster`` itself when it
+        keeps every rank.
 
     Raises:
         InfeasibleConfigError: ``world_size`` is not 1..the cluster's world size, or (several
@@ -203,10 +212,12 @@ def survivors(cluster: ClusterProfile, world_size: int) -> ClusterProfile:
     name = f"{cluster.name}-first-{world_size}"
     kept = tuple(c for c in cluster.collectives if c.group_size <= world_size)
     if cluster.num_nodes == 1:
+        share = survivor_core_share(cluster.device.core_share, per_node, world_size)
         return ClusterProfile.model_validate(
             {
                 **dict(cluster),
                 "name": name,
+                "device": cluster.device.model_copy(update={"core_share": share}),
                 "devices_per_node": world_size,
                 "intra_node_links": first_endpoints(cluster.intra_node_links, world_size),
                 "collectives": kept,
@@ -233,6 +244,26 @@ def survivors(cluster: ClusterProfile, world_size: int) -> ClusterProfile:
             "collectives": kept,
         }
     )
+
+
+def survivor_core_share(core_share: float, ranks: int, kept: int) -> float:
+    """The share of a core each of ``kept`` ranks gets on a node where ``ranks`` ranks had
+    ``core_share`` each, as the runtime gives it (``runtime.threads.core_share``). Below 1 the
+    ranks outnumbered the cores and ran a thread each, so the node has ``core_share * ranks``
+    cores; fewer ranks share them less. The profile's times stay those measured at the old share,
+    so a cut that frees cores is priced no faster than measured, except while other ranks wait.
+
+    Args:
+        core_share: the profiled share, in (0, 1].
+        ranks: ranks on the node when profiled.
+        kept: ranks left on it.
+
+    Returns:
+        The share of a core each kept rank gets, in (0, 1].
+    """
+    if core_share >= 1.0:
+        return core_share
+    return min(1.0, core_share * ranks / kept)
 
 
 def plan_path(checkpoint_dir: Path, world_size: int) -> Path:

@@ -108,13 +108,24 @@ def search(
     """The fastest layouts that fit, as plans: :func:`search_outcome` without the search's account.
 
     Args:
-        model, cluster, training, settings, strategy, progress, refiners: as for :func:`search_outcome`.
+        model: a ModelSpec, a preset name (``llama3-8b``) or a config.json/YAML path.
+        cluster: a ClusterProfile, a preset ``NAME:NODES`` (``dgx-h100:4``) or a profile path; a
+            cluster given as a string is recorded in the plans.
+        training: global batch (sequences), sequence length (tokens), precision.
+        settings: what to search for and how hard (``SearchSettings``: strategy, budget, top_k,
+            seed, memory margin, ...).
+        strategy: a strategy object to search with instead of ``settings.strategy``'s.
+        progress: called as progress(done, total) while searching (total None where unknown).
+        refiners: applied in order to the strategy's finalists (default: the CP-SAT layer split,
+            then the rank-to-device map's node order and each node's local order).
 
     Returns:
-        Up to ``settings.top_k`` plans, fastest first.
+        Up to ``settings.top_k`` plans, fastest first, each naming its runner-up.
 
     Raises:
-        SchemaError, InfeasibleConfigError: as :func:`search_outcome`.
+        SchemaError: an input could not be read or is invalid, or the sequence is longer than the
+            model allows (``ModelSpec.max_seq_len``).
+        InfeasibleConfigError: no layout fits; the message says how close one came and what would help.
     """
     _, plans = search_outcome(
         model, cluster, training, settings, strategy=strategy, progress=progress, refiners=refiners

@@ -150,6 +150,13 @@ class RunSettings:
     optimizer, step and random state; atomic); None: none are taken."""
     checkpoint_every: int = 0
     """Steps between checkpoints; 0: one after the last step only."""
+    keep_last: int = 0
+    """Complete checkpoints kept in ``checkpoint_dir``: the newest N, and always the one the run
+    resumed from (a checkpoint being written is a ``.partial`` folder, never counted or removed);
+    0: all of them."""
+    log_every: int | None = None
+    """Steps between rank 0's progress lines (step, loss, step time, tokens/s; ``runtime.progress``);
+    None: every step of a run of up to 50 steps, every 10 of a longer one; 0: none."""
     resume: bool = False
     """Continue from the newest complete checkpoint in ``checkpoint_dir``, taken under the same plan
     (the steps after it compute what an uninterrupted run computes) or under another layout of the
@@ -177,7 +184,7 @@ class RunSettings:
 
         Raises:
             SchemaError: resuming or running elastic without a checkpoint folder, or a negative
-                checkpoint interval.
+                checkpoint interval, checkpoint count or progress interval.
         """
         if self.resume and self.checkpoint_dir is None:
             raise SchemaError("--resume continues from a checkpoint: give its folder with --checkpoint-dir")
@@ -187,6 +194,10 @@ class RunSettings:
             )
         if self.checkpoint_every < 0:
             raise SchemaError(f"--checkpoint-every {self.checkpoint_every} must be 0 (after the last step) or more")
+        if self.keep_last < 0:
+            raise SchemaError(f"--keep-last {self.keep_last} must be 0 (keep every checkpoint) or more")
+        if self.log_every is not None and self.log_every < 0:
+            raise SchemaError(f"--log-every {self.log_every} must be 0 (no progress lines) or more")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

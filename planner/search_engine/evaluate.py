@@ -196,12 +196,7 @@ class Evaluator:
             memories = self.memory(layout) if memories is None else memories
         except DoesNotFitError:
             if self.points is not None:
-                whole = all_stage_memory(self.model, self.training, self.cluster, layout, self.routing)
-                self._record(
-                    estimate_unchecked(
-                        self.model, self.training, self.cluster, layout, memories=whole, routing=self.routing
-                    )
-                )
+                self.record_point(layout)
             raise
         # ``memory`` checked the layout (here or in the caller that passed its ``memories``).
         est = estimate_unchecked(
@@ -210,6 +205,20 @@ class Evaluator:
         if self.points is not None:
             self._record(est)
         return est
+
+    def record_point(self, layout: Layout) -> None:
+        """Price ``layout`` in full for ``points`` alone (every stage's memory, fitting or not):
+        neither an evaluation counted nor a miss weighed, so a search that plots asks and finds
+        what one that does not asks and finds. A layout that cannot run is left out."""
+        assert self.points is not None
+        try:
+            whole = all_stage_memory(self.model, self.training, self.cluster, layout, self.routing)
+            est = estimate_unchecked(
+                self.model, self.training, self.cluster, layout, memories=whole, routing=self.routing
+            )
+        except InfeasibleConfigError:
+            return
+        self._record(est)
 
     def _record(self, est: Estimate) -> None:
         assert self.points is not None

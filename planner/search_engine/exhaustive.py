@@ -144,11 +144,15 @@ def _scan(
                 if fits is not None:
                     found.append(((number, place), fits))
                     break
-                if len(group) - at - 1 > LONG_GROUP and max_trials is None and evaluate.points is None:
+                if len(group) - at - 1 > LONG_GROUP and max_trials is None:
                     fits, miss, checked = _first_fitting(group, at + 1, evaluate, (number, place), miss)
                     asked += checked
                     if fits is not None:
                         found.append(((number, place), fits))
+                    if evaluate.points is not None:  # a plot draws those the bisection passed over
+                        end = len(group) if fits is None else group.index(fits.layout)
+                        for skipped in group[at + 1 : end]:
+                            evaluate.record_point(skipped)
                     break
             if not complete:
                 break

@@ -17,6 +17,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator
 
 from cost_models.schedule_timeline import Activity, Timeline, pipeline_time_s
 from planner.schemas import MemoryBreakdown, Plan
+from planner.schemas.settings import DEFAULT_MEMORY_MARGIN
 from planner.search_engine.evaluate import LayoutPoint
 
 COLORS = {
@@ -46,15 +47,24 @@ LABEL_MIN_SHARE = 0.012
 EXPLAIN_FILES = ("schedule.png", "memory.png", "step_time.png")
 
 
-def save_explain_plots(plan: Plan, timeline: Timeline, directory: Path) -> tuple[Path, ...]:
+def save_explain_plots(
+    plan: Plan, timeline: Timeline, directory: Path, *, memory_margin: float = DEFAULT_MEMORY_MARGIN
+) -> tuple[Path, ...]:
     """Write the plan's schedule, memory and step-time plots into ``directory`` (which exists).
+
+    Args:
+        plan: the plan drawn.
+        timeline: its pipeline step op by op (``planner.explain(..., timeline=True)``).
+        directory: where the PNGs go.
+        memory_margin: the share of device memory the search kept free: the memory plot's usable
+            line, which a plan's peak had to stay under.
 
     Returns:
         The files written, ``EXPLAIN_FILES`` in ``directory``.
     """
     paths = tuple(directory / name for name in EXPLAIN_FILES)
-    for draw, path in zip((_schedule, _memory, _step_time), paths, strict=True):
-        fig = draw(plan, timeline)
+    figures = (_schedule(plan, timeline), _memory(plan, memory_margin), _step_time(plan, timeline))
+    for fig, path in zip(figures, paths, strict=True):
         fig.savefig(path, dpi=DPI)
     return paths
 
@@ -108,14 +118,15 @@ def _schedule(plan: Plan, timeline: Timeline) -> Figure:
     ax.set_xlabel(f"time in the step ({unit})")
     handles: list[Artist] = [Patch(color=c, label=str(a)) for a, c in COLORS.items()]
     handles += [Patch(color=BUBBLE_COLOR, label="bubble (idle)"), predicted]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / p), ncol=6, fontsize=8)
+    # below the axes, in the figure's own room: anchored under the axes, a one-stage figure cut it off
+    fig.legend(handles=handles, loc="outside lower center", ncol=6, fontsize=8)
     layout = plan.layout
     micro = "numbered by micro-batch" if labelled else ""
     ax.set_title(f"{plan.model.name}: {layout.describe()} — {layout.schedule} schedule {micro}", fontsize=10)
     return fig
 
 
-def _memory(plan: Plan, timeline: Timeline) -> Figure:
+def _memory(plan: Plan, memory_margin: float) -> Figure:
     stages = plan.estimate.stages
     gib = 2**30
     fig = Figure(figsize=(max(5.0, 1.2 + 0.7 * len(stages)), 4.5), layout="constrained")
@@ -130,7 +141,15 @@ def _memory(plan: Plan, timeline: Timeline) -> Figure:
         ax.bar(x, values, bottom=bottom, color=color, label=label, width=0.7)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     capacity = plan.estimate.memory_capacity_bytes / gib
+    usable = capacity * (1.0 - memory_margin)
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1, label=f"device memory {capacity:.3g} GiB")
+    ax.axhline(
+        usable,
+        color="#d62728",
+        linestyle=":",
+        linewidth=1.2,
+        label=f"usable {usable:.3g} GiB ({memory_margin:.0%} kept free)",
+    )
     ax.set_xticks(x, [str(s.stage) for s in stages])
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per rank (2^30 bytes)")

@@ -236,6 +236,28 @@ def test_gelu_keeps_two_matrices_outside_gemma() -> None:
     assert model_from_dict(raw, name="neox-like").hidden_act is Activation.GELU_TANH
 
 
+_ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function", "activation")
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        *("llama", "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"),
+        *("deepseek_v2", "deepseek_v3", "phi3", "olmo", "gemma", "gemma2", "gemma3_text"),
+        *("gpt2", "gpt_bigcode", "falcon"),
+    ],
+)
+def test_a_config_without_an_activation_reads_as_its_transformers_default(model_type: str) -> None:
+    """A config.json that names no activation means its config class's default (Llama's SiLU,
+    Gemma's tanh GELU, gated), read from transformers itself, not ModelSpec's GELU."""
+    transformers = pytest.importorskip("transformers", reason="transformers (the hf extra) declares the defaults")
+    config = transformers.AutoConfig.for_model(model_type)
+    declared = next(getattr(config, key) for key in _ACTIVATION_KEYS if getattr(config, key, None) is not None)
+    raw = {key: value for key, value in config.to_dict().items() if key not in _ACTIVATION_KEYS}
+    want = Activation.GEGLU if model_type.startswith("gemma") else Activation(declared)  # Gemma's MLP is gated
+    assert model_from_dict(raw, name=model_type).hidden_act is want
+
+
 # --- 2. multi-query and grouped attention ---------------------------------------------------------
 
 

@@ -31,7 +31,5 @@ def layout(dp: int, tp: int = 1, pp: int = 1, mb: int = 1, **more: Any) -> Layou
 
 
 def megatron_words(exported: Plan) -> list[str]:
-    """The Megatron-LM export as the words a shell passes on, its comment header dropped."""
-    text = api.export(exported, "megatron")
-    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    return shlex.split(body.replace("\\\n", " "))
+    """The Megatron-LM export as the words a shell passes on."""
+    return shlex.split(api.export(exported, "megatron"))

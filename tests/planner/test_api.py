@@ -4,6 +4,7 @@ arguments, returns and errors, and the functions that need torchrun say so witho
 
 import inspect
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,20 @@ def test_every_api_function_documents_its_arguments_returns_and_errors(name: str
     assert "Returns:" in doc and "Raises:" in doc, name
     if inspect.signature(getattr(api, name)).parameters:
         assert "Args:" in doc, name
+
+
+@pytest.mark.parametrize("name", [n for n in api.__all__ if inspect.isfunction(getattr(api, n))])
+def test_help_on_an_api_function_explains_each_argument_itself(name: str) -> None:
+    """``help(planner.search)`` is read alone: each argument on its own line, none "as for" another."""
+    doc = inspect.getdoc(getattr(api, name)) or ""
+    assert "as for" not in doc, name
+    for argument in inspect.signature(getattr(api, name)).parameters:
+        assert re.search(rf"^    {argument}( \([^)]*\))?: \S", doc, re.MULTILINE), (name, argument)
+
+
+def test_dir_of_the_package_lists_the_api() -> None:
+    listed = dir(planner)
+    assert set(planner.__all__) | {"api", "schemas"} <= set(listed) and listed == sorted(listed)
 
 
 def test_run_outside_torchrun_says_how_to_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

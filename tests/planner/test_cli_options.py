@@ -20,7 +20,16 @@ def _options() -> dict[str, list[dict[str, Any]]]:
     group = typer.main.get_command(app)
     assert isinstance(group, TyperGroup)
     frozen = {}
-    for name, command in sorted(group.commands.items()):
+    commands = {
+        **group.commands,
+        **{  # a group's commands (planner cluster cut) under their full names
+            f"{name} {sub}": command
+            for name, nested in group.commands.items()
+            if isinstance(nested, TyperGroup)
+            for sub, command in nested.commands.items()
+        },
+    }
+    for name, command in sorted(commands.items()):
         frozen[name] = [
             {
                 "name": param.name,

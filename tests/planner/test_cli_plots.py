@@ -9,14 +9,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cost_models.schedule_timeline import Timeline
+from planner import api
 from planner.cli import app
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import TrainingSpec
+from planner.schemas import Plan, TrainingSpec
 from planner.schemas.settings import Budget
 from planner.search_engine import ExhaustiveSearch
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.space import SearchSpace
+from planner.views import plots
 from planner.views.plots import EXPLAIN_FILES
 
 SEARCH = ["search", "-m", "tiny-gpt", "-c", "dgx-a100-80g:1", "--global-batch-size", "32", "--seq-len", "128"]
@@ -98,10 +101,52 @@ def test_the_evaluator_records_every_layout_it_prices(processes: int) -> None:
     )
     evaluate = Evaluator(model, training, profile, record_points=True)
     found = ExhaustiveSearch(processes=processes, min_parallel_blocks=0).search(space, evaluate, Budget(), seed=0)
+    plain = Evaluator(model, training, profile)
+    unplotted = ExhaustiveSearch(processes=processes, min_parallel_blocks=0).search(space, plain, Budget(), seed=0)
+    # plotting changes what is drawn, not what the search asks or finds (the count it prints)
+    assert (found.evaluated, evaluate.evaluations) == (unplotted.evaluated, plain.evaluations)
+    assert [c.layout for c in found.feasible] == [c.layout for c in unplotted.feasible]
     points = evaluate.points
-    assert points is not None and len(points) == evaluate.evaluations > len(found.feasible)
+    # every layout priced, and those the recompute bisection passes over (priced for the plot alone)
+    assert points is not None and len(points) > evaluate.evaluations > len(found.feasible)
     fitting = sorted(p.step_time_s for p in points if p.fits)
     assert len(fitting) >= len(found.feasible)
     assert fitting[0] == pytest.approx(found.feasible[0].estimate.step_time_s)
     assert all(p.peak_memory_bytes > evaluate.usable_memory_bytes for p in points if not p.fits)
     assert Evaluator(model, training, profile).points is None  # nothing kept unless asked
+
+
+def _explained(args: list[str], tmp_path: Path) -> tuple[Plan, Timeline]:
+    path = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, [*args, "--output", str(path)])
+    assert result.exit_code == 0, result.output
+    shown = api.explain(path, timeline=True)
+    assert shown.timeline is not None
+    return shown.plan, shown.timeline
+
+
+ONE_STAGE = [
+    *["estimate", "-m", "tiny-gpt", "-c", "dgx-a100-80g:1", "--global-batch-size", "32", "--seq-len", "128"],
+    *["--dp", "8", "--tp", "1", "--pp", "1", "--micro-batch-size", "1"],
+]
+
+
+@pytest.mark.parametrize("args", [ONE_STAGE, ESTIMATE], ids=["pp1", "pp4"])
+def test_the_schedule_legend_lies_inside_the_figure(args: list[str], tmp_path: Path) -> None:
+    plan, timeline = _explained(args, tmp_path)
+    fig = plots._schedule(plan, timeline)
+    fig.draw_without_rendering()  # lays the figure out, as saving it does
+    (legend,) = fig.legends
+    box, page = legend.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (box, page)
+    assert "bubble (idle)" in [t.get_text() for t in legend.get_texts()]
+
+
+def test_the_memory_plot_draws_the_usable_memory_the_search_fits_under(tmp_path: Path) -> None:
+    plan, _ = _explained(ESTIMATE, tmp_path)
+    (ax,) = plots._memory(plan, 0.1).axes
+    capacity = plan.estimate.memory_capacity_bytes / 2**30
+    levels = sorted(float(line.get_ydata()[0]) for line in ax.get_lines())  # type: ignore[index, arg-type]
+    assert levels == pytest.approx([capacity * 0.9, capacity])
+    legend = ax.get_legend()
+    assert legend is not None and any("10% kept free" in t.get_text() for t in legend.get_texts())

@@ -95,7 +95,8 @@ def test_an_export_says_what_its_targets_stack_changes_and_nothing_when_planned_
     _search("planner-runtime", runtime, monkeypatch)
     code, out, err = planner_main(["export", str(runtime), "--to", "megatron"], monkeypatch)
     assert code == 0, err
-    assert out.startswith("# Megatron-LM")  # the arguments alone on stdout
+    assert out.startswith("--tensor-model-parallel-size") and "#" not in out  # the arguments alone on stdout
+    assert err.startswith("Megatron-LM core_v0.15.0 arguments")  # what they come from, beside them
     assert "priced for planner-runtime" in err and "as megatron-lm runs it" in err and "GiB less a rank" in err
     _search("megatron-lm", megatron, monkeypatch)
     code, out, err = planner_main(["export", str(megatron), "--to", "megatron"], monkeypatch)

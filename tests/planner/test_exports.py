@@ -4,6 +4,7 @@ target cannot express refused in one line (exit code 2), never dropped. Each tar
 code reads the exports in ``test_exports_frameworks.py``."""
 
 import json
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -375,6 +376,28 @@ def test_cli_prints_or_writes_each_export(tmp_path: Path) -> None:
         out = tmp_path / f"{target}.out"
         written = CliRunner().invoke(app, ["export", str(path), "--to", target, "--output", str(out)])
         assert written.exit_code == 0 and out.read_text() == printed.stdout
+
+
+@pytest.mark.parametrize("split", [None, (3, 5, 4, 4)])  # the second needs a quoted layout string
+def test_megatron_export_pastes_and_reads_with_cat(tmp_path: Path, split: tuple[int, ...] | None) -> None:
+    """``pretrain_gpt.py $(cat megatron.args)`` and a paste after ``pretrain_gpt.py \\`` both pass
+    Megatron-LM only flags and values: no comment or continuation backslash among them."""
+    path, out = tmp_path / "plan.json", tmp_path / "megatron.args"
+    save_plan(_plan(GPT16, _layout(2, tp=2, pp=4, layer_split=split)), path)
+    result = CliRunner().invoke(app, ["export", str(path), "--to", "megatron", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Megatron-LM core_v0.15.0 arguments" in result.stderr  # the note goes beside the file
+    text = out.read_text()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line: pastes after a backslash
+    words = shlex.split(text)
+    for before, word in zip(["--", *words], words, strict=False):
+        assert word.startswith("--") or before.startswith("--"), (before, word, text)
+        assert not word.startswith(("#", "\\")), text
+    assert words[:4] == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4"]
+    if split is None:
+        assert text.split() == words  # $(cat ...) splits on white space and strips no quotes
+    else:
+        assert _flags(words)["--pipeline-model-parallel-layout"] == "Et*3|t*5|t*4|t*4L"
 
 
 def test_cli_refusal_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
