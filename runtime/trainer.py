@@ -56,7 +56,7 @@ from runtime.pipeline import (
     pipeline_step,
     stage_activations,
 )
-from runtime.tensor_parallel import RouterGradients, loss_context, tensor_parallel
+from runtime.tensor_parallel import PartialGradients, loss_context, tensor_parallel
 from runtime.vocabulary_parallel import VocabularyParallel
 
 
@@ -197,8 +197,9 @@ class Trainer:
             outside=self.vocabulary.parameters() if self.vocabulary else (),
         )
         tp_mesh = self.mesh[MeshAxis.TP]
-        if model.is_moe and layout.tensor_parallel_degree > 1:  # partial router gradients (runtime.tensor_parallel)
-            joint = JointOptimizer([RouterGradients(self.chunks, tp_mesh.get_group()), joint])
+        partials = model.is_moe or model.qk_norm  # routers, shared experts' gates, q/k norms (runtime.tensor_parallel)
+        if partials and layout.tensor_parallel_degree > 1:
+            joint = JointOptimizer([PartialGradients(self.chunks, tp_mesh.get_group()), joint])
         if experts_mesh is not None and replicated(self.placement):
             ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
             copies = ReplicaGradients(
