@@ -97,7 +97,7 @@ def tensor_parallel(
                 plan |= _mlp_plan(f"layers.{i}.{name}", mlp, seq, gather if sequence_parallel else None)
         if isinstance(block.shared_expert, SharedExpert) and block.shared_expert.sigmoid_gate is not None:
             block.shared_expert.gate_input = partial(_partial_gradient, mesh=tp_mesh)
-        elif isinstance(block.mlp, MoE) and fold_experts:
+        if isinstance(block.mlp, MoE) and fold_experts:
             block.mlp.register_forward_pre_hook(_sequence_shard)
         elif isinstance(block.mlp, MoE):
             for expert in block.mlp.experts.values():

@@ -57,11 +57,11 @@ def tune(
     from planner.tuning.study import study_name
     from planner.tuning.tuner import calibration_target, run_trial_job, run_trials, summarize
 
+    model_spec = load_model(model) if isinstance(model, str) else model
+    check_buildable(model_spec)  # every trial runs on the planner's runtime
     target = calibration_target(cluster, calibrate=settings.calibrate, save_to=settings.save_calibration)
     if settings.launcher is not None:
         check_template(settings.launcher)
-    model_spec = load_model(model) if isinstance(model, str) else model
-    check_buildable(model_spec)  # every trial runs on the planner's runtime
     profile = load_cluster(cluster)
     # The plans run on the planner's runtime, which shards over whole groups only.
     wanted = SearchSettings(
