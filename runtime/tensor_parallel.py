@@ -31,6 +31,13 @@ sequence-parallel norms' gradients over the tensor-parallel group. With expert p
 (``runtime.expert_parallel``) the exchange runs inside the region among the ranks of one tp
 coordinate: tokens go out whole, partial outputs come back and are reduced after the combine.
 
+An MoE layer's shared experts (``runtime.mlp.SharedExpert``) are split as the dense MLP is, in
+and out of their own sequence-parallel region, folded experts or not (the cost model keeps a
+dense MLP's collectives for them). Qwen2-MoE's sigmoid gate stays whole: each rank scales its own
+columns, so the gate's input gradient is summed over the group in the backward
+(``_partial_gradient``) and its weight's, as Qwen3's q/k norms' (each rank normalizes its own
+heads), by ``PartialGradients`` with the routers'.
+
 With the experts folded (``Layout.folds_experts``: expert tensor parallelism 1, Megatron-Core's
 MoE parallel folding) nothing of an MoE layer is split here: every expert stays whole on the
 ranks that hold it, and each rank's layer takes its own (b, s/t, h) shard of the sequence-parallel

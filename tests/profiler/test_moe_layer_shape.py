@@ -7,7 +7,8 @@ from planner.files.models import load_model
 from planner.schemas import ModelSpec
 from profiler.ops import _moe_chunk, first_moe_layer
 from runtime import builds_layers
-from runtime.mlp import MoE
+from runtime.mlp import MoE, SharedExpert
+from runtime.model import Block
 
 DEEPSEEK_SHAPED = ModelSpec(
     **{
@@ -25,7 +26,8 @@ def test_the_timed_moe_layer_is_the_first_moe_layer_as_planned() -> None:
     chunk = _moe_chunk(DEEPSEEK_SHAPED)
     (block,) = chunk.layers.values()
     assert list(chunk.layers) == ["2"] and isinstance(block.mlp, MoE)
-    assert block.shared_expert is not None and block.shared_expert.up.out_features == 2 * 64
+    assert isinstance(block, Block) and isinstance(block.shared_expert, SharedExpert)
+    assert block.shared_expert.up.out_features == 2 * 64
     planned = layer_params(DEEPSEEK_SHAPED, moe=True)
     assert sum(p.numel() for p in block.parameters()) == planned.total
 

@@ -14,7 +14,7 @@ from test_run_cli import _dry
 from cost_models.estimate import estimate
 from planner.files.clusters import load_cluster
 from planner.files.plans import make_plan, save_plan
-from planner.schemas import Layout, ModelSpec, TrainingSpec
+from planner.schemas import Layout, ModelSpec, TrainingSpec, ZeroStage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -47,7 +47,7 @@ def test_a_qwen_moe_shaped_plan_traces_within_5_percent_of_its_estimate(tmp_path
         pipeline_parallel_degree=1,
         micro_batch_size=1,
         expert_parallel_degree=4,
-        zero_stage=1,
+        zero_stage=ZeroStage.OPTIMIZER,
     )
     cluster = load_cluster(CLUSTER)
     estimated = estimate(QWEN_MOE_SHAPED, TRAINING, cluster, layout)

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from cost_models.params import total_params
 from planner.schemas import ModelSpec
 from runtime.data import synthetic_batch
+from runtime.mlp import MLP, MoE
 from runtime.model import Decoder
 from runtime.reference import reference_training
 from runtime.trainer import Trainer
@@ -147,5 +148,7 @@ def test_the_decoder_holds_the_parameters_the_cost_model_counts(model: ModelSpec
     assert sum(p.numel() for p in net.parameters()) == total_params(model)
     dense = [i for i in range(model.num_hidden_layers) if not model.is_moe_layer(i)]
     assert dense and all(f"layers.{i}.mlp.up.weight" in dict(net.named_parameters()) for i in dense)
-    expert = net.layers[str(model.num_hidden_layers - 1)].mlp.experts["0"]  # type: ignore[index,union-attr]
-    assert expert.up.out_features == model.expert_ffn_size != model.ffn_size
+    moe = net.layers[str(model.num_hidden_layers - 1)].mlp
+    assert isinstance(moe, MoE)
+    expert = moe.experts["0"]
+    assert isinstance(expert, MLP) and expert.up.out_features == model.expert_ffn_size != model.ffn_size
