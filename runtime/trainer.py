@@ -185,7 +185,8 @@ class Trainer:
         self, optimizer: str, lr: float, compute: torch.dtype, reduce: torch.dtype, experts_mesh: DeviceMesh | None
     ) -> Optimizer:
         """The data-parallel optimizer over this rank's parameters, joined by the reductions it
-        does not make itself: an MoE router's partial gradients under tensor parallelism, and
+        does not make itself: the partial gradients of the weights every tensor-parallel rank holds
+        whole (MoE routers, shared experts' gates, q/k norms: ``PartialGradients``), and
         replicated experts' gradients over the expert-parallel group."""
         model, layout = self.model, self.layout
         joint: Optimizer = self.data_parallel.share(

@@ -12,9 +12,12 @@ first stage holds the dense layer, tensor parallelism with and without sequence 
 shared expert split as a dense MLP; the gate's and the q/k norms' partial gradients summed) and
 with the experts folded, ZeRO-1 and the MoE block recomputed. After training, every parameter a
 rank holds whole (a DTensor gathered; the experts split by hand over tp left out) must equal the
-reference's: the last update is one no loss sees."""
+reference's: the last update is one no loss sees. A checkpoint saved under tp2 with sequence
+parallelism and ep2 resumes under dp4 ep4 (shared experts, gates and q/k norms keep their names)
+and computes the next step as the uninterrupted run does."""
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from cost_models.params import total_params
 from planner.schemas import ModelSpec
+from runtime import checkpoint
 from runtime.data import synthetic_batch
 from runtime.mlp import MLP, MoE
 from runtime.model import Decoder
@@ -101,35 +105,49 @@ def _weight_error(trainer: Trainer, reference: dict[str, torch.Tensor]) -> float
     return worst
 
 
-def train_shapes(out: str) -> dict[str, Any]:
-    """Each (model, layout)'s losses and its ranks' largest weight error (runs on every rank)."""
+SAVED_UNDER, RESUMED_UNDER = LAYOUTS[4], dict(data_parallel_degree=4, expert_parallel_degree=4)
+"""A checkpoint's layouts: tp2 x dp2 with sequence parallelism and ep2, then dp4 ep4."""
+
+
+def _trainer(model: ModelSpec, kw: dict[str, Any], optimizer: str = "sgd") -> Trainer:
+    return Trainer(
+        model, layout_of(kw), global_batch_size=BATCH, seed=SEED, optimizer=optimizer, lr=LR, device=torch.device("cpu")
+    )
+
+
+def _steps(trainer: Trainer, first: int, last: int) -> list[float]:
+    model = trainer.model
+    return [trainer.step(*synthetic_batch(model.vocab_size, BATCH, SEQ, step=s, seed=SEED)) for s in range(first, last)]
+
+
+def train_shapes(workdir: str) -> dict[str, Any]:
+    """Each (model, layout)'s losses and its ranks' largest weight error, and each model's
+    checkpoint's losses uninterrupted and resumed (runs on every rank)."""
     import torch.distributed as dist
 
     results: dict[str, Any] = {}
     for name, model in MODELS.items():
         _, reference = _reference(name)
         for i, kw in enumerate(LAYOUTS):
-            trainer = Trainer(
-                model,
-                layout_of(kw),
-                global_batch_size=BATCH,
-                seed=SEED,
-                optimizer="sgd",
-                lr=LR,
-                device=torch.device("cpu"),
-            )
-            losses = [
-                trainer.step(*synthetic_batch(model.vocab_size, BATCH, SEQ, step=s, seed=SEED)) for s in range(STEPS)
-            ]
+            trainer = _trainer(model, kw)
+            losses = _steps(trainer, 0, STEPS)
             errors: list[float] = [0.0] * dist.get_world_size()
             dist.all_gather_object(errors, _weight_error(trainer, reference))
             results[f"{name}/{i}"] = {"losses": losses, "weight_error": max(errors)}
+        saved, directory = _trainer(model, SAVED_UNDER, "adamw"), Path(workdir) / name
+        whole = _steps(saved, 0, 2)
+        checkpoint.save(saved, directory, 2, plan_sha256="before")
+        whole += _steps(saved, 2, STEPS)
+        resumed = _trainer(model, RESUMED_UNDER, "adamw")
+        checkpoint.resume(resumed, directory, plan_sha256="after")
+        results[f"{name}/checkpoint"] = {"whole": whole[2:], "resumed": _steps(resumed, 2, STEPS)}
     return results
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    result: dict[str, Any] = run_ranks(4, train_shapes, "", workdir=tmp_path_factory.mktemp("shapes"))
+    workdir = tmp_path_factory.mktemp("shapes")
+    result: dict[str, Any] = run_ranks(4, train_shapes, str(workdir), workdir=workdir)
     return result
 
 
@@ -140,6 +158,12 @@ def test_planned_moe_shapes_train_like_the_reference(trained: dict[str, Any], na
     got = trained[f"{name}/{layout}"]
     assert got["losses"] == pytest.approx(losses, abs=TOLERANCE)
     assert got["weight_error"] < WEIGHT_TOLERANCE
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_checkpoint_resumes_under_another_layout(trained: dict[str, Any], name: str) -> None:
+    got = trained[f"{name}/checkpoint"]
+    assert got["resumed"] == pytest.approx(got["whole"], abs=TOLERANCE)
 
 
 @pytest.mark.parametrize("model", list(MODELS.values()), ids=list(MODELS))
