@@ -351,7 +351,7 @@ def rematerialized_bytes(
 
 MLP_BACKWARD_TENSORS: Final = {Activation.SWIGLU: 6, Activation.GEGLU: 7, Activation.GELU: 2}
 """Tensors of an MLP's intermediate size that its backward holds at once, beyond what the layer
-keeps, in the runtime's kernels (``runtime.kernels``, ``runtime.model.MLP``; the count as traced:
+keeps, in the runtime's kernels (``runtime.kernels``, ``runtime.mlp.MLP``; the count as traced:
 ``tests/runtime/test_mlp_backward_memory.py``). GELU: the down projection's input gradient and
 ``gelu_backward``'s output. SwiGLU (``swiglu``, which keeps gate and up and recomputes SiLU):
 that gradient, the sigmoid, the up gradient and three temporaries of the gate gradient's

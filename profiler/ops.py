@@ -23,6 +23,7 @@ from planner.schemas import (
     ElementwiseRecord,
     LayerNormRecord,
     LayerRecord,
+    ModelSpec,
     OpKind,
     OpRecord,
     OptimizerRecord,
@@ -40,7 +41,7 @@ from runtime import (
     DataParallelOptimizer,
     Decoder,
     attention_backend,
-    builds_moe_layer,
+    builds_layers,
     default_dtype,
     group_mesh,
     loss_context,
@@ -309,10 +310,11 @@ def _local_layer(ctx: Context, tp: int, dtype: DType) -> torch.nn.Module:
     tp 1 of a dense model the runtime's own (``runtime.Decoder``'s first layer: its projections,
     rotary embedding and norms, as a run computes them); else ``LocalLayer``, the rank's slice
     of heads and MLP (the runtime's tensor-parallel layer, collectives included, is timed apart),
-    which also stands in at tp 1 for an MoE layer the runtime does not build."""
+    which also stands in at tp 1 for an MoE layer, and for a layer the runtime does not build
+    (``runtime.builds_layers``)."""
     model = ctx.settings.model
     assert model is not None
-    if tp == 1 and not model.is_moe_layer(0):
+    if tp == 1 and not model.is_moe_layer(0) and builds_layers(model):
         with default_dtype(TORCH_DTYPES[dtype]):
             return Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
     return LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
@@ -321,18 +323,32 @@ def _local_layer(ctx: Context, tp: int, dtype: DType) -> torch.nn.Module:
 def _moe_layers(ctx: Context) -> list[OpRecord]:
     """Forward + backward of the runtime's own MoE layer (attention, router, top-k routing and
     every expert on the rank: expert-parallel degree 1) at tensor-parallel degree 1 and every
-    micro-batch size, for an MoE ``model`` whose MoE layer the runtime builds as specified
-    (``runtime.builds_moe_layer``). Its router is untrained and its inputs random, so tokens
-    route close to uniformly over the experts, as the cost model assumes without a routing trace."""
+    micro-batch size, for an MoE ``model`` whose layers the runtime builds as specified
+    (``runtime.builds_layers``): its first MoE layer (``first_moe_layer``), experts
+    moe_intermediate_size wide and shared experts as planned. Its router is untrained and its
+    inputs random, so tokens route close to uniformly over the experts, as the cost model assumes
+    without a routing trace."""
     model = ctx.settings.model
-    if model is None or not builds_moe_layer(model):
+    if model is None or not model.is_moe or not builds_layers(model):
         return []
     out = []
     for dtype in ctx.settings.gemm_dtypes:
         with default_dtype(TORCH_DTYPES[dtype]):
-            chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
+            chunk = _moe_chunk(model).to(ctx.device)
         out += _time_layer(ctx, chunk, OpKind.MOE_LAYER, 1, None, dtype, ctx.settings.seq_len)
     return out
+
+
+def first_moe_layer(model: ModelSpec) -> int:
+    """The index of ``model``'s first MoE layer (after DeepSeek's first dense layers), 0 for a
+    dense model: the layer whose shape the profiler times as the model's MoE layer."""
+    return next((i for i in range(model.num_hidden_layers) if model.is_moe_layer(i)), 0)
+
+
+def _moe_chunk(model: ModelSpec) -> Decoder:
+    """The runtime's chunk of the model's first MoE layer alone (its first layer if dense)."""
+    first = first_moe_layer(model)
+    return Decoder(model, seed=0, layers=range(first, first + 1), embedding=False, output=False)
 
 
 def _optimizer(ctx: Context) -> list[OpRecord]:
@@ -367,9 +383,10 @@ def _tensor_parallel_layers(ctx: Context) -> list[OpRecord]:
     """Forward + backward of the runtime's own tensor-parallel layer (DTensor, with and without
     sequence parallelism), on every group of t consecutive ranks at once (with ``model``): its
     collectives and the framework's cost of sharding, which the local layer leaves out. For an
-    MoE model, the runtime's MoE layer with every expert split over the group."""
+    MoE model, the runtime's first MoE layer (``first_moe_layer``: the cost model reads this
+    record as an MoE layer's) with every expert split over the group."""
     model = ctx.settings.model
-    if model is None or ctx.world_size < 2:
+    if model is None or ctx.world_size < 2 or not builds_layers(model):  # its layer would be another model's
         return []
     out = []
     degrees = [
@@ -379,7 +396,7 @@ def _tensor_parallel_layers(ctx: Context) -> list[OpRecord]:
     ]
     for tp, mesh, dtype, sp, local_s in _tensor_parallel_variants(ctx, degrees):
         with default_dtype(TORCH_DTYPES[dtype]):
-            chunk = Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
+            chunk = _moe_chunk(model).to(ctx.device)
         tensor_parallel(chunk, mesh, sequence_parallel=sp)
         out += _time_layer(ctx, chunk, OpKind.TP_LAYER, tp, sp, dtype, local_s)
     return out

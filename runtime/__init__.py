@@ -9,7 +9,7 @@ Importing it imports torch; the CLI imports it only inside the commands that nee
 from runtime.data_parallel import shard_units
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.mesh import device_grid, group_mesh, layout_mesh
-from runtime.model import TORCH_DTYPES, Decoder, attention_backend, builds_moe_layer, default_dtype, loss_fn
+from runtime.model import TORCH_DTYPES, Decoder, attention_backend, builds_layers, default_dtype, loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.tensor_parallel import loss_context, tensor_parallel
 from runtime.threads import core_share, cpu_threads_per_rank
@@ -32,7 +32,7 @@ __all__ = [
     "act_out_fault",
     "all_gather_single",
     "attention_backend",
-    "builds_moe_layer",
+    "builds_layers",
     "core_share",
     "cpu_threads_per_rank",
     "default_dtype",

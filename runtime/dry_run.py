@@ -42,10 +42,11 @@ from planner.schemas.geometry import (
     pipeline_schedules,
     stage_chunks,
 )
-from planner.schemas.runtime_support import check_recompute_modules
+from planner.schemas.runtime_support import check_buildable, check_recompute_modules
 from runtime.expert_parallel import ExpertExchange, JointOptimizer, Traffic, all_to_all
 from runtime.mesh import context_mesh, expert_mesh, layout_mesh, sharding_meshes
-from runtime.model import TORCH_DTYPES, MoE, add_rows, loss_fn
+from runtime.mlp import MoE, add_rows
+from runtime.model import TORCH_DTYPES, loss_fn
 from runtime.optim import DataParallelOptimizer
 from runtime.trainer import OneCall, Trainer
 
@@ -92,10 +93,12 @@ def dry_run(
     """Trace plan rank ``rank`` of ``plan`` (played, as in a real run, by the process of the device
     its DeviceMap gives it), a step of at most ``micro_batches_cap`` micro-batches without a
     pipeline (``TRACED_MICRO_BATCHES``); raises InfeasibleConfigError for a rank outside the world
-    and for recompute modules the runtime does not checkpoint (it would trace them kept)."""
+    for recompute modules the runtime does not checkpoint (it would trace them kept), and for a
+    model whose layers the runtime does not build (``schemas.runtime_support.check_buildable``)."""
     world, layout = plan.cluster.world_size, plan.layout
     if not 0 <= rank < world:
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
+    check_buildable(plan.model)  # else it would trace another model than the estimate priced
     check_recompute_modules(layout)
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)

@@ -43,9 +43,10 @@ from torch import nn
 
 from planner.schemas import Layout, ModelSpec
 from planner.schemas.errors import InfeasibleConfigError
-from runtime.model import MLP, Decoder, MoE, add_rows, moe_layers
+from runtime.mlp import MLP, MoE, add_rows, moe_layers
+from runtime.model import Decoder
 from runtime.optim import DataParallelOptimizer
-from runtime.tensor_parallel import RouterGradients, split_expert
+from runtime.tensor_parallel import PartialGradients, split_expert
 
 PlacementTable = tuple[tuple[tuple[int, ...], ...], ...]
 """For each MoE layer in model order, the expert ids each expert-parallel rank hosts."""
@@ -240,7 +241,7 @@ class ReplicaGradients:
         (``runtime.tensor_parallel.split_expert``), which the whole expert-parallel group shares."""
         self.group = ep_group
         with torch.device("meta"):
-            expert = MLP(model)
+            expert = MLP(model, model.expert_ffn_size)
             if tensor_degree > 1:
                 split_expert(expert, tensor_rank, tensor_degree)
             self.shapes = [p.shape for p in expert.parameters()]
@@ -289,7 +290,7 @@ class JointOptimizer:
     def __init__(
         self,
         parts: Sequence[
-            "DataParallelOptimizer | torch.optim.Optimizer | ReplicaGradients | RouterGradients | JointOptimizer"
+            "DataParallelOptimizer | torch.optim.Optimizer | ReplicaGradients | PartialGradients | JointOptimizer"
         ],
     ) -> None:
         self.parts = list(parts)

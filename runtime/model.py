@@ -5,16 +5,16 @@ RMSNorm as the fused kernels keep their tensors, ``runtime.kernels``), learned o
 rotary positions, tied or untied output layer; deterministic initialisation from a seed. Layers
 live in a ModuleDict keyed by their index, so a pipeline stage keeps the reference's parameter
 names when the layers it does not hold are deleted. Projections are separate Linear modules so
-tensor parallelism can split them by name. A mixture-of-experts model's layers hold an ``MoE``
-(Mixtral's sparse block: a router and experts that are the model's MLPs); a chunk may hold only
-some of its experts, which expert parallelism (``runtime.expert_parallel``) feeds.
+tensor parallelism can split them by name. A mixture-of-experts model's MoE layers
+(``ModelSpec.is_moe_layer``) hold an ``MoE`` and, with shared experts, a ``SharedExpert``
+(``runtime.mlp``); its other layers a dense MLP. A chunk may hold only some of its experts,
+which expert parallelism (``runtime.expert_parallel``) feeds.
 """
 
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,6 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
-    Activation,
     AttentionKernel,
     DType,
     ModelSpec,
@@ -33,9 +32,11 @@ from planner.schemas import (
     Recompute,
     RecomputeModule,
 )
+from planner.schemas.runtime_support import unbuilt_features
 from runtime.context_share import ContextShare
-from runtime.kernels import RMSNorm, geglu, swiglu
+from runtime.kernels import RMSNorm
 from runtime.loss import cross_entropy
+from runtime.mlp import MLP, MoE, SharedExpert, moe_layers
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
@@ -107,6 +108,7 @@ def positions_of(held: int, device: torch.device, context: ContextShare | None) 
 
 class Attention(nn.Module):
     """Causal self-attention; head counts follow the (possibly tensor-parallel) projection widths.
+    Biases on q, k, v as ``qkv_bias`` says (Qwen2), on o as ``attention_bias``; Qwen3's q/k norms.
 
     ``recompute_core`` drops the attention core's activations and recomputes them in the backward
     (selective recompute, Korthikanti et al. 2022).
@@ -119,17 +121,24 @@ class Attention(nn.Module):
         self.head_dim = hd
         self.rope = model.position_embedding_type is PositionEmbedding.ROPE
         self.rope_theta = model.rope_theta
-        self.q = nn.Linear(h, model.num_attention_heads * hd, bias=model.attention_bias)
-        self.k = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
-        self.v = nn.Linear(h, model.kv_heads * hd, bias=model.attention_bias)
+        qkv_bias = model.attention_bias if model.qkv_bias is None else model.qkv_bias
+        self.q = nn.Linear(h, model.num_attention_heads * hd, bias=qkv_bias)
+        self.k = nn.Linear(h, model.kv_heads * hd, bias=qkv_bias)
+        self.v = nn.Linear(h, model.kv_heads * hd, bias=qkv_bias)
         self.o = nn.Linear(model.num_attention_heads * hd, h, bias=model.attention_bias)
+        # Qwen3's RMSNorm over each q and k head (one weight of hd, shared by the heads)
+        self.q_norm = RMSNorm(hd, eps=1e-6) if model.qk_norm else None
+        self.k_norm = RMSNorm(hd, eps=1e-6) if model.qk_norm else None
         self.context: ContextShare | None = None
         """Set under context parallelism: this rank holds a share of each sequence, and attention
         exchanges keys and values over its context-parallel group (``runtime.context_share``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q, k, v = (p(x).view(b, s, -1, self.head_dim) for p in (self.q, self.k, self.v))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.rope:
             positions = positions_of(s, x.device, self.context)
             q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
@@ -143,147 +152,40 @@ class Attention(nn.Module):
         return result
 
 
-class MLP(nn.Module):
-    """GELU (up, down), or SwiGLU or GEGLU (gate, up, down; ``runtime.kernels.swiglu``, ``geglu``)."""
-
-    def __init__(self, model: ModelSpec) -> None:
-        super().__init__()
-        h, f = model.hidden_size, model.ffn_size
-        self.gated = model.hidden_act.gated
-        self.gated_kernel = geglu if model.hidden_act is Activation.GEGLU else swiglu
-        self.gate = nn.Linear(h, f, bias=model.mlp_bias) if self.gated else None
-        self.up = nn.Linear(h, f, bias=model.mlp_bias)
-        self.down = nn.Linear(f, h, bias=model.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.gated_kernel(self.gate(x), self.up(x)) if self.gate is not None else F.gelu(self.up(x))
-        out: torch.Tensor = self.down(hidden)
-        return out
-
-
-Dispatch = Callable[[nn.ModuleDict, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""How an MoE layer's tokens reach its experts: (experts, tokens (n, h), expert ids (n, k),
-weights (n, k)) to the weighted sum of the experts' outputs (n, h)."""
-
-
-def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mixtral's routing (Jiang et al. 2024; transformers' ``MixtralSparseMoeBlock``): softmax over
-    the experts in fp32, the top-k, their weights renormalized to sum to 1.
-
-    Args:
-        logits: router scores (n, E).
-        top_k: experts per token.
-
-    Returns:
-        (weights (n, k) in the logits' precision, expert ids (n, k)).
-    """
-    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-    weights, expert_ids = torch.topk(probs, top_k, dim=-1)
-    weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(logits.dtype), expert_ids
-
-
-class _AddRows(torch.autograd.Function):
-    """``target.index_add(0, index, source)`` keeping only ``index`` for the backward: autograd's
-    own index_add keeps ``source`` too (its formula expands the gradient to the source's shape),
-    one tensor of every routed pair's hidden size per use, which no real MoE layer keeps
-    (Megatron-Core's unpermute keeps the indices)."""
-
-    @staticmethod
-    def forward(ctx: Any, target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(index)
-        return target.index_add(0, index, source)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
-        (index,) = ctx.saved_tensors
-        return grad, None, grad.index_select(0, index)
-
-
-def add_rows(target: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """``target`` with the rows of ``source`` added at rows ``index`` (out of place), keeping
-    only ``index`` for the backward (``_AddRows``)."""
-    out: torch.Tensor = _AddRows.apply(target, index, source)  # type: ignore[no-untyped-call]
-    return out
-
-
-def local_experts(
-    experts: nn.ModuleDict, tokens: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
-    """Every expert of ``experts`` (keyed by expert id) run on the tokens routed to it, outputs
-    weighted and summed per token. Dropless: an expert takes all its tokens. An expert with none
-    still runs (on zero rows) so that every rank has a gradient for every expert it holds."""
-    out = torch.zeros_like(tokens)
-    for name, expert in experts.items():
-        token, slot = (expert_ids == int(name)).nonzero(as_tuple=True)
-        out = add_rows(out, token, expert(tokens[token]) * weights[token, slot, None])
-    return out
-
-
-class MoE(nn.Module):
-    """Mixture-of-experts MLP: a bias-free router, top-k routing (``route``) and experts that are
-    the model's MLPs of width ``intermediate_size``; no capacity limit (dropless).
-
-    ``dispatch`` is set by expert parallelism (tokens go to the ranks holding their experts);
-    unset, the experts held here serve every token. Under tensor parallelism each expert holds
-    its rank's part and the layer returns the rank's partial sums, which
-    ``runtime.tensor_parallel`` reduces over the group. ``routing_trace``, when a list, receives
-    each forward's expert ids (n, k).
-    """
-
-    def __init__(self, model: ModelSpec, experts: Sequence[int]) -> None:
-        super().__init__()
-        self.top_k = model.num_experts_per_tok
-        self.router = nn.Linear(model.hidden_size, model.num_local_experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): MLP(model) for e in experts})
-        self.dispatch: Dispatch | None = None
-        self.routing_trace: list[torch.Tensor] | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = x.reshape(-1, x.shape[-1])
-        weights, expert_ids = route(self.router(tokens), self.top_k)
-        if self.routing_trace is not None and _first_pass(x):
-            self.routing_trace.append(expert_ids.detach().clone())
-        combine = self.dispatch or local_experts
-        return combine(self.experts, tokens, expert_ids, weights).view_as(x)
-
-
-def _first_pass(x: torch.Tensor) -> bool:
-    """Whether this forward routes tokens for the first time: not a full recompute's rerun inside
-    the backward (the same tokens again), nor a forward on meta tensors (no values)."""
-    return not x.is_meta and torch._C._current_graph_task_id() == -1
-
-
-def builds_moe_layer(model: ModelSpec) -> bool:
-    """Whether ``MoE`` is this model's MoE layer as specified: an MoE model whose experts are as
-    wide as its f and that has no shared experts (Mixtral's block; DeepSeek's and Qwen-MoE's
-    shared experts and narrower experts are not built here)."""
-    return model.is_moe and not model.shared_ffn_size and model.expert_ffn_size == model.ffn_size
-
-
-def moe_layers(model: ModelSpec) -> tuple[int, ...]:
-    """The layers whose MLP is a mixture of experts, in model order: all of an MoE model's."""
-    return tuple(range(model.num_hidden_layers)) if model.is_moe else ()
+def builds_layers(model: ModelSpec) -> bool:
+    """Whether this decoder builds ``model``'s layers as specified (``schemas.runtime_support``
+    names what it does not build: multi-head latent attention)."""
+    return not unbuilt_features(model)
 
 
 class Block(nn.Module):
     """Pre-norm transformer layer; ``recompute_all`` keeps only its input for the backward (full
     recompute); ``recompute_mlp`` keeps only its MLP's (MoE block's) input and re-runs the block in
-    the backward, an MoE block's dispatch and combine included (selective recompute of
-    Megatron-Core's ``mlp`` or ``moe`` module). ``experts``: an MoE layer's experts held here
-    (None: a dense MLP)."""
+    the backward, an MoE block's dispatch, combine and shared experts included (selective
+    recompute of Megatron-Core's ``mlp`` or ``moe`` module). ``experts``: an MoE layer's experts
+    held here (None: a dense MLP, f wide); an MoE layer of a model with shared experts has its
+    ``shared_expert`` beside them (every rank holds it, whatever the expert placement)."""
 
     def __init__(self, model: ModelSpec, experts: Sequence[int] | None = None) -> None:
         super().__init__()
         self.norm1, self.attn, self.norm2 = _norm(model), Attention(model), _norm(model)
         self.mlp: MLP | MoE = MLP(model) if experts is None else MoE(model, experts)
+        shared = experts is not None and model.shared_ffn_size > 0
+        self.shared_expert: SharedExpert | None = SharedExpert(model) if shared else None
         self.recompute_all = False
         self.recompute_mlp = False
+
+    def _feed_forward(self, normed: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.mlp(normed)
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(normed)
+        return out
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         normed = self.norm2(x)
-        mlp = checkpoint(self.mlp, normed, use_reentrant=False) if self.recompute_mlp else self.mlp(normed)
+        ff = self._feed_forward
+        mlp = checkpoint(ff, normed, use_reentrant=False) if self.recompute_mlp else ff(normed)
         out: torch.Tensor = x + mlp
         return out
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from planner.schemas import ModelSpec
 from planner.schemas.geometry import MeshAxis
-from runtime.model import MoE, moe_layers
+from runtime.mlp import MoE, moe_layers
 from runtime.trainer import Trainer
 
 

@@ -25,7 +25,7 @@ from torch.nn.attention import sdpa_kernel
 
 from planner.schemas import DeviceKind, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
-from planner.schemas.runtime_support import check_runnable
+from planner.schemas.runtime_support import check_buildable, check_runnable
 from planner.schemas.settings import RunSettings
 from runtime import checkpoint
 from runtime.checkpoint_meta import check_loadable, latest
@@ -53,6 +53,7 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             f"{plan.cluster.devices_per_node}), but this job has {world_size}; launch it with the command "
             "`planner launch` prints"
         )
+    check_buildable(plan.model)  # the model the plan was priced for, not another one
     check_runnable(plan, cuda=cuda)  # what the plan asks of any job (planner launch checks it too)
     if not cuda and plan.cluster.device_kind is not DeviceKind.CPU:
         raise InfeasibleConfigError(

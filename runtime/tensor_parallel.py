@@ -25,11 +25,18 @@ goes through the partial outputs), so the region's entry all-reduces it (reduce-
 under sequence parallelism), once per layer. The router's weight gradient is partial too: the
 gate weights multiply the partial outputs, so d loss / d weight is each rank's share. Rather
 than reduce the k per-pair outputs before weighting them (k times the bytes of the layer's
-output), each rank keeps its partial router gradient and ``RouterGradients`` sums it over the
+output), each rank keeps its partial router gradient and ``PartialGradients`` sums it over the
 group once per step before the update, as Megatron-LM's ``finalize_model_grads`` sums the
 sequence-parallel norms' gradients over the tensor-parallel group. With expert parallelism
 (``runtime.expert_parallel``) the exchange runs inside the region among the ranks of one tp
 coordinate: tokens go out whole, partial outputs come back and are reduced after the combine.
+
+An MoE layer's shared experts (``runtime.mlp.SharedExpert``) are split as the dense MLP is, in
+and out of their own sequence-parallel region, folded experts or not (the cost model keeps a
+dense MLP's collectives for them). Qwen2-MoE's sigmoid gate stays whole: each rank scales its own
+columns, so the gate's input gradient is summed over the group in the backward
+(``_partial_gradient``) and its weight's, as Qwen3's q/k norms' (each rank normalizes its own
+heads), by ``PartialGradients`` with the routers'.
 
 With the experts folded (``Layout.folds_experts``: expert tensor parallelism 1, Megatron-Core's
 MoE parallel folding) nothing of an MoE layer is split here: every expert stays whole on the
@@ -39,7 +46,7 @@ tokens, which joins the sequence-parallel residual stream as it is: no region, n
 sequence, no reduction of expert outputs. The token exchange runs over the folded expert-parallel
 group (``runtime.expert_parallel``). The router's gradient on each rank covers only the tokens it
 routed, and the tensor-parallel ranks of a replica route disjoint shares of its sequence whose
-gradients add up to the replica's: ``RouterGradients`` sums them as it sums the partial ones.
+gradients add up to the replica's: ``PartialGradients`` sums them as it sums the partial ones.
 """
 
 from collections.abc import Sequence
@@ -51,7 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -62,7 +69,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from planner.schemas.errors import InfeasibleConfigError
-from runtime.model import MLP, Decoder, MoE
+from runtime.mlp import MLP, MoE, SharedExpert
+from runtime.model import Attention, Decoder
 from runtime.optim import flat_apply, local, local_grad
 from runtime.torch_compat import all_gather_single, reduce_scatter_single
 
@@ -91,14 +99,12 @@ def tensor_parallel(
         plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
         plan[f"layers.{i}.attn.o"] = RowwiseParallel(output_layouts=seq)
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        if isinstance(block.mlp, MLP):
-            plan |= {
-                f"layers.{i}.mlp.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(block.mlp, n) is not None
-            }
-            plan[f"layers.{i}.mlp.down"] = RowwiseParallel(output_layouts=seq)
-            if sequence_parallel:
-                plan[f"layers.{i}.mlp"] = gather
-        elif isinstance(block.mlp, MoE) and fold_experts:
+        for name, mlp in (("mlp", block.mlp), ("shared_expert", block.shared_expert)):
+            if isinstance(mlp, MLP):  # a dense MLP, or shared experts: split as a dense MLP
+                plan |= _mlp_plan(f"layers.{i}.{name}", mlp, seq, gather if sequence_parallel else None)
+        if isinstance(block.shared_expert, SharedExpert) and block.shared_expert.sigmoid_gate is not None:
+            block.shared_expert.gate_input = partial(_partial_gradient, mesh=tp_mesh)
+        if isinstance(block.mlp, MoE) and fold_experts:
             block.mlp.register_forward_pre_hook(_sequence_shard)
         elif isinstance(block.mlp, MoE):
             for expert in block.mlp.experts.values():
@@ -109,8 +115,9 @@ def tensor_parallel(
             plan |= {f"layers.{i}.{n}": SequenceParallel() for n in ("norm1", "norm2")}
             plan[f"layers.{i}.attn"] = gather
             keep_sequence_shards(cast(nn.Module, block.attn), block)
-            if isinstance(block.mlp, MLP):
-                keep_sequence_shards(block.mlp, block)
+            for mlp in (block.mlp, block.shared_expert):
+                if isinstance(mlp, MLP):
+                    keep_sequence_shards(mlp, block)
     if chunk.takes_tokens and sequence_parallel:
         chunk.to_sequence_shards = partial(_scatter_sequence, mesh=tp_mesh)
     if chunk.norm is not None and sequence_parallel:
@@ -129,6 +136,26 @@ def tensor_parallel(
         chunk.head.weight = chunk.tok_emb.weight
 
 
+def _mlp_plan(prefix: str, mlp: MLP, seq: Shard | Replicate, gather: PrepareModuleInput | None) -> dict[str, object]:
+    """Megatron's split of an MLP at ``prefix``: gate and up column-wise, down row-wise (its output
+    ``seq``), its input gathered over the sequence under sequence parallelism (``gather``)."""
+    plan: dict[str, object] = {
+        f"{prefix}.{n}": ColwiseParallel() for n in ("gate", "up") if getattr(mlp, n) is not None
+    }
+    plan[f"{prefix}.down"] = RowwiseParallel(output_layouts=seq)
+    if gather is not None:
+        plan[prefix] = gather
+    return plan
+
+
+def _partial_gradient(x: torch.Tensor, *, mesh: DeviceMesh) -> torch.Tensor:
+    """``x``, whole on every rank of ``mesh`` (a plain tensor, or a replicated DTensor under
+    sequence parallelism), as a plain tensor whose gradient is partial on each rank and summed
+    over the group in the backward: the shared expert's gate feeds each rank's own columns."""
+    whole = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    return whole.to_local(grad_placements=[Partial()])
+
+
 def keep_sequence_shards(module: nn.Module, block: nn.Module | None = None) -> None:
     """Make ``module``, whose input arrives all-gathered over the sequence (a sequence-parallel
     region's column-parallel projections), keep only this rank's 1/t of that input for its
@@ -141,8 +168,9 @@ def keep_sequence_shards(module: nn.Module, block: nn.Module | None = None) -> N
     original = module.forward
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        feed_forward = module is getattr(block, "mlp", None) or module is getattr(block, "shared_expert", None)
         checkpointed = getattr(block, "recompute_all", False) or (
-            module is getattr(block, "mlp", None) and getattr(block, "recompute_mlp", False)
+            feed_forward and getattr(block, "recompute_mlp", False)
         )
         if not isinstance(x, DTensor) or checkpointed:
             return original(x, *args, **kwargs)
@@ -337,21 +365,31 @@ class VocabularyLookup:
         return out
 
 
-class RouterGradients:
-    """Sums the routers' partial gradients over the tensor-parallel group (see the module's
-    docstring) in one flat all-reduce per step, before the optimizer's own reduction: every
-    rank then holds the router's whole gradient and takes the same update."""
+class PartialGradients:
+    """Sums over the tensor-parallel group, in one flat all-reduce per step before the
+    optimizer's own reduction, the partial gradients of the weights every rank holds whole: the
+    routers' (see the module's docstring), the shared experts' sigmoid gates' (each rank's gate
+    scales its own columns) and Qwen3's q/k norms' (each rank normalizes its own heads). Every
+    rank then holds their whole gradients and takes the same update."""
 
     def __init__(self, chunks: Sequence[nn.Module], group: dist.ProcessGroup) -> None:
         self.group = group
-        routers = [m.router for chunk in chunks for m in chunk.modules() if isinstance(m, MoE)]
-        self.params = [p for router in routers for p in router.parameters()]
+        whole: list[nn.Module | None] = []
+        for chunk in chunks:
+            for m in chunk.modules():
+                if isinstance(m, MoE):
+                    whole.append(m.router)
+                elif isinstance(m, SharedExpert):
+                    whole.append(m.sigmoid_gate)
+                elif isinstance(m, Attention):
+                    whole += [m.q_norm, m.k_norm]
+        self.params = [p for module in whole if module is not None for p in module.parameters()]
 
     def zero_grad(self) -> None:
-        """Nothing: the dense optimizer drops the routers' gradients."""
+        """Nothing: the dense optimizer drops these gradients."""
 
     def step(self) -> None:
-        """Sum each router's gradient over the group."""
+        """Sum each weight's gradient over the group."""
         grads = [g for g in map(local_grad, self.params) if g is not None]
         flat_apply(grads, partial(dist.all_reduce, group=self.group))
 

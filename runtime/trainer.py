@@ -56,7 +56,7 @@ from runtime.pipeline import (
     pipeline_step,
     stage_activations,
 )
-from runtime.tensor_parallel import RouterGradients, loss_context, tensor_parallel
+from runtime.tensor_parallel import PartialGradients, loss_context, tensor_parallel
 from runtime.vocabulary_parallel import VocabularyParallel
 
 
@@ -185,7 +185,8 @@ class Trainer:
         self, optimizer: str, lr: float, compute: torch.dtype, reduce: torch.dtype, experts_mesh: DeviceMesh | None
     ) -> Optimizer:
         """The data-parallel optimizer over this rank's parameters, joined by the reductions it
-        does not make itself: an MoE router's partial gradients under tensor parallelism, and
+        does not make itself: the partial gradients of the weights every tensor-parallel rank holds
+        whole (MoE routers, shared experts' gates, q/k norms: ``PartialGradients``), and
         replicated experts' gradients over the expert-parallel group."""
         model, layout = self.model, self.layout
         joint: Optimizer = self.data_parallel.share(
@@ -197,8 +198,9 @@ class Trainer:
             outside=self.vocabulary.parameters() if self.vocabulary else (),
         )
         tp_mesh = self.mesh[MeshAxis.TP]
-        if model.is_moe and layout.tensor_parallel_degree > 1:  # partial router gradients (runtime.tensor_parallel)
-            joint = JointOptimizer([RouterGradients(self.chunks, tp_mesh.get_group()), joint])
+        partials = model.is_moe or model.qk_norm  # routers, shared experts' gates, q/k norms (runtime.tensor_parallel)
+        if partials and layout.tensor_parallel_degree > 1:
+            joint = JointOptimizer([PartialGradients(self.chunks, tp_mesh.get_group()), joint])
         if experts_mesh is not None and replicated(self.placement):
             ep_group = experts_mesh[ExpertMeshAxis.EP].get_group()
             copies = ReplicaGradients(

@@ -14,7 +14,7 @@ from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_sc
 from planner.files.cluster_presets import list_cluster_presets
 from planner.files.models import list_model_presets
 from planner.schemas import STACKS, DeviceKind, StackName
-from planner.schemas.runtime_support import check_runnable
+from planner.schemas.runtime_support import check_buildable, check_runnable
 from planner.views.tables import (
     NO_PLACEMENT,
     comparison_view,
@@ -133,7 +133,8 @@ def launch(
     """
     check_output("--output", output, "launch.sh")
     loaded = api.load_plan(plan)
-    check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)  # as every rank would
+    check_buildable(loaded.model)  # as every rank would
+    check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)
     elastic_launch = elastic_options(elastic, max_restarts, checkpoint_dir, checkpoint_every, last_call)
     commands = torchrun_commands(
         loaded,

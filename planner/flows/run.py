@@ -68,8 +68,9 @@ def dry_run(
 
     Raises:
         MissingExtraError: torch is not installed.
-        InfeasibleConfigError: ``rank`` is outside the plan's world, or the plan recomputes modules
-            the runtime does not checkpoint (``schemas.runtime_support.check_recompute_modules``).
+        InfeasibleConfigError: ``rank`` is outside the plan's world, the plan recomputes modules
+            the runtime does not checkpoint (``schemas.runtime_support.check_recompute_modules``), or
+            the runtime does not build its model (``schemas.runtime_support.check_buildable``).
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)  # a bad plan is refused before torch is imported
     require_torch("planner run --dry-run")

@@ -9,6 +9,7 @@ from planner.files.models import load_model
 from planner.flows.extras import require_torch
 from planner.flows.search import search
 from planner.schemas import ModelSpec, TrainingSpec
+from planner.schemas.runtime_support import check_buildable
 from planner.schemas.settings import SearchSettings, TuneSettings
 from planner.search_engine.strategy import Progress
 
@@ -45,7 +46,8 @@ def tune(
     Raises:
         SchemaError: an input or the launcher template is invalid; calibrating a preset cluster
             with no ``save_calibration``.
-        InfeasibleConfigError: no layout fits.
+        InfeasibleConfigError: no layout fits, or the runtime does not build the model
+            (``schemas.runtime_support.check_buildable``).
         MissingExtraError: the trials run here (no launcher) and torch is not installed.
     """
     if settings.launcher is None and run_trial is None:  # a launcher's jobs find torch on their cluster
@@ -55,10 +57,11 @@ def tune(
     from planner.tuning.study import study_name
     from planner.tuning.tuner import calibration_target, run_trial_job, run_trials, summarize
 
+    model_spec = load_model(model) if isinstance(model, str) else model
+    check_buildable(model_spec)  # every trial runs on the planner's runtime
     target = calibration_target(cluster, calibrate=settings.calibrate, save_to=settings.save_calibration)
     if settings.launcher is not None:
         check_template(settings.launcher)
-    model_spec = load_model(model) if isinstance(model, str) else model
     profile = load_cluster(cluster)
     # The plans run on the planner's runtime, which shards over whole groups only.
     wanted = SearchSettings(

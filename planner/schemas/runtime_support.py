@@ -1,7 +1,10 @@
 """What this planner's runtime runs: the plans `planner run` refuses before any work, stated once
 so that `planner launch` refuses the same plans without importing torch (the runtime calls
 ``check_runnable`` from ``runtime.run.check_world``; the launch export before printing a command
-that could only fail on every node)."""
+that could only fail on every node). ``check_buildable`` refuses the models whose layers the
+runtime's decoder does not build as the cost model prices them, for every command that would
+run one (`planner run`, its dry run, `planner launch`, `planner tune`); `planner search` still
+plans them."""
 
 from planner.schemas.context_split import check_context_split
 from planner.schemas.enums import (
@@ -14,6 +17,7 @@ from planner.schemas.enums import (
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import num_micro_batches, pipeline_schedules
 from planner.schemas.layout import Layout
+from planner.schemas.model import ModelSpec
 from planner.schemas.plan import PlanShape
 
 OUTPUT_DISCARDING = (RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT)
@@ -131,4 +135,36 @@ def check_sharded_experts(layout: Layout, *, fp32: bool) -> None:
         raise InfeasibleConfigError(
             f"zero_stage={int(layout.zero_stage)} with expert parallelism runs in fp32 only so far (the "
             "experts stay out of FSDP's mixed precision); train in fp32 or use zero_stage 0 or 1"
+        )
+
+
+def unbuilt_features(model: ModelSpec) -> tuple[str, ...]:
+    """What of ``model`` the runtime's decoder (``runtime.model``) does not build, each as a phrase
+    naming the feature and its keys; empty when it builds the model as specified (dense and MoE
+    layers, experts moe_intermediate_size wide, shared experts and their gate, DeepSeek's first
+    dense layers and Qwen-MoE's dense layers, q/k/v biases, q/k norms, group-limited routing)."""
+    features = []
+    if model.is_mla:
+        features.append(
+            f"multi-head latent attention (kv_lora_rank={model.kv_lora_rank}, q_lora_rank={model.q_lora_rank})"
+        )
+    if model.position_embedding_type is PositionEmbedding.ALIBI:
+        features.append("ALiBi position biases")
+    if model.is_moe and model.has_shared_expert_gate and model.mlp_bias:
+        features.append("a gated shared expert with MLP biases (shared_expert_intermediate_size with mlp_bias)")
+    return tuple(features)
+
+
+def check_buildable(model: ModelSpec) -> None:
+    """Refuse a model whose layers the runtime would build otherwise than specified (and priced):
+    it would train, and its dry run trace, another model (``unbuilt_features``).
+
+    Raises:
+        InfeasibleConfigError: one line naming the model, the features and what to do.
+    """
+    features = unbuilt_features(model)
+    if features:
+        raise InfeasibleConfigError(
+            f"{model.name} uses {' and '.join(features)}, which this runtime does not build; its plans and "
+            "estimates hold: train it with a framework that builds it (planner export PLAN --to megatron)"
         )

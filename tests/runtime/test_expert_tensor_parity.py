@@ -7,7 +7,7 @@ import torch
 from moe_training import MOE
 
 from planner.schemas import Activation
-from runtime.model import MLP
+from runtime.mlp import MLP
 from runtime.tensor_parallel import split_expert
 
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from planner.schemas import Activation, ModelSpec
 from runtime.kernels import RMSNorm, geglu, swiglu
-from runtime.model import MLP, add_rows
+from runtime.mlp import MLP, add_rows
 
 
 def test_rms_norm_matches_torch_in_value_and_gradient() -> None:

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 from cost_models.activations import MLP_BACKWARD_TENSORS, mlp_backward_bytes
 from planner.files.models import load_model
 from planner.schemas import Activation, DType
-from runtime.model import MLP
+from runtime.mlp import MLP
 
 
 class _NewTensorPeak(TorchDispatchMode):

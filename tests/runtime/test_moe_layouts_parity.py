@@ -49,7 +49,7 @@ from torch.distributed.tensor import DTensor
 from planner.schemas import DeviceMap, DType
 from planner.schemas.geometry import MeshAxis
 from runtime.expert_parallel import PlacementTable
-from runtime.model import MoE
+from runtime.mlp import MoE
 from runtime.routing_trace import gather_routing, record_routing
 from runtime.trainer import Trainer
 

@@ -16,7 +16,8 @@ from planner.schemas import Layout
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.layout import check_experts
 from runtime.expert_parallel import PlacementTable, check_placement, placement_table
-from runtime.model import Decoder, MoE, local_experts, route
+from runtime.mlp import MoE, local_experts, route
+from runtime.model import Decoder
 from runtime.routing_trace import save_routing_trace
 
 
