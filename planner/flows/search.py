@@ -6,9 +6,9 @@ from planner.export.targets import STACK_CHECKS
 from planner.files.plans import make_plan
 from planner.flows.loading import cluster_of, model_for, routing_of
 from planner.schemas import Alternative, ClusterProfile, DeviceKind, Layout, ModelSpec, Plan, StackName, TrainingSpec
-from planner.schemas.errors import SchemaError
+from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.plan import PlannedLayout
-from planner.schemas.runtime_support import check_runnable
+from planner.schemas.runtime_support import check_buildable, check_runnable
 from planner.schemas.settings import SearchSettings
 from planner.search_engine import make_strategy
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
@@ -139,8 +139,19 @@ def admission(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile)
     this cluster's kind of device), a stack with an export what its export cannot express
     (``export.targets.STACK_CHECKS``); so the best plan of ``search --stack X`` runs or exports.
     None for the stacks with neither (megatron-bridge, nemo-automodel, llm-foundry): they are
-    priced, not checked."""
+    priced, not checked.
+
+    Raises:
+        InfeasibleConfigError: the runtime does not build the model at all (``check_buildable``),
+            before any layout is weighed; the message names another stack to plan for.
+    """
     if training.stack is StackName.PLANNER_RUNTIME:
+        try:
+            check_buildable(model)
+        except InfeasibleConfigError as e:
+            raise InfeasibleConfigError(
+                f"{e}; to plan for another framework, search with --stack (e.g. --stack megatron-lm)"
+            ) from e
         cuda = cluster.pricing_device.kind is not DeviceKind.CPU
         return lambda layout: check_runnable(PlannedLayout(model, training, layout), cuda=cuda)
     check = STACK_CHECKS.get(training.stack)

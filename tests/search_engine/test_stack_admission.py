@@ -90,6 +90,15 @@ def test_the_runtimes_check_is_the_one_launch_applies() -> None:
 def test_a_model_the_runtime_cannot_build_is_refused_by_its_search_and_planned_for_another_stack() -> None:
     alibi = api.load_model("tiny-gpt").model_copy(update={"position_embedding_type": PositionEmbedding.ALIBI})
     training = TrainingSpec(global_batch_size=16, seq_len=128)
-    with pytest.raises(InfeasibleConfigError, match=r"that planner-runtime runs .* ALiBi .* search with --stack"):
+    with pytest.raises(InfeasibleConfigError, match=r"ALiBi .* which this runtime does not build.*search with --stack"):
         api.search(alibi, "dgx-h100:1", training, SearchSettings(top_k=1))
     assert api.search(alibi, "dgx-h100:1", training.under("megatron-lm"), SearchSettings(top_k=1))
+
+
+def test_a_search_for_the_runtime_refuses_a_model_it_does_not_build_before_searching() -> None:
+    """DeepSeek-V3's latent attention: the runtime would train another model, so its search stops
+    at once and names another stack; planned for megatron-lm, it searches."""
+    training = TrainingSpec(global_batch_size=512, seq_len=4096)
+    with pytest.raises(InfeasibleConfigError, match=r"multi-head latent attention.*--stack megatron-lm"):
+        admission(api.load_model("deepseek-v3"), training, api.load_cluster("dgx-h100:32"))
+    assert admission(api.load_model("deepseek-v3"), training.under("megatron-lm"), api.load_cluster("dgx-h100:32"))
