@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from planner.files.reading import load_json
 from planner.schemas import Alternative, ClusterProfile, ClusterRef, Estimate, Layout, ModelSpec, Plan, TrainingSpec
 from planner.schemas.errors import PlannerError, SchemaError
 from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
@@ -108,10 +109,7 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
         raise SchemaError(
             f"{where} is not a plan file: byte {e.start} is not UTF-8 text; give a plan.json from planner search"
         ) from e
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"{where}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    raw = load_json(text, str(where))
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if version not in READABLE_VERSIONS:
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
