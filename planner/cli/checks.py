@@ -89,6 +89,8 @@ def check_storage(option: str, url: str) -> None:
         _check_server(option, parsed)
     elif parsed.database not in (None, "", ":memory:"):
         check_output(f"{option} {url!r}: the database file", Path(parsed.database), "search.db")
+        if Path(parsed.database).is_file():
+            _check_sqlite_file(option, parsed)
 
 
 def connect_args(url: "URL") -> dict[str, int]:
@@ -114,6 +116,27 @@ def _check_server(option: str, url: "URL") -> None:
         raise SchemaError(
             f"{option} {shown!r}: cannot connect to the database server ({reason}); start the server or fix"
             f" the host, port, user, password or database name in the URL, or use a file, {STORAGE_EXAMPLE}"
+        ) from e
+    finally:
+        engine.dispose()
+
+
+def _check_sqlite_file(option: str, url: "URL") -> None:
+    """Read the schema version of an existing SQLite file (its header; nothing is written): a file
+    that is not a database (a plan, a text file given by mistake) is one line here, not the
+    traceback Optuna would end in when it reads its tables."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import DBAPIError
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("PRAGMA schema_version"))
+    except DBAPIError as e:
+        reason = (str(e.orig) if e.orig is not None else str(e)).strip().splitlines()[0]
+        raise SchemaError(
+            f"{option} {url.render_as_string()!r}: {url.database!r} is not an SQLite database ({reason});"
+            f" give the study's database file, or a new file name, {STORAGE_EXAMPLE}"
         ) from e
     finally:
         engine.dispose()

@@ -16,7 +16,7 @@ from rich.progress import Progress
 from planner import api
 from planner.cli.checks import finite
 from planner.cli.layout_options import EVEN_SPLIT, parse_layout_parts
-from planner.files.plans import check_cluster
+from planner.files.plans import check_cluster, plan_cluster
 from planner.schemas import (
     AttentionKernel,
     ClusterProfile,
@@ -336,8 +336,12 @@ def resolve(
         return Inputs(api.load_model(model), spec, api.load_cluster(cluster), cluster, chosen)
     plan = api.load_plan(plan_path)
     cluster_spec = cluster if cluster is not None else plan.cluster.spec
-    cluster_profile = api.load_cluster(cluster_spec)
-    check_cluster(plan, cluster_profile)
+    if cluster is None:  # the plan's own profile: missing or another cluster's is an error
+        cluster_profile = plan_cluster(plan)
+        assert cluster_profile is not None  # required
+    else:  # another cluster on purpose: the plan re-priced there
+        cluster_profile = api.load_cluster(cluster_spec)
+        check_cluster(plan, cluster_profile)
     return Inputs(
         api.load_model(model) if model is not None else plan.model,
         plan.training.with_options(training),

@@ -13,6 +13,7 @@ from planner.export.targets import ExportTarget
 from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
 from planner.files.cluster_presets import list_cluster_presets
 from planner.files.models import list_model_presets
+from planner.files.plans import plan_cluster
 from planner.schemas import STACKS, DeviceKind, StackName
 from planner.schemas.runtime_support import check_buildable, check_runnable
 from planner.views.tables import (
@@ -28,6 +29,16 @@ from planner.views.tables import (
     stacks_view,
     vocabulary_view,
 )
+
+PlanClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        "-c",
+        help="The plan's cluster profile (a file, or a preset NAME:NODES) where it is not at the path the plan "
+        "names, e.g. a plan copied without its cluster.json; it must be the plan's cluster.",
+    ),
+]
 
 
 def explain(
@@ -53,6 +64,7 @@ def explain(
             min=0.0, max=0.9, help="With --plot: the share of device memory the search kept free (the usable line)."
         ),
     ] = 0.05,
+    cluster: PlanClusterOpt = None,
 ) -> None:
     """Show a plan's memory and time breakdowns, and why it beat the runner-up.
 
@@ -61,7 +73,7 @@ def explain(
     Example: planner explain plan.json --plot plots
     """
     check_plot_dir(plot)
-    shown = api.explain(plan, routing_trace=routing_trace, timeline=plot is not None)
+    shown = api.explain(plan, routing_trace=routing_trace, timeline=plot is not None, cluster=cluster)
     loaded = shown.plan
     console = output_console()
     console.print(estimate_view(loaded.estimate, loaded.model, loaded.training, shown.cluster, loaded.layout))
@@ -122,6 +134,7 @@ def launch(
             "restart waits for a node that died [default: torchrun's 30].",
         ),
     ] = None,
+    cluster: PlanClusterOpt = None,
 ) -> None:
     """Print the torchrun command line of every node that runs the plan.
 
@@ -133,6 +146,7 @@ def launch(
     """
     check_output("--output", output, "launch.sh")
     loaded = api.load_plan(plan)
+    plan_cluster(loaded, cluster, required=cluster is not None)  # the profile, where found, must be the plan's
     check_buildable(loaded.model)  # as every rank would
     check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)
     elastic_launch = elastic_options(elastic, max_restarts, checkpoint_dir, checkpoint_every, last_call)
@@ -164,6 +178,7 @@ def export(
         typer.Option(help="torchtitan: a TOML job config; megatron: Megatron-LM arguments; deepspeed: a JSON config."),
     ],
     output: Annotated[Path | None, typer.Option(help="Write the export here [default: print it].")] = None,
+    cluster: PlanClusterOpt = None,
 ) -> None:
     """Write a plan as torchtitan's, Megatron-LM's or DeepSpeed's config; a plan feature the target
     cannot express is refused in one line, never dropped.
@@ -175,7 +190,7 @@ def export(
     Example: planner export plan.json --to torchtitan --output job.toml
     """
     check_output("--output", output, "job.toml")
-    exported = api.export_plan(plan, to)
+    exported = api.export_plan(plan, to, cluster=cluster)
     if output is None:
         typer.echo(exported.text, nl=False)
     else:

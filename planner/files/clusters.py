@@ -1,14 +1,13 @@
 """Clusters: a preset ``NAME:NODES``, presets mixed with ``+``, or a profile JSON → ClusterProfile;
 and a profile written back as the profiler writes it."""
 
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from planner.files.cluster_mix import MIX_SEPARATOR, mix_clusters
 from planner.files.cluster_presets import cluster_preset, list_cluster_presets
-from planner.files.reading import describe, did_you_mean, preset_named, read_text
+from planner.files.reading import describe, did_you_mean, load_json, preset_named, read_text
 from planner.schemas import ClusterProfile
 from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
 from planner.schemas.errors import SchemaError
@@ -78,10 +77,7 @@ def save_cluster(profile: ClusterProfile, path: str | Path) -> None:
 
 def _load_cluster_file(path: Path) -> ClusterProfile:
     text = read_text(path)
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    raw = load_json(text, str(path))
     if isinstance(raw, dict) and raw.get("complete") is False:
         raise SchemaError(
             f"{path} is an incomplete profile ({raw.get('failure', 'no reason recorded')}); "

@@ -21,8 +21,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from planner.files.clusters import load_cluster
+from planner.files.reading import load_json
 from planner.schemas import Alternative, ClusterProfile, ClusterRef, Estimate, Layout, ModelSpec, Plan, TrainingSpec
-from planner.schemas.errors import PlannerError, SchemaError
+from planner.schemas.errors import OtherProfileError, PlannerError, SchemaError
 from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
 
 logger = logging.getLogger(__name__)
@@ -142,10 +144,7 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
         raise SchemaError(
             f"{where} is not a plan file: byte {e.start} is not UTF-8 text; give a plan.json from planner search"
         ) from e
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"{where}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    raw = load_json(text, str(where))
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if version not in READABLE_VERSIONS:
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)
@@ -179,6 +178,61 @@ def _profile_found(plan: Plan, plan_path: Path) -> Plan:
     beside = folder / spec
     found = spec.resolve() if not beside.is_file() and spec.is_file() else beside.resolve()
     return plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"spec": str(found)})})
+
+
+def plan_cluster(plan: Plan, spec: str | None = None, *, required: bool = True) -> ClusterProfile | None:
+    """The plan's cluster profile: ``spec`` (a ``--cluster`` that points the plan at its profile) or
+    the one the plan names, checked against the hash the plan keeps (``check_plan_profile``).
+
+    Args:
+        plan: the plan.
+        spec: a preset or profile file to use instead of the plan's own.
+        required: whether a plan's profile file that is missing is an error; otherwise None (a
+            command that reads the profile only to check it goes on without it).
+
+    Raises:
+        SchemaError: the profile is missing (``required``), cannot be read, or is another cluster's.
+    """
+    where = plan.cluster.spec if spec is None else spec
+    if spec is None and _names_a_file(Path(where)) and not Path(where).is_file():
+        if not required:
+            return None
+        raise SchemaError(
+            f"the plan's cluster profile {where!r} is missing (a plan names its profile file, it does not hold it);"
+            " copy the profile to that path, or pass --cluster PROFILE.json"
+        )
+    cluster = load_cluster(where)
+    check_plan_profile(plan, cluster, where)
+    return cluster
+
+
+def check_plan_profile(plan: Plan, cluster: ClusterProfile, where: str) -> None:
+    """Refuse ``cluster`` (read from ``where``) when it is another cluster than the plan's; warn when it is
+    the same cluster (name, devices, shape) whose figures changed since the plan was made: re-measured
+    or recalibrated, so the plan's stored estimate may be stale but the plan still applies.
+
+    Raises:
+        SchemaError: naming both profiles and the fix.
+    """
+    ref = plan.cluster
+    if cluster_sha256(cluster) == ref.sha256:
+        return
+    shape = (cluster.name, cluster.world_size, cluster.num_nodes, cluster.devices_per_node, cluster.device.name)
+    if shape == (ref.name, ref.world_size, ref.num_nodes, ref.devices_per_node, ref.device_name):
+        logger.warning(
+            "cluster profile %s was re-measured or recalibrated since the plan was made (same %d x %s, other"
+            " figures); the plan's stored estimate may be stale: `planner estimate --plan` prices it again",
+            where,
+            ref.world_size,
+            ref.device_name,
+        )
+        return
+    raise OtherProfileError(
+        f"{where!r} is another cluster profile than the plan's: the plan was made for {ref.name!r}"
+        f" ({ref.world_size} x {ref.device_name}, from {ref.spec}), this is {cluster.name!r} ({cluster.world_size}"
+        f" x {cluster.device.name}); pass --cluster with the plan's profile, or plan for this cluster with"
+        f" `planner replan PLAN -c {where}`"
+    )
 
 
 def check_cluster(plan: Plan, cluster: ClusterProfile) -> None:

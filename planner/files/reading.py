@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -55,12 +55,28 @@ def read_mapping_file(path: Path) -> Mapping[str, object]:
     return parse(read_text(path), str(path), as_json=path.suffix.lower() == ".json")
 
 
+def too_deep(where: str, e: RecursionError) -> SchemaError:
+    """The one line for a file nested deeper than Python's parsers recurse (a fuzzer's ``[[[[...``):
+    no planner file nests more than a few levels, so the file is not one of ours."""
+    return SchemaError(f"{where}: nested too deeply to read ({e}); give a planner file (a few levels deep)")
+
+
+def load_json(text: str, where: str) -> Any:
+    """``json.loads(text)``, its syntax errors and too-deep nesting one SchemaError naming ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"{where}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    except RecursionError as e:
+        raise too_deep(where, e) from e
+
+
 def parse(text: str, where: str, *, as_json: bool) -> Mapping[str, object]:
     """Parse JSON or YAML text into a mapping, naming the file and line of a syntax error."""
     try:
-        data = json.loads(text) if as_json else yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"{where}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+        data = load_json(text, where) if as_json else yaml.safe_load(text)
+    except RecursionError as e:
+        raise too_deep(where, e) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -9,7 +9,7 @@ from cost_models.placement_comparison import PlacementComparison
 from cost_models.placement_comparison import compare_placements as _compare_placements
 from cost_models.schedule_timeline import Timeline, estimate_timeline
 from planner.files.clusters import load_cluster
-from planner.files.plans import load_plan
+from planner.files.plans import load_plan, plan_cluster
 from planner.files.routing_trace import load_routing_stats
 from planner.flows.estimate import estimate, homogeneous_estimate, stage_device_names
 from planner.flows.loading import routing_of
@@ -49,7 +49,13 @@ class Explanation:
     """When asked: the plan's step replayed stage by stage."""
 
 
-def explain(plan: Plan | str | Path, *, routing_trace: Path | str | None = None, timeline: bool = False) -> Explanation:
+def explain(
+    plan: Plan | str | Path,
+    *,
+    routing_trace: Path | str | None = None,
+    timeline: bool = False,
+    cluster: str | None = None,
+) -> Explanation:
     """What a plan holds beyond its estimate: the comparisons that apply to it.
 
     Args:
@@ -57,32 +63,35 @@ def explain(plan: Plan | str | Path, *, routing_trace: Path | str | None = None,
         routing_trace: a routing trace of the plan's model: its expert placement is compared with
             round-robin on it.
         timeline: also replay the plan's step stage by stage (for the plots).
+        cluster: the plan's cluster profile where it is not at the path the plan names (a preset or a file).
 
     Returns:
         The plan, its cluster and each comparison that applies (``Explanation``).
 
     Raises:
-        SchemaError: the plan, its cluster or the trace cannot be read, or the trace is of another model.
+        SchemaError: the plan, its cluster or the trace cannot be read, the cluster is another than the
+            plan's (``planner.files.plans.plan_cluster``), or the trace is of another model.
     """
     loaded = _plan(plan)
-    cluster = load_cluster(loaded.cluster.spec)
+    profile = plan_cluster(loaded, cluster)
+    assert profile is not None  # required: a missing profile raises
     model, training, layout = loaded.model, loaded.training, loaded.layout
     mixed = None
-    if cluster.has_mixed_devices:
-        homogeneous = homogeneous_estimate(model, cluster, training, layout)
-        mixed = MixedDevices(stage_devices=stage_device_names(cluster, layout), homogeneous=homogeneous)
+    if profile.has_mixed_devices:
+        homogeneous = homogeneous_estimate(model, profile, training, layout)
+        mixed = MixedDevices(stage_devices=stage_device_names(profile, layout), homogeneous=homogeneous)
     identity = None
     if not layout.device_map.is_identity:
-        identity = estimate(model, cluster, training, replace(layout, device_map=IDENTITY))
+        identity = estimate(model, profile, training, replace(layout, device_map=IDENTITY))
     other = _other_vocabulary(layout)
     return Explanation(
         plan=loaded,
-        cluster=cluster,
+        cluster=profile,
         mixed_devices=mixed,
         identity_mapping=identity,
-        other_vocabulary=(other, estimate(model, cluster, training, other)) if other is not None else None,
+        other_vocabulary=(other, estimate(model, profile, training, other)) if other is not None else None,
         placement=compare_placements(loaded, routing_trace) if routing_trace is not None else None,
-        timeline=pipeline_timeline(loaded, cluster) if timeline else None,
+        timeline=pipeline_timeline(loaded, profile) if timeline else None,
     )
 
 

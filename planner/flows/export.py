@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.export.targets import TARGET_STACKS, export, export_note, export_target
-from planner.files.clusters import load_cluster
-from planner.files.plans import load_plan
+from planner.files.plans import load_plan, plan_cluster
 from planner.flows.estimate import estimate
 from planner.schemas import Estimate, Plan, StackName
-from planner.schemas.errors import SchemaError
+from planner.schemas.errors import OtherProfileError, SchemaError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,18 +37,21 @@ class Exported:
     (Megatron-LM's arguments); None otherwise."""
 
 
-def export_plan(plan: Plan | str | Path, target: str) -> Exported:
+def export_plan(plan: Plan | str | Path, target: str, *, cluster: str | None = None) -> Exported:
     """``plan`` as ``target``'s config, priced under ``target``'s stack beside its own.
 
     Args:
         plan: a Plan or a plan file.
         target: an export target's name (``ExportTarget``).
+        cluster: the plan's cluster profile where it is not at the path the plan names (a preset or a file).
 
     Returns:
         The export and, where the target's stack prices the plan otherwise, both estimates.
 
     Raises:
         SchemaError: the plan cannot be read, or the target is unknown.
+        OtherProfileError: the cluster profile is another cluster's than the plan's (one that cannot be
+            read leaves the plan unpriced).
         InfeasibleConfigError: the plan uses a feature the target cannot express.
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)
@@ -61,7 +63,9 @@ def export_plan(plan: Plan | str | Path, target: str) -> Exported:
     if training == loaded.training:
         return Exported(text=export(moved, chosen), plan_stack=loaded.training.stack, target_stack=stack, note=note)
     try:
-        cluster = load_cluster(loaded.cluster.spec)
+        profile = plan_cluster(loaded, cluster)
+    except OtherProfileError:
+        raise
     except SchemaError as e:  # the config is still written: the figures in it are the plan's own
         return Exported(
             text=export(moved, chosen),
@@ -70,12 +74,13 @@ def export_plan(plan: Plan | str | Path, target: str) -> Exported:
             not_priced=str(e),
             note=note,
         )
-    under_target = estimate(loaded.model, cluster, training, loaded.layout)
+    assert profile is not None  # required: a missing profile raises
+    under_target = estimate(loaded.model, profile, training, loaded.layout)
     return Exported(
         text=export(moved.model_copy(update={"estimate": under_target}), chosen),
         plan_stack=loaded.training.stack,
         target_stack=stack,
-        planned=estimate(loaded.model, cluster, loaded.training, loaded.layout),
+        planned=estimate(loaded.model, profile, loaded.training, loaded.layout),
         under_target=under_target,
         note=export_note(moved.model_copy(update={"estimate": under_target}), chosen),
     )

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.files.plans import load_plan
+from planner.files.plans import load_plan, plan_cluster
 from planner.flows.extras import require_torch
 from planner.schemas import Plan, RunReport
 from planner.schemas.errors import SchemaError
@@ -73,6 +73,7 @@ def dry_run(
             the runtime does not build its model (``schemas.runtime_support.check_buildable``).
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(plan)  # a bad plan is refused before torch is imported
+    plan_cluster(loaded, required=False)  # its profile, where found, must be the plan's
     require_torch("planner run --dry-run")
     from runtime.dry_run import dry_run as trace
 

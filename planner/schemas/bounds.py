@@ -16,6 +16,17 @@ MAX_LAYERS = 100_000
 """Transformer layers (GPT-3 has 96, Llama 3 405B 126); a search loops over them."""
 MAX_EXPERTS = 2**20
 """Experts per MoE layer (DeepSeek-V3 has 256)."""
+MAX_WIDTH = 2**20
+"""A model's widths: hidden_size, the MLP, expert and shared-expert widths, head dims and MLA ranks
+(PaLM 540B's MLP, 73,728, is the widest published; this is 14 times that). Bounded so that a
+layer's parameters (about 12 h^2, 1.3e13 at this bound) and its activations stay finite, printable
+figures: an unbounded 2^40 width printed a peak of 2e18 GiB instead of a refusal."""
+MAX_HEADS = 2**16
+"""Attention and key/value heads per layer (published models use at most 128); also bounds the
+groups of a DeepSeek router, which are counted like heads."""
+MAX_VOCAB = 2**24
+"""Vocabulary entries (the largest published vocabularies hold some 256,000, Gemma's); the
+embedding and output layers are vocab_size x hidden_size and the loss's logits vocab_size per token."""
 MAX_GLOBAL_BATCH = 2**30
 """Sequences per optimizer step (published runs use at most a few thousand); a search loops over its divisors."""
 MAX_SEQ_LEN = 2**30

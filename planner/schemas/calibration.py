@@ -20,10 +20,18 @@ bucket at the activation peak.
 """
 
 from datetime import datetime
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
+from planner.schemas.errors import SchemaError
+
+TIME_SCALES = ("compute_scale", "tensor_parallel_scale", "communication_scale")
+"""The factors that multiply a time term: each must be > 0 (the base model's check refuses NaN and
+infinity). At 0 every term it scales costs 0 s, and a search would rank every layout by what is left;
+the fit never writes one below 1e-6. The memory scales may be 0: a runtime that reduces gradients
+after the backward holds no buffer at the activation peak, and the fit finds exactly that."""
 
 
 class Calibration(FrozenModel):
@@ -54,6 +62,16 @@ class Calibration(FrozenModel):
     trials: int = Field(ge=0, description="Measured plans the time factors were fitted on.")
     memory_samples: int = Field(ge=0, description="Measured ranks the memory factors were fitted on.")
     source: str = Field(default="", description="Where the trials are stored (study storage and name).")
+
+    @model_validator(mode="after")
+    def _check_time_scales(self) -> Self:
+        for name in TIME_SCALES:
+            if getattr(self, name) <= 0:
+                raise SchemaError(
+                    f"calibration.{name}={getattr(self, name)!r} must be > 0 (at 0 every term it scales costs 0 s);"
+                    " fit it again with `planner tune`, or remove the calibration"
+                )
+        return self
 
     @property
     def factors(self) -> dict[str, float]:

@@ -17,6 +17,10 @@ class SchemaError(PlannerError):
     """A model, training, cluster, layout or plan value is missing, unknown or invalid."""
 
 
+class OtherProfileError(SchemaError):
+    """A plan read with a cluster profile of another cluster than the one it was made for."""
+
+
 class ProfileError(PlannerError):
     """Profiling the cluster failed or produced an unusable profile."""
 

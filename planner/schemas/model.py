@@ -14,10 +14,32 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from planner.schemas._base import FrozenModel
-from planner.schemas.bounds import MAX_EXPERTS, MAX_LAYERS, check_at_most
+from planner.schemas.bounds import (
+    MAX_EXPERTS,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    check_at_most,
+)
 from planner.schemas.enums import Activation, NormKind, PositionEmbedding
 from planner.schemas.errors import SchemaError
 from planner.schemas.rope import RopeScaling, RopeType
+
+WIDTHS = (
+    "hidden_size",
+    "head_dim",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+)
+"""ModelSpec's widths, each bounded by MAX_WIDTH."""
 
 
 class ModelSpec(FrozenModel):
@@ -109,7 +131,14 @@ class ModelSpec(FrozenModel):
     def _check_shapes(self) -> Self:
         layers = {"num_hidden_layers": self.num_hidden_layers, "first_k_dense_replace": self.first_k_dense_replace}
         check_at_most("", layers, MAX_LAYERS, "any model")
-        check_at_most("", {"num_local_experts": self.num_local_experts}, MAX_EXPERTS, "any model")
+        experts = {name: getattr(self, name) for name in ("num_local_experts", "n_shared_experts", "n_group")}
+        check_at_most("", experts, MAX_EXPERTS, "any model")
+        check_at_most("", {name: getattr(self, name) for name in WIDTHS}, MAX_WIDTH, "any model")
+        heads = {name: getattr(self, name) for name in ("num_attention_heads", "num_key_value_heads", "topk_group")}
+        check_at_most("", heads, MAX_HEADS, "any model")
+        check_at_most("", {"vocab_size": self.vocab_size}, MAX_VOCAB, "any model")
+        positions = {"max_position_embeddings": self.max_position_embeddings}
+        check_at_most("", positions, MAX_SEQ_LEN, "any model")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise SchemaError(
                 f"hidden_size={self.hidden_size} is not divisible by "

@@ -16,7 +16,7 @@ from planner.files.clusters import save_cluster
 from planner.files.models import load_model
 from planner.files.plans import load_plan, make_plan, save_plan
 from planner.schemas import Layout, TrainingSpec
-from planner.schemas.bounds import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS
+from planner.schemas.bounds import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
 from planner.schemas.errors import SchemaError
 
 SEARCH = ["search", "-m", "tiny-gpt", "-c", "dgx-a100-80g:1", "--global-batch-size", "32", "--seq-len", "128"]
@@ -218,6 +218,40 @@ def test_an_absurd_layer_count_is_refused(layers: int, needle: str, tmp_path: Pa
     for command in (SEARCH, [*ESTIMATE, "--dp", "8"]):
         args = [arg if arg != "tiny-gpt" else str(model) for arg in command]
         assert needle in refused(args, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "limit"),
+    [
+        ("hidden_size", 2**40, MAX_WIDTH),
+        ("intermediate_size", MAX_WIDTH + 1, MAX_WIDTH),
+        ("moe_intermediate_size", 2**40, MAX_WIDTH),
+        ("head_dim", 2**30, MAX_WIDTH),
+        ("vocab_size", 2**40, MAX_VOCAB),
+        ("num_attention_heads", 2**30, MAX_HEADS),
+        ("max_position_embeddings", 2**40, 2**30),
+    ],
+)
+def test_an_absurd_model_width_or_vocabulary_is_refused(
+    field: str, value: int, limit: int, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    raw = {**load_model("tiny-moe").model_dump(mode="json", exclude={"name"}), field: value}
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(raw))
+    line = refused([arg if arg != "tiny-gpt" else str(model) for arg in [*ESTIMATE, "--dp", "8"]], monkeypatch, capsys)
+    assert f"{field}={value} is larger than any model this planner plans (at most {limit:,}); fix the value" in line
+
+
+@pytest.mark.parametrize("scale", ["compute_scale", "tensor_parallel_scale", "communication_scale"])
+def test_a_zero_time_scale_in_a_calibration_is_refused(scale: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    path = Path(_cluster_file(tmp_path, {}))
+    raw = json.loads(path.read_text())
+    raw["calibration"] = {scale: 0, "created": "2026-01-01T00:00:00", "trials": 3, "memory_samples": 0}
+    path.write_text(json.dumps(raw))
+    line = refused(
+        [arg if arg != "dgx-a100-80g:1" else str(path) for arg in [*ESTIMATE, "--dp", "8"]], monkeypatch, capsys
+    )
+    assert f"calibration.{scale}=0.0 must be > 0 (at 0 every term it scales costs 0 s)" in line
 
 
 def test_a_cluster_beyond_any_built_is_refused(monkeypatch, capsys) -> None:

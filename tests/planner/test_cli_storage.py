@@ -113,3 +113,27 @@ def test_a_real_driver_to_a_closed_port_is_one_line(
     line = refused([*COMMANDS["validate"], "--storage", url], monkeypatch, tmp_path)
     assert line.startswith(f"error: --storage {url!r}: cannot connect to the database server (")
     assert "refused" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_sqlite_file_that_is_not_a_database_is_one_line(
+    command: str, nothing_runs: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    junk = tmp_path / "plan.json"
+    junk.write_text('{"schema_version": 2}\n' * 200)
+    code, out, err = planner_main([*COMMANDS[command], "--storage", "sqlite:///plan.json"], monkeypatch, cwd=tmp_path)
+    assert code == 2 and "Traceback" not in out + err and len(err.strip().splitlines()) == 1, out + err
+    assert err.strip() == (
+        "error: --storage 'sqlite:///plan.json': 'plan.json' is not an SQLite database (file is not a database);"
+        " give the study's database file, or a new file name, e.g. sqlite:///search.db"
+    )
+    assert junk.read_text() == '{"schema_version": 2}\n' * 200  # read, never written
+
+
+def test_an_empty_or_real_sqlite_file_passes_the_check(tmp_path: Path) -> None:
+    from planner.cli.checks import check_storage
+
+    (tmp_path / "empty.db").touch()
+    sqlite3.connect(tmp_path / "real.db").execute("create table t (x)").connection.close()
+    for name in ("empty.db", "real.db"):
+        check_storage("--storage", f"sqlite:///{tmp_path / name}")

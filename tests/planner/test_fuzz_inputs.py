@@ -2,7 +2,8 @@
 
 Hypothesis mutates valid model, cluster, plan and routing-trace files (a value swapped for NaN,
 infinity, zero, a negative or huge number, a string, null, a list; a key deleted or added; the
-whole file replaced by JSON of another shape, truncated text or binary bytes) and draws the main
+whole file replaced by JSON of another shape, nested deeper than a parser recurses, truncated
+text or binary bytes) and draws the main
 CLI options from valid and absurd values (one part of a command line at a time), then runs the
 CLI in-process as ``planner.cli.main`` would (a PlannerError is its one line and its exit code).
 Every run must exit 0 or 2, raise nothing else, and finish within ``BOUND_S``. Each example is
@@ -215,12 +216,17 @@ def mutated_tree(draw: st.DrawFn, tree: Mapping[str, Any], *, mutations: int = 3
 
 @st.composite
 def file_bytes(draw: st.DrawFn, tree: Mapping[str, Any]) -> bytes:
-    """The bytes of a mutated file: usually ``tree`` mutated as JSON; else another shape, truncated, or binary."""
-    kind = draw(st.sampled_from(["tree"] * 6 + ["shape", "truncated", "binary", "text"]))
+    """The bytes of a mutated file: usually ``tree`` mutated as JSON; else another shape, nested too deep
+    for a parser, truncated, or binary."""
+    kind = draw(st.sampled_from(["tree"] * 6 + ["shape", "nested", "truncated", "binary", "text"]))
     if kind == "tree":
         return json.dumps(draw(mutated_tree(tree))).encode()
     if kind == "shape":
         return json.dumps(draw(junk_values)).encode()
+    if kind == "nested":
+        depth = draw(st.sampled_from([10**3, 10**4, 10**5]))
+        opening, closing = draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
+        return (opening * depth + "1" + closing * depth).encode()
     if kind == "truncated":
         text = json.dumps(tree).encode()
         return text[: draw(st.integers(0, len(text) - 1))]
@@ -408,7 +414,17 @@ CLUSTERS = [
     "tiny-moe",
 ]
 OUTPUTS = ["out.json", ".", "missing/out.json", "out.json/inner.json", "/", ""]
-STORAGES = ["sqlite:///ok.db", "bogus://x", "sqlite:////", "sqlite:///missing/x.db", "sqlite:///.", "x", ""]
+STORAGES = [
+    "sqlite:///ok.db",
+    "bogus://x",
+    "sqlite:////",
+    "sqlite:///missing/x.db",
+    "sqlite:///.",
+    "x",
+    "",
+    "sqlite:///model.json",
+]
+"""Storage URLs: a new file, then absurd ones (model.json, written in each example, is no database)."""
 
 
 VALID_VALUES = {"--memory-margin": ["0", "0.1", "0.5"], "--zero-stage": ["0", "1", "3"], "--capacity-factor": ["1.25"]}
