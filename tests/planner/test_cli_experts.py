@@ -22,6 +22,7 @@ from planner.files.clusters import save_cluster
 from planner.files.routing_trace import write_trace
 from planner.schemas import DeviceMap, Layout, TrainingSpec
 from planner.schemas.errors import PlannerError, SchemaError
+from planner.schemas.runtime_support import check_runnable
 from planner.schemas.settings import SearchSettings
 
 MODEL = "tiny-moe"  # 4 MoE layers of 4 experts, top-2
@@ -297,8 +298,6 @@ def test_estimate_folds_experts_with_etp_1_and_refuses_other_values(
 def test_the_deepep_dispatcher_is_priced_kept_in_the_plan_and_refused_by_the_runtime(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runtime.run import check_world
-
     base = ["estimate", "-m", "deepseek-v3", "-c", "dgx-h100:32", "--global-batch-size", "512", "--seq-len", "4096"]
     base += ["--dp", "64", "--pp", "4", "--ep", "64", "--zero-stage", "3", "--recompute", "full", "--format", "json"]
     code, plain, err = planner_main(base, monkeypatch)
@@ -310,7 +309,8 @@ def test_the_deepep_dispatcher_is_priced_kept_in_the_plan_and_refused_by_the_run
     assert 0 < a2a[1] < a2a[0]
     loaded = api.load_plan(plan)
     assert loaded.training.moe_dispatcher == "deepep"
+    # the dispatcher's own refusal (run and launch refuse DeepSeek-V3's latent attention before it)
     with pytest.raises(PlannerError, match="plan with --moe-dispatcher alltoall to run it"):
-        check_world(loaded, loaded.cluster.world_size, cuda=True)
+        check_runnable(loaded, cuda=True)
     code, _, err = planner_main([*base, "--moe-dispatcher", "nvshmem"], monkeypatch)
     assert code == 2 and "nvshmem" in err, err
