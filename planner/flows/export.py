@@ -76,13 +76,14 @@ def export_plan(plan: Plan | str | Path, target: str, *, cluster: str | None = N
         )
     assert profile is not None  # required: a missing profile raises
     under_target = estimate(loaded.model, profile, training, loaded.layout)
+    priced = moved.model_copy(update={"estimate": under_target})
     return Exported(
-        text=export(moved.model_copy(update={"estimate": under_target}), chosen),
+        text=export(priced, chosen),
         plan_stack=loaded.training.stack,
         target_stack=stack,
         planned=estimate(loaded.model, profile, loaded.training, loaded.layout),
         under_target=under_target,
-        note=export_note(moved.model_copy(update={"estimate": under_target}), chosen),
+        note=export_note(priced, chosen),
     )
 
 

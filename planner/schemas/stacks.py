@@ -96,6 +96,10 @@ _PER_LOCAL_BATCH = (
     "one pipeline schedule per local batch, gradients accumulated over them: 1 unless the run accumulates "
     "gradients (give --pipeline-flushes with its accumulation steps)"
 )
+_PIPELINING_OVERLAP = (
+    "torch.distributed.pipelining's multi-stage schedules post a step's sends and receives beside its compute"
+)
+_PIPELINING_BUFFERS = "torch.distributed.pipelining keeps a receive buffer per micro-batch"
 _ALLTOALL = "the all-to-all dispatcher (DeepEP: --moe-dispatcher deepep)"
 _TE_ATTENTION = (
     "Transformer Engine's attention: its backend selection prefers cuDNN's FusedAttention over FlashAttention "
@@ -124,9 +128,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "loss_kernels": "runtime/loss.py: F.cross_entropy over fp32 logits, as the other kernels",
                 "tp_comm_overlap": "runtime's tensor-parallel collectives run synchronously "
                 "(runtime_support refuses the overlap)",
-                "pp_comm_overlap": "torch.distributed.pipelining's multi-stage schedules post a step's sends and "
-                "receives beside its compute",
-                "pipeline_buffers": "torch.distributed.pipelining keeps a receive buffer per micro-batch",
+                "pp_comm_overlap": _PIPELINING_OVERLAP,
+                "pipeline_buffers": _PIPELINING_BUFFERS,
                 "pipeline_flushes": _ONE_FLUSH,
                 "vocabulary_overlap": "runtime runs each vocabulary pass when its stage reaches it",
                 "grad_reduce_dtype": "runtime's FSDP2 MixedPrecisionPolicy reduces in fp32 under bf16",
@@ -210,9 +213,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "kernels": "its benchmark runs set [compile] enable (torch.compile fuses the elementwise work)",
                 "loss_kernels": "the loss is compiled with the model",
                 "tp_comm_overlap": "async tensor parallelism is off unless [parallelism] enable_async_tensor_parallel",
-                "pp_comm_overlap": "torch.distributed.pipelining's multi-stage schedules post a step's sends and "
-                "receives beside its compute",
-                "pipeline_buffers": "torch.distributed.pipelining keeps a receive buffer per micro-batch",
+                "pp_comm_overlap": _PIPELINING_OVERLAP,
+                "pipeline_buffers": _PIPELINING_BUFFERS,
                 "pipeline_flushes": _PER_LOCAL_BATCH,
                 "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,
                 "grad_reduce_dtype": "FSDP2's MixedPrecisionPolicy reduce_dtype float32 ([training] "
@@ -239,8 +241,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "kernels": "Transformer Engine's fused layers",
                 "loss_kernels": "as its other kernels",
                 "tp_comm_overlap": "no tensor-parallel overlap is stated",
-                "pp_comm_overlap": "torch.distributed.pipelining's multi-stage schedules post a step's sends and "
-                "receives beside its compute",
+                "pp_comm_overlap": _PIPELINING_OVERLAP,
                 "pipeline_buffers": "its pipeline is torch.distributed.pipelining's: a receive buffer per micro-batch",
                 "pipeline_flushes": _PER_LOCAL_BATCH,
                 "vocabulary_overlap": _NO_VOCABULARY_OVERLAP,

@@ -182,13 +182,7 @@ class TrainingSpec(FrozenModel):
         """
         base = self.under(updates["stack"]) if "stack" in updates else self
         fields = {name: value for name, value in updates.items() if name != "stack"}
-        try:
-            return TrainingSpec.model_validate({**base.model_dump(), **fields})
-        except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(map(str, err['loc']))}={err['input']!r}: {err['msg']}" for err in e.errors()
-            )
-            raise SchemaError(f"training: {problems}") from e
+        return training_from({**base.model_dump(), **fields})
 
     @property
     def tokens_per_step(self) -> int:
