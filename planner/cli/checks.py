@@ -3,6 +3,7 @@ that runs for minutes must not fail at the end on a path it could have refused a
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,10 +144,30 @@ def _check_sqlite_file(option: str, url: "URL") -> None:
 
 
 def finite(value: float | None) -> float | None:
-    """Callback of the float options: NaN and infinity are refused (a range check lets NaN through)."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number")
-    return value
+    """Callback of the unbounded float options: NaN and infinity are refused."""
+    return in_range()(value)
+
+
+def in_range(minimum: float | None = None, maximum: float | None = None) -> Callable[[float | None], float | None]:
+    """Callback of a float option: refuse NaN and infinity by name, then a value outside
+    [``minimum``, ``maximum``]. Used in place of typer's ``min``/``max``, whose check refuses NaN as
+    out of range ("should be less than or equal to 0.9") without saying what is wrong with it."""
+    limits = (f">= {minimum:g}" if minimum is not None else "", f"<= {maximum:g}" if maximum is not None else "")
+    bounds = " and ".join(text for text in limits if text)
+    wanted = f"; give a number {bounds}" if bounds else "; give a finite number"
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        if math.isnan(value):
+            raise typer.BadParameter(f"nan is not a number{wanted}")
+        if math.isinf(value):
+            raise typer.BadParameter(f"{value} is not a finite number{wanted}")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise typer.BadParameter(f"{value:g} is out of range{wanted}")
+        return value
+
+    return check
 
 
 def check_plot_file(path: Path | None) -> None:

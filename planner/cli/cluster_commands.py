@@ -11,7 +11,7 @@ import typer
 
 from planner import api
 from planner.api import OptimizerName, Selection
-from planner.cli.checks import check_folder, check_output, check_storage, finite
+from planner.cli.checks import check_folder, check_output, check_storage, in_range
 from planner.cli.options import (
     AttentionOpt,
     ClusterOpt,
@@ -48,7 +48,7 @@ def profile(
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option(min=1.0, callback=finite, help="Seconds a rank waits for a peer before failing.")
+        float, typer.Option(callback=in_range(1.0), help="Seconds a rank waits for a peer before failing.")
     ] = 60.0,
     inject_link_delay: Annotated[str | None, typer.Option(hidden=True, help="Testing: A,B,SECONDS[;...].")] = None,
     simulate_nodes: Annotated[int | None, typer.Option(hidden=True, min=1, help="Testing: pretend nodes.")] = None,
@@ -97,9 +97,9 @@ def run(
     optimizer: Annotated[OptimizerName, typer.Option(help="adamw, or sgd for exact parity checks.")] = (
         OptimizerName.ADAMW
     ),
-    lr: Annotated[float, typer.Option(min=0.0, callback=finite, help="Learning rate.")] = 1e-3,
+    lr: Annotated[float, typer.Option(callback=in_range(0.0), help="Learning rate.")] = 1e-3,
     data: Annotated[Path | None, typer.Option(help="A token file (uint16); default: synthetic tokens.")] = None,
-    timeout: Annotated[float, typer.Option(min=1.0, callback=finite, help="Seconds a rank waits for a peer.")] = 300.0,
+    timeout: Annotated[float, typer.Option(callback=in_range(1.0), help="Seconds a rank waits for a peer.")] = 300.0,
     dry_run: Annotated[
         bool, typer.Option(help="Trace one rank's step with fake tensors and a fake process group (no torchrun).")
     ] = False,
@@ -264,7 +264,7 @@ def tune(
     ] = None,
     trial_timeout: Annotated[
         float,
-        typer.Option(min=1.0, callback=finite, help="Seconds a plan's job may take before it is stopped and failed."),
+        typer.Option(callback=in_range(1.0), help="Seconds a plan's job may take before it is stopped and failed."),
     ] = 600.0,
     workdir: Annotated[Path, typer.Option(help="Where trials keep their plans, reports and logs.")] = Path("tune"),
     calibrate: Annotated[

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from planner import api
-from planner.cli.checks import finite
+from planner.cli.checks import in_range
 from planner.cli.layout_options import EVEN_SPLIT, parse_layout_parts
 from planner.files.plans import check_cluster, plan_cluster
 from planner.schemas import (
@@ -110,8 +110,7 @@ LossKernelsOpt = Annotated[
 CapacityOpt = Annotated[
     float | None,
     typer.Option(
-        min=0.01,
-        callback=finite,
+        callback=in_range(0.01),
         help="MoE: each expert takes at most this many times its even share of a rank's routed tokens and drops "
         "the rest (e.g. 1.25; Megatron-LM's --moe-expert-capacity-factor) [default: dropless].",
     ),

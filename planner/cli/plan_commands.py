@@ -11,7 +11,7 @@ import typer
 
 from planner import api
 from planner.api import StrategyName
-from planner.cli.checks import check_output, check_plot_file, check_storage, finite
+from planner.cli.checks import check_output, check_plot_file, check_storage, in_range
 from planner.cli.layout_options import (
     DeviceMapOpt,
     ExpertPlacementOpt,
@@ -210,14 +210,12 @@ def search(
         StrategyName.EXHAUSTIVE
     ),
     trials: Annotated[int | None, typer.Option(min=1, help="Layouts to evaluate at most [optuna: 400].")] = None,
-    time_limit: Annotated[
-        float | None, typer.Option(min=0.1, callback=finite, help="Seconds to search at most.")
-    ] = None,
+    time_limit: Annotated[float | None, typer.Option(callback=in_range(0.1), help="Seconds to search at most.")] = None,
     storage: Annotated[
         str, typer.Option(help="Optuna study storage; a search on the same inputs resumes it.")
     ] = "sqlite:///planner-search.db",
     memory_margin: Annotated[
-        float, typer.Option(min=0.0, max=0.9, callback=finite, help="Share of device memory kept free.")
+        float, typer.Option(callback=in_range(0.0, 0.9), help="Share of device memory kept free (0 to 0.9).")
     ] = 0.05,
     seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of the sampler and solver.")] = 0,
     output: Annotated[Path | None, typer.Option(help="Write the best plan here (plan.json).")] = None,

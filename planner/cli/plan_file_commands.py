@@ -7,7 +7,7 @@ import typer
 
 from cost_models.placement_comparison import placement_applies
 from planner import api
-from planner.cli.checks import check_output, check_plot_dir
+from planner.cli.checks import check_output, check_plot_dir, in_range
 from planner.cli.options import output_console
 from planner.export.targets import ExportTarget
 from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
@@ -61,7 +61,8 @@ def explain(
     memory_margin: Annotated[
         float,
         typer.Option(
-            min=0.0, max=0.9, help="With --plot: the share of device memory the search kept free (the usable line)."
+            callback=in_range(0.0, 0.9),
+            help="With --plot: the share of device memory the search kept free (the usable line; 0 to 0.9).",
         ),
     ] = 0.05,
     cluster: PlanClusterOpt = None,

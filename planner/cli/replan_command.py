@@ -7,6 +7,7 @@ import typer
 
 from planner import api
 from planner.api import StrategyName
+from planner.cli.checks import in_range
 from planner.cli.options import progress_bar
 from planner.schemas import StackName
 
@@ -29,8 +30,10 @@ def replan(
     strategy: Annotated[StrategyName, typer.Option(help="exhaustive (exact) or optuna (sampled).")] = (
         StrategyName.EXHAUSTIVE
     ),
-    time_limit: Annotated[float | None, typer.Option(min=0.1, help="Seconds to search at most.")] = None,
-    memory_margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of device memory kept free.")] = 0.05,
+    time_limit: Annotated[float | None, typer.Option(callback=in_range(0.1), help="Seconds to search at most.")] = None,
+    memory_margin: Annotated[
+        float, typer.Option(callback=in_range(0.0, 0.9), help="Share of device memory kept free (0 to 0.9).")
+    ] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the sampler and solver.")] = 0,
     stack: Annotated[
         StackName | None,

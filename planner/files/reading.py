@@ -34,8 +34,14 @@ def preset_named(spec: str, presets: tuple[str, ...]) -> str | None:
 
 
 def did_you_mean(spec: str, presets: tuple[str, ...]) -> str:
-    """``" (did you mean 'llama3-8b'?)"`` for the preset closest to ``spec``, or "" if none is close."""
-    close = difflib.get_close_matches(spec.casefold(), presets, n=1)
+    """``" (did you mean 'llama3-8b'?)"`` for the preset closest to ``spec``, or "" if none is close.
+    A preset ``spec`` begins is closest (``dgx-a100`` is ``dgx-a100-80g``, not the fewer edits away
+    ``dgx-h100``); where several begin so, all of them."""
+    wanted = spec.casefold()
+    extended = [preset for preset in presets if preset.startswith(wanted)] if wanted else []
+    if len(extended) > 1:
+        return f" (did you mean one of {', '.join(map(repr, extended))}?)"
+    close = extended or difflib.get_close_matches(wanted, presets, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -414,6 +414,9 @@ def test_preset_names_ignore_case() -> None:
         (load_model, "llama3-8", "did you mean 'llama3-8b'?"),
         (load_cluster, "dgx-h10:2", "did you mean 'dgx-h100'?"),
         (load_cluster, "DGX-H10", "did you mean 'dgx-h100'?"),
+        # a name that begins a preset's is that preset, not the one fewer edits away (dgx-h100)
+        (load_cluster, "dgx-a100:1", "did you mean 'dgx-a100-80g'?"),
+        (load_model, "llama3", "did you mean one of 'llama3-405b', 'llama3-70b', 'llama3-8b'?"),
     ],
 )
 def test_a_near_preset_name_is_suggested_in_one_line(load: object, spec: str, expected: str) -> None:
