@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from planner.files.cluster_mix import MIX_SEPARATOR, mix_clusters
 from planner.files.cluster_presets import cluster_preset, list_cluster_presets
+from planner.files.kinds import refuse_other_kind
 from planner.files.reading import describe, did_you_mean, load_json, preset_named, read_text
 from planner.schemas import ClusterProfile
 from planner.schemas.cluster import CLUSTER_SCHEMA_VERSION, READABLE_VERSIONS, upgrade
@@ -83,6 +84,7 @@ def _load_cluster_file(path: Path) -> ClusterProfile:
             f"{path} is an incomplete profile ({raw.get('failure', 'no reason recorded')}); "
             "run `planner profile` again once every rank is healthy"
         )
+    refuse_other_kind(raw, str(path), "cluster profile")
     where = f"cluster profile {str(path)!r}"
     version = raw.get("schema_version", 1) if isinstance(raw, dict) else None
     if version not in READABLE_VERSIONS:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import get_args, get_origin
 
 from planner.files.hf_config import spec_values
+from planner.files.kinds import refuse_other_kind
 from planner.files.reading import did_you_mean, list_presets, preset_named, read_mapping_file, read_preset, validate
 from planner.schemas import ModelSpec
 from planner.schemas.errors import SchemaError
@@ -75,7 +76,9 @@ def load_model(spec: str) -> ModelSpec:
         raise SchemaError(f"model file {spec!r} does not exist: {hint}")
     # A Hugging Face checkout names its file config.json; its folder names the model.
     stem = path.resolve().parent.name if path.stem == "config" and path.resolve().parent.name else path.stem
-    return model_from_dict(read_mapping_file(path), name=stem)
+    document = read_mapping_file(path)
+    refuse_other_kind(document, spec, "model config")
+    return model_from_dict(document, name=stem)
 
 
 def _reject_coercions(values: Mapping[str, object], name: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from planner.files.clusters import load_cluster
+from planner.files.kinds import refuse_other_kind
 from planner.files.reading import load_json
 from planner.schemas import Alternative, ClusterProfile, ClusterRef, Estimate, Layout, ModelSpec, Plan, TrainingSpec
 from planner.schemas.errors import OtherProfileError, PlannerError, SchemaError
@@ -145,6 +146,7 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
             f"{where} is not a plan file: byte {e.start} is not UTF-8 text; give a plan.json from planner search"
         ) from e
     raw = load_json(text, str(where))
+    refuse_other_kind(raw, str(where), "plan")
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if version not in READABLE_VERSIONS:
         readable = ", ".join(str(v) for v in READABLE_VERSIONS)

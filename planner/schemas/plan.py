@@ -154,7 +154,7 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 12
+PLAN_SCHEMA_VERSION = 13
 """The version this planner writes."""
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 """The versions ``upgrade`` reads."""

@@ -16,6 +16,7 @@ from planner.files.models import load_model
 from planner.files.plans import load_plan, make_plan, save_plan
 from planner.schemas import DeviceKind, Estimate, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
 from planner.schemas.errors import PlannerError, SchemaError
+from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v13.json"
 MODEL = load_model("tiny-gpt")
@@ -215,3 +216,26 @@ def test_a_plan_written_with_its_profile_relative_to_the_working_directory_still
 def _layout_and_estimate() -> tuple[Layout, Estimate]:
     layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
     return layout, estimate(MODEL, TRAINING, CLUSTER, layout)
+
+
+def test_a_planner_file_given_in_another_files_place_is_named(tmp_path: Path) -> None:
+    """A model config, cluster profile or plan given where another goes: one line naming both kinds
+    and where the file goes, not the wanted file's schema errors key by key."""
+    plan = _plan(tmp_path)
+    save_cluster(CLUSTER, tmp_path / "cluster.json")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "model_type": "llama"}))
+    cases = [
+        (load_plan, tmp_path / "config.json", "is a model config, not a plan: give it as --model"),
+        (load_plan, tmp_path / "cluster.json", "is a cluster profile, not a plan: give it as --cluster"),
+        (load_model, str(plan), "is a plan, not a model config: give it where a plan goes"),
+        (load_cluster, str(plan), "is a plan, not a cluster profile"),
+        (load_cluster, str(tmp_path / "config.json"), "is a model config, not a cluster profile"),
+    ]
+    for load, path, said in cases:
+        with pytest.raises(SchemaError, match=said) as info:
+            load(path)  # type: ignore[operator]
+        assert "\n" not in str(info.value)
+
+
+def test_the_version_a_plan_is_written_in_is_the_newest_readable() -> None:
+    assert Plan.model_fields["schema_version"].default == PLAN_SCHEMA_VERSION == READABLE_VERSIONS[-1]
