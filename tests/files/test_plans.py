@@ -223,7 +223,8 @@ def test_a_planner_file_given_in_another_files_place_is_named(tmp_path: Path) ->
     and where the file goes, not the wanted file's schema errors key by key."""
     plan = _plan(tmp_path)
     save_cluster(CLUSTER, tmp_path / "cluster.json")
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "model_type": "llama"}))
+    config = {"hidden_size": 64, "num_hidden_layers": 2, "model_type": "llama"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     cases = [
         (load_plan, tmp_path / "config.json", "is a model config, not a plan: give it as --model"),
         (load_plan, tmp_path / "cluster.json", "is a cluster profile, not a plan: give it as --cluster"),
