@@ -1,6 +1,7 @@
 """Plan files: round trip, a frozen schema, clear errors, and `planner estimate --plan/--output`."""
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -225,16 +226,16 @@ def test_a_planner_file_given_in_another_files_place_is_named(tmp_path: Path) ->
     save_cluster(CLUSTER, tmp_path / "cluster.json")
     config = {"hidden_size": 64, "num_hidden_layers": 2, "model_type": "llama"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    cases = [
-        (load_plan, tmp_path / "config.json", "is a model config, not a plan: give it as --model"),
-        (load_plan, tmp_path / "cluster.json", "is a cluster profile, not a plan: give it as --cluster"),
+    cases: list[tuple[Callable[[str], object], str, str]] = [
+        (load_plan, str(tmp_path / "config.json"), "is a model config, not a plan: give it as --model"),
+        (load_plan, str(tmp_path / "cluster.json"), "is a cluster profile, not a plan: give it as --cluster"),
         (load_model, str(plan), "is a plan, not a model config: give it where a plan goes"),
         (load_cluster, str(plan), "is a plan, not a cluster profile"),
         (load_cluster, str(tmp_path / "config.json"), "is a model config, not a cluster profile"),
     ]
     for load, path, said in cases:
         with pytest.raises(SchemaError, match=said) as info:
-            load(path)  # type: ignore[operator]
+            load(path)
         assert "\n" not in str(info.value)
 
 
