@@ -27,10 +27,23 @@ def check_output(option: str, path: Path | None, example: str = "plan.json") -> 
     if path.is_dir():
         raise SchemaError(f"{option} {str(path)!r} is a folder; give a file in it, e.g. {str(path / example)!r}")
     folder = path.parent
+    refuse_file_in_the_way(option, path)
     if not folder.is_dir():
         raise SchemaError(f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise SchemaError(f"{option} {str(path)!r} cannot be written (permission denied); give another path")
+
+
+def refuse_file_in_the_way(option: str, path: Path) -> None:
+    """Refuse a path one of whose folders is a file (``--output notes.txt/plan.json``): a missing
+    folder's fix, "create it first", cannot be done there.
+
+    Raises:
+        SchemaError: naming the option, the file in the way and the fix.
+    """
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise SchemaError(f"{option} {str(path)!r}: {str(blocking)!r} is a file, not a folder; give a path in a folder")
 
 
 def check_folder(option: str, path: Path | None) -> None:
@@ -179,6 +192,7 @@ def check_plot_file(path: Path | None) -> None:
     if path.is_dir():
         raise SchemaError(f"--plot {path} is a directory; name a .png file in it, e.g. --plot {path / 'search.png'}")
     parent = path.parent
+    refuse_file_in_the_way("--plot", path)
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise SchemaError(f"--plot {path}: the directory {parent} does not exist or is not writable; create it first")
 
@@ -191,6 +205,7 @@ def check_plot_dir(path: Path | None) -> None:
     if path.exists() and not path.is_dir():
         raise SchemaError(f"--plot {path} is a file; name a directory for the plots, e.g. --plot plots")
     if not path.exists():
+        refuse_file_in_the_way("--plot", path)
         if not path.parent.is_dir():
             raise SchemaError(f"--plot {path}: its parent {path.parent} does not exist; create it first")
         try:
