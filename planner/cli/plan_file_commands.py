@@ -9,7 +9,7 @@ from cost_models.placement_comparison import placement_applies
 from planner import api
 from planner.cli.checks import check_output, check_plot_dir, in_range
 from planner.cli.options import output_console
-from planner.export.targets import ExportTarget
+from planner.export.targets import TARGET_FILES, ExportTarget
 from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
 from planner.files.cluster_presets import list_cluster_presets
 from planner.files.models import list_model_presets
@@ -190,7 +190,7 @@ def export(
 
     Example: planner export plan.json --to torchtitan --output job.toml
     """
-    check_output("--output", output, "job.toml")
+    check_output("--output", output, TARGET_FILES[ExportTarget(to)])
     exported = api.export_plan(plan, to, cluster=cluster)
     if output is None:
         typer.echo(exported.text, nl=False)

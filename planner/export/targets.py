@@ -24,6 +24,14 @@ class ExportTarget(StrEnum):
     """A DeepSpeed config (JSON)."""
 
 
+TARGET_FILES = {
+    ExportTarget.TORCHTITAN: "job.toml",
+    ExportTarget.MEGATRON: "megatron.args",
+    ExportTarget.DEEPSPEED: "ds_config.json",
+}
+"""A file name for each target's export, suggested where ``--output`` names a folder."""
+
+
 TARGET_STACKS = {
     ExportTarget.TORCHTITAN: StackName.TORCHTITAN,
     ExportTarget.MEGATRON: StackName.MEGATRON_LM,

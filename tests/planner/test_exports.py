@@ -409,3 +409,14 @@ def test_cli_refusal_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.startswith("error: deepspeed cannot express tensor parallelism") and proc.stderr.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "name"), [("torchtitan", "job.toml"), ("megatron", "megatron.args"), ("deepspeed", "ds_config.json")]
+)
+def test_an_output_folder_is_refused_with_the_targets_own_file_name(tmp_path: Path, target: str, name: str) -> None:
+    path = tmp_path / "plan.json"
+    save_plan(_plan("tiny-gpt", _layout(16)), path)
+    result = CliRunner().invoke(app, ["export", str(path), "--to", target, "--output", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"give a file in it, e.g. '{tmp_path / name}'" in result.output
