@@ -418,5 +418,5 @@ def test_an_output_folder_is_refused_with_the_targets_own_file_name(tmp_path: Pa
     path = tmp_path / "plan.json"
     save_plan(_plan("tiny-gpt", _layout(16)), path)
     result = CliRunner().invoke(app, ["export", str(path), "--to", target, "--output", str(tmp_path)])
-    assert result.exit_code == 2
-    assert f"give a file in it, e.g. '{tmp_path / name}'" in result.output
+    assert isinstance(result.exception, SchemaError)
+    assert f"give a file in it, e.g. '{tmp_path / name}'" in str(result.exception)
