@@ -39,17 +39,27 @@ def latest(directory: Path) -> Path | None:
     return path if (path / META).is_file() else None
 
 
-def check_loadable(directory: Path, model: ModelSpec, global_batch_size: int) -> dict[str, Any]:
+def check_loadable(
+    directory: Path,
+    model: ModelSpec,
+    global_batch_size: int,
+    *,
+    otherwise: str = "run without --resume to start afresh",
+) -> dict[str, Any]:
     """The newest complete checkpoint's metadata, if a run of ``model`` at ``global_batch_size``
-    can resume from it (under any layout).
+    can resume from it (under any layout). ``otherwise``: the caller's fix where there is none
+    (``planner run --resume`` and ``planner replan --checkpoint-dir`` have different ones).
 
     Raises:
         SchemaError: no complete checkpoint there.
         InfeasibleConfigError: it was taken for another model or global batch size.
     """
+    if not directory.is_dir():
+        state = "is not a folder" if directory.exists() else "does not exist"
+        raise SchemaError(f"the checkpoint folder {str(directory)!r} {state}; {otherwise}")
     path = latest(directory)
     if path is None:
-        raise SchemaError(f"no complete checkpoint in {str(directory)!r}; run without --resume to start afresh")
+        raise SchemaError(f"no complete checkpoint in {str(directory)!r}; {otherwise}")
     meta: dict[str, Any] = json.loads((path / META).read_text())
     if "model_sha256" not in meta:
         raise InfeasibleConfigError(

@@ -148,7 +148,12 @@ def replan(
         require_torch("planner replan --checkpoint-dir")  # the runtime package imports torch
         from runtime.checkpoint_meta import check_loadable
 
-        checkpoint = check_loadable(settings.checkpoint_dir, old.model, old.training.global_batch_size)
+        checkpoint = check_loadable(
+            settings.checkpoint_dir,
+            old.model,
+            old.training.global_batch_size,
+            otherwise="give the folder the old run's --checkpoint-dir named, or leave out --checkpoint-dir",
+        )
         step = int(checkpoint["step"])
     training = old.training if settings.stack is None else old.training.under(settings.stack)
     plans = search(old.model, cluster, training, settings.search, progress=progress)

@@ -115,3 +115,34 @@ def test_replan_refuses_a_checkpoint_of_another_global_batch(tmp_path: Path, mon
     code, _, err = planner_main(args, monkeypatch)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "global batch size 64, not this plan's 32" in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("missing", "the checkpoint folder '{folder}' does not exist"),
+        ("empty", "no complete checkpoint in '{folder}'"),
+        ("file", "the checkpoint folder '{folder}' is not a folder"),
+    ],
+)
+def test_replan_refuses_a_checkpoint_folder_without_a_checkpoint_before_searching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, said: str
+) -> None:
+    """With replan's own fix (it has no --resume), and before the search: nothing is searched for a
+    checkpoint that cannot be checked."""
+    folder = tmp_path / kind
+    if kind == "empty":
+        folder.mkdir()
+    elif kind == "file":
+        folder.write_text("")
+    save_plan(_plan("dgx-a100-80g:2", OLD), tmp_path / "plan.json")
+
+    def no_search(*_: object, **__: object) -> None:
+        raise AssertionError("searched before checking the checkpoint folder")
+
+    monkeypatch.setattr("planner.flows.replan.search", no_search)
+    args = ["replan", str(tmp_path / "plan.json"), "-c", "dgx-a100-80g:1", "--checkpoint-dir", str(folder)]
+    code, _, err = planner_main(args, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert said.format(folder=folder) in err
+    assert "leave out --checkpoint-dir" in err and "--resume" not in err
