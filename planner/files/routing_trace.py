@@ -68,6 +68,7 @@ def read_trace(path: Path | str, model: ModelSpec | None = None) -> tuple[IntArr
     check_expert_ids(ids, int(experts), where)
     if model is not None:
         check_trace_model(ids, int(experts), model, where)
+    check_distinct_experts(ids, where)
     return ids.astype(np.int64), int(experts), str(name)
 
 
@@ -84,6 +85,18 @@ def check_expert_ids(ids: np.ndarray, num_experts: int, where: str) -> None:
         raise SchemaError(
             f"{where}: expert ids span {low}..{high}, outside 0..{num_experts - 1} for num_experts={num_experts}; "
             "check num_experts or the ids"
+        )
+
+
+def check_distinct_experts(ids: np.ndarray, where: str) -> None:
+    """Raise SchemaError if a token goes to the same expert twice in a layer: a router's top-k are k
+    distinct experts, and a trace that repeats one counts that expert's load twice."""
+    repeats = np.diff(np.sort(ids, axis=-1), axis=-1) == 0
+    if repeats.any():
+        token, layer, _ = (int(i) for i in np.argwhere(repeats)[0])
+        raise SchemaError(
+            f"{where}: token {token} goes to expert {int(ids[token, layer].min())} twice or more in MoE layer "
+            f"{layer} ({ids[token, layer].tolist()}); a token's top-k are k distinct experts: check the trace"
         )
 
 

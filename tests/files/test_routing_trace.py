@@ -41,6 +41,9 @@ def _save(path: Path, **arrays: object) -> Path:
     return path
 
 
+REPEATS = np.concatenate([np.tile([3, 1], (2, 32, 1)), [[[1, 2]] * 31 + [[5, 5]]] * 2])
+
+
 @pytest.mark.parametrize(
     ("arrays", "message"),
     [
@@ -64,6 +67,10 @@ def _save(path: Path, **arrays: object) -> Path:
             "top-1",
         ),
         ({"expert_ids": np.zeros((4, 32, 2), dtype=int), "num_experts": np.int64(8), "model": np.int64(3)}, "model="),
+        (  # tokens 0-1 go to experts 3 and 1 in every layer; tokens 2-3 to 1 and 2, but to 5 twice in the last
+            {"expert_ids": REPEATS, "num_experts": np.int64(8), "model": np.str_("m")},
+            r"token 2 goes to expert 5 twice or more in MoE layer 31 \(\[5, 5\]\)",
+        ),
     ],
 )
 def test_a_bad_trace_is_refused_naming_the_file_and_the_value(
