@@ -64,6 +64,7 @@ def search_outcome(
     chosen = strategy or make_strategy(settings.strategy, storage=settings.storage)
     routing = routing_of(settings.routing_trace, model_spec)
     if routing is not None:
+        check_replica_slots(settings.expert_replicas, model_spec, cluster_profile.world_size)
         refiners = (*refiners, ExpertPlacementRefiner(stats=routing, replicas=settings.expert_replicas))
     admit = admission(model_spec, training, cluster_profile)
     outcome = run_search(
@@ -93,6 +94,26 @@ def search_outcome(
         for i, c in enumerate(ranked)
     )
     return outcome, plans
+
+
+def check_replica_slots(replicas: int, model: ModelSpec, world_size: int) -> None:
+    """Refuse more replica slots than any expert-parallel degree on ``world_size`` ranks leaves free:
+    a rank hosts an expert at most once, so at ep it has E - E/ep free slots, most at the largest ep.
+    A plan whose ep has fewer keeps the even placement (the refiner skips it); with none that has
+    enough, the option would be dropped silently.
+
+    Raises:
+        SchemaError: naming the value, the bound and why.
+    """
+    experts = model.num_local_experts
+    widest = min(experts, world_size)
+    most = experts - experts // widest
+    if replicas > most:
+        raise SchemaError(
+            f"--expert-replicas {replicas} is more than any rank has free: with {experts} experts a rank hosts each "
+            f"at most once, so at most E - E/ep = {most} spare slots (ep {widest}) on {world_size} ranks; "
+            f"give --expert-replicas {most} or less"
+        )
 
 
 def search(

@@ -166,3 +166,15 @@ def test_search_with_a_routing_trace_writes_a_plan_with_its_placement(tmp_path: 
     )
     assert done.returncode == 2 and str(trace) in done.stderr + done.stdout
     assert "has 4 MoE layers" in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+def test_more_replica_slots_than_any_rank_has_free_are_refused_before_the_search() -> None:
+    """Mixtral's 8 experts on 16 ranks: at ep 8 a rank hosts 1 and has 7 free slots, the most any ep
+    leaves; 8 would be dropped silently by every plan."""
+    from planner.flows.search import check_replica_slots
+
+    check_replica_slots(7, MIXTRAL, 16)
+    with pytest.raises(SchemaError, match=r"--expert-replicas 8 is more than any rank has free.*at most E - E/ep = 7"):
+        check_replica_slots(8, MIXTRAL, 16)
+    with pytest.raises(SchemaError, match=r"= 6 spare slots \(ep 4\) on 4 ranks; give --expert-replicas 6 or less"):
+        check_replica_slots(7, MIXTRAL, 4)
