@@ -57,7 +57,9 @@ class TrialRun:
 
 
 def check_template(template: str) -> None:
-    """Refuse a template naming a placeholder we do not fill, before any trial runs."""
+    """Refuse, before any trial runs, a template naming a placeholder we do not fill, or one that
+    would not run the trial's plan and write its report (neither ``{run_args}`` nor ``{plan}`` with
+    ``{report}``: its trial would measure a job that never trained)."""
     try:
         names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
     except ValueError as e:
@@ -68,6 +70,12 @@ def check_template(template: str) -> None:
         raise SchemaError(
             f"--launcher names {', '.join('{' + n + '}' for n in unknown)}; "
             f"it may use {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
+        )
+    if "run_args" not in names and not {"plan", "report"} <= names:
+        raise SchemaError(
+            f"--launcher {template!r} runs no plan: it names neither {{run_args}} nor both {{plan}} and {{report}}, "
+            "so its trials would train nothing and report nothing; end its python line with {run_args} "
+            "(-m planner run PLAN --steps N --report REPORT)"
         )
 
 

@@ -35,6 +35,15 @@ def test_a_template_is_filled_and_an_unknown_placeholder_refused() -> None:
         job_command(plan, Path("p.json"), Path("r.json"), 5, None)
 
 
+@pytest.mark.parametrize("template", ["srun -N {nnodes} hostname", "srun python -m planner run {plan} --steps {steps}"])
+def test_a_template_that_runs_no_plan_is_refused(template: str) -> None:
+    with pytest.raises(
+        SchemaError, match=r"runs no plan: it names neither \{run_args\} nor both \{plan\} and \{report\}"
+    ):
+        check_template(template)
+    check_template("srun python -m planner run {plan} --report {report}")
+
+
 def test_the_local_command_is_torchrun_of_this_interpreter() -> None:
     line = job_command(plan_on(1), Path("p.json"), Path("r.json"), 3, None)
     assert "-m torch.distributed.run --standalone --nproc-per-node 2 -m planner run p.json --steps 3" in line
