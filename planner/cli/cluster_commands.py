@@ -88,7 +88,38 @@ def profile(
     _exit_now(code)
 
 
+DRY_RUN_OPTIONS = frozenset({"plan", "dry_run", "rank", "optimizer"})
+"""What a dry run reads; the others are a real run's (data, checkpoints, reports, faults)."""
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given (on the command line or from the environment), not defaulted."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+def refuse_unused_under_dry_run(ctx: typer.Context) -> None:
+    """Refuse a real run's options given with --dry-run, which would ignore them: a dry run traces
+    one step of synthetic tokens for one rank, and writes no report, trace or checkpoint.
+
+    Raises:
+        SchemaError: naming the options and the fix.
+    """
+    given = [
+        param.opts[0]
+        for param in ctx.command.params
+        if param.name is not None and param.name not in DRY_RUN_OPTIONS and _given(ctx, param.name)
+    ]
+    if given:
+        raise SchemaError(
+            f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect under --dry-run, which traces one "
+            "step of one rank on synthetic tokens and writes nothing; drop "
+            f"{'it' if len(given) == 1 else 'them'}, or run the plan for real (planner launch PLAN)"
+        )
+
+
 def run(
+    ctx: typer.Context,
     plan: Annotated[Path, typer.Argument(help="A plan file from `planner search`.")],
     steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 10,
     report: Annotated[Path, typer.Option(help="Where rank 0 writes the run report.")] = Path("report.json"),
@@ -184,6 +215,7 @@ def run(
     (`planner launch plan.json` prints the command for every node)
     """
     if dry_run:
+        refuse_unused_under_dry_run(ctx)
         output_console().print(dry_run_table([api.dry_run(plan, rank, optimizer=optimizer)]))
         return
     check_output("--report", report, "report.json")

@@ -280,3 +280,14 @@ def test_a_huge_max_tp_is_the_largest_cluster(monkeypatch, capsys) -> None:
     code, output = cli([*SEARCH, "--max-tp", str(10**30)], monkeypatch, capsys)  # not a set of 10^30 degrees
     assert code == 0, output
     assert time.perf_counter() - start < 10
+
+
+def test_a_real_runs_options_under_dry_run_are_refused_not_ignored(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A dry run traces one step of synthetic tokens and writes nothing: --data, --resume,
+    --trace-routing and the like would be ignored in silence."""
+    path = tmp_path / "plan.json"
+    assert cli([*ESTIMATE, "--dp", "8", "--output", str(path)], monkeypatch, capsys)[0] == 0
+    output = refused(["run", str(path), "--dry-run", "--data", "tokens.bin", "--resume"], monkeypatch, capsys)
+    assert "--data, --resume have no effect under --dry-run" in output and "drop them" in output
+    output = refused(["run", str(path), "--dry-run", "--trace-routing", "/ro/x.npz"], monkeypatch, capsys)
+    assert "--trace-routing has no effect under --dry-run" in output and "drop it" in output
