@@ -3,7 +3,7 @@
 Hypothesis mutates valid model, cluster, plan and routing-trace files (a value swapped for NaN,
 infinity, zero, a negative or huge number, a string, null, a list; a key deleted or added; the
 whole file replaced by JSON of another shape, nested deeper than a parser recurses, truncated
-text or binary bytes) and draws the main
+text or binary bytes; a trace routing a token to the same expert twice) and draws the main
 CLI options from valid and absurd values (one part of a command line at a time), then runs the
 CLI in-process as ``planner.cli.main`` would (a PlannerError is its one line and its exit code).
 Every run must exit 0 or 2, raise nothing else, and finish within ``BOUND_S``. Each example is
@@ -345,8 +345,12 @@ def trace_bytes(draw: st.DrawFn, folder: Path) -> bytes:
     kind = draw(st.sampled_from(["arrays"] * 6 + ["binary", "truncated", "json"]))
     if kind == "arrays":
         key = draw(st.sampled_from(sorted(arrays)))
-        change = draw(st.sampled_from(["value", "array", "delete", "add", "shape", "dtype"]))
-        if change == "value":
+        change = draw(st.sampled_from(["value", "array", "delete", "add", "shape", "dtype", "repeat"]))
+        if change == "repeat":  # a token sent to the same expert twice in a layer
+            token, layer = draw(st.integers(0, ids.shape[0] - 1)), draw(st.integers(0, TRACE_LAYERS - 1))
+            arrays["expert_ids"] = ids.copy()
+            arrays["expert_ids"][token, layer, 1] = ids[token, layer, 0]
+        elif change == "value":
             arrays[key] = np.asarray(draw(st.sampled_from([v for v in JUNK_VALUES if not isinstance(v, dict)])))
         elif change == "array":
             shape = draw(st.lists(st.integers(0, 5), max_size=4))
