@@ -106,7 +106,7 @@ def check(plan: PlanShape) -> None:
             TARGET,
             f"HSDP (sharding_group_size={layout.sharding_group_size})",
             f"ZeRO shards over every data-parallel rank in DeepSpeed {VERSION} (MiCS was removed)",
-            "plan with --no-hierarchical-sharding, or export to torchtitan",
+            "search with --no-hierarchical-sharding, estimate without --sharding-group-size, or export to torchtitan",
         )
     if plan.training.moe_capacity_factor is not None:
         refuse(

@@ -159,7 +159,7 @@ def check(plan: PlanShape) -> None:
             TARGET,
             f"secondary_partition_size={layout.secondary_partition_size} (hpZ)",
             "Megatron-FSDP gathers ZeRO-3's weights over the whole shard group",
-            "plan with --no-hierarchical-sharding",
+            "search with --no-hierarchical-sharding, or estimate without --secondary-partition-size",
         )
     fsdp = layout.shards_over_replicas
     if fsdp and layout.pipeline_parallel_degree > 1:
@@ -174,7 +174,8 @@ def check(plan: PlanShape) -> None:
             TARGET,
             f"HSDP (sharding_group_size={layout.sharding_group_size}) under ZeRO-{int(layout.zero_stage)}",
             "its replicated instances are the distributed optimizer's (ZeRO-1)",
-            "plan with --zero-stage 1 or --no-hierarchical-sharding, or export to torchtitan",
+            "plan with --zero-stage 1, search with --no-hierarchical-sharding, estimate without "
+            "--sharding-group-size, or export to torchtitan",
         )
 
 

@@ -191,14 +191,14 @@ def check(plan: PlanShape) -> None:
             TARGET,
             f"secondary_partition_size={layout.secondary_partition_size} (hpZ)",
             "fsdp_reshard_after_forward reshards over the whole shard group or not at all",
-            "plan with --no-hierarchical-sharding",
+            "search with --no-hierarchical-sharding, or estimate without --secondary-partition-size",
         )
     if layout.tensor_parallel_degree > 1 and not layout.sequence_parallel:
         refuse(
             TARGET,
             "tensor parallelism without sequence parallelism",
             "its tensor-parallel plan always shards the norms along the sequence",
-            "plan with --sequence-parallel",
+            "estimate with --sequence-parallel, or search with --stack torchtitan",
         )
     if plan.training.moe_capacity_factor is not None:
         refuse(
