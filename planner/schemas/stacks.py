@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, PipelineBuffers
 from planner.schemas.errors import SchemaError
+from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe, RecipeRun
 
 
 class StackName(StrEnum):
@@ -74,6 +75,33 @@ class Stack:
     moe_dispatcher: MoeDispatcher
     sources: Mapping[str, str]
     """Where each behaviour's value comes from, by field name (every field of ``BEHAVIOURS``)."""
+    fp8_library: Fp8Library | None
+    """The library that runs the stack's FP8 linear layers; None: the stack trains in FP8 not at all."""
+    fp8_recipes: tuple[Fp8Recipe, ...]
+    """The FP8 recipes the stack offers (each one its library runs: ``fp8.RECIPE_RUNS``)."""
+    fp8_source: str
+    """Where the stack's FP8 library and recipes come from."""
+
+    def fp8_run(self, recipe: Fp8Recipe | str) -> RecipeRun:
+        """What this stack does under FP8 ``recipe``.
+
+        Raises:
+            SchemaError: the stack does not offer the recipe (the message says which it does, or that
+                it trains in FP8 not at all).
+        """
+        wanted = Fp8Recipe(recipe)
+        if self.fp8_library is None:
+            raise SchemaError(
+                f"fp8 recipe {wanted.value!r}: {self.name} does not train in FP8 ({self.fp8_source}); "
+                "train in bf16, or give a --stack that does (planner stacks)"
+            )
+        if wanted not in self.fp8_recipes:
+            offered = ", ".join(r.value for r in self.fp8_recipes)
+            raise SchemaError(
+                f"fp8 recipe {wanted.value!r}: {self.name} runs FP8 with {self.fp8_library.value} and offers "
+                f"{offered}; give one of those, or another --stack"
+            )
+        return RECIPE_RUNS[self.fp8_library, wanted]
 
     def behaviours(self, dtype: DType | str) -> dict[str, object]:
         """The TrainingSpec fields this stack sets, for a training in ``dtype``."""
@@ -106,6 +134,9 @@ _TE_ATTENTION = (
     "on Hopper and later (dot_product_attention/utils.py get_attention_backend, 'for performance reasons')"
 )
 
+_TE_RECIPES = (Fp8Recipe.DELAYED, Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE, Fp8Recipe.MXFP8)
+_TORCHAO_RECIPES = (Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE, Fp8Recipe.ROWWISE_GW_HP)
+
 STACKS: Mapping[StackName, Stack] = MappingProxyType(
     {
         StackName.PLANNER_RUNTIME: Stack(
@@ -135,6 +166,9 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": "runtime's FSDP2 MixedPrecisionPolicy reduces in fp32 under bf16",
                 "moe_dispatcher": "runtime's expert parallelism is one all-to-all of every (token, expert) pair",
             },
+            fp8_library=None,
+            fp8_recipes=(),
+            fp8_source="runtime/ converts no layer to FP8 yet: planner run trains in bf16, fp16 or fp32",
         ),
         StackName.MEGATRON_LM: Stack(
             name=StackName.MEGATRON_LM,
@@ -166,6 +200,10 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "moe_dispatcher": "--moe-token-dispatcher-type alltoall, as its MoE recipes set it (the argument's "
                 "default, allgather, is not priced)",
             },
+            fp8_library=Fp8Library.TRANSFORMER_ENGINE,
+            fp8_recipes=_TE_RECIPES,
+            fp8_source="arguments.py: --transformer-impl transformer_engine (the default); --fp8-recipe "
+            "{tensorwise,delayed,mxfp8,blockwise} with --fp8-format",
         ),
         StackName.MEGATRON_BRIDGE: Stack(
             name=StackName.MEGATRON_BRIDGE,
@@ -193,6 +231,10 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": _FP32_REDUCE,
                 "moe_dispatcher": _ALLTOALL,
             },
+            fp8_library=Fp8Library.TRANSFORMER_ENGINE,
+            fp8_recipes=_TE_RECIPES,
+            fp8_source="training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed, "
+            "bf16_with_fp8_current_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed, bf16_with_mxfp8_mixed",
         ),
         StackName.TORCHTITAN: Stack(
             name=StackName.TORCHTITAN,
@@ -221,6 +263,10 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "mixed_precision_reduce)",
                 "moe_dispatcher": _ALLTOALL,
             },
+            fp8_library=Fp8Library.TORCHAO,
+            fp8_recipes=(*_TORCHAO_RECIPES, Fp8Recipe.MXFP8),
+            fp8_source="components/quantization/float8.py and mx.py convert with torchao: [quantize.linear.float8] "
+            "recipe_name tensorwise, rowwise, rowwise_with_gw_hp; [quantize.linear.mx] mxfp8_cublas",
         ),
         StackName.NEMO_AUTOMODEL: Stack(
             name=StackName.NEMO_AUTOMODEL,
@@ -248,6 +294,10 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": "FSDP2's MixedPrecisionPolicy reduce_dtype float32",
                 "moe_dispatcher": _ALLTOALL,
             },
+            fp8_library=Fp8Library.TORCHAO,
+            fp8_recipes=_TORCHAO_RECIPES,
+            fp8_source="components/quantization/fp8.py converts with torchao Float8 (docs/guides/fp8_training.md: "
+            "recipe_name tensorwise, rowwise or rowwise_with_gw_hp)",
         ),
         StackName.DEEPSPEED: Stack(
             name=StackName.DEEPSPEED,
@@ -277,6 +327,10 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "sets communication_data_type",
                 "moe_dispatcher": "DeepSpeed-MoE's all-to-all",
             },
+            fp8_library=None,
+            fp8_recipes=(),
+            fp8_source="DeepSpeed's engine converts no layer to FP8; FP8 comes from the model's own code (Transformer "
+            "Engine modules), which a config cannot set",
         ),
         StackName.LLM_FOUNDRY: Stack(
             name=StackName.LLM_FOUNDRY,
@@ -304,6 +358,9 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": "Composer's FSDP mixed_precision DEFAULT reduces gradients in fp32",
                 "moe_dispatcher": _ALLTOALL,
             },
+            fp8_library=Fp8Library.TRANSFORMER_ENGINE,
+            fp8_recipes=(Fp8Recipe.DELAYED,),
+            fp8_source="Composer's precision amp_fp8 runs Transformer Engine's fp8_autocast with DelayedScaling",
         ),
     }
 )

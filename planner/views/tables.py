@@ -6,6 +6,7 @@ from dataclasses import fields
 from typing import Protocol
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from cost_models.placement_comparison import PlacementComparison
@@ -87,7 +88,9 @@ def stack_view(stack: Stack) -> Table:
         table.add_column(column)
     for name, value in stack.behaviours(DType.BF16).items():
         shown = "the training precision" if name == "grad_reduce_dtype" and stack.reduce_in_training_dtype else value
-        table.add_row(name, _value(name, shown), stack.sources[name])
+        table.add_row(name, _value(name, shown), escape(stack.sources[name]))  # sources name [config] sections
+    fp8 = "none" if stack.fp8_library is None else f"{stack.fp8_library}: {', '.join(stack.fp8_recipes)}"
+    table.add_row("fp8", fp8, escape(stack.fp8_source))
     return table
 
 
