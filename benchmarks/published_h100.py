@@ -1,6 +1,6 @@
 """The rows of ``data/published_runs.yaml`` the planner can model today, as planner inputs.
 
-The file holds 111 published pre-training measurements (its header names the sources and their
+The file holds 115 published pre-training measurements (its header names the sources and their
 caveats). ``load_runs`` keeps a row only if every rule below holds, and otherwise records the
 first rule it breaks (``Exclusion``):
 
@@ -11,7 +11,9 @@ first rule it breaks (``Exclusion``):
   other GPUs' (``validate_h100.summary``).
 - BF16 only. A null precision counts as BF16 only for the Megatron-LM README rows, whose header
   derives it from TFLOP/s / MFU ~ 989 (the H100 dense BF16 peak); the Megatron-Bridge 25.09
-  DeepSeek-V3 row's null precision is left out (its footnote points to FP8).
+  DeepSeek-V3 row's null precision is left out (its footnote points to FP8). The FP8 rows carry
+  the recipe their source states (``published_fp8``; ``fp8_rows`` lists them), checked against
+  their source's stack, for when FP8 is priced.
 - A layout the planner prices: not expert all-to-alls overlapped with another micro-batch's
   compute (Megatron-Core's 1F1B A2A overlap), nor more model chunks (pp x vpp) than layers.
 - Context parallelism of a kind the planner prices: ring attention (Megatron-Core's and Transformer
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from published_fp8 import Fp8Row, Fp8Statement, read_fp8  # the script's folder is on sys.path
 
 from cost_models.layer_work import model_flops_per_sequence
 from planner.files.models import load_model
@@ -59,6 +62,7 @@ from planner.schemas import (
     StackName,
     ZeroStage,
 )
+from planner.schemas.fp8 import Fp8Recipe
 from planner.schemas.stacks import STACKS
 
 DATA = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
@@ -245,6 +249,10 @@ class PublishedRun:
     step runs)."""
     flagged: str | None = None
     """Why the row is predicted but kept out of the statistics (None: counted)."""
+    fp8_recipe: Fp8Recipe | None = None
+    """The FP8 recipe its source states (``published_fp8``); None for a BF16 row, or where unstated."""
+    fp8_recipe_as_stated: str | None = None
+    """The source's words for the recipe, or what it is inferred from; None for a BF16 row."""
 
     @property
     def published_step_s(self) -> float:
@@ -320,12 +328,27 @@ def load_runs(path: Path = DATA) -> tuple[tuple[PublishedRun, ...], tuple[Exclus
     excluded: list[Exclusion] = []
     for row in rows:
         source = _short_source(row["source"]["name"])
+        fp8 = read_fp8(row, SOURCE_STACKS[source].stack)  # checks every FP8 row, excluded or not
         reason = _exclusion_reason(row, source)
         if reason is not None:
             excluded.append(Exclusion(row["id"], source, row["model"]["name"], reason))
             continue
-        runs.append(_run(row, source))
+        runs.append(_run(row, source, fp8))
     return tuple(runs), tuple(excluded)
+
+
+def fp8_rows(path: Path = DATA) -> tuple[Fp8Row, ...]:
+    """Every FP8 row's recipe as its source states it, with the stack its source maps to
+    (``SOURCE_STACKS``); checked as ``load_runs`` checks them. These rows are excluded today."""
+    rows: list[dict[str, Any]] = yaml.safe_load(path.read_text())
+    out: list[Fp8Row] = []
+    for row in rows:
+        source = _short_source(row["source"]["name"])
+        stack = SOURCE_STACKS[source].stack
+        fp8 = read_fp8(row, stack)
+        if fp8 is not None:
+            out.append(Fp8Row(id=row["id"], source=source, stack=stack, recipe=fp8.recipe, as_stated=fp8.as_stated))
+    return tuple(out)
 
 
 def _short_source(name: str) -> str:
@@ -380,7 +403,7 @@ def nvlink_domain_gpus(gpu_type: str, gpus: int) -> int:
     return segment * GB200_GPUS_PER_TRAY
 
 
-def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
+def _run(row: Mapping[str, Any], source: str, fp8: Fp8Statement | None = None) -> PublishedRun:
     par, out = row["parallel"], row["throughput"]
     gpus = row["gpu"]["count"]
     tp, pp, cp = par["tp"] or 1, par["pp"] or 1, par["cp"] or 1
@@ -415,6 +438,8 @@ def _run(row: Mapping[str, Any], source: str) -> PublishedRun:
         stack=SOURCE_STACKS[source].stack,
         behaviours=_behaviours(source, row),
         flagged="torchtitan H100: 96 GB HBM2e at 500 W" if source == "torchtitan" else None,
+        fp8_recipe=None if fp8 is None else fp8.recipe,
+        fp8_recipe_as_stated=None if fp8 is None else fp8.as_stated,
     )
 
 
