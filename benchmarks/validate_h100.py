@@ -227,10 +227,13 @@ def main() -> int:
     ordered = sorted(summary(predictions).items(), key=lambda kv: (kv[0] in others, kv[0] == "overall"))
     for source, (mean, worst, n) in ordered:
         print(f"  {source:<12} {n:>3} rows  mean {mean:6.1%}  worst {worst:6.1%}")
-    flagged = [abs(p.error) for p in predictions if p.run.flagged is not None]
-    if flagged:
-        mean = sum(flagged) / len(flagged)
-        print(f"  {'(flagged)':<12} {len(flagged):>3} rows  mean {mean:6.1%}  worst {max(flagged):6.1%}")
+    flagged: dict[str, list[float]] = defaultdict(list)
+    for p in predictions:
+        if p.run.flagged is not None:  # by reason: "stack not described", a part no preset describes
+            flagged[p.run.flagged.split(":")[0]].append(abs(p.error))
+    for reason, errors in flagged.items():
+        mean = sum(errors) / len(errors)
+        print(f"  ({reason}) {len(errors):>3} rows  mean {mean:6.1%}  worst {max(errors):6.1%}")
     no_fit = [str(p.run.id) for p in predictions if not p.fits]
     if no_fit:
         print(f"  '!' no candidate fits the planner's memory model (fastest priced instead): rows {', '.join(no_fit)}")

@@ -22,7 +22,7 @@ def selection() -> tuple[int, int, int]:
     return sum(r.flagged is None for r in h100), sum(r.flagged is not None for r in h100), len(excluded)
 
 
-def test_selection_keeps_44_rows_flags_the_4_torchtitan_rows_and_excludes_65(selection: tuple[int, int, int]) -> None:
+def test_selection_counts_31_rows_flags_17_and_excludes_65(selection: tuple[int, int, int]) -> None:
     # A change here changes what the error below averages over: re-measure it. 65 rows were
     # excluded before the H200, B200 and GB200 presets; the GB200 BF16 rows 33 and 36 are now
     # predicted (their statistics kept apart, test below); the H200 and B200 rows stay excluded
@@ -31,8 +31,12 @@ def test_selection_keeps_44_rows_flags_the_4_torchtitan_rows_and_excludes_65(sel
     # table (rows 107-111) was added to the file later: 3 rows kept, 108 (1F1B A2A overlap) and
     # 110 (96 model chunks for 94 layers) excluded. torchtitan's async-TP float8 rowwise rows
     # (112-115) were added for the FP8-vs-BF16 pairs: excluded as FP8, as their BF16 pairs 66-71
-    # are for their unstated global batch.
-    assert selection == (44, 4, 65)
+    # are for their unstated global batch. Flagged: torchtitan's 4 (a part no preset describes)
+    # and, by the rule that a row counts only where the planner can know the speed of every kernel
+    # its stack runs, the 13 rows of undescribed stacks: LLM Foundry's 8-64 GPU table (87-96:
+    # torch 2.0 eager kernels, flash-attn 1.0.9's Triton ALiBi attention, Composer FSDP1) and the
+    # Model Zoo's 4k-token H100 table (107, 109, 111: routing and code branch not stated).
+    assert selection == (31, 17, 65)
 
 
 def test_the_gb200_rows_run_in_nvlink_domains_of_64_gpus() -> None:
@@ -93,6 +97,10 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # where it ran in 80 GB, so it fell to the fastest layout unfitted: +1.5% -> +32.3%, automodel 6.7% ->
     # 12.8%, mean 12.7% -> 13.4%. The memory model that stays conservative there (ZeRO-3 under a pipeline
     # holds what ZeRO-1 holds, as our runtime's FSDP does) is what the bound rose with.
+    # With the rows of undescribed stacks flagged (the selection test above: 44 -> 31 rows counted),
+    # by a rule stated per stack before the errors: llm-foundry 16.8% -> 14.2% (11 rows, worst
+    # 34.3%, the >= 128 GPU table's MPT-1B), modelzoo 17.4% -> 11.2%, mean 13.4% -> 10.2%, worst
+    # 44.9% -> 34.3%.
     # Lower these bounds as the model improves.
     # The GB200 rows (rows 33, 36) are summarised apart, under "GB200": with the gb200-nvl72
     # preset, nothing fitted, DeepSeek-V3 -20.9% and Qwen3-235B -4.3% (mean 12.6%); with the
@@ -101,9 +109,9 @@ def test_mean_error_is_no_worse_than_today() -> None:
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall"]
-    assert rows == 44
-    assert mean <= 0.135
-    assert worst <= 0.45
+    assert rows == 31
+    assert mean <= 0.105
+    assert worst <= 0.35
     assert stats["GB200"][2] == 2
 
 
