@@ -19,6 +19,7 @@ from planner.cli.cluster_commands import profile, run, tune, validate
 from planner.cli.cluster_profile_commands import cluster_app
 from planner.cli.plan_commands import estimate, search
 from planner.cli.plan_file_commands import explain, export, launch, presets, stacks
+from planner.cli.rank_errors import report_error
 from planner.cli.replan_command import replan
 from planner.schemas.errors import PlannerError
 
@@ -61,5 +62,5 @@ def main() -> None:
     try:
         app()
     except PlannerError as e:
-        typer.echo(f"error: {e}", err=True)
+        report_error(str(e))
         sys.exit(e.exit_code)
