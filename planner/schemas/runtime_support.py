@@ -142,12 +142,9 @@ def unbuilt_features(model: ModelSpec) -> tuple[str, ...]:
     """What of ``model`` the runtime's decoder (``runtime.model``) does not build, each as a phrase
     naming the feature and its keys; empty when it builds the model as specified (dense and MoE
     layers, experts moe_intermediate_size wide, shared experts and their gate, DeepSeek's first
-    dense layers and Qwen-MoE's dense layers, q/k/v biases, q/k norms, group-limited routing)."""
+    dense layers and Qwen-MoE's dense layers, q/k/v biases, q/k norms, group-limited routing,
+    DeepSeek's multi-head latent attention)."""
     features = []
-    if model.is_mla:
-        features.append(
-            f"multi-head latent attention (kv_lora_rank={model.kv_lora_rank}, q_lora_rank={model.q_lora_rank})"
-        )
     if model.position_embedding_type is PositionEmbedding.ALIBI:
         features.append("ALiBi position biases")
     if model.is_moe and model.has_shared_expert_gate and model.mlp_bias:

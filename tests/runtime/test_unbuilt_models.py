@@ -1,7 +1,8 @@
-"""A model whose layers the runtime does not build as planned (multi-head latent attention, ALiBi,
-a gated shared expert beside MLP biases) is refused in one line, exit code 2, by every command
-that would run it: `planner run` (each rank, before any rendezvous), its dry run, `planner launch`
-and `planner tune`; `planner search` still plans it."""
+"""A model whose layers the runtime does not build as planned (ALiBi, a gated shared expert beside
+MLP biases) is refused in one line, exit code 2, by every command that would run it: `planner
+run` (each rank, before any rendezvous), its dry run, `planner launch` and `planner tune`;
+`planner search` still plans it. DeepSeek's multi-head latent attention is built
+(``runtime.latent_attention``) and accepted."""
 
 from pathlib import Path
 
@@ -24,10 +25,10 @@ BASE = dict(
     hidden_act="silu",
     max_position_embeddings=256,
 )
+MLA = ModelSpec(
+    name="tiny-mla", kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, **BASE
+)
 UNBUILT = {
-    "multi-head latent attention": ModelSpec(
-        name="tiny-mla", kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, **BASE
-    ),
     "ALiBi": ModelSpec(name="tiny-alibi", position_embedding_type="alibi", **BASE),
     "gated shared expert with MLP biases": ModelSpec(
         name="tiny-gated-bias",
@@ -93,4 +94,17 @@ def test_tune_refuses_an_unbuilt_model_before_searching(
 
 
 def test_search_still_plans_an_unbuilt_model(tmp_path: Path) -> None:
-    assert _plan(UNBUILT["multi-head latent attention"], tmp_path).exists()
+    assert _plan(UNBUILT["ALiBi"], tmp_path).exists()
+
+
+@pytest.mark.parametrize("q_lora_rank", [48, None])
+def test_multi_head_latent_attention_is_built(q_lora_rank: int | None) -> None:
+    model = MLA.model_copy(update={"q_lora_rank": q_lora_rank})
+    assert unbuilt_features(model) == ()
+    check_buildable(model)
+
+
+def test_launch_accepts_a_latent_attention_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = planner_main(["launch", str(_plan(MLA, tmp_path))], monkeypatch)
+    assert code == 0, err
+    assert "torchrun" in out
