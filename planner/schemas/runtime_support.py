@@ -104,6 +104,12 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
     if cp > 1:
         heads = plan.model.num_attention_heads // layout.tensor_parallel_degree
         check_context_split(layout.context_parallel_kind, cp, training.seq_len, heads)
+    if cp > 1 and plan.model.is_mla:
+        raise InfeasibleConfigError(
+            f"the plan runs {plan.model.name}'s multi-head latent attention under context parallelism (cp={cp}), "
+            "whose ring and all-to-all attention here take value heads as wide as the query/key heads only; plan "
+            "with --cp 1 to run it here"
+        )
     if cp > 1 and layout.vocabulary_layout.over_pipeline:
         raise InfeasibleConfigError(
             f"the plan splits the vocabulary over the pipeline ({layout.vocabulary_layout!s}) beside context "

@@ -4,6 +4,7 @@ run` (each rank, before any rendezvous), its dry run, `planner launch` and `plan
 `planner search` still plans it. DeepSeek's multi-head latent attention is built
 (``runtime.latent_attention``) and accepted."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from planner.files.clusters import load_cluster
 from planner.files.plans import make_plan, save_plan
 from planner.schemas import Layout, ModelSpec, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.runtime_support import check_buildable, unbuilt_features
+from planner.schemas.plan import PlannedLayout
+from planner.schemas.runtime_support import check_buildable, check_runnable, unbuilt_features
 
 BASE = dict(
     hidden_size=64,
@@ -102,6 +104,21 @@ def test_multi_head_latent_attention_is_built(q_lora_rank: int | None) -> None:
     model = MLA.model_copy(update={"q_lora_rank": q_lora_rank})
     assert unbuilt_features(model) == ()
     check_buildable(model)
+
+
+@pytest.mark.parametrize("kind", ["ring", "all-to-all"])
+def test_latent_attention_under_context_parallelism_is_refused_before_a_run(kind: str) -> None:
+    layout = Layout(
+        data_parallel_degree=4,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        micro_batch_size=1,
+        context_parallel_degree=2,
+        context_parallel_kind=kind,
+    )
+    with pytest.raises(InfeasibleConfigError, match=r"multi-head latent attention under context parallelism.*--cp 1"):
+        check_runnable(PlannedLayout(MLA, TRAINING, layout), cuda=False)
+    check_runnable(PlannedLayout(MLA, TRAINING, replace(layout, context_parallel_degree=1)), cuda=False)
 
 
 def test_launch_accepts_a_latent_attention_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
