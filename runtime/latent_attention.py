@@ -90,15 +90,19 @@ class LatentAttention(nn.Module):
         b, s, _ = x.shape
         q = self._queries(x).view(b, s, -1, self.qk_dim).transpose(1, 2)
         heads = q.shape[1]
-        compressed, k_rope = self.kv_a(x).split([self.kv_rank, self.rope], dim=-1)
+        compressed, k_rope = torch.split(self.kv_a(x), [self.kv_rank, self.rope], dim=-1)
         kv = _project(self.kv_b, self.kv_a_norm(compressed)).view(b, s, heads, self.nope + self.v_dim)
-        k_nope, v = kv.transpose(1, 2).split([self.nope, self.v_dim], dim=-1)
-        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        k_nope, v = torch.split(kv.transpose(1, 2), [self.nope, self.v_dim], dim=-1)
+        q_nope, q_rope = torch.split(q, [self.nope, self.rope], dim=-1)
         positions = positions_of(s, x.device, self.context)
         q_rope = rotary(q_rope, positions, self.rope_theta)
         k_rope = rotary(k_rope.view(b, 1, s, self.rope), positions, self.rope_theta)
         q = torch.cat((q_nope, q_rope), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(b, heads, s, self.rope)), dim=-1)
-        out = attention_core(q, k, v.contiguous(), context=self.context, recompute=self.recompute_core)
+        # FlashAttention (CUDA's and the CPU kernel the dry run traces) takes values as wide as the
+        # queries and keys: zero-pad them, as transformers' DeepseekV3 does for it, and drop the pad
+        pad = self.qk_dim - self.v_dim
+        v = F.pad(v, (0, pad)) if pad > 0 else v.contiguous()
+        out = attention_core(q, k, v, context=self.context, recompute=self.recompute_core)[..., : self.v_dim]
         result: torch.Tensor = self.o(out.transpose(1, 2).reshape(b, s, heads * self.v_dim))
         return result

@@ -231,15 +231,12 @@ class _SequenceShard:
         return (self, t.shape, plain)
 
     def _holds(self, t: torch.Tensor) -> bool:
-        """Whether plain ``t`` is the gathered input's own local tensor, whole (a region that
-        computes on plain tensors, ``split_latent_attention``, or a flattened view of it)."""
-        assert self.gathered is not None
-        local = self.gathered.to_local()
-        return (
-            t.numel() == local.numel()
-            and t.is_contiguous()
-            and t.untyped_storage().data_ptr() == local.untyped_storage().data_ptr()
-        )
+        """Whether plain ``t`` is the gathered input's own local tensor, whole: a view of it that a
+        region computing on plain tensors (``split_latent_attention``) saves, or a flattened one."""
+        assert isinstance(self.gathered, DTensor)
+        root = self.gathered._local_tensor
+        root = root if root._base is None else root._base
+        return (t if t._base is None else t._base) is root and t.numel() == root.numel() and t.is_contiguous()
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if not (isinstance(packed, tuple) and len(packed) == 3 and packed[0] is self):

@@ -107,8 +107,8 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
     if cp > 1 and plan.model.is_mla:
         raise InfeasibleConfigError(
             f"the plan runs {plan.model.name}'s multi-head latent attention under context parallelism (cp={cp}), "
-            "whose ring and all-to-all attention here take value heads as wide as the query/key heads only; plan "
-            "with --cp 1 to run it here"
+            "which this runtime's ring and all-to-all attention do not run as priced (they would exchange values "
+            "zero-padded to the query/key width); plan with --cp 1 to run it here"
         )
     if cp > 1 and layout.vocabulary_layout.over_pipeline:
         raise InfeasibleConfigError(

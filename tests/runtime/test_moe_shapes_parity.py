@@ -34,7 +34,7 @@ from planner.schemas import ModelSpec
 from runtime import checkpoint
 from runtime.data import synthetic_batch
 from runtime.mlp import MLP, MoE
-from runtime.model import Decoder
+from runtime.model import Block, Decoder
 from runtime.reference import reference_training
 from runtime.trainer import Trainer
 
@@ -103,8 +103,9 @@ def _reference(name: str) -> tuple[list[float], dict[str, torch.Tensor]]:
 def _attention_params(trainer: Trainer) -> int:
     """The attention parameters this rank holds of its first layer (its own rows of split ones)."""
     chunk = trainer.chunks[0]
-    first = next(iter(chunk.layers))
-    held = chunk.layers[first].attn.parameters()
+    block = next(iter(chunk.layers.values()))
+    assert isinstance(block, Block)
+    held = block.attn.parameters()
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in held)
 
 

@@ -13,7 +13,7 @@ from harness import planner_main
 from cost_models.estimate import estimate
 from planner.files.clusters import load_cluster
 from planner.files.plans import make_plan, save_plan
-from planner.schemas import Layout, ModelSpec, TrainingSpec
+from planner.schemas import ContextParallelKind, Layout, ModelSpec, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.plan import PlannedLayout
 from planner.schemas.runtime_support import check_buildable, check_runnable, unbuilt_features
@@ -106,8 +106,8 @@ def test_multi_head_latent_attention_is_built(q_lora_rank: int | None) -> None:
     check_buildable(model)
 
 
-@pytest.mark.parametrize("kind", ["ring", "all-to-all"])
-def test_latent_attention_under_context_parallelism_is_refused_before_a_run(kind: str) -> None:
+@pytest.mark.parametrize("kind", list(ContextParallelKind))
+def test_latent_attention_under_context_parallelism_is_refused_before_a_run(kind: ContextParallelKind) -> None:
     layout = Layout(
         data_parallel_degree=4,
         tensor_parallel_degree=1,
