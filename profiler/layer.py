@@ -4,13 +4,27 @@ communication (the collectives are measured on their own). Follows the model's M
 SwiGLU), grouped query attention and norm kind, not every detail of the runtime's layer (it fuses
 q, k and v, and has no rotary embedding): at tp 1 the profiler times the runtime's own layer
 (``profiler.ops._local_layer``), and this one only stands in for an MoE layer the runtime does
-not build."""
+not build. A multi-head latent attention model's rank is the runtime's own layer at every tp, of
+the rank's share of the model (``rank_share``)."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from planner.schemas import Activation, ModelSpec, NormKind
+
+
+def rank_share(model: ModelSpec, tensor_parallel_degree: int) -> ModelSpec:
+    """``model`` cut to what one tensor-parallel rank of a multi-head latent attention layer
+    computes: 1/t of its heads (the up-projections' rows, the output projection's columns) and of
+    the dense MLP's width, its down-projections and their norms whole, as the runtime splits it
+    (``runtime.tensor_parallel.split_latent_attention``). ``model`` itself at tp 1."""
+    t = tensor_parallel_degree
+    if t == 1:
+        return model
+    heads = model.num_attention_heads // t
+    update = {"num_attention_heads": heads, "num_key_value_heads": heads, "intermediate_size": model.ffn_size // t}
+    return model.model_copy(update=update)
 
 
 class LocalLayer(nn.Module):

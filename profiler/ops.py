@@ -33,7 +33,7 @@ from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
 from profiler.framework_ops import pipeline_slot, sharded_units
 from profiler.host_copies import HostCopies, measure_host_copies
-from profiler.layer import LocalLayer
+from profiler.layer import LocalLayer, rank_share
 from profiler.stats import Timing
 from profiler.workspace import library_workspace_bytes
 from runtime import (
@@ -311,12 +311,13 @@ def _local_layer(ctx: Context, tp: int, dtype: DType) -> torch.nn.Module:
     rotary embedding and norms, as a run computes them); else ``LocalLayer``, the rank's slice
     of heads and MLP (the runtime's tensor-parallel layer, collectives included, is timed apart),
     which also stands in at tp 1 for an MoE layer, and for a layer the runtime does not build
-    (``runtime.builds_layers``)."""
+    (``runtime.builds_layers``). A multi-head latent attention model's rank at any tp is the
+    runtime's layer of its share of the heads and MLP (``rank_share``)."""
     model = ctx.settings.model
     assert model is not None
-    if tp == 1 and not model.is_moe_layer(0) and builds_layers(model):
+    if (tp == 1 or model.is_mla) and not model.is_moe_layer(0) and builds_layers(model):
         with default_dtype(TORCH_DTYPES[dtype]):
-            return Decoder(model, seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
+            return Decoder(rank_share(model, tp), seed=0, layers=range(1), embedding=False, output=False).to(ctx.device)
     return LocalLayer(model, tp).to(device=ctx.device, dtype=TORCH_DTYPES[dtype])
 
 

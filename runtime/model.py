@@ -1,6 +1,7 @@
 """The reference decoder the runtime trains, built from a ModelSpec.
 
-GELU or SwiGLU MLP, multi-head or grouped-query attention, LayerNorm or RMSNorm (SwiGLU and
+GELU or SwiGLU MLP, multi-head, grouped-query or multi-head latent attention
+(``runtime.latent_attention``), LayerNorm or RMSNorm (SwiGLU and
 RMSNorm as the fused kernels keep their tensors, ``runtime.kernels``), learned or
 rotary positions, tied or untied output layer; deterministic initialisation from a seed. Layers
 live in a ModuleDict keyed by their index, so a pipeline stage keeps the reference's parameter
@@ -14,10 +15,8 @@ which expert parallelism (``runtime.expert_parallel``) feeds.
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
@@ -33,8 +32,10 @@ from planner.schemas import (
     RecomputeModule,
 )
 from planner.schemas.runtime_support import unbuilt_features
+from runtime.attention_parts import attention_core, positions_of, rotary
 from runtime.context_share import ContextShare
 from runtime.kernels import RMSNorm
+from runtime.latent_attention import LatentAttention
 from runtime.loss import cross_entropy
 from runtime.mlp import MLP, MoE, SharedExpert, moe_layers
 
@@ -88,24 +89,6 @@ def _norm(model: ModelSpec) -> nn.Module:
     return RMSNorm(model.hidden_size, eps=1e-5)
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotate pairs of channels of ``x`` (b, heads, s, d) by position-dependent angles (RoFormer)."""
-    d = x.shape[-1]
-    freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
-    angles = positions.float()[:, None] * freqs[None, :]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-
-
-def positions_of(held: int, device: torch.device, context: ContextShare | None) -> torch.Tensor:
-    """The sequence positions of the ``held`` tokens a rank holds: 0..held - 1, or under context
-    parallelism its share's positions in the whole sequence."""
-    if context is None:
-        return torch.arange(held, device=device)
-    return context.positions(held).to(device)
-
-
 class Attention(nn.Module):
     """Causal self-attention; head counts follow the (possibly tensor-parallel) projection widths.
     Biases on q, k, v as ``qkv_bias`` says (Qwen2), on o as ``attention_bias``; Qwen3's q/k norms.
@@ -142,19 +125,14 @@ class Attention(nn.Module):
         if self.rope:
             positions = positions_of(s, x.device, self.context)
             q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
-        core: Callable[..., torch.Tensor]
-        if self.context is not None:
-            core = self.context.attention
-        else:
-            core = partial(F.scaled_dot_product_attention, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
-        out = checkpoint(core, q, k, v, use_reentrant=False) if self.recompute_core else core(q, k, v)
+        out = attention_core(q, k, v, context=self.context, recompute=self.recompute_core)
         result: torch.Tensor = self.o(out.transpose(1, 2).reshape(b, s, -1))
         return result
 
 
 def builds_layers(model: ModelSpec) -> bool:
     """Whether this decoder builds ``model``'s layers as specified (``schemas.runtime_support``
-    names what it does not build: multi-head latent attention)."""
+    names what it does not build: ALiBi, a gated shared expert with MLP biases)."""
     return not unbuilt_features(model)
 
 
@@ -162,13 +140,15 @@ class Block(nn.Module):
     """Pre-norm transformer layer; ``recompute_all`` keeps only its input for the backward (full
     recompute); ``recompute_mlp`` keeps only its MLP's (MoE block's) input and re-runs the block in
     the backward, an MoE block's dispatch, combine and shared experts included (selective
-    recompute of Megatron-Core's ``mlp`` or ``moe`` module). ``experts``: an MoE layer's experts
+    recompute of Megatron-Core's ``mlp`` or ``moe`` module). Its attention is DeepSeek's
+    multi-head latent attention (``runtime.latent_attention``) for an MLA model. ``experts``: an MoE layer's experts
     held here (None: a dense MLP, f wide); an MoE layer of a model with shared experts has its
     ``shared_expert`` beside them (every rank holds it, whatever the expert placement)."""
 
     def __init__(self, model: ModelSpec, experts: Sequence[int] | None = None) -> None:
         super().__init__()
-        self.norm1, self.attn, self.norm2 = _norm(model), Attention(model), _norm(model)
+        self.norm1, self.norm2 = _norm(model), _norm(model)
+        self.attn: Attention | LatentAttention = LatentAttention(model) if model.is_mla else Attention(model)
         self.mlp: MLP | MoE = MLP(model) if experts is None else MoE(model, experts)
         shared = experts is not None and model.shared_ffn_size > 0
         self.shared_expert: SharedExpert | None = SharedExpert(model) if shared else None

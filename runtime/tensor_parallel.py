@@ -1,6 +1,7 @@
 """Tensor and sequence parallelism of a model chunk (Megatron-LM's split).
 
-q/k/v and gate/up are split column-wise, o and down row-wise, through DTensor; the embedding is
+q/k/v and gate/up are split column-wise, o and down row-wise, through DTensor (multi-head latent
+attention's up-projections by heads, its down-projections whole: ``split_latent_attention``); the embedding is
 split by vocabulary, the output layer column-wise with a vocabulary-parallel loss (torch's
 ``loss_parallel``). With sequence parallelism the norms and the residual stream hold 1/t of the
 sequence, gathered before attention and the MLP and reduce-scattered after them (Korthikanti et
@@ -69,6 +70,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from planner.schemas.errors import InfeasibleConfigError
+from runtime.latent_attention import LatentAttention
 from runtime.mlp import MLP, MoE, SharedExpert
 from runtime.model import Attention, Decoder
 from runtime.optim import flat_apply, local, local_grad
@@ -96,9 +98,12 @@ def tensor_parallel(
     plan: dict[str, object] = {}
     rank, degree = tp_mesh.get_local_rank(), tp_mesh.size()
     for i, block in chunk.layers.items():
-        plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
-        plan[f"layers.{i}.attn.o"] = RowwiseParallel(output_layouts=seq)
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        if isinstance(block.attn, LatentAttention):
+            split_latent_attention(block.attn, tp_mesh)
+        else:
+            plan |= {f"layers.{i}.attn.{n}": ColwiseParallel() for n in ("q", "k", "v")}
+        plan[f"layers.{i}.attn.o"] = RowwiseParallel(output_layouts=seq)
         for name, mlp in (("mlp", block.mlp), ("shared_expert", block.shared_expert)):
             if isinstance(mlp, MLP):  # a dense MLP, or shared experts: split as a dense MLP
                 plan |= _mlp_plan(f"layers.{i}.{name}", mlp, seq, gather if sequence_parallel else None)
@@ -134,6 +139,26 @@ def tensor_parallel(
     if tied:  # parallelizing each module replaced the shared parameter by two DTensors
         assert chunk.head is not None and chunk.tok_emb is not None
         chunk.head.weight = chunk.tok_emb.weight
+
+
+def split_latent_attention(attn: LatentAttention, mesh: DeviceMesh) -> None:
+    """Split multi-head latent attention's per-head up-projections (q_b or q, kv_b) by rows over
+    ``mesh`` (DTensors: each rank's heads, the reference's values) and make the module one
+    tensor-parallel region (``runtime.latent_attention``): its input, whole on every rank (a plain
+    tensor, or a replicated DTensor under sequence parallelism), enters as a plain tensor whose
+    gradient is each rank's share, summed over the group in the backward (reduce-scattered with
+    sequence parallelism). o is split row-wise by the caller's plan, its partial outputs reduced
+    on the way out. The down-projections and their norms stay whole; ``PartialGradients`` sums
+    their gradients."""
+    for linear in attn.per_head().values():
+        linear.weight = nn.Parameter(distribute_tensor(linear.weight.detach(), mesh, [Shard(0)]))
+    original = attn.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = original(_partial_gradient(x, mesh=mesh))
+        return out
+
+    attn.forward = forward  # type: ignore[method-assign]
 
 
 def _mlp_plan(prefix: str, mlp: MLP, seq: Shard | Replicate, gather: PrepareModuleInput | None) -> dict[str, object]:
@@ -195,15 +220,26 @@ class _SequenceShard:
         self.mesh, self.shape, self.stride = gathered.device_mesh, gathered.shape, gathered.stride()
 
     def pack(self, t: torch.Tensor) -> Any:
-        if self.gathered is None or not (t is self.gathered or t._base is self.gathered):
+        if self.gathered is None:
+            return t
+        plain = not isinstance(t, DTensor)
+        if not (t is self.gathered or t._base is self.gathered or (plain and self._holds(t))):
             return t
         if self.shard is None:
             local = self.gathered.to_local()
             self.shard = local.chunk(self.mesh.size(), dim=1)[self.mesh.get_local_rank()].clone()
-        return (self, t.shape)
+        return (self, t.shape, plain)
+
+    def _holds(self, t: torch.Tensor) -> bool:
+        """Whether plain ``t`` is the gathered input's own local tensor, whole: a view of it that a
+        region computing on plain tensors (``split_latent_attention``) saves, or a flattened one."""
+        assert isinstance(self.gathered, DTensor)
+        root = self.gathered._local_tensor
+        root = root if root._base is None else root._base
+        return (t if t._base is None else t._base) is root and t.numel() == root.numel() and t.is_contiguous()
 
     def unpack(self, packed: Any) -> torch.Tensor:
-        if not (isinstance(packed, tuple) and len(packed) == 2 and packed[0] is self):
+        if not (isinstance(packed, tuple) and len(packed) == 3 and packed[0] is self):
             result: torch.Tensor = packed
             return result
         if self.full is None:
@@ -212,8 +248,8 @@ class _SequenceShard:
                 self.shard, self.mesh, [Shard(1)], run_check=False, shape=self.shape, stride=self.stride
             )
             self.full = sharded.redistribute(self.mesh, [Replicate()])
-        full: torch.Tensor = self.full.reshape(packed[1])
-        return full
+        full: torch.Tensor = self.full.to_local() if packed[2] else self.full
+        return full.reshape(packed[1])
 
 
 def split_expert(expert: MLP, rank: int, degree: int) -> None:
@@ -369,7 +405,8 @@ class PartialGradients:
     """Sums over the tensor-parallel group, in one flat all-reduce per step before the
     optimizer's own reduction, the partial gradients of the weights every rank holds whole: the
     routers' (see the module's docstring), the shared experts' sigmoid gates' (each rank's gate
-    scales its own columns) and Qwen3's q/k norms' (each rank normalizes its own heads). Every
+    scales its own columns), Qwen3's q/k norms' (each rank normalizes its own heads) and multi-head
+    latent attention's down-projections and their norms' (each rank's heads read them). Every
     rank then holds their whole gradients and takes the same update."""
 
     def __init__(self, chunks: Sequence[nn.Module], group: dist.ProcessGroup) -> None:
@@ -383,6 +420,8 @@ class PartialGradients:
                     whole.append(m.sigmoid_gate)
                 elif isinstance(m, Attention):
                     whole += [m.q_norm, m.k_norm]
+                elif isinstance(m, LatentAttention):
+                    whole += m.replicated()
         self.params = [p for module in whole if module is not None for p in module.parameters()]
 
     def zero_grad(self) -> None:

@@ -104,6 +104,12 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
     if cp > 1:
         heads = plan.model.num_attention_heads // layout.tensor_parallel_degree
         check_context_split(layout.context_parallel_kind, cp, training.seq_len, heads)
+    if cp > 1 and plan.model.is_mla:
+        raise InfeasibleConfigError(
+            f"the plan runs {plan.model.name}'s multi-head latent attention under context parallelism (cp={cp}), "
+            "which this runtime's ring and all-to-all attention do not run as priced (they would exchange values "
+            "zero-padded to the query/key width); plan with --cp 1 to run it here"
+        )
     if cp > 1 and layout.vocabulary_layout.over_pipeline:
         raise InfeasibleConfigError(
             f"the plan splits the vocabulary over the pipeline ({layout.vocabulary_layout!s}) beside context "
@@ -142,12 +148,9 @@ def unbuilt_features(model: ModelSpec) -> tuple[str, ...]:
     """What of ``model`` the runtime's decoder (``runtime.model``) does not build, each as a phrase
     naming the feature and its keys; empty when it builds the model as specified (dense and MoE
     layers, experts moe_intermediate_size wide, shared experts and their gate, DeepSeek's first
-    dense layers and Qwen-MoE's dense layers, q/k/v biases, q/k norms, group-limited routing)."""
+    dense layers and Qwen-MoE's dense layers, q/k/v biases, q/k norms, group-limited routing,
+    DeepSeek's multi-head latent attention)."""
     features = []
-    if model.is_mla:
-        features.append(
-            f"multi-head latent attention (kv_lora_rank={model.kv_lora_rank}, q_lora_rank={model.q_lora_rank})"
-        )
     if model.position_embedding_type is PositionEmbedding.ALIBI:
         features.append("ALiBi position biases")
     if model.is_moe and model.has_shared_expert_gate and model.mlp_bias:

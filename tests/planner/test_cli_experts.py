@@ -309,7 +309,7 @@ def test_the_deepep_dispatcher_is_priced_kept_in_the_plan_and_refused_by_the_run
     assert 0 < a2a[1] < a2a[0]
     loaded = api.load_plan(plan)
     assert loaded.training.moe_dispatcher == "deepep"
-    # the dispatcher's own refusal (run and launch refuse DeepSeek-V3's latent attention before it)
+    # the runtime builds DeepSeek-V3's latent attention: its dispatcher is what the plan check refuses
     with pytest.raises(PlannerError, match="plan with --moe-dispatcher alltoall to run it"):
         check_runnable(loaded, cuda=True)
     code, _, err = planner_main([*base, "--moe-dispatcher", "nvshmem"], monkeypatch)

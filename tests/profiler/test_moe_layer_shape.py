@@ -1,12 +1,14 @@
 """The profiler times the MoE layer that was planned: the runtime's first MoE layer (after
 DeepSeek's first dense layers), experts moe_intermediate_size wide beside its shared experts;
-none for a model whose layers the runtime does not build (multi-head latent attention)."""
+none for a model whose layers the runtime does not build (ALiBi). A multi-head latent attention
+model's timed layer is the runtime's latent attention block."""
 
 from cost_models.params import layer_params
 from planner.files.models import load_model
-from planner.schemas import ModelSpec
+from planner.schemas import ModelSpec, PositionEmbedding
 from profiler.ops import _moe_chunk, first_moe_layer
 from runtime import builds_layers
+from runtime.latent_attention import LatentAttention
 from runtime.mlp import MoE, SharedExpert
 from runtime.model import Block
 
@@ -33,5 +35,12 @@ def test_the_timed_moe_layer_is_the_first_moe_layer_as_planned() -> None:
 
 
 def test_no_runtime_layer_stands_for_a_model_it_does_not_build() -> None:
+    alibi = DEEPSEEK_SHAPED.model_copy(update={"position_embedding_type": PositionEmbedding.ALIBI})
+    assert builds_layers(DEEPSEEK_SHAPED) and not builds_layers(alibi)
+
+
+def test_a_latent_attention_models_timed_layers_are_latent_attention_blocks() -> None:
     mla = ModelSpec(**{**DEEPSEEK_SHAPED.model_dump(), "kv_lora_rank": 32, "qk_rope_head_dim": 8, "v_head_dim": 32})
-    assert builds_layers(DEEPSEEK_SHAPED) and not builds_layers(mla)
+    assert builds_layers(mla)
+    (block,) = _moe_chunk(mla).layers.values()
+    assert isinstance(block, Block) and isinstance(block.attn, LatentAttention) and isinstance(block.mlp, MoE)

@@ -1,7 +1,8 @@
 """MoE models shaped as the Hugging Face families plan them train like the single-process
 reference on 4 ranks (SGD, float32 on CPU), both models' layouts in one launch:
 
-- a DeepSeek-shaped model: experts narrower than the dense MLP (moe_intermediate_size), two
+- a DeepSeek-shaped model: multi-head latent attention (a query rank, value heads narrower than
+  the query/key heads), experts narrower than the dense MLP (moe_intermediate_size), two
   shared experts (one MLP, no gate), a first dense layer (first_k_dense_replace) and
   group-limited routing (n_group, topk_group);
 - a Qwen-MoE-shaped model: narrower experts, a shared expert wider than them scaled by its
@@ -9,12 +10,14 @@ reference on 4 ranks (SGD, float32 on CPU), both models' layouts in one launch:
 
 Layouts: expert parallelism (whose placement rows are the MoE layers only), over a pipeline whose
 first stage holds the dense layer, tensor parallelism with and without sequence parallelism (the
-shared expert split as a dense MLP; the gate's and the q/k norms' partial gradients summed) and
+shared expert split as a dense MLP, latent attention's up-projections by heads; the gate's, the q/k
+norms' and the latent down-projections' partial gradients summed) and
 with the experts folded, ZeRO-1 and the MoE block recomputed. After training, every parameter a
 rank holds whole (a DTensor gathered; the experts split by hand over tp left out) must equal the
 reference's: the last update is one no loss sees. A checkpoint saved under tp2 with sequence
 parallelism and ep2 resumes under dp4 ep4 (shared experts, gates and q/k norms keep their names)
-and computes the next step as the uninterrupted run does."""
+and computes the next step as the uninterrupted run does. Under tensor parallelism each rank
+holds the attention parameters the cost model counts for it."""
 
 import functools
 from pathlib import Path
@@ -26,12 +29,12 @@ from harness import run_ranks
 from moe_training import BATCH, LR, MOE, SEED, SEQ, TOLERANCE, layout_of
 from torch.distributed.tensor import DTensor
 
-from cost_models.params import total_params
+from cost_models.params import layer_params, total_params
 from planner.schemas import ModelSpec
 from runtime import checkpoint
 from runtime.data import synthetic_batch
 from runtime.mlp import MLP, MoE
-from runtime.model import Decoder
+from runtime.model import Block, Decoder
 from runtime.reference import reference_training
 from runtime.trainer import Trainer
 
@@ -49,6 +52,12 @@ TINY_DEEPSEEK = ModelSpec(
         "first_k_dense_replace": 1,
         "n_group": 2,
         "topk_group": 1,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_rope_head_dim": 16,
+        "qk_nope_head_dim": 32,
+        "v_head_dim": 24,
     }
 )
 TINY_QWEN_MOE = ModelSpec(
@@ -89,6 +98,15 @@ def _reference(name: str) -> tuple[list[float], dict[str, torch.Tensor]]:
         MODELS[name], global_batch_size=BATCH, seq_len=SEQ, steps=STEPS, seed=SEED, optimizer="sgd", lr=LR
     )
     return losses, {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def _attention_params(trainer: Trainer) -> int:
+    """The attention parameters this rank holds of its first layer (its own rows of split ones)."""
+    chunk = trainer.chunks[0]
+    block = next(iter(chunk.layers.values()))
+    assert isinstance(block, Block)
+    held = block.attn.parameters()
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in held)
 
 
 def _weight_error(trainer: Trainer, reference: dict[str, torch.Tensor]) -> float:
@@ -133,7 +151,9 @@ def train_shapes(workdir: str) -> dict[str, Any]:
             losses = _steps(trainer, 0, STEPS)
             errors: list[float] = [0.0] * dist.get_world_size()
             dist.all_gather_object(errors, _weight_error(trainer, reference))
-            results[f"{name}/{i}"] = {"losses": losses, "weight_error": max(errors)}
+            counts: list[int] = [0] * dist.get_world_size()
+            dist.all_gather_object(counts, _attention_params(trainer))
+            results[f"{name}/{i}"] = {"losses": losses, "weight_error": max(errors), "attention_params": counts}
         saved, directory = _trainer(model, SAVED_UNDER, "adamw"), Path(workdir) / name
         whole = _steps(saved, 0, 2)
         checkpoint.save(saved, directory, 2, plan_sha256="before")
@@ -158,6 +178,16 @@ def test_planned_moe_shapes_train_like_the_reference(trained: dict[str, Any], na
     got = trained[f"{name}/{layout}"]
     assert got["losses"] == pytest.approx(losses, abs=TOLERANCE)
     assert got["weight_error"] < WEIGHT_TOLERANCE
+
+
+@pytest.mark.parametrize("layout", [i for i, kw in enumerate(LAYOUTS) if kw.get("tensor_parallel_degree", 1) > 1])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_tensor_parallel_rank_holds_the_attention_the_cost_model_counts(
+    trained: dict[str, Any], name: str, layout: int
+) -> None:
+    tp = LAYOUTS[layout]["tensor_parallel_degree"]
+    expected = layer_params(MODELS[name], tensor_parallel_degree=tp).attention
+    assert trained[f"{name}/{layout}"]["attention_params"] == [expected] * 4
 
 
 @pytest.mark.parametrize("name", list(MODELS))

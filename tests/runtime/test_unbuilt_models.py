@@ -1,8 +1,10 @@
-"""A model whose layers the runtime does not build as planned (multi-head latent attention, ALiBi,
-a gated shared expert beside MLP biases) is refused in one line, exit code 2, by every command
-that would run it: `planner run` (each rank, before any rendezvous), its dry run, `planner launch`
-and `planner tune`; `planner search` still plans it."""
+"""A model whose layers the runtime does not build as planned (ALiBi, a gated shared expert beside
+MLP biases) is refused in one line, exit code 2, by every command that would run it: `planner
+run` (each rank, before any rendezvous), its dry run, `planner launch` and `planner tune`;
+`planner search` still plans it. DeepSeek's multi-head latent attention is built
+(``runtime.latent_attention``) and accepted."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,10 @@ from harness import planner_main
 from cost_models.estimate import estimate
 from planner.files.clusters import load_cluster
 from planner.files.plans import make_plan, save_plan
-from planner.schemas import Layout, ModelSpec, TrainingSpec
+from planner.schemas import ContextParallelKind, Layout, ModelSpec, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.runtime_support import check_buildable, unbuilt_features
+from planner.schemas.plan import PlannedLayout
+from planner.schemas.runtime_support import check_buildable, check_runnable, unbuilt_features
 
 BASE = dict(
     hidden_size=64,
@@ -24,10 +27,10 @@ BASE = dict(
     hidden_act="silu",
     max_position_embeddings=256,
 )
+MLA = ModelSpec(
+    name="tiny-mla", kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, **BASE
+)
 UNBUILT = {
-    "multi-head latent attention": ModelSpec(
-        name="tiny-mla", kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, **BASE
-    ),
     "ALiBi": ModelSpec(name="tiny-alibi", position_embedding_type="alibi", **BASE),
     "gated shared expert with MLP biases": ModelSpec(
         name="tiny-gated-bias",
@@ -93,4 +96,32 @@ def test_tune_refuses_an_unbuilt_model_before_searching(
 
 
 def test_search_still_plans_an_unbuilt_model(tmp_path: Path) -> None:
-    assert _plan(UNBUILT["multi-head latent attention"], tmp_path).exists()
+    assert _plan(UNBUILT["ALiBi"], tmp_path).exists()
+
+
+@pytest.mark.parametrize("q_lora_rank", [48, None])
+def test_multi_head_latent_attention_is_built(q_lora_rank: int | None) -> None:
+    model = MLA.model_copy(update={"q_lora_rank": q_lora_rank})
+    assert unbuilt_features(model) == ()
+    check_buildable(model)
+
+
+@pytest.mark.parametrize("kind", list(ContextParallelKind))
+def test_latent_attention_under_context_parallelism_is_refused_before_a_run(kind: ContextParallelKind) -> None:
+    layout = Layout(
+        data_parallel_degree=4,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        micro_batch_size=1,
+        context_parallel_degree=2,
+        context_parallel_kind=kind,
+    )
+    with pytest.raises(InfeasibleConfigError, match=r"multi-head latent attention under context parallelism.*--cp 1"):
+        check_runnable(PlannedLayout(MLA, TRAINING, layout), cuda=False)
+    check_runnable(PlannedLayout(MLA, TRAINING, replace(layout, context_parallel_degree=1)), cuda=False)
+
+
+def test_launch_accepts_a_latent_attention_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = planner_main(["launch", str(_plan(MLA, tmp_path))], monkeypatch)
+    assert code == 0, err
+    assert "torchrun" in out

@@ -96,9 +96,15 @@ def test_a_model_the_runtime_cannot_build_is_refused_by_its_search_and_planned_f
 
 
 def test_a_search_for_the_runtime_refuses_a_model_it_does_not_build_before_searching() -> None:
-    """DeepSeek-V3's latent attention: the runtime would train another model, so its search stops
-    at once and names another stack; planned for megatron-lm, it searches."""
+    """A gated shared expert beside MLP biases: the runtime would train another model, so its
+    search stops at once and names another stack; planned for megatron-lm, it searches.
+    DeepSeek-V3's latent attention the runtime builds: its layouts are weighed."""
     training = TrainingSpec(global_batch_size=512, seq_len=4096)
-    with pytest.raises(InfeasibleConfigError, match=r"multi-head latent attention.*--stack megatron-lm"):
-        admission(api.load_model("deepseek-v3"), training, api.load_cluster("dgx-h100:32"))
-    assert admission(api.load_model("deepseek-v3"), training.under("megatron-lm"), api.load_cluster("dgx-h100:32"))
+    cluster = api.load_cluster("dgx-h100:32")
+    gated = api.load_model("deepseek-v3").model_copy(
+        update={"shared_expert_intermediate_size": 2048, "n_shared_experts": None, "mlp_bias": True}
+    )
+    with pytest.raises(InfeasibleConfigError, match=r"gated shared expert.*--stack megatron-lm"):
+        admission(gated, training, cluster)
+    assert admission(gated, training.under("megatron-lm"), cluster)
+    assert admission(api.load_model("deepseek-v3"), training, cluster)
