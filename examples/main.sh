@@ -20,10 +20,10 @@ echo "== Search: tiny-gpt on the measured cluster"
     --top-k 5 --output "$out/plan.json"
 "$planner" explain "$out/plan.json" --plot "$out/plots"
 
-echo "== Run the plan for 6 steps (the torchrun line planner launch prints, run here) and compare with the prediction"
+echo "== Run the plan for 6 steps, as planner launch prints it, and compare with the prediction"
 "$planner" launch "$out/plan.json" --steps 6 --report "$out/report.json"
-"$planner" launch "$out/plan.json" --run --steps 6 --report "$out/report.json" \
-    2> >(grep -v -e Warning -e "return func" -e "^W1" >&2)
+launch_line=$("$planner" launch "$out/plan.json" --steps 6 --report "$out/report.json" | grep torchrun)
+PATH="$PWD/.venv/bin:$PATH" bash -c "$launch_line" 2> >(grep -v -e Warning -e "return func" -e "^W1" >&2)
 
 echo "== Tune: run 4 plans for real, fit the profile's calibration, show the model's errors"
 rm -f "$out/tune.db"

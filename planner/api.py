@@ -24,7 +24,6 @@ from planner.files.plans import load_plan, make_plan, read_plan, save_plan
 from planner.flows.estimate import dropped_token_share, estimate, homogeneous_estimate, stage_device_names
 from planner.flows.explain import Explanation, compare_placements, expert_traffic, explain, pipeline_timeline
 from planner.flows.export import Exported, export_plan, export_text
-from planner.flows.launch_run import node_command, run_node
 from planner.flows.profile import profile
 from planner.flows.replan import Replan, replan, survivors
 from planner.flows.run import dry_run, run
@@ -70,13 +69,11 @@ __all__ = [
     "load_model",
     "load_plan",
     "make_plan",
-    "node_command",
     "pipeline_timeline",
     "profile",
     "read_plan",
     "replan",
     "run",
-    "run_node",
     "save_cluster",
     "save_plan",
     "search",

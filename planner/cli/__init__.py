@@ -19,7 +19,6 @@ from planner.cli.cluster_commands import profile, run, tune, validate
 from planner.cli.cluster_profile_commands import cluster_app
 from planner.cli.plan_commands import estimate, search
 from planner.cli.plan_file_commands import explain, export, launch, presets, stacks
-from planner.cli.rank_errors import report_error
 from planner.cli.replan_command import replan
 from planner.schemas.errors import PlannerError
 
@@ -62,5 +61,5 @@ def main() -> None:
     try:
         app()
     except PlannerError as e:
-        report_error(str(e))
+        typer.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)

@@ -26,7 +26,6 @@ from planner.cli.options import (
     search_inputs,
     training_fields,
 )
-from planner.cli.rank_errors import report_error
 from planner.cli.testing_aids import parse_delay, parse_fault, parse_micro_batches, parse_step_fault
 from planner.schemas import DType, OnFault, StackName
 from planner.schemas.errors import JobFailed, PlannerError, SchemaError
@@ -248,7 +247,7 @@ def run(
     try:
         measured = api.run(settings)
     except JobFailed as e:  # as main() says it, but without tearing down a broken process group
-        report_error(str(e))
+        typer.echo(f"error: {e}", err=True)
         _exit_now(e.exit_code)
     if measured is not None:  # rank 0
         traffic: tuple[float, ...] = ()

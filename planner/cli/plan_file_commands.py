@@ -15,7 +15,6 @@ from planner.files.cluster_presets import list_cluster_presets
 from planner.files.models import list_model_presets
 from planner.files.plans import plan_cluster
 from planner.schemas import STACKS, DeviceKind, StackName
-from planner.schemas.errors import SchemaError
 from planner.schemas.runtime_support import check_buildable, check_runnable
 from planner.views.tables import (
     NO_PLACEMENT,
@@ -137,31 +136,16 @@ def launch(
         ),
     ] = None,
     cluster: PlanClusterOpt = None,
-    run_here: Annotated[
-        bool,
-        typer.Option(
-            "--run",
-            help="Run this node's line here instead of printing it (torch's launcher in this process): each "
-            "distinct error of the ranks is printed once, and the job exits with their code, without "
-            "torchrun's traceback.",
-        ),
-    ] = False,
-    node_rank: Annotated[
-        int | None, typer.Option(min=0, help="With --run on a plan of several nodes: which node this is.")
-    ] = None,
 ) -> None:
-    """Print the torchrun command line of every node that runs the plan, or with --run run it here.
+    """Print the torchrun command line of every node that runs the plan.
 
     With --elastic MIN:MAX the lines are torchrun's elastic form (c10d rendezvous, --max-restarts):
     a restart with fewer nodes re-plans for them and resumes the newest checkpoint, resharded.
 
     Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
     Example: planner launch plan.json --elastic 2:4 --max-restarts 3 --checkpoint-dir /shared/ckpt
-    Example: planner launch plan.json --run --steps 20   (one node: train here, on its devices)
     """
     check_output("--output", output, "launch.sh")
-    if run_here:
-        check_run_options(output, report)
     loaded = api.load_plan(plan)
     plan_cluster(loaded, cluster, required=cluster is not None)  # the profile, where found, must be the plan's
     check_buildable(loaded.model)  # as every rank would
@@ -176,11 +160,6 @@ def launch(
         report_path=report,
         elastic=elastic_launch,
     )
-    if run_here:
-        code, lines = api.run_node(api.node_command(commands, node_rank, master_addr))
-        for line in lines:
-            typer.echo(line, err=True)
-        raise typer.Exit(code)
     reads_master_addr = any(cmd.reads_master_addr for cmd in commands)
     if output is not None:
         output.write_text(launch_script(commands))
@@ -191,17 +170,6 @@ def launch(
         typer.echo(f"# {MASTER_ADDR_HINT}; the lines read it from the shell, e.g. export MASTER_ADDR=10.0.0.1")
     for cmd in commands:
         typer.echo(f"{cmd.comment()}\n{cmd.shell()}")
-
-
-def check_run_options(output: Path | None, report: str) -> None:
-    """Refuse, before any rank starts, what launch --run cannot do with its options.
-
-    Raises:
-        SchemaError: naming the options and the fix.
-    """
-    if output is not None:
-        raise SchemaError(f"--output {output} writes the lines for later and --run runs them now; give one of them")
-    check_output("--report", Path(report), "report.json")
 
 
 def export(
