@@ -32,6 +32,23 @@ def check_output(option: str, path: Path | None, example: str = "plan.json") -> 
         raise SchemaError(f"{option} {str(path)!r} cannot be written (permission denied); give another path")
 
 
+def check_input(option: str, path: Path | None) -> None:
+    """Refuse an input file ``path`` that is missing, a folder, or not readable: every rank would
+    otherwise fail on it with a traceback.
+
+    Raises:
+        SchemaError: naming the option, the path and the fix.
+    """
+    if path is None:
+        return
+    if not path.exists():
+        raise SchemaError(f"{option} {str(path)!r} does not exist; give an existing file")
+    if not path.is_file():
+        raise SchemaError(f"{option} {str(path)!r} is not a file; give a file")
+    if not os.access(path, os.R_OK):
+        raise SchemaError(f"{option} {str(path)!r} cannot be read (permission denied); give another file")
+
+
 def check_folder(option: str, path: Path | None) -> None:
     """Refuse a folder ``path`` (made if missing) that is a file, or lies in one.
 
