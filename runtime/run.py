@@ -76,7 +76,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
         _init(settings, cuda)
     trainer = _build_trainer(settings, plan, device)
     first = _resume(settings, trainer, plan_sha256, rank) if resume else 0
-    tokens = TokenFile(settings.data) if settings.data else None
+    tokens = TokenFile(settings.data, vocab_size=plan.model.vocab_size) if settings.data else None
     hosts, watch = _place_ranks(settings, trainer, rank, world, first)
     times, losses, sent, memory = _train_or_diagnose(
         settings, plan, trainer, tokens, device, first, plan_sha256, watch, rank, world
