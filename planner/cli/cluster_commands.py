@@ -29,7 +29,7 @@ from planner.cli.options import (
 )
 from planner.cli.testing_aids import parse_delay, parse_fault, parse_micro_batches, parse_step_fault
 from planner.schemas import DType, OnFault, StackName
-from planner.schemas.errors import PlannerError, SchemaError
+from planner.schemas.errors import MissingExtraError, PlannerError, SchemaError
 from planner.views.tables import dry_run_table, run_summary
 
 if TYPE_CHECKING:
@@ -216,6 +216,8 @@ def run(
     )
     try:
         measured = api.run(settings)
+    except MissingExtraError:  # no torch, so no process group: main() says it
+        raise
     except PlannerError as e:  # as main() says it, but without tearing down a process group (gloo can abort)
         say_error(e)
         _exit_now(e.exit_code)

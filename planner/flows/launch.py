@@ -32,10 +32,12 @@ def check_devices(plan: Plan) -> None:
     would refuse it after starting (``runtime.run.check_world``).
 
     Raises:
+        MissingExtraError: torch is not installed.
         InfeasibleConfigError: naming the devices the plan needs and those the node has.
     """
     if plan.cluster.device_kind is DeviceKind.CPU:
         return
+    require_torch("planner launch --run")
     import torch
 
     have, need = torch.cuda.device_count(), plan.cluster.devices_per_node

@@ -57,13 +57,15 @@ def check_resumable(settings: RunSettings) -> None:
     ranks check it again).
 
     Raises:
+        MissingExtraError: torch is not installed.
         SchemaError: no complete checkpoint there.
         InfeasibleConfigError: the checkpoint is another model's or global batch's, or has no
             steps left to run.
     """
     if not settings.resume:
         return
-    from runtime.checkpoint_meta import check_loadable, check_steps_left  # reads JSON only: no torch
+    require_torch("planner launch --run --resume")  # the runtime package imports torch
+    from runtime.checkpoint_meta import check_loadable, check_steps_left
 
     assert settings.checkpoint_dir is not None  # RunSettings refuses --resume without it
     meta = check_loadable(settings.checkpoint_dir, settings.plan.model, settings.plan.training.global_batch_size)
