@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main job, end to end, on a fresh machine: set up; profile the local CPU "cluster" (4 gloo
-# ranks); search a plan for a tiny model on what was measured; explain it; run it as `planner
-# launch` prints and compare measured with predicted; tune (run several plans, calibrate the
-# profile, report the model's errors); then plan a large model on a published cluster preset and
-# check the cost model against the published Megatron-LM runs.
+# ranks); search a plan for a tiny model on what was measured; explain it; run it with `planner
+# launch --run` (the line `planner launch` prints) and compare measured with predicted; tune (run
+# several plans, calibrate the profile, report the model's errors); then plan a large model on a
+# published cluster preset and check the cost model against the published Megatron-LM runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -20,10 +20,10 @@ echo "== Search: tiny-gpt on the measured cluster"
     --top-k 5 --output "$out/plan.json"
 "$planner" explain "$out/plan.json" --plot "$out/plots"
 
-echo "== Run the plan for 6 steps, as planner launch prints it, and compare with the prediction"
+echo "== Run the plan for 6 steps: the torchrun line planner launch prints, run here by launch --run"
 "$planner" launch "$out/plan.json" --steps 6 --report "$out/report.json"
-launch_line=$("$planner" launch "$out/plan.json" --steps 6 --report "$out/report.json" | grep torchrun)
-PATH="$PWD/.venv/bin:$PATH" bash -c "$launch_line" 2> >(grep -v -e Warning -e "return func" -e "^W1" >&2)
+"$planner" launch "$out/plan.json" --run --steps 6 --report "$out/report.json" \
+    2> >(grep -v -e Warning -e "return func" -e "^W1" >&2)
 
 echo "== Tune: run 4 plans for real, fit the profile's calibration, show the model's errors"
 rm -f "$out/tune.db"

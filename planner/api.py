@@ -24,9 +24,10 @@ from planner.files.plans import load_plan, make_plan, read_plan, save_plan
 from planner.flows.estimate import dropped_token_share, estimate, homogeneous_estimate, stage_device_names
 from planner.flows.explain import Explanation, compare_placements, expert_traffic, explain, pipeline_timeline
 from planner.flows.export import Exported, export_plan, export_text
+from planner.flows.launch import check_devices, launch_node
 from planner.flows.profile import profile
 from planner.flows.replan import Replan, replan, survivors
-from planner.flows.run import dry_run, run
+from planner.flows.run import check_resumable, dry_run, run
 from planner.flows.search import search, search_outcome
 from planner.flows.tune import tune, validate
 from planner.schemas.settings import (
@@ -55,6 +56,8 @@ __all__ = [
     "Selection",
     "StrategyName",
     "TuneSettings",
+    "check_devices",
+    "check_resumable",
     "compare_placements",
     "dropped_token_share",
     "dry_run",
@@ -63,6 +66,7 @@ __all__ = [
     "explain",
     "export_plan",
     "homogeneous_estimate",
+    "launch_node",
     "load_cluster",
     "load_device_map",
     "load_expert_placement",

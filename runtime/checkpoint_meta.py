@@ -79,6 +79,20 @@ def check_loadable(
     return meta
 
 
+def check_steps_left(done_steps: int, steps: int) -> None:
+    """Refuse a resumed run that asks for no more steps than its checkpoint has done (``--steps``
+    counts from the start of training, not from the checkpoint).
+
+    Raises:
+        InfeasibleConfigError: naming both counts and the fix.
+    """
+    if done_steps >= steps:
+        raise InfeasibleConfigError(
+            f"the checkpoint has {done_steps} steps done, and --steps {steps} asks for no more; "
+            f"give --steps above {done_steps}"
+        )
+
+
 def prune(directory: Path, keep_last: int, *, keep: Path | None = None) -> list[Path]:
     """Remove the complete checkpoints of ``directory`` older than its newest ``keep_last``: a
     checkpoint is some hundred MB to many GB, and a run that takes one every few steps fills its

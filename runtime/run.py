@@ -28,7 +28,7 @@ from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFo
 from planner.schemas.runtime_support import check_buildable, check_runnable
 from planner.schemas.settings import RunSettings
 from runtime import checkpoint
-from runtime.checkpoint_meta import check_loadable, latest
+from runtime.checkpoint_meta import check_loadable, check_steps_left, latest
 from runtime.data import TokenFile, synthetic_batch
 from runtime.elastic import Replan, agreed_plan
 from runtime.expert_parallel import expert_sent_bytes
@@ -76,7 +76,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
         _init(settings, cuda)
     trainer = _build_trainer(settings, plan, device)
     first = _resume(settings, trainer, plan_sha256, rank) if resume else 0
-    tokens = TokenFile(settings.data) if settings.data else None
+    tokens = TokenFile(settings.data, vocab_size=plan.model.vocab_size) if settings.data else None
     hosts, watch = _place_ranks(settings, trainer, rank, world, first)
     times, losses, sent, memory = _train_or_diagnose(
         settings, plan, trainer, tokens, device, first, plan_sha256, watch, rank, world
@@ -171,11 +171,7 @@ def _resume(settings: RunSettings, trainer: Trainer, plan_sha256: str, rank: int
     first = resumed.step
     if resumed.resharded and rank == 0:
         logger.info("resumed %s, taken under another layout, resharded into this plan's", resumed.path)
-    if first >= settings.steps:
-        raise InfeasibleConfigError(
-            f"the checkpoint has {first} steps done, and --steps {settings.steps} asks for no more; "
-            f"give --steps above {first}"
-        )
+    check_steps_left(first, settings.steps)
     return first
 
 

@@ -6,7 +6,8 @@ guide's note says so): the profile (a torchrun of 2 ranks, about a minute) is re
 recorded 2-rank CPU profile of this project's profiler, copied to the cluster.json it would write;
 the tune (a torchrun per plan) and the validate of its study are not run. Their command lines are
 still parsed against the CLI and torchrun by tests/test_docs_commands.py. Every other line runs
-for real: the planning commands, a dry run, and one torchrun of the plan on 2 ranks for 4 steps."""
+for real: the planning commands, a dry run, and one run of the plan on 2 ranks for 4 steps (planner
+launch --run: the torchrun line it prints, run in its process)."""
 
 import json
 import os
@@ -52,8 +53,8 @@ def test_the_guide_local_walk_runs(tmp_path: Path) -> None:
         assert done.returncode == 0, f"{command.line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         ran.append(command.argv[1] if command.argv[0] == "planner" else command.argv[0])
     assert stood_in == ["profile: recorded", "tune: not run", "validate: not run"]
-    assert {"search", "estimate", "explain", "export", "run", "launch", "torchrun"} <= set(ran)
-    report = json.loads((tmp_path / "report.json").read_text())  # the torchrun of the plan wrote it
+    assert {"search", "estimate", "explain", "export", "run", "launch"} <= set(ran)
+    report = json.loads((tmp_path / "report.json").read_text())  # launch --run's ranks wrote it
     assert report["steps"] == 4 and report["world_size"] == 2
     for name in ("plan.json", "megatron.args", "ds_config.json", "plots/schedule.png"):
         assert (tmp_path / name).stat().st_size > 0, name

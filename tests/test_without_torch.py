@@ -40,6 +40,7 @@ NEED_TORCH = {
     "planner profile": ["profile", "--output", "cluster.json"],
     "planner tune": ["tune", *SEARCH, "--save-calibration", "calibrated.json"],
     "planner replan --checkpoint-dir": ["replan", "plan.json", "--cluster", "dgx-h100:1", "--checkpoint-dir", "."],
+    "planner launch --run": ["launch", "plan.json", "--run"],
 }
 """The commands that need torch, by the name their error gives them."""
 
@@ -109,5 +110,5 @@ def test_commands_that_need_torch_name_the_extra_and_exit_2(folder: Path) -> Non
     for command, result in zip(NEED_TORCH, ran, strict=True):
         lines = result["stderr"].strip().splitlines()
         assert (result["code"], lines[-1:]) == (2, [f"error: {command} needs torch: {EXTRA}"]), result
-        if command in ("planner run", "planner run --dry-run", "planner profile"):
+        if command in ("planner run", "planner run --dry-run", "planner profile", "planner launch --run"):
             assert len(lines) == 1, result

@@ -17,9 +17,11 @@ import typer
 
 from planner.cli.cluster_commands import profile, run, tune, validate
 from planner.cli.cluster_profile_commands import cluster_app
+from planner.cli.options import say_error
 from planner.cli.plan_commands import estimate, search
 from planner.cli.plan_file_commands import explain, export, launch, presets, stacks
 from planner.cli.replan_command import replan
+from planner.flows.rank_errors import report_to_launcher
 from planner.schemas.errors import PlannerError
 
 __all__ = ["app", "main"]
@@ -61,5 +63,8 @@ def main() -> None:
     try:
         app()
     except PlannerError as e:
-        typer.echo(f"error: {e}", err=True)
+        say_error(e)
         sys.exit(e.exit_code)
+    except Exception as e:  # a bug: it keeps its traceback; under torchrun its last line also reaches the launcher
+        report_to_launcher(f"{type(e).__name__}: {e}")
+        raise

@@ -46,6 +46,23 @@ def refuse_file_in_the_way(option: str, path: Path) -> None:
         raise SchemaError(f"{option} {str(path)!r}: {str(blocking)!r} is a file, not a folder; give a path in a folder")
 
 
+def check_input(option: str, path: Path | None) -> None:
+    """Refuse an input file ``path`` that is missing, a folder, or not readable: every rank would
+    otherwise fail on it with a traceback.
+
+    Raises:
+        SchemaError: naming the option, the path and the fix.
+    """
+    if path is None:
+        return
+    if not path.exists():
+        raise SchemaError(f"{option} {str(path)!r} does not exist; give an existing file")
+    if not path.is_file():
+        raise SchemaError(f"{option} {str(path)!r} is not a file; give a file")
+    if not os.access(path, os.R_OK):
+        raise SchemaError(f"{option} {str(path)!r} cannot be read (permission denied); give another file")
+
+
 def check_folder(option: str, path: Path | None) -> None:
     """Refuse a folder ``path`` (made if missing) that is a file, or lies in one.
 

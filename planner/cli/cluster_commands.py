@@ -11,7 +11,7 @@ import typer
 
 from planner import api
 from planner.api import OptimizerName, Selection
-from planner.cli.checks import check_folder, check_output, check_storage, in_range
+from planner.cli.checks import check_folder, check_input, check_output, check_storage, in_range
 from planner.cli.options import (
     AttentionOpt,
     ClusterOpt,
@@ -23,12 +23,13 @@ from planner.cli.options import (
     StackOpt,
     output_console,
     progress_bar,
+    say_error,
     search_inputs,
     training_fields,
 )
 from planner.cli.testing_aids import parse_delay, parse_fault, parse_micro_batches, parse_step_fault
 from planner.schemas import DType, OnFault, StackName
-from planner.schemas.errors import JobFailed, PlannerError, SchemaError
+from planner.schemas.errors import MissingExtraError, PlannerError, SchemaError
 from planner.views.tables import dry_run_table, run_summary
 
 if TYPE_CHECKING:
@@ -221,6 +222,7 @@ def run(
     check_output("--report", report, "report.json")
     check_output("--trace-routing", trace_routing, "routing.npz")
     check_folder("--checkpoint-dir", checkpoint_dir)
+    check_input("--data", data)
     loaded, sha256 = api.read_plan(plan)  # once: a bad plan is refused before torch is imported
     settings = api.RunSettings(
         plan=loaded,
@@ -246,8 +248,10 @@ def run(
     )
     try:
         measured = api.run(settings)
-    except JobFailed as e:  # as main() says it, but without tearing down a broken process group
-        typer.echo(f"error: {e}", err=True)
+    except MissingExtraError:  # no torch, so no process group: main() says it
+        raise
+    except PlannerError as e:  # as main() says it, but without tearing down a process group (gloo can abort)
+        say_error(e)
         _exit_now(e.exit_code)
     if measured is not None:  # rank 0
         traffic: tuple[float, ...] = ()

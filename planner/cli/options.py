@@ -17,6 +17,7 @@ from planner import api
 from planner.cli.checks import in_range
 from planner.cli.layout_options import EVEN_SPLIT, parse_layout_parts
 from planner.files.plans import check_cluster, plan_cluster
+from planner.flows.rank_errors import report_to_launcher
 from planner.schemas import (
     AttentionKernel,
     ClusterProfile,
@@ -35,7 +36,7 @@ from planner.schemas import (
 )
 from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.choices import RecomputeChoice
-from planner.schemas.errors import SchemaError
+from planner.schemas.errors import PlannerError, SchemaError
 from planner.schemas.stacks import StackName
 from planner.schemas.training import training_from
 from planner.search_engine.strategy import Progress as ProgressCallback
@@ -352,6 +353,14 @@ def resolve(
 
 WIDE_COLUMNS = 200
 """Width of tables written to a file or pipe: wide enough that no plan's row wraps."""
+
+
+def say_error(error: PlannerError) -> None:
+    """Say a user error in one line on stderr; under torchrun also in the rank's error file, and
+    there only under `planner launch --run`, which says it once for all ranks
+    (``planner.flows.rank_errors``)."""
+    if not report_to_launcher(str(error)):
+        typer.echo(f"error: {error}", err=True)
 
 
 def output_console() -> Console:

@@ -1,5 +1,6 @@
 """Commands over a plan file: explain, launch and export it; and the presets."""
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -7,15 +8,24 @@ import typer
 
 from cost_models.placement_comparison import placement_applies
 from planner import api
-from planner.cli.checks import check_output, check_plot_dir, in_range
+from planner.cli.checks import check_input, check_output, check_plot_dir, in_range
 from planner.cli.options import output_console
 from planner.export.targets import TARGET_FILES, ExportTarget
-from planner.export.torchrun import MASTER_ADDR_HINT, elastic_options, launch_script, torchrun_commands
+from planner.export.torchrun import (
+    MASTER_ADDR_HINT,
+    NodeCommand,
+    elastic_options,
+    launch_script,
+    run_options,
+    torchrun_commands,
+)
 from planner.files.cluster_presets import list_cluster_presets
 from planner.files.models import list_model_presets
 from planner.files.plans import plan_cluster
-from planner.schemas import STACKS, DeviceKind, StackName
+from planner.schemas import STACKS, DeviceKind, Plan, StackName
+from planner.schemas.errors import SchemaError
 from planner.schemas.runtime_support import check_buildable, check_runnable
+from planner.schemas.settings import RunSettings
 from planner.views.tables import (
     NO_PLACEMENT,
     comparison_view,
@@ -113,6 +123,22 @@ def launch(
     steps: Annotated[int, typer.Option(min=1, help="Training steps to run.")] = 10,
     report: Annotated[str, typer.Option(help="Where each run writes its report.")] = "report.json",
     output: Annotated[Path | None, typer.Option(help="Write a launch script (bash launch.sh NODE_RANK).")] = None,
+    run_here: Annotated[
+        bool,
+        typer.Option(
+            "--run",
+            help="Run this node's line here (torchrun in this process) instead of printing it: the plan and the "
+            "run's options are checked once before any rank starts, and a rank's error ends the job with one "
+            "line (exit code 2 for a user error, 1 for a crash), not torchrun's traceback.",
+        ),
+    ] = False,
+    node_rank: Annotated[
+        int | None,
+        typer.Option(min=0, help="With --run on a plan of several nodes: which node this is (0 runs the rendezvous)."),
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="A token file (uint16) every rank reads; default: synthetic.")
+    ] = None,
     elastic: Annotated[
         str | None,
         typer.Option(
@@ -124,9 +150,20 @@ def launch(
     ] = None,
     max_restarts: Annotated[int, typer.Option(min=0, help="With --elastic: restarts torchrun allows.")] = 3,
     checkpoint_dir: Annotated[
-        str | None, typer.Option(help="With --elastic: the checkpoint folder every node reads and writes.")
+        str | None, typer.Option(help="The checkpoint folder every rank writes (and --resume or --elastic read).")
     ] = None,
-    checkpoint_every: Annotated[int, typer.Option(min=1, help="With --elastic: steps between checkpoints.")] = 1,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="With --checkpoint-dir: steps between checkpoints [default: 1 with --elastic, else one after "
+            "the last step].",
+            show_default=False,
+        ),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the newest complete checkpoint in --checkpoint-dir, to --steps.")
+    ] = False,
     last_call: Annotated[
         int | None,
         typer.Option(
@@ -137,20 +174,38 @@ def launch(
     ] = None,
     cluster: PlanClusterOpt = None,
 ) -> None:
-    """Print the torchrun command line of every node that runs the plan.
+    """Print the torchrun command line of every node that runs the plan, or run this node's (--run).
 
     With --elastic MIN:MAX the lines are torchrun's elastic form (c10d rendezvous, --max-restarts):
     a restart with fewer nodes re-plans for them and resumes the newest checkpoint, resharded.
 
+    With --run the line runs here, after the checks every rank would make that need no rank (the
+    plan against its profile and this runtime, --resume's checkpoint and --steps, --data); a
+    rank's error then ends the job with one line, and Ctrl-C with exit code 130.
+
+    Example: planner launch plan.json --run --steps 20
+
+    Example: planner launch plan.json --run --node-rank 1 --master-addr 10.0.0.1
+
     Example: planner launch plan.json --master-addr 10.0.0.1 --output launch.sh
+
     Example: planner launch plan.json --elastic 2:4 --max-restarts 3 --checkpoint-dir /shared/ckpt
     """
     check_output("--output", output, "launch.sh")
-    loaded = api.load_plan(plan)
+    loaded, sha256 = api.read_plan(plan)
     plan_cluster(loaded, cluster, required=cluster is not None)  # the profile, where found, must be the plan's
     check_buildable(loaded.model)  # as every rank would
     check_runnable(loaded, cuda=loaded.cluster.device_kind is not DeviceKind.CPU)
-    elastic_launch = elastic_options(elastic, max_restarts, checkpoint_dir, checkpoint_every, last_call)
+    elastic_launch = elastic_options(
+        elastic, max_restarts, checkpoint_dir, 1 if checkpoint_every is None else checkpoint_every, last_call
+    )
+    settings = run_settings(
+        loaded, sha256, plan, steps=steps, report=report, data=data, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every, resume=resume, elastic=elastic_launch is not None,
+    )  # fmt: skip
+    if run_here:
+        check_input("--data", data)
+        master_addr = master_addr or os.environ.get("MASTER_ADDR")
     commands = torchrun_commands(
         loaded,
         str(plan),
@@ -159,14 +214,83 @@ def launch(
         steps=steps,
         report_path=report,
         elastic=elastic_launch,
+        run_options=run_options(settings),
     )
-    reads_master_addr = any(cmd.reads_master_addr for cmd in commands)
+    if run_here:
+        _run_node(settings, commands, node_rank, output)
+    elif output is not None:
+        _write_script(commands, output)
+    else:
+        _print_lines(commands)
+
+
+def run_settings(
+    plan: Plan,
+    sha256: str,
+    plan_file: Path,
+    *,
+    steps: int,
+    report: str,
+    data: Path | None,
+    checkpoint_dir: str | None,
+    checkpoint_every: int | None,
+    resume: bool,
+    elastic: bool,
+) -> RunSettings:
+    """The RunSettings each rank's `planner run` gets from launch's options (its own checks refuse
+    contradicting ones, e.g. --resume without --checkpoint-dir, before any line is printed or run)."""
+    return RunSettings(
+        plan=plan,
+        plan_sha256=sha256,
+        plan_file=plan_file,
+        report_path=Path(report),
+        steps=steps,
+        data=data,
+        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
+        checkpoint_every=checkpoint_every or 0,
+        resume=resume,
+        elastic=elastic,
+    )
+
+
+def _run_node(
+    settings: RunSettings, commands: tuple[NodeCommand, ...], node_rank: int | None, output: Path | None
+) -> None:
+    """Run this node's line here (``api.launch_node``) once what needs no rank is checked; exit
+    with the job's code, its lines on stderr."""
     if output is not None:
-        output.write_text(launch_script(commands))
-        where = " with MASTER_ADDR set to the address of node 0" if reads_master_addr else ""
-        typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes{where}")
-        return
-    if reads_master_addr:
+        raise SchemaError("--run runs the line here and --output writes a script to run elsewhere; give one of them")
+    if len(commands) > 1 and node_rank is None and not settings.elastic:
+        raise SchemaError(
+            f"the plan runs on {len(commands)} nodes: give --node-rank 0..{len(commands) - 1} on each, "
+            "with --master-addr the address of node 0"
+        )
+    node = node_rank or 0
+    if node >= len(commands):
+        raise SchemaError(
+            f"--node-rank {node} is not a node of the plan's {len(commands)}; give 0..{len(commands) - 1}"
+        )
+    if commands[node].reads_master_addr:
+        raise SchemaError(MASTER_ADDR_HINT)
+    api.check_resumable(settings)
+    api.check_devices(settings.plan)
+    outcome = api.launch_node(commands[node])
+    for line in outcome.lines:
+        typer.echo(line, err=True)
+    if outcome.exit_code:
+        raise typer.Exit(outcome.exit_code)
+
+
+def _write_script(commands: tuple[NodeCommand, ...], output: Path) -> None:
+    """Write the launch script and say how to run it."""
+    output.write_text(launch_script(commands))
+    where = " with MASTER_ADDR set to the address of node 0" if any(c.reads_master_addr for c in commands) else ""
+    typer.echo(f"wrote {output}: run `bash {output} NODE_RANK` on each of the {len(commands)} nodes{where}")
+
+
+def _print_lines(commands: tuple[NodeCommand, ...]) -> None:
+    """Print each node's line, after a hint where the lines read MASTER_ADDR from the shell."""
+    if any(cmd.reads_master_addr for cmd in commands):
         typer.echo(f"# {MASTER_ADDR_HINT}; the lines read it from the shell, e.g. export MASTER_ADDR=10.0.0.1")
     for cmd in commands:
         typer.echo(f"{cmd.comment()}\n{cmd.shell()}")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from planner.schemas import DeviceKind, Plan
 from planner.schemas.errors import SchemaError
+from planner.schemas.settings import RunSettings
 
 DEFAULT_PORT = 29500
 MASTER_ADDR_HINT = (
@@ -133,6 +134,21 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
+def run_options(settings: RunSettings) -> tuple[str, ...]:
+    """`planner run`'s options for ``settings``' token file and (unless elastic: ``Elastic``
+    gives those) checkpoints, as each rank's line passes them; their defaults are left out."""
+    options: list[str] = []
+    if settings.data is not None:
+        options += ["--data", str(settings.data)]
+    if settings.checkpoint_dir is not None and not settings.elastic:
+        options += ["--checkpoint-dir", str(settings.checkpoint_dir)]
+        if settings.checkpoint_every:
+            options += ["--checkpoint-every", str(settings.checkpoint_every)]
+    if settings.resume:
+        options.append("--resume")
+    return tuple(options)
+
+
 def torchrun_commands(
     plan: Plan,
     plan_path: str,
@@ -142,17 +158,19 @@ def torchrun_commands(
     steps: int = 10,
     report_path: str = "report.json",
     elastic: Elastic | None = None,
+    run_options: tuple[str, ...] = (),
 ) -> tuple[NodeCommand, ...]:
     """The command for every node of the plan's cluster, node 0 first; without ``master_addr``
     the commands read node 0's address from the shell's MASTER_ADDR (elastic on one node:
-    localhost).
+    localhost). ``run_options`` are further options of each rank's `planner run`
+    (``run_options``: its data and checkpoints).
 
     Raises:
         SchemaError: ``elastic`` asks for more nodes than the plan's cluster has.
     """
     ref = plan.cluster
     ranks = node_ranks(plan)
-    run = ("-m", "planner", "run", plan_path, "--steps", str(steps), "--report", report_path)
+    run = ("-m", "planner", "run", plan_path, "--steps", str(steps), "--report", report_path, *run_options)
     env = (("OMP_NUM_THREADS", "1"),) if plan.cluster.device_kind is DeviceKind.CPU else ()
     if elastic is not None:
         return _elastic_commands(plan, run, env, elastic, master_addr, master_port)

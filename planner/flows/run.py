@@ -50,6 +50,28 @@ def run(settings: RunSettings) -> RunReport | None:
     return run_plan(settings, replan=replan)
 
 
+def check_resumable(settings: RunSettings) -> None:
+    """Refuse, before any rank starts, a run whose ``--resume`` every rank would refuse: no
+    complete checkpoint in ``settings.checkpoint_dir``, one of another model or global batch, or
+    one that has done ``settings.steps`` already (``planner launch --run`` checks it once, the
+    ranks check it again).
+
+    Raises:
+        MissingExtraError: torch is not installed.
+        SchemaError: no complete checkpoint there.
+        InfeasibleConfigError: the checkpoint is another model's or global batch's, or has no
+            steps left to run.
+    """
+    if not settings.resume:
+        return
+    require_torch("planner launch --run --resume")  # the runtime package imports torch
+    from runtime.checkpoint_meta import check_loadable, check_steps_left
+
+    assert settings.checkpoint_dir is not None  # RunSettings refuses --resume without it
+    meta = check_loadable(settings.checkpoint_dir, settings.plan.model, settings.plan.training.global_batch_size)
+    check_steps_left(int(meta["step"]), settings.steps)
+
+
 def dry_run(
     plan: Plan | str | Path, rank: int = 0, *, optimizer: OptimizerName = OptimizerName.ADAMW
 ) -> "DryRunResult":
