@@ -221,7 +221,6 @@ def _train_or_diagnose(
             raise  # a bug: it keeps its traceback
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher stopping us now must not cut the diagnosis
         failure = heartbeat.diagnose(e, "training")
-        logger.error("rank %d: %s", rank, failure)
         raise JobFailed(failure) from None
 
 

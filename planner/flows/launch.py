@@ -31,6 +31,12 @@ def check_devices(plan: Plan) -> None:
     """Refuse a plan for CUDA devices on a node without as many as the plan gives it: every rank
     would refuse it after starting (``runtime.run.check_world``).
 
+    Args:
+        plan: the plan launch --run is about to run on this node.
+
+    Returns:
+        Nothing: the node has the devices (or the plan runs on CPU ranks).
+
     Raises:
         MissingExtraError: torch is not installed.
         InfeasibleConfigError: naming the devices the plan needs and those the node has.
@@ -74,6 +80,9 @@ def _quiet_launcher(env: dict[str, str]) -> Iterator[None]:
 
 def launch_node(command: NodeCommand) -> NodeOutcome:
     """Run ``command`` (a line of ``torchrun_commands``) through torch's launcher in this process.
+
+    Args:
+        command: this node's line, as ``planner launch`` prints it.
 
     Returns:
         Exit code 0 when every rank finished; 2 and the ranks' user error once when each failed

@@ -56,6 +56,13 @@ def check_resumable(settings: RunSettings) -> None:
     one that has done ``settings.steps`` already (``planner launch --run`` checks it once, the
     ranks check it again).
 
+    Args:
+        settings: the run's settings (only ``resume``, ``checkpoint_dir`` and ``steps`` are read,
+            with the plan's model and global batch).
+
+    Returns:
+        Nothing: the run starts afresh, or its checkpoint can be resumed.
+
     Raises:
         MissingExtraError: torch is not installed.
         SchemaError: no complete checkpoint there.
