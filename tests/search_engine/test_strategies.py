@@ -2,6 +2,9 @@
 against the exhaustive optimum, resumable Optuna studies, and infeasible searches explained."""
 
 import itertools
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import optuna
@@ -110,9 +113,50 @@ def test_split_costs_are_affine_in_the_layer_count() -> None:
         assert est.stages[s].memory.total_bytes == pytest.approx(predicted, rel=1e-9)
 
 
+QUALITY_SEEDS = range(5)
+QUALITY_LANDSCAPES = {"fp32-sums": None, "bf16-sums": DType.BF16}
+"""The Optuna quality test's seeds, and its landscapes: gradients summed in fp32 (the default
+under bf16) and in bf16."""
+
+
+def _quality_step_time_s(landscape: str, seed: int | None) -> float:
+    """The fastest step time found on llama3-70b over 64 A100s with gradients summed as
+    ``landscape`` says: by the exhaustive search (``seed`` None), or by Optuna in 400 trials."""
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-a100-80g:8")
+    training = TrainingSpec(
+        global_batch_size=256,
+        seq_len=4096,
+        grad_reduce_dtype=QUALITY_LANDSCAPES[landscape],
+        pipeline_buffers=PipelineBuffers.PER_TRANSFER,
+    )
+    space = SearchSpace(model=model, training=training, world_size=64, devices_per_node=8)
+    evaluate = Evaluator(model, training, cluster)
+    if seed is None:
+        return ExhaustiveSearch().search(space, evaluate, Budget(), seed=0).feasible[0].estimate.step_time_s
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return OptunaSearch().search(space, evaluate, Budget(max_trials=400), seed=seed).feasible[0].estimate.step_time_s
+
+
+@pytest.fixture(scope="module")
+def optuna_quality_ratios() -> dict[str, list[float]]:
+    """Per landscape, the 5 seeds' best step times over the exhaustive optimum, sorted. The 12
+    searches (each seconds of one core, mostly Optuna's sampler) run in a pool of one process per
+    core, longest first: the two landscapes took 50 s each one after the other on a 2-core machine."""
+    jobs: list[tuple[str, int | None]] = [(name, seed) for seed in QUALITY_SEEDS for name in QUALITY_LANDSCAPES]
+    jobs += [(name, None) for name in QUALITY_LANDSCAPES]
+    workers = min(len(jobs), len(os.sched_getaffinity(0)))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        times = dict(zip(jobs, pool.map(_quality_step_time_s, *zip(*jobs, strict=True)), strict=True))
+    return {
+        name: sorted(times[name, seed] / times[name, None] for seed in QUALITY_SEEDS) for name in QUALITY_LANDSCAPES
+    }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("grad_reduce_dtype", [None, DType.BF16], ids=["fp32-sums", "bf16-sums"])
-def test_optuna_reaches_2_percent_of_the_exhaustive_optimum_in_400_trials(grad_reduce_dtype: DType | None) -> None:
+@pytest.mark.parametrize("landscape", list(QUALITY_LANDSCAPES))
+def test_optuna_reaches_2_percent_of_the_exhaustive_optimum_in_400_trials(
+    landscape: str, optuna_quality_ratios: dict[str, list[float]]
+) -> None:
     # A mid-size case: llama3-70b on 64 A100s, 24,516 candidates, 15 of them within 2% of the
     # optimum (dp8 tp4 pp2 zero1 interleaved). The sampler is random. Seeds 0-4 reach 1.0, 1.0, 1.0,
     # 1.0259 and 1.0 of the optimum with gradients summed in fp32 (the default under bf16), 1.0,
@@ -121,24 +165,7 @@ def test_optuna_reaches_2_percent_of_the_exhaustive_optimum_in_400_trials(grad_r
     # (bf16). Over seeds 0-19 (fp32) the mean is 1.0099 (was 1.0236) and 14 come within 2% (were
     # 8): the median seed must come within 2% and none beyond 6%. Those figures are of pipelines
     # receiving per transfer (with torch's buffers kept per micro-batch, bf16, the worst seed reached 1.067).
-    model, cluster = load_model("llama3-70b"), load_cluster("dgx-a100-80g:8")
-    training = TrainingSpec(
-        global_batch_size=256,
-        seq_len=4096,
-        grad_reduce_dtype=grad_reduce_dtype,
-        pipeline_buffers=PipelineBuffers.PER_TRANSFER,
-    )
-    space = SearchSpace(model=model, training=training, world_size=64, devices_per_node=8)
-    exact = ExhaustiveSearch().search(space, Evaluator(model, training, cluster), Budget(), seed=0)
-    optimum_s = exact.feasible[0].estimate.step_time_s
-    ratios = sorted(
-        OptunaSearch()
-        .search(space, Evaluator(model, training, cluster), Budget(max_trials=400), seed=seed)
-        .feasible[0]
-        .estimate.step_time_s
-        / optimum_s
-        for seed in range(5)
-    )
+    ratios = optuna_quality_ratios[landscape]
     assert ratios[2] <= 1.02, ratios
     assert ratios[-1] <= 1.06, ratios
 
