@@ -173,11 +173,6 @@ def _check_sqlite_file(option: str, url: "URL") -> None:
         engine.dispose()
 
 
-def finite(value: float | None) -> float | None:
-    """Callback of the unbounded float options: NaN and infinity are refused."""
-    return in_range()(value)
-
-
 def in_range(minimum: float | None = None, maximum: float | None = None) -> Callable[[float | None], float | None]:
     """Callback of a float option: refuse NaN and infinity by name, then a value outside
     [``minimum``, ``maximum``]. Used in place of typer's ``min``/``max``, whose check refuses NaN as
