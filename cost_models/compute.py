@@ -36,6 +36,10 @@ class Gemm:
     n: int
     k: int
     batch: int = 1
+    linear: bool = True
+    """Whether it is a linear layer's GEMM, which an FP8 recipe runs in FP8 (``cost_models.fp8``);
+    False for the GEMMs every recipe keeps in the high precision (an MoE router, a shared
+    expert's gate)."""
 
     @property
     def flop(self) -> float:

@@ -210,7 +210,7 @@ def _mlp_work(
     if sparse:
         k, f, etp = model.num_experts_per_tok, model.expert_ffn_size, layout.expert_tensor_degree
         routing = seq_tokens if layout.folds_experts else tokens  # folded: each rank routes its own share
-        mlp = [Gemm(routing, model.num_local_experts, h), *expert_gemms(model, training, layout)]
+        mlp = [Gemm(routing, model.num_local_experts, h, linear=False), *expert_gemms(model, training, layout)]
         routed_tokens = routing * k
         act = routed_act = kernels.activation(gated, routed_tokens * (f // etp), e, kinds)
         shared = model.shared_ffn_size
@@ -218,7 +218,7 @@ def _mlp_work(
             mlp += [Gemm(tokens, in_factor * shared // t, h), Gemm(tokens, h, shared // t)]
             act += kernels.activation(gated, tokens * (shared // t), e, kinds)
         if model.has_shared_expert_gate:
-            mlp.append(Gemm(tokens, 1, h))
+            mlp.append(Gemm(tokens, 1, h, linear=False))
         permute = kernels.Traffic(2.0 * 2 * routed_tokens * h * e, 2)
     else:
         f = model.ffn_size

@@ -7,6 +7,7 @@ fit is not checked here: the Estimate says whether the layout fits.
 from planner.schemas import (
     ClusterProfile,
     ContextParallelKind,
+    DType,
     Layout,
     ModelSpec,
     Schedule,
@@ -18,8 +19,31 @@ from planner.schemas.geometry import chunk_layers, pipeline_schedules
 from planner.schemas.layout import check_experts
 
 
+def check_precision(training: TrainingSpec, cluster: ClusterProfile) -> None:
+    """Raise SchemaError unless every device of ``cluster`` computes in the precision ``training``'s
+    GEMMs need: an FP8 recipe needs FP8 tensor cores (a device with an fp8 peak: Hopper, Ada,
+    Blackwell), MXFP8 block-scaled ones (an mxfp8 peak: Blackwell only)."""
+    wanted = training.precision.linear_gemms
+    if training.fp8 is None:
+        return
+    for device in cluster.devices:
+        if wanted not in device.peak_flop_per_s:
+            cores = "block-scaled (MX) FP8 tensor cores (Blackwell)" if wanted is DType.MXFP8 else "FP8 tensor cores"
+            fix = (
+                "give a per-tensor recipe instead (tensorwise, or delayed/blockwise on a Transformer Engine stack)"
+                if wanted is DType.MXFP8
+                else "train in bf16 on it (drop --fp8)"
+            )
+            raise SchemaError(
+                f"fp8 recipe {training.fp8.value!r} needs {cores}, which device {device.name!r} of cluster "
+                f"{cluster.name!r} lacks (it has no {wanted} peak); {fix}"
+            )
+
+
 def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> None:
-    """Raise InfeasibleConfigError if ``layout`` cannot run ``model`` on ``cluster``."""
+    """Raise InfeasibleConfigError if ``layout`` cannot run ``model`` on ``cluster``; SchemaError
+    if ``cluster`` cannot compute in ``training``'s precision (``check_precision``)."""
+    check_precision(training, cluster)
     d, t, p = layout.data_parallel_degree, layout.tensor_parallel_degree, layout.pipeline_parallel_degree
     if model.num_attention_heads % t:
         raise InfeasibleConfigError(

@@ -16,11 +16,14 @@ from planner.cli.options import (
     AttentionOpt,
     ClusterOpt,
     DTypeOpt,
+    Fp8Opt,
+    Fp8ParamGatherOpt,
     GlobalBatchOpt,
     KernelsOpt,
     ModelOpt,
     SeqLenOpt,
     StackOpt,
+    TrainDType,
     output_console,
     progress_bar,
     say_error,
@@ -42,7 +45,7 @@ def profile(
     model: Annotated[str | None, typer.Option("--model", "-m", help="Also time this model's own GEMM shapes.")] = None,
     seq_len: Annotated[int, typer.Option(min=1, help="Sequence length of the model's shapes.")] = 512,
     dtype: Annotated[
-        DType | None,
+        TrainDType | None,
         typer.Option(
             help="Time GEMMs and the model's layers in this precision only, the one you will train in "
             "(half the time; plans in another precision are then refused) [default: fp32 and bf16]."
@@ -80,7 +83,7 @@ def profile(
         inject_fault=parse_fault(inject_fault),
     )
     if dtype is not None:
-        settings = replace(settings, gemm_dtypes=(dtype,))
+        settings = replace(settings, gemm_dtypes=(DType(dtype),))
     if (micro_batches := parse_micro_batches(layer_micro_batches)) is not None:
         settings = replace(settings, layer_micro_batches=micro_batches)
     if layer_repeats is not None:
@@ -268,7 +271,9 @@ def tune(
     cluster: ClusterOpt = None,
     global_batch_size: GlobalBatchOpt = None,
     seq_len: SeqLenOpt = None,
-    dtype: DTypeOpt = DType.BF16,
+    dtype: DTypeOpt = TrainDType.BF16,
+    fp8: Fp8Opt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
     kernels: KernelsOpt = None,

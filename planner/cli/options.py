@@ -37,6 +37,7 @@ from planner.schemas import (
 from planner.schemas.bounds import MAX_DEVICES
 from planner.schemas.choices import RecomputeChoice
 from planner.schemas.errors import PlannerError, SchemaError
+from planner.schemas.fp8 import Fp8Recipe
 from planner.schemas.stacks import StackName
 from planner.schemas.training import training_from
 from planner.search_engine.strategy import Progress as ProgressCallback
@@ -61,7 +62,34 @@ ClusterOpt = Annotated[
 
 GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Sequences per optimizer step.")]
 SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Tokens per sequence.")]
-DTypeOpt = Annotated[DType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
+
+
+class TrainDType(StrEnum):
+    """The precisions a run trains in (``--dtype``; ``schemas.enums.TRAINING_DTYPES``): FP8 is a
+    recipe over one of them (``--fp8``)."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+DTypeOpt = Annotated[TrainDType, typer.Option(help="bf16/fp16 mean mixed-precision Adam.")]
+FP8_HELP = (
+    "Run the transformer layers' linear GEMMs under this FP8 recipe, over --dtype bf16 (attention, norms, "
+    "embeddings, output layer, router, loss and optimizer stay bf16): delayed, tensorwise and blockwise with "
+    "Transformer Engine (megatron-lm, megatron-bridge, llm-foundry: delayed only); tensorwise, rowwise and "
+    "rowwise-gw-hp with torchao (torchtitan, nemo-automodel); mxfp8 on Blackwell only. Needs a --stack that "
+    "offers it (planner stacks) [default: none, every GEMM in --dtype]"
+)
+Fp8Opt = Annotated[Fp8Recipe | None, typer.Option(help=FP8_HELP + ".")]
+Fp8ParamGatherOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--fp8-param-gather/--no-fp8-param-gather",
+        help="With --fp8: all-gather sharded weights in FP8 and hold them so (Megatron-LM's --fp8-param-gather, "
+        "torchao's FSDP float8 all-gather): per-tensor and blockwise recipes only [default: off].",
+    ),
+]
 ATTENTION_HELP = (
     "Attention kernel: flash (FlashAttention-2, PyTorch's SDPA), cudnn (cuDNN's fused attention, Transformer "
     "Engine's default on Hopper; priced at the cluster's cuDNN figures where it has them, else at flash's), or "
@@ -152,7 +180,7 @@ VocabularyOverlapOpt = Annotated[
 ]
 
 GradReduceOpt = Annotated[
-    DType | None,
+    TrainDType | None,
     typer.Option(
         help="Precision data-parallel ranks sum gradients in: fp32 (Megatron-LM under bf16, torchtitan's FSDP, this "
         "planner's runtime) or the training precision (Megatron-LM's --grad-reduce-in-bf16) [default: the stack's].",
@@ -209,6 +237,8 @@ TRAINING_OPTIONS = {
     "vocabulary_overlap": "vocabulary_overlap",
     "grad_reduce_dtype": "grad_reduce_dtype",
     "moe_dispatcher": "moe_dispatcher",
+    "fp8": "fp8",
+    "fp8_param_gather": "fp8_param_gather",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""
 LAYOUT_OPTIONS = {
@@ -239,7 +269,11 @@ has one (tests/planner/test_estimate_every_field.py prices every plan a search r
 
 def training_fields(options: Mapping[str, Any]) -> dict[str, Any]:
     """The TrainingSpec fields of the options given (by parameter name; None or absent: not given)."""
-    return {field: options[name] for name, field in TRAINING_OPTIONS.items() if options.get(name) is not None}
+    fields = {field: options[name] for name, field in TRAINING_OPTIONS.items() if options.get(name) is not None}
+    for name in ("dtype", "grad_reduce_dtype"):  # the options' TrainDType as the spec's DType
+        if name in fields:
+            fields[name] = DType(fields[name])
+    return fields
 
 
 def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from planner.cli.options import (
     ClusterOpt,
     DispatcherOpt,
     DTypeOpt,
+    Fp8Opt,
+    Fp8ParamGatherOpt,
     GlobalBatchOpt,
     GradReduceOpt,
     IntRangeOpt,
@@ -41,6 +43,7 @@ from planner.cli.options import (
     SeqLenOpt,
     StackOpt,
     TpOverlapOpt,
+    TrainDType,
     VocabularyOverlapOpt,
     constraint_fields,
     layout_fields,
@@ -52,7 +55,6 @@ from planner.cli.options import (
 )
 from planner.schemas import (
     ContextParallelKind,
-    DType,
     Plan,
     Recompute,
     Schedule,
@@ -142,7 +144,11 @@ def estimate(
     expert_placement: ExpertPlacementOpt = None,
     device_map: DeviceMapOpt = None,
     routing_trace: RoutingTraceOpt = None,
-    dtype: Annotated[DType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")] = None,
+    dtype: Annotated[
+        TrainDType | None, typer.Option(help="bf16/fp16 mean mixed-precision Adam [default: bf16].")
+    ] = None,
+    fp8: Fp8Opt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
     kernels: KernelsOpt = None,
@@ -191,7 +197,9 @@ def search(
     cluster: ClusterOpt = None,
     global_batch_size: GlobalBatchOpt = None,
     seq_len: SeqLenOpt = None,
-    dtype: DTypeOpt = DType.BF16,
+    dtype: DTypeOpt = TrainDType.BF16,
+    fp8: Fp8Opt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
     kernels: KernelsOpt = None,

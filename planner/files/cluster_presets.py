@@ -134,7 +134,8 @@ def _cluster_fields(
         peak_flop_per_s = {DType(str(dtype)): reader.figure(peaks, str(dtype)) for dtype in peaks}
         bf16_peak = peak_flop_per_s[DType.BF16]
     except (ValueError, KeyError) as e:
-        raise SchemaError(f"{where}: peak_flop_per_s needs bf16 and only bf16/fp16/fp32 keys ({e})") from e
+        keys = "/".join(DType)
+        raise SchemaError(f"{where}: peak_flop_per_s needs bf16 and only {keys} keys ({e})") from e
     try:
         kind = DeviceKind(str(device.get("kind")))
     except ValueError as e:
@@ -162,6 +163,7 @@ def _cluster_fields(
                 tile_n=reader.count(matmul, "tile_n"),
                 launch_overhead_s=reader.figure(matmul, "launch_overhead_s"),
                 k_overhead=k_overhead,
+                peak_fraction_by_dtype=_measured_fractions(matmul, reader, peak_flop_per_s, k_overhead, sustained),
             ),
             op_records=_attention_records(device.get("attention", []), reader, sustained),
         ),
@@ -183,6 +185,26 @@ def _cluster_fields(
             sources=tuple(f"{s.get('id')}: {' '.join(str(s.get('ref')).split())}" for s in sources),
         ),
     }
+
+
+def _measured_fractions(
+    matmul: Mapping[str, object],
+    reader: _PresetReader,
+    peaks: Mapping[DType, float],
+    k_overhead: float,
+    sustained: float,
+) -> dict[DType, float]:
+    """The GEMM peak fraction of each precision beside bf16 that the preset gives its own best
+    measured rate for (``best_measured_<dtype>_flop_per_s`` at ``best_measured_<dtype>_shape_k``:
+    the FP8 and MXFP8 rates, which differ from bf16's share of its peak), derated as bf16's is."""
+    fractions = {}
+    for dtype, peak in peaks.items():
+        key = f"best_measured_{dtype}_flop_per_s"
+        if dtype is DType.BF16 or key not in matmul:
+            continue
+        shape_k = reader.figure(matmul, f"best_measured_{dtype}_shape_k") if k_overhead else 1.0
+        fractions[dtype] = min(1.0, reader.figure(matmul, key) * (1.0 + k_overhead / shape_k) * sustained / peak)
+    return fractions
 
 
 _NO_LINK = "-"

@@ -291,7 +291,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[10] = 10
+    schema_version: Literal[11] = 11
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -457,9 +457,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 10
+CLUSTER_SCHEMA_VERSION = 11
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 """The versions ``upgrade`` reads."""
 
 
@@ -486,13 +486,15 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     Version 9 -> 10: nothing to change; a version-9 profile has one GEMM efficiency for every
     precision (no ``peak_fraction_by_dtype``), no measured workspace and no ``not_measured``, which
     version 10 reads as it did.
+    Version 10 -> 11: nothing to change; a version-10 profile holds no fp8 or mxfp8 peak (no FP8
+    tensor cores as far as it says), which version 11 reads as it did.
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3, 4, 5, 6, 7, 8, 9):
-        return {**raw, "schema_version": 10}
+    if version in (2, 3, 4, 5, 6, 7, 8, 9, 10):
+        return {**raw, "schema_version": 11}
     if version != 1:
         return dict(raw)
     device = raw.get("device")

@@ -4,16 +4,32 @@ from enum import IntEnum, StrEnum
 
 
 class DType(StrEnum):
-    """Training precision of weights and activations."""
+    """A precision tensors are stored, computed or sent in. A run trains in bf16, fp16 or fp32
+    (``TRAINING_DTYPES``); fp8 and mxfp8 are what an FP8 recipe's linear GEMMs compute in and its
+    FP8 all-gathers send (``TrainingSpec.fp8``), and the keys of a device's FP8 peaks."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
+    FP8 = "fp8"
+    """E4M3/E5M2 with a scale per tensor, row or 128-block: Hopper's and Blackwell's FP8 tensor cores."""
+    MXFP8 = "mxfp8"
+    """E4M3 in 1x32 blocks with E8M0 scales: Blackwell's block-scaled (MX) tensor cores."""
 
     @property
     def bytes(self) -> int:
-        """Bytes of one element."""
-        return 4 if self is DType.FP32 else 2
+        """Bytes of one element (an MX block's one-byte scale per 32 elements aside)."""
+        return {DType.FP32: 4, DType.FP8: 1, DType.MXFP8: 1}.get(self, 2)
+
+    @property
+    def trains(self) -> bool:
+        """Whether a run can train in this precision (``--dtype``): fp8 and mxfp8 are recipes'
+        GEMM precisions, given with ``--fp8``."""
+        return self in TRAINING_DTYPES
+
+
+TRAINING_DTYPES = (DType.BF16, DType.FP16, DType.FP32)
+"""The precisions a run trains in (``TrainingSpec.dtype``)."""
 
 
 class Activation(StrEnum):

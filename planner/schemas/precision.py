@@ -15,6 +15,7 @@ from typing import Final
 
 from planner.schemas.enums import DType
 from planner.schemas.errors import SchemaError
+from planner.schemas.fp8 import Fp8Devices, RecipeRun
 
 ADAM_MOMENTS: Final = 2
 """Optimizer states a parameter has under Adam: its first and second moments."""
@@ -43,7 +44,14 @@ class Precision:
     elementwise kernels' inputs and outputs."""
     gemm_inputs: DType
     """What the GEMMs (projections, MLP, experts, output layer) compute in: it picks the device's
-    peak FLOP/s and the measured GEMM records that price them."""
+    peak FLOP/s and the measured GEMM records that price them. Under an FP8 recipe, what the GEMMs
+    it leaves out compute in (the output layer; a linear layer too small for it: ``linear_gemms``)."""
+    linear_gemms: DType
+    """What the transformer layers' linear GEMMs (projections, MLP, shared and routed experts)
+    compute in: ``gemm_inputs``, or fp8/mxfp8 under an FP8 recipe (``fp8``)."""
+    fp8: RecipeRun | None
+    """The FP8 recipe the linear layers run, as the stack's library runs it (which GEMMs, the
+    quantization passes, the weight copies and saved inputs it keeps); None: no FP8."""
     attention: DType
     """What the attention core (scores, softmax, their product with the values) computes in: it
     picks the fused kernel's records and the rate of the attention GEMMs. A role apart from
@@ -70,9 +78,10 @@ class Precision:
         master weights and optimizer states, gradients summed in fp32" (a run report's precision):
         the runtime holds the weights in ``weights`` and computes in them, with no autocast."""
         master = f", {self.master_weights} master weights and" if self.master_weights else " and"
+        fp8 = "" if self.fp8 is None else f", linear layers in FP8 ({self.fp8.recipe}, {self.fp8.library})"
         return (
             f"{self.weights} weights and compute{master} {self.optimizer_states} optimizer states, "
-            f"gradients summed in {self.gradient_reduce}"
+            f"gradients summed in {self.gradient_reduce}{fp8}"
         )
 
     @property
@@ -93,16 +102,25 @@ class Precision:
 
 
 @functools.cache
-def precision_of(dtype: DType, grad_reduce: DType | None = None) -> Precision:
+def precision_of(
+    dtype: DType, grad_reduce: DType | None = None, fp8: RecipeRun | None = None, *, param_gather: bool = False
+) -> Precision:
     """The precision of a run trained in ``dtype`` (``TrainingSpec.dtype``), its gradients summed
-    across data-parallel ranks in ``grad_reduce`` (``TrainingSpec.grad_reduce_dtype``).
+    across data-parallel ranks in ``grad_reduce`` (``TrainingSpec.grad_reduce_dtype``), its linear
+    layers run under the FP8 recipe ``fp8`` (``Stack.fp8_run``), their weights gathered in FP8
+    where ``param_gather`` (``TrainingSpec.fp8_param_gather``; the caller has checked the recipe
+    does it: ``fp8.check_param_gather``).
 
     bf16 and fp16 are mixed precision: weights, gradients, activations, GEMMs, attention, gathers
     and activation transfers in ``dtype``; fp32 master weights, Adam moments and gradient
     accumulators. fp32 has no master copy. Gradients are summed in ``grad_reduce``, else in fp32
     under bf16 (Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` under bf16;
     torchtitan's FSDP reduces in fp32) and in ``dtype`` otherwise (Megatron-LM's default under
-    fp16). Cached: one object per pair, so that memos keyed on it hit.
+    fp16). Under ``fp8`` the linear GEMMs compute in fp8 (mxfp8 for a recipe on MX tensor cores)
+    and every other role is as without it (the recipes keep weights, gradients, optimizer and
+    activations in the high precision: ``fp8`` module docstring); with ``param_gather`` the
+    weights are all-gathered in FP8. Cached: one object per argument tuple, so that memos keyed
+    on it hit.
 
     Raises:
         SchemaError: ``grad_reduce`` is neither fp32 nor ``dtype``.
@@ -121,8 +139,10 @@ def precision_of(dtype: DType, grad_reduce: DType | None = None) -> Precision:
         gradient_accumulation=DType.FP32,
         activations=dtype,
         gemm_inputs=dtype,
+        linear_gemms=dtype if fp8 is None else DType.MXFP8 if fp8.devices is Fp8Devices.MXFP8 else DType.FP8,
+        fp8=fp8,
         attention=dtype,
         gradient_reduce=default_reduce if grad_reduce is None else grad_reduce,
-        parameter_gather=dtype,
+        parameter_gather=DType.FP8 if fp8 is not None and param_gather else dtype,
         activation_communication=dtype,
     )

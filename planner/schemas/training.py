@@ -9,6 +9,7 @@ from planner.schemas._base import FrozenModel
 from planner.schemas.bounds import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_at_most
 from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer, PipelineBuffers
 from planner.schemas.errors import SchemaError
+from planner.schemas.fp8 import Fp8Recipe, check_param_gather
 from planner.schemas.precision import Precision, precision_of
 from planner.schemas.stacks import BEHAVIOURS, DEFAULT_STACK, StackName, stack_named
 
@@ -21,6 +22,21 @@ class TrainingSpec(FrozenModel):
     global_batch_size: int = Field(ge=1, description="Sequences per optimizer step (B).")
     seq_len: int = Field(ge=1, description="Tokens per sequence (s).")
     dtype: DType = Field(default=DType.BF16, description="bf16/fp16 mean mixed precision with fp32 master weights.")
+    fp8: Fp8Recipe | None = Field(
+        default=None,
+        description=(
+            "The FP8 recipe the transformer layers' linear GEMMs run (``fp8.Fp8Recipe``), through the stack's FP8 "
+            "library (``Stack.fp8_library``); attention, norms, embeddings, the output layer, the router, the loss "
+            "and the optimizer stay in ``dtype``. None: every GEMM in ``dtype``."
+        ),
+    )
+    fp8_param_gather: bool = Field(
+        default=False,
+        description=(
+            "With ``fp8``: sharded weights are all-gathered in FP8 and held in FP8 (Megatron-LM's "
+            "--fp8-param-gather, torchao's enable_fsdp_float8_all_gather), for the recipes whose library does it."
+        ),
+    )
     optimizer: Optimizer = Field(default=Optimizer.ADAM)
     stack: StackName = Field(
         default=DEFAULT_STACK,
@@ -145,14 +161,40 @@ class TrainingSpec(FrozenModel):
             raise SchemaError(
                 "moe_pad_to_capacity needs a moe_capacity_factor (e.g. 1.25); give one or drop the padding"
             )
-        precision_of(self.dtype, self.grad_reduce_dtype)  # raises where grad_reduce_dtype is neither fp32 nor dtype
+        self._check_fp8()
+        self.precision  # raises where grad_reduce_dtype is neither fp32 nor dtype  # noqa: B018
         return self
+
+    def _check_fp8(self) -> None:
+        """Refuse a training precision no run trains in, and an FP8 recipe over fp32, under a stack
+        that lacks it, or with an FP8 parameter gather its library cannot do."""
+        if not self.dtype.trains:
+            raise SchemaError(
+                f"dtype={self.dtype.value!r}: runs train in bf16, fp16 or fp32, with FP8 as a recipe over bf16; "
+                "give --dtype bf16 --fp8 tensorwise (or another recipe: planner stacks lists each stack's)"
+            )
+        if self.fp8 is None:
+            if self.fp8_param_gather:
+                raise SchemaError(
+                    "--fp8-param-gather gathers the weights of an FP8 recipe, but no --fp8 recipe is given; "
+                    "give --fp8 RECIPE or drop --fp8-param-gather"
+                )
+            return
+        if self.dtype is DType.FP32:
+            raise SchemaError(
+                f"fp8 recipe {self.fp8.value!r} with dtype='fp32': FP8 recipes run over bf16 or fp16 mixed "
+                "precision, keeping the weights' copy and every other op in it; give --dtype bf16"
+            )
+        run = stack_named(self.stack).fp8_run(self.fp8)  # raises where the stack lacks the recipe
+        if self.fp8_param_gather:
+            check_param_gather(run, where=str(self.stack))
 
     @property
     def precision(self) -> Precision:
         """What each role is stored, computed and communicated in (``precision.precision_of``):
-        derived from ``dtype`` and ``grad_reduce_dtype``, not stored."""
-        return precision_of(self.dtype, self.grad_reduce_dtype)
+        derived from ``dtype``, ``grad_reduce_dtype``, ``fp8`` and ``fp8_param_gather``, not stored."""
+        run = None if self.fp8 is None else stack_named(self.stack).fp8_run(self.fp8)
+        return precision_of(self.dtype, self.grad_reduce_dtype, run, param_gather=self.fp8_param_gather)
 
     @property
     def reduce_dtype(self) -> DType:

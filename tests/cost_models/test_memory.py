@@ -42,6 +42,7 @@ from planner.schemas import (
     ZeroStage,
     precision_of,
 )
+from planner.schemas.enums import TRAINING_DTYPES
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 
 GB = 1e9
@@ -471,7 +472,7 @@ def _cases(draw: st.DrawFn) -> tuple[ModelSpec, TrainingSpec, Layout]:
     training = TrainingSpec(
         global_batch_size=d * layout.micro_batch_size * micro_batches,
         seq_len=t * draw(st.integers(1, 512)),
-        dtype=draw(st.sampled_from(list(DType))),
+        dtype=draw(st.sampled_from(TRAINING_DTYPES)),
         attention_kernel=draw(st.sampled_from(list(AttentionKernel))),
     )
     return model, training, layout

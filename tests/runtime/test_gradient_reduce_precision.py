@@ -38,7 +38,7 @@ def test_a_version_7_plan_sums_in_its_training_precision_as_it_was_priced() -> N
     upgraded = upgrade(raw)
     # and on to the current version: a vocabulary split, the pipeline's receive buffers and every other
     # behaviour as they were priced before stacks
-    assert upgraded["schema_version"] == 13
+    assert upgraded["schema_version"] == 14
     expected = {
         **VERSION_12_BEHAVIOURS,
         **raw["training"],  # type: ignore[dict-item]

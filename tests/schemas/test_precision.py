@@ -6,10 +6,11 @@ import dataclasses
 import pytest
 
 from planner.schemas import DType, Precision, TrainingSpec, precision_of
+from planner.schemas.enums import TRAINING_DTYPES
 from planner.schemas.errors import SchemaError
 from planner.schemas.training import default_reduce_dtype
 
-REDUCE_CHOICES = [(dtype, reduce) for dtype in DType for reduce in dict.fromkeys((None, DType.FP32, dtype))]
+REDUCE_CHOICES = [(dtype, reduce) for dtype in TRAINING_DTYPES for reduce in dict.fromkeys((None, DType.FP32, dtype))]
 """Every (dtype, grad_reduce_dtype) a TrainingSpec accepts."""
 
 
@@ -42,7 +43,9 @@ def test_fp16_sums_gradients_in_fp16_by_default() -> None:
 def test_fp32_has_no_master_copy() -> None:
     p = precision_of(DType.FP32)
     assert p.master_weights is None and not p.mixed
-    assert all(getattr(p, f.name) is DType.FP32 for f in dataclasses.fields(p) if f.name != "master_weights")
+    assert all(
+        getattr(p, f.name) is DType.FP32 for f in dataclasses.fields(p) if f.name not in ("master_weights", "fp8")
+    )
     # two 4-byte moments; 4 weights + 4 gradients (ZeRO paper's fp32 K = 8)
     assert (p.master_weight_bytes_per_param, p.optimizer_bytes_per_param, p.model_state_bytes_per_param) == (0, 8, 16)
 
