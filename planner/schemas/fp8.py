@@ -215,3 +215,32 @@ def check_param_gather(run: RecipeRun, *, where: str) -> None:
             f"--fp8-param-gather with fp8 recipe {run.recipe.value!r}: {where}'s {run.library.value} all-gathers "
             f"its weights in bf16 under it; drop --fp8-param-gather, or use {gathering}"
         )
+
+
+FP8_ALIGNMENT = 16
+"""Every dimension of a linear layer an FP8 recipe converts is a multiple of this: torchao's
+Float8Linear asserts it, cuBLAS's FP8 GEMMs need it (references-fp8 §4, §5)."""
+_BLOCK = MappingProxyType({Fp8Recipe.BLOCKWISE: 128, Fp8Recipe.MXFP8: 32})
+"""The block a recipe scales over, which each dimension must fill (TE's blockwise and MXFP8 docs)."""
+
+
+def converts(run: RecipeRun, in_features: int, out_features: int) -> bool:
+    """Whether the library runs a linear layer of weight (``out_features`` x ``in_features``) in
+    FP8 under ``run``: its dimensions aligned (``FP8_ALIGNMENT``, the recipe's block), and for
+    torchao, not one of the small shapes its ``auto_filter_small_kn`` keeps in bf16 because FP8
+    gains nothing there (torchao float8/float8_linear_utils.py, thresholds measured on an H100,
+    with N = out_features and K = in_features: tensorwise skips K <= 4096 and N <= 1024; rowwise
+    skips N <= 2048, K <= 1024, or N <= 4096 and K <= 2048). The planner's runtime and the
+    torchtitan export apply the filter, so the cost model prices what they run. Transformer
+    Engine converts every aligned layer."""
+    align = max(FP8_ALIGNMENT, _BLOCK.get(run.recipe, 1))
+    if in_features % align or out_features % align:
+        return False
+    if run.library is not Fp8Library.TORCHAO:
+        return True
+    n, k = out_features, in_features
+    if run.recipe is Fp8Recipe.TENSORWISE:
+        return not (k <= 4096 and n <= 1024)
+    if run.recipe in (Fp8Recipe.ROWWISE, Fp8Recipe.ROWWISE_GW_HP):
+        return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+    return True

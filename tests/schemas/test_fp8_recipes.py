@@ -7,7 +7,7 @@ from harness import planner_main
 
 from planner.schemas import STACKS, StackName
 from planner.schemas.errors import SchemaError
-from planner.schemas.fp8 import RECIPE_RUNS, Fp8Devices, Fp8Library, Fp8Recipe, check_param_gather
+from planner.schemas.fp8 import RECIPE_RUNS, Fp8Devices, Fp8Library, Fp8Recipe, check_param_gather, converts
 
 
 @pytest.mark.parametrize("name", list(StackName))
@@ -69,3 +69,30 @@ def test_planner_stacks_shows_the_fp8_library_and_its_sources_as_written(monkeyp
     code, out, _ = planner_main(["stacks", "torchtitan"], monkeypatch)
     assert code == 0
     assert "torchao: tensorwise, rowwise, rowwise-gw-hp, mxfp8" in out and "[quantize.linear.float8]" in out
+
+
+@pytest.mark.parametrize(
+    ("library", "recipe", "in_features", "out_features", "expected"),
+    [
+        # torchao's auto filter, thresholds as its float8_linear_utils.py states them (N out, K in)
+        (Fp8Library.TORCHAO, Fp8Recipe.TENSORWISE, 4096, 1024, False),  # K <= 4096 and N <= 1024
+        (Fp8Library.TORCHAO, Fp8Recipe.TENSORWISE, 4096, 1040, True),
+        (Fp8Library.TORCHAO, Fp8Recipe.TENSORWISE, 4112, 1024, True),
+        (Fp8Library.TORCHAO, Fp8Recipe.ROWWISE, 8192, 2048, False),  # N <= 2048
+        (Fp8Library.TORCHAO, Fp8Recipe.ROWWISE, 1024, 8192, False),  # K <= 1024
+        (Fp8Library.TORCHAO, Fp8Recipe.ROWWISE_GW_HP, 2048, 4096, False),  # N <= 4096 and K <= 2048
+        (Fp8Library.TORCHAO, Fp8Recipe.ROWWISE, 2064, 4096, True),
+        (Fp8Library.TORCHAO, Fp8Recipe.MXFP8, 64, 64, True),  # no auto filter for MX
+        # alignment: 16 for every recipe, the block for blockwise (128) and MXFP8 (32)
+        (Fp8Library.TORCHAO, Fp8Recipe.TENSORWISE, 8200, 8192, False),
+        (Fp8Library.TRANSFORMER_ENGINE, Fp8Recipe.DELAYED, 64, 48, True),
+        (Fp8Library.TRANSFORMER_ENGINE, Fp8Recipe.DELAYED, 64, 40, False),
+        (Fp8Library.TRANSFORMER_ENGINE, Fp8Recipe.BLOCKWISE, 4096, 4160, False),
+        (Fp8Library.TRANSFORMER_ENGINE, Fp8Recipe.BLOCKWISE, 4096, 4224, True),
+        (Fp8Library.TRANSFORMER_ENGINE, Fp8Recipe.MXFP8, 4096, 4112, False),
+    ],
+)
+def test_which_linear_layers_a_library_converts(
+    library: Fp8Library, recipe: Fp8Recipe, in_features: int, out_features: int, expected: bool
+) -> None:
+    assert converts(RECIPE_RUNS[library, recipe], in_features, out_features) is expected
