@@ -367,10 +367,10 @@ def _exclusion_reason(row: Mapping[str, Any], source: str) -> str | None:
     precision = row["precision"]
     if gpu["type"] not in CLUSTER_PRESETS:
         return f"GPU {gpu['type']}: no cluster preset ({', '.join(CLUSTER_PRESETS.values())})"
-    if precision is None and source != "megatron-lm":
+    if precision is None and source != "megatron-lm" and row.get("fp8_recipe") is None:
         return "precision not stated (Megatron-Bridge 25.09 footnote implies FP8)"
-    if precision is not None and precision not in BF16_NAMES:
-        return "precision FP8 (only BF16 is modelled)"
+    if precision is not None and precision not in BF16_NAMES and row.get("fp8_recipe") is None:
+        return "FP8 recipe not stated by the source"
     if (par["cp"] or 1) > 1 and source == "llama3-paper":
         return "context parallelism by all-gathered keys and values (Llama 3 paper): a kind not priced"
     if model["n_layers"] is None:

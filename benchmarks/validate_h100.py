@@ -1,4 +1,4 @@
-"""Predicted vs published throughput of the BF16 rows of ``data/published_runs.yaml``.
+"""Predicted vs published throughput of the BF16 and FP8 rows of ``data/published_runs.yaml``.
 
 Run: .venv/bin/python benchmarks/validate_h100.py
 The cluster is the GPU's preset (``published_h100.CLUSTER_PRESETS``: dgx-h100 for the H100 rows,
@@ -20,6 +20,11 @@ that is B s / (step x GPUs). Where it gives only TFLOP/s per GPU, the source's F
 causal Megatron formula for the Model Zoo, the planner's own count for the Llama 3 paper, which
 states none) over the predicted step time and GPUs; the same formula both ways, so the error is
 the ratio of the step times either way.
+
+An FP8 row is priced with the recipe its source states (``published_fp8``; a row whose source
+states none stays excluded), its linear GEMMs at the preset's measured FP8 GEMM rate
+(``cost_models.linear_gemms``), and its statistics are kept apart from the BF16 rows' as well
+as together ('overall bf16', 'overall fp8', 'overall').
 """
 
 import sys
@@ -66,10 +71,19 @@ class Prediction:
 
 
 def training_of(run: PublishedRun) -> TrainingSpec:
-    """BF16 mixed precision under the stack the run's source ran (``published_h100.SOURCE_STACKS``),
-    with the behaviours its source or row states otherwise (``PublishedRun.behaviours``)."""
+    """BF16 mixed precision, with the FP8 recipe the row's source states (``published_fp8``), under
+    the stack the run's source ran (``published_h100.SOURCE_STACKS``), with the behaviours its
+    source or row states otherwise (``PublishedRun.behaviours``). FP8 parameter gather and the
+    first and last layers some recipes keep in bf16 are not set: no row states them."""
+    fp8 = {} if run.fp8_recipe is None else {"fp8": run.fp8_recipe}
     return TrainingSpec.model_validate(
-        {"global_batch_size": run.global_batch_size, "seq_len": run.seq_len, "stack": run.stack, **run.behaviours}
+        {
+            "global_batch_size": run.global_batch_size,
+            "seq_len": run.seq_len,
+            "stack": run.stack,
+            **run.behaviours,
+            **fp8,
+        }
     )
 
 
@@ -183,8 +197,8 @@ def bottleneck(est: Estimate) -> str:
 
 def summary(predictions: Sequence[Prediction]) -> dict[str, tuple[float, float, int]]:
     """Mean absolute error, worst absolute error and row count per source and 'overall' over the
-    H100 rows, and per other GPU type under its name (counted rows only: flagged rows are left
-    out)."""
+    H100 rows, the H100 BF16 and FP8 rows apart ('overall bf16', 'overall fp8'), and per other GPU
+    type under its name (counted rows only: flagged rows are left out)."""
     by_source: dict[str, list[float]] = defaultdict(list)
     for p in predictions:
         if p.run.flagged is not None:
@@ -192,6 +206,7 @@ def summary(predictions: Sequence[Prediction]) -> dict[str, tuple[float, float, 
         if p.run.gpu_type == "H100":
             by_source[p.run.source].append(abs(p.error))
             by_source["overall"].append(abs(p.error))
+            by_source["overall bf16" if p.run.fp8_recipe is None else "overall fp8"].append(abs(p.error))
         else:
             by_source[p.run.gpu_type].append(abs(p.error))
     return {s: (sum(e) / len(e), max(e), len(e)) for s, e in by_source.items()}
@@ -202,7 +217,8 @@ def _row(p: Prediction) -> str:
     unit = "tok/s" if r.tokens_per_s_per_gpu is not None else "TFLOP/s"
     mark = "" if p.fits else "!"
     return (
-        f"{r.id:>3} {r.source:<12} {r.model.name:<16} {r.gpu_type:<5} {r.gpus:>5}  {p.layout.describe():<58} "
+        f"{r.id:>3} {r.source:<12} {r.model.name:<16} {r.gpu_type:<5} {r.gpus:>5} {r.fp8_recipe or 'bf16':<10} "
+        f"{p.layout.describe():<58} "
         f"{p.published:>8.1f} {p.predicted:>8.1f} {unit:<7} {p.error:>+7.1%}{mark}  {bottleneck(p.estimate)}, "
         f"mem {p.estimate.peak_memory_bytes / 2**30:.0f} GiB"
     )
@@ -212,7 +228,7 @@ def main() -> int:
     """Print every row, the error statistics and the excluded rows."""
     runs, excluded = load_runs()
     predictions = [predict(r) for r in runs]
-    header = f"{'id':>3} {'source':<12} {'model':<16} {'GPU':<5} {'count':>5}  {'layout':<58} "
+    header = f"{'id':>3} {'source':<12} {'model':<16} {'GPU':<5} {'count':>5} {'precision':<10} {'layout':<58} "
     header += f"{'published':>8} {'predicted':>8}"
     print(header + "         error  bottleneck")
     for p in predictions:
@@ -224,7 +240,7 @@ def main() -> int:
             print(_row(p) + f"  [{p.run.flagged}]")
     print("\nmean |error|, worst |error| (target: mean <= 8%, worst <= 15%); H100 by source, then other GPUs:")
     others = set(CLUSTER_PRESETS) - {"H100"}
-    ordered = sorted(summary(predictions).items(), key=lambda kv: (kv[0] in others, kv[0] == "overall"))
+    ordered = sorted(summary(predictions).items(), key=lambda kv: (kv[0] in others, kv[0].startswith("overall")))
     for source, (mean, worst, n) in ordered:
         print(f"  {source:<12} {n:>3} rows  mean {mean:6.1%}  worst {worst:6.1%}")
     flagged: dict[str, list[float]] = defaultdict(list)

@@ -37,7 +37,9 @@ Units: seconds.
 from dataclasses import dataclass
 
 from cost_models import layer_work as lw
+from cost_models import linear_gemms
 from cost_models.compute import (
+    Gemm,
     backward_gemms_time_s,
     elementwise_time_s,
     fused_attention_s,
@@ -54,10 +56,12 @@ from planner.schemas import (
     DeviceProfile,
     Layout,
     ModelSpec,
+    Precision,
     Recompute,
     RecomputeModule,
     TrainingSpec,
 )
+from planner.schemas.geometry import num_micro_batches
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +98,7 @@ def shared_kernels(model: ModelSpec, training: TrainingSpec, cluster: ClusterPro
         layout.recompute_modules,
         layout.context_parallel_degree,
         layout.context_parallel_kind,  # the attention kernel's calls (context_parallel.attention_calls)
+        _micro_batches(training, layout),  # Transformer Engine's FP8 weight casts, once a step
     )
     return _KERNELS.get(cluster.pricing_device, key, lambda: _kernels(model, training, cluster, layout))
 
@@ -177,14 +182,20 @@ def _expert_gemms_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     """Forward, backward and recompute seconds of one rank's routed experts in a balanced MoE
     layer (``layer_work.expert_gemms``); recomputing the MoE block (full, or selective with
     ``moe``) repeats the forward."""
-    gemms, gemm_dtype = lw.expert_gemms(model, training, layout), training.precision.gemm_inputs
-    forward = gemms_time_s(gemms, cluster.pricing_device, gemm_dtype)
+    gemms, precision, dev = lw.expert_gemms(model, training, layout), training.precision, cluster.pricing_device
+    forward = linear_gemms.forward_s(gemms, dev, precision, _micro_batches(training, layout))
     recompute = forward if layout.recomputes(RecomputeModule.MOE) else 0.0
     return LayerTime(
-        forward_s=forward,
-        backward_s=backward_gemms_time_s(gemms, cluster.pricing_device, gemm_dtype),
-        recompute_s=recompute,
+        forward_s=forward, backward_s=linear_gemms.backward_s(gemms, dev, precision), recompute_s=recompute
     )
+
+
+def _micro_batches(training: TrainingSpec, layout: Layout) -> int:
+    """Micro-batches a replica runs a step (over which Transformer Engine casts its cached FP8
+    weights once: ``linear_gemms``); 1 where nothing reads it, so that the kernels' memo keys need
+    not hold the data-parallel degree (``shared_kernels``)."""
+    run = training.precision.fp8
+    return num_micro_batches(training.global_batch_size, layout) if run and run.caches_fp8_weights else 1
 
 
 def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
@@ -232,11 +243,11 @@ def _layer_time(
     ``measured`` (the dense local layer, timed; an MoE layer adds its modeled difference), else
     the modeled kernels."""
     dev, precision = cluster.pricing_device, training.precision
-    gemm_dtype, attention_dtype = precision.gemm_inputs, precision.attention
+    attention_dtype, micro_batches = precision.attention, _micro_batches(training, layout)
     work = lw.layer_work(model, training, layout, moe=moe)
     elem_fwd = elementwise_time_s(work.elementwise_bytes, dev, work.elementwise_kernels)
-    dense_fwd = gemms_time_s(work.dense_gemms, dev, gemm_dtype)
-    dense_bwd = backward_gemms_time_s(work.dense_gemms, dev, gemm_dtype)
+    dense_fwd = linear_gemms.forward_s(work.dense_gemms, dev, precision, micro_batches)
+    dense_bwd = linear_gemms.backward_s(work.dense_gemms, dev, precision)
     # the kernel's rates at the calls it runs: by length and mask under context parallelism
     fused = (
         _fused_attention_s(0.5 * sum(g.flop for g in work.attention_gemms), model, training, layout, dev)
@@ -255,15 +266,18 @@ def _layer_time(
     layer_fwd = dense_fwd + attn_fwd + elem_fwd
     layer_bwd = dense_bwd + attn_bwd + 2 * elem_fwd
     if moe and measured_moe is not None:  # the profiler timed the runtime's own MoE layer: everything it launches
-        layer_fwd, layer_bwd = measured_moe
+        layer_fwd, layer_bwd = _with_fp8(measured_moe, work.dense_gemms, dev, precision, micro_batches)
     elif measured is not None:  # the profiler timed this model's own layer: everything it launches
-        fwd, bwd = measured
+        timed_work = work if not moe else lw.layer_work(model, training, layout, moe=False)
+        fwd, bwd = _with_fp8(measured, timed_work.dense_gemms, dev, precision, micro_batches)
         if moe:  # it timed a dense MLP (profiler.layer): add what the experts, router and routing cost beyond it
             dense = _layer_time(model, training, cluster, layout, None, moe=False)
             fwd, bwd = fwd + layer_fwd - dense.forward_s, bwd + layer_bwd - dense.backward_s
         layer_fwd, layer_bwd = fwd, bwd
     block = RecomputeModule.MOE if moe else RecomputeModule.MLP
-    block_gemms_s = gemms_time_s(work.mlp_gemms, dev, gemm_dtype) if layout.recomputes(block) else 0.0
+    block_gemms_s = (
+        linear_gemms.forward_s(work.mlp_gemms, dev, precision, micro_batches) if layout.recomputes(block) else 0.0
+    )
     if layout.recompute is Recompute.FULL:
         recompute, gemms_again_s = layer_fwd, dense_fwd
     elif layout.recompute is Recompute.SELECTIVE:
@@ -282,6 +296,20 @@ def _layer_time(
         gemm_s=gemm_s,
         attention_s=(attn_fwd, attn_bwd),
     )
+
+
+def _with_fp8(
+    timed: tuple[float, float], gemms: tuple[Gemm, ...], dev: DeviceProfile, precision: Precision, micro_batches: int
+) -> tuple[float, float]:
+    """A layer the profiler timed with its linear ``gemms`` in the high precision, as it runs
+    under ``precision``: plus what an FP8 recipe changes in those GEMMs (``linear_gemms``)."""
+    if precision.fp8 is None:
+        return timed
+    forward = linear_gemms.forward_s(gemms, dev, precision, micro_batches) - gemms_time_s(
+        gemms, dev, precision.gemm_inputs
+    )
+    backward = linear_gemms.backward_s(gemms, dev, precision) - backward_gemms_time_s(gemms, dev, precision.gemm_inputs)
+    return timed[0] + forward, timed[1] + backward
 
 
 def _selective_recompute_s(

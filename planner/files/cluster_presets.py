@@ -197,7 +197,7 @@ def _measured_fractions(
     """The GEMM peak fraction of each precision beside bf16 that the preset gives its own best
     measured rate for (``best_measured_<dtype>_flop_per_s`` at ``best_measured_<dtype>_shape_k``:
     the FP8 and MXFP8 rates, which differ from bf16's share of its peak), derated as bf16's is."""
-    fractions = {}
+    fractions: dict[DType, float] = {}
     for dtype, peak in peaks.items():
         key = f"best_measured_{dtype}_flop_per_s"
         if dtype is DType.BF16 or key not in matmul:

@@ -22,7 +22,7 @@ def selection() -> tuple[int, int, int]:
     return sum(r.flagged is None for r in h100), sum(r.flagged is not None for r in h100), len(excluded)
 
 
-def test_selection_counts_31_rows_flags_17_and_excludes_65(selection: tuple[int, int, int]) -> None:
+def test_selection_counts_40_rows_flags_25_and_excludes_38(selection: tuple[int, int, int]) -> None:
     # A change here changes what the error below averages over: re-measure it. 65 rows were
     # excluded before the H200, B200 and GB200 presets; the GB200 BF16 rows 33 and 36 are now
     # predicted (their statistics kept apart, test below); the H200 and B200 rows stay excluded
@@ -36,17 +36,25 @@ def test_selection_counts_31_rows_flags_17_and_excludes_65(selection: tuple[int,
     # its stack runs, the 13 rows of undescribed stacks: LLM Foundry's 8-64 GPU table (87-96:
     # torch 2.0 eager kernels, flash-attn 1.0.9's Triton ALiBi attention, Composer FSDP1) and the
     # Model Zoo's 4k-token H100 table (107, 109, 111: routing and code branch not stated).
-    assert selection == (31, 17, 65)
+    # That was (31, 17, 65). FP8 rows entered once FP8 was priced, each with the recipe its source
+    # states (published_fp8): 9 H100 rows counted (Megatron-Bridge's FP8-CS, tensorwise), 8
+    # flagged (torchtitan's 6 float8 rows, a part no preset describes; LLM Foundry's 2 amp_fp8
+    # rows, an undescribed stack), and of the 27 FP8 rows left out before, those on other GPUs
+    # now predicted apart (B200, GB200); the rest stay excluded for other reasons (the global
+    # batch or GPU count not stated, GPT-OSS).
+    assert selection == (40, 25, 38)
 
 
 def test_the_gb200_rows_run_in_nvlink_domains_of_64_gpus() -> None:
     # Megatron-Bridge's launcher puts a 64-tray GB200 job in Slurm segments of 16 trays (4 GPUs
     # each): 4 NVLink domains of 64 GPUs for 256 GPUs, each a node of the gb200-nvl72 preset.
     runs, _ = load_runs()
-    gb200 = [r for r in runs if r.gpu_type != "H100"]
-    assert [(r.id, r.gpu_type, r.gpus, r.devices_per_node) for r in gb200] == [
-        (33, "GB200", 256, 64),
-        (36, "GB200", 256, 64),
+    gb200 = [r for r in runs if r.gpu_type == "GB200" and r.gpus == 256]
+    assert [(r.id, r.gpus, r.devices_per_node) for r in gb200] == [
+        (32, 256, 64),
+        (33, 256, 64),
+        (34, 256, 64),
+        (36, 256, 64),
     ]
     cluster = cluster_of(gb200[0])
     assert (cluster.num_nodes, cluster.devices_per_node, cluster.intra_node_links.size) == (4, 64, 64)
@@ -106,13 +114,22 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # preset, nothing fitted, DeepSeek-V3 -20.9% and Qwen3-235B -4.3% (mean 12.6%); with the
     # preset's cuDNN and FlashAttention-2 rates from cudnn-frontend's GB200 benchmark (the attention
     # core was priced at the matmul rate): -13.7% and -0.5% (mean 7.1%).
+    # The FP8 rows (Megatron-Bridge's 9 FP8-CS H100 rows) are summarised apart ("overall fp8") and
+    # do not move the BF16 figures above. When FP8 was first priced (linear GEMMs at each preset's
+    # measured FP8 rate, quantization passes at memory bandwidth): mean 30.4%, worst 92.1% (row 14,
+    # Qwen3-30B-A3B at pp 2 x 24 virtual stages, one layer a chunk, published 40% below the same
+    # model's ep16 row 20, which the model prices -11.4%); the dense Llama rows -13% to -22%.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
-    mean, worst, rows = stats["overall"]
+    mean, worst, rows = stats["overall bf16"]
     assert rows == 31
     assert mean <= 0.105
     assert worst <= 0.35
-    assert stats["GB200"][2] == 2
+    fp8_mean, fp8_worst, fp8_rows = stats["overall fp8"]
+    assert fp8_rows == 9
+    assert fp8_mean <= 0.31
+    assert fp8_worst <= 0.93
+    assert stats["GB200"][2] == 6
 
 
 def test_megatron_2024_formula_is_the_planners_count_for_a_gpt_block() -> None:

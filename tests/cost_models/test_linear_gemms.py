@@ -1,0 +1,102 @@
+"""The linear layers' GEMM time under an FP8 recipe (cost_models.linear_gemms): FP8 GEMMs at the
+preset's measured FP8 rate plus the quantization passes each library runs, hand-worked on one
+GEMM; without a recipe exactly the high-precision GEMMs."""
+
+import pytest
+
+from cost_models import linear_gemms
+from cost_models.compute import Gemm, backward_gemms_time_s, elementwise_time_s, gemm_time_s, gemms_time_s
+from planner.files.cluster_presets import cluster_preset
+from planner.schemas import DType, TrainingSpec
+from planner.schemas.precision import Precision
+
+H100 = cluster_preset("dgx-h100", 1).device
+B200 = cluster_preset("dgx-b200", 1).device
+BIG = Gemm(8192, 14336, 4096)
+"""Llama 3 8B's MLP up projection over 8192 tokens: every library converts it."""
+
+
+def _precision(stack: str, recipe: str | None) -> Precision:
+    fp8 = {} if recipe is None else {"fp8": recipe}
+    return TrainingSpec(global_batch_size=8, seq_len=8192, stack=stack, **fp8).precision
+
+
+def test_without_a_recipe_the_linear_gemms_are_the_high_precision_gemms() -> None:
+    gemms = (BIG, Gemm(8192, 8, 4096, linear=False))
+    precision = _precision("megatron-lm", None)
+    assert linear_gemms.forward_s(gemms, H100, precision, 4) == gemms_time_s(gemms, H100, DType.BF16)
+    assert linear_gemms.backward_s(gemms, H100, precision) == backward_gemms_time_s(gemms, H100, DType.BF16)
+
+
+def test_delayed_scaling_by_hand() -> None:
+    # Transformer Engine, delayed scaling: one read of the bf16 input (2 B) and two FP8 layouts
+    # written (2 x 1 B) in one kernel; the weights likewise, cast once a step over 4 micro-batches.
+    m, n, k = BIG.m, BIG.n, BIG.k
+    bandwidth = H100.memory_bandwidth_bytes_per_s
+    launch = H100.matmul.launch_overhead_s
+    inputs = m * k * 4 / bandwidth + launch
+    weights = (k * n * 4 / bandwidth + launch) / 4
+    expected = gemm_time_s(BIG, H100, DType.FP8) + inputs + weights
+    got = linear_gemms.forward_s((BIG,), H100, _precision("megatron-lm", "delayed"), 4)
+    assert got == pytest.approx(expected, rel=1e-12)
+    # backward: both GEMMs in FP8, the output gradient cast in both layouts; the saved FP8 input
+    # and cached weight transpose need no cast
+    dgrad, wgrad = BIG.backward()
+    grad_cast = m * n * 4 / bandwidth + launch
+    expected_bwd = gemm_time_s(dgrad, H100, DType.FP8) + gemm_time_s(wgrad, H100, DType.FP8) + grad_cast
+    got_bwd = linear_gemms.backward_s((BIG,), H100, _precision("megatron-lm", "delayed"))
+    assert got_bwd == pytest.approx(expected_bwd, rel=1e-12)
+
+
+def test_torchao_casts_again_in_the_backward() -> None:
+    # torchao tensorwise: amax then cast (2 reads, 2 kernels) of the input and the weights every
+    # micro-batch; the backward casts the output gradient (both layouts) and the weights and input again.
+    m, n, k = BIG.m, BIG.n, BIG.k
+    bw, launch = H100.memory_bandwidth_bytes_per_s, H100.matmul.launch_overhead_s
+    precision = _precision("torchtitan", "tensorwise")
+    forward = gemm_time_s(BIG, H100, DType.FP8) + elementwise_time_s(m * k * 5.0, H100, 2)
+    forward += elementwise_time_s(k * n * 5.0, H100, 2)
+    assert linear_gemms.forward_s((BIG,), H100, precision, 4) == pytest.approx(forward, rel=1e-12)
+    dgrad, wgrad = BIG.backward()
+    casts = (m * n * 6.0 + k * n * 5.0 + m * k * 5.0) / bw + 6 * launch
+    backward = gemm_time_s(dgrad, H100, DType.FP8) + gemm_time_s(wgrad, H100, DType.FP8) + casts
+    assert linear_gemms.backward_s((BIG,), H100, precision) == pytest.approx(backward, rel=1e-12)
+
+
+def test_fp8_gains_on_a_large_gemm_less_than_the_peak_ratio() -> None:
+    bf16 = _precision("torchtitan", None)
+    for stack, recipe in (("torchtitan", "tensorwise"), ("megatron-lm", "delayed"), ("megatron-lm", "tensorwise")):
+        fp8 = _precision(stack, recipe)
+        speedup = (linear_gemms.forward_s((BIG,), H100, bf16) + linear_gemms.backward_s((BIG,), H100, bf16)) / (
+            linear_gemms.forward_s((BIG,), H100, fp8, 8) + linear_gemms.backward_s((BIG,), H100, fp8)
+        )
+        # faster than bf16, slower than the measured pre-quantized GEMM ratio (1402.6 / 794.5 = 1.77)
+        assert 1.2 < speedup < 1.77, (stack, recipe, speedup)
+
+
+def test_the_recipes_order_as_published() -> None:
+    # Transformer Engine's GEMM tutorial (H200, autocast): delayed 1.69x > current 1.58x > block 1.40x
+    def total(stack: str, recipe: str) -> float:
+        p = _precision(stack, recipe)
+        return linear_gemms.forward_s((BIG,), H100, p, 8) + linear_gemms.backward_s((BIG,), H100, p)
+
+    assert total("megatron-lm", "delayed") < total("megatron-lm", "tensorwise") < total("megatron-lm", "blockwise")
+    # the weight gradient in bf16 costs more than in FP8
+    assert total("torchtitan", "rowwise") < total("torchtitan", "rowwise-gw-hp")
+
+
+def test_what_stays_in_bf16() -> None:
+    precision = _precision("torchtitan", "tensorwise")
+    router = Gemm(8192, 64, 4096, linear=False)
+    small = Gemm(8192, 1024, 4096)  # torchao's auto filter: K <= 4096 and N <= 1024
+    for gemm in (router, small):
+        assert not linear_gemms.in_fp8(gemm, precision)
+        assert linear_gemms.forward_s((gemm,), H100, precision) == gemm_time_s(gemm, H100, DType.BF16)
+
+
+def test_blockwise_on_blackwell_runs_at_the_mxfp8_rate() -> None:
+    precision = _precision("megatron-lm", "blockwise")
+    mxfp8 = _precision("megatron-lm", "mxfp8")
+    assert linear_gemms.forward_s((BIG,), B200, precision, 8) == pytest.approx(
+        linear_gemms.forward_s((BIG,), B200, mxfp8, 8), rel=1e-12
+    )
