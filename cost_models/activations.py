@@ -92,6 +92,7 @@ def layer_activations(
     expert_load: float = 1.0,
     context_parallel_degree: int = 1,
     kv_replication: int = 1,
+    fp8_inputs: bool = False,
 ) -> LayerActivations:
     """Activations of one transformer layer by term (Korthikanti et al. 2022, sec. 4.1, generalized):
     the attention block's (``_attention_bytes``; multi-head latent attention's
@@ -119,6 +120,12 @@ def layer_activations(
         kv_replication: copies of each key/value head the attention core keeps (the all-to-all
             kind of context parallelism hands out repeated kv heads where cp does not divide a
             tensor-parallel rank's, ``context_parallel.kv_replication``): K and V scale by it.
+        fp8_inputs: the linear layers keep their inputs for the backward in FP8, one byte an
+            element (Transformer Engine under an FP8 recipe: ``RecipeRun.saves_fp8_inputs``;
+            references-fp8 §1.3): the QKV (MLA: down- and up-projection) and MLP inputs and the
+            down projections' inputs; a linear input another op also keeps in the high
+            precision is kept twice (the output projection's, which the attention kernel keeps
+            as its output; the shared experts', which the bf16 router keeps).
 
     Returns:
         The layer's activations by group, in bytes, before any recomputation. Memoized (the
@@ -130,7 +137,8 @@ def layer_activations(
     tokens = local * micro_batch_size
     h = model.hidden_size
     hidden_mask = MASK_BYTES * tokens * h / sp if model.hidden_dropout > 0 else 0.0
-    rank = _RankShape(act=act, tokens=tokens, t=t, sp=sp, hidden_mask=hidden_mask)
+    fp8 = DType.FP8.bytes if fp8_inputs else 0
+    rank = _RankShape(act=act, tokens=tokens, t=t, sp=sp, hidden_mask=hidden_mask, linear_in=fp8 or act, fp8_copy=fp8)
     attention = (
         _mla_attention_bytes(model, rank, kv_replication)
         if model.is_mla
@@ -139,14 +147,14 @@ def layer_activations(
     scores = _attention_scores_bytes(model, rank, attention_kernel, local * seq_len * micro_batch_size)
     sparse = model.is_moe if moe is None else moe
     mlp, expert_activations = _mlp_bytes(model, rank, sparse, expert_load)
-    mlp_input = act * tokens * h / sp  # the second norm's output
+    mlp_input = (act if sparse else rank.linear_in) * tokens * h / sp  # the second norm's output (router's: bf16)
     return LayerActivations(
         norm_inputs_bytes=2 * act * tokens * h / sp,
         attention_bytes=attention,
         attention_scores_bytes=scores,
         mlp_bytes=mlp,
         moe=sparse,
-        norm_outputs_bytes=2 * act * tokens * h / sp,  # the QKV (down-projection) input and ``mlp_input``
+        norm_outputs_bytes=rank.linear_in * tokens * h / sp + mlp_input,  # the QKV (down-projection) input, the MLP's
         mlp_block_bytes=mlp - mlp_input - hidden_mask,
         expert_activation_bytes=expert_activations,
     )
@@ -166,6 +174,12 @@ class _RankShape:
     """t with sequence parallelism, else 1: what ``/sp`` terms are split over."""
     hidden_mask: float
     """One dropout mask after attention or the MLP, 1 s b h /sp (0 without hidden dropout)."""
+    linear_in: int
+    """Bytes of one element of a linear layer's saved input: ``act``, or 1 where the library
+    saves it in FP8 (``layer_activations``' ``fp8_inputs``)."""
+    fp8_copy: int
+    """Bytes of one element of the FP8 copy such a library keeps of an input that another op
+    keeps in ``act`` too: 0 without FP8 inputs."""
 
 
 def _attention_bytes(model: ModelSpec, rank: _RankShape, kv_replication: int) -> float:
@@ -181,10 +195,10 @@ def _attention_bytes(model: ModelSpec, rank: _RankShape, kv_replication: int) ->
     h, a = model.hidden_size, model.num_attention_heads
     q, kv = a * model.head_size, model.kv_heads * model.head_size
     attention = (
-        act * tokens * h / sp  # QKV-projection input
+        rank.linear_in * tokens * h / sp  # QKV-projection input
         + act * tokens * (q + kv * kv_replication) / t  # Q and K
         + act * tokens * kv * kv_replication / t  # V
-        + act * tokens * q / t  # output-projection input
+        + (act + rank.fp8_copy) * tokens * q / t  # output-projection input (the attention's output)
         + rank.hidden_mask
     )
     if model.qk_norm:
@@ -204,10 +218,11 @@ def _mla_attention_bytes(model: ModelSpec, rank: _RankShape, kv_replication: int
     qk, v = a * model.qk_head_size, a * model.v_head_size
     rq, rkv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
     return (
-        act * tokens * h / sp  # down-projection input
-        + act * tokens * (2 * (rq + rkv) + rope)  # latents before and after their norms, rope key
+        rank.linear_in * tokens * h / sp  # down-projection input
+        + act * tokens * (rq + rkv + rope)  # latents before their norms, rope key
+        + rank.linear_in * tokens * (rq + rkv)  # the normalized latents: the up-projections' inputs
         + act * tokens * qk * (1 + kv_replication) / t  # Q and K
-        + act * tokens * v * (kv_replication + 1) / t  # V and the output-projection input
+        + (act * (kv_replication + 1) + rank.fp8_copy) * tokens * v / t  # V and the output-projection input
         + rank.hidden_mask
     )
 
@@ -258,25 +273,27 @@ def _mlp_bytes(model: ModelSpec, rank: _RankShape, sparse: bool, expert_load: fl
       whole expert width: the same bytes as k s b copies at width /t, so the terms above hold.
     The routed experts' terms scale by ``expert_load`` (``layer_activations``)."""
     act, tokens, t, sp, h = rank.act, rank.tokens, rank.t, rank.sp, model.hidden_size
-    mlp_input = act * tokens * h / sp  # the second norm's output
     if not sparse:
         intermediates = _intermediates_bytes(model, rank, model.ffn_size)
-        return mlp_input + intermediates + rank.hidden_mask, 0.0
+        return rank.linear_in * tokens * h / sp + intermediates + rank.hidden_mask, 0.0
     k = model.num_experts_per_tok
-    router = mlp_input + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp
-    routed = expert_load * k * (2 * act * tokens * h / sp + _intermediates_bytes(model, rank, model.expert_ffn_size))
-    expert_activations = expert_load * k * act * tokens * model.expert_ffn_size / t
+    router = act * tokens * h / sp + ROUTER_ELEMENT_BYTES * tokens * model.num_local_experts / sp  # a bf16 linear
+    copies = (rank.linear_in + act) * tokens * h / sp  # each copy's expert input and output
+    routed = expert_load * k * (copies + _intermediates_bytes(model, rank, model.expert_ffn_size))
+    expert_activations = expert_load * k * rank.linear_in * tokens * model.expert_ffn_size / t
     mlp = router + routed + rank.hidden_mask
-    if model.shared_ffn_size:
-        mlp += _intermediates_bytes(model, rank, model.shared_ffn_size)
+    if model.shared_ffn_size:  # its input is the router's, kept in bf16 there
+        mlp += _intermediates_bytes(model, rank, model.shared_ffn_size) + rank.fp8_copy * tokens * h / sp
     if model.has_shared_expert_gate:
         mlp += act * tokens * h / sp + act * tokens
     return mlp, expert_activations
 
 
 def _intermediates_bytes(model: ModelSpec, rank: _RankShape, width: int) -> float:
-    """An MLP's intermediates at ``width``: 3 tensors of it for a gated activation, 2 otherwise."""
-    return (3 if model.hidden_act.gated else 2) * rank.act * rank.tokens * width / rank.t
+    """An MLP's intermediates at ``width``: 3 tensors of it for a gated activation, 2 otherwise,
+    the last (the down projection's input) in ``_RankShape.linear_in``."""
+    kept = 2 if model.hidden_act.gated else 1
+    return (kept * rank.act + rank.linear_in) * rank.tokens * width / rank.t
 
 
 def kept_bytes(

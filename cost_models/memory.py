@@ -25,6 +25,7 @@ from cost_models.communication_buffers import (
     tied_gradient_sum_bytes,
 )
 from cost_models.expert_parallel import stage_expert_loads
+from cost_models.fp8_weights import fp8_weight_bytes
 from cost_models.layout_validity import check_stage
 from cost_models.loss_memory import freed_loss_bytes, stage_logits_bytes
 from cost_models.params import all_stage_params, stage_moe_layers, stage_params
@@ -64,7 +65,8 @@ class LayoutMemory:
     """The memory of each pipeline stage of one layout, priced on demand.
 
     Model states of ``stage_params`` under ZeRO from ``sharding.stage_model_states`` (ZeRO-3's
-    gathered buffer counted with the weights; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds).
+    gathered buffer counted with the weights; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds),
+    and with the weights the FP8 copies an FP8 recipe's library keeps (``fp8_weights``).
     Activations from ``stage_activations.stage_activation_bytes``, plus what one MLP's backward
     transient (``stage_activations.stage_mlp_backward_bytes``) and the staging buffer beside it
     exceed the loss freed before that backward by (``loss_memory.freed_loss_bytes``: on the stage
@@ -106,7 +108,8 @@ class LayoutMemory:
             (cal.activation_memory_scale, cal.logits_memory_scale, cal.buffer_memory_scale) if cal else (1.0, 1.0, 1.0)
         )
         self._workspace_bytes = _calibrated_workspace_bytes(cluster)
-        self._terms: dict[object, tuple[ModelStates, float, float, float, float]] = {}
+        self._device = cluster.pricing_device
+        self._terms: dict[object, tuple[ModelStates, float, float, float, float, float]] = {}
 
     def stage(self, stage: int) -> MemoryBreakdown:
         """Peak bytes of one rank of pipeline stage ``stage``, by term.
@@ -138,9 +141,10 @@ class LayoutMemory:
                 logits,
                 communication_buffer_bytes(model, training, layout, params, load.compute_max)
                 + max(0.0, staging - logits),
+                fp8_weight_bytes(model, training, layout, self._device, layers - moe, moe),
             )
             self._terms[key] = terms
-        states, per_micro_batch, once, logits, buffers = terms
+        states, per_micro_batch, once, logits, buffers, fp8_weights = terms
         activation_scale, logits_scale, buffer_scale = self._scales
         in_flight = in_flight_micro_batches(
             layout, stage, self._micro_batches, vocabulary_warmup=training.vocabulary_overlap
@@ -150,7 +154,7 @@ class LayoutMemory:
         tied = max(0.0, tied_gradient_sum_bytes(model, training, layout, stage) - activations - logits)
         buffers += pipeline_buffer_bytes(model, training, layout, stage, self._micro_batches, in_flight)
         return MemoryBreakdown(
-            weights_bytes=states.weights_bytes,
+            weights_bytes=states.weights_bytes + fp8_weights,
             gradients_bytes=states.gradients_bytes,
             optimizer_states_bytes=states.optimizer_states_bytes,
             activations_bytes=activations * activation_scale,

@@ -136,6 +136,7 @@ def stage_activation_terms(
             expert_load=load.compute_sum / load.moe_layers if moe and load and load.moe_layers else 1.0,
             context_parallel_degree=layout.context_parallel_degree,
             kv_replication=kv_replication(model, layout),
+            fp8_inputs=training.precision.fp8 is not None and training.precision.fp8.saves_fp8_inputs,
         )
         per_micro_batch += kept_bytes(terms, recompute, layout.recompute_modules) * count
         working.append(rematerialized_bytes(terms, recompute, layout.recompute_modules))

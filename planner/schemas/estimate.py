@@ -8,7 +8,8 @@ class MemoryBreakdown:
     """Bytes one rank holds at its peak, by what they are."""
 
     weights_bytes: float
-    """Parameters in training precision (plus gathered ZeRO-3 buffers)."""
+    """Parameters in training precision (plus gathered ZeRO-3 buffers and the FP8 copies an FP8
+    recipe keeps)."""
     gradients_bytes: float
     """Gradients, sharded under ZeRO 2-3."""
     optimizer_states_bytes: float

@@ -119,6 +119,10 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # measured FP8 rate, quantization passes at memory bandwidth): mean 30.4%, worst 92.1% (row 14,
     # Qwen3-30B-A3B at pp 2 x 24 virtual stages, one layer a chunk, published 40% below the same
     # model's ep16 row 20, which the model prices -11.4%); the dense Llama rows -13% to -22%.
+    # With Transformer Engine's FP8 weight copies and FP8 saved inputs priced: the Qwen3-235B rows
+    # fit without recompute (-34.1% -> -10.7%, -38.7% -> -17.0%): mean 25.3%, worst 92.1%. The
+    # dense Llama rows' tensor-parallel time (14-20% of the step) is exposed as priced: the rows do
+    # not state Megatron Bridge's communication overlap, which its H100 recipes may turn on.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall bf16"]
@@ -127,7 +131,7 @@ def test_mean_error_is_no_worse_than_today() -> None:
     assert worst <= 0.35
     fp8_mean, fp8_worst, fp8_rows = stats["overall fp8"]
     assert fp8_rows == 9
-    assert fp8_mean <= 0.31
+    assert fp8_mean <= 0.26
     assert fp8_worst <= 0.93
     assert stats["GB200"][2] == 6
 
