@@ -40,6 +40,9 @@ class Gemm:
     """Whether it is a linear layer's GEMM, which an FP8 recipe runs in FP8 (``cost_models.fp8``);
     False for the GEMMs every recipe keeps in the high precision (an MoE router, a shared
     expert's gate)."""
+    grouped: bool = False
+    """Whether it is the routed experts' grouped GEMM (``batch`` experts), which torchao's
+    Float8Linear does not convert (``cost_models.linear_gemms``)."""
 
     @property
     def flop(self) -> float:

@@ -88,8 +88,8 @@ def expert_gemms(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tu
     in_factor = 2 if model.hidden_act.gated else 1
     local = experts // ep
     return (
-        Gemm(tokens_per_expert, in_factor * f // t, h, batch=local),
-        Gemm(tokens_per_expert, h, f // t, batch=local),
+        Gemm(tokens_per_expert, in_factor * f // t, h, batch=local, grouped=True),
+        Gemm(tokens_per_expert, h, f // t, batch=local, grouped=True),
     )
 
 

@@ -31,6 +31,13 @@ How the plan maps:
   --recompute-modules where the plan names other modules (``Layout.recompute_modules``).
 - Batch and precision: --micro-batch-size b, --global-batch-size B (Megatron accumulates
   B / (d b) micro-batches), --seq-length, --bf16 / --fp16 (fp32 is the default).
+- FP8 (Transformer Engine, Megatron's default --transformer-impl): --fp8-format and --fp8-recipe
+  (``FP8_FORMATS``: hybrid, E4M3 forward and E5M2 gradients, for the per-tensor recipes as
+  Megatron's Llama 3 FP8 example and Megatron Bridge's recipes run them; E4M3 throughout for
+  blockwise and MXFP8, as Megatron's MoE README configures them), --fp8-param-gather (which
+  needs the distributed optimizer or Megatron-FSDP), and --moe-router-padding-for-fp8 for an MoE
+  model (Transformer Engine's FP8 grouped GEMMs need each expert's tokens aligned). Delayed
+  scaling with selective recompute of moe_act or layernorm is refused, as Megatron refuses it.
 - MoE: --num-experts, --moe-router-topk, the dispatcher (alltoall; DeepEP as flex +
   --moe-enable-deepep), capacity factor and padding (refused with DeepEP: the flex dispatcher
   does not pad); --tp-comm-overlap where the plan priced it.
@@ -55,9 +62,11 @@ from planner.schemas import (
     MoeDispatcher,
     Plan,
     Recompute,
+    RecomputeModule,
     Schedule,
     ZeroStage,
 )
+from planner.schemas.fp8 import Fp8Recipe
 from planner.schemas.geometry import pipeline_schedules
 from planner.schemas.plan import PlanShape
 
@@ -97,10 +106,33 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
     args += ["--micro-batch-size", str(layout.micro_batch_size)]
     args += ["--global-batch-size", str(training.global_batch_size), "--seq-length", str(training.seq_len)]
     args += {DType.BF16: ["--bf16"], DType.FP16: ["--fp16"], DType.FP32: []}[training.dtype]
+    args += _fp8(plan)
     args += _stack_flags(plan)
     if model.is_moe:
         args += _experts(plan)
     return tuple(args)
+
+
+FP8_FORMATS = {
+    Fp8Recipe.DELAYED: "hybrid",
+    Fp8Recipe.TENSORWISE: "hybrid",
+    Fp8Recipe.BLOCKWISE: "e4m3",
+    Fp8Recipe.MXFP8: "e4m3",
+}
+"""--fp8-format for each Transformer Engine recipe (module docstring)."""
+
+
+def _fp8(plan: Plan) -> list[str]:
+    """The FP8 arguments of a plan trained under an FP8 recipe (module docstring); none without."""
+    training = plan.training
+    if training.fp8 is None:
+        return []
+    args = ["--fp8-format", FP8_FORMATS[training.fp8], "--fp8-recipe", str(training.fp8)]
+    if training.fp8_param_gather:
+        args.append("--fp8-param-gather")
+    if plan.model.is_moe:
+        args.append("--moe-router-padding-for-fp8")
+    return args
 
 
 ATTENTION_BACKENDS = {AttentionKernel.FLASH: "flash", AttentionKernel.EAGER: "unfused"}
@@ -147,6 +179,7 @@ def check(plan: PlanShape) -> None:
             "Transformer Engine's a2a needs cp to divide them (the plan repeats them, it does not)",
             "plan with --cp-kind ring, or a cp that divides the key/value heads of a tp rank",
         )
+    _check_fp8(plan)
     if plan.training.moe_pad_to_capacity and plan.training.moe_dispatcher is MoeDispatcher.DEEPEP:
         refuse(
             TARGET,
@@ -176,6 +209,26 @@ def check(plan: PlanShape) -> None:
             "its replicated instances are the distributed optimizer's (ZeRO-1)",
             "plan with --zero-stage 1, search with --no-hierarchical-sharding, estimate without "
             "--sharding-group-size, or export to torchtitan",
+        )
+
+
+def _check_fp8(plan: PlanShape) -> None:
+    """Refuse the FP8 combinations Megatron-LM refuses (its arguments.py and TransformerConfig)."""
+    training, layout = plan.training, plan.layout
+    if training.fp8_param_gather and layout.zero_stage is ZeroStage.NONE:
+        refuse(
+            TARGET,
+            "--fp8-param-gather without a sharded optimizer",
+            "it gathers FP8 weights only from the distributed optimizer or Megatron-FSDP",
+            "plan with --zero-stage 1, or without --fp8-param-gather",
+        )
+    delayed_modules = {RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM} & set(layout.recompute_modules)
+    if training.fp8 is Fp8Recipe.DELAYED and layout.recompute is Recompute.SELECTIVE and delayed_modules:
+        refuse(
+            TARGET,
+            f"selective recompute of {', '.join(sorted(delayed_modules))} under fp8 recipe 'delayed'",
+            "Transformer Engine's delayed scaling cannot recompute them",
+            "plan with another --fp8 recipe (tensorwise) or other --recompute-modules",
         )
 
 

@@ -39,8 +39,15 @@ How the plan maps:
 - The stack: ``[compile] enable`` where the plan priced fused elementwise kernels (torch.compile
   fuses them; the torchtitan stack's own value) or async tensor parallelism, which needs it.
   Gradients summed in bf16 are refused: 0.2.2's ``mixed_precision_reduce`` is float32 only.
-- Left to the user: the model (named for the Llama 3 presets), dataset, optimizer, steps and
-  float8.
+- FP8 (torchao): ``[model] converters`` with ``quantize.linear.float8`` (tensorwise, torchao's
+  default recipe, with ``enable_fsdp_float8_all_gather`` and
+  ``precompute_float8_dynamic_scale_for_fsdp`` where the plan gathers FP8 weights, which needs
+  FSDP; rowwise and rowwise_with_gw_hp by ``recipe_name``, which 0.2.2 asserts cannot gather in
+  FP8) or ``quantize.linear.mx`` (mxfp8_cublas). ``filter_fqns`` keeps the output layer and an MoE
+  router's gate in bf16, and names ``auto_filter_small_kn``, torchao's small-shape filter, which
+  the planner priced (``fp8.converts``; the MX converter has none). Routed experts stay bf16:
+  0.2.2's grouped-GEMM converters are prototypes the planner does not price.
+- Left to the user: the model (named for the Llama 3 presets), dataset, optimizer and steps.
 """
 
 from planner.export.common import check_common, layers_per_chunk, micro_batches, refuse
@@ -55,6 +62,7 @@ from planner.schemas import (
     Schedule,
     ZeroStage,
 )
+from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe
 from planner.schemas.geometry import pipeline_schedules
 from planner.schemas.plan import PlanShape
 
@@ -126,7 +134,30 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     # fused kernels are torch.compile's; async tensor parallelism is an inductor pass that needs it too
     if async_tp or training.kernels is Kernels.FUSED:
         config["compile"] = {"enable": True, "components": ["model", "loss"]}
+    config |= _float8(plan)
+    if training.fp8 is not None:
+        config.setdefault("model", {})["converters"] = [_CONVERTERS[training.fp8 is Fp8Recipe.MXFP8]]
     return config
+
+
+_CONVERTERS = {False: "quantize.linear.float8", True: "quantize.linear.mx"}
+"""The model converter of torchao's float8 (False) and MX (True) linear layers."""
+
+
+def _float8(plan: Plan) -> dict[str, dict[str, TomlValue]]:
+    """The quantization section of a plan trained under an FP8 recipe (module docstring)."""
+    training = plan.training
+    if training.fp8 is None:
+        return {}
+    kept = ["output", "router.gate"] if plan.model.is_moe else ["output"]
+    if training.fp8 is Fp8Recipe.MXFP8:
+        return {"quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": kept}}
+    section: dict[str, TomlValue] = {"filter_fqns": [*kept, "auto_filter_small_kn"]}
+    if training.fp8 is not Fp8Recipe.TENSORWISE:
+        section["recipe_name"] = RECIPE_RUNS[Fp8Library.TORCHAO, training.fp8].library_name
+    elif training.fp8_param_gather:
+        section |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
+    return {"quantize.linear.float8": section}
 
 
 def check(plan: PlanShape) -> None:
@@ -200,6 +231,13 @@ def check(plan: PlanShape) -> None:
             "its tensor-parallel plan always shards the norms along the sequence",
             "estimate with --sequence-parallel, or search with --stack torchtitan",
         )
+    if plan.training.fp8_param_gather and not layout.zero_stage.shards_gradients:
+        refuse(
+            TARGET,
+            f"FP8 parameter all-gather under ZeRO-{int(layout.zero_stage)}",
+            "enable_fsdp_float8_all_gather gathers FSDP's sharded weights in FP8, and no FSDP runs",
+            "plan with --zero-stage 2 or 3, or without --fp8-param-gather",
+        )
     if plan.training.moe_capacity_factor is not None:
         refuse(
             TARGET,
@@ -241,10 +279,10 @@ def torchtitan_toml(plan: Plan) -> str:
     config = torchtitan_config(plan)
     lines = [
         f"# torchtitan {VERSION} job config from a planner plan: {plan.model.name} on {plan.cluster.spec}",
-        f"# predicted step time {plan.estimate.step_time_s:.3f} s; dataset, optimizer, steps, compile and float8 "
+        f"# predicted step time {plan.estimate.step_time_s:.3f} s; dataset, optimizer, steps and compile "
         "are yours to set",
     ]
-    if "model" not in config:
+    if "name" not in config.get("model", {}):
         lines.append(f"# [model] name and flavor: torchtitan's model of {plan.model.name!r}'s architecture")
     for section, keys in config.items():
         lines += ["", f"[{section}]"]

@@ -70,9 +70,15 @@ def test_a_folded_rank_routes_its_own_share_of_the_sequence() -> None:
     assert routed_pairs(MODEL, TRAINING, SPLIT) == 2 * 64
     # the router sees the rank's 32 tokens; the experts 32 x k x ep / E = 32 pairs each, whole (f = 256)
     assert layer_work(MODEL, TRAINING, FOLDED).dense_gemms[2] == Gemm(32, 4, 128, linear=False)
-    assert expert_gemms(MODEL, TRAINING, FOLDED) == (Gemm(32, 512, 128, batch=2), Gemm(32, 128, 256, batch=2))
+    assert expert_gemms(MODEL, TRAINING, FOLDED) == (
+        Gemm(32, 512, 128, batch=2, grouped=True),
+        Gemm(32, 128, 256, batch=2, grouped=True),
+    )
     # split: all 64 tokens, 64 pairs an expert, half its width
-    assert expert_gemms(MODEL, TRAINING, SPLIT) == (Gemm(64, 256, 128, batch=2), Gemm(64, 128, 128, batch=2))
+    assert expert_gemms(MODEL, TRAINING, SPLIT) == (
+        Gemm(64, 256, 128, batch=2, grouped=True),
+        Gemm(64, 128, 128, batch=2, grouped=True),
+    )
     assert sum(g.flop for g in expert_gemms(MODEL, TRAINING, FOLDED)) == sum(
         g.flop for g in expert_gemms(MODEL, TRAINING, SPLIT)
     )

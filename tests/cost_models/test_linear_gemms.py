@@ -100,3 +100,9 @@ def test_blockwise_on_blackwell_runs_at_the_mxfp8_rate() -> None:
     assert linear_gemms.forward_s((BIG,), B200, precision, 8) == pytest.approx(
         linear_gemms.forward_s((BIG,), B200, mxfp8, 8), rel=1e-12
     )
+
+
+def test_routed_experts_run_in_fp8_under_transformer_engine_only() -> None:
+    experts = Gemm(4096, 2 * 2048, 4096, batch=8, grouped=True)
+    assert linear_gemms.in_fp8(experts, _precision("megatron-lm", "tensorwise"))
+    assert not linear_gemms.in_fp8(experts, _precision("torchtitan", "tensorwise"))

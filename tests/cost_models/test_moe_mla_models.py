@@ -154,8 +154,8 @@ def test_moe_layer_gemms_add_shared_experts_for_every_token_and_the_gate() -> No
     tokens = 2 * 32
     assert work.dense_gemms[2:] == (
         Gemm(tokens, 4, 64, linear=False),  # router: every FP8 recipe keeps it in bf16
-        Gemm(tokens * 2 // 4, 2 * 16, 64, batch=4),  # routed experts at their width
-        Gemm(tokens * 2 // 4, 64, 16, batch=4),
+        Gemm(tokens * 2 // 4, 2 * 16, 64, batch=4, grouped=True),  # routed experts at their width
+        Gemm(tokens * 2 // 4, 64, 16, batch=4, grouped=True),
         Gemm(tokens, 2 * 32, 64),  # shared expert, every token
         Gemm(tokens, 64, 32),
         Gemm(tokens, 1, 64, linear=False),  # its sigmoid gate
