@@ -1,10 +1,13 @@
 """Search wall time and candidates evaluated at scale (issue targets on a 2-core machine:
 gpt3-175b on 1,024 A100s <= 5 s; a 530B model on 5,120 A100s <= 10 s; llama3-405b on 16,384
-H100s <= 30 s; each the full space, the CP-SAT split of the finalists included).
+H100s <= 30 s; each the full space, the CP-SAT split of the finalists included). Then the same
+405B search under megatron-lm without FP8 and over three FP8 choices (none, delayed,
+tensorwise: ``search --fp8 none,delayed,tensorwise``), whose wall time should be at most 3x.
 
 Run: .venv/bin/python benchmarks/search_speed.py
 """
 
+import subprocess
 import sys
 import time
 
@@ -48,7 +51,30 @@ def main() -> int:
             f"{best.estimate.step_time_s:.2f} s/step, MFU {best.estimate.mfu:.1%}"
         )
         missed += wall_s > target_s
+    missed += _recipes_ratio() > FP8_RATIO_TARGET
     return 1 if missed else 0
+
+
+FP8_RATIO_TARGET = 3.0
+"""A search over three recipes against one without FP8: at most 3x (three searches)."""
+
+
+def _recipes_ratio() -> float:
+    """Wall time of ``planner search`` of the 405B model over three FP8 choices over the same search
+    without FP8, each in a fresh process (the searches' memos would otherwise favour the second)."""
+    base = [sys.executable, "-m", "planner", "search", "-m", "llama3-405b", "-c", "dgx-h100:2048"]
+    base += ["--global-batch-size", "2048", "--seq-len", "8192", "--stack", "megatron-lm", "--top-k", "3"]
+    times = []
+    for recipes in ([], ["--fp8", "none,delayed,tensorwise"]):
+        start = time.perf_counter()
+        subprocess.run([*base, *recipes], check=True, capture_output=True)
+        times.append(time.perf_counter() - start)
+        print(
+            f"{'llama3-405b':>12} megatron-lm {' '.join(recipes) or 'bf16':<32} {times[-1]:6.2f} s (process included)"
+        )
+    ratio = times[1] / times[0]
+    print(f"three FP8 choices / none: {ratio:.2f}x (target <= {FP8_RATIO_TARGET:.0f}x)")
+    return ratio
 
 
 if __name__ == "__main__":

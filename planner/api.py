@@ -28,7 +28,7 @@ from planner.flows.launch import check_devices, launch_node
 from planner.flows.profile import profile
 from planner.flows.replan import Replan, replan, survivors
 from planner.flows.run import check_resumable, dry_run, run
-from planner.flows.search import search, search_outcome
+from planner.flows.search import search, search_outcome, search_recipes
 from planner.flows.tune import tune, validate
 from planner.schemas.settings import (
     Budget,
@@ -82,6 +82,7 @@ __all__ = [
     "save_plan",
     "search",
     "search_outcome",
+    "search_recipes",
     "stage_device_names",
     "survivors",
     "tune",

@@ -82,6 +82,38 @@ FP8_HELP = (
     "offers it (planner stacks) [default: none, every GEMM in --dtype]"
 )
 Fp8Opt = Annotated[Fp8Recipe | None, typer.Option(help=FP8_HELP + ".")]
+Fp8ChoicesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--fp8",
+        metavar="RECIPE[,RECIPE...]",
+        help=FP8_HELP + "; a comma-separated list, none for no FP8, searches each and ranks them together "
+        "(e.g. none,tensorwise,rowwise).",
+    ),
+]
+
+
+def parse_fp8_choices(text: str | None) -> tuple[Fp8Recipe | None, ...]:
+    """The recipes of ``search --fp8`` (None for ``none``); () where none was given.
+
+    Raises:
+        SchemaError: a name that is no recipe, with the names there are.
+    """
+    if text is None:
+        return ()
+    choices: list[Fp8Recipe | None] = []
+    for word in (w.strip() for w in text.split(",")):
+        if word == "none":
+            choices.append(None)
+            continue
+        try:
+            choices.append(Fp8Recipe(word))
+        except ValueError:
+            names = ", ".join(["none", *Fp8Recipe])
+            raise SchemaError(f"--fp8 {word!r} is not an FP8 recipe; give one or more of {names}") from None
+    return tuple(choices)
+
+
 Fp8ParamGatherOpt = Annotated[
     bool | None,
     typer.Option(

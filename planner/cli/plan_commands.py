@@ -27,6 +27,7 @@ from planner.cli.options import (
     ClusterOpt,
     DispatcherOpt,
     DTypeOpt,
+    Fp8ChoicesOpt,
     Fp8Opt,
     Fp8ParamGatherOpt,
     GlobalBatchOpt,
@@ -48,6 +49,7 @@ from planner.cli.options import (
     constraint_fields,
     layout_fields,
     output_console,
+    parse_fp8_choices,
     progress_bar,
     resolve,
     search_inputs,
@@ -198,7 +200,7 @@ def search(
     global_batch_size: GlobalBatchOpt = None,
     seq_len: SeqLenOpt = None,
     dtype: DTypeOpt = TrainDType.BF16,
-    fp8: Fp8Opt = None,
+    fp8: Fp8ChoicesOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
@@ -314,7 +316,10 @@ def search(
     """
     given = locals()
     check_plot_file(plot)
-    model, cluster, training = search_inputs(model, cluster, training_fields(given))
+    recipes = parse_fp8_choices(fp8)  # each searched; the training's fields without them
+    model, cluster, training = search_inputs(
+        model, cluster, training_fields({**given, "fp8": None, "fp8_param_gather": None})
+    )
     constraints = constraint_fields(given)
     check_output("--output", output)
     if strategy is StrategyName.OPTUNA:
@@ -334,7 +339,9 @@ def search(
         record_points=plot is not None,
     )
     with progress_bar("searching", transient=True) as progress:
-        outcome, plans = api.search_outcome(model, cluster, training, settings, progress=progress)
+        outcome, plans = api.search_recipes(
+            model, cluster, training, recipes, settings, param_gather=bool(fp8_param_gather), progress=progress
+        )
     output_console().print(ranked_table(outcome, plans))
     if plot is not None:
         from planner.views.plots import save_search_plot  # matplotlib: only for the commands that draw

@@ -7,14 +7,16 @@ from planner.files.plans import make_plan
 from planner.flows.loading import cluster_of, model_for, routing_of
 from planner.schemas import Alternative, ClusterProfile, DeviceKind, Layout, ModelSpec, Plan, StackName, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
+from planner.schemas.fp8 import Fp8Recipe
 from planner.schemas.plan import PlannedLayout
 from planner.schemas.runtime_support import check_buildable, check_runnable
 from planner.schemas.settings import SearchSettings
+from planner.schemas.stacks import stack_named
 from planner.search_engine import make_strategy
 from planner.search_engine.expert_placement import ExpertPlacementRefiner
 from planner.search_engine.refiner import Refiner
 from planner.search_engine.runner import DEFAULT_REFINERS, SearchOutcome, run_search
-from planner.search_engine.strategy import Progress, SearchStrategy
+from planner.search_engine.strategy import Candidate, Progress, SearchStrategy
 
 
 def search_outcome(
@@ -94,6 +96,59 @@ def search_outcome(
         for i, c in enumerate(ranked)
     )
     return outcome, plans
+
+
+def search_recipes(
+    model: ModelSpec | str,
+    cluster: ClusterProfile | str,
+    training: TrainingSpec,
+    recipes: Sequence[Fp8Recipe | None],
+    settings: SearchSettings = SearchSettings(),
+    *,
+    param_gather: bool = False,
+    progress: Progress | None = None,
+) -> tuple[SearchOutcome, tuple[Plan, ...]]:
+    """:func:`search_outcome` under each FP8 recipe of ``recipes`` (None: none, the training's
+    ``dtype`` throughout), the plans ranked together, fastest first (``settings.top_k`` of them):
+    the search compares the precisions the user allows, since a recipe changes numerics and only
+    the user can accept that. ``param_gather`` (``--fp8-param-gather``) applies to the recipes
+    whose library gathers in FP8 (``RecipeRun.fp8_param_gather``). Each plan's runner-up is the next best under
+    its own recipe. A recipe under which no layout fits is left out while another fits.
+
+    Raises:
+        SchemaError: a recipe the stack or cluster cannot run (``TrainingSpec``, ``check_precision``),
+            or ``--fp8-param-gather`` where no listed recipe gathers in FP8.
+        InfeasibleConfigError: no layout fits under any recipe (the first recipe's message).
+    """
+    wanted = tuple(dict.fromkeys(recipes)) or (training.fp8,)
+    stack = stack_named(training.stack)
+    gathers = {r for r in wanted if r is not None and stack.fp8_run(r).fp8_param_gather}
+    if param_gather and not gathers:  # refused as the spec refuses it, with its fix
+        training.with_options({"fp8": next((r for r in wanted if r is not None), None), "fp8_param_gather": True})
+    variants = [training.with_options({"fp8": r, "fp8_param_gather": param_gather and r in gathers}) for r in wanted]
+    results: list[tuple[SearchOutcome, tuple[Plan, ...]]] = []
+    first_error: InfeasibleConfigError | None = None
+    for variant in variants:
+        try:
+            results.append(search_outcome(model, cluster, variant, settings, progress=progress))
+        except InfeasibleConfigError as e:
+            first_error = first_error or e
+    if not results:
+        assert first_error is not None
+        raise first_error
+    plans = sorted((p for _, found in results for p in found), key=lambda p: p.estimate.step_time_s)[: settings.top_k]
+    outcomes = [o for o, _ in results]
+    merged = SearchOutcome(
+        ranked=tuple(Candidate(layout=p.layout, estimate=p.estimate) for p in plans),
+        strategy=outcomes[0].strategy,
+        space_size=sum(o.space_size for o in outcomes),
+        evaluated=sum(o.evaluated for o in outcomes),
+        complete=all(o.complete for o in outcomes),
+        elapsed_s=sum(o.elapsed_s for o in outcomes),
+        usable_memory_bytes=outcomes[0].usable_memory_bytes,
+        points=tuple(point for o in outcomes for point in o.points),
+    )
+    return merged, tuple(plans)
 
 
 def check_replica_slots(replicas: int, model: ModelSpec, world_size: int) -> None:

@@ -181,15 +181,19 @@ def ranked_table(outcome: SearchOutcome, plans: tuple[Plan, ...]) -> Table:
         caption=f"memory per rank against {gib(outcome.usable_memory_bytes)} GiB usable of "
         f"{gib(plans[0].estimate.memory_capacity_bytes)} GiB (GiB = 2^30 bytes)",
     )
-    for name in ("rank", "layout", "layer split", "step s", "tokens/s", "MFU", "peak GiB"):
-        table.add_column(name, justify="left" if name in ("layout", "layer split") else "right")
+    fp8 = any(plan.training.fp8 is not None for plan in plans)  # a search over FP8 recipes says which
+    names = ("rank", "layout", "layer split", *(("fp8",) if fp8 else ()), "step s", "tokens/s", "MFU", "peak GiB")
+    for name in names:
+        table.add_column(name, justify="left" if name in ("layout", "layer split", "fp8") else "right")
     for i, plan in enumerate(plans, start=1):
         est, layout = plan.estimate, plan.layout
         split = ",".join(str(n) for n in layout.layer_split) if layout.layer_split else "even"
+        recipe = (str(plan.training.fp8 or "none"),) if fp8 else ()
         table.add_row(
             str(i),
             layout.describe(),
             split,
+            *recipe,
             f"{est.step_time_s:.3f}",
             f"{est.tokens_per_s:,.0f}",
             f"{est.mfu:.1%}",

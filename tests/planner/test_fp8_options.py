@@ -2,6 +2,7 @@
 and each input that cannot run refused in one line with exit code 2 and the fix."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,32 @@ def test_search_plans_in_the_recipe_given(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert code == 0, err
     training = json.loads(plan.read_text())["training"]
     assert (training["fp8"], training["fp8_param_gather"]) == ("delayed", True)
+
+
+def test_search_compares_the_recipes_the_user_allows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def search(recipes: str, plan: Path, *extra: str) -> tuple[int, int]:
+        code, out, err = planner_main(
+            ["search", *BASE, "-c", "dgx-h100:1", "--stack", "torchtitan", "--fp8", recipes, *extra,
+             "--output", str(plan)],
+            monkeypatch,
+        )  # fmt: skip
+        assert code == 0, err
+        evaluated = re.search(r"([\d,]+) evaluated of ([\d,]+) candidates", out)
+        assert evaluated is not None, out
+        return int(evaluated[1].replace(",", "")), int(evaluated[2].replace(",", ""))
+
+    both = search("none,tensorwise", tmp_path / "both.json", "--fp8-param-gather")  # tensorwise's only
+    alone = search("none", tmp_path / "bf16.json")
+    # each recipe's space searched (what it prunes differs: FP8 holds other memory), ranked together
+    assert both[1] == 2 * alone[1] and both[0] > alone[0]
+    best = json.loads((tmp_path / "both.json").read_text())["training"]
+    assert (best["fp8"], best["fp8_param_gather"]) == ("tensorwise", True)  # faster than bf16 at this size
+    assert json.loads((tmp_path / "bf16.json").read_text())["training"]["fp8"] is None
+
+
+def test_an_unknown_recipe_in_the_list_is_refused_with_the_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = planner_main(
+        ["search", *BASE, "-c", "dgx-h100:1", "--stack", "torchtitan", "--fp8", "none,tensorwize"], monkeypatch
+    )
+    assert code == 2 and out == ""
+    assert "'tensorwize' is not an FP8 recipe" in err and "none, delayed, tensorwise" in err
