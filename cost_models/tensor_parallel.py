@@ -121,21 +121,31 @@ def tensor_parallel_forward_backward_s(
             moved = _relinked_s(model, training, cluster, layout, tensor_groups)
             return max(0.0, real[0] - local[0] + moved), max(0.0, real[1] - local[1] + moved)
     groups = priced_groups(tensor_groups, cluster, rank_order=layout.device_map.is_identity)
-    fwd = _collectives_s(model, training, cluster, layout, groups)
-    return fwd, fwd
+    backward = _collectives_s(model, training, cluster, layout, groups)
+    return _collectives_s(model, training, cluster, layout, groups, forward=True), backward
 
 
 def _collectives_s(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, groups: tuple[Group, ...]
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    groups: tuple[Group, ...],
+    *,
+    forward: bool = False,
 ) -> float:
     """One pass's (forward or backward) tensor-parallel collectives of a layer over ``groups``,
     priced from the links: the slowest group's, each over the rank's s b h activations in
-    ``Precision.activation_communication``."""
-    element_bytes = training.precision.activation_communication.bytes
-    act_bytes = layout.micro_batch_size * local_seq_len(training, layout) * model.hidden_size * element_bytes
+    ``Precision.activation_communication``; the forward's sequence-parallel all-gathers (of the
+    QKV and MLP inputs) in ``Precision.sequence_gather`` (FP8 under the recipes that gather the
+    quantized input)."""
+    precision = training.precision
+    elements = layout.micro_batch_size * local_seq_len(training, layout) * model.hidden_size
+    act_bytes = elements * precision.activation_communication.bytes
     if layout.sequence_parallel:
+        gathered_bytes = elements * precision.sequence_gather.bytes if forward else act_bytes
         return 2 * (
-            slowest_collective_s(CollectiveOp.ALL_GATHER, act_bytes, groups, cluster)
+            slowest_collective_s(CollectiveOp.ALL_GATHER, gathered_bytes, groups, cluster)
             + slowest_collective_s(CollectiveOp.REDUCE_SCATTER, act_bytes, groups, cluster)
         )
     return 2 * slowest_collective_s(CollectiveOp.ALL_REDUCE, act_bytes, groups, cluster)

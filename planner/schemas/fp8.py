@@ -74,6 +74,10 @@ class RecipeRun:
     2 where an amax pass precedes it, or where each of two scaled layouts is cast from bf16."""
     fp8_param_gather: bool
     """Whether sharded weights can be all-gathered in FP8 (half the bytes of bf16), when asked."""
+    fp8_sequence_gather: bool
+    """Whether sequence parallelism's all-gather of a linear layer's input carries it quantized,
+    in FP8 (Transformer Engine's per-tensor and blockwise recipes; torchao's tensorwise), rather
+    than in bf16 (references-fp8 §1.4)."""
     saves_fp8_inputs: bool
     """Whether a linear layer keeps its input for the backward in FP8 (TE) rather than bf16 (torchao)."""
     caches_fp8_weights: bool
@@ -94,6 +98,7 @@ _TORCHAO_MEMORY = "torchao float8_linear.py saves input_hp and weight_hp_t and c
 
 def _te(recipe: Fp8Recipe, library_name: str, *, reads: int, gather: bool, devices: Fp8Devices, why: str) -> RecipeRun:
     return RecipeRun(
+        fp8_sequence_gather=recipe is not Fp8Recipe.MXFP8,
         library=Fp8Library.TRANSFORMER_ENGINE,
         recipe=recipe,
         library_name=library_name,
@@ -113,6 +118,7 @@ def _torchao(
     return RecipeRun(
         library=Fp8Library.TORCHAO,
         recipe=recipe,
+        fp8_sequence_gather=recipe is Fp8Recipe.TENSORWISE,
         library_name=library_name,
         fp8_wgrad=wgrad,
         quantization_reads=2,

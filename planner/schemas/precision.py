@@ -63,6 +63,10 @@ class Precision:
     parameter_gather: DType
     """What ZeRO-1's updated weights and ZeRO-3/FSDP's weights are all-gathered in, and so the
     gathered units ZeRO-3 holds."""
+    sequence_gather: DType
+    """What sequence parallelism's forward all-gathers of a linear layer's input carry:
+    ``activation_communication``, or fp8 where an FP8 recipe's library gathers the quantized
+    input (``RecipeRun.fp8_sequence_gather``)."""
     activation_communication: DType
     """What tensor and sequence parallelism's collectives, context parallelism's ring blocks and
     all-to-alls, expert parallelism's all-to-alls and the pipeline's sends carry, and the buffers
@@ -144,5 +148,6 @@ def precision_of(
         attention=dtype,
         gradient_reduce=default_reduce if grad_reduce is None else grad_reduce,
         parameter_gather=DType.FP8 if fp8 is not None and param_gather else dtype,
+        sequence_gather=DType.FP8 if fp8 is not None and fp8.fp8_sequence_gather else dtype,
         activation_communication=dtype,
     )

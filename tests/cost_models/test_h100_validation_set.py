@@ -123,6 +123,8 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # fit without recompute (-34.1% -> -10.7%, -38.7% -> -17.0%): mean 25.3%, worst 92.1%. The
     # dense Llama rows' tensor-parallel time (14-20% of the step) is exposed as priced: the rows do
     # not state Megatron Bridge's communication overlap, which its H100 recipes may turn on.
+    # With the sequence-parallel all-gathers in FP8 (Transformer Engine gathers quantized inputs):
+    # mean 24.5%.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall bf16"]
@@ -131,7 +133,7 @@ def test_mean_error_is_no_worse_than_today() -> None:
     assert worst <= 0.35
     fp8_mean, fp8_worst, fp8_rows = stats["overall fp8"]
     assert fp8_rows == 9
-    assert fp8_mean <= 0.26
+    assert fp8_mean <= 0.25
     assert fp8_worst <= 0.93
     assert stats["GB200"][2] == 6
 

@@ -106,3 +106,31 @@ def test_routed_experts_run_in_fp8_under_transformer_engine_only() -> None:
     experts = Gemm(4096, 2 * 2048, 4096, batch=8, grouped=True)
     assert linear_gemms.in_fp8(experts, _precision("megatron-lm", "tensorwise"))
     assert not linear_gemms.in_fp8(experts, _precision("torchtitan", "tensorwise"))
+
+
+def test_sequence_parallel_gathers_the_quantized_input_where_the_library_does() -> None:
+    # Transformer Engine's and torchao tensorwise's sequence-parallel all-gathers carry the FP8
+    # input (1 byte) forward; the backward's collectives and torchao rowwise's stay bf16.
+    from cost_models.comm import Group
+    from cost_models.tensor_parallel import tensor_parallel_forward_backward_s
+    from planner.schemas import Layout, ModelSpec
+
+    cluster = cluster_preset("dgx-h100", 1)
+    layout = Layout(
+        data_parallel_degree=1, tensor_parallel_degree=8, pipeline_parallel_degree=1, micro_batch_size=1,
+        sequence_parallel=True,
+    )  # fmt: skip
+    model = ModelSpec.model_validate({"name": "m", "hidden_size": 8192, "num_hidden_layers": 2,
+                                      "num_attention_heads": 64, "vocab_size": 32000})  # fmt: skip
+
+    def passes(stack: str, recipe: str | None) -> tuple[float, float]:
+        fp8 = {} if recipe is None else {"fp8": recipe}
+        training = TrainingSpec(global_batch_size=8, seq_len=8192, stack=stack, **fp8)
+        return tensor_parallel_forward_backward_s(model, training, cluster, layout, [Group(range(8))], None)
+
+    bf16_fwd, bf16_bwd = passes("megatron-lm", None)
+    assert bf16_fwd == bf16_bwd
+    te_fwd, te_bwd = passes("megatron-lm", "delayed")
+    assert te_fwd < bf16_fwd and te_bwd == bf16_bwd
+    assert passes("torchtitan", "tensorwise")[0] == te_fwd
+    assert passes("torchtitan", "rowwise") == (bf16_fwd, bf16_bwd)
