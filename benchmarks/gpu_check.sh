@@ -56,7 +56,7 @@ else
     echo "== gpu-tests: not here (the suite runs them, and they skip without CUDA)"
 fi
 step 200 profile $run -m planner profile --model "$dense" --seq-len "$seq" --dtype "$dtype" --quick \
-    --output "$OUT/profile.json"
+    --fp8 tensorwise --output "$OUT/profile.json"
 step 30 preset "$PY" benchmarks/gpu_check.py preset "$OUT/preset-h100x1.json"
 cluster="$OUT/profile.json"
 if [ -f "$cluster" ]; then

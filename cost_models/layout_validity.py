@@ -7,6 +7,7 @@ fit is not checked here: the Estimate says whether the layout fits.
 from planner.schemas import (
     ClusterProfile,
     ContextParallelKind,
+    DeviceKind,
     DType,
     Layout,
     ModelSpec,
@@ -29,11 +30,17 @@ def check_precision(training: TrainingSpec, cluster: ClusterProfile) -> None:
     for device in cluster.devices:
         if wanted not in device.peak_flop_per_s:
             cores = "block-scaled (MX) FP8 tensor cores (Blackwell)" if wanted is DType.MXFP8 else "FP8 tensor cores"
-            fix = (
-                "give a per-tensor recipe instead (tensorwise, or delayed/blockwise on a Transformer Engine stack)"
-                if wanted is DType.MXFP8
-                else "train in bf16 on it (drop --fp8)"
-            )
+            if device.kind is DeviceKind.CUDA and cluster.provenance.kind == "measured":
+                fix = (
+                    f"if its GPUs have them (Hopper, Blackwell), profile with planner profile --fp8 {training.fp8} "
+                    "to time its FP8 GEMMs; else train in bf16 (drop --fp8)"
+                )
+            elif wanted is DType.MXFP8:
+                fix = (
+                    "give a per-tensor recipe instead (tensorwise, or delayed/blockwise on a Transformer Engine stack)"
+                )
+            else:
+                fix = "train in bf16 on it (drop --fp8)"
             raise SchemaError(
                 f"fp8 recipe {training.fp8.value!r} needs {cores}, which device {device.name!r} of cluster "
                 f"{cluster.name!r} lacks (it has no {wanted} peak); {fix}"

@@ -50,12 +50,12 @@ PUBLISHED_PEAK_FLOP_PER_S: tuple[tuple[str, dict[DType, float]], ...] = (
     # compute/accelerator/README.md, "TFLOPS comparison table" (as the dgx presets cite it): A100
     # SXM 312/19.5, H100 SXM 989/67, H200 SXM "the same" compute as the H100 (its memory differs:
     # 141 GB, measured by the profiler), B200 SXM 2250/80 (note: the DGX B200 datasheet), GB200
-    # 2500/80 per GPU.
+    # 2500/80 per GPU; FP8 (Hopper, Blackwell) twice the bf16 rate, MXFP8 (Blackwell) at FP8's.
     ("A100", {DType.BF16: 312e12, DType.FP16: 312e12, DType.FP32: 19.5e12}),
-    ("H100", {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12}),
-    ("H200", {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12}),
-    ("GB200", {DType.BF16: 2500e12, DType.FP16: 2500e12, DType.FP32: 80e12}),
-    ("B200", {DType.BF16: 2250e12, DType.FP16: 2250e12, DType.FP32: 80e12}),
+    ("H100", {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12, DType.FP8: 1979e12}),
+    ("H200", {DType.BF16: 989e12, DType.FP16: 989e12, DType.FP32: 67e12, DType.FP8: 1979e12}),
+    ("GB200", {DType.BF16: 2500e12, DType.FP16: 2500e12, DType.FP32: 80e12, DType.FP8: 5e15, DType.MXFP8: 5e15}),
+    ("B200", {DType.BF16: 2250e12, DType.FP16: 2250e12, DType.FP32: 80e12, DType.FP8: 4.5e15, DType.MXFP8: 4.5e15}),
 )
 
 CUDA_GEMM_TILE = (256, 128)
@@ -145,9 +145,11 @@ def gemm_efficiency(
 
     A GPU with published peaks keeps them, and each precision timed gets its own fraction: best
     rate in it / its peak (at least 1e-3, at most 1); a precision not timed is priced at the first
-    timed one of ``FRACTION_FALLBACK_ORDER``. Any other device (a CPU, an unknown GPU) takes the
-    best rate measured in each precision as its peak, fraction 1, and fp16 at bf16's when only
-    bf16 was timed (a CPU runs it like bf16 at best).
+    timed one of ``FRACTION_FALLBACK_ORDER``, but for fp8 and mxfp8, whose share of their peak
+    differs from the training precisions' (the presets' measured rates), kept only where timed
+    (``planner profile --fp8``): a profile that did not time them prices no FP8 plan. Any other
+    device (a CPU, an unknown GPU) takes the best rate measured in each precision as its peak,
+    fraction 1, and fp16 at bf16's when only bf16 was timed (a CPU runs it like bf16 at best).
     """
     if published is None:
         peak = dict(best_flop_per_s)
@@ -160,7 +162,8 @@ def gemm_efficiency(
         if dtype in published
     }
     fallback = next((fractions[d] for d in FRACTION_FALLBACK_ORDER if d in fractions), 1e-3)
-    return published, fallback, fractions
+    peaks = {d: p for d, p in published.items() if d.trains or d in best_flop_per_s}
+    return peaks, fallback, fractions
 
 
 def _device(infos: list[RankInfo], ops: list[OpsSample]) -> DeviceProfile:

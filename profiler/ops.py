@@ -31,6 +31,7 @@ from planner.schemas import (
 from planner.schemas.geometry import MeshAxis
 from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
+from profiler.fp8_gemms import fp8_gemms
 from profiler.framework_ops import pipeline_slot, sharded_units
 from profiler.host_copies import HostCopies, measure_host_copies
 from profiler.layer import LocalLayer, rank_share
@@ -92,6 +93,7 @@ def measure(ctx: Context) -> list[OpsSample] | None:
             b = torch.randn(k, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
             timing = ctx.time(partial(torch.mm, a, b), lockstep=True)
             gemms.append(GemmSample(m, n, k, dtype, timing.median_s, timing.spread))
+    gemms += [GemmSample(g.m, g.n, g.k, g.dtype, g.median_s, g.spread) for g in fp8_gemms(ctx, shapes)]
     ctx.at("ops", "memory bandwidth")
     elems = stream_operand_bytes(ctx) // 4
     x, y, z = (torch.rand(elems, device=ctx.device) for _ in range(3))

@@ -33,6 +33,7 @@ from planner.cli.options import (
 from planner.cli.testing_aids import parse_delay, parse_fault, parse_micro_batches, parse_step_fault
 from planner.schemas import DType, OnFault, StackName
 from planner.schemas.errors import MissingExtraError, PlannerError, SchemaError
+from planner.schemas.fp8 import Fp8Recipe
 from planner.views.tables import dry_run_table, run_summary
 
 if TYPE_CHECKING:
@@ -49,6 +50,14 @@ def profile(
         typer.Option(
             help="Time GEMMs and the model's layers in this precision only, the one you will train in "
             "(half the time; plans in another precision are then refused) [default: fp32 and bf16]."
+        ),
+    ] = None,
+    fp8: Annotated[
+        Fp8Recipe | None,
+        typer.Option(
+            help="Also time the GEMMs in FP8 under this recipe's scaling (torch's scaled matmul, operands "
+            "quantized beforehand), for plans that train in it; CUDA GPUs with FP8 tensor cores only "
+            "(Hopper, Blackwell) [default: no FP8 GEMM timed, and no FP8 plan priced on the profile]."
         ),
     ] = None,
     timeout: Annotated[
@@ -84,6 +93,8 @@ def profile(
     )
     if dtype is not None:
         settings = replace(settings, gemm_dtypes=(DType(dtype),))
+    if fp8 is not None:
+        settings = replace(settings, fp8=fp8)
     if (micro_batches := parse_micro_batches(layer_micro_batches)) is not None:
         settings = replace(settings, layer_micro_batches=micro_batches)
     if layer_repeats is not None:

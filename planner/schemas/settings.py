@@ -13,6 +13,7 @@ from pathlib import Path
 from planner.schemas.choices import Choice
 from planner.schemas.enums import DType, OnFault, VocabularyLayout
 from planner.schemas.errors import SchemaError
+from planner.schemas.fp8 import Fp8Recipe
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan
 from planner.schemas.stacks import StackName
@@ -227,6 +228,9 @@ class ProfileSettings:
     gemm_dtypes: tuple[DType, ...] = (DType.FP32, DType.BF16)
     """Precisions GEMMs and the model's layers are timed in: the one a user will train in halves
     the time (plans in another precision are then refused)."""
+    fp8: Fp8Recipe | None = None
+    """Also time the GEMMs in FP8 under this recipe's scaling (CUDA only: ``profiler.fp8_gemms``),
+    for plans that train in it; None: no FP8 GEMM is timed."""
     stream_bytes: int = 64 * MIB
     """Size of each operand of the elementwise kernel that measures memory bandwidth."""
     model: ModelSpec | None = None
@@ -276,6 +280,7 @@ class ProfileSettings:
             "collective_bytes": ",".join(str(b) for b in self.collective_bytes),
             "gemm_shapes": len(self.gemm_shapes),
             "gemm_dtypes": ",".join(str(d) for d in self.gemm_dtypes),
+            "fp8": str(self.fp8 or ""),
             "model": self.model.name if self.model else "",
             "seq_len": self.seq_len,
             "layer_micro_batches": ",".join(str(b) for b in self.layer_micro_batches),

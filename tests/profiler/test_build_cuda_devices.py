@@ -48,6 +48,16 @@ def test_an_h100_keeps_its_published_peaks_and_measures_each_precisions_share() 
     assert (device.matmul.compute_units, device.matmul.tile_m, device.matmul.tile_n) == (132, 256, 128)
 
 
+def test_fp8_is_priced_only_where_the_profile_timed_it() -> None:
+    # without --fp8 the H100's FP8 peak is left out (no FP8 plan is priced on a guessed share);
+    # with it, FP8 keeps its published peak and its own measured share (1400 of 1979 TFLOP/s)
+    assert DType.FP8 not in _one_gpu("NVIDIA H100 80GB HBM3", {DType.BF16: 692.3e12}).device.peak_flop_per_s
+    device = _one_gpu("NVIDIA H100 80GB HBM3", {DType.BF16: 692.3e12, DType.FP8: 1400e12}).device
+    assert device.peak_flop_per_s[DType.FP8] == 1979e12
+    assert device.matmul.fraction(DType.FP8) == pytest.approx(1400 / 1979)
+    assert device.matmul.fraction(DType.BF16) == pytest.approx(0.7)
+
+
 def test_an_fp32_only_profile_prices_bf16_at_fp32s_share_not_at_a_thousandth() -> None:
     profile = _one_gpu("NVIDIA H100 80GB HBM3", {DType.FP32: 40.2e12})
     assert profile.device.matmul.fraction(DType.FP32) == pytest.approx(0.6)

@@ -69,7 +69,8 @@ def quick_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClusterProf
     (the delay is in the link phase's transfers only: collectives and ops are as measured). The
     layers are timed at micro-batches 1 and 2 only, 3 times each (``LAYER_TIMINGS``)."""
     model = ("--model", "tiny-gpt", "--seq-len", "128", "--dtype", "bf16", *LAYER_TIMINGS)
-    return _profile(tmp_path_factory.mktemp("quick"), *model, "--inject-link-delay", "1,2,0.05")
+    fp8 = ("--fp8", "tensorwise")  # on CPUs: said, and nothing recorded
+    return _profile(tmp_path_factory.mktemp("quick"), *model, *fp8, "--inject-link-delay", "1,2,0.05")
 
 
 @pytest.mark.torch_oldest  # the collective curves and the sharded-unit collectives
@@ -89,6 +90,10 @@ def test_quick_profile_is_complete_and_drives_the_estimate(quick_profile: tuple[
     assert {r.group_size for r in profile.collectives} == {2, 4}
     assert profile.device.matmul_records and profile.device.memory_bytes > 0
     assert profile.device.kind is DeviceKind.CPU
+    # --fp8 on CPUs: one line says FP8 GEMMs are timed on CUDA only, and the profile prices no FP8 plan
+    assert output.count("FP8 GEMMs are timed on CUDA devices with FP8 tensor cores only") == 1, output
+    assert {r.dtype for r in profile.device.matmul_records} == {DType.BF16}
+    assert DType.FP8 not in profile.device.peak_flop_per_s
     records = profile.device.op_records
     layers = {
         (r.op, r.tensor_parallel_degree, r.micro_batch_size, r.seq_len, r.sequence_parallel)
