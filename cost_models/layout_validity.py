@@ -51,6 +51,11 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
     """Raise InfeasibleConfigError if ``layout`` cannot run ``model`` on ``cluster``; SchemaError
     if ``cluster`` cannot compute in ``training``'s precision (``check_precision``)."""
     check_precision(training, cluster)
+    if 2 * training.fp8_bf16_layers > model.num_hidden_layers:
+        raise SchemaError(
+            f"--fp8-bf16-layers {training.fp8_bf16_layers} keeps the first and last {training.fp8_bf16_layers} layers "
+            f"in bf16, more than the model's {model.num_hidden_layers}; give at most {model.num_hidden_layers // 2}"
+        )
     d, t, p = layout.data_parallel_degree, layout.tensor_parallel_degree, layout.pipeline_parallel_degree
     if model.num_attention_heads % t:
         raise InfeasibleConfigError(

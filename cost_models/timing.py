@@ -47,7 +47,7 @@ from cost_models.tensor_parallel import tensor_parallel_forward_backward_s, tens
 from cost_models.vocabulary import NO_COMM, VocabularyComm, vocabulary_comm, vocabulary_tokens
 from planner.schemas import ClusterProfile, DeviceProfile, Layout, ModelSpec, Precision, TrainingSpec
 from planner.schemas.device_map import IDENTITY
-from planner.schemas.geometry import chunk_stage, embedding_chunk, output_chunk, stage_layers
+from planner.schemas.geometry import chunk_stage, embedding_chunk, output_chunk, stage_edge_layers, stage_layers
 from planner.schemas.routing import RoutingStats
 
 
@@ -165,7 +165,9 @@ def _stage_times(
         vocabulary=vocabulary,
         unit_s=sharded_unit_s(cluster.pricing_device, layout, training.precision.weights),
         overlapped=training.vocabulary_overlap and hides_communication(cluster),
+        high_precision=_high_precision_kernels(model, training, cluster, layout),
     )
+    edges = stage_edge_layers(model, layout, training.fp8_bf16_layers if training.fp8 else 0)
     alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
     first, last = chunk_stage(layout, embedding_chunk(layout)), chunk_stage(layout, output_chunk(layout))
@@ -178,11 +180,11 @@ def _stage_times(
         )
     ):
         roles = (stage == first, stage == last) if vocabulary.total_s else (False, False)
-        key = (n, load, held, roles)
+        key = (n, load, held, roles, edges[stage])
         stage_time = alike.get(key)
         if stage_time is None:
             stage_time = alike[key] = _stage_time(
-                costs, training.precision, cluster.pricing_device, n, load, held, roles
+                costs, training.precision, cluster.pricing_device, n, load, held, roles, edges[stage]
             )
         out.append(stage_time)
     return tuple(out)
@@ -194,6 +196,9 @@ class _LayoutCosts:
 
     kernels: LayoutKernels
     """Each kind of layer's kernels, the routed experts' GEMMs (``layer_time.shared_kernels``)."""
+    high_precision: LayoutKernels | None
+    """Under an FP8 recipe that keeps the first and last layers in the high precision
+    (``TrainingSpec.fp8_bf16_layers``), the kernels without the recipe; else None."""
     tp_exposed_s: dict[bool, float]
     """Each kind of layer's tensor-parallel time it waits for (``_tensor_parallel_exposed_s``)."""
     ep_layer_s: float
@@ -285,6 +290,7 @@ def _stage_time(
     load: StageExpertLoad,
     held: StageParams,
     roles: tuple[bool, bool],
+    edges: tuple[int, int] = (0, 0),
 ) -> StageTime:
     """One micro-batch on a stage of ``n`` layers with MoE loads ``load``, holding ``held``, and
     the first or last of the vocabulary's collectives by ``roles``: its layers of each kind, the
@@ -299,12 +305,14 @@ def _stage_time(
     here = [(counts[moe], moe, kinds[moe]) for moe in kinds if counts[moe]]
     hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
     layers_s = sum((c * (k.forward_s + k.backward_s) for c, _, k in here), 0.0)
+    edge_s, edge_recompute_s, edge_backward_s = _edge_layers_s(costs, edges)
+    layers_s += edge_s
     return StageTime(
         compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
-        recompute_s=sum((c * k.recompute_s for c, _, k in here), 0.0) + hot * experts.recompute_s,
+        recompute_s=sum((c * k.recompute_s for c, _, k in here), 0.0) + hot * experts.recompute_s + edge_recompute_s,
         tensor_parallel_comm_s=sum((c * costs.tp_exposed_s[moe] for c, moe, _ in here), 0.0),
         expert_parallel_comm_s=load.exchange_sum * costs.ep_layer_s,
-        backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s,
+        backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s + edge_backward_s,
         vocabulary_comm_s=costs.vocabulary.exposed_s(
             layers_s,
             overlapped=costs.overlapped,
@@ -314,4 +322,28 @@ def _stage_time(
             output_share_s=output_share_s,
         ),
         context_parallel_comm_s=sum((c * costs.cp_s[moe] for c, moe, _ in here), 0.0),
+    )
+
+
+def _high_precision_kernels(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout
+) -> LayoutKernels | None:
+    """The kernels of the layers an FP8 recipe keeps in the high precision (``_LayoutCosts``)."""
+    if training.fp8 is None or not training.fp8_bf16_layers:
+        return None
+    return shared_kernels(model, training.with_options({"fp8": None, "fp8_bf16_layers": 0}), cluster, layout)
+
+
+def _edge_layers_s(costs: _LayoutCosts, edges: tuple[int, int]) -> tuple[float, float, float]:
+    """What a stage's (dense, MoE) layers kept in the high precision take beyond their FP8 time:
+    (forward and backward, recompute, backward) seconds."""
+    if costs.high_precision is None:
+        return 0.0, 0.0, 0.0
+    kinds, high = costs.kernels.kinds, costs.high_precision.kinds
+    pairs = [(count, kinds[moe], high[moe]) for moe, count in zip((False, True), edges, strict=True) if count]
+    both = sum(c * (h.forward_s + h.backward_s - k.forward_s - k.backward_s) for c, k, h in pairs)
+    return (
+        both,
+        sum(c * (h.recompute_s - k.recompute_s) for c, k, h in pairs),
+        sum(c * (h.backward_s - k.backward_s) for c, k, h in pairs),
     )

@@ -114,6 +114,14 @@ def parse_fp8_choices(text: str | None) -> tuple[Fp8Recipe | None, ...]:
     return tuple(choices)
 
 
+Fp8Bf16LayersOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="With --fp8: keep the first and the last N transformer layers in bf16 (Megatron-LM's "
+        "--first-last-layers-bf16; Megatron Bridge's current-scaling recipes keep 1 and 1) [default: 0].",
+    ),
+]
 Fp8ParamGatherOpt = Annotated[
     bool | None,
     typer.Option(
@@ -271,6 +279,7 @@ TRAINING_OPTIONS = {
     "moe_dispatcher": "moe_dispatcher",
     "fp8": "fp8",
     "fp8_param_gather": "fp8_param_gather",
+    "fp8_bf16_layers": "fp8_bf16_layers",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""
 LAYOUT_OPTIONS = {

@@ -27,6 +27,7 @@ from planner.cli.options import (
     ClusterOpt,
     DispatcherOpt,
     DTypeOpt,
+    Fp8Bf16LayersOpt,
     Fp8ChoicesOpt,
     Fp8Opt,
     Fp8ParamGatherOpt,
@@ -151,6 +152,7 @@ def estimate(
     ] = None,
     fp8: Fp8Opt = None,
     fp8_param_gather: Fp8ParamGatherOpt = None,
+    fp8_bf16_layers: Fp8Bf16LayersOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
     kernels: KernelsOpt = None,
@@ -202,6 +204,7 @@ def search(
     dtype: DTypeOpt = TrainDType.BF16,
     fp8: Fp8ChoicesOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = None,
+    fp8_bf16_layers: Fp8Bf16LayersOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
     kernels: KernelsOpt = None,
@@ -318,7 +321,7 @@ def search(
     check_plot_file(plot)
     recipes = parse_fp8_choices(fp8)  # each searched; the training's fields without them
     model, cluster, training = search_inputs(
-        model, cluster, training_fields({**given, "fp8": None, "fp8_param_gather": None})
+        model, cluster, training_fields({**given, "fp8": None, "fp8_param_gather": None, "fp8_bf16_layers": None})
     )
     constraints = constraint_fields(given)
     check_output("--output", output)
@@ -340,7 +343,14 @@ def search(
     )
     with progress_bar("searching", transient=True) as progress:
         outcome, plans = api.search_recipes(
-            model, cluster, training, recipes, settings, param_gather=bool(fp8_param_gather), progress=progress
+            model,
+            cluster,
+            training,
+            recipes,
+            settings,
+            param_gather=bool(fp8_param_gather),
+            bf16_layers=fp8_bf16_layers or 0,
+            progress=progress,
         )
     output_console().print(ranked_table(outcome, plans))
     if plot is not None:

@@ -38,6 +38,9 @@ How the plan maps:
   needs the distributed optimizer or Megatron-FSDP), and --moe-router-padding-for-fp8 for an MoE
   model (Transformer Engine's FP8 grouped GEMMs need each expert's tokens aligned). Delayed
   scaling with selective recompute of moe_act or layernorm is refused, as Megatron refuses it.
+  The first and last layers kept in bf16: --first-last-layers-bf16 with
+  --num-layers-at-start/end-in-bf16 (refused under delayed scaling, and beyond a stage's layers,
+  as Megatron refuses them).
 - MoE: --num-experts, --moe-router-topk, the dispatcher (alltoall; DeepEP as flex +
   --moe-enable-deepep), capacity factor and padding (refused with DeepEP: the flex dispatcher
   does not pad); --tp-comm-overlap where the plan priced it.
@@ -67,7 +70,7 @@ from planner.schemas import (
     ZeroStage,
 )
 from planner.schemas.fp8 import Fp8Recipe
-from planner.schemas.geometry import pipeline_schedules
+from planner.schemas.geometry import pipeline_schedules, stage_layers
 from planner.schemas.plan import PlanShape
 
 TARGET = "megatron"
@@ -130,6 +133,9 @@ def _fp8(plan: Plan) -> list[str]:
     args = ["--fp8-format", FP8_FORMATS[training.fp8], "--fp8-recipe", str(training.fp8)]
     if training.fp8_param_gather:
         args.append("--fp8-param-gather")
+    if edge := training.fp8_bf16_layers:
+        args += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(edge)]
+        args += ["--num-layers-at-end-in-bf16", str(edge)]
     if plan.model.is_moe:
         args.append("--moe-router-padding-for-fp8")
     return args
@@ -221,6 +227,21 @@ def _check_fp8(plan: PlanShape) -> None:
             "--fp8-param-gather without a sharded optimizer",
             "it gathers FP8 weights only from the distributed optimizer or Megatron-FSDP",
             "plan with --zero-stage 1, or without --fp8-param-gather",
+        )
+    edge, per_stage = training.fp8_bf16_layers, min(stage_layers(plan.model, layout))
+    if edge and training.fp8 is Fp8Recipe.DELAYED:
+        refuse(
+            TARGET,
+            f"the first and last {edge} layers in bf16 under fp8 recipe 'delayed'",
+            "Transformer Engine's delayed scaling keeps every layer in FP8",
+            "plan with another --fp8 recipe (tensorwise), or without --fp8-bf16-layers",
+        )
+    if edge > per_stage:
+        refuse(
+            TARGET,
+            f"the first and last {edge} layers in bf16 with {per_stage} layers on a pipeline stage",
+            "it keeps at most a stage's layers in bf16 at either end",
+            f"plan with --fp8-bf16-layers {per_stage} or fewer",
         )
     delayed_modules = {RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM} & set(layout.recompute_modules)
     if training.fp8 is Fp8Recipe.DELAYED and layout.recompute is Recompute.SELECTIVE and delayed_modules:

@@ -45,7 +45,8 @@ How the plan maps:
   FSDP; rowwise and rowwise_with_gw_hp by ``recipe_name``, which 0.2.2 asserts cannot gather in
   FP8) or ``quantize.linear.mx`` (mxfp8_cublas). ``filter_fqns`` keeps the output layer and an MoE
   router's gate in bf16, and names ``auto_filter_small_kn``, torchao's small-shape filter, which
-  the planner priced (``fp8.converts``; the MX converter has none). Routed experts stay bf16:
+  the planner priced (``fp8.converts``; the MX converter has none), and the first and last layers
+  a plan keeps in bf16 (``layers.<i>.``, matched as a part of each module's name). Routed experts stay bf16:
   0.2.2's grouped-GEMM converters are prototypes the planner does not price.
 - Left to the user: the model (named for the Llama 3 presets), dataset, optimizer and steps.
 """
@@ -150,6 +151,8 @@ def _float8(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     if training.fp8 is None:
         return {}
     kept = ["output", "router.gate"] if plan.model.is_moe else ["output"]
+    total, edge = plan.model.num_hidden_layers, training.fp8_bf16_layers  # whole layers kept in bf16
+    kept += [f"layers.{i}." for i in (*range(edge), *range(total - edge, total))]
     if training.fp8 is Fp8Recipe.MXFP8:
         return {"quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": kept}}
     section: dict[str, TomlValue] = {"filter_fqns": [*kept, "auto_filter_small_kn"]}

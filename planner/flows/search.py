@@ -106,13 +106,15 @@ def search_recipes(
     settings: SearchSettings = SearchSettings(),
     *,
     param_gather: bool = False,
+    bf16_layers: int = 0,
     progress: Progress | None = None,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """:func:`search_outcome` under each FP8 recipe of ``recipes`` (None: none, the training's
     ``dtype`` throughout), the plans ranked together, fastest first (``settings.top_k`` of them):
     the search compares the precisions the user allows, since a recipe changes numerics and only
     the user can accept that. ``param_gather`` (``--fp8-param-gather``) applies to the recipes
-    whose library gathers in FP8 (``RecipeRun.fp8_param_gather``). Each plan's runner-up is the next best under
+    whose library gathers in FP8 (``RecipeRun.fp8_param_gather``), ``bf16_layers``
+    (``--fp8-bf16-layers``) to every recipe. Each plan's runner-up is the next best under
     its own recipe. A recipe under which no layout fits is left out while another fits.
 
     Raises:
@@ -125,7 +127,14 @@ def search_recipes(
     gathers = {r for r in wanted if r is not None and stack.fp8_run(r).fp8_param_gather}
     if param_gather and not gathers:  # refused as the spec refuses it, with its fix
         training.with_options({"fp8": next((r for r in wanted if r is not None), None), "fp8_param_gather": True})
-    variants = [training.with_options({"fp8": r, "fp8_param_gather": param_gather and r in gathers}) for r in wanted]
+    if bf16_layers and all(r is None for r in wanted):  # refused as the spec refuses it
+        training.with_options({"fp8_bf16_layers": bf16_layers})
+    variants = [
+        training.with_options(
+            {"fp8": r, "fp8_param_gather": param_gather and r in gathers, "fp8_bf16_layers": bf16_layers if r else 0}
+        )
+        for r in wanted
+    ]
     results: list[tuple[SearchOutcome, tuple[Plan, ...]]] = []
     first_error: InfeasibleConfigError | None = None
     for variant in variants:

@@ -360,3 +360,18 @@ def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int, *, v
         return float(min(p - stage + extra, m))
     warmup_chunks = (p - stage - 1) * 2 + (v - 1) * p
     return min(warmup_chunks + 1, m * v) / v
+
+
+def stage_edge_layers(model: ModelSpec, layout: Layout, edge: int) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layers of each pipeline rank among the model's first ``edge`` and last
+    ``edge`` layers (what an FP8 recipe keeps in bf16: ``TrainingSpec.fp8_bf16_layers``)."""
+    if edge == 0:
+        return ((0, 0),) * layout.pipeline_parallel_degree
+    total = model.num_hidden_layers
+    out = []
+    for stage in range(layout.pipeline_parallel_degree):
+        layers = [i for c in stage_chunks(layout, stage) for i in chunk_layer_range(model, layout, c)]
+        edges = [i for i in layers if i < edge or i >= total - edge]
+        moe = sum(1 for i in edges if model.is_moe_layer(i))
+        out.append((len(edges) - moe, moe))
+    return tuple(out)

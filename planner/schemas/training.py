@@ -30,6 +30,15 @@ class TrainingSpec(FrozenModel):
             "and the optimizer stay in ``dtype``. None: every GEMM in ``dtype``."
         ),
     )
+    fp8_bf16_layers: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "With ``fp8``: the first and the last this many transformer layers run in ``dtype`` (Megatron-LM's "
+            "--first-last-layers-bf16 with --num-layers-at-start/end-in-bf16; Megatron Bridge's current-scaling "
+            "recipes keep 1 and 1)."
+        ),
+    )
     fp8_param_gather: bool = Field(
         default=False,
         description=(
@@ -174,6 +183,11 @@ class TrainingSpec(FrozenModel):
                 "give --dtype bf16 --fp8 tensorwise (or another recipe: planner stacks lists each stack's)"
             )
         if self.fp8 is None:
+            if self.fp8_bf16_layers:
+                raise SchemaError(
+                    f"--fp8-bf16-layers {self.fp8_bf16_layers} keeps layers of an FP8 recipe in bf16, but no --fp8 "
+                    "recipe is given; give --fp8 RECIPE or drop --fp8-bf16-layers"
+                )
             if self.fp8_param_gather:
                 raise SchemaError(
                     "--fp8-param-gather gathers the weights of an FP8 recipe, but no --fp8 recipe is given; "

@@ -134,3 +134,24 @@ def test_sequence_parallel_gathers_the_quantized_input_where_the_library_does() 
     assert te_fwd < bf16_fwd and te_bwd == bf16_bwd
     assert passes("torchtitan", "tensorwise")[0] == te_fwd
     assert passes("torchtitan", "rowwise") == (bf16_fwd, bf16_bwd)
+
+
+def test_the_first_and_last_layers_kept_in_bf16_run_at_the_bf16_rate() -> None:
+    # llama3-8b over 8 pipeline stages: 4 layers a stage. Keeping 4 at each end in bf16 makes the
+    # first and last stages' layers bf16 ones and leaves the middle stages' in FP8.
+    from cost_models.estimate import estimate
+    from planner.files.models import load_model
+    from planner.schemas import Layout
+
+    model, cluster = load_model("llama3-8b"), cluster_preset("dgx-h100", 4)
+    layout = Layout(data_parallel_degree=4, tensor_parallel_degree=1, pipeline_parallel_degree=8, micro_batch_size=1)
+
+    def stages(**fp8: object) -> list[float]:
+        training = TrainingSpec(global_batch_size=64, seq_len=8192, stack="megatron-lm", **fp8)
+        return [s.compute_per_micro_batch_s for s in estimate(model, training, cluster, layout).stages]
+
+    bf16, fp8, edges = stages(), stages(fp8="tensorwise"), stages(fp8="tensorwise", fp8_bf16_layers=4)
+    assert edges[0] == pytest.approx(bf16[0]) and edges[-1] == pytest.approx(bf16[-1])
+    assert edges[1:-1] == pytest.approx(fp8[1:-1]) and fp8[1] < bf16[1]
+    one = stages(fp8="tensorwise", fp8_bf16_layers=1)
+    assert fp8[0] < one[0] < bf16[0]

@@ -53,3 +53,14 @@ def test_megatron_refuses_delayed_scaling_with_layernorm_recompute() -> None:
                     stack="megatron-lm", fp8="delayed")  # fmt: skip
     with pytest.raises(InfeasibleConfigError, match="plan with another --fp8 recipe"):
         api.export(exported, "megatron")
+
+
+def test_the_first_and_last_layers_kept_in_bf16_are_exported() -> None:
+    megatron = plan("tiny-gpt", layout(16), stack="megatron-lm", fp8="tensorwise", fp8_bf16_layers=1)
+    words = " ".join(shlex.split(api.export(megatron, "megatron")))
+    assert "--first-last-layers-bf16 --num-layers-at-start-in-bf16 1 --num-layers-at-end-in-bf16 1" in words
+    titan = plan("llama3-8b", layout(16, zero_stage=3), stack="torchtitan", fp8="tensorwise", fp8_bf16_layers=2)
+    assert '"output", "layers.0.", "layers.1.", "layers.30.", "layers.31."' in api.export(titan, "torchtitan")
+    delayed = plan("tiny-gpt", layout(16), stack="megatron-lm", fp8="delayed", fp8_bf16_layers=1)
+    with pytest.raises(InfeasibleConfigError, match="without --fp8-bf16-layers"):
+        api.export(delayed, "megatron")
