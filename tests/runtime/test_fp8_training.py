@@ -154,7 +154,8 @@ def test_the_layers_converted_are_the_transformer_layers_projections_that_conver
 
 
 def test_a_missing_torchao_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao now raises ImportError
+    for name in ("torchao", "torchao.float8"):  # importing them now raises ImportError, imported before or not
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(MissingExtraError, match=r"^FP8 training needs torchao: pip install 'planner\[fp8\]'$"):
         convert_to_fp8(Decoder(DENSE, seed=0), TENSORWISE)
 
