@@ -128,11 +128,14 @@ def dry_run(
                 pipeline_schedule=False,
                 dtype=plan.training.dtype,
                 reduce_dtype=plan.training.reduce_dtype,
+                fp8=plan.training.precision.fp8,
+                fp8_param_gather=plan.training.fp8_param_gather,
                 experts_mesh=experts,
                 sharding=sharding,
                 contexts_mesh=contexts,
             )
             trainer.report_loss = False
+            trainer.fp8_scales_after_step = False  # torchao would read the scales' values
             _route_evenly(trainer)
             peak = _traced_peak(trainer, plan)
     finally:

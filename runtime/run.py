@@ -156,6 +156,8 @@ def _build_trainer(settings: RunSettings, plan: Plan, device: torch.device) -> T
         dtype=training.dtype,
         reduce_dtype=training.reduce_dtype,
         pipeline_flushes=training.pipeline_flushes,
+        fp8=training.precision.fp8,
+        fp8_param_gather=training.fp8_param_gather,
         plan_checked=True,  # check_world ran check_runnable
     )
     if settings.trace_routing is not None:

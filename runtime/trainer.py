@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.schemas import DType, Layout, ModelSpec
+from planner.schemas.fp8 import RecipeRun
 from planner.schemas.geometry import ContextMeshAxis, ExpertMeshAxis, MeshAxis, num_micro_batches, pipeline_schedules
 from planner.schemas.layout import check_experts
 from planner.schemas.runtime_support import check_pipeline_flushes
@@ -46,6 +47,7 @@ from runtime.expert_parallel import (
     placement_table,
     replicated,
 )
+from runtime.fp8 import convert_to_fp8, precompute_fp8_scales
 from runtime.mesh import ShardingMeshes, context_mesh, expert_mesh, layout_mesh, sharding_meshes
 from runtime.model import TORCH_DTYPES, Decoder, default_dtype, loss_fn, set_recompute
 from runtime.pipeline import (
@@ -82,6 +84,8 @@ class Trainer:
         sharding: ShardingMeshes | None = None,
         contexts_mesh: DeviceMesh | None = None,
         pipeline_flushes: int = 1,
+        fp8: RecipeRun | None = None,
+        fp8_param_gather: bool = False,
         plan_checked: bool = False,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
@@ -99,12 +103,15 @@ class Trainer:
         parallelism the layout's context mesh built beforehand, as ``mesh`` (default: built here);
         ``pipeline_flushes``: the pipeline schedules a step runs (``TrainingSpec.pipeline_flushes``),
         each over its share of the micro-batches, gradients accumulated between them;
-        ``plan_checked``: the caller refused what the runtime cannot run with
+        ``fp8``: the FP8 recipe the transformer layers' linear layers train with
+        (``TrainingSpec.precision.fp8``; ``runtime.fp8``), with ``fp8_param_gather`` their weights
+        all-gathered in FP8; ``plan_checked``: the caller refused what the runtime cannot run with
         ``schemas.runtime_support.check_runnable`` (``runtime.run`` does, before any work), so the
         pipeline flushes are not checked again here.
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
+        self.fp8, self.fp8_param_gather = fp8, fp8_param_gather
         self.global_batch_size = global_batch_size
         self.micro_batches = num_micro_batches(global_batch_size, layout)
         if not plan_checked:
@@ -134,6 +141,10 @@ class Trainer:
         self.params = parameters(self.chunks) + (self.vocabulary.parameters() if self.vocabulary else [])
         self.report_loss = True
         """False in a dry run: reading a loss's value needs real tensors."""
+        self.fp8_scales_after_step = fp8_param_gather and self.data_parallel.shards_with_fsdp
+        """Whether each step ends computing the scales of the weights FSDP gathers in FP8
+        (``runtime.fp8.precompute_fp8_scales``); False in a dry run, where torchao's weight wrapper
+        reads the precomputed scale's value (a scalar per weight, nothing to trace)."""
         self.fresh_roots = False
         """True while memory is tracked: each micro-batch calls its chunk through a new wrapper
         module, because torch's MemTracker refuses a root module called twice in one step."""
@@ -144,15 +155,18 @@ class Trainer:
             self.schedule = self._build_schedule()
 
     def _build_chunks(self, seed: int, compute: torch.dtype, experts_mesh: DeviceMesh | None) -> list[Decoder]:
-        """This rank's model chunks, built in the parameters' precision and then split: recompute
-        set, the context share held, the experts exchanged over ``experts_mesh``'s ep axis and the
-        tensor-parallel split applied, as the layout asks; moved to the device last."""
+        """This rank's model chunks, built in the parameters' precision and then split: FP8 linear
+        layers swapped in (``fp8``), recompute set, the context share held, the experts exchanged
+        over ``experts_mesh``'s ep axis and the tensor-parallel split applied, as the layout asks;
+        moved to the device last."""
         model, layout, device = self.model, self.layout, self.device
         place = experts_mesh[ExpertMeshAxis.EP].get_local_rank() if experts_mesh else 0
         with default_dtype(self.data_parallel.parameter_dtype(compute)):
             held = hosted_experts(model, self.placement, place) if experts_mesh else None
             chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
         for chunk in chunks:
+            if self.fp8 is not None:  # before any split or sharding wraps the layers
+                convert_to_fp8(chunk, self.fp8, param_gather=self.fp8_param_gather)
             set_recompute(chunk, layout.recompute, layout.recompute_modules)
             if self.context is not None:
                 self.context.hold(chunk)
@@ -248,6 +262,8 @@ class Trainer:
                 loss = self._local_step(x, y)
         self.tied.sync(self.chunks)
         self.optimizer.step()
+        if self.fp8_scales_after_step:
+            precompute_fp8_scales(self.chunks)
         if not self.report_loss:
             return 0.0
         # on the compute device: NCCL takes only CUDA tensors (gloo, CPU ones)

@@ -46,8 +46,9 @@ deps=$(.venv/bin/python - <<'EOF'
 import re, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = project["optional-dependencies"]
-# dev pulls the runtime extra by name (planner[runtime]): show the packages, torch already said.
-dev = [r for r in extras["dev"] if not r.startswith("planner[")]
+# dev pulls the runtime and fp8 extras by name (planner[runtime], planner[fp8]): show their
+# packages, torch already said (torchao declares no dependency: it keeps the torch installed).
+dev = [r for r in extras["dev"] if not r.startswith("planner[")] + extras["fp8"]
 names = lambda reqs: ", ".join(re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] for r in reqs if not r.startswith("torch"))
 print(f"{names(project['dependencies'])}; test tools: {names(dev)}")
 EOF

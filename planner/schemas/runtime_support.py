@@ -127,6 +127,24 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
         )
     if plan.model.is_moe and (layout.expert_parallel_degree > 1 or layout.folds_experts):
         check_sharded_experts(layout, fp32=training.dtype is DType.FP32)
+    check_fp8_param_gather(layout, fp8_param_gather=training.fp8_param_gather)
+
+
+def check_fp8_param_gather(layout: Layout, *, fp8_param_gather: bool) -> None:
+    """Refuse an FP8 weight all-gather (``TrainingSpec.fp8_param_gather``) where the runtime
+    gathers no weights with FSDP: it is torchao's FSDP2 hook (``enable_fsdp_float8_all_gather``),
+    and ZeRO-0/1 (ZeRO-2/3 over one replica included) keep whole weights, gathered, if at all, by
+    the runtime's own optimizer in the training precision.
+
+    Raises:
+        InfeasibleConfigError: naming the ZeRO stage and the fix.
+    """
+    if fp8_param_gather and not layout.shards_over_replicas:
+        raise InfeasibleConfigError(
+            f"--fp8-param-gather with zero_stage={int(layout.zero_stage)} over {layout.dense_replicas} replica(s): "
+            "this runtime all-gathers weights in FP8 only through FSDP (ZeRO-2/3 over several replicas); plan "
+            "with --zero-stage 3, or drop --fp8-param-gather"
+        )
 
 
 def check_sharded_experts(layout: Layout, *, fp32: bool) -> None:

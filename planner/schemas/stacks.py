@@ -166,9 +166,11 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": "runtime's FSDP2 MixedPrecisionPolicy reduces in fp32 under bf16",
                 "moe_dispatcher": "runtime's expert parallelism is one all-to-all of every (token, expert) pair",
             },
-            fp8_library=None,
-            fp8_recipes=(),
-            fp8_source="runtime/ converts no layer to FP8 yet: planner run trains in bf16, fp16 or fp32",
+            fp8_library=Fp8Library.TORCHAO,
+            fp8_recipes=_TORCHAO_RECIPES,
+            fp8_source="runtime/fp8.py converts the transformer layers' linear layers with torchao's "
+            "convert_to_float8_training (recipe_name tensorwise, rowwise, rowwise_with_gw_hp; planner[fp8]); not "
+            "mxfp8, which needs Blackwell's MX tensor cores and is untested here",
         ),
         StackName.MEGATRON_LM: Stack(
             name=StackName.MEGATRON_LM,
