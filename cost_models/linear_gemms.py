@@ -8,7 +8,7 @@ forward and input-gradient GEMMs in FP8 (MXFP8 on Blackwell's MX recipe), and it
 weight-gradient GEMM too unless the recipe keeps it in bf16 (``RecipeRun.fp8_wgrad``), at the
 device's FP8 peak and measured FP8 fraction (each preset's best pre-quantized FP8 GEMM rate:
 references-fp8 §2); the router and a shared expert's gate stay in the high precision
-(``Gemm.linear``), and torchao leaves routed experts' grouped GEMMs in it (``in_fp8``). Every
+(``Gemm.linear``), and so do routed experts where the stack keeps them there (``in_fp8``). Every
 FP8 GEMM's operands are first quantized by memory-bound kernels, priced
 at the device's memory bandwidth (references-fp8 §1.2, §6 rule 1): a quantization reads the
 high-precision tensor ``RecipeRun.quantization_reads`` times (an amax pass, then the cast; once
@@ -34,7 +34,7 @@ Units: seconds, bytes.
 
 from cost_models.compute import Gemm, backward_gemms_time_s, elementwise_time_s, gemm_time_s, gemms_time_s
 from planner.schemas import DeviceProfile, DType
-from planner.schemas.fp8 import Fp8Library, Fp8Recipe, RecipeRun, converts
+from planner.schemas.fp8 import Fp8Recipe, RecipeRun, converts
 from planner.schemas.precision import Precision
 
 BLOCKWISE_HOPPER_RATE = 0.867
@@ -58,12 +58,12 @@ def backward_s(gemms: tuple[Gemm, ...], device: DeviceProfile, precision: Precis
 
 def in_fp8(gemm: Gemm, precision: Precision) -> bool:
     """Whether ``gemm`` (a forward GEMM, (m x k) @ (k x n): a weight of n x k) runs in FP8: a
-    linear layer the library converts; routed experts' grouped GEMMs under Transformer Engine
-    only (its grouped linear layers), not under torchao, whose Float8Linear converts nn.Linear
-    modules and whose grouped-GEMM converters are prototypes the planner neither prices nor
-    exports."""
+    linear layer the library converts; routed experts' grouped GEMMs where the stack converts
+    them (``Precision.fp8_experts``: Transformer Engine's grouped linear layers, the planner's
+    runtime's per-expert linear layers; not torchtitan's grouped GEMMs, which torchao's
+    Float8Linear does not convert)."""
     run = precision.fp8
-    if run is None or not gemm.linear or (gemm.grouped and run.library is Fp8Library.TORCHAO):
+    if run is None or not gemm.linear or (gemm.grouped and not precision.fp8_experts):
         return False
     return converts(run, gemm.k, gemm.n)
 

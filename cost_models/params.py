@@ -211,6 +211,11 @@ class StageParams:
     largest_unit: float
     """Parameters of the largest module ZeRO-3 gathers at once (a layer's sharded part, the
     embedding or the output layer)."""
+    largest_layer_unit: float = 0.0
+    """The largest transformer layer's unit (what an FP8 weight gather gathers in FP8)."""
+    largest_vocabulary_unit: float = 0.0
+    """The larger of the embedding's and the output layer's units (gathered in the training
+    precision under any FP8 recipe)."""
     largest_reduced_unit: float = 0.0
     """Parameters of the largest unit whose gradients ZeRO 2-3 reduce while the backward still
     runs: a layer, or the final norm with the output layer (not the embedding, nor a tied output
@@ -344,7 +349,7 @@ def _stage_params(
     word_embedding = model.vocab_size * model.hidden_size / vocabulary_t
     positions = embedding_params(model) - model.vocab_size * model.hidden_size
     embedding = embedding_share * word_embedding + (positions if first else 0.0)
-    reduced = max(units, default=0.0)  # the layers'; the embedding's unit is reduced last
+    reduced = layer_unit = max(units, default=0.0)  # the layers'; the embedding's unit is reduced last
     if embedding:
         dense += embedding
         units.append(embedding)
@@ -359,6 +364,8 @@ def _stage_params(
         dense=dense,
         expert=moe_here * expert_per_layer,
         largest_unit=max(units, default=0.0),
+        largest_layer_unit=layer_unit,
+        largest_vocabulary_unit=max(embedding, output if output_share else 0.0),
         largest_reduced_unit=reduced,
         embedding_share=embedding_share,
         output_share=output_share,

@@ -115,6 +115,17 @@ def zero3_gather_buffer_bytes(largest_unit_params: float, gather_dtype: DType) -
     return ZERO3_GATHERED_UNITS * largest_unit_params * gather_dtype.bytes
 
 
+def gathered_unit_bytes(params: StageParams, precision: Precision) -> float:
+    """Bytes of the largest unit ZeRO-3 gathers on a stage holding ``params``, gathered in
+    ``Precision.parameter_gather``; under an FP8 weight gather the transformer layers' units in
+    FP8 and the embedding's and output layer's in the training precision, as no recipe converts
+    them (``runtime.fp8``, torchao's float8 all-gather of Float8Linear weights only)."""
+    gather = precision.parameter_gather
+    if gather is precision.weights:
+        return params.largest_unit * gather.bytes
+    return max(params.largest_layer_unit * gather.bytes, params.largest_vocabulary_unit * precision.weights.bytes)
+
+
 def fsdp_model_states(
     states: ModelStates, params: float, shard_degree: int, zero_stage: ZeroStage, precision: Precision
 ) -> ModelStates:
@@ -181,7 +192,9 @@ def _model_states(
     if zero.shards_gradients and d > 1:
         dense = fsdp_model_states(dense, params.dense, d, zero, precision)
     expert = model_state_bytes(params.expert, edp, zero, precision)
-    gathered = zero3_gather_buffer_bytes(params.largest_unit, gather) if zero.shards_parameters and d > 1 else 0.0
+    gathered = (
+        ZERO3_GATHERED_UNITS * gathered_unit_bytes(params, precision) if zero.shards_parameters and d > 1 else 0.0
+    )
     if secondary is not None and zero.shards_parameters:
         gathered += gather.bytes * params.dense / secondary
     return ModelStates(

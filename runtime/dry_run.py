@@ -130,6 +130,7 @@ def dry_run(
                 reduce_dtype=plan.training.reduce_dtype,
                 fp8=plan.training.precision.fp8,
                 fp8_param_gather=plan.training.fp8_param_gather,
+                fp8_bf16_layers=plan.training.fp8_bf16_layers,
                 experts_mesh=experts,
                 sharding=sharding,
                 contexts_mesh=contexts,

@@ -49,13 +49,26 @@ def fp8_candidates(chunk: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
             yield name, module
 
 
-def fp8_layer_names(chunk: nn.Module, run: RecipeRun) -> tuple[str, ...]:
+def fp8_layer_names(chunk: nn.Module, run: RecipeRun, kept: frozenset[int] = frozenset()) -> tuple[str, ...]:
     """The linear layers of ``chunk`` that ``run`` converts to FP8 (``fp8_candidates`` that
-    ``schemas.fp8.converts`` accepts), by name in the chunk."""
-    return tuple(name for name, m in fp8_candidates(chunk) if converts(run, m.in_features, m.out_features))
+    ``schemas.fp8.converts`` accepts), by name in the chunk, but for those of the transformer
+    layers ``kept`` in the training precision (``TrainingSpec.fp8_bf16_layers``: the chunk's
+    layers are keyed by their index in the model)."""
+    return tuple(
+        name
+        for name, m in fp8_candidates(chunk)
+        if int(name.split(".")[1]) not in kept and converts(run, m.in_features, m.out_features)
+    )
 
 
-def convert_to_fp8(chunk: nn.Module, run: RecipeRun, *, param_gather: bool = False) -> tuple[str, ...]:
+def edge_layers(total: int, edge: int) -> frozenset[int]:
+    """The indices of a model's first ``edge`` and last ``edge`` of its ``total`` layers."""
+    return frozenset((*range(min(edge, total)), *range(max(total - edge, 0), total)))
+
+
+def convert_to_fp8(
+    chunk: nn.Module, run: RecipeRun, *, param_gather: bool = False, kept: frozenset[int] = frozenset()
+) -> tuple[str, ...]:
     """Swap ``chunk``'s linear layers that ``run`` converts (``fp8_layer_names``) for torchao's
     ``Float8Linear``, in place; before FSDP shards the chunk (its FP8 all-gather, with
     ``param_gather``, wraps the weights FSDP then shards).
@@ -65,6 +78,8 @@ def convert_to_fp8(chunk: nn.Module, run: RecipeRun, *, param_gather: bool = Fal
         run: the recipe and library the plan trains with (``TrainingSpec.precision.fp8``).
         param_gather: all-gather the weights in FP8 under ZeRO-3 (torchao's
             ``enable_fsdp_float8_all_gather``, tensorwise only: ``schemas.fp8.check_param_gather``).
+        kept: the transformer layers (by index in the model) kept in the training precision
+            (``edge_layers`` of ``TrainingSpec.fp8_bf16_layers``).
 
     Returns:
         The names of the converted layers in ``chunk``.
@@ -78,7 +93,7 @@ def convert_to_fp8(chunk: nn.Module, run: RecipeRun, *, param_gather: bool = Fal
     config = float8.Float8LinearConfig.from_recipe_name(run.library_name)
     if param_gather:
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
-    names = fp8_layer_names(chunk, run)
+    names = fp8_layer_names(chunk, run, kept)
     wanted = set(names)  # torchao's filter sees the same names: each module's path in the chunk
     float8.convert_to_float8_training(chunk, config=config, module_filter_fn=lambda _, fqn: fqn in wanted)
     logger.info(

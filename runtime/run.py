@@ -158,6 +158,7 @@ def _build_trainer(settings: RunSettings, plan: Plan, device: torch.device) -> T
         pipeline_flushes=training.pipeline_flushes,
         fp8=training.precision.fp8,
         fp8_param_gather=training.fp8_param_gather,
+        fp8_bf16_layers=training.fp8_bf16_layers,
         plan_checked=True,  # check_world ran check_runnable
     )
     if settings.trace_routing is not None:

@@ -47,7 +47,7 @@ from runtime.expert_parallel import (
     placement_table,
     replicated,
 )
-from runtime.fp8 import convert_to_fp8, precompute_fp8_scales
+from runtime.fp8 import convert_to_fp8, edge_layers, precompute_fp8_scales
 from runtime.mesh import ShardingMeshes, context_mesh, expert_mesh, layout_mesh, sharding_meshes
 from runtime.model import TORCH_DTYPES, Decoder, default_dtype, loss_fn, set_recompute
 from runtime.pipeline import (
@@ -86,6 +86,7 @@ class Trainer:
         pipeline_flushes: int = 1,
         fp8: RecipeRun | None = None,
         fp8_param_gather: bool = False,
+        fp8_bf16_layers: int = 0,
         plan_checked: bool = False,
     ) -> None:
         """``mesh``: the layout's mesh built beforehand (a dry run builds it outside fake tensors);
@@ -105,13 +106,15 @@ class Trainer:
         each over its share of the micro-batches, gradients accumulated between them;
         ``fp8``: the FP8 recipe the transformer layers' linear layers train with
         (``TrainingSpec.precision.fp8``; ``runtime.fp8``), with ``fp8_param_gather`` their weights
-        all-gathered in FP8; ``plan_checked``: the caller refused what the runtime cannot run with
+        all-gathered in FP8 and the first and last ``fp8_bf16_layers`` layers kept in the training
+        precision; ``plan_checked``: the caller refused what the runtime cannot run with
         ``schemas.runtime_support.check_runnable`` (``runtime.run`` does, before any work), so the
         pipeline flushes are not checked again here.
         """
         check_experts(model, layout)
         self.model, self.layout, self.device, self.dtype = model, layout, device, dtype
         self.fp8, self.fp8_param_gather = fp8, fp8_param_gather
+        self.fp8_kept = edge_layers(model.num_hidden_layers, fp8_bf16_layers)
         self.global_batch_size = global_batch_size
         self.micro_batches = num_micro_batches(global_batch_size, layout)
         if not plan_checked:
@@ -166,7 +169,7 @@ class Trainer:
             chunks = build_chunks(model, layout, self.pp_rank, seed=seed, experts=held)
         for chunk in chunks:
             if self.fp8 is not None:  # before any split or sharding wraps the layers
-                convert_to_fp8(chunk, self.fp8, param_gather=self.fp8_param_gather)
+                convert_to_fp8(chunk, self.fp8, param_gather=self.fp8_param_gather, kept=self.fp8_kept)
             set_recompute(chunk, layout.recompute, layout.recompute_modules)
             if self.context is not None:
                 self.context.hold(chunk)

@@ -52,6 +52,8 @@ class Precision:
     fp8: RecipeRun | None
     """The FP8 recipe the linear layers run, as the stack's library runs it (which GEMMs, the
     quantization passes, the weight copies and saved inputs it keeps); None: no FP8."""
+    fp8_experts: bool = True
+    """Under ``fp8``, whether the routed experts' GEMMs run in FP8 too (``Stack.fp8_experts``)."""
     attention: DType
     """What the attention core (scores, softmax, their product with the values) computes in: it
     picks the fused kernel's records and the rate of the attention GEMMs. A role apart from
@@ -107,13 +109,19 @@ class Precision:
 
 @functools.cache
 def precision_of(
-    dtype: DType, grad_reduce: DType | None = None, fp8: RecipeRun | None = None, *, param_gather: bool = False
+    dtype: DType,
+    grad_reduce: DType | None = None,
+    fp8: RecipeRun | None = None,
+    *,
+    param_gather: bool = False,
+    fp8_experts: bool = True,
 ) -> Precision:
     """The precision of a run trained in ``dtype`` (``TrainingSpec.dtype``), its gradients summed
     across data-parallel ranks in ``grad_reduce`` (``TrainingSpec.grad_reduce_dtype``), its linear
     layers run under the FP8 recipe ``fp8`` (``Stack.fp8_run``), their weights gathered in FP8
     where ``param_gather`` (``TrainingSpec.fp8_param_gather``; the caller has checked the recipe
-    does it: ``fp8.check_param_gather``).
+    does it: ``fp8.check_param_gather``), the routed experts' GEMMs in FP8 where ``fp8_experts``
+    (``Stack.fp8_experts``).
 
     bf16 and fp16 are mixed precision: weights, gradients, activations, GEMMs, attention, gathers
     and activation transfers in ``dtype``; fp32 master weights, Adam moments and gradient
@@ -145,6 +153,7 @@ def precision_of(
         gemm_inputs=dtype,
         linear_gemms=dtype if fp8 is None else DType.MXFP8 if fp8.devices is Fp8Devices.MXFP8 else DType.FP8,
         fp8=fp8,
+        fp8_experts=fp8_experts,
         attention=dtype,
         gradient_reduce=default_reduce if grad_reduce is None else grad_reduce,
         parameter_gather=DType.FP8 if fp8 is not None and param_gather else dtype,

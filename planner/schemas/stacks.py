@@ -81,6 +81,10 @@ class Stack:
     """The FP8 recipes the stack offers (each one its library runs: ``fp8.RECIPE_RUNS``)."""
     fp8_source: str
     """Where the stack's FP8 library and recipes come from."""
+    fp8_experts: bool = True
+    """Whether its FP8 recipes run the routed experts' GEMMs in FP8: Transformer Engine's grouped
+    linear layers do, and the planner's runtime converts each expert's linear layers; torchtitan
+    and NeMo AutoModel run them as grouped GEMMs that torchao's Float8Linear does not convert."""
 
     def fp8_run(self, recipe: Fp8Recipe | str) -> RecipeRun:
         """What this stack does under FP8 ``recipe``.
@@ -269,6 +273,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             fp8_recipes=(*_TORCHAO_RECIPES, Fp8Recipe.MXFP8),
             fp8_source="components/quantization/float8.py and mx.py convert with torchao: [quantize.linear.float8] "
             "recipe_name tensorwise, rowwise, rowwise_with_gw_hp; [quantize.linear.mx] mxfp8_cublas",
+            fp8_experts=False,  # quantize.grouped_mm's converters are prototypes the planner does not price
         ),
         StackName.NEMO_AUTOMODEL: Stack(
             name=StackName.NEMO_AUTOMODEL,
@@ -300,6 +305,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             fp8_recipes=_TORCHAO_RECIPES,
             fp8_source="components/quantization/fp8.py converts with torchao Float8 (docs/guides/fp8_training.md: "
             "recipe_name tensorwise, rowwise or rowwise_with_gw_hp)",
+            fp8_experts=False,  # its MoE runs grouped GEMMs, which Float8Linear does not convert
         ),
         StackName.DEEPSPEED: Stack(
             name=StackName.DEEPSPEED,

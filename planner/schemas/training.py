@@ -207,8 +207,11 @@ class TrainingSpec(FrozenModel):
     def precision(self) -> Precision:
         """What each role is stored, computed and communicated in (``precision.precision_of``):
         derived from ``dtype``, ``grad_reduce_dtype``, ``fp8`` and ``fp8_param_gather``, not stored."""
-        run = None if self.fp8 is None else stack_named(self.stack).fp8_run(self.fp8)
-        return precision_of(self.dtype, self.grad_reduce_dtype, run, param_gather=self.fp8_param_gather)
+        stack = stack_named(self.stack)
+        run = None if self.fp8 is None else stack.fp8_run(self.fp8)
+        return precision_of(
+            self.dtype, self.grad_reduce_dtype, run, param_gather=self.fp8_param_gather, fp8_experts=stack.fp8_experts
+        )
 
     @property
     def reduce_dtype(self) -> DType:

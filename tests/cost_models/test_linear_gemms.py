@@ -102,10 +102,12 @@ def test_blockwise_on_blackwell_runs_at_the_mxfp8_rate() -> None:
     )
 
 
-def test_routed_experts_run_in_fp8_under_transformer_engine_only() -> None:
+def test_routed_experts_run_in_fp8_where_the_stack_converts_them() -> None:
     experts = Gemm(4096, 2 * 2048, 4096, batch=8, grouped=True)
     assert linear_gemms.in_fp8(experts, _precision("megatron-lm", "tensorwise"))
+    assert linear_gemms.in_fp8(experts, _precision("planner-runtime", "tensorwise"))  # one nn.Linear an expert
     assert not linear_gemms.in_fp8(experts, _precision("torchtitan", "tensorwise"))
+    assert not linear_gemms.in_fp8(experts, _precision("nemo-automodel", "tensorwise"))
 
 
 def test_sequence_parallel_gathers_the_quantized_input_where_the_library_does() -> None:

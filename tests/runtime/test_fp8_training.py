@@ -27,7 +27,7 @@ from planner.schemas.errors import InfeasibleConfigError, MissingExtraError
 from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe, converts
 from planner.schemas.runtime_support import check_fp8_param_gather
 from runtime.data import synthetic_batch
-from runtime.fp8 import FP8_EXTRA, convert_to_fp8, fp8_layer_names
+from runtime.fp8 import FP8_EXTRA, convert_to_fp8, edge_layers, fp8_layer_names
 from runtime.model import Decoder, default_dtype, loss_fn
 from runtime.optim import make_optimizer
 
@@ -195,3 +195,12 @@ def test_the_dry_run_traces_fp8_layers_and_their_fp8_gather(tmp_path: Path) -> N
     fp8_layer_mib = sum(i * o for i, o in shapes if converts(TENSORWISE, i, o)) / 2**20
     assert traced["fp8"] == pytest.approx(traced["bf16"], rel=0.01)
     assert traced["gather"] < traced["fp8"] - fp8_layer_mib
+
+
+def test_the_first_and_last_layers_kept_in_bf16_are_not_converted() -> None:
+    # --fp8-bf16-layers 1 on 4 layers: layers 1 and 2 convert, 0 and 3 stay in bf16, as priced
+    four = DENSE.model_copy(update={"num_hidden_layers": 4})
+    kept = edge_layers(four.num_hidden_layers, 1)
+    assert kept == {0, 3}
+    assert fp8_layer_names(Decoder(four, seed=0), TENSORWISE, kept) == tuple(_gate_up(range(1, 3), "mlp"))
+    assert fp8_layer_names(Decoder(DENSE, seed=0), TENSORWISE, edge_layers(2, 1)) == ()
