@@ -14,7 +14,6 @@ dimensions are not multiples of 16 (cuBLAS's FP8 alignment) is skipped. Recorded
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -22,25 +21,14 @@ import torch
 from planner.schemas import DType
 from planner.schemas.fp8 import FP8_ALIGNMENT, Fp8Recipe
 from profiler.context import Context
+from profiler.stats import GemmSample
 
 logger = logging.getLogger(__name__)
 
 _ROWWISE = (Fp8Recipe.ROWWISE, Fp8Recipe.ROWWISE_GW_HP)
 
 
-@dataclass(frozen=True, slots=True)
-class Fp8Gemm:
-    """One FP8 GEMM's median time and spread across repeats."""
-
-    m: int
-    n: int
-    k: int
-    dtype: DType
-    median_s: float
-    spread: float
-
-
-def fp8_gemms(ctx: Context, shapes: Iterable[tuple[int, int, int]]) -> list[Fp8Gemm]:
+def fp8_gemms(ctx: Context, shapes: Iterable[tuple[int, int, int]]) -> list[GemmSample]:
     """Every aligned shape's FP8 GEMM under ``ctx.settings.fp8``; none without a recipe or off CUDA."""
     recipe = ctx.settings.fp8
     if recipe is None:
@@ -68,5 +56,5 @@ def fp8_gemms(ctx: Context, shapes: Iterable[tuple[int, int, int]]) -> list[Fp8G
             scale_a = scale_b = torch.ones((), device=ctx.device, dtype=torch.float32)
         mm = partial(torch._scaled_mm, a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
         timing = ctx.time(mm, lockstep=True)
-        timed.append(Fp8Gemm(m, n, k, dtype, timing.median_s, timing.spread))
+        timed.append(GemmSample(m, n, k, dtype, timing.median_s, timing.spread))
     return timed

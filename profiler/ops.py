@@ -35,7 +35,7 @@ from profiler.fp8_gemms import fp8_gemms
 from profiler.framework_ops import pipeline_slot, sharded_units
 from profiler.host_copies import HostCopies, measure_host_copies
 from profiler.layer import LocalLayer, rank_share
-from profiler.stats import Timing
+from profiler.stats import GemmSample, Timing
 from profiler.workspace import library_workspace_bytes
 from runtime import (
     TORCH_DTYPES,
@@ -49,18 +49,6 @@ from runtime import (
     loss_fn,
     tensor_parallel,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class GemmSample:
-    """One rank's median time of an (m x k) @ (k x n) GEMM."""
-
-    m: int
-    n: int
-    k: int
-    dtype: DType
-    median_s: float
-    spread: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +81,7 @@ def measure(ctx: Context) -> list[OpsSample] | None:
             b = torch.randn(k, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
             timing = ctx.time(partial(torch.mm, a, b), lockstep=True)
             gemms.append(GemmSample(m, n, k, dtype, timing.median_s, timing.spread))
-    gemms += [GemmSample(g.m, g.n, g.k, g.dtype, g.median_s, g.spread) for g in fp8_gemms(ctx, shapes)]
+    gemms += fp8_gemms(ctx, shapes)
     ctx.at("ops", "memory bandwidth")
     elems = stream_operand_bytes(ctx) // 4
     x, y, z = (torch.rand(elems, device=ctx.device) for _ in range(3))

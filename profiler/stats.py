@@ -3,6 +3,8 @@
 import statistics
 from dataclasses import dataclass
 
+from planner.schemas import DType
+
 
 @dataclass(frozen=True, slots=True)
 class Timing:
@@ -19,3 +21,15 @@ class Timing:
             return Timing(median, 0.0)
         q1, _, q3 = statistics.quantiles(samples_s, n=4, method="inclusive")
         return Timing(median, (q3 - q1) / median)
+
+
+@dataclass(frozen=True, slots=True)
+class GemmSample:
+    """One rank's median time of an (m x k) @ (k x n) GEMM."""
+
+    m: int
+    n: int
+    k: int
+    dtype: DType
+    median_s: float
+    spread: float

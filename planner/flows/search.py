@@ -117,6 +117,21 @@ def search_recipes(
     (``--fp8-bf16-layers``) to every recipe. Each plan's runner-up is the next best under
     its own recipe. A recipe under which no layout fits is left out while another fits.
 
+    Args:
+        model: a ModelSpec, a preset name or a config.json/YAML path.
+        cluster: a ClusterProfile, a preset ``NAME:NODES`` or a profile path.
+        training: global batch, sequence length, precision and stack, without an FP8 recipe of its
+            own unless ``recipes`` is empty (then it is searched as it is).
+        recipes: the FP8 recipes to compare, None for none (``search --fp8 none,tensorwise``).
+        settings: what to search for and how hard (``SearchSettings``), for each recipe.
+        param_gather: all-gather weights in FP8 under the recipes whose library does.
+        bf16_layers: the first and last layers kept in bf16 under every recipe.
+        progress: called as progress(done, total) while each recipe's search runs.
+
+    Returns:
+        The searches' account (sizes and times summed, the ranked plans' layouts), and the
+        ``settings.top_k`` fastest plans over every recipe, fastest first.
+
     Raises:
         SchemaError: a recipe the stack or cluster cannot run (``TrainingSpec``, ``check_precision``),
             or ``--fp8-param-gather`` where no listed recipe gathers in FP8.

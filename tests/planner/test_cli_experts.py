@@ -215,7 +215,9 @@ def test_search_hands_the_replicas_to_the_api(tmp_path: Path, monkeypatch: pytes
         seen.update(expert_replicas=settings.expert_replicas, routing_trace=settings.routing_trace)
         raise SchemaError("stop here")
 
-    monkeypatch.setattr(api, "search_outcome", search_outcome)
+    import planner.flows.search
+
+    monkeypatch.setattr(planner.flows.search, "search_outcome", search_outcome)  # what each recipe's search calls
     trace = _hot_trace(tmp_path / "t.npz")
     result = CliRunner().invoke(app, [*SEARCH, "--routing-trace", str(trace), "--expert-replicas", "1"])
     assert "stop here" in str(result.exception)

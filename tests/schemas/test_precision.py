@@ -44,7 +44,9 @@ def test_fp32_has_no_master_copy() -> None:
     p = precision_of(DType.FP32)
     assert p.master_weights is None and not p.mixed
     assert all(
-        getattr(p, f.name) is DType.FP32 for f in dataclasses.fields(p) if f.name not in ("master_weights", "fp8")
+        getattr(p, f.name) is DType.FP32
+        for f in dataclasses.fields(p)
+        if f.name not in ("master_weights", "fp8", "fp8_experts")
     )
     # two 4-byte moments; 4 weights + 4 gradients (ZeRO paper's fp32 K = 8)
     assert (p.master_weight_bytes_per_param, p.optimizer_bytes_per_param, p.model_state_bytes_per_param) == (0, 8, 16)
