@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Downloads into .whl/ the wheels the GPU machine lacks, for its Python 3.12 on manylinux x86_64,
 # so that they travel there with the working tree (what travels stays under 64 MiB; this set is
-# about 38 MB). That machine reaches no package registry: it has CUDA torch 2.11, triton, pytest,
+# about 42 MB, torchao 3.4 of it). That machine reaches no package registry: it has CUDA torch 2.11, triton, pytest,
 # numpy, scipy, pandas, rich, typer, matplotlib, pyyaml, hypothesis, absl-py, tqdm, jinja2 and
-# MarkupSafe, but none of ortools, optuna and pydantic, their own dependencies, or pytest-timeout.
+# MarkupSafe, but none of ortools, optuna, pydantic and torchao, their own dependencies, or pytest-timeout.
 #
 # The versions are pinned, each within what pyproject.toml admits and the ones the test suite runs
 # with here, so the set is the same on every run; bump them together. --no-deps: the set is
@@ -32,6 +32,8 @@ WHEELS=(
     typing-extensions==4.16.0
     # the suite's per-test time limit (pyproject's [tool.pytest.ini_options] timeout)
     pytest-timeout==2.4.0
+    # the fp8 extra: the runtime's FP8 linear layers (declares no dependency; built for torch 2.11+)
+    torchao==0.18.0
 )
 LIMIT_BYTES=$((60 * 1024 * 1024))
 
@@ -39,7 +41,8 @@ rm -rf .whl
 mkdir -p .whl
 "$PY" -m pip download --quiet --dest .whl --no-deps --only-binary=:all: \
     --python-version 3.12 --implementation cp \
-    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_28_x86_64 \
     "${WHEELS[@]}"
 
 count=$(find .whl -type f -name '*.whl' | wc -l)
