@@ -1,5 +1,6 @@
 """The FP8 rows of benchmarks/data/published_runs.yaml carry the recipe their source states, one
-their source's stack offers, while every one of them stays excluded (only BF16 is priced)."""
+their source's stack offers, and are priced with it; a row whose source states no recipe stays
+excluded for that reason."""
 
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from planner.schemas import StackName
 from planner.schemas.fp8 import Fp8Recipe
 from planner.schemas.stacks import STACKS
 
-FP8_REASON = "precision FP8 (only BF16 is modelled)"
+FP8_REASON = "FP8 recipe not stated by the source"
 UNSTATED_REASON = "precision not stated (Megatron-Bridge 25.09 footnote implies FP8)"
 
 
@@ -26,12 +27,14 @@ def raw_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def test_every_row_excluded_for_its_precision_is_an_fp8_row_with_both_fields(raw_rows: list[dict[str, Any]]) -> None:
-    _, excluded = load_runs()
-    by_precision = {e.id for e in excluded if e.reason in (FP8_REASON, UNSTATED_REASON)}
-    listed = {r.id for r in fp8_rows()}
-    assert listed == by_precision
+def test_every_fp8_row_is_priced_with_its_recipe_or_excluded_for_want_of_one(raw_rows: list[dict[str, Any]]) -> None:
+    runs, excluded = load_runs()
+    listed = {r.id: r.recipe for r in fp8_rows()}
     assert len(listed) == 46  # 41 FP8 rows, the 25.09 DeepSeek-V3 row, and torchtitan's 4 rowwise rows 112-115
+    by_precision = {e.id for e in excluded if e.reason in (FP8_REASON, UNSTATED_REASON)}
+    assert by_precision == {i for i, recipe in listed.items() if recipe is None}
+    priced = {r.id for r in runs} | {e.id for e in excluded}
+    assert set(listed) <= priced
     for row in raw_rows:
         if row["id"] in listed:
             assert "fp8_recipe" in row and "fp8_recipe_as_stated" in row, row["id"]
@@ -58,9 +61,14 @@ def test_the_recipes_are_the_ones_the_sources_name() -> None:
     assert [i for i, v in stated.items() if v is None] == [21]
 
 
-def test_the_fp8_rows_stay_out_of_the_priced_runs() -> None:
+def test_the_priced_fp8_rows_carry_the_recipe_their_source_states() -> None:
     runs, _ = load_runs()
-    assert all(r.fp8_recipe is None and r.fp8_recipe_as_stated is None for r in runs)
+    listed = {r.id: r.recipe for r in fp8_rows()}
+    for run in runs:
+        assert run.fp8_recipe == listed.get(run.id), run.id
+        assert (run.fp8_recipe_as_stated is None) == (run.id not in listed), run.id
+    # 9 H100 rows counted, 8 flagged, 6 B200 and 4 GB200 rows; the rest excluded for other reasons
+    assert sum(r.fp8_recipe is not None for r in runs) == 27
 
 
 def _row(**fields: Any) -> dict[str, Any]:
