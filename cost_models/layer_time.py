@@ -303,12 +303,7 @@ def _with_fp8(
 ) -> tuple[float, float]:
     """A layer the profiler timed with its linear ``gemms`` in the high precision, as it runs
     under ``precision``: plus what an FP8 recipe changes in those GEMMs (``linear_gemms``)."""
-    if precision.fp8 is None:
-        return timed
-    forward = linear_gemms.forward_s(gemms, dev, precision, micro_batches) - gemms_time_s(
-        gemms, dev, precision.gemm_inputs
-    )
-    backward = linear_gemms.backward_s(gemms, dev, precision) - backward_gemms_time_s(gemms, dev, precision.gemm_inputs)
+    forward, backward = linear_gemms.fp8_change_s(gemms, dev, precision, micro_batches)
     return timed[0] + forward, timed[1] + backward
 
 

@@ -56,6 +56,21 @@ def backward_s(gemms: tuple[Gemm, ...], device: DeviceProfile, precision: Precis
     return sum(_backward_s(g, device, precision) for g in gemms)
 
 
+def fp8_change_s(
+    gemms: tuple[Gemm, ...], device: DeviceProfile, precision: Precision, micro_batches: int = 1
+) -> tuple[float, float]:
+    """Seconds ``precision``'s FP8 recipe adds to the forward and to the backward of ``gemms``
+    run in the high precision (negative where it saves; (0, 0) without a recipe): what a layer
+    the profiler timed in the high precision changes by (``layer_time``)."""
+    if precision.fp8 is None:
+        return 0.0, 0.0
+    high = precision.gemm_inputs
+    return (
+        forward_s(gemms, device, precision, micro_batches) - gemms_time_s(gemms, device, high),
+        backward_s(gemms, device, precision) - backward_gemms_time_s(gemms, device, high),
+    )
+
+
 def in_fp8(gemm: Gemm, precision: Precision) -> bool:
     """Whether ``gemm`` (a forward GEMM, (m x k) @ (k x n): a weight of n x k) runs in FP8: a
     linear layer the library converts; routed experts' grouped GEMMs where the stack converts

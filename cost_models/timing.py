@@ -167,7 +167,7 @@ def _stage_times(
         overlapped=training.vocabulary_overlap and hides_communication(cluster),
         high_precision=_high_precision_kernels(model, training, cluster, layout),
     )
-    edges = stage_edge_layers(model, layout, training.fp8_bf16_layers if training.fp8 else 0)
+    edges = stage_edge_layers(model, layout, training.fp8_bf16_layers)
     alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
     first, last = chunk_stage(layout, embedding_chunk(layout)), chunk_stage(layout, output_chunk(layout))

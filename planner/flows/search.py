@@ -140,10 +140,7 @@ def search_recipes(
     wanted = tuple(dict.fromkeys(recipes)) or (training.fp8,)
     stack = stack_named(training.stack)
     gathers = {r for r in wanted if r is not None and stack.fp8_run(r).fp8_param_gather}
-    if param_gather and not gathers:  # refused as the spec refuses it, with its fix
-        training.with_options({"fp8": next((r for r in wanted if r is not None), None), "fp8_param_gather": True})
-    if bf16_layers and all(r is None for r in wanted):  # refused as the spec refuses it
-        training.with_options({"fp8_bf16_layers": bf16_layers})
+    _check_recipe_options(training, wanted, param_gather=param_gather and not gathers, bf16_layers=bf16_layers)
     variants = [
         training.with_options(
             {"fp8": r, "fp8_param_gather": param_gather and r in gathers, "fp8_bf16_layers": bf16_layers if r else 0}
@@ -173,6 +170,23 @@ def search_recipes(
         points=tuple(point for o in outcomes for point in o.points),
     )
     return merged, tuple(plans)
+
+
+def _check_recipe_options(
+    training: TrainingSpec, recipes: Sequence[Fp8Recipe | None], *, param_gather: bool, bf16_layers: int
+) -> None:
+    """Refuse, as ``TrainingSpec`` refuses them and with its fix, the FP8 options no recipe of
+    ``recipes`` takes: ``param_gather`` where none gathers in FP8 (True here means so), and
+    ``bf16_layers`` with no recipe at all.
+
+    Raises:
+        SchemaError: the spec's message for the first recipe (or none) with the option.
+    """
+    first = next((r for r in recipes if r is not None), None)
+    if param_gather:
+        training.with_options({"fp8": first, "fp8_param_gather": True})
+    if bf16_layers and first is None:
+        training.with_options({"fp8_bf16_layers": bf16_layers})
 
 
 def check_replica_slots(replicas: int, model: ModelSpec, world_size: int) -> None:

@@ -11,7 +11,10 @@ class MemoryBreakdown:
     """Parameters in training precision (plus gathered ZeRO-3 buffers and the FP8 copies an FP8
     recipe keeps)."""
     gradients_bytes: float
-    """Gradients, sharded under ZeRO 2-3."""
+    """Gradients, sharded under ZeRO 2-3: what they add to the peak. Under a stack that allocates
+    them on demand (``stacks.Stack.gradients_on_demand``), on a stage that runs no forward after
+    its first backward, only what they exceed the activations and loss that backward frees by
+    (often 0: the peak is then the forward's end, before any gradient exists)."""
     optimizer_states_bytes: float
     """fp32 master weights and Adam moments, sharded under ZeRO 1-3."""
     activations_bytes: float

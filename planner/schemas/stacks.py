@@ -81,6 +81,15 @@ class Stack:
     """The FP8 recipes the stack offers (each one its library runs: ``fp8.RECIPE_RUNS``)."""
     fp8_source: str
     """Where the stack's FP8 library and recipes come from."""
+    gradients_on_demand: bool
+    """Whether each gradient is allocated by the backward that produces it and dropped after the
+    update (torch's ``param.grad`` under ``zero_grad(set_to_none=True)``, FSDP2's sharded
+    gradients), rather than held in a buffer allocated once for the run (Megatron-Core's
+    contiguous gradient buffer). On demand, a stage that runs no forward after its first backward
+    (one micro-batch, or all of them in flight) fills its gradients while that backward frees its
+    activations: they add to the peak only what they exceed the freed activations by."""
+    gradients_source: str
+    """Where ``gradients_on_demand`` comes from."""
     fp8_experts: bool = True
     """Whether its FP8 recipes run the routed experts' GEMMs in FP8: Transformer Engine's grouped
     linear layers do, and the planner's runtime converts each expert's linear layers; torchtitan
@@ -138,6 +147,13 @@ _TE_ATTENTION = (
     "on Hopper and later (dot_product_attention/utils.py get_attention_backend, 'for performance reasons')"
 )
 
+_FSDP2_GRADIENTS = (
+    "FSDP2 allocates each sharded gradient at its reduce-scatter and the unsharded ones per unit during the backward"
+)
+_MEGATRON_GRADIENTS = (
+    "Megatron-Core's DistributedDataParallel allocates one contiguous gradient buffer at construction "
+    "(param_and_grad_buffer.py), held for the run"
+)
 _TE_RECIPES = (Fp8Recipe.DELAYED, Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE, Fp8Recipe.MXFP8)
 _TORCHAO_RECIPES = (Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE, Fp8Recipe.ROWWISE_GW_HP)
 
@@ -170,6 +186,10 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": "runtime's FSDP2 MixedPrecisionPolicy reduces in fp32 under bf16",
                 "moe_dispatcher": "runtime's expert parallelism is one all-to-all of every (token, expert) pair",
             },
+            gradients_on_demand=True,
+            gradients_source=_FSDP2_GRADIENTS
+            + "; runtime/optim.py leaves ZeRO-0/1 gradients to autograd and its zero_grad sets them "
+            "to None (as planner run --dry-run traces)",
             fp8_library=Fp8Library.TORCHAO,
             fp8_recipes=_TORCHAO_RECIPES,
             fp8_source="runtime/fp8.py converts the transformer layers' linear layers with torchao's "
@@ -206,6 +226,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "moe_dispatcher": "--moe-token-dispatcher-type alltoall, as its MoE recipes set it (the argument's "
                 "default, allgather, is not priced)",
             },
+            gradients_on_demand=False,
+            gradients_source=_MEGATRON_GRADIENTS,
             fp8_library=Fp8Library.TRANSFORMER_ENGINE,
             fp8_recipes=_TE_RECIPES,
             fp8_source="arguments.py: --transformer-impl transformer_engine (the default); --fp8-recipe "
@@ -237,6 +259,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": _FP32_REDUCE,
                 "moe_dispatcher": _ALLTOALL,
             },
+            gradients_on_demand=False,
+            gradients_source=_MEGATRON_GRADIENTS,
             fp8_library=Fp8Library.TRANSFORMER_ENGINE,
             fp8_recipes=_TE_RECIPES,
             fp8_source="training/mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed, "
@@ -269,6 +293,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "mixed_precision_reduce)",
                 "moe_dispatcher": _ALLTOALL,
             },
+            gradients_on_demand=True,
+            gradients_source=_FSDP2_GRADIENTS + "; train.py's optimizers.zero_grad() sets them to None",
             fp8_library=Fp8Library.TORCHAO,
             fp8_recipes=(*_TORCHAO_RECIPES, Fp8Recipe.MXFP8),
             fp8_source="components/quantization/float8.py and mx.py convert with torchao: [quantize.linear.float8] "
@@ -301,6 +327,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": "FSDP2's MixedPrecisionPolicy reduce_dtype float32",
                 "moe_dispatcher": _ALLTOALL,
             },
+            gradients_on_demand=True,
+            gradients_source=_FSDP2_GRADIENTS,
             fp8_library=Fp8Library.TORCHAO,
             fp8_recipes=_TORCHAO_RECIPES,
             fp8_source="components/quantization/fp8.py converts with torchao Float8 (docs/guides/fp8_training.md: "
@@ -335,6 +363,9 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "sets communication_data_type",
                 "moe_dispatcher": "DeepSpeed-MoE's all-to-all",
             },
+            gradients_on_demand=False,
+            gradients_source="ZeRO-1/2 keep contiguous gradient partitions and reduction buckets (stage_1_and_2.py): "
+            "priced as held through the step",
             fp8_library=None,
             fp8_recipes=(),
             fp8_source="DeepSpeed's engine converts no layer to FP8; FP8 comes from the model's own code (Transformer "
@@ -366,6 +397,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "grad_reduce_dtype": "Composer's FSDP mixed_precision DEFAULT reduces gradients in fp32",
                 "moe_dispatcher": _ALLTOALL,
             },
+            gradients_on_demand=False,
+            gradients_source="not checked against Composer's FSDP: priced as held through the step (an upper bound)",
             fp8_library=Fp8Library.TRANSFORMER_ENGINE,
             fp8_recipes=(Fp8Recipe.DELAYED,),
             fp8_source="Composer's precision amp_fp8 runs Transformer Engine's fp8_autocast with DelayedScaling",

@@ -11,7 +11,9 @@ which layouts differing only in micro-batch size, recompute, sequence parallelis
 of context parallelism share; and
 from a layout already found too big with a smaller micro-batch, everything else equal (every
 stage's memory is non-decreasing in the micro-batch size b: activations grow with b, and the
-micro-batches in flight times b, min(in flight, m) b with m = B / (d b), cannot shrink).
+micro-batches in flight times b, min(in flight, m) b with m = B / (d b), cannot shrink), unless
+gradients replace the activations a larger micro-batch's first backward frees
+(``cost_models.memory.gradients_replace_activations``: then it is priced).
 """
 
 import operator
@@ -20,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 
 from cost_models.estimate import estimate_unchecked
 from cost_models.layout_validity import check_layout
-from cost_models.memory import LayoutMemory, all_stage_memory, stage_memory_floor
+from cost_models.memory import LayoutMemory, all_stage_memory, gradients_replace_activations, stage_memory_floor
 from cost_models.stage_devices import stage_devices
 from cost_models.timing import stage_times
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
@@ -174,7 +176,11 @@ class Evaluator:
         strategy may skip it; this is cheap (look-ups). Counts what it rules out in ``ruled_out``.
         """
         too_big_from = self._too_big_from.get(_batch_free_key(layout))
-        if too_big_from is not None and layout.micro_batch_size >= too_big_from:
+        if (
+            too_big_from is not None
+            and layout.micro_batch_size >= too_big_from
+            and not gradients_replace_activations(self.training, layout)
+        ):
             self.ruled_out += 1
             return True
         if self.closest_miss is None:

@@ -91,6 +91,8 @@ def stack_view(stack: Stack) -> Table:
         table.add_row(name, _value(name, shown), escape(stack.sources[name]))  # sources name [config] sections
     fp8 = "none" if stack.fp8_library is None else f"{stack.fp8_library}: {', '.join(stack.fp8_recipes)}"
     table.add_row("fp8", fp8, escape(stack.fp8_source))
+    gradients = "on demand" if stack.gradients_on_demand else "held for the run"
+    table.add_row("gradients", gradients, escape(stack.gradients_source))
     return table
 
 

@@ -23,11 +23,13 @@ V2_ESTIMATES = {
     # the moe_layer record existed, on the same file (the memory re-frozen when the loss without
     # a pipeline stopped counting a second transient copy of the logits, and when the gradient buckets
     # took the precision gradients are summed in, bf16 here; the times when elementwise kernels began
-    # to pay their launches, cost_models.kernels).
+    # to pay their launches, cost_models.kernels; at micro-batch 16, one micro-batch per step, the
+    # memory less the gradients when those on demand began to replace the activations freed:
+    # 4,069,632 and 2,496,768 bytes, memory.LayoutMemory).
     (1, 2): (0.5492770817767394, 0.5288042062997581, 44394752.0),
-    (1, 16): (0.45870271949318075, 0.4382298440161995, 98771200.0),
+    (1, 16): (0.45870271949318075, 0.4382298440161995, 94701568.0),
     (2, 2): (0.6317856902802818, 0.5627846830204087, 28928256.0),
-    (2, 16): (0.4524486952580075, 0.43517990339485774, 85139712.0),
+    (2, 16): (0.4524486952580075, 0.43517990339485774, 82642944.0),
 }
 
 
