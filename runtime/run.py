@@ -25,7 +25,7 @@ from torch.nn.attention import sdpa_kernel
 
 from planner.schemas import DeviceKind, Plan, RankMemory, RunReport
 from planner.schemas.errors import InfeasibleConfigError, JobFailed, StragglerFound
-from planner.schemas.runtime_support import check_buildable, check_runnable
+from planner.schemas.runtime_support import check_buildable, check_fp8_device, check_runnable
 from planner.schemas.settings import RunSettings
 from runtime import checkpoint
 from runtime.checkpoint_meta import check_loadable, check_steps_left, latest
@@ -45,8 +45,9 @@ from runtime.trainer import Trainer
 logger = logging.getLogger(__name__)
 
 
-def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
-    """Refuse a plan the job cannot run, before any work (every rank reaches the same verdict)."""
+def check_world(plan: Plan, world_size: int, cuda: bool, device: torch.device | None = None) -> None:
+    """Refuse a plan the job cannot run, before any work (every rank reaches the same verdict;
+    ``device``, this rank's, is checked for an FP8 plan's tensor cores)."""
     if world_size != plan.cluster.world_size:
         raise InfeasibleConfigError(
             f"the plan is for {plan.cluster.world_size} ranks ({plan.cluster.num_nodes} nodes x "
@@ -60,6 +61,8 @@ def check_world(plan: Plan, world_size: int, cuda: bool) -> None:
             f"the plan is for {plan.cluster.device_name!r} devices, but this job has no CUDA device; "
             "run it where those devices are, or plan for this machine (planner profile, then planner search)"
         )
+    if device is not None and device.type == "cuda":
+        check_fp8_device(plan, torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
 
 
 def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | None:
@@ -71,7 +74,7 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
     """
     require_supported_torch()
     rank, world, cuda, device = _set_up_device()
-    plan, plan_sha256, resume = _agree_on_plan(settings, replan, rank, world, cuda)
+    plan, plan_sha256, resume = _agree_on_plan(settings, replan, rank, world, device)
     if not dist.is_initialized():
         _init(settings, cuda)
     trainer = _build_trainer(settings, plan, device)
@@ -114,7 +117,7 @@ def _set_up_device() -> tuple[int, int, bool, torch.device]:
 
 
 def _agree_on_plan(
-    settings: RunSettings, replan: Replan | None, rank: int, world: int, cuda: bool
+    settings: RunSettings, replan: Replan | None, rank: int, world: int, device: torch.device
 ) -> tuple[Plan, str, bool]:
     """The plan every rank runs, its SHA-256, and whether the run resumes from a checkpoint.
 
@@ -124,10 +127,11 @@ def _agree_on_plan(
     """
     plan = settings.plan
     plan_sha256 = settings.plan_sha256
+    cuda = device.type == "cuda"
     if replan is not None and world != plan.cluster.world_size:  # an elastic (re)start on other ranks
         _init(settings, cuda)
         plan, _, plan_sha256 = agreed_plan(replan, rank, world)
-    check_world(plan, world, cuda)
+    check_world(plan, world, cuda, device)
     if settings.trace_routing is not None and not plan.model.is_moe:
         raise InfeasibleConfigError(
             f"--trace-routing records which experts tokens go to, but {plan.model.name!r} has no experts; "

@@ -6,6 +6,9 @@ runtime's decoder does not build as the cost model prices them, for every comman
 run one (`planner run`, its dry run, `planner launch`, `planner tune`); `planner search` still
 plans them."""
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from planner.schemas.context_split import check_context_split
 from planner.schemas.enums import (
     DType,
@@ -15,6 +18,7 @@ from planner.schemas.enums import (
     RecomputeModule,
 )
 from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.fp8 import Fp8Devices
 from planner.schemas.geometry import num_micro_batches, pipeline_schedules
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
@@ -144,6 +148,35 @@ def check_fp8_param_gather(layout: Layout, *, fp8_param_gather: bool) -> None:
             f"--fp8-param-gather with zero_stage={int(layout.zero_stage)} over {layout.dense_replicas} replica(s): "
             "this runtime all-gathers weights in FP8 only through FSDP (ZeRO-2/3 over several replicas); plan "
             "with --zero-stage 3, or drop --fp8-param-gather"
+        )
+
+
+FP8_COMPUTE_CAPABILITY: Mapping[Fp8Devices, tuple[int, int]] = MappingProxyType(
+    {Fp8Devices.FP8: (8, 9), Fp8Devices.MXFP8: (10, 0)}
+)
+"""The lowest CUDA compute capability with the tensor cores each kind of recipe needs: FP8 from
+Ada (8.9) and Hopper (9.0), MX block scaling from Blackwell (10.0); torch's ``_scaled_mm``, which
+torchao's Float8Linear calls, raises below them."""
+
+
+def check_fp8_device(plan: PlanShape, capability: tuple[int, int] | None, device_name: str = "") -> None:
+    """Refuse an FP8 plan on a CUDA device without the tensor cores its recipe needs, before any
+    work (each step would fail in its first FP8 GEMM). ``capability``: the device's CUDA compute
+    capability, None on a CPU (where torch emulates the scaled matmul: the runtime runs it there).
+
+    Raises:
+        InfeasibleConfigError: naming the recipe, the device and its capability, and the fix.
+    """
+    run = plan.training.precision.fp8
+    if run is None or capability is None:
+        return
+    needed = FP8_COMPUTE_CAPABILITY[run.devices]
+    if capability < needed:
+        have, want = ".".join(map(str, capability)), ".".join(map(str, needed))
+        raise InfeasibleConfigError(
+            f"the plan trains with fp8 recipe {run.recipe.value!r}, which needs {run.devices.value} tensor cores "
+            f"(CUDA compute capability {want} or later), but this job's {device_name or 'device'} has {have}; "
+            "plan without --fp8 for these devices"
         )
 
 
