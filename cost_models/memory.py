@@ -16,6 +16,7 @@ Constants (conventions, stated once here; each other term's with its module):
     fragmentation margin: callers keep their own safety margin on top.
 """
 
+from dataclasses import replace
 from typing import Final
 
 from cost_models.communication_buffers import (
@@ -65,25 +66,28 @@ def stage_memory(
 class LayoutMemory:
     """The memory of each pipeline stage of one layout, priced on demand.
 
-    Model states of ``stage_params`` under ZeRO from ``sharding.stage_model_states`` (ZeRO-3's
-    gathered buffer counted with the weights; under a pipeline ZeRO 2-3 hold what ZeRO-1 holds),
-    and with the weights the FP8 copies an FP8 recipe's library keeps (``fp8_weights``).
-    Activations from ``stage_activations.stage_activation_bytes``, plus what one MLP's backward
-    transient (``stage_activations.stage_mlp_backward_bytes``) and the staging buffer beside it
-    exceed the loss freed before that backward by (``loss_memory.freed_loss_bytes``: on the stage
-    with the output layer one micro-batch's logits, elsewhere nothing), less the staging buffer's
-    own excess; logits from ``loss_memory.stage_logits_bytes``; buffers from
-    ``communication_buffers``: ``communication_buffer_bytes`` and ``pipeline_buffer_bytes`` and
-    what ``reduce_scatter_staging_bytes`` exceeds the logits by and ``tied_gradient_sum_bytes``
-    the activations and logits by (they live after them); workspace
-    from ``workspace_bytes``. Gradients a stack allocates on demand (``Stack.gradients_on_demand``)
-    on a stage that runs no forward after its first backward (every micro-batch of the step in
-    flight) fill as that backward frees one micro-batch's activations and loss: they add what
-    they exceed those by (llama3-8b dp8 ZeRO-1, one micro-batch: the dry run traced the sum less
-    the gradients, 47,563 MiB against 62,805 summed). Other terms are summed as if they peak
-    together (an upper bound). A
-    calibrated cluster scales the activations, logits and buffers and adds its memory overhead to
-    the workspace.
+    Model states of ``stage_params`` under ZeRO from ``sharding.stage_model_states`` (under a
+    pipeline ZeRO 2-3 hold what ZeRO-1 holds), and with the weights the FP8 copies an FP8 recipe's
+    library keeps (``fp8_weights``). Activations from ``stage_activations.stage_activation_bytes``.
+    What lives only in a layer's backward, after the loss before it is freed
+    (``loss_memory.freed_loss_bytes``: on the stage with the output layer one micro-batch's logits,
+    elsewhere nothing), fills that loss first and adds what it exceeds it by, in this order: the
+    staging buffer (counted with the buffers), one MLP's backward transient
+    (``stage_activations.stage_mlp_backward_bytes``) and the layer a recompute rematerialized (with
+    the activations), ZeRO-3's gathered units (with the weights). On llama3-8b's dp16 ZeRO-3 under
+    full recompute, summing them put the estimate at 1.22x the dry run's trace; filling, 1.04x (the
+    trace's peak is the loss, with no unit gathered). Logits from
+    ``loss_memory.stage_logits_bytes``; buffers from ``communication_buffers``:
+    ``communication_buffer_bytes`` and ``pipeline_buffer_bytes`` and what
+    ``reduce_scatter_staging_bytes`` exceeds the logits by and ``tied_gradient_sum_bytes`` the
+    activations and logits by (they live after them); workspace from ``workspace_bytes``. Gradients
+    a stack allocates on demand (``Stack.gradients_on_demand``) on a stage that runs no forward
+    after its first backward (every micro-batch of the step in flight) fill as that backward frees
+    one micro-batch's activations and what the transients left of its loss: they add what they
+    exceed those by (llama3-8b dp8 ZeRO-1, one micro-batch: the dry run traced the sum less the
+    gradients, 47,563 MiB against 62,805 summed). Other terms are summed as if they peak together
+    (an upper bound). A calibrated cluster scales the activations, logits and buffers and adds its
+    memory overhead to the workspace.
 
     What the stages share is computed once: the micro-batches, the MoE loads and layers per stage,
     and every term of stages that hold the same parameters, layers and loads (a pipeline's middle
@@ -132,28 +136,34 @@ class LayoutMemory:
         key = (params, load, layers, moe, last)
         terms = self._terms.get(key)
         if terms is None:
-            per_micro_batch, once = stage_activation_terms(
+            per_micro_batch, once, rematerialized = stage_activation_terms(
                 model, training, layout, params, load, layers, moe, last, self._micro_batches
             )
             backward = stage_mlp_backward_bytes(model, training, layout, load, layers, moe)
             logits = stage_logits_bytes(model, training, layout, stage, params)
             # The staging buffer lives after the loss's backward: it adds what it exceeds the logits by.
-            # A layer's MLP backward runs beside it, after one micro-batch's loss is freed: the two add
+            # A layer's backward runs beside it, after one micro-batch's loss is freed, with its MLP's
+            # transient, the layer a recompute rematerialized and ZeRO-3's gathered units: they add
             # what they exceed that loss by, of which the staging buffer's share is counted already
             staging = reduce_scatter_staging_bytes(training, layout, params)
-            freed = freed_loss_bytes(training, layout, params, logits, self._micro_batches)
+            # (no more than the calibrated logits hold: what fills it never outgrows the logits term)
+            freed = freed_loss_bytes(training, layout, params, logits, self._micro_batches) * min(1.0, self._scales[1])
+            states = stage_model_states(model, layout, params, training.precision)
+            transients = (staging, backward, rematerialized, states.gathered_bytes)
+            _, mlp, layer, gathered = _beyond(freed, *transients)
+            states = replace(states, weights_bytes=states.weights_bytes - states.gathered_bytes + gathered)
             terms = (
-                stage_model_states(model, layout, params, training.precision),
+                states,
                 per_micro_batch,
-                once + max(0.0, staging + backward - freed) - max(0.0, staging - freed),
+                once + mlp + layer,
                 logits,
                 communication_buffer_bytes(model, training, layout, params, load.compute_max)
                 + max(0.0, staging - logits),
                 fp8_weight_bytes(model, training, layout, self._device, layers - moe, moe),
-                freed,
+                freed - min(freed, sum(transients)),  # what the gradients may fill of it
             )
             self._terms[key] = terms
-        states, per_micro_batch, once, logits, buffers, fp8_weights, freed = terms
+        states, per_micro_batch, once, logits, buffers, fp8_weights, loss_left = terms
         activation_scale, logits_scale, buffer_scale = self._scales
         in_flight = in_flight_micro_batches(
             layout, stage, self._micro_batches, vocabulary_warmup=training.vocabulary_overlap
@@ -162,8 +172,9 @@ class LayoutMemory:
         gradients = states.gradients_bytes
         if self._gradients_on_demand and in_flight >= self._step_micro_batches:
             # No forward follows the stage's first backward: the gradients it allocates replace the
-            # activations and loss it frees (Stack.gradients_on_demand) and add what they exceed them by
-            freed_bytes = per_micro_batch * activation_scale + freed * logits_scale
+            # activations and loss it frees (Stack.gradients_on_demand), what the backward's
+            # transients left of the loss, and add what they exceed them by
+            freed_bytes = per_micro_batch * activation_scale + loss_left * logits_scale
             gradients = max(0.0, gradients - freed_bytes)
         # The tied gradient sum's copy lives after the backward: it adds what it exceeds them by
         tied = max(0.0, tied_gradient_sum_bytes(model, training, layout, stage) - activations - logits)
@@ -181,6 +192,15 @@ class LayoutMemory:
     def all(self) -> tuple[MemoryBreakdown, ...]:
         """Every stage's, in pipeline order."""
         return tuple(self.stage(s) for s in range(self._layout.pipeline_parallel_degree))
+
+
+def _beyond(freed: float, *transients: float) -> tuple[float, ...]:
+    """What each of ``transients``, taken in order, adds beyond ``freed`` bytes they fill first."""
+    added, held = [], 0.0
+    for t in transients:
+        added.append(max(0.0, held + t - freed) - max(0.0, held - freed))
+        held += t
+    return tuple(added)
 
 
 def gradients_replace_activations(training: TrainingSpec, layout: Layout) -> bool:

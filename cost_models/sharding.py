@@ -67,6 +67,9 @@ class ModelStates:
     """Gradients in ``Precision.gradients`` (FSDP2's sharded ones in ``Precision.gradient_accumulation``)."""
     optimizer_states_bytes: float
     """Adam: the master copy (mixed precision only) and two moments (``Precision.optimizer_bytes_per_param``)."""
+    gathered_bytes: float = 0.0
+    """Of ``weights_bytes``, ZeRO-3's gathered units (``zero3_gather_buffer_bytes``): held only while
+    a unit computes, in its forward or its backward, not through the step."""
 
     @property
     def total_bytes(self) -> float:
@@ -195,12 +198,14 @@ def _model_states(
     gathered = (
         ZERO3_GATHERED_UNITS * gathered_unit_bytes(params, precision) if zero.shards_parameters and d > 1 else 0.0
     )
-    if secondary is not None and zero.shards_parameters:
-        gathered += gather.bytes * params.dense / secondary
+    secondary_copy = (
+        gather.bytes * params.dense / secondary if secondary is not None and zero.shards_parameters else 0.0
+    )
     return ModelStates(
-        weights_bytes=dense.weights_bytes + expert.weights_bytes + gathered,
+        weights_bytes=dense.weights_bytes + expert.weights_bytes + gathered + secondary_copy,
         gradients_bytes=dense.gradients_bytes + expert.gradients_bytes,
         optimizer_states_bytes=dense.optimizer_states_bytes + expert.optimizer_states_bytes,
+        gathered_bytes=gathered,
     )
 
 

@@ -85,7 +85,7 @@ def stage_activation_bytes(
     """
     check_stage(layout, stage)
     m = schedule_micro_batches(training, layout)
-    per_micro_batch, once = stage_activation_terms(
+    per_micro_batch, once, rematerialized = stage_activation_terms(
         model,
         training,
         layout,
@@ -99,6 +99,7 @@ def stage_activation_bytes(
     return (
         per_micro_batch * in_flight_micro_batches(layout, stage, m, vocabulary_warmup=training.vocabulary_overlap)
         + once
+        + rematerialized
     )
 
 
@@ -112,10 +113,12 @@ def stage_activation_terms(
     moe_here: int,
     last_stage: bool,
     micro_batches: int,
-) -> tuple[float, float]:
-    """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once) of a stage
-    holding ``params``, ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if
-    ``last_stage``: stages alike in these differ only in their micro-batches in flight."""
+) -> tuple[float, float, float]:
+    """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once, bytes one
+    layer rematerializes in its backward under recompute) of a stage holding ``params``,
+    ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if ``last_stage``: stages
+    alike in these differ only in their micro-batches in flight. The rematerialized layer lives in
+    the backward only (``memory.LayoutMemory`` weighs it against the loss freed before it)."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
     sp, activation_dtype, recompute = layout.sequence_parallel, training.precision.activations, layout.recompute
     s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
@@ -140,7 +143,6 @@ def stage_activation_terms(
         )
         per_micro_batch += kept_bytes(terms, recompute, layout.recompute_modules) * count
         working.append(rematerialized_bytes(terms, recompute, layout.recompute_modules))
-    once += max(working)
     if layers_here:  # one layer's context-parallel attention at a time: what it receives
         once += context_buffer_bytes(model, training, layout)
     if params.embedding_share:  # its token ids (every rank of a vocabulary split looks them up)
@@ -160,7 +162,7 @@ def stage_activation_terms(
     elif params.output_share:  # split over the pipeline: the last stage keeps its final norm's input
         once += vocabulary_activation_bytes(model, training, layout)
         once += output / 2 if last_stage else 0.0
-    return per_micro_batch, once
+    return per_micro_batch, once, max(working)
 
 
 def stage_mlp_backward_bytes(

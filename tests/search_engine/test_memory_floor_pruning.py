@@ -33,6 +33,7 @@ def _calibrated(cluster: ClusterProfile) -> ClusterProfile:
     # A calibration may scale terms down and count less overhead than the model (negative).
     calibration = Calibration(
         activation_memory_scale=0.5,
+        logits_memory_scale=0.5,  # what the backward's transients and gradients fill of the loss shrinks too
         buffer_memory_scale=0.0,
         memory_overhead_bytes=-(2**30),
         created=datetime(2026, 1, 1),
