@@ -105,9 +105,10 @@ V1_ESTIMATES = {
     # hold (fp32 gradient shards, no gradient buckets under ZeRO-2/3, one transient logits copy), and
     # when the buckets took the precision gradients are summed in (bf16 here), and the pipelines'
     # when a stage without the loss began to count one MLP's backward beside its activations; the
-    # pipelines' step times when the tied embedding's two copies began to sum their gradients.
+    # pipelines' step times when the tied embedding's two copies began to sum their gradients; ZeRO-3's
+    # when its gathered units began to fill the loss freed before the backward.
     "dp4": (0.06006534887540349, 0.052476416000000005, 23145984.0),
-    "dp2-tp2-sp-zero3": (0.14644167571336347, 0.071195552, 7391488.0),
+    "dp2-tp2-sp-zero3": (0.14644167571336347, 0.071195552, 7165376.0),
     "dp2-pp2-zero2": (0.07311090774435117, 0.05897665422222221, 7973376.0),
     "tp2-pp2-mb3": (0.09049070326662363, 0.03954367745476803, 9195520.0),
     "tp4-mb8": (0.19521388413096008, 0.07513096685714286, 10434560.0),
