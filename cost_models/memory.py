@@ -134,6 +134,7 @@ class LayoutMemory:
         params, load = self._params[stage], self._loads[stage]
         layers, moe, last = self._layers[stage], self._moe_layers[stage], stage == self._last_stage
         key = (params, load, layers, moe, last)
+        activation_scale, logits_scale, buffer_scale = self._scales
         terms = self._terms.get(key)
         if terms is None:
             per_micro_batch, once, rematerialized = stage_activation_terms(
@@ -147,7 +148,7 @@ class LayoutMemory:
             # what they exceed that loss by, of which the staging buffer's share is counted already
             staging = reduce_scatter_staging_bytes(training, layout, params)
             # (no more than the calibrated logits hold: what fills it never outgrows the logits term)
-            freed = freed_loss_bytes(training, layout, params, logits, self._micro_batches) * min(1.0, self._scales[1])
+            freed = freed_loss_bytes(training, layout, params, logits, self._micro_batches) * min(1.0, logits_scale)
             states = stage_model_states(model, layout, params, training.precision)
             transients = (staging, backward, rematerialized, states.gathered_bytes)
             _, mlp, layer, gathered = _beyond(freed, *transients)
@@ -160,11 +161,10 @@ class LayoutMemory:
                 communication_buffer_bytes(model, training, layout, params, load.compute_max)
                 + max(0.0, staging - logits),
                 fp8_weight_bytes(model, training, layout, self._device, layers - moe, moe),
-                freed - min(freed, sum(transients)),  # what the gradients may fill of it
+                max(0.0, freed - sum(transients)),  # what the gradients may fill of it
             )
             self._terms[key] = terms
         states, per_micro_batch, once, logits, buffers, fp8_weights, loss_left = terms
-        activation_scale, logits_scale, buffer_scale = self._scales
         in_flight = in_flight_micro_batches(
             layout, stage, self._micro_batches, vocabulary_warmup=training.vocabulary_overlap
         )
