@@ -21,7 +21,9 @@ under delayed scaling) and writes one FP8 byte per element for each layout it is
   (``RecipeRun.caches_fp8_weights``): one micro-batch's share of that cast.
 - backward: the output gradient, in both layouts (input gradient and weight gradient; one under
   a bf16 weight gradient); torchao casts the input (for the weight gradient, unless in bf16) and
-  the weights (for the input gradient) again.
+  the weights (for the input gradient) again. Under torchao's rowwise recipe a kernel of its own
+  rescales each FP8 backward GEMM's output, reading and writing it in the high precision
+  (``RecipeRun.rescaled_backward``).
 
 Blockwise scaling (1x128 / 128x128) runs on Hopper as software-emulated block-scaled GEMMs:
 Transformer Engine's GEMM tutorial (H200 NVL, autocast) times a layer 22.882 ms under blockwise
@@ -111,6 +113,9 @@ def _backward_s(gemm: Gemm, device: DeviceProfile, precision: Precision) -> floa
         casts += _cast(gemm.k * gemm.n * gemm.batch, reads * precision.weights.bytes + 1, reads, device)
         if run.fp8_wgrad:
             casts += _cast(gemm.m * gemm.k * gemm.batch, reads * hp + 1, reads, device)
+    if run.rescaled_backward:  # each FP8 backward GEMM's output read and written once more
+        rescaled = gemm.m * gemm.k + (gemm.k * gemm.n if run.fp8_wgrad else 0)
+        casts += _cast(rescaled * gemm.batch, 2 * hp, 1 + run.fp8_wgrad, device)
     return _fp8_gemm_s(dgrad, device, run) + wgrad_s + casts
 
 

@@ -83,6 +83,11 @@ class RecipeRun:
     caches_fp8_weights: bool
     """Whether an FP8 copy of the weights is kept across a step's micro-batches beside the bf16 copy
     (TE without FP8 parameters)."""
+    rescaled_backward: bool = False
+    """Whether the input- and weight-gradient GEMMs run unscaled and a kernel of their own then
+    multiplies each output by its row and column scales: torchao's rowwise recipe runs its
+    backward's slow-accumulation GEMMs so, as cuBLAS's per-tensor kernel ("one extra triton kernel
+    per GEMM ... just for the rescaling": torchao issue 2184; float8_ops.addmm_float8_unwrapped)."""
     devices: Fp8Devices
     source: str
 
@@ -117,6 +122,7 @@ def _torchao(
 ) -> RecipeRun:
     return RecipeRun(
         library=Fp8Library.TORCHAO,
+        rescaled_backward=recipe is Fp8Recipe.ROWWISE,
         recipe=recipe,
         fp8_sequence_gather=recipe is Fp8Recipe.TENSORWISE,
         library_name=library_name,

@@ -14,14 +14,13 @@ def test_the_pairs_span_three_sources_and_a_slower_fp8() -> None:
 
 
 def test_agreement_is_no_worse_than_today() -> None:
-    # When the pairs were first priced: 8 of 12 within 8% and on the published side of 1.0; the
-    # misses are torchtitan's 70B rowwise under tp 8 (published 1.004 and, with async TP, 0.958:
-    # predicted 1.198 and 1.249, the rowwise GEMM priced at the tensorwise rate), its 70B
-    # tensorwise with async TP (1.445, predicted 1.295), and LLM Foundry's MPT-3B at 32k tokens
-    # with recomputation (0.997, predicted 1.093). Raise the bound as the model improves.
+    # 14 of 17 within 8% and on the published side of 1.0; the misses are torchtitan's 70B
+    # rowwise with async TP under tp 8 (published 1.065, predicted 1.234), its 70B tensorwise with
+    # async TP (1.445, predicted 1.295), and LLM Foundry's MPT-3B at 32k tokens with
+    # recomputation (0.997, predicted 1.093). Raise the bound as the model improves.
     models = _models()
     within = 0
     for pair in PAIRS:
         ratio = predicted_ratio(pair, models[pair.model])
         within += abs(ratio / pair.published_ratio - 1) <= TARGET and (ratio >= 1) == (pair.published_ratio >= 1)
-    assert within >= 8
+    assert within >= 14

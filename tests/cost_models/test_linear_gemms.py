@@ -63,6 +63,23 @@ def test_torchao_casts_again_in_the_backward() -> None:
     assert linear_gemms.backward_s((BIG,), H100, precision) == pytest.approx(backward, rel=1e-12)
 
 
+def test_torchao_rowwise_rescales_its_backward_gemms_outputs() -> None:
+    # torchao rowwise: its slow-accumulation backward GEMMs run unscaled, and one kernel each then
+    # reads and writes their bf16 output (2 + 2 B an element) to apply the row and column scales:
+    # the input gradient (m x k) and the weight gradient (k x n) on top of tensorwise-like casts.
+    m, n, k = BIG.m, BIG.n, BIG.k
+    bw, launch = H100.memory_bandwidth_bytes_per_s, H100.matmul.launch_overhead_s
+    dgrad, wgrad = BIG.backward()
+    casts = (m * n * 6.0 + k * n * 5.0 + m * k * 5.0) / bw + 6 * launch
+    rescales = (m * k + k * n) * 4.0 / bw + 2 * launch
+    backward = gemm_time_s(dgrad, H100, DType.FP8) + gemm_time_s(wgrad, H100, DType.FP8) + casts + rescales
+    got = linear_gemms.backward_s((BIG,), H100, _precision("torchtitan", "rowwise"))
+    assert got == pytest.approx(backward, rel=1e-12)
+    # the forward is tensorwise's: the rescale is in the forward GEMM's epilogue
+    forward = linear_gemms.forward_s((BIG,), H100, _precision("torchtitan", "tensorwise"), 4)
+    assert linear_gemms.forward_s((BIG,), H100, _precision("torchtitan", "rowwise"), 4) == forward
+
+
 def test_fp8_gains_on_a_large_gemm_less_than_the_peak_ratio() -> None:
     bf16 = _precision("torchtitan", None)
     for stack, recipe in (("torchtitan", "tensorwise"), ("megatron-lm", "delayed"), ("megatron-lm", "tensorwise")):
