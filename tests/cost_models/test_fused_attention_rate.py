@@ -89,16 +89,20 @@ def test_each_kernel_reads_its_own_records_and_one_without_any_reads_the_others(
     )
 
 
-def test_h100_preset_holds_cudnn_attention_from_the_same_figures() -> None:
+def test_h100_preset_holds_cudnn_attention_from_cudnn_frontends_h200_benchmark() -> None:
     device = cluster_preset("dgx-h100", 1).device
     fwd_s, bwd_s = fused_attention_s(1e12, 16384, 128, device, DType.BF16, AttentionKernel.CUDNN) or (0.0, 0.0)
-    # FA3 paper, cuDNN at s = 16384, head dim 128: causal forward 539 (Fig. 5(d)), forward 595
-    # (5(c)) and backward 516 TFLOP/s (6(b)) without mask; x 0.848 sustained.
-    assert 1e12 / fwd_s == pytest.approx(539e12 * 0.848)
-    assert 2.5e12 / bwd_s == pytest.approx(516e12 * 539 / 595 * 0.848)
-    # 1.6 x FlashAttention-2's causal forward at that length (335 TFLOP/s).
+    # cudnn-frontend's cuDNN 9.19 benchmark on an H200 (the H100's GH100 compute) at s = 16384,
+    # head dim 128: causal (top_left) forward 673, forward 702 and backward 612 TFLOP/s without
+    # mask; x 0.848 sustained.
+    assert 1e12 / fwd_s == pytest.approx(673e12 * 0.848)
+    assert 2.5e12 / bwd_s == pytest.approx(612e12 * 673 / 702 * 0.848)
+    # 2.0 x FlashAttention-2's causal forward at that length (335 TFLOP/s, the FA3 paper).
     flash_fwd_s, _ = fused_attention_s(1e12, 16384, 128, device, DType.BF16) or (0.0, 0.0)
-    assert flash_fwd_s / fwd_s == pytest.approx(539 / 335)
+    assert flash_fwd_s / fwd_s == pytest.approx(673 / 335)
+    # and the H200 preset holds the same rates: the same tensor cores, the same benchmark
+    h200 = cluster_preset("dgx-h200", 1).device
+    assert fused_attention_s(1e12, 16384, 128, h200, DType.BF16, AttentionKernel.CUDNN) == pytest.approx((fwd_s, bwd_s))
 
 
 def test_gb200_preset_holds_cudnn_frontends_causal_rates_of_both_kernels() -> None:
@@ -192,10 +196,11 @@ def test_unmasked_attention_reads_the_unmasked_records_else_the_causal_ones() ->
     )
 
 
-def test_h100_preset_holds_the_unmasked_rates_the_fa3_paper_measured() -> None:
+def test_h100_preset_holds_the_unmasked_rates_its_sources_measured() -> None:
     device = cluster_preset("dgx-h100", 1).device
-    for kernel, forward, backward in ((AttentionKernel.FLASH, 370e12, 322e12), (AttentionKernel.CUDNN, 595e12, 516e12)):
-        # Fig. 5(c) forward and 6(b) backward without mask at s = 16384, head dim 128; x 0.848 sustained
+    for kernel, forward, backward in ((AttentionKernel.FLASH, 370e12, 322e12), (AttentionKernel.CUDNN, 702e12, 612e12)):
+        # forward and backward without mask at s = 16384, head dim 128 (the FA3 paper's Fig. 5(c)
+        # and 6(b) for FlashAttention-2; cudnn-frontend's no_mask row for cuDNN); x 0.848 sustained
         fwd_s, bwd_s = fused_attention_s(1e12, 16384, 128, device, DType.BF16, kernel, causal=False) or (0.0, 0.0)
         assert (1e12 / fwd_s, 2.5e12 / bwd_s) == pytest.approx((forward * 0.848, backward * 0.848))
     # a causal-only source (cudnn-frontend's causal figures on B200): unmasked at the causal rates
