@@ -15,7 +15,8 @@ first rule it breaks (``Exclusion``):
   the recipe their source states (``published_fp8``; ``fp8_rows`` lists them), checked against
   their source's stack, for when FP8 is priced.
 - A layout the planner prices: not expert all-to-alls overlapped with another micro-batch's
-  compute (Megatron-Core's 1F1B A2A overlap), nor more model chunks (pp x vpp) than layers.
+  compute (Megatron-Core's 1F1B A2A overlap), nor more model chunks (pp x vpp) than layers, nor
+  a token dispatcher other than the all-to-all and DeepEP's (``MoeDispatcher``).
 - Context parallelism of a kind the planner prices: ring attention (Megatron-Core's and Transformer
   Engine's default p2p exchange, torch's ring; the rows that do not state theirs) or the
   all-to-all. Not the Llama 3 paper's 128k stage: its context parallelism all-gathers the keys and
@@ -390,6 +391,8 @@ def _exclusion_reason(row: Mapping[str, Any], source: str) -> str | None:
         return "GB200: the NVLink domain the run used is not stated"
     if par.get("ep_comm_overlap"):
         return "expert all-to-all behind another micro-batch's compute (Megatron-Core's 1F1B overlap): not priced"
+    if par.get("moe_dispatcher") not in (None, *MoeDispatcher):
+        return f"MoE dispatcher {par['moe_dispatcher']}: not priced"
     if pp * (par["vpp"] or 1) > model["n_layers"]:
         return f"pp x vpp = {pp * par['vpp']} model chunks for {model['n_layers']} layers: empty chunks not priced"
     return None

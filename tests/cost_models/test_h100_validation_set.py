@@ -22,7 +22,7 @@ def selection() -> tuple[int, int, int]:
     return sum(r.flagged is None for r in h100), sum(r.flagged is not None for r in h100), len(excluded)
 
 
-def test_selection_counts_40_rows_flags_25_and_excludes_38(selection: tuple[int, int, int]) -> None:
+def test_selection_counts_36_rows_flags_25_and_excludes_42(selection: tuple[int, int, int]) -> None:
     # A change here changes what the error below averages over: re-measure it. 65 rows were
     # excluded before the H200, B200 and GB200 presets; the GB200 BF16 rows 33 and 36 are now
     # predicted (their statistics kept apart, test below); the H200 and B200 rows stay excluded
@@ -41,8 +41,10 @@ def test_selection_counts_40_rows_flags_25_and_excludes_38(selection: tuple[int,
     # flagged (torchtitan's 6 float8 rows, a part no preset describes; LLM Foundry's 2 amp_fp8
     # rows, an undescribed stack), and of the 27 FP8 rows left out before, those on other GPUs
     # now predicted apart (B200, GB200); the rest stay excluded for other reasons (the global
-    # batch or GPU count not stated, GPT-OSS).
-    assert selection == (40, 25, 38)
+    # batch or GPU count not stated, GPT-OSS). Bridge's Qwen3 H100 rows then left (36, 25, 42): the
+    # performance scripts that produced them run 14, 15 and 19 with the 1F1B expert all-to-all
+    # overlap (moe_a2a_overlap=True) and 20 with the Hybrid-EP dispatcher, neither priced.
+    assert selection == (36, 25, 42)
 
 
 def test_the_gb200_rows_run_in_nvlink_domains_of_64_gpus() -> None:
@@ -124,17 +126,24 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # dense Llama rows' tensor-parallel time (14-20% of the step) is exposed as priced: the rows do
     # not state Megatron Bridge's communication overlap, which its H100 recipes may turn on.
     # With the sequence-parallel all-gathers in FP8 (Transformer Engine gathers quantized inputs):
-    # mean 24.5%.
+    # mean 24.5%. With the Bridge Llama rows' tensor-parallel overlap that the recipes its
+    # performance scripts build on turn on (CommOverlapConfig(tp_comm_overlap=True)): 70B -18.9%
+    # -> -10.2%, 405B -18.5% / -20.4% -> -5.1% / -6.9%; mean 19.6%. With cuDNN's fused attention
+    # at cuDNN 9.19's rates (cudnn-frontend's H200 benchmark, the containers' cuDNN) instead of the
+    # FA3 paper's cuDNN 9.1 bars: bf16 10.2% -> 9.1% (modelzoo 11.2% -> 2.7%, automodel 12.8% ->
+    # 13.3%). The Qwen3 rows excluded as their scripts ran them (the selection test above: row 14
+    # +96%, 15 -9.5%, 19 -15.9% with an overlap not priced; 20 -10.0% with a dispatcher not
+    # priced): the 5 dense Llama rows, mean 7.1%, worst 9.5% (Llama 3 8B under FSDP, row 10).
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall bf16"]
     assert rows == 31
-    assert mean <= 0.105
+    assert mean <= 0.095
     assert worst <= 0.35
     fp8_mean, fp8_worst, fp8_rows = stats["overall fp8"]
-    assert fp8_rows == 9
-    assert fp8_mean <= 0.25
-    assert fp8_worst <= 0.93
+    assert fp8_rows == 5
+    assert fp8_mean <= 0.075
+    assert fp8_worst <= 0.10
     assert stats["GB200"][2] == 6
 
 
