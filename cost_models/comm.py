@@ -36,8 +36,10 @@ import bisect
 import functools
 import itertools
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from cost_models.spanning_collectives import spanning_time_s
 from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkProfile, Placement
@@ -56,6 +58,36 @@ class Group:
     def size(self) -> int:
         """Members."""
         return len(self.devices)
+
+
+@dataclass(frozen=True, slots=True)
+class AxisGroups:
+    """The groups of one axis of a layout's mesh (of one stage, of one size: ``cost_models.groups``):
+    runs of ``size`` ranks ``stride`` apart from each of ``starts``, on the devices ``devices``
+    maps them to (empty: rank r on device r). Listed anew at each iteration, and equal to another
+    layout's where ``key`` is: what the groups depend on (the axis, the mesh's shape and its device
+    map). ``priced_groups`` memoizes on it, so the layouts of a search that differ only in what
+    groups do not read (micro-batch, recompute, schedule, ZeRO stage) sort a mesh's groups once: on
+    a cluster of mixed nodes every group of an axis is read, thousands of them a layout."""
+
+    key: tuple[object, ...]
+    starts: Callable[[], Sequence[int]] = field(compare=False, repr=False)
+    size: int = field(compare=False)
+    stride: int = field(compare=False)
+    devices: tuple[int, ...] = field(compare=False, repr=False)
+
+    def __iter__(self) -> Iterator[Group]:
+        return map(self.group, self.starts())
+
+    def group(self, first: int) -> Group:
+        """The group from rank ``first``."""
+        ranks = range(first, first + self.size * self.stride, self.stride)
+        return Group(tuple(self.devices[r] for r in ranks) if self.devices else ranks)
+
+    def device_array(self) -> np.ndarray:
+        """The devices of every group, a row each in ring order."""
+        ranks = np.asarray(self.starts(), dtype=np.int64)[:, None] + self.stride * np.arange(self.size)
+        return np.asarray(self.devices, dtype=np.int64)[ranks] if self.devices else ranks
 
 
 def _curve_time_s(records: Sequence[CollectiveRecord], op: CollectiveOp, message_bytes: float, n: int) -> float:
@@ -315,7 +347,8 @@ def has_uniform_links(cluster: ClusterProfile) -> bool:
 
 
 def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_order: bool) -> tuple[Group, ...]:
-    """The groups of one axis whose collectives need pricing (an axis can have a thousand).
+    """The groups of one axis whose collectives need pricing (an axis can have a thousand);
+    memoized where ``groups`` are an ``AxisGroups``.
 
     With uniform links of each class, a group's cost depends only on how it spreads over nodes;
     with devices in rank order (``rank_order``: the identity device map) every group of an axis
@@ -326,19 +359,53 @@ def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_orde
     one group of each such spread stands for the others;
     where the node matrix is explicit, every group is priced.
     """
-    if rank_order and has_uniform_links(cluster):
-        return tuple(itertools.islice(groups, 1))
-    classes = cluster.node_classes
-    if classes is None:
-        return tuple(groups)
-    per_node = cluster.devices_per_node
+    first_stands = rank_order and has_uniform_links(cluster)
+    classes = None if first_stands else cluster.node_classes
     # Over uniform links inside every node, how many members a node holds matters, not which.
     by_count = cluster.intra_node_links.uniform is not None and all(
         o.intra_node_links is None or o.intra_node_links.uniform is not None for o in cluster.node_overrides
     )
+    shape = (first_stands, classes, cluster.devices_per_node, by_count)
+    if isinstance(groups, AxisGroups):
+        return _priced_axis(groups, *shape)
+    return _representatives(groups, *shape)
+
+
+@functools.lru_cache(maxsize=8192)
+def _priced_axis(
+    groups: AxisGroups, first_stands: bool, classes: tuple[int, ...] | None, per_node: int, by_count: bool
+) -> tuple[Group, ...]:
+    """``_representatives`` of an axis's groups, by the axis's key and what the cluster's node
+    classes are (not by cluster: a stage priced on its own device type reads a copy of the
+    cluster whose nodes fall into the same classes). Where classes sort the groups, the candidates
+    are found on arrays first: the first group of each finer spread (each member's node class, its
+    node relative to the first member's, and its local index unless only counts matter), of which
+    the first of each spread is one."""
+    if first_stands or classes is None:
+        return _representatives(groups, first_stands, classes, per_node, by_count)
+    devices = groups.device_array()
+    nodes = devices // per_node
+    parts = [np.asarray(classes, dtype=np.int64)[nodes], nodes - nodes[:, :1]]
+    if not by_count:
+        parts.append(devices % per_node)
+    _, first = np.unique(np.concatenate(parts, axis=1), axis=0, return_index=True)
+    starts = groups.starts()
+    candidates = (groups.group(starts[i]) for i in sorted(first.tolist()))
+    return _representatives(candidates, first_stands, classes, per_node, by_count)
+
+
+def _representatives(
+    groups: Iterable[Group], first_stands: bool, classes: tuple[int, ...] | None, per_node: int, by_count: bool
+) -> tuple[Group, ...]:
+    """The first group of each spread over node classes (``priced_groups``): the first group alone
+    where it stands for all, every group where the nodes have no classes (an explicit node matrix)."""
+    if first_stands:
+        return tuple(itertools.islice(groups, 1))
+    if classes is None:
+        return tuple(groups)
     spreads: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...] | tuple[int, ...]], Group] = {}
     for group in groups:
-        nodes, members, _ = _node_spread(group.devices, per_node)
+        nodes, members, _ = _node_spread.__wrapped__(group.devices, per_node)  # once each: kept out of the memo
         local = tuple(len(m) for m in members) if by_count else members
         spreads.setdefault((tuple(classes[n] for n in nodes), local), group)
     return tuple(spreads.values())

@@ -208,27 +208,27 @@ def data_parallel_time(
 
 
 _STAGE_COMM: HeldMemo[StageCollectiveTime] = HeldMemo(limit=16384)
-"""``stage_data_parallel_comm`` by what it reads, on uniform links with devices in rank order."""
+"""``stage_data_parallel_comm`` by what it reads."""
 
 
 def _stage_comms(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterProfile, layout: Layout, micro_batches: int
 ) -> Iterator[StageCollectiveTime]:
-    """``stage_data_parallel_comm`` of every stage, in pipeline order, memoized where links are
-    uniform and devices in rank order: there a stage's collectives depend on the parameters it
-    holds, the degrees and ZeRO stage that group and shard them, and m, not on the micro-batch
-    size, recompute, sequence parallelism or schedule that a search's layouts also vary; nor on
-    which stage holds them where a stage's d t ranks fill whole nodes or share one (its groups then
-    cross nodes as every stage's do), else the stage is part of the key."""
+    """``stage_data_parallel_comm`` of every stage, in pipeline order, memoized: a stage's
+    collectives depend on the parameters it holds, the degrees and ZeRO stage that group and
+    shard them, m, and the devices its groups run on, not on the micro-batch size, recompute,
+    sequence parallelism or schedule that a search's layouts also vary. Where links are uniform
+    and devices in rank order, they do not depend on which stage holds them either where a
+    stage's d t ranks fill whole nodes or share one (its groups then cross nodes as every stage's
+    do); otherwise the stage and the device map are part of the key."""
     stages = range(layout.pipeline_parallel_degree)
-    if not (layout.device_map.is_identity and has_uniform_links(cluster)):
-        yield from (stage_data_parallel_comm(model, training, cluster, layout, s, micro_batches) for s in stages)
-        return
+    rank_order = layout.device_map.is_identity and has_uniform_links(cluster)
     stage_ranks, per_node = layout.dense_replicas * layout.tensor_parallel_degree, cluster.devices_per_node
-    aligned = stage_ranks % per_node == 0 or per_node % stage_ranks == 0
+    aligned = rank_order and (stage_ranks % per_node == 0 or per_node % stage_ranks == 0)
     shared = (
         model,
         training.precision,  # what the collectives move: gathered parameters and summed gradients
+        training.pipeline_flushes,
         layout.data_parallel_degree,
         layout.context_parallel_degree,
         layout.tensor_parallel_degree,
@@ -239,6 +239,7 @@ def _stage_comms(
         layout.sharding_group_size,
         layout.secondary_partition_size,
         micro_batches,
+        None if rank_order else layout.device_map,
     )
     for stage, params, layers in zip(stages, all_stage_params(model, layout), stage_layers(model, layout), strict=True):
         key = (*shared, None if aligned else stage, params, layers)

@@ -9,11 +9,14 @@ Expert-parallel groups are runs of ep consecutive data-axis ranks; expert gradie
 reduced over the replicas holding the same experts. With the experts folded over a stage's d t
 ranks (``Layout.folds_experts``) they are runs of ep consecutive ranks of the stage, and the
 ranks at the same place of every run hold the same experts (``schemas.geometry``).
+
+Each function returns an ``AxisGroups``: the groups are listed when read, and keyed by what they
+depend on (``mesh_key``), so that their pricing is shared by every layout of the same mesh.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
-from cost_models.comm import Group
+from cost_models.comm import AxisGroups
 from planner.schemas import Layout
 from planner.schemas.geometry import (
     ExpertMeshAxis,
@@ -27,101 +30,104 @@ from planner.schemas.geometry import (
 )
 
 
+def mesh_key(layout: Layout) -> tuple[object, ...]:
+    """What a layout's groups depend on: the degrees that shape its meshes (dense, context,
+    expert) and its device map; not the micro-batch, recompute, schedule or ZeRO stage."""
+    return (
+        layout.pipeline_parallel_degree,
+        layout.dense_replicas,
+        layout.tensor_parallel_degree,
+        layout.context_parallel_degree,
+        layout.expert_parallel_degree,
+        layout.folds_experts,
+        layout.device_map,
+    )
+
+
 def device_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
     """The device that runs mesh coordinate (stage, replica, shard)."""
     return layout.device_map.device_of(rank_of(layout, stage, replica, shard))
 
 
-def _group(layout: Layout, first: int, axis: MeshAxis, size: int) -> Group:
-    """The devices of ``size`` ranks from rank ``first`` along ``axis``."""
-    return _run(layout, first, size, axis_stride(layout, axis))
+def _axis(
+    layout: Layout, key: tuple[object, ...], starts: Callable[[], Sequence[int]], size: int, stride: int
+) -> AxisGroups:
+    """Runs of ``size`` ranks ``stride`` apart from each of ``starts``, on the layout's devices."""
+    return AxisGroups(
+        (key[0], mesh_key(layout), *key[1:]), starts, size=size, stride=stride, devices=layout.device_map.devices
+    )
 
 
-def _run(layout: Layout, first: int, size: int, stride: int) -> Group:
-    """The devices of ``size`` ranks from rank ``first``, ``stride`` apart. (Ranks by stride, not
-    one call per member: a search builds these groups thousands of times.)"""
-    ranks = range(first, first + size * stride, stride)
-    devices = layout.device_map.devices
-    return Group(tuple(devices[r] for r in ranks) if devices else ranks)
-
-
-def tensor_groups(layout: Layout) -> Iterator[Group]:
+def tensor_groups(layout: Layout) -> AxisGroups:
     """Every tensor-parallel group."""
     p, d, t = mesh_shape(layout)
-    for s in range(p):
-        for r in range(d):
-            yield _group(layout, rank_of(layout, s, r, 0), MeshAxis.TP, t)
+    starts = lambda: [rank_of(layout, s, r, 0) for s in range(p) for r in range(d)]  # noqa: E731
+    return _axis(layout, ("tensor",), starts, t, axis_stride(layout, MeshAxis.TP))
 
 
 def _stages(layout: Layout, stage: int | None) -> range:
     return range(layout.pipeline_parallel_degree) if stage is None else range(stage, stage + 1)
 
 
-def data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
+def data_groups(layout: Layout, stage: int | None = None) -> AxisGroups:
     """Every data-axis group (the d cp ranks reducing dense gradients), or those of one stage."""
-    for s in _stages(layout, stage):
-        for j in range(layout.tensor_parallel_degree):
-            yield _group(layout, rank_of(layout, s, 0, j), MeshAxis.DP, layout.dense_replicas)
+    t = layout.tensor_parallel_degree
+    starts = lambda: [rank_of(layout, s, 0, j) for s in _stages(layout, stage) for j in range(t)]  # noqa: E731
+    return _axis(layout, ("data", stage), starts, layout.dense_replicas, axis_stride(layout, MeshAxis.DP))
 
 
-def context_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
+def context_groups(layout: Layout, stage: int | None = None) -> AxisGroups:
     """Every context-parallel group (cp consecutive data-axis ranks sharing sequences), or those
     of one stage."""
-    cp, stride = layout.context_parallel_degree, axis_stride(layout, MeshAxis.DP)
-    for s in _stages(layout, stage):
-        for j in range(layout.tensor_parallel_degree):
-            for first in range(0, layout.dense_replicas, cp):
-                yield _run(layout, rank_of(layout, s, first, j), cp, stride)
+    cp, t, d = layout.context_parallel_degree, layout.tensor_parallel_degree, layout.dense_replicas
+    starts = lambda: [  # noqa: E731
+        rank_of(layout, s, first, j) for s in _stages(layout, stage) for j in range(t) for first in range(0, d, cp)
+    ]
+    return _axis(layout, ("context", stage), starts, cp, axis_stride(layout, MeshAxis.DP))
 
 
-def sharding_groups(layout: Layout, stage: int, size: int) -> Iterator[Group]:
+def sharding_groups(layout: Layout, stage: int, size: int) -> AxisGroups:
     """Runs of ``size`` consecutive data-axis ranks of ``stage`` (a sharding group or a
     secondary partition: the inner dimension of a (replicate, shard) mesh over the data axis)."""
-    for j in range(layout.tensor_parallel_degree):
-        for first in range(0, layout.dense_replicas, size):
-            yield _group(layout, rank_of(layout, stage, first, j), MeshAxis.DP, size)
+    t, d = layout.tensor_parallel_degree, layout.dense_replicas
+    starts = lambda: [rank_of(layout, stage, first, j) for j in range(t) for first in range(0, d, size)]  # noqa: E731
+    return _axis(layout, ("sharding", stage, size), starts, size, axis_stride(layout, MeshAxis.DP))
 
 
-def replica_groups(layout: Layout, stage: int, sharding_group_size: int) -> Iterator[Group]:
+def replica_groups(layout: Layout, stage: int, sharding_group_size: int) -> AxisGroups:
     """The data-axis ranks of ``stage`` at the same place of every sharding group of
     ``sharding_group_size``: the d cp / g replicas of one shard."""
-    d, stride = layout.dense_replicas, axis_stride(layout, MeshAxis.DP)
-    for j in range(layout.tensor_parallel_degree):
-        for i in range(sharding_group_size):
-            yield _run(layout, rank_of(layout, stage, i, j), d // sharding_group_size, sharding_group_size * stride)
+    t, d, g = layout.tensor_parallel_degree, layout.dense_replicas, sharding_group_size
+    starts = lambda: [rank_of(layout, stage, i, j) for j in range(t) for i in range(g)]  # noqa: E731
+    return _axis(layout, ("replica", stage, g), starts, d // g, g * axis_stride(layout, MeshAxis.DP))
 
 
-def _expert_group(layout: Layout, first: int, axis: ExpertMeshAxis, size: int) -> Group:
-    """The devices of ``size`` ranks from rank ``first`` along expert-mesh ``axis``."""
-    return _run(layout, first, size, expert_axis_stride(layout, axis))
-
-
-def expert_groups(layout: Layout) -> Iterator[Group]:
+def expert_groups(layout: Layout) -> AxisGroups:
     """Every expert-parallel group (the expert mesh's ep axis, ``schemas.geometry``): ep
     consecutive replicas exchanging tokens, or folded ep consecutive ranks of a stage."""
     p, edp, ep, shards = expert_mesh_shape(layout)
-    for s in range(p):
-        for j in range(shards):
-            for g in range(edp):
-                yield _expert_group(layout, expert_rank_of(layout, s, g, 0, j), ExpertMeshAxis.EP, ep)
+    starts = lambda: [  # noqa: E731
+        expert_rank_of(layout, s, g, 0, j) for s in range(p) for j in range(shards) for g in range(edp)
+    ]
+    return _axis(layout, ("expert",), starts, ep, expert_axis_stride(layout, ExpertMeshAxis.EP))
 
 
-def expert_data_groups(layout: Layout, stage: int | None = None) -> Iterator[Group]:
+def expert_data_groups(layout: Layout, stage: int | None = None) -> AxisGroups:
     """Ranks that hold the same experts (the expert mesh's edp axis), for expert gradient
     reduction: d / ep replicas, or folded the d t / ep ranks of a stage at the same place of
     every expert-parallel group; of every stage or of ``stage``."""
     _, edp, ep, shards = expert_mesh_shape(layout)
-    for s in _stages(layout, stage):
-        for j in range(shards):
-            for i in range(ep):
-                yield _expert_group(layout, expert_rank_of(layout, s, 0, i, j), ExpertMeshAxis.EDP, edp)
+    starts = lambda: [  # noqa: E731
+        expert_rank_of(layout, s, 0, i, j) for s in _stages(layout, stage) for j in range(shards) for i in range(ep)
+    ]
+    return _axis(layout, ("expert_data", stage), starts, edp, expert_axis_stride(layout, ExpertMeshAxis.EDP))
 
 
-def pipeline_groups(layout: Layout) -> Iterator[Group]:
+def pipeline_groups(layout: Layout) -> AxisGroups:
     """Every pipeline group: the p stages of one (replica, shard) coordinate."""
-    for r in range(layout.dense_replicas):
-        for j in range(layout.tensor_parallel_degree):
-            yield _group(layout, rank_of(layout, 0, r, j), MeshAxis.PP, layout.pipeline_parallel_degree)
+    p, d, t = mesh_shape(layout)
+    starts = lambda: [rank_of(layout, 0, r, j) for r in range(d) for j in range(t)]  # noqa: E731
+    return _axis(layout, ("pipeline",), starts, p, axis_stride(layout, MeshAxis.PP))
 
 
 def stage_boundaries(layout: Layout, *, first_pipeline_only: bool = False) -> Iterator[tuple[int, int]]:

@@ -33,8 +33,9 @@ from cost_models import groups as grp
 from cost_models.comm import device_link, has_uniform_links, transfer_time_s
 from cost_models.compute import measured_pipeline_slot_s
 from cost_models.context_parallel import local_seq_len
+from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
-from planner.schemas import ClusterProfile, Layout, ModelSpec, Schedule, TrainingSpec
+from planner.schemas import ClusterProfile, Layout, LinkProfile, ModelSpec, Schedule, TrainingSpec
 from planner.schemas.geometry import pipeline_schedules
 
 
@@ -97,7 +98,13 @@ def pipeline_comm_s(
     # the pipeline leaves a node at some boundaries only.
     rank_order = has_uniform_links(cluster) and layout.device_map.is_identity
     # The distinct links the hops cross (few: a hop's link is read once, its time once per link).
-    links = {device_link(cluster, a, b) for a, b in grp.stage_boundaries(layout, first_pipeline_only=rank_order)}
+    links = _LINKS.get(
+        cluster,
+        (grp.mesh_key(layout), rank_order),
+        lambda: frozenset(
+            device_link(cluster, a, b) for a, b in grp.stage_boundaries(layout, first_pipeline_only=rank_order)
+        ),
+    )
     hop_s = max(transfer_time_s(act_bytes, link) for link in links)
     flushes = pipeline_schedules(layout, training.pipeline_flushes)
     steady_s, fill_drain_s = 2 * micro_batches * v * hop_s, 2 * flushes * (p - 1) * hop_s
@@ -110,6 +117,10 @@ def pipeline_comm_s(
     # The schedule's own cost: the tiny slot beyond its two transfers.
     latency_s = max(link.latency_s for link in links)
     return transfers_s + micro_batch_slots(layout, micro_batches, flushes) * max(0.0, slot_s - 2 * latency_s)
+
+
+_LINKS: HeldMemo[frozenset[LinkProfile]] = HeldMemo(limit=4096)
+"""The distinct links a mesh's stage boundaries cross, per cluster (a search's layouts share few meshes)."""
 
 
 def overlaps_transfers(training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> bool:

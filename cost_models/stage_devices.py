@@ -51,15 +51,25 @@ def _stage_devices(cluster: ClusterProfile, layout: Layout) -> tuple[DeviceProfi
 def mean_peak_flop_per_s(cluster: ClusterProfile, layout: Layout, gemm_dtype: DType) -> float:
     """The mean peak FLOP/s in ``gemm_dtype`` (``Precision.gemm_inputs``) of ``layout``'s ranks,
     each on its own node's device: MFU divides by the world size times this (the device's peak on
-    a cluster of one type)."""
+    a cluster of one type). A device map permutes devices 0..world-1, so the ranks run on those
+    whichever the map: the mean is over them, node by node."""
     if not cluster.has_mixed_devices:
         return cluster.pricing_device.get_peak_flop_per_s(gemm_dtype)
+    return _MEAN_PEAKS.get(
+        cluster, (layout.world_size, gemm_dtype), lambda: _mean_peak(cluster, layout.world_size, gemm_dtype)
+    )
+
+
+_MEAN_PEAKS: HeldMemo[float] = HeldMemo(limit=256)
+
+
+def _mean_peak(cluster: ClusterProfile, world: int, gemm_dtype: DType) -> float:
     per_node = cluster.devices_per_node
     total = sum(
-        cluster.node_device(layout.device_map.device_of(r) // per_node).get_peak_flop_per_s(gemm_dtype)
-        for r in range(layout.world_size)
+        min(per_node, world - node * per_node) * cluster.node_device(node).get_peak_flop_per_s(gemm_dtype)
+        for node in range(-(-world // per_node))
     )
-    return total / layout.world_size
+    return total / world
 
 
 def priced_on(cluster: ClusterProfile, device: DeviceProfile) -> ClusterProfile:

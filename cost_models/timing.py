@@ -30,7 +30,7 @@ key/value exchange that the attention core's blocks do not hide, or for all of i
 Units: seconds.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from cost_models import groups as grp
@@ -125,7 +125,8 @@ def stage_times(
     devices = stage_devices(cluster, layout)
     if all(device is cluster.pricing_device for device in devices):
         return _stage_times(model, training, cluster, layout, tensor_groups, expert_groups, context_groups, routing)
-    groups = (tuple(tensor_groups), tuple(expert_groups), tuple(context_groups))
+    # Read once per device type: an iterator is kept for all of them; ``AxisGroups`` list theirs anew.
+    groups = tuple(tuple(g) if isinstance(g, Iterator) else g for g in (tensor_groups, expert_groups, context_groups))
     priced = {
         id(device): _stage_times(model, training, priced_on(cluster, device), layout, *groups, routing)
         for device in {id(device): device for device in devices}.values()
