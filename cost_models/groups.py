@@ -14,19 +14,20 @@ Each function returns an ``AxisGroups``: the groups are listed when read, and ke
 depend on (``mesh_key``), so that their pricing is shared by every layout of the same mesh.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from cost_models.comm import AxisGroups
 from planner.schemas import Layout
 from planner.schemas.geometry import (
+    MESH_AXES,
     ExpertMeshAxis,
     MeshAxis,
     axis_stride,
     expert_axis_stride,
     expert_mesh_shape,
-    expert_rank_of,
     mesh_shape,
-    rank_of,
 )
 
 
@@ -44,11 +45,6 @@ def mesh_key(layout: Layout) -> tuple[object, ...]:
     )
 
 
-def device_of(layout: Layout, stage: int, replica: int, shard: int) -> int:
-    """The device that runs mesh coordinate (stage, replica, shard)."""
-    return layout.device_map.device_of(rank_of(layout, stage, replica, shard))
-
-
 def _axis(
     layout: Layout, key: tuple[object, ...], starts: Callable[[], Sequence[int]], size: int, stride: int
 ) -> AxisGroups:
@@ -58,58 +54,77 @@ def _axis(
     )
 
 
+def _ranks(first: int, *axes: tuple[int, int]) -> list[int]:
+    """``first`` plus index x stride summed over ``axes`` (count, stride), nested outermost
+    first: the first ranks of an axis's groups, in the order the groups are listed."""
+    ranks = np.array([first], dtype=np.int64)
+    for count, stride in axes:
+        ranks = (ranks[:, None] + stride * np.arange(count, dtype=np.int64)).ravel()
+    return ranks.tolist()
+
+
 def tensor_groups(layout: Layout) -> AxisGroups:
     """Every tensor-parallel group."""
-    p, d, t = mesh_shape(layout)
-    starts = lambda: [rank_of(layout, s, r, 0) for s in range(p) for r in range(d)]  # noqa: E731
-    return _axis(layout, ("tensor",), starts, t, axis_stride(layout, MeshAxis.TP))
+    p, d, _ = mesh_shape(layout)
+    pp, dp, tp = (axis_stride(layout, axis) for axis in MESH_AXES)
+    return _axis(layout, ("tensor",), lambda: _ranks(0, (p, pp), (d, dp)), layout.tensor_parallel_degree, tp)
 
 
-def _stages(layout: Layout, stage: int | None) -> range:
-    return range(layout.pipeline_parallel_degree) if stage is None else range(stage, stage + 1)
+def _stages(layout: Layout, stage: int | None) -> tuple[int, tuple[int, int]]:
+    """The first rank of ``stage`` (of stage 0 for None), and its stages as an axis of ``_ranks``."""
+    pp = axis_stride(layout, MeshAxis.PP)
+    return (0, (layout.pipeline_parallel_degree, pp)) if stage is None else (stage * pp, (1, pp))
 
 
 def data_groups(layout: Layout, stage: int | None = None) -> AxisGroups:
     """Every data-axis group (the d cp ranks reducing dense gradients), or those of one stage."""
-    t = layout.tensor_parallel_degree
-    starts = lambda: [rank_of(layout, s, 0, j) for s in _stages(layout, stage) for j in range(t)]  # noqa: E731
-    return _axis(layout, ("data", stage), starts, layout.dense_replicas, axis_stride(layout, MeshAxis.DP))
+    (first, stages), t = _stages(layout, stage), layout.tensor_parallel_degree
+    dp, tp = axis_stride(layout, MeshAxis.DP), axis_stride(layout, MeshAxis.TP)
+    return _axis(layout, ("data", stage), lambda: _ranks(first, stages, (t, tp)), layout.dense_replicas, dp)
 
 
 def context_groups(layout: Layout, stage: int | None = None) -> AxisGroups:
     """Every context-parallel group (cp consecutive data-axis ranks sharing sequences), or those
     of one stage."""
-    cp, t, d = layout.context_parallel_degree, layout.tensor_parallel_degree, layout.dense_replicas
-    starts = lambda: [  # noqa: E731
-        rank_of(layout, s, first, j) for s in _stages(layout, stage) for j in range(t) for first in range(0, d, cp)
-    ]
-    return _axis(layout, ("context", stage), starts, cp, axis_stride(layout, MeshAxis.DP))
+    (first, stages), t = _stages(layout, stage), layout.tensor_parallel_degree
+    cp, d = layout.context_parallel_degree, layout.dense_replicas
+    dp, tp = axis_stride(layout, MeshAxis.DP), axis_stride(layout, MeshAxis.TP)
+    return _axis(layout, ("context", stage), lambda: _ranks(first, stages, (t, tp), (d // cp, cp * dp)), cp, dp)
 
 
 def sharding_groups(layout: Layout, stage: int, size: int) -> AxisGroups:
     """Runs of ``size`` consecutive data-axis ranks of ``stage`` (a sharding group or a
     secondary partition: the inner dimension of a (replicate, shard) mesh over the data axis)."""
-    t, d = layout.tensor_parallel_degree, layout.dense_replicas
-    starts = lambda: [rank_of(layout, stage, first, j) for j in range(t) for first in range(0, d, size)]  # noqa: E731
-    return _axis(layout, ("sharding", stage, size), starts, size, axis_stride(layout, MeshAxis.DP))
+    (first, _), t, d = _stages(layout, stage), layout.tensor_parallel_degree, layout.dense_replicas
+    dp, tp = axis_stride(layout, MeshAxis.DP), axis_stride(layout, MeshAxis.TP)
+    return _axis(layout, ("sharding", stage, size), lambda: _ranks(first, (t, tp), (d // size, size * dp)), size, dp)
 
 
 def replica_groups(layout: Layout, stage: int, sharding_group_size: int) -> AxisGroups:
     """The data-axis ranks of ``stage`` at the same place of every sharding group of
     ``sharding_group_size``: the d cp / g replicas of one shard."""
-    t, d, g = layout.tensor_parallel_degree, layout.dense_replicas, sharding_group_size
-    starts = lambda: [rank_of(layout, stage, i, j) for j in range(t) for i in range(g)]  # noqa: E731
-    return _axis(layout, ("replica", stage, g), starts, d // g, g * axis_stride(layout, MeshAxis.DP))
+    (first, _), t, d, g = (
+        _stages(layout, stage),
+        layout.tensor_parallel_degree,
+        layout.dense_replicas,
+        sharding_group_size,
+    )
+    dp, tp = axis_stride(layout, MeshAxis.DP), axis_stride(layout, MeshAxis.TP)
+    return _axis(layout, ("replica", stage, g), lambda: _ranks(first, (t, tp), (g, dp)), d // g, g * dp)
 
 
 def expert_groups(layout: Layout) -> AxisGroups:
     """Every expert-parallel group (the expert mesh's ep axis, ``schemas.geometry``): ep
     consecutive replicas exchanging tokens, or folded ep consecutive ranks of a stage."""
-    p, edp, ep, shards = expert_mesh_shape(layout)
-    starts = lambda: [  # noqa: E731
-        expert_rank_of(layout, s, g, 0, j) for s in range(p) for j in range(shards) for g in range(edp)
-    ]
-    return _axis(layout, ("expert",), starts, ep, expert_axis_stride(layout, ExpertMeshAxis.EP))
+    _, edp, ep, shards = expert_mesh_shape(layout)
+    (first, stages), edp_stride = _stages(layout, None), expert_axis_stride(layout, ExpertMeshAxis.EDP)
+    return _axis(
+        layout,
+        ("expert",),
+        lambda: _ranks(first, stages, (shards, 1), (edp, edp_stride)),
+        ep,
+        expert_axis_stride(layout, ExpertMeshAxis.EP),
+    )
 
 
 def expert_data_groups(layout: Layout, stage: int | None = None) -> AxisGroups:
@@ -117,24 +132,18 @@ def expert_data_groups(layout: Layout, stage: int | None = None) -> AxisGroups:
     reduction: d / ep replicas, or folded the d t / ep ranks of a stage at the same place of
     every expert-parallel group; of every stage or of ``stage``."""
     _, edp, ep, shards = expert_mesh_shape(layout)
-    starts = lambda: [  # noqa: E731
-        expert_rank_of(layout, s, 0, i, j) for s in _stages(layout, stage) for j in range(shards) for i in range(ep)
-    ]
-    return _axis(layout, ("expert_data", stage), starts, edp, expert_axis_stride(layout, ExpertMeshAxis.EDP))
+    (first, stages), ep_stride = _stages(layout, stage), expert_axis_stride(layout, ExpertMeshAxis.EP)
+    return _axis(
+        layout,
+        ("expert_data", stage),
+        lambda: _ranks(first, stages, (shards, 1), (ep, ep_stride)),
+        edp,
+        expert_axis_stride(layout, ExpertMeshAxis.EDP),
+    )
 
 
 def pipeline_groups(layout: Layout) -> AxisGroups:
     """Every pipeline group: the p stages of one (replica, shard) coordinate."""
-    p, d, t = mesh_shape(layout)
-    starts = lambda: [rank_of(layout, 0, r, j) for r in range(d) for j in range(t)]  # noqa: E731
-    return _axis(layout, ("pipeline",), starts, p, axis_stride(layout, MeshAxis.PP))
-
-
-def stage_boundaries(layout: Layout, *, first_pipeline_only: bool = False) -> Iterator[tuple[int, int]]:
-    """(sender, receiver) device pairs between consecutive pipeline stages: of every pipeline, or
-    of the first (replica 0, shard 0) only."""
-    replicas, shards = (1, 1) if first_pipeline_only else (layout.dense_replicas, layout.tensor_parallel_degree)
-    for s in range(layout.pipeline_parallel_degree - 1):
-        for r in range(replicas):
-            for j in range(shards):
-                yield device_of(layout, s, r, j), device_of(layout, s + 1, r, j)
+    _, d, t = mesh_shape(layout)
+    pp, dp, tp = (axis_stride(layout, axis) for axis in MESH_AXES)
+    return _axis(layout, ("pipeline",), lambda: _ranks(0, (d, dp), (t, tp)), layout.pipeline_parallel_degree, pp)

@@ -29,8 +29,10 @@ gathered once under ZeRO-2 and 9 (m + 1) times under ZeRO-3 (``cost_models.shard
 Units: seconds, bytes.
 """
 
+import numpy as np
+
 from cost_models import groups as grp
-from cost_models.comm import device_link, has_uniform_links, transfer_time_s
+from cost_models.comm import device_link, first_rows, has_uniform_links, transfer_time_s
 from cost_models.compute import measured_pipeline_slot_s
 from cost_models.context_parallel import local_seq_len
 from cost_models.memo import HeldMemo
@@ -99,11 +101,7 @@ def pipeline_comm_s(
     rank_order = has_uniform_links(cluster) and layout.device_map.is_identity
     # The distinct links the hops cross (few: a hop's link is read once, its time once per link).
     links = _LINKS.get(
-        cluster,
-        (grp.mesh_key(layout), rank_order),
-        lambda: frozenset(
-            device_link(cluster, a, b) for a, b in grp.stage_boundaries(layout, first_pipeline_only=rank_order)
-        ),
+        cluster, (grp.mesh_key(layout), rank_order), lambda: _boundary_links(cluster, layout, rank_order)
     )
     hop_s = max(transfer_time_s(act_bytes, link) for link in links)
     flushes = pipeline_schedules(layout, training.pipeline_flushes)
@@ -121,6 +119,25 @@ def pipeline_comm_s(
 
 _LINKS: HeldMemo[frozenset[LinkProfile]] = HeldMemo(limit=4096)
 """The distinct links a mesh's stage boundaries cross, per cluster (a search's layouts share few meshes)."""
+
+
+def _boundary_links(cluster: ClusterProfile, layout: Layout, first_pipeline_only: bool) -> frozenset[LinkProfile]:
+    """The links between consecutive stages of every pipeline, or of the first: of one pair of each
+    kind, where nodes fall into classes (a link reads the two nodes' classes, whether they are one
+    node, and the two local indices), else of every distinct pair."""
+    devices = grp.pipeline_groups(layout).device_array()
+    if first_pipeline_only:
+        devices = devices[:1]
+    src, dst = devices[:, :-1].ravel(), devices[:, 1:].ravel()
+    per_node, classes = cluster.devices_per_node, cluster.node_classes
+    if classes is None:
+        kinds = np.stack([src, dst], axis=1)
+    else:
+        of = np.asarray(classes, dtype=np.int64)
+        src_node, dst_node = src // per_node, dst // per_node
+        kinds = np.stack([of[src_node], of[dst_node], src_node == dst_node, src % per_node, dst % per_node], axis=1)
+    first = first_rows(kinds.astype(np.int64))
+    return frozenset(device_link(cluster, int(src[i]), int(dst[i])) for i in first)
 
 
 def overlaps_transfers(training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> bool:

@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from cost_models.memo import HeldMemo
 from planner.schemas import DeviceMap, Layout, LinkMatrix
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.settings import Budget
@@ -46,7 +47,15 @@ def greedy_node_chain(links: LinkMatrix, start: int) -> tuple[int, ...]:
     (highest bandwidth, then lowest latency, then lowest node) to a node not yet visited.
 
     Each step scans the last node's row of the matrix's arrays (``LinkMatrix.arrays``) at once,
-    visited nodes masked out: n steps of one row each, 0.1 s at 4,096 nodes."""
+    visited nodes masked out: n steps of one row each, 0.1 s at 4,096 nodes; memoized per matrix,
+    as every finalist of a search walks the same chains."""
+    return _CHAINS.get(links, (start,), lambda: _greedy_node_chain(links, start))
+
+
+_CHAINS: HeldMemo[tuple[int, ...]] = HeldMemo(limit=64)
+
+
+def _greedy_node_chain(links: LinkMatrix, start: int) -> tuple[int, ...]:
     arrays = links.arrays()
     bandwidth, latency = arrays.bandwidth_bytes_per_s, arrays.latency_s
     visited = np.zeros(links.size, dtype=bool)
