@@ -1,6 +1,8 @@
 """Search wall time and candidates evaluated at scale (issue targets on a 2-core machine:
 gpt3-175b on 1,024 A100s <= 5 s; a 530B model on 5,120 A100s <= 10 s; llama3-405b on 16,384
-H100s <= 30 s; each the full space, the CP-SAT split of the finalists included). Then the same
+H100s <= 30 s; llama3-70b on 4,096 A100s beside 4,096 H100s (a mixed cluster: every stage priced
+on its own devices, the groups sorted by node class) <= 5 s; each the full space, the CP-SAT
+split of the finalists and the device-mapping refiners included). Then the same
 405B search under megatron-lm without FP8 and over three FP8 choices (none, delayed,
 tensorwise: ``search --fp8 none,delayed,tensorwise``), whose wall time should be at most 3x.
 
@@ -33,6 +35,7 @@ CASES = (
     ("gpt3-175b", "dgx-a100-80g:128", TrainingSpec(global_batch_size=1536, seq_len=2048), 5.0),
     (MT_NLG_530B, "dgx-a100-80g:640", TrainingSpec(global_batch_size=2560, seq_len=2048), 10.0),
     ("llama3-405b", "dgx-h100:2048", TrainingSpec(global_batch_size=2048, seq_len=8192), 30.0),
+    ("llama3-70b", "dgx-a100-80g:512+dgx-h100:512", TrainingSpec(global_batch_size=2048, seq_len=4096), 5.0),
 )
 
 
@@ -46,7 +49,7 @@ def main() -> int:
         best = plans[0]
         name = model if isinstance(model, str) else model.name
         print(
-            f"{name:>12} on {cluster:<18} {wall_s:6.2f} s (target {target_s:4.0f} s)  "
+            f"{name:>12} on {cluster:<29} {wall_s:6.2f} s (target {target_s:4.0f} s)  "
             f"{outcome.evaluated:>6,} evaluated of {outcome.space_size:>6,}  best: {best.layout.describe()} "
             f"{best.estimate.step_time_s:.2f} s/step, MFU {best.estimate.mfu:.1%}"
         )

@@ -7,6 +7,7 @@ by another object while the entry lives, and a hit checks that it is the same ob
 empties itself when full, which bounds its memory over a long session.
 """
 
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -19,6 +20,11 @@ class HeldMemo(Generic[V]):
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._entries: dict[tuple[object, ...], tuple[object, V]] = {}
+        _EVERY.add(self)
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._entries.clear()
 
     def get(self, held: object, key: tuple[object, ...], compute: Callable[[], V]) -> V:
         """The value of ``key`` for ``held``, computed by ``compute`` once."""
@@ -31,3 +37,13 @@ class HeldMemo(Generic[V]):
             self._entries.clear()
         self._entries[full] = (held, value)
         return value
+
+
+_EVERY: "weakref.WeakSet[HeldMemo[object]]" = weakref.WeakSet()
+
+
+def clear_every_memo() -> None:
+    """Empty every ``HeldMemo``: what a test that compares memoized pricing with fresh pricing
+    starts each fresh estimate from."""
+    for memo in list(_EVERY):
+        memo.clear()

@@ -1,0 +1,81 @@
+"""A search's memos change no estimate: on clusters of mixed nodes, each axis's groups sorted
+through ``AxisGroups``' memo (and its array pass) are those the plain listing gives, and
+estimates of a sample of layouts in search order, devices remapped or not, equal the estimates
+of the same layouts priced from empty memos."""
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from cost_models import comm
+from cost_models import groups as grp
+from cost_models.estimate import estimate
+from cost_models.memo import clear_every_memo
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.schemas import DeviceMap, Layout, TrainingSpec
+from planner.schemas.errors import InfeasibleConfigError
+from planner.search_engine.space import SearchSpace
+
+MIXED = load_cluster("dgx-a100-80g:2+dgx-h100:2")
+TRAINING = TrainingSpec(global_batch_size=64, seq_len=2048)
+
+
+def _sample(model_name: str, count: int) -> list[Layout]:
+    """``count`` layouts of the search space in search order; every third with its ranks
+    shuffled over the devices, every third with whole nodes swapped."""
+    model = load_model(model_name)
+    space = SearchSpace(
+        model=model, training=TRAINING, world_size=MIXED.world_size, devices_per_node=MIXED.devices_per_node
+    )
+    rng = random.Random(0)
+    layouts = sorted(rng.sample(range(space.size()), count))
+    picked = [layout for i, layout in enumerate(space.candidates()) if i in set(layouts)]
+    shuffled = list(range(MIXED.world_size))
+    rng.shuffle(shuffled)
+    per_node = MIXED.devices_per_node
+    swapped = [((r // per_node + 1) % MIXED.num_nodes) * per_node + r % per_node for r in range(MIXED.world_size)]
+    maps = (None, DeviceMap(devices=tuple(shuffled)), DeviceMap(devices=tuple(swapped)))
+    return [
+        layout if maps[i % 3] is None else replace(layout, device_map=maps[i % 3]) for i, layout in enumerate(picked)
+    ]
+
+
+def _axes(layout: Layout) -> list[comm.AxisGroups]:
+    p, g = layout.pipeline_parallel_degree, layout.shard_degree
+    per_stage = [f(layout, s) for s in range(p) for f in (grp.data_groups, grp.context_groups, grp.expert_data_groups)]
+    sizes = [grp.sharding_groups(layout, s, g) for s in range(p)] + [grp.replica_groups(layout, s, g) for s in range(p)]
+    whole = [f(layout) for f in (grp.tensor_groups, grp.expert_groups, grp.pipeline_groups, grp.data_groups)]
+    return whole + per_stage + sizes
+
+
+@pytest.mark.parametrize("model_name", ["llama3-8b", "mixtral-8x7b"])
+def test_memoized_groups_are_the_plain_listings(model_name: str) -> None:
+    for layout in _sample(model_name, 40):
+        for axis in _axes(layout):
+            for rank_order in (True, False):
+                assert comm.priced_groups(axis, MIXED, rank_order=rank_order) == comm.priced_groups(
+                    list(axis), MIXED, rank_order=rank_order
+                ), (layout.describe(), axis.key[0])
+
+
+@pytest.mark.parametrize("model_name", ["llama3-8b", "mixtral-8x7b"])
+def test_estimates_in_search_order_equal_estimates_from_empty_memos(model_name: str) -> None:
+    model = load_model(model_name)
+    layouts = _sample(model_name, 60)
+
+    def priced(layout: Layout) -> object:
+        try:
+            return estimate(model, TRAINING, MIXED, layout)
+        except InfeasibleConfigError as e:
+            return str(e)
+
+    warm = [priced(layout) for layout in layouts]
+    cold = []
+    for layout in layouts:
+        clear_every_memo()
+        comm._priced_axis.cache_clear()
+        cold.append(priced(layout))
+    assert sum(not isinstance(w, str) for w in warm) >= 10  # enough of them fit to mean something
+    assert warm == cold
