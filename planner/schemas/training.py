@@ -19,6 +19,8 @@ class TrainingSpec(FrozenModel):
     framework runs it: the ``stack`` gives every behaviour (``stacks.BEHAVIOURS``) a value unless
     the spec is given its own (``overrides``)."""
 
+    __slots__ = ("_precision_memo",)
+
     global_batch_size: int = Field(ge=1, description="Sequences per optimizer step (B).")
     seq_len: int = Field(ge=1, description="Tokens per sequence (s).")
     dtype: DType = Field(default=DType.BF16, description="bf16/fp16 mean mixed precision with fp32 master weights.")
@@ -206,12 +208,22 @@ class TrainingSpec(FrozenModel):
     @property
     def precision(self) -> Precision:
         """What each role is stored, computed and communicated in (``precision.precision_of``):
-        derived from ``dtype``, ``grad_reduce_dtype``, ``fp8`` and ``fp8_param_gather``, not stored."""
-        stack = stack_named(self.stack)
-        run = None if self.fp8 is None else stack.fp8_run(self.fp8)
-        return precision_of(
-            self.dtype, self.grad_reduce_dtype, run, param_gather=self.fp8_param_gather, fp8_experts=stack.fp8_experts
-        )
+        derived from ``dtype``, ``grad_reduce_dtype``, ``fp8`` and ``fp8_param_gather``, not
+        stored; computed once per object (a search reads it millions of times) and kept in a slot
+        that equality, copies and serialization do not see, as ``FrozenModel``'s hash."""
+        memo: Precision | None = getattr(self, "_precision_memo", None)
+        if memo is None:
+            stack = stack_named(self.stack)
+            run = None if self.fp8 is None else stack.fp8_run(self.fp8)
+            memo = precision_of(
+                self.dtype,
+                self.grad_reduce_dtype,
+                run,
+                param_gather=self.fp8_param_gather,
+                fp8_experts=stack.fp8_experts,
+            )
+            object.__setattr__(self, "_precision_memo", memo)
+        return memo
 
     @property
     def reduce_dtype(self) -> DType:
