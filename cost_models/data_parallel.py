@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cost_models import groups as grp
-from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
+from cost_models.comm import AxisGroups, has_uniform_links, priced_groups, slowest_collective_s
 from cost_models.memo import HeldMemo
 from cost_models.overlap import hides_communication, overlapped_comm_cost_s
 from cost_models.params import all_stage_params, stage_params
@@ -94,7 +94,7 @@ def stage_data_parallel_comm(
     held = stage_params(model, layout, stage)
     layers = stage_layers(model, layout)[stage]
     schedules = pipeline_schedules(layout, training.pipeline_flushes)
-    shares: list[tuple[float, Iterator[Group], int, int, GroupCollectives]] = [
+    shares: list[tuple[float, AxisGroups, int, int, GroupCollectives]] = [
         (held.dense, *_dense_groups(layout, stage, part), held.units, part)
         for part in dense_group_collectives(layout, micro_batches, schedules)
     ]
@@ -131,7 +131,7 @@ def element_bytes(op: CollectiveOp, training: TrainingSpec) -> int:
     return precision.parameter_gather.bytes if op is CollectiveOp.ALL_GATHER else precision.gradient_reduce.bytes
 
 
-def _dense_groups(layout: Layout, stage: int, part: GroupCollectives) -> tuple[Iterator[Group], int]:
+def _dense_groups(layout: Layout, stage: int, part: GroupCollectives) -> tuple[AxisGroups, int]:
     """The groups of ``stage`` that ``part`` runs over, and their size."""
     d, g = layout.dense_replicas, layout.shard_degree  # the data axis: d cp ranks hold the same weights
     if part.over is ShardGroupKind.REPLICAS:

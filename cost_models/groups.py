@@ -60,7 +60,8 @@ def _ranks(first: int, *axes: tuple[int, int]) -> list[int]:
     ranks = np.array([first], dtype=np.int64)
     for count, stride in axes:
         ranks = (ranks[:, None] + stride * np.arange(count, dtype=np.int64)).ravel()
-    return ranks.tolist()
+    first_ranks: list[int] = ranks.tolist()
+    return first_ranks
 
 
 def tensor_groups(layout: Layout) -> AxisGroups:

@@ -9,7 +9,7 @@ empties itself when full, which bounds its memory over a long session.
 
 import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
@@ -39,7 +39,7 @@ class HeldMemo(Generic[V]):
         return value
 
 
-_EVERY: "weakref.WeakSet[HeldMemo[object]]" = weakref.WeakSet()
+_EVERY: "weakref.WeakSet[HeldMemo[Any]]" = weakref.WeakSet()
 
 
 def clear_every_memo() -> None:

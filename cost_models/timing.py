@@ -126,9 +126,11 @@ def stage_times(
     if all(device is cluster.pricing_device for device in devices):
         return _stage_times(model, training, cluster, layout, tensor_groups, expert_groups, context_groups, routing)
     # Read once per device type: an iterator is kept for all of them; ``AxisGroups`` list theirs anew.
-    groups = tuple(tuple(g) if isinstance(g, Iterator) else g for g in (tensor_groups, expert_groups, context_groups))
+    tensor, expert, context = (
+        tuple(g) if isinstance(g, Iterator) else g for g in (tensor_groups, expert_groups, context_groups)
+    )
     priced = {
-        id(device): _stage_times(model, training, priced_on(cluster, device), layout, *groups, routing)
+        id(device): _stage_times(model, training, priced_on(cluster, device), layout, tensor, expert, context, routing)
         for device in {id(device): device for device in devices}.values()
     }
     return tuple(priced[id(device)][s] for s, device in enumerate(devices))
