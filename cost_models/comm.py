@@ -84,9 +84,11 @@ class AxisGroups:
         ranks = range(first, first + self.size * self.stride, self.stride)
         return Group(tuple(self.devices[r] for r in ranks) if self.devices else ranks)
 
-    def device_array(self) -> np.ndarray:
-        """The devices of every group, a row each in ring order."""
-        ranks = np.asarray(self.starts(), dtype=np.int64)[:, None] + self.stride * np.arange(self.size)
+    def device_array(self, starts: Sequence[int] | None = None) -> np.ndarray:
+        """The devices of every group, a row each in ring order (``starts``: the ``starts()`` the
+        caller already has)."""
+        starts = self.starts() if starts is None else starts
+        ranks = np.asarray(starts, dtype=np.int64)[:, None] + self.stride * np.arange(self.size)
         return np.asarray(self.devices, dtype=np.int64)[ranks] if self.devices else ranks
 
 
@@ -361,9 +363,12 @@ def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_orde
     """
     first_stands = rank_order and has_uniform_links(cluster)
     classes = None if first_stands else cluster.node_classes
-    # Over uniform links inside every node, how many members a node holds matters, not which.
-    by_count = cluster.intra_node_links.uniform is not None and all(
-        o.intra_node_links is None or o.intra_node_links.uniform is not None for o in cluster.node_overrides
+    # Over uniform links inside every node, how many members a node holds matters, not which
+    # (read only where classes sort the groups).
+    by_count = (
+        classes is not None
+        and cluster.intra_node_links.uniform is not None
+        and all(o.intra_node_links is None or o.intra_node_links.uniform is not None for o in cluster.node_overrides)
     )
     shape = (first_stands, classes, cluster.devices_per_node, by_count)
     if isinstance(groups, AxisGroups):
@@ -383,13 +388,13 @@ def _priced_axis(
     the first of each spread is one."""
     if first_stands or classes is None:
         return _representatives(groups, first_stands, classes, per_node, by_count)
-    devices = groups.device_array()
+    starts = groups.starts()
+    devices = groups.device_array(starts)
     nodes = devices // per_node
     parts = [np.asarray(classes, dtype=np.int64)[nodes], nodes - nodes[:, :1]]
     if not by_count:
         parts.append(devices % per_node)
     first = first_rows(np.concatenate(parts, axis=1))
-    starts = groups.starts()
     candidates = (groups.group(starts[i]) for i in first)
     return _representatives(candidates, first_stands, classes, per_node, by_count)
 
