@@ -9,9 +9,10 @@ Rajbhandari et al. 2020) each rank keeps optimizer state only for its share and 
 its update. With parameters in bf16/fp16 it keeps an fp32 master copy of its share, in the
 optimizer, as mixed-precision Adam does: 2 + 2 bytes per parameter for weights and gradients,
 4 + 8 for master and moments, sharded by ZeRO-1; the share is an even one of the masters'
-slices, whatever the parameters' sizes (as Megatron-LM's distributed optimizer splits its flat
-buffer evenly: by whole parameters, the rank owning a 128k-vocabulary embedding held several
-times its share). In fp32 the shares are whole parameters.
+slices, whatever the parameters' sizes, and consecutive (as Megatron-LM's distributed optimizer
+splits its flat buffer evenly: by whole parameters, the rank owning a 128k-vocabulary embedding
+held several times its share), so a step broadcasts each share's updates as a few runs, not one
+view per slice. In fp32 the shares are whole parameters, balanced greedily.
 
 What a step adds on top of those states, and no more: AdamW runs torch's fused kernel where
 torch has one for the device (no full-size temporaries; the single-tensor loop makes two of the
@@ -135,7 +136,10 @@ class DataParallelOptimizer:
         # an even share, within a slice, as Megatron-LM's distributed optimizer splits its flat
         # buffer evenly), in fp32 the parameters themselves, whole.
         self.units = _pieces(params) if self.mixed else [_Piece(p, 0, local(p).numel()) for p in params]
-        self.owner = _balanced_owners([u.stop - u.start for u in self.units], self.shards if shard else 1)
+        parts, sizes = self.shards if shard else 1, [u.stop - u.start for u in self.units]
+        self.owner = _contiguous_owners(sizes, parts) if self.mixed else _balanced_owners(sizes, parts)
+        self.updates = [_runs([u for u, o in zip(self.units, self.owner, strict=True) if o == d]) for d in range(parts)]
+        """By owner: the runs of elements whose update it broadcasts (ZeRO-1), adjacent slices joined."""
         mine = [u for u, o in zip(self.units, self.owner, strict=True) if not shard or o == self.rank]
         reduced = sum(local(p).numel() for p in params) if self.size > 1 else 0
         device = local(params[0]).device if params else None
@@ -176,12 +180,8 @@ class DataParallelOptimizer:
                     piece.master.grad = None  # the fp32 gradient lives only for its slice's update
         with torch.no_grad():
             if self.shard and self.shards > 1:
-                for owner in range(self.shards):
-                    owned = [
-                        local(u.param.data).view(-1)[u.start : u.stop]
-                        for u, o in zip(self.units, self.owner, strict=True)
-                        if o == owner
-                    ]
+                for owner, runs in enumerate(self.updates):
+                    owned = [local(u.param.data).view(-1)[u.start : u.stop] for u in runs]
                     source = dist.get_global_rank(self.shard_group, owner)
                     flat_apply(owned, partial(_broadcast, src=source, group=self.shard_group))
 
@@ -272,6 +272,30 @@ def _balanced_owners(sizes: list[int], parts: int) -> list[int]:
         owners.append(owner)
         loads[owner] += size
     return owners
+
+
+def _contiguous_owners(sizes: list[int], parts: int) -> list[int]:
+    """The owner of each of ``sizes``, laid end to end: the one of ``parts`` even shares of the
+    whole that its middle falls in, so each owner's pieces are consecutive (as Megatron-LM's
+    distributed optimizer gives each rank one range of its flat buffer) and its share is within
+    one piece of an even one."""
+    total, owners, offset = sum(sizes), [], 0
+    for size in sizes:
+        owners.append(min(parts - 1, (2 * offset + size) * parts // (2 * total)) if total else 0)
+        offset += size
+    return owners
+
+
+def _runs(pieces: list[_Piece]) -> list[_Piece]:
+    """``pieces`` with each piece that continues the one before it in the same parameter joined to it."""
+    runs: list[_Piece] = []
+    for piece in pieces:
+        last = runs[-1] if runs else None
+        if last is not None and last.param is piece.param and last.stop == piece.start:
+            runs[-1] = _Piece(piece.param, last.start, piece.stop)
+        else:
+            runs.append(piece)
+    return runs
 
 
 def _master_slices(params: list[torch.nn.Parameter]) -> list[list[_MasterSlice]]:

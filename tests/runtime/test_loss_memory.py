@@ -5,10 +5,12 @@ slices of mixed-precision AdamW."""
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from runtime.loss import cross_entropy
-from runtime.optim import MASTER_SLICE_ELEMENTS, _balanced_owners, _master_slices, _pieces
+from runtime.optim import MASTER_SLICE_ELEMENTS, _contiguous_owners, _master_slices, _pieces, _runs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -63,6 +65,21 @@ def test_zero_1_shares_the_masters_evenly_whatever_the_parameters_sizes() -> Non
         torch.nn.Parameter(torch.empty(MASTER_SLICE_ELEMENTS, dtype=torch.bfloat16, device=meta)) for _ in range(6)
     ]
     pieces = _pieces([big, *small])
-    owners = _balanced_owners([p.stop - p.start for p in pieces], 4)
-    assert [owners.count(rank) for rank in range(4)] == [4, 4, 4, 4]
+    owners = _contiguous_owners([p.stop - p.start for p in pieces], 4)
+    assert owners == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4  # consecutive shares
     assert sum(p.stop - p.start for p in pieces) == 16 * MASTER_SLICE_ELEMENTS
+    # each share's updates go out as runs: the embedding's slices joined, one run per small parameter
+    runs = [_runs([p for p, o in zip(pieces, owners, strict=True) if o == rank]) for rank in range(4)]
+    assert [[(r.param is big, r.start, r.stop) for r in share] for share in runs[:2]] == [
+        [(True, 0, 4 * MASTER_SLICE_ELEMENTS)],
+        [(True, 4 * MASTER_SLICE_ELEMENTS, 8 * MASTER_SLICE_ELEMENTS)],
+    ]
+    assert [len(share) for share in runs[2:]] == [3, 4]  # the embedding's last two slices, then small ones
+
+
+@given(st.lists(st.integers(1, 5 * MASTER_SLICE_ELEMENTS), min_size=1, max_size=40), st.integers(1, 16))
+def test_contiguous_shares_are_within_one_piece_of_even(sizes: list[int], parts: int) -> None:
+    owners = _contiguous_owners(sizes, parts)
+    assert owners == sorted(owners) and all(0 <= o < parts for o in owners)
+    loads = [sum(s for s, o in zip(sizes, owners, strict=True) if o == d) for d in range(parts)]
+    assert max(loads) <= sum(sizes) / parts + max(sizes)
