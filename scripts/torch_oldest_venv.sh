@@ -16,7 +16,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     deps=$("$VENV.partial/bin/python" - <<'EOF'
 import tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-wanted = ("pytest", "pytest-timeout", "hypothesis")
+wanted = ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis")
 dev = [r for r in project["optional-dependencies"]["dev"] if r.startswith(wanted)]
 print(" ".join(r for r in project["dependencies"] + dev if not r.startswith("torch")))
 EOF
@@ -27,4 +27,6 @@ EOF
     mv "$VENV.partial" "$VENV"
     printf 'torch-oldest: %s built in %ss\n' "$VENV" "$((SECONDS - start))" >&2
 fi
+# the test tools' list has grown since some venvs were built (pytest-xdist: the suite's -n auto)
+"$VENV/bin/python" -c "import xdist" 2>/dev/null || "$VENV/bin/python" -m pip install --quiet "pytest-xdist>=3.6"
 PYTHONPATH=$PWD "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m torch_oldest tests "$@"
