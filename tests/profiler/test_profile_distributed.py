@@ -221,11 +221,13 @@ def test_injected_slow_link_on_one_node(quick_profile: tuple[ClusterProfile, str
 @pytest.mark.parametrize(("fault", "phase"), [("2,collectives,exit", "collectives"), ("1,links,hang", "links")])
 def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, fault: str, phase: str) -> None:
     out = tmp_path / "cluster.json"
-    code, output, seconds = torchrun(["--output", str(out), "--quick", "--timeout", "5", "--inject-fault", fault])
+    # The timeout also bounds the ranks' start-up skew (init_process_group waits that long for its
+    # peers): 5 s failed there once in a full suite run in two workers, a rank's imports that late.
+    code, output, seconds = torchrun(["--output", str(out), "--quick", "--timeout", "10", "--inject-fault", fault])
     culprit = f"rank {fault.split(',')[0]}"
     assert code != 0, output
-    # Every rank is gone within the 5 s timeout plus start-up, the 2 s grace and teardown.
-    assert seconds < 45, output
+    # Every rank is gone within the 10 s timeout plus start-up, the 2 s grace and teardown.
+    assert seconds < 50, output
     partial = json.loads(out.read_text())
     assert partial["complete"] is False, output
     assert f"{culprit} stopped responding in {phase}" in partial["failure"], output
