@@ -55,6 +55,8 @@ class _Scan:
     miss: tuple[Index, Miss] | None
     evaluations: int
     ruled_out: int
+    walked: int
+    """Candidates in the groups the pass went through, asked or not (with ``complete``: all of them)."""
     points: tuple[LayoutPoint, ...] = ()
     """What the evaluator recorded during the pass (``Evaluator.points``), in a forked worker."""
 
@@ -100,7 +102,11 @@ class ExhaustiveSearch:
             progress(len(blocks), len(blocks))
         found = [candidate for _, candidate in sorted(scan.found, key=lambda item: item[0])]
         return SearchResult(
-            strategy=self.name, feasible=fastest_first(found, keep), evaluated=scan.asked, complete=scan.complete
+            strategy=self.name,
+            feasible=fastest_first(found, keep),
+            evaluated=scan.asked,
+            complete=scan.complete,
+            space_size=scan.walked if scan.complete else None,
         )
 
     def _processes_for(self, blocks: int, budget: Budget) -> int:
@@ -130,9 +136,10 @@ def _scan(
     evaluations, ruled_out = evaluate.evaluations, evaluate.ruled_out
     recorded = len(evaluate.points or ())
     found: list[tuple[Index, Candidate]] = []
-    asked, complete, miss = 0, True, None
+    asked, complete, miss, walked = 0, True, None, 0
     for done, (number, block) in enumerate(blocks):
         for place, group in enumerate(space.lazy_groups(block)):
+            walked += len(group)
             for at in range(len(group)):  # the budget counts layouts: a group can hold several
                 if (max_trials is not None and asked >= max_trials) or (
                     deadline is not None and time.perf_counter() >= deadline
@@ -167,6 +174,7 @@ def _scan(
         miss=miss,
         evaluations=evaluate.evaluations - evaluations,
         ruled_out=evaluate.ruled_out - ruled_out,
+        walked=walked,
         points=tuple((evaluate.points or [])[recorded:]),
     )
 
@@ -332,4 +340,5 @@ def _merge(scans: list[_Scan], evaluate: Evaluator) -> _Scan:
         miss=miss,
         evaluations=sum(scan.evaluations for scan in scans),
         ruled_out=sum(scan.ruled_out for scan in scans),
+        walked=sum(scan.walked for scan in scans),
     )

@@ -109,7 +109,7 @@ def run_search(
     return SearchOutcome(
         ranked=fastest_first(list(unique.values()))[: settings.top_k],
         strategy=result.strategy,
-        space_size=space.size(),
+        space_size=space.size() if result.space_size is None else result.space_size,
         evaluated=result.evaluated,
         complete=result.complete,
         elapsed_s=time.perf_counter() - start,

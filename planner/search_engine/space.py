@@ -54,17 +54,21 @@ class SearchSpace(SpaceInputs):
         """The valid values of axis ``name`` given the values of the axes it depends on."""
         return self.axis(name).choices(self, chosen)
 
-    def assignments(self, axes: Sequence[Axis], within: Assignment | None = None) -> Iterator[dict[str, Choice]]:
+    def assignments(
+        self, axes: Sequence[Axis], within: Assignment | None = None, memo: "ChoiceMemo | None" = None
+    ) -> Iterator[dict[str, Choice]]:
         """Every valid combination of values of ``axes`` (a prefix of ``AXES``), in search order;
-        with ``within`` (values of a shorter prefix), only those that extend it."""
+        with ``within`` (values of a shorter prefix), only those that extend it. ``memo``: the
+        choices already listed (``ChoiceMemo``), shared with the caller; None starts one."""
         start = dict(within or {})
+        memo = ChoiceMemo(self) if memo is None else memo
 
         def walk(i: int, chosen: dict[str, Choice]) -> Iterator[dict[str, Choice]]:
             if i == len(axes):
                 yield chosen
                 return
             axis = axes[i]
-            for value in axis.choices(self, chosen):
+            for value in memo.choices(axis, chosen):
                 yield from walk(i + 1, {**chosen, axis.name: value})
 
         return walk(len(start), start)
@@ -96,8 +100,9 @@ class SearchSpace(SpaceInputs):
         """``groups``, each building a layout only when it is read: a strategy that stops at a
         group's first fitting layout builds no more (an MoE model's groups hold four)."""
         *outer, last = AXES
-        for chosen in self.assignments(outer, block):
-            values = last.choices(self, chosen)
+        memo = ChoiceMemo(self)
+        for chosen in self.assignments(outer, block, memo):
+            values = memo.choices(last, chosen)
             if values:
                 yield LayoutGroup(self, chosen, values)
 
@@ -109,7 +114,28 @@ class SearchSpace(SpaceInputs):
     def size(self) -> int:
         """Number of candidates (counted from the choices, without building the layouts)."""
         *outer, last = AXES
-        return sum(len(last.choices(self, chosen)) for chosen in self.assignments(outer))
+        memo = ChoiceMemo(self)
+        return sum(len(memo.choices(last, chosen)) for chosen in self.assignments(outer, memo=memo))
+
+
+class ChoiceMemo:
+    """Each axis's valid values by the values of the axes it depends on, listed once per walk of
+    a space: a rule sees only those (``Axis.depends_on``) and the space, so the values are the
+    same wherever they recur (the recompute axis depends on none: one list for the whole walk)."""
+
+    __slots__ = ("_listed", "_space")
+
+    def __init__(self, space: SpaceInputs) -> None:
+        self._space = space
+        self._listed: dict[tuple[object, ...], Sequence[Choice]] = {}
+
+    def choices(self, axis: Axis, chosen: Assignment) -> Sequence[Choice]:
+        """``axis.choices`` for ``chosen`` (which holds the axes it depends on)."""
+        key = (axis.name, *(chosen[name] for name in axis.depends_on))
+        values = self._listed.get(key)
+        if values is None:
+            values = self._listed[key] = axis.choices(self._space, chosen)
+        return values
 
 
 class LayoutGroup(Sequence[Layout]):

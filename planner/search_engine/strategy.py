@@ -31,6 +31,8 @@ class SearchResult:
     """Layouts the strategy asked the evaluator for."""
     complete: bool
     """Whether the strategy covered its whole space (False when the budget cut it short)."""
+    space_size: int | None = None
+    """The candidates in the space, where the strategy counted them on its way (``SearchSpace.size``)."""
 
 
 class SearchStrategy(Protocol):

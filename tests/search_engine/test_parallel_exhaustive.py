@@ -36,6 +36,8 @@ def test_workers_find_what_one_process_finds(cluster: str, batch: int, seq_len: 
     )
     assert [(c.layout, c.estimate) for c in got.feasible] == [(c.layout, c.estimate) for c in want.feasible]
     assert (got.evaluated, got.complete) == (want.evaluated, want.complete)
+    # Both counted the space on their way, as its own count does.
+    assert got.space_size == want.space_size == space.size() == sum(1 for _ in space.candidates())
     # Which layouts the closest miss so far rules out differs per worker; what was asked does not.
     assert parallel.evaluations + parallel.ruled_out == serial.evaluations + serial.ruled_out == want.evaluated
     assert parallel.closest_miss == serial.closest_miss
@@ -54,6 +56,8 @@ def test_workers_find_what_one_process_finds(cluster: str, batch: int, seq_len: 
     assert len(want.feasible) > keep
     assert [(c.layout, c.estimate) for c in few.feasible] == [(c.layout, c.estimate) for c in want.feasible[:keep]]
     assert few.evaluated == want.evaluated
+    # A search cut short by its budget has not walked the whole space: it does not count it.
+    assert ExhaustiveSearch(processes=1).search(space, serial, Budget(max_trials=2), seed=0).space_size is None
 
 
 def test_a_layout_budget_runs_serially_and_a_small_space_stays_in_process() -> None:

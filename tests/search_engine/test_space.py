@@ -157,3 +157,28 @@ def test_context_parallel_splits_the_sequence_into_two_chunks_a_rank_and_leaves_
         assert layout.world_size == 8 and 8192 % (2 * layout.context_parallel_degree) == 0
     kinds = {(c.context_parallel_degree, c.context_parallel_kind) for c in long(8192).candidates()}
     assert kinds == {(1, RING), (2, RING), (2, A2A), (4, RING), (4, A2A)}
+
+
+@given(
+    model=st.sampled_from(["tiny-gpt", "mixtral-8x7b"]),
+    world=st.sampled_from([4, 8, 16]),
+    constrained=st.booleans(),
+)
+@settings(max_examples=12, deadline=None)
+def test_the_walk_lists_each_axis_once_per_dependency_values_and_finds_what_asking_each_time_finds(
+    model: str, world: int, constrained: bool
+) -> None:
+    # ``ChoiceMemo`` reuses an axis's values wherever the axes it depends on recur; asking the
+    # rule at every node of the walk must give the same candidates in the same order.
+    s = replace(space(world), model=load_model(model))
+    if constrained:
+        s = s.constrained({"recompute": [Recompute.FULL, Recompute.SELECTIVE], "zero_stage": [ZeroStage.OPTIMIZER]})
+
+    def walk(i: int, chosen: dict) -> list[dict]:
+        if i == len(AXES):
+            return [chosen]
+        return [a for v in AXES[i].choices(s, chosen) for a in walk(i + 1, {**chosen, AXES[i].name: v})]
+
+    asked_each_time = [s.layout(chosen) for chosen in walk(0, {})]
+    assert list(s.candidates()) == asked_each_time
+    assert s.size() == len(asked_each_time)
