@@ -150,6 +150,11 @@ class LayoutGroup(Sequence[Layout]):
     def __len__(self) -> int:
         return len(self._values)
 
+    @property
+    def chosen(self) -> Assignment:
+        """The values of every axis but the last (recompute), which the group's layouts share."""
+        return self._chosen
+
     @overload
     def __getitem__(self, index: int) -> Layout: ...
 

@@ -55,7 +55,7 @@ def test_workers_find_what_one_process_finds(cluster: str, batch: int, seq_len: 
     )
     assert len(want.feasible) > keep
     assert [(c.layout, c.estimate) for c in few.feasible] == [(c.layout, c.estimate) for c in want.feasible[:keep]]
-    assert few.evaluated == want.evaluated
+    assert few.evaluated < want.evaluated  # the step-time floor ruled some out (test_step_floor_pruning)
     # A search cut short by its budget has not walked the whole space: it does not count it.
     assert ExhaustiveSearch(processes=1).search(space, serial, Budget(max_trials=2), seed=0).space_size is None
 
