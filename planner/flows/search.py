@@ -164,6 +164,7 @@ def search_recipes(
         strategy=outcomes[0].strategy,
         space_size=sum(o.space_size for o in outcomes),
         evaluated=sum(o.evaluated for o in outcomes),
+        outpaced=sum(o.outpaced for o in outcomes),
         complete=all(o.complete for o in outcomes),
         elapsed_s=sum(o.elapsed_s for o in outcomes),
         usable_memory_bytes=outcomes[0].usable_memory_bytes,

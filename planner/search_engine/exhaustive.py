@@ -118,6 +118,7 @@ class ExhaustiveSearch:
             evaluated=scan.asked,
             complete=scan.complete,
             space_size=scan.walked if scan.complete else None,
+            outpaced=scan.outpaced,
         )
 
     def _processes_for(self, blocks: int, budget: Budget) -> int:

@@ -45,6 +45,8 @@ class SearchOutcome:
     evaluated: int
     complete: bool
     elapsed_s: float
+    outpaced: int = 0
+    """Candidates left unpriced as certainly slower than the fastest (``SearchResult.outpaced``)."""
     usable_memory_bytes: float
     points: tuple[LayoutPoint, ...] = ()
     """Every layout evaluated, when the search was asked to record them (``record_points``)."""
@@ -111,6 +113,7 @@ def run_search(
         strategy=result.strategy,
         space_size=space.size() if result.space_size is None else result.space_size,
         evaluated=result.evaluated,
+        outpaced=result.outpaced,
         complete=result.complete,
         elapsed_s=time.perf_counter() - start,
         usable_memory_bytes=evaluate.usable_memory_bytes,

@@ -33,6 +33,9 @@ class SearchResult:
     """Whether the strategy covered its whole space (False when the budget cut it short)."""
     space_size: int | None = None
     """The candidates in the space, where the strategy counted them on its way (``SearchSpace.size``)."""
+    outpaced: int = 0
+    """Candidates not evaluated because they could not be among the fastest asked for (a bound
+    on their step time was above them: ``exhaustive._Fastest``)."""
 
 
 class SearchStrategy(Protocol):

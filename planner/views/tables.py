@@ -175,6 +175,8 @@ def estimate_view(
 def ranked_table(outcome: SearchOutcome, plans: tuple[Plan, ...]) -> Table:
     """The ranked plans of a search, with what the search covered."""
     covered = "whole space" if outcome.complete else "budget reached"
+    if outcome.outpaced:
+        covered = f"{outcome.outpaced:,} skipped as certainly slower, {covered}"
     table = Table(
         title=(
             f"{len(plans)} fastest layouts that fit ({outcome.strategy}: {outcome.evaluated:,} evaluated of "

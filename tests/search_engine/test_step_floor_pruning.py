@@ -110,5 +110,6 @@ def test_pruning_by_the_floor_keeps_the_fastest_the_full_search_finds(name: str,
     )
     assert len(full.feasible) > keep
     assert [(c.layout, c.estimate) for c in pruned.feasible] == [(c.layout, c.estimate) for c in full.feasible[:keep]]
-    assert pruned.evaluated < full.evaluated  # the floor ruled some out
+    assert pruned.evaluated < full.evaluated  # the floor ruled some out, and the result says how many
+    assert full.outpaced == 0 < pruned.outpaced < pruned.space_size
     assert pruned.space_size == full.space_size == space.size()
