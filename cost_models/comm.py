@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cost_models.memo import HeldMemo
 from cost_models.spanning_collectives import spanning_time_s
 from planner.schemas import ClusterProfile, CollectiveOp, CollectiveRecord, LinkProfile, Placement
 from planner.schemas.links import slower_link
@@ -240,10 +241,21 @@ def device_link(cluster: ClusterProfile, src: int, dst: int) -> LinkProfile:
 
 
 def _alike_nodes(cluster: ClusterProfile) -> bool:
-    """Whether every node has the default intra-node links and collective records."""
-    return all(
-        o.intra_node_links in (None, cluster.intra_node_links) and o.collectives is None for o in cluster.node_overrides
+    """Whether every node has the default intra-node links and collective records. Memoized per
+    cluster: comparing link matrices compares every entry."""
+    if not cluster.node_overrides:
+        return True
+    return _ALIKE.get(
+        cluster,
+        (),
+        lambda: all(
+            o.intra_node_links in (None, cluster.intra_node_links) and o.collectives is None
+            for o in cluster.node_overrides
+        ),
     )
+
+
+_ALIKE: HeldMemo[bool] = HeldMemo(limit=256)
 
 
 def _inside_phase_s(
@@ -438,8 +450,22 @@ def slowest_collective_s(
 
     Returns:
         Seconds of the slowest group's collective; 0 without groups.
+
+    Memoized where ``groups`` is a tuple (as ``priced_groups`` returns them): a search prices the
+    same message over the same groups for every layout that differs only in what does not change
+    it (micro-batch size, recompute, schedule for the gradients), and on a cluster whose node
+    matrix is explicit every group of an axis is priced (``priced_groups``).
     """
+    if not isinstance(groups, tuple):
+        return _slowest_s(op, message_bytes, groups, cluster)
+    return _SLOWEST.get(cluster, (op, message_bytes, groups), lambda: _slowest_s(op, message_bytes, groups, cluster))
+
+
+def _slowest_s(op: CollectiveOp, message_bytes: float, groups: Iterable[Group], cluster: ClusterProfile) -> float:
     return max((collective_time_s(op, message_bytes, group, cluster) for group in groups), default=0.0)
+
+
+_SLOWEST: HeldMemo[float] = HeldMemo(limit=65536)
 
 
 def transfer_time_s(message_bytes: float, link: LinkProfile) -> float:

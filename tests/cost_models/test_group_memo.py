@@ -1,11 +1,13 @@
 """A search's memos change no estimate: on clusters of mixed nodes, each axis's groups sorted
 through ``AxisGroups``' memo (and its array pass) are those the plain listing gives, and
 estimates of a sample of layouts in search order, devices remapped or not, equal the estimates
-of the same layouts priced from empty memos."""
+of the same layouts priced from empty memos, there and on a cluster whose node matrix is
+explicit (every group priced, the slowest collective memoized: ``comm.slowest_collective_s``)."""
 
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from cost_models import comm
@@ -14,12 +16,37 @@ from cost_models.estimate import estimate
 from cost_models.memo import clear_every_memo
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import DeviceMap, Layout, TrainingSpec
+from planner.schemas import ClusterProfile, DeviceMap, Layout, TrainingSpec
+from planner.schemas.cluster import LinkMatrix, NodeOverride
 from planner.schemas.errors import InfeasibleConfigError
 from planner.search_engine.space import SearchSpace
 
 MIXED = load_cluster("dgx-a100-80g:2+dgx-h100:2")
 TRAINING = TrainingSpec(global_batch_size=64, seq_len=2048)
+
+
+def _matrix(size: int, low: float, high: float, seed: int) -> LinkMatrix:
+    """A symmetric matrix of seeded bandwidths in [low, high] bytes/s, 5 us latency."""
+    rng = np.random.default_rng(seed)
+    bandwidth = rng.uniform(low, high, (size, size))
+    bandwidth = (bandwidth + bandwidth.T) / 2
+    np.fill_diagonal(bandwidth, 0.0)
+    rows = tuple(map(tuple, bandwidth.tolist()))
+    return LinkMatrix(size=size, bandwidth_bytes_per_s=rows, latency_s=((5e-6,) * size,) * size)
+
+
+def _explicit(cluster: ClusterProfile) -> ClusterProfile:
+    """``cluster`` as a profile measures it: every node pair's link its own, one node's devices too."""
+    per_node = cluster.devices_per_node
+    return cluster.model_copy(
+        update={
+            "inter_node_links": _matrix(cluster.num_nodes, 5e9, 25e9, seed=0),
+            "node_overrides": (NodeOverride(nodes=(1,), intra_node_links=_matrix(per_node, 50e9, 150e9, seed=1)),),
+        }
+    )
+
+
+EXPLICIT = _explicit(load_cluster("dgx-h100:4"))
 
 
 def _sample(model_name: str, count: int) -> list[Layout]:
@@ -60,14 +87,15 @@ def test_memoized_groups_are_the_plain_listings(model_name: str) -> None:
                 ), (layout.describe(), axis.key[0])
 
 
+@pytest.mark.parametrize("cluster", [MIXED, EXPLICIT], ids=["mixed", "explicit"])
 @pytest.mark.parametrize("model_name", ["llama3-8b", "mixtral-8x7b"])
-def test_estimates_in_search_order_equal_estimates_from_empty_memos(model_name: str) -> None:
+def test_estimates_in_search_order_equal_estimates_from_empty_memos(model_name: str, cluster: ClusterProfile) -> None:
     model = load_model(model_name)
     layouts = _sample(model_name, 60)
 
     def priced(layout: Layout) -> object:
         try:
-            return estimate(model, TRAINING, MIXED, layout)
+            return estimate(model, TRAINING, cluster, layout)
         except InfeasibleConfigError as e:
             return str(e)
 
