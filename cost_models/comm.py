@@ -51,9 +51,17 @@ from planner.schemas.links import slower_link
 class Group:
     """The devices of one process group (numbered node by node, as ``schemas.DeviceMap`` numbers
     them), ordered as the ring runs: a range where they are evenly spaced (hashed in constant
-    time: a search prices groups of a thousand devices tens of thousands of times)."""
+    time: a search prices groups of a thousand devices tens of thousands of times). Its hash is
+    computed once: the memos key on tuples of an axis's groups, hundreds of them."""
 
     devices: tuple[int, ...] | range
+    _hash: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.devices))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def size(self) -> int:

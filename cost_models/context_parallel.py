@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cost_models.comm import Group, device_link, priced_groups, slowest_collective_s, transfer_time_s
+from cost_models.memo import HeldMemo
 from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN, hides_communication, overlapped_comm_cost_s
 from planner.schemas import (
     ClusterProfile,
@@ -184,11 +185,20 @@ def ring_links(cluster: ClusterProfile, layout: Layout, context_groups: Iterable
     """The links between consecutive members of the context-parallel groups (the last sends to
     the first), of the groups that need pricing (``comm.priced_groups``)."""
     groups = priced_groups(context_groups, cluster, rank_order=layout.device_map.is_identity)
+    return _RING_LINKS.get(cluster, (groups,), lambda: _ring_links(cluster, groups))
+
+
+def _ring_links(cluster: ClusterProfile, groups: Iterable[Group]) -> frozenset[LinkProfile]:
     return frozenset(
         device_link(cluster, devices[i], devices[(i + 1) % len(devices)])
         for devices in (g.devices for g in groups)
         for i in range(len(devices))
     )
+
+
+_RING_LINKS: HeldMemo[frozenset[LinkProfile]] = HeldMemo(limit=4096)
+"""``ring_links`` by cluster and groups: every layout of a context-parallel axis asks again, and
+on an explicit node matrix every group is priced."""
 
 
 def ring_hop_s(message_bytes: float, links: Iterable[LinkProfile]) -> float:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cost_models.comm import Group, collective_time_s, nodes_spanned, priced_groups
+from cost_models.comm import Group, collective_time_s, nodes_spanned, priced_groups, slowest_collective_s
 from cost_models.context_parallel import local_seq_len
 from cost_models.params import stage_moe_layers
 from planner.schemas import (
@@ -255,15 +255,18 @@ def expert_parallel_layer_s(
     element_bytes = training.precision.activation_communication.bytes
     a2a_bytes = routed_pairs(model, training, layout) * model.hidden_size * element_bytes
     groups = priced_groups(expert_groups, cluster, rank_order=layout.device_map.is_identity)
-    deepep = training.moe_dispatcher is MoeDispatcher.DEEPEP  # each group's share by the nodes it spans
-    a2a_s = max(
+    if training.moe_dispatcher is not MoeDispatcher.DEEPEP:  # every group sends all its off-node bytes
+        return exchanges_per_micro_batch(layout) * slowest_collective_s(
+            CollectiveOp.ALL_TO_ALL, a2a_bytes, groups, cluster
+        )
+    a2a_s = max(  # each group's share by the nodes it spans
         (
             collective_time_s(
                 CollectiveOp.ALL_TO_ALL,
                 a2a_bytes,
                 group,
                 cluster,
-                off_node_share=off_node_share(model, nodes_spanned(group, cluster)) if deepep else 1.0,
+                off_node_share=off_node_share(model, nodes_spanned(group, cluster)),
             )
             for group in groups
         ),
