@@ -10,6 +10,7 @@ hosts (its slots). An expert hosted by several ranks is replicated, as DeepSeek'
 its tokens are split evenly over its replicas.
 """
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Self
@@ -93,10 +94,11 @@ class ExpertPlacement:
 
     @classmethod
     def contiguous(cls, num_experts: int, ranks: int, layers: int) -> Self:
-        """Expert e on rank e // (E / ep) in every layer: what a layout without a placement runs."""
-        block = _per_rank(num_experts, ranks)
-        layer = tuple(tuple(range(r * block, (r + 1) * block)) for r in range(ranks))
-        return cls(slots=(layer,) * layers)
+        """Expert e on rank e // (E / ep) in every layer: what a layout without a placement runs.
+        The same object for the same arguments (``_contiguous``)."""
+        if cls is not ExpertPlacement:
+            return cls(slots=_contiguous(num_experts, ranks, layers).slots)
+        return _contiguous(num_experts, ranks, layers)  # type: ignore[return-value]
 
     @classmethod
     def round_robin(cls, num_experts: int, ranks: int, layers: int) -> Self:
@@ -104,6 +106,15 @@ class ExpertPlacement:
         _per_rank(num_experts, ranks)
         layer = tuple(tuple(range(r, num_experts, ranks)) for r in range(ranks))
         return cls(slots=(layer,) * layers)
+
+
+@functools.lru_cache(maxsize=256)
+def _contiguous(num_experts: int, ranks: int, layers: int) -> ExpertPlacement:
+    """``ExpertPlacement.contiguous``, built and checked once: pricing a routing trace asks for it
+    for every layout of a search (an immutable value, shared)."""
+    block = _per_rank(num_experts, ranks)
+    layer = tuple(tuple(range(r * block, (r + 1) * block)) for r in range(ranks))
+    return ExpertPlacement(slots=(layer,) * layers)
 
 
 def _per_rank(num_experts: int, ranks: int) -> int:
