@@ -152,7 +152,7 @@ def _scan(
     evaluations, ruled_out = evaluate.evaluations, evaluate.ruled_out
     recorded = len(evaluate.points or ())
     found: list[tuple[Index, Candidate]] = []
-    fastest = _Fastest(keep) if keep is not None and max_trials is None and evaluate.points is None else None
+    fastest = _Fastest(keep) if keep and max_trials is None and evaluate.points is None else None
     asked, complete, miss, walked, outpaced = 0, True, None, 0, 0
     for done, (number, block) in enumerate(blocks):
         for place, group in enumerate(space.lazy_groups(block)):
