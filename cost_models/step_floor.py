@@ -10,25 +10,30 @@ is at least m mean_s T_s (``shared_cores.shared_core_factor``; 1 on unshared dev
 
     step >= m (1/p) sum_s T_s,
 
-and that sum only grows from the layout's relaxed form (``relaxed``: no recompute, no ZeRO, no
-sharding groups, one chunk per stage under 1F1B) to any layout that differs from it in those:
+and, on devices a rank does not share (``shared`` is 1), step >= m T_max + bubble(T_max), the
+bubble linear in the slowest stage's time (``pipeline.bubble_s``): the bubble of the layout's own
+schedule over the mean stage adds to that floor. The sum only grows from the layout's relaxed
+form (``relaxed``: no recompute, no ZeRO, no sharding groups, one chunk per stage under 1F1B) to
+any layout that differs from it in those:
 - recompute adds ``recompute_s`` (and re-runs collectives), never less compute;
 - ZeRO 2-3 add each sharded unit's own time (``sharding.sharded_unit_s``), 0 without them;
 - the schedule and virtual stages move layers and vocabulary shares between stages, which
   changes each stage's sum but not the sum over stages: every layer's time, every expert load,
   each share of the embedding and output layer and every parameter's gradient accumulation are
   counted once, on whichever stage holds it (each term is linear in what a stage holds).
-The floor is therefore m (1/p) sum_s T_s of the relaxed layout. It holds where every stage is
-priced on the same device and the terms are not rescaled: on a cluster of mixed device types a
-stage's time depends on which devices hold which layers, and a calibration scales terms by
-factors below 1 as well; there the floor is 0 (it rules nothing out).
+The floor is therefore m (1/p) sum_s T_s of the relaxed layout (``mean_stage_s``), plus the
+bubble where cores are not shared (``floor_of``). It holds where every stage is priced on the
+same device and the terms are not rescaled: on a cluster of mixed device types a stage's time
+depends on which devices hold which layers, and a calibration scales terms by factors below 1 as
+well; there the floor is 0 (it rules nothing out).
 """
 
 from dataclasses import replace
 
+from cost_models.pipeline import bubble_s
 from cost_models.timing import stage_times
 from planner.schemas import ClusterProfile, Layout, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
-from planner.schemas.geometry import num_micro_batches
+from planner.schemas.geometry import num_micro_batches, pipeline_schedules
 from planner.schemas.routing import RoutingStats
 
 RELAXED_FIELDS = frozenset(
@@ -60,6 +65,34 @@ def relaxed(layout: Layout) -> Layout:
     )
 
 
+def mean_stage_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    routing: RoutingStats | None = None,
+) -> float:
+    """The mean over stages of the relaxed layout's time per micro-batch, less its vocabulary
+    collectives (module docstring): what every layout that differs from ``layout`` only in
+    ``RELAXED_FIELDS`` spends at least, on average over its stages. 0 on a cluster of mixed
+    device types, with a calibration or with an explicit layer split."""
+    if cluster.has_mixed_devices or cluster.calibration is not None or layout.layer_split is not None:
+        return 0.0
+    times = stage_times(model, training, cluster, relaxed(layout), routing=routing)
+    return sum(t.total_s - t.vocabulary_comm_s for t in times) / len(times)
+
+
+def floor_of(training: TrainingSpec, cluster: ClusterProfile, layout: Layout, mean_s: float) -> float:
+    """The step-time floor of ``layout`` from ``mean_stage_s`` (``mean_s``) of a layout it differs
+    from only in ``RELAXED_FIELDS``: m mean_s, and where each rank has its own cores (no
+    shared-core factor) the bubble of its own schedule over a stage of mean_s (the bubble grows
+    with the slowest stage's time, which is at least the mean)."""
+    m = num_micro_batches(training.global_batch_size, layout)
+    if cluster.pricing_device.core_share < 1.0:
+        return m * mean_s
+    return m * mean_s + bubble_s(layout, m, mean_s, pipeline_schedules(layout, training.pipeline_flushes))
+
+
 def step_time_floor_s(
     model: ModelSpec,
     training: TrainingSpec,
@@ -67,11 +100,6 @@ def step_time_floor_s(
     layout: Layout,
     routing: RoutingStats | None = None,
 ) -> float:
-    """Seconds below which no layout that differs from ``layout`` only in ``RELAXED_FIELDS``
-    steps (module docstring): m times the mean stage time of its relaxed form. 0 on a cluster of
-    mixed device types or with a calibration. ``layout`` holds an even layer split."""
-    if cluster.has_mixed_devices or cluster.calibration is not None or layout.layer_split is not None:
-        return 0.0
-    times = stage_times(model, training, cluster, relaxed(layout), routing=routing)
-    per_stage_s = sum(t.total_s - t.vocabulary_comm_s for t in times) / len(times)
-    return num_micro_batches(training.global_batch_size, layout) * per_stage_s
+    """Seconds below which ``layout`` does not step, nor any layout that differs from it only in
+    recompute, ZeRO stage and sharding groups (module docstring); 0 where ``mean_stage_s`` is."""
+    return floor_of(training, cluster, layout, mean_stage_s(model, training, cluster, layout, routing))

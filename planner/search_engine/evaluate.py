@@ -24,7 +24,7 @@ from cost_models.estimate import estimate_unchecked
 from cost_models.layout_validity import check_layout
 from cost_models.memory import LayoutMemory, all_stage_memory, gradients_replace_activations, stage_memory_floor
 from cost_models.stage_devices import stage_devices
-from cost_models.step_floor import step_time_floor_s
+from cost_models.step_floor import floor_of, mean_stage_s
 from cost_models.timing import stage_times
 from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError
@@ -168,10 +168,15 @@ class Evaluator:
             self._floors[key] = floor
         return floor
 
-    def step_time_floor_s(self, layout: Layout) -> float:
-        """``cost_models.step_floor.step_time_floor_s``: no layout that differs from ``layout``
-        only in recompute, ZeRO, sharding groups and schedule steps faster."""
-        return step_time_floor_s(self.model, self.training, self.cluster, layout, self.routing)
+    def mean_stage_s(self, layout: Layout) -> float:
+        """``cost_models.step_floor.mean_stage_s``: what every layout that differs from ``layout``
+        only in recompute, ZeRO, sharding groups and schedule spends at least per stage and micro-batch."""
+        return mean_stage_s(self.model, self.training, self.cluster, layout, self.routing)
+
+    def step_time_floor_s(self, layout: Layout, mean_s: float) -> float:
+        """``cost_models.step_floor.floor_of``: no layout that differs from ``layout`` only in
+        recompute, ZeRO and sharding groups steps faster (``mean_s``: its ``mean_stage_s``)."""
+        return floor_of(self.training, self.cluster, layout, mean_s)
 
     def cannot_fit(self, layout: Layout) -> bool:
         """Whether the layout certainly does not fit, and evaluating it would not change the

@@ -209,10 +209,10 @@ class _Fastest:
     outpace: a group whose floor (``Evaluator.step_time_floor_s``, shared by a group's layouts,
     which differ only in recompute) is above the slowest of them, strictly, holds no layout that
     could rank among the fastest ``keep`` (``fastest_first`` ranks by step time first). Groups
-    that differ only in the axes of ``cost_models.step_floor.RELAXED_FIELDS`` share a floor,
-    found by the values of the others, without building a layout."""
+    that differ only in the axes of ``cost_models.step_floor.RELAXED_FIELDS`` share the mean
+    stage time under it, found by the values of the others; each schedule adds its own bubble."""
 
-    __slots__ = ("_floors", "_keep", "_times")
+    __slots__ = ("_floors", "_keep", "_means", "_times")
 
     SHARED_BY = tuple(axis.name for axis in AXES if axis.field not in RELAXED_FIELDS)
     """The axes whose values a floor depends on."""
@@ -221,7 +221,10 @@ class _Fastest:
         self._keep = keep
         self._times: list[float] = []
         """Negated, a heap: the slowest of the fastest ``keep`` first."""
+        self._means: dict[tuple[object, ...], float] = {}
+        """``Evaluator.mean_stage_s`` by the values of the axes it depends on (``SHARED_BY``)."""
         self._floors: dict[tuple[object, ...], float] = {}
+        """The floor by those and the schedule's (its bubble)."""
 
     def add(self, candidate: Candidate) -> None:
         """Count ``candidate`` among those found."""
@@ -236,10 +239,14 @@ class _Fastest:
         if len(self._times) < self._keep:
             return False
         chosen = group.chosen
-        key = tuple(chosen[name] for name in self.SHARED_BY)
+        shared = tuple(chosen[name] for name in self.SHARED_BY)
+        key = (*shared, chosen["schedule"], chosen["virtual_stages"])
         floor = self._floors.get(key)
         if floor is None:
-            floor = self._floors[key] = evaluate.step_time_floor_s(group[0])
+            mean_s = self._means.get(shared)
+            if mean_s is None:
+                mean_s = self._means[shared] = evaluate.mean_stage_s(group[0])
+            floor = self._floors[key] = evaluate.step_time_floor_s(group[0], mean_s)
         return floor > -self._times[0]
 
 
