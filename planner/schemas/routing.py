@@ -92,13 +92,11 @@ class ExpertPlacement:
         copies: FloatArray = hosted.sum(axis=1, keepdims=True)
         return hosted / copies
 
-    @classmethod
-    def contiguous(cls, num_experts: int, ranks: int, layers: int) -> Self:
+    @staticmethod
+    def contiguous(num_experts: int, ranks: int, layers: int) -> "ExpertPlacement":
         """Expert e on rank e // (E / ep) in every layer: what a layout without a placement runs.
         The same object for the same arguments (``_contiguous``)."""
-        if cls is not ExpertPlacement:
-            return cls(slots=_contiguous(num_experts, ranks, layers).slots)
-        return _contiguous(num_experts, ranks, layers)  # type: ignore[return-value]
+        return _contiguous(num_experts, ranks, layers)
 
     @classmethod
     def round_robin(cls, num_experts: int, ranks: int, layers: int) -> Self:

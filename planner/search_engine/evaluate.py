@@ -173,7 +173,7 @@ class Evaluator:
         only in recompute, ZeRO, sharding groups and schedule spends at least per stage and micro-batch."""
         return mean_stage_s(self.model, self.training, self.cluster, layout, self.routing)
 
-    def step_time_floor_s(self, layout: Layout, mean_s: float) -> float:
+    def floor_of(self, layout: Layout, mean_s: float) -> float:
         """``cost_models.step_floor.floor_of``: no layout that differs from ``layout`` only in
         recompute, ZeRO and sharding groups steps faster (``mean_s``: its ``mean_stage_s``)."""
         return floor_of(self.training, self.cluster, layout, mean_s)

@@ -206,7 +206,7 @@ def _scan(
 
 class _Fastest:
     """The step times of the fastest ``keep`` candidates found so far, and which groups they
-    outpace: a group whose floor (``Evaluator.step_time_floor_s``, shared by a group's layouts,
+    outpace: a group whose floor (``Evaluator.floor_of``, shared by a group's layouts,
     which differ only in recompute) is above the slowest of them, strictly, holds no layout that
     could rank among the fastest ``keep`` (``fastest_first`` ranks by step time first). Groups
     that differ only in the axes of ``cost_models.step_floor.RELAXED_FIELDS`` share the mean
@@ -246,7 +246,7 @@ class _Fastest:
             mean_s = self._means.get(shared)
             if mean_s is None:
                 mean_s = self._means[shared] = evaluate.mean_stage_s(group[0])
-            floor = self._floors[key] = evaluate.step_time_floor_s(group[0], mean_s)
+            floor = self._floors[key] = evaluate.floor_of(group[0], mean_s)
         return floor > -self._times[0]
 
 
