@@ -101,6 +101,21 @@ class AxisGroups:
         return np.asarray(self.devices, dtype=np.int64)[ranks] if self.devices else ranks
 
 
+class PricedGroups(tuple[Group, ...]):
+    """The groups of an axis that ``priced_groups`` chose, as a tuple whose hash is computed once:
+    the memos key on them, and hashing a tuple asks each of its hundreds of groups again."""
+
+    _hash: int
+
+    def __new__(cls, groups: Iterable[Group]) -> "PricedGroups":
+        self = super().__new__(cls, groups)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _curve_time_s(records: Sequence[CollectiveRecord], op: CollectiveOp, message_bytes: float, n: int) -> float:
     """Interpolate bus bandwidth log-log over ``records`` (one group size), clamped at the ends."""
     pts = sorted((r.message_bytes, r.op.volume_factor(r.group_size) * r.message_bytes / r.time_s) for r in records)
@@ -368,7 +383,7 @@ def has_uniform_links(cluster: ClusterProfile) -> bool:
     )
 
 
-def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_order: bool) -> tuple[Group, ...]:
+def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_order: bool) -> PricedGroups:
     """The groups of one axis whose collectives need pricing (an axis can have a thousand);
     memoized where ``groups`` are an ``AxisGroups``.
 
@@ -399,7 +414,7 @@ def priced_groups(groups: Iterable[Group], cluster: ClusterProfile, *, rank_orde
 @functools.lru_cache(maxsize=8192)
 def _priced_axis(
     groups: AxisGroups, first_stands: bool, classes: tuple[int, ...] | None, per_node: int, by_count: bool
-) -> tuple[Group, ...]:
+) -> PricedGroups:
     """``_representatives`` of an axis's groups, by the axis's key and what the cluster's node
     classes are (not by cluster: a stage priced on its own device type reads a copy of the
     cluster whose nodes fall into the same classes). Where classes sort the groups, the candidates
@@ -430,19 +445,19 @@ def first_rows(rows: np.ndarray) -> list[int]:
 
 def _representatives(
     groups: Iterable[Group], first_stands: bool, classes: tuple[int, ...] | None, per_node: int, by_count: bool
-) -> tuple[Group, ...]:
+) -> PricedGroups:
     """The first group of each spread over node classes (``priced_groups``): the first group alone
     where it stands for all, every group where the nodes have no classes (an explicit node matrix)."""
     if first_stands:
-        return tuple(itertools.islice(groups, 1))
+        return PricedGroups(itertools.islice(groups, 1))
     if classes is None:
-        return tuple(groups)
+        return PricedGroups(groups)
     spreads: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...] | tuple[int, ...]], Group] = {}
     for group in groups:
         nodes, members, _ = _node_spread.__wrapped__(group.devices, per_node)  # once each: kept out of the memo
         local = tuple(len(m) for m in members) if by_count else members
         spreads.setdefault((tuple(classes[n] for n in nodes), local), group)
-    return tuple(spreads.values())
+    return PricedGroups(spreads.values())
 
 
 def slowest_collective_s(

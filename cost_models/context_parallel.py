@@ -183,17 +183,30 @@ def ring_bytes_per_layer(model: ModelSpec, training: TrainingSpec, layout: Layou
 
 def ring_links(cluster: ClusterProfile, layout: Layout, context_groups: Iterable[Group]) -> frozenset[LinkProfile]:
     """The links between consecutive members of the context-parallel groups (the last sends to
-    the first), of the groups that need pricing (``comm.priced_groups``)."""
+    the first), of the groups that need pricing (``comm.priced_groups``): those of them on the
+    front of the slowest (``slowest_links``)."""
     groups = priced_groups(context_groups, cluster, rank_order=layout.device_map.is_identity)
     return _RING_LINKS.get(cluster, (groups,), lambda: _ring_links(cluster, groups))
 
 
 def _ring_links(cluster: ClusterProfile, groups: Iterable[Group]) -> frozenset[LinkProfile]:
-    return frozenset(
+    links = {
         device_link(cluster, devices[i], devices[(i + 1) % len(devices)])
         for devices in (g.devices for g in groups)
         for i in range(len(devices))
-    )
+    }
+    return frozenset(slowest_links(links))
+
+
+def slowest_links(links: Iterable[LinkProfile]) -> list[LinkProfile]:
+    """Those of ``links`` that no other is slower than on both counts (lower or equal bandwidth,
+    higher or equal latency): the slowest send over the set, ``ring_hop_s`` for any bytes, is
+    over one of them. On a measured cluster every node's links differ; few are on that front."""
+    front: list[LinkProfile] = []
+    for link in sorted(links, key=lambda k: (k.bandwidth_bytes_per_s, -k.latency_s)):
+        if not front or link.latency_s > front[-1].latency_s:
+            front.append(link)
+    return front
 
 
 _RING_LINKS: HeldMemo[frozenset[LinkProfile]] = HeldMemo(limit=4096)

@@ -32,6 +32,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from cost_models.memo import HeldMemo
 from planner.schemas import ClusterProfile, DeviceKind, DeviceMap, Layout, LinkMatrix
 from planner.schemas.links import FloatArray
 from planner.schemas.settings import Budget
@@ -121,6 +122,11 @@ def candidate_permutations(links: LinkMatrix, levels: tuple[IntArray, ...]) -> t
     return tuple(tuple(int(x) for x in perms[chosen[i]]) for i in front)
 
 
+_CANDIDATES: HeldMemo[tuple[tuple[int, ...], ...]] = HeldMemo(limit=4096)
+"""``candidate_permutations`` by node matrix and levels: a search's finalists share a few slot
+levels, and each of a measured cluster's nodes may have its own matrix (8! permutations scored each)."""
+
+
 def compose(device_map: DeviceMap, world_size: int, devices_per_node: int, perms: IntArray) -> DeviceMap:
     """``device_map`` with each node's local devices permuted: a rank on local device ``k`` of node
     ``n`` moves to local device ``perms[n, k]`` of the same node."""
@@ -175,8 +181,11 @@ class IntraNodeMappingRefiner:
         if not levels or not _block_mapped(layout.device_map, layout.world_size, d):
             return candidate
         identity = tuple(range(d))
+        levels_key = tuple((level.shape, level.tobytes()) for level in levels)
         choices = [
-            candidate_permutations(m, levels) if keep else (identity,)
+            _CANDIDATES.get(m, levels_key, functools.partial(candidate_permutations, m, levels))
+            if keep
+            else (identity,)
             for m, keep in zip(matrices, distinct, strict=True)
         ]
         best = candidate

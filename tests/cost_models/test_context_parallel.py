@@ -26,6 +26,8 @@ from cost_models.context_parallel import (
     ring_buffer_bytes,
     ring_bytes_per_layer,
     ring_exposed_s,
+    ring_hop_s,
+    slowest_links,
 )
 from cost_models.estimate import estimate
 from cost_models.layer_time import _layer_time
@@ -35,7 +37,15 @@ from cost_models.overlap import OVERLAP_COMPUTE_SLOWDOWN
 from planner import api
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
-from planner.schemas import AttentionKernel, ContextParallelKind, Layout, Recompute, TrainingSpec, ZeroStage
+from planner.schemas import (
+    AttentionKernel,
+    ContextParallelKind,
+    Layout,
+    LinkProfile,
+    Recompute,
+    TrainingSpec,
+    ZeroStage,
+)
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.settings import SearchSettings
 
@@ -78,6 +88,34 @@ def test_ring_bytes_per_step_by_hand() -> None:
     block = 2048 * 2 * 8 * 128 // 2
     assert (four.forward_bytes, four.backward_bytes) == (3 * 2 * block, 3 * 2 * block + 3 * 4 * block)
     assert ring_bytes_per_layer(LLAMA, TRAINING, _layout(dp=8, cp=1)).total_bytes == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    links=st.lists(
+        st.builds(
+            LinkProfile,
+            bandwidth_bytes_per_s=st.sampled_from([25e9, 50e9, 100e9, 300e9, 450e9]),
+            latency_s=st.sampled_from([0.0, 2e-6, 5e-6, 8e-6]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    message_bytes=st.sampled_from([0.0, 1.0, 4096.0, 2.0**20, 2.0**30]),
+)
+def test_the_slowest_links_hold_the_slowest_send(links: list[LinkProfile], message_bytes: float) -> None:
+    """Pricing a ring step over the front of the slowest links is pricing it over them all, for
+    any message: the links dropped are each no slower than a kept one on both counts."""
+    front = slowest_links(links)
+    assert set(front) <= set(links)
+    assert ring_hop_s(message_bytes, front) == ring_hop_s(message_bytes, links)
+    for kept in front:
+        slower = (
+            other
+            for other in links
+            if other.bandwidth_bytes_per_s <= kept.bandwidth_bytes_per_s and other.latency_s >= kept.latency_s
+        )
+        assert all(other == kept for other in slower)
 
 
 def test_a_ring_step_exposes_what_its_block_compute_does_not_hold() -> None:
