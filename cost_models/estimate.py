@@ -192,9 +192,10 @@ def _estimate_of(
     step_s, world = time.step_time_s, layout.world_size
     peak = mean_peak_flop_per_s(cluster, layout, training.precision.gemm_inputs)
     model_flop = training.global_batch_size * model_flops_per_sequence(model, training.seq_len)
-    hardware_flop = model_flop * hardware_flop_ratio(
-        model, training.seq_len, layout.recompute, layout.recompute_modules
-    )
+    ratio = hardware_flop_ratio(model, training.seq_len, layout.recompute, layout.recompute_modules)
+    if layout.recompute_layers is not None:  # those layers re-run, the others not (layers weighed alike)
+        ratio = 1.0 + (ratio - 1.0) * sum(layout.recompute_layers) / model.num_hidden_layers
+    hardware_flop = model_flop * ratio
     return Estimate(
         step_time_s=step_s,
         tokens_per_s=training.tokens_per_step / step_s,

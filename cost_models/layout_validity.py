@@ -16,7 +16,7 @@ from planner.schemas import (
 )
 from planner.schemas.context_split import check_context_split
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
-from planner.schemas.geometry import chunk_layers, pipeline_schedules
+from planner.schemas.geometry import chunk_layers, pipeline_schedules, stage_layers
 from planner.schemas.layout import check_experts
 
 
@@ -109,6 +109,12 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
     if min(chunk_layers(model, layout)) < 1 and layout.layer_split is None:
         raise InfeasibleConfigError(
             f"{model.num_hidden_layers} layers cannot fill pp x v = {layout.num_chunks} model chunks"
+        )
+    held = stage_layers(model, layout)
+    if layout.recompute_layers is not None and any(r > n for r, n in zip(layout.recompute_layers, held, strict=True)):
+        raise InfeasibleConfigError(
+            f"recompute_layers {list(layout.recompute_layers)} recomputes more layers than a stage holds "
+            f"({list(held)}); give each stage at most its own layers"
         )
     check_experts(model, layout)
 

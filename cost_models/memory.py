@@ -29,7 +29,7 @@ from cost_models.expert_parallel import stage_expert_loads
 from cost_models.fp8_weights import fp8_weight_bytes
 from cost_models.layout_validity import check_stage
 from cost_models.loss_memory import freed_loss_bytes, stage_logits_bytes
-from cost_models.params import all_stage_params, stage_moe_layers, stage_params
+from cost_models.params import all_stage_params, partially_recomputed, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
 from cost_models.stage_activations import schedule_micro_batches, stage_activation_terms, stage_mlp_backward_bytes
 from planner.schemas import ClusterProfile, DeviceKind, Layout, MemoryBreakdown, ModelSpec, TrainingSpec
@@ -113,6 +113,7 @@ class LayoutMemory:
         self._loads = stage_expert_loads(model, training, layout, routing)
         self._layers = stage_layers(model, layout)
         self._moe_layers = stage_moe_layers(model, layout)
+        self._recomputed = partially_recomputed(model, layout)
         self._params = all_stage_params(model, layout)
         self._last_stage = chunk_stage(layout, output_chunk(layout))
         cal = cluster.calibration
@@ -133,12 +134,13 @@ class LayoutMemory:
         check_stage(layout, stage)
         params, load = self._params[stage], self._loads[stage]
         layers, moe, last = self._layers[stage], self._moe_layers[stage], stage == self._last_stage
-        key = (params, load, layers, moe, last)
+        recomputed = self._recomputed[stage]
+        key = (params, load, layers, moe, last, recomputed)
         activation_scale, logits_scale, buffer_scale = self._scales
         terms = self._terms.get(key)
         if terms is None:
             per_micro_batch, once, rematerialized = stage_activation_terms(
-                model, training, layout, params, load, layers, moe, last, self._micro_batches
+                model, training, layout, params, load, layers, moe, last, self._micro_batches, recomputed
             )
             backward = stage_mlp_backward_bytes(model, training, layout, load, layers, moe)
             logits = stage_logits_bytes(model, training, layout, stage, params)

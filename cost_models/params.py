@@ -199,6 +199,17 @@ def _moe_layers_per_stage(
     )
 
 
+def partially_recomputed(model: ModelSpec, layout: Layout) -> tuple[tuple[int, int], ...]:
+    """Per pipeline rank, (dense, MoE) layers it recomputes in full under ``Layout.recompute_layers``
+    (the stage's first ones; its others keep everything); (0, 0) each without it, where the
+    layout's ``recompute`` applies to every layer."""
+    if layout.recompute_layers is None:
+        return ((0, 0),) * layout.pipeline_parallel_degree
+    first = (0, *itertools.accumulate(chunk_layers(model, layout)))  # one chunk per stage (the layout checks)
+    moe = [model.moe_layers_in(range(first[s], first[s] + r)) for s, r in enumerate(layout.recompute_layers)]
+    return tuple((r - m, m) for r, m in zip(layout.recompute_layers, moe, strict=True))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageParams:
     """Parameters one rank of a pipeline stage holds, before ZeRO sharding."""

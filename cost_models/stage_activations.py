@@ -34,9 +34,9 @@ from cost_models.activations import (
 from cost_models.context_parallel import context_buffer_bytes, kv_replication, local_seq_len
 from cost_models.expert_parallel import StageExpertLoad
 from cost_models.layout_validity import check_stage
-from cost_models.params import StageParams, stage_moe_layers
+from cost_models.params import StageParams, partially_recomputed, stage_moe_layers
 from cost_models.vocabulary import vocabulary_activation_bytes
-from planner.schemas import Layout, ModelSpec, Schedule, TrainingSpec
+from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import (
     chunk_stage,
@@ -95,6 +95,7 @@ def stage_activation_bytes(
         stage_moe_layers(model, layout)[stage],
         stage == chunk_stage(layout, output_chunk(layout)),
         m,
+        partially_recomputed(model, layout)[stage],
     )
     return (
         per_micro_batch * in_flight_micro_batches(layout, stage, m, vocabulary_warmup=training.vocabulary_overlap)
@@ -113,17 +114,22 @@ def stage_activation_terms(
     moe_here: int,
     last_stage: bool,
     micro_batches: int,
+    recomputed: tuple[int, int] = (0, 0),
 ) -> tuple[float, float, float]:
     """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once, bytes one
     layer rematerializes in its backward under recompute) of a stage holding ``params``,
     ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if ``last_stage``: stages
-    alike in these differ only in their micro-batches in flight. The rematerialized layer lives in
+    alike in these differ only in their micro-batches in flight. Under ``Layout.recompute_layers``
+    the stage recomputes ``recomputed`` (dense, MoE) of its layers in full and keeps everything of
+    the others (``params.partially_recomputed``). The rematerialized layer lives in
     the backward only (``memory.LayoutMemory`` weighs it against the loss freed before it)."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
-    sp, activation_dtype, recompute = layout.sequence_parallel, training.precision.activations, layout.recompute
+    sp, activation_dtype, modules = layout.sequence_parallel, training.precision.activations, layout.recompute_modules
+    recompute = Recompute.NONE if layout.recompute_layers is not None else layout.recompute
     s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
     per_micro_batch, once = 0.0, 0.0
     working = [0.0]
+    rebuilt, kept_whole = [0.0], 0.0  # partial recompute: one recomputed layer rebuilt; the layers kept whole
     for moe, count in ((False, layers_here - moe_here), (True, moe_here)):
         if not count:
             continue
@@ -141,8 +147,16 @@ def stage_activation_terms(
             kv_replication=kv_replication(model, layout),
             fp8_inputs=training.precision.fp8 is not None and training.precision.fp8.saves_fp8_inputs,
         )
-        per_micro_batch += kept_bytes(terms, recompute, layout.recompute_modules) * count
-        working.append(rematerialized_bytes(terms, recompute, layout.recompute_modules))
+        full = recomputed[moe]
+        per_micro_batch += kept_bytes(terms, recompute, modules) * (count - full)
+        per_micro_batch += kept_bytes(terms, Recompute.FULL) * full
+        working.append(rematerialized_bytes(terms, recompute, modules))
+        kept_whole += kept_bytes(terms, recompute, modules) * (count - full)
+        if full:
+            rebuilt.append(rematerialized_bytes(terms, Recompute.FULL))
+    # The recomputed layers are a stage's first: their backward runs after the layers kept whole
+    # have freed that micro-batch's activations, so a rebuilt layer adds what it exceeds them by.
+    working.append(max(0.0, max(rebuilt) - kept_whole))
     if layers_here:  # one layer's context-parallel attention at a time: what it receives
         once += context_buffer_bytes(model, training, layout)
     if params.embedding_share:  # its token ids (every rank of a vocabulary split looks them up)

@@ -40,6 +40,7 @@ RELAXED_FIELDS = frozenset(
     {
         "recompute",
         "recompute_modules",
+        "recompute_layers",
         "zero_stage",
         "sharding_group_size",
         "secondary_partition_size",
@@ -56,6 +57,7 @@ def relaxed(layout: Layout) -> Layout:
     return replace(
         layout,
         recompute=Recompute.NONE,
+        recompute_layers=None,
         zero_stage=ZeroStage.NONE,
         sharding_group_size=None,
         secondary_partition_size=None,

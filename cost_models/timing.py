@@ -40,12 +40,12 @@ from cost_models.context_parallel import context_parallel_layer_s, local_seq_len
 from cost_models.expert_parallel import StageExpertLoad, expert_parallel_layer_s, stage_expert_loads
 from cost_models.layer_time import LayoutKernels, shared_kernels
 from cost_models.overlap import hides_communication, tensor_parallel_exposed_s
-from cost_models.params import StageParams, all_stage_params
+from cost_models.params import StageParams, all_stage_params, partially_recomputed
 from cost_models.sharding import sharded_unit_s
 from cost_models.stage_devices import priced_on, stage_devices
 from cost_models.tensor_parallel import tensor_parallel_forward_backward_s, tensor_parallel_kind_s
 from cost_models.vocabulary import NO_COMM, VocabularyComm, vocabulary_comm, vocabulary_tokens
-from planner.schemas import ClusterProfile, DeviceProfile, Layout, ModelSpec, Precision, TrainingSpec
+from planner.schemas import ClusterProfile, DeviceProfile, Layout, ModelSpec, Precision, Recompute, TrainingSpec
 from planner.schemas.device_map import IDENTITY
 from planner.schemas.geometry import chunk_stage, embedding_chunk, output_chunk, stage_edge_layers, stage_layers
 from planner.schemas.routing import RoutingStats
@@ -147,29 +147,19 @@ def _stage_times(
     routing: RoutingStats | None,
 ) -> tuple[StageTime, ...]:
     """``stage_times`` with every stage priced on ``cluster.pricing_device``: what every stage
-    shares priced once (``_LayoutCosts``), then each stage (``_stage_time``), stages alike once."""
-    kernels = shared_kernels(model, training, cluster, layout)
-    tp_exposed_s = _tensor_parallel_exposed_s(model, training, cluster, layout, kernels, tensor_groups)
-    ep_layer_s = expert_parallel_layer_s(model, training, cluster, layout, expert_groups)
-    cp_s = _context_parallel_s(model, training, cluster, layout, kernels, context_groups)
-    output_s, embed_s = _vocabulary_layers_share_s(model, training, cluster, layout, kernels)
-    vocabulary = (
-        vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
-        if layout.vocabulary_layout.over_pipeline
-        else NO_COMM
-    )
-    costs = _LayoutCosts(
-        kernels=kernels,
-        tp_exposed_s=tp_exposed_s,
-        ep_layer_s=ep_layer_s,
-        cp_s=cp_s,
-        output_s=output_s,
-        embed_s=embed_s,
-        vocabulary=vocabulary,
-        unit_s=sharded_unit_s(cluster.pricing_device, layout, training.precision.weights),
-        overlapped=training.vocabulary_overlap and hides_communication(cluster),
-        high_precision=_high_precision_kernels(model, training, cluster, layout),
-    )
+    shares priced once (``_LayoutCosts``), then each stage (``_stage_time``), stages alike once.
+    Under ``Layout.recompute_layers`` the layers a stage keeps are priced as the layout without
+    recompute prices them, those it recomputes as under full recompute (``_stage_time``)."""
+    full_costs, recomputed = None, partially_recomputed(model, layout)
+    if layout.recompute_layers is not None:
+        tensor_groups, expert_groups, context_groups = (
+            tuple(g) if isinstance(g, Iterator) else g for g in (tensor_groups, expert_groups, context_groups)
+        )
+        every = replace(layout, recompute_layers=None)
+        full_costs = _layout_costs(model, training, cluster, every, tensor_groups, expert_groups, context_groups)
+        layout = replace(every, recompute=Recompute.NONE)
+    costs = _layout_costs(model, training, cluster, layout, tensor_groups, expert_groups, context_groups)
+    vocabulary = costs.vocabulary
     edges = stage_edge_layers(model, layout, training.fp8_bf16_layers)
     alike: dict[tuple[object, ...], StageTime] = {}  # stages holding the same layers and parameters take the same time
     out = []
@@ -183,14 +173,53 @@ def _stage_times(
         )
     ):
         roles = (stage == first, stage == last) if vocabulary.total_s else (False, False)
-        key = (n, load, held, roles, edges[stage])
+        key = (n, load, held, roles, edges[stage], recomputed[stage])
         stage_time = alike.get(key)
         if stage_time is None:
             stage_time = alike[key] = _stage_time(
-                costs, training.precision, cluster.pricing_device, n, load, held, roles, edges[stage]
+                costs,
+                training.precision,
+                cluster.pricing_device,
+                n,
+                load,
+                held,
+                roles,
+                edges[stage],
+                recomputed=recomputed[stage],
+                full=full_costs,
             )
         out.append(stage_time)
     return tuple(out)
+
+
+def _layout_costs(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    tensor_groups: Iterable[Group],
+    expert_groups: Iterable[Group],
+    context_groups: Iterable[Group],
+) -> "_LayoutCosts":
+    """What every stage of ``layout`` shares (``_LayoutCosts``)."""
+    kernels = shared_kernels(model, training, cluster, layout)
+    output_s, embed_s = _vocabulary_layers_share_s(model, training, cluster, layout, kernels)
+    return _LayoutCosts(
+        kernels=kernels,
+        tp_exposed_s=_tensor_parallel_exposed_s(model, training, cluster, layout, kernels, tensor_groups),
+        ep_layer_s=expert_parallel_layer_s(model, training, cluster, layout, expert_groups),
+        cp_s=_context_parallel_s(model, training, cluster, layout, kernels, context_groups),
+        output_s=output_s,
+        embed_s=embed_s,
+        vocabulary=(
+            vocabulary_comm(model, training, cluster, layout, grp.pipeline_groups(layout))
+            if layout.vocabulary_layout.over_pipeline
+            else NO_COMM
+        ),
+        unit_s=sharded_unit_s(cluster.pricing_device, layout, training.precision.weights),
+        overlapped=training.vocabulary_overlap and hides_communication(cluster),
+        high_precision=_high_precision_kernels(model, training, cluster, layout),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,28 +323,45 @@ def _stage_time(
     held: StageParams,
     roles: tuple[bool, bool],
     edges: tuple[int, int] = (0, 0),
+    *,
+    recomputed: tuple[int, int] = (0, 0),
+    full: _LayoutCosts | None = None,
 ) -> StageTime:
     """One micro-batch on a stage of ``n`` layers with MoE loads ``load``, holding ``held``, and
     the first or last of the vocabulary's collectives by ``roles``: its layers of each kind, the
     hottest rank's expert work beyond the mean's, its vocabulary shares, gradient accumulation and
-    sharded units."""
-    kinds, experts = costs.kernels.kinds, costs.kernels.experts
+    sharded units. Under ``Layout.recompute_layers`` ``recomputed`` (dense, MoE) of its layers run
+    as ``full`` (the layout under full recompute) prices them and the rest as ``costs`` does; the
+    MoE layers' hot expert work and exchanges are split between the two in that proportion (the
+    stage's mean load each), and its layers kept in the high precision are priced as kept."""
+    counts = {False: n - load.moe_layers, True: load.moe_layers}
+    here = [  # (layers, MoE, their kernels, what prices them)
+        (count, moe, priced.kernels.kinds[moe], priced)
+        for moe in costs.kernels.kinds
+        for count, priced in ((counts[moe] - recomputed[moe], costs), (recomputed[moe], full or costs))
+        if count
+    ]
+    moe_full = recomputed[True] / load.moe_layers if load.moe_layers and full is not None else 0.0
+    shares = [(1.0 - moe_full, costs), (moe_full, full or costs)]
     embedding_share_s, output_share_s = held.embedding_share * costs.embed_s, held.output_share * costs.output_s
     extra = embedding_share_s + output_share_s
     extra += elementwise_time_s(grad_accumulation_bytes_per_param(precision) * held.total, dev)
     extra += held.units * costs.unit_s
-    counts = {False: n - load.moe_layers, True: load.moe_layers}
-    here = [(counts[moe], moe, kinds[moe]) for moe in kinds if counts[moe]]
     hot = load.compute_sum - load.moe_layers  # the hottest ranks' expert work beyond the mean's
-    layers_s = sum((c * (k.forward_s + k.backward_s) for c, _, k in here), 0.0)
+    hot_parts = [(hot * share, priced.kernels.experts) for share, priced in shares if share]
+    layers_s = sum((c * (k.forward_s + k.backward_s) for c, _, k, _ in here), 0.0)
     edge_s, edge_recompute_s, edge_backward_s = _edge_layers_s(costs, edges)
     layers_s += edge_s
     return StageTime(
-        compute_s=layers_s + hot * (experts.forward_s + experts.backward_s) + extra,
-        recompute_s=sum((c * k.recompute_s for c, _, k in here), 0.0) + hot * experts.recompute_s + edge_recompute_s,
-        tensor_parallel_comm_s=sum((c * costs.tp_exposed_s[moe] for c, moe, _ in here), 0.0),
-        expert_parallel_comm_s=load.exchange_sum * costs.ep_layer_s,
-        backward_s=sum((c * k.backward_s for c, _, k in here), 0.0) + hot * experts.backward_s + edge_backward_s,
+        compute_s=layers_s + sum(h * (e.forward_s + e.backward_s) for h, e in hot_parts) + extra,
+        recompute_s=sum((c * k.recompute_s for c, _, k, _ in here), 0.0)
+        + sum(h * e.recompute_s for h, e in hot_parts)
+        + edge_recompute_s,
+        tensor_parallel_comm_s=sum((c * priced.tp_exposed_s[moe] for c, moe, _, priced in here), 0.0),
+        expert_parallel_comm_s=sum(load.exchange_sum * share * priced.ep_layer_s for share, priced in shares if share),
+        backward_s=sum((c * k.backward_s for c, _, k, _ in here), 0.0)
+        + sum(h * e.backward_s for h, e in hot_parts)
+        + edge_backward_s,
         vocabulary_comm_s=costs.vocabulary.exposed_s(
             layers_s,
             overlapped=costs.overlapped,
@@ -324,7 +370,7 @@ def _stage_time(
             embedding_share_s=embedding_share_s,
             output_share_s=output_share_s,
         ),
-        context_parallel_comm_s=sum((c * costs.cp_s[moe] for c, moe, _ in here), 0.0),
+        context_parallel_comm_s=sum((c * priced.cp_s[moe] for c, moe, _, priced in here), 0.0),
     )
 
 

@@ -268,16 +268,21 @@ def initial_value(seed: int, name: str, shape: Sequence[int]) -> torch.Tensor:
 
 
 def set_recompute(
-    net: "Decoder", recompute: Recompute, modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+    net: "Decoder",
+    recompute: Recompute,
+    modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES,
+    *,
+    full_layers: int | None = None,
 ) -> None:
-    """Full: every layer keeps only its input; selective: the attention core (core_attn) and a
-    dense layer's MLP (mlp) or an MoE layer's block (moe) among ``modules`` are recomputed, each
-    checkpointed whole (the output-discarding modules, layernorm and moe_act, are not built here:
-    ``schemas.runtime_support`` refuses them)."""
+    """Full: every layer keeps only its input, or the first ``full_layers`` of ``net``'s
+    (``Layout.recompute_layers``: Megatron-LM's block method) while the others keep everything;
+    selective: the attention core (core_attn) and a dense layer's MLP (mlp) or an MoE layer's
+    block (moe) among ``modules`` are recomputed, each checkpointed whole (the output-discarding
+    modules, layernorm and moe_act, are not built here: ``schemas.runtime_support`` refuses them)."""
     selective = set(modules) if recompute is Recompute.SELECTIVE else set()
-    for block in net.layers.values():
+    for i, block in enumerate(net.layers.values()):
         assert isinstance(block, Block)
-        block.recompute_all = recompute is Recompute.FULL
+        block.recompute_all = recompute is Recompute.FULL and (full_layers is None or i < full_layers)
         block.attn.recompute_core = RecomputeModule.CORE_ATTN in selective
         kind = RecomputeModule.MOE if isinstance(block.mlp, MoE) else RecomputeModule.MLP
         block.recompute_mlp = kind in selective

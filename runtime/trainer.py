@@ -170,7 +170,8 @@ class Trainer:
         for chunk in chunks:
             if self.fp8 is not None:  # before any split or sharding wraps the layers
                 convert_to_fp8(chunk, self.fp8, param_gather=self.fp8_param_gather, kept=self.fp8_kept)
-            set_recompute(chunk, layout.recompute, layout.recompute_modules)
+            full_layers = None if layout.recompute_layers is None else layout.recompute_layers[self.pp_rank]
+            set_recompute(chunk, layout.recompute, layout.recompute_modules, full_layers=full_layers)
             if self.context is not None:
                 self.context.hold(chunk)
             if experts_mesh is not None and layout.expert_parallel_degree > 1:

@@ -294,6 +294,7 @@ LAYOUT_OPTIONS = {
     "zero_stage": "zero_stage",
     "recompute": "recompute",
     "recompute_modules": "recompute_modules",
+    "recompute_layers": "recompute_layers",
     "sequence_parallel": "sequence_parallel",
     "schedule": "schedule",
     "virtual_stages": "virtual_stages",
@@ -324,6 +325,14 @@ def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:
         fields["zero_stage"] = ZeroStage(fields["zero_stage"])
     if "layer_split" in fields:
         fields["layer_split"] = _parse_split(fields["layer_split"])
+    if "recompute_layers" in fields:
+        fields["recompute_layers"] = _parse_counts("--recompute-layers", fields["recompute_layers"], "8,4,2,0")
+        recompute = fields.setdefault("recompute", Recompute.FULL)  # the counts are full recompute's
+        if recompute is not Recompute.FULL:
+            raise SchemaError(
+                f"--recompute-layers counts the layers full recompute re-runs, but --recompute is {recompute!s}; "
+                "use --recompute full or leave --recompute-layers out"
+            )
     parse_layout_parts(fields)
     if "recompute_modules" in fields:
         fields["recompute_modules"] = parse_recompute_modules(fields["recompute_modules"])
@@ -363,11 +372,15 @@ def parse_recompute_modules(text: str) -> tuple[RecomputeModule, ...]:
 def _parse_split(text: str) -> tuple[int, ...] | None:
     if text.strip().lower() == EVEN_SPLIT:
         return None
+    return _parse_counts("--layer-split", text, "7,9,9,7", f", or {EVEN_SPLIT!r}")
+
+
+def _parse_counts(option: str, text: str, example: str, alternative: str = "") -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError as e:
         raise SchemaError(
-            f"--layer-split {text!r} must be comma-separated whole numbers, e.g. 7,9,9,7, or {EVEN_SPLIT!r}"
+            f"{option} {text!r} must be comma-separated whole numbers, e.g. {example}{alternative}"
         ) from e
 
 

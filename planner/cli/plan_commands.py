@@ -120,6 +120,14 @@ def estimate(
         str | None,
         typer.Option(help=RECOMPUTE_MODULES_HELP + "; implies --recompute selective [default: core_attn]."),
     ] = None,
+    recompute_layers: Annotated[
+        str | None,
+        typer.Option(
+            help="Layers each pipeline stage recomputes in full, its first ones (the others keep their activations; "
+            "Megatron-LM's --recompute-method block), pp entries, e.g. 8,4,2,0; implies --recompute full "
+            "[default: every layer]."
+        ),
+    ] = None,
     sequence_parallel: Annotated[
         bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Needs tp > 1 [default: off].")
     ] = None,

@@ -115,6 +115,13 @@ def check(plan: PlanShape) -> None:
             "its config does not build the MoE layers, whose code sets their capacity",
             "plan without --capacity-factor",
         )
+    if layout.recompute_layers is not None:
+        refuse(
+            TARGET,
+            f"full recompute of {list(layout.recompute_layers)} layers on the pipeline stages",
+            "deepspeed.checkpointing checkpoints whatever the model's code wraps, which the config does not say",
+            "plan with full recompute of every layer, or export to megatron (the same count on every stage)",
+        )
     if layout.recompute is Recompute.SELECTIVE:
         refuse(
             TARGET,

@@ -26,7 +26,9 @@ How the plan maps:
   (E embedding, t layer, L loss, stages by "|" in chunk order, chunk c on rank c % p).
   --no-overlap-p2p-communication where the plan priced interleaved transfers as exposed.
 - Recompute: full is --recompute-granularity full --recompute-method uniform
-  --recompute-num-layers 1 (every layer's input kept, the layer recomputed); selective is
+  --recompute-num-layers 1 (every layer's input kept, the layer recomputed), and the first N
+  layers of every stage (``Layout.recompute_layers``, equal on every stage; unequal counts are
+  refused) --recompute-method block --recompute-num-layers N; selective is
   --recompute-granularity selective (core attention, Korthikanti et al.'s), with
   --recompute-modules where the plan names other modules (``Layout.recompute_modules``).
 - Batch and precision: --micro-batch-size b, --global-batch-size B (Megatron accumulates
@@ -62,6 +64,7 @@ from planner.schemas import (
     ContextParallelKind,
     DType,
     Kernels,
+    Layout,
     MoeDispatcher,
     Plan,
     Recompute,
@@ -103,7 +106,7 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
     if layout.virtual_stages > 1 and not training.pp_comm_overlap:
         args.append("--no-overlap-p2p-communication")
     args += _data_parallel(plan)
-    args += _recompute(layout.recompute)
+    args += _recompute(layout)
     if layout.recompute is Recompute.SELECTIVE and layout.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         args += ["--recompute-modules", *layout.recompute_modules]
     args += ["--micro-batch-size", str(layout.micro_batch_size)]
@@ -184,6 +187,13 @@ def check(plan: PlanShape) -> None:
             f"all-to-all context parallelism over cp={cp} ranks with {kv} key/value heads a tensor-parallel rank",
             "Transformer Engine's a2a needs cp to divide them (the plan repeats them, it does not)",
             "plan with --cp-kind ring, or a cp that divides the key/value heads of a tp rank",
+        )
+    if layout.recompute_layers is not None and len(set(layout.recompute_layers)) > 1:
+        refuse(
+            TARGET,
+            f"full recompute of {list(layout.recompute_layers)} layers on the pipeline stages",
+            "--recompute-num-layers recomputes as many layers on every stage",
+            "plan with the same count on every stage (--recompute-layers), or full recompute",
         )
     _check_fp8(plan)
     if plan.training.moe_pad_to_capacity and plan.training.moe_dispatcher is MoeDispatcher.DEEPEP:
@@ -304,7 +314,15 @@ def _data_parallel(plan: Plan) -> list[str]:
     ]
 
 
-def _recompute(recompute: Recompute) -> list[str]:
+def _recompute(layout: Layout) -> list[str]:
+    recompute = layout.recompute
+    if layout.recompute_layers is not None:  # equal on every stage (``check``): the first N of each
+        count = layout.recompute_layers[0]
+        return (
+            ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(count)]
+            if count
+            else []
+        )
     if recompute is Recompute.FULL:
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if recompute is Recompute.SELECTIVE:

@@ -172,6 +172,13 @@ def check(plan: PlanShape) -> None:
     """
     check_common(plan, TARGET)
     layout = plan.layout
+    if layout.recompute_layers is not None:
+        refuse(
+            TARGET,
+            f"full recompute of {list(layout.recompute_layers)} layers on the pipeline stages",
+            "its activation checkpointing applies one policy to every layer of every stage",
+            "plan with full recompute of every layer, or export to megatron (the same count on every stage)",
+        )
     if layout.recompute is Recompute.SELECTIVE and layout.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         refuse(
             TARGET,

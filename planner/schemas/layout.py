@@ -108,6 +108,11 @@ class Layout:
     recompute. Stored in ``RecomputeModule``'s order without repeats, and as the default when
     ``recompute`` is not selective (none keeps everything, full re-runs every module), so that
     equal layouts compare equal."""
+    recompute_layers: tuple[int, ...] | None = None
+    """Under full recompute, how many layers of each pipeline stage recompute, in pipeline order:
+    the stage's first ones (Megatron-LM's ``--recompute-method block``); its others keep their
+    activations, as without recompute. A stage holding more micro-batches in flight (the first,
+    under 1F1B) gains more memory from each. None: every layer recomputes. One model chunk per stage."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence over the tensor-parallel group."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -191,6 +196,30 @@ class Layout:
                 )
             if any(not isinstance(n, int) or n < 0 for n in self.layer_split):
                 raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
+        self._check_recompute_layers()
+
+    def _check_recompute_layers(self) -> None:
+        layers = self.recompute_layers
+        if layers is None:
+            return
+        object.__setattr__(self, "recompute_layers", tuple(layers))
+        if self.recompute is not Recompute.FULL:
+            raise SchemaError(
+                f"recompute_layers={list(layers)} counts the layers full recompute re-runs, but recompute="
+                f"{self.recompute!s}; set recompute='full' or drop recompute_layers"
+            )
+        if self.virtual_stages > 1:
+            raise SchemaError(
+                f"recompute_layers counts layers per stage of one model chunk, but virtual_stages="
+                f"{self.virtual_stages}; drop recompute_layers or plan one chunk per stage"
+            )
+        if len(layers) != self.pipeline_parallel_degree:
+            raise SchemaError(
+                f"recompute_layers has {len(layers)} entries; it needs one per pipeline stage "
+                f"(pipeline_parallel_degree={self.pipeline_parallel_degree})"
+            )
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in layers):
+            raise SchemaError(f"recompute_layers={list(layers)} must hold whole numbers >= 0")
 
     def _store_recompute_modules(self) -> None:
         modules = self.recompute_modules
@@ -342,6 +371,8 @@ class Layout:
             parts.append(f"hpz{self.secondary_partition_size}")
         modules = "" if self.recompute_modules == DEFAULT_RECOMPUTE_MODULES else ":" + "+".join(self.recompute_modules)
         parts.append(f"rc-{self.recompute}{modules}")
+        if self.recompute_layers is not None:
+            parts[-1] += "[" + ",".join(map(str, self.recompute_layers)) + "]"
         if self.sequence_parallel:
             parts.append("sp")
         if self.pipeline_parallel_degree > 1:

@@ -90,7 +90,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[14] = 14
+    schema_version: Literal[15] = 15
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -154,9 +154,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 14
+PLAN_SCHEMA_VERSION = 15
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 """The versions ``upgrade`` reads."""
 
 
@@ -185,7 +185,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     Version 12 -> 13: priced for 'planner-runtime', with version 12's default of each behaviour the
     plan does not name (``VERSION_12_BEHAVIOURS``), although that stack's kernels are eager.
     Version 13 -> 14: nothing to change; a version-13 plan names no FP8 recipe, which version 14
-    reads as training without one.
+    reads as training without one. Version 14 -> 15: nothing to change; a version-14 plan counts no
+    recompute layers per stage, which version 15 reads as its recompute applying to every layer.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -231,6 +232,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
             raw["training"] = {**VERSION_12_BEHAVIOURS, **training}
     if raw.get("schema_version") == 13:
         raw = {**raw, "schema_version": 14}
+    if raw.get("schema_version") == 14:
+        raw = {**raw, "schema_version": 15}
     return raw
 
 

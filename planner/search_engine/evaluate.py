@@ -50,7 +50,14 @@ class Miss:
 
 
 FLOOR_FREE_FIELDS = frozenset(
-    {"micro_batch_size", "recompute", "recompute_modules", "sequence_parallel", "context_parallel_kind"}
+    {
+        "micro_batch_size",
+        "recompute",
+        "recompute_modules",
+        "recompute_layers",
+        "sequence_parallel",
+        "context_parallel_kind",
+    }
 )
 """Layout fields ``stage_memory_floor`` does not read: layouts differing only in them share a floor."""
 _floor_key = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in FLOOR_FREE_FIELDS))

@@ -106,6 +106,8 @@ def layout_args(plan: Plan, folder: Path) -> Iterator[str]:
         value = getattr(layout, field)
         if field == "recompute_modules" and layout.recompute is not Recompute.SELECTIVE:
             continue  # the modules selective recompute re-runs; stored as the default otherwise
+        if field == "recompute_layers" and value is None:
+            continue  # every layer as recompute says: the option's default (it implies full recompute)
         if field in ("expert_placement", "device_map"):
             default = {"expert_placement": "contiguous", "device_map": "identity"}[field]
             if stored[field] is None or stored[field] == {"devices": []}:

@@ -59,6 +59,8 @@ def test_four_ranks_combinations(tmp_path: Path) -> None:
             L(2, 2, 1, 1, zero_stage=1),
             # a step as 2 schedules of 2 micro-batches, ZeRO-2's reduction after each
             L(2, 1, 2, 1, zero_stage=2, pipeline_flushes=2),
+            # full recompute of both of the first stage's layers, of one of the second's (block method)
+            L(2, 1, 2, 1, recompute="full", recompute_layers=(2, 1)),
         ],
         tmp_path,
     )
