@@ -16,6 +16,7 @@ gradients replace the activations a larger micro-batch's first backward frees
 (``cost_models.memory.gradients_replace_activations``: then it is priced).
 """
 
+import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -26,8 +27,18 @@ from cost_models.memory import LayoutMemory, all_stage_memory, gradients_replace
 from cost_models.stage_devices import stage_devices
 from cost_models.step_floor import floor_of, mean_stage_s
 from cost_models.timing import stage_times
-from planner.schemas import ClusterProfile, Estimate, Layout, MemoryBreakdown, ModelSpec, RoutingStats, TrainingSpec
+from planner.schemas import (
+    ClusterProfile,
+    Estimate,
+    Layout,
+    MemoryBreakdown,
+    ModelSpec,
+    Recompute,
+    RoutingStats,
+    TrainingSpec,
+)
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError
+from planner.schemas.geometry import stage_layers
 from planner.schemas.settings import DEFAULT_MEMORY_MARGIN
 
 
@@ -74,6 +85,21 @@ class SplitCosts:
     time_per_layer_s: tuple[float, ...]
     memory_base_bytes: tuple[float, ...]
     memory_per_layer_bytes: tuple[float, ...]
+    recompute: "RecomputeCosts | None" = None
+    """Of a layout without recompute, what each of a stage's layers recomputed in full changes
+    (``Layout.recompute_layers``); None: no layer may be."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeCosts:
+    """Per stage, what r of its n layers recomputed in full (its first ones) change, affine in r:
+    time per micro-batch + time_per_layer_s[s] * r; memory - memory_saved_per_layer_bytes[s] * r,
+    + memory_rebuilt_bytes[s] where r = n (the layer a backward rebuilds, beyond the layers kept
+    whole, which otherwise hold more)."""
+
+    time_per_layer_s: tuple[float, ...]
+    memory_saved_per_layer_bytes: tuple[float, ...]
+    memory_rebuilt_bytes: tuple[float, ...]
 
 
 class Evaluator:
@@ -89,8 +115,13 @@ class Evaluator:
         routing: RoutingStats | None = None,
         record_points: bool = False,
         admit: Callable[[Layout], None] | None = None,
+        partial_recompute: bool = True,
     ) -> None:
         self.model, self.training, self.cluster = model, training, cluster
+        self.partial_recompute = partial_recompute
+        """Whether a search may offer layouts that recompute some of each stage's layers in full
+        (``least_recompute``; the layer split's refiner): not where its constraints leave no
+        recompute or full recompute out."""
         self.admit = admit
         """The stack's own refusals: raises InfeasibleConfigError for a layout the framework the
         training is priced for cannot run or express (``flows.search.admission``); None admits all."""
@@ -249,35 +280,81 @@ class Evaluator:
         fits = est.peak_memory_bytes <= self.usable_memory_bytes
         self.points.append(LayoutPoint(step_time_s=est.step_time_s, peak_memory_bytes=est.peak_memory_bytes, fits=fits))
 
-    def split_costs(self, layout: Layout) -> SplitCosts:
+    def least_recompute(self, layout: Layout) -> Layout | None:
+        """``layout`` without recompute but for the fewest of each stage's first layers recomputed
+        in full (``Layout.recompute_layers``) that its memory says fit, on the layout's split;
+        None where it fits without, where it needs every layer recomputed (that is full recompute),
+        with several model chunks per stage, where a recomputed layer saves nothing, or where the
+        search may not offer it (``partial_recompute``). A stage's
+        memory falls by the same bytes with each layer it recomputes (but the last, whose backward
+        rebuilds a layer beside none kept whole): priced without and with one, the count is read
+        off; the layout returned may still not fit (``__call__`` tells)."""
+        if layout.virtual_stages > 1 or not self.partial_recompute:
+            return None
+        plain = replace(layout, recompute=Recompute.NONE, recompute_layers=None)
+        held = stage_layers(self.model, plain)
+        try:
+            check_layout(self.model, self.training, self.cluster, plain)
+        except InfeasibleConfigError:
+            return None
+        kept = all_stage_memory(self.model, self.training, self.cluster, plain, self.routing)
+        one = replace(plain, recompute=Recompute.FULL, recompute_layers=tuple(min(1, n) for n in held))
+        saving = all_stage_memory(self.model, self.training, self.cluster, one, self.routing)
+        counts = []
+        for n, cap, without, with_one in zip(held, self.stage_usable_bytes(plain), kept, saving, strict=True):
+            over, saved = without.total_bytes - cap, without.total_bytes - with_one.total_bytes
+            if over <= 0:
+                counts.append(0)
+            elif saved <= 0:
+                return None
+            else:
+                counts.append(min(n, math.ceil(over / saved)))
+        if not any(counts) or list(counts) == list(held):
+            return None
+        return replace(one, recompute_layers=tuple(counts))
+
+    def split_costs(self, layout: Layout, *, partial_recompute: bool = False) -> SplitCosts:
         """Per-stage affine time and memory in the stage's layer count, for the CP-SAT split.
 
         Every stage's time and memory are affine in its own layer count (its layers repeat the
         same work and activations; the embedding, output layer and buffers are the constant), so
         pricing every stage at 1 and at 2 layers gives both coefficients. One model chunk per
-        stage (v = 1) only.
+        stage (v = 1) only. With ``partial_recompute``, of ``layout`` without recompute, and what
+        each layer recomputed in full changes (``RecomputeCosts``): priced at 2 layers with 1
+        recomputed, and at 1 layer recomputed.
         """
         if layout.virtual_stages != 1:
             raise ValueError("split_costs prices one model chunk per stage (virtual_stages = 1)")
-        samples = []
-        for n in (1, 2):
-            trial = replace(layout, layer_split=(n,) * layout.pipeline_parallel_degree)
-            times = stage_times(
-                self.model,
-                self.training,
-                self.cluster,
-                trial,
-                routing=self.routing,
+        p = layout.pipeline_parallel_degree
+        if partial_recompute:
+            layout = replace(layout, recompute=Recompute.NONE, recompute_layers=None)
+        (t1, m1), (t2, m2) = (self._stage_costs(replace(layout, layer_split=(n,) * p)) for n in (1, 2))
+        recompute = None
+        if partial_recompute:
+            full = replace(layout, recompute=Recompute.FULL)
+            (t21, m21), (_, m11) = (
+                self._stage_costs(replace(full, layer_split=(n,) * p, recompute_layers=(1,) * p)) for n in (2, 1)
             )
-            memories = all_stage_memory(self.model, self.training, self.cluster, trial, self.routing)
-            samples.append(([t.total_s for t in times], [m.total_bytes for m in memories]))
-        (t1, m1), (t2, m2) = samples
+            saved = [b - a for a, b in zip(m21, m2, strict=True)]
+            recompute = RecomputeCosts(
+                time_per_layer_s=tuple(b - a for a, b in zip(t2, t21, strict=True)),
+                memory_saved_per_layer_bytes=tuple(saved),
+                memory_rebuilt_bytes=tuple(c - a + x for a, c, x in zip(m1, m11, saved, strict=True)),
+            )
         return SplitCosts(
             time_base_s=tuple(2 * a - b for a, b in zip(t1, t2, strict=True)),
             time_per_layer_s=tuple(b - a for a, b in zip(t1, t2, strict=True)),
             memory_base_bytes=tuple(2 * a - b for a, b in zip(m1, m2, strict=True)),
             memory_per_layer_bytes=tuple(b - a for a, b in zip(m1, m2, strict=True)),
+            recompute=recompute,
         )
+
+    def _stage_costs(self, trial: Layout) -> tuple[list[float], list[float]]:
+        """Each stage's time per micro-batch and memory of ``trial`` (a split of other layer counts
+        than the model's: priced per stage, not validated)."""
+        times = stage_times(self.model, self.training, self.cluster, trial, routing=self.routing)
+        memories = all_stage_memory(self.model, self.training, self.cluster, trial, self.routing)
+        return [t.total_s for t in times], [m.total_bytes for m in memories]
 
 
 def dominant_term(memory: MemoryBreakdown) -> tuple[str, float]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from cost_models.step_floor import RELAXED_FIELDS
-from planner.schemas import Layout, MemoryBreakdown
+from planner.schemas import Layout, MemoryBreakdown, Recompute
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.settings import Budget
 from planner.search_engine.axes import AXES, Assignment, as_int
@@ -169,6 +169,7 @@ def _scan(
                 asked += 1
                 fits, miss = _try(group[at], evaluate, (number, place), miss)
                 if fits is not None:
+                    fits = _least_recompute(group, fits, evaluate) if at else fits
                     found.append(((number, place), fits))
                     if fastest is not None:
                         fastest.add(fits)
@@ -177,6 +178,7 @@ def _scan(
                     fits, miss, checked = _first_fitting(group, at + 1, evaluate, (number, place), miss)
                     asked += checked
                     if fits is not None:
+                        fits = _least_recompute(group, fits, evaluate)
                         found.append(((number, place), fits))
                         if fastest is not None:
                             fastest.add(fits)
@@ -278,6 +280,23 @@ def _closest_miss(
     if evaluate.closest_miss is not before and evaluate.closest_miss is not None:
         return (index, evaluate.closest_miss)
     return miss
+
+
+def _least_recompute(group: Sequence[Layout], fits: Candidate, evaluate: Evaluator) -> Candidate:
+    """``fits`` (a group's first layout that fits, after its first, without recompute, did not),
+    or the group's first with the fewest layers of each stage recomputed in full that fit
+    (``Evaluator.least_recompute``), whichever is faster: the layers a stage need not recompute
+    are time saved, and selective recompute may keep less than those counts need."""
+    if group[0].recompute is not Recompute.NONE:  # the space offers no layout without recompute
+        return fits
+    partial = evaluate.least_recompute(group[0])
+    if partial is None:
+        return fits
+    try:
+        est = evaluate(partial)
+    except InfeasibleConfigError:
+        return fits
+    return Candidate(partial, est) if est.step_time_s < fits.estimate.step_time_s else fits
 
 
 def _first_fitting(

@@ -100,6 +100,7 @@ def run_search(
         routing=routing,
         record_points=settings.record_points,
         admit=admit,
+        partial_recompute=_offers_partial_recompute(space),
     )
     finalists_wanted = max(10, FINALISTS_PER_RESULT * settings.top_k)
     result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
@@ -119,6 +120,14 @@ def run_search(
         usable_memory_bytes=evaluate.usable_memory_bytes,
         points=tuple(evaluate.points or ()),
     )
+
+
+def _offers_partial_recompute(space: SearchSpace) -> bool:
+    """Whether the space's constraints leave both no recompute and full recompute in: between
+    them, some layers of each stage recomputed in full (``Layout.recompute_layers``)."""
+    allowed = space.allowed("recompute")
+    # (a selective choice names its modules: "selective:core_attn+mlp")
+    return allowed is None or {str(Recompute.NONE), str(Recompute.FULL)} <= {str(v).split(":")[0] for v in allowed}
 
 
 def explain_over_constrained(space: SearchSpace) -> str:

@@ -63,7 +63,12 @@ CASES = {
         training=LARGE,
         constraints={"tp": [1], "micro_batch_size": [2], "zero_stage": [1], "recompute": ["none"], "cp": [1]},
     ),
-    "llama3-70b: vocabulary split, cp": Case(model="llama3-70b", cluster="dgx-h100:4", training=LARGE),
+    "llama3-70b: vocabulary split": Case(
+        model="llama3-70b", cluster="dgx-h100:4", training=LARGE, constraints={"recompute": ["none"]}
+    ),
+    "llama3-70b: per-stage recompute, cp": Case(
+        model="llama3-70b", cluster="dgx-h100:4", training=LARGE, constraints={"zero_stage": [0, 1]}
+    ),
     "tiny-moe: placed experts with replicas": Case(
         model="tiny-moe", cluster="dgx-h100:2", training=SMALL, constraints={"ep": [2, 4]}, traced=True
     ),
@@ -147,6 +152,7 @@ def test_the_searches_choose_every_field_the_new_options_set(searched: dict[str,
     assert any(layout.layer_split is not None for layout in layouts)
     assert any(layout.vocabulary_layout.over_pipeline for layout in layouts)
     assert any(layout.context_parallel_degree > 1 for layout in layouts)
+    assert any(layout.recompute_layers is not None for layout in layouts)
 
 
 @pytest.mark.slow  # the searches: seconds

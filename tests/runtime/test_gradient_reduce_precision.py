@@ -13,7 +13,7 @@ from cost_models.params import stage_params
 from planner.files.models import load_model
 from planner.schemas import DType, Layout, TrainingSpec
 from planner.schemas.errors import SchemaError
-from planner.schemas.plan import VERSION_12_BEHAVIOURS, upgrade
+from planner.schemas.plan import PLAN_SCHEMA_VERSION, VERSION_12_BEHAVIOURS, upgrade
 from runtime.model import TORCH_DTYPES
 from runtime.optim import DataParallelOptimizer
 
@@ -38,7 +38,7 @@ def test_a_version_7_plan_sums_in_its_training_precision_as_it_was_priced() -> N
     upgraded = upgrade(raw)
     # and on to the current version: a vocabulary split, the pipeline's receive buffers and every other
     # behaviour as they were priced before stacks
-    assert upgraded["schema_version"] == 14
+    assert upgraded["schema_version"] == PLAN_SCHEMA_VERSION
     expected = {
         **VERSION_12_BEHAVIOURS,
         **raw["training"],  # type: ignore[dict-item]

@@ -1,6 +1,6 @@
 """Refiners run on the finalists, in the order given; the CP-SAT layer split is one of them."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from planner import api
@@ -66,7 +66,7 @@ def test_the_layer_split_refiner_is_a_default_and_splits_a_pipeline_unevenly_whe
     assert refined.layout.layer_split is not None and sum(refined.layout.layer_split) == model.num_hidden_layers
     assert refined.estimate.step_time_s < candidate.estimate.step_time_s
     assert refined.estimate.peak_memory_bytes <= evaluate.usable_memory_bytes
-    # No pipeline, nothing to split.
+    # No pipeline, nothing to split; but a full recompute the layout does not need is dropped.
     flat = Layout(
         data_parallel_degree=16,
         tensor_parallel_degree=1,
@@ -76,6 +76,11 @@ def test_the_layer_split_refiner_is_a_default_and_splits_a_pipeline_unevenly_whe
         recompute="full",
     )
     flat_candidate = Candidate(flat, evaluate(flat))
+    kept = LayerSplitRefiner().refine(flat_candidate, evaluate, Budget(), seed=0)
+    assert kept.layout == replace(flat, recompute="none")
+    assert kept.estimate.step_time_s < flat_candidate.estimate.step_time_s
+    # Where the search may not offer it (its constraints leave full recompute out), it is kept.
+    evaluate.partial_recompute = False
     assert LayerSplitRefiner().refine(flat_candidate, evaluate, Budget(), seed=0) is flat_candidate
 
 
