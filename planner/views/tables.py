@@ -151,11 +151,12 @@ def estimate_view(
     }
     for name in ["stage", "layers", *columns.values(), "total"]:
         memory.add_column(name, justify="right")
+    recomputed = layout.recompute_layers
     for st in est.stages:
         mem = st.memory
         memory.add_row(
             str(st.stage),
-            str(st.layers),
+            str(st.layers) if recomputed is None else f"{st.layers} ({recomputed[st.stage]} recomputed)",
             *(gib(getattr(mem, f"{c}_bytes")) for c in columns),
             gib(mem.total_bytes),
         )
