@@ -102,8 +102,9 @@ class AxisGroups:
 
 
 class PricedGroups(tuple[Group, ...]):
-    """The groups of an axis that ``priced_groups`` chose, as a tuple whose hash is computed once:
-    the memos key on them, and hashing a tuple asks each of its hundreds of groups again."""
+    """The groups of an axis that ``priced_groups`` chose, as a tuple whose hash is computed once
+    and one object for equal groups (``of``): the memos key on them, and hashing a tuple asks each
+    of its hundreds of groups again, as comparing two equal tuples that are not one object does."""
 
     _hash: int
 
@@ -114,6 +115,18 @@ class PricedGroups(tuple[Group, ...]):
 
     def __hash__(self) -> int:
         return self._hash
+
+    @classmethod
+    def of(cls, groups: Iterable[Group]) -> "PricedGroups":
+        """The one object of these groups (made once: the axes of many layouts list the same)."""
+        made = cls(groups)
+        if len(_CANONICAL) >= _CANONICAL_LIMIT:
+            _CANONICAL.clear()
+        return _CANONICAL.setdefault(made, made)
+
+
+_CANONICAL: dict[PricedGroups, PricedGroups] = {}
+_CANONICAL_LIMIT = 65536
 
 
 def _curve_time_s(records: Sequence[CollectiveRecord], op: CollectiveOp, message_bytes: float, n: int) -> float:
@@ -449,15 +462,15 @@ def _representatives(
     """The first group of each spread over node classes (``priced_groups``): the first group alone
     where it stands for all, every group where the nodes have no classes (an explicit node matrix)."""
     if first_stands:
-        return PricedGroups(itertools.islice(groups, 1))
+        return PricedGroups.of(itertools.islice(groups, 1))
     if classes is None:
-        return PricedGroups(groups)
+        return PricedGroups.of(groups)
     spreads: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...] | tuple[int, ...]], Group] = {}
     for group in groups:
         nodes, members, _ = _node_spread.__wrapped__(group.devices, per_node)  # once each: kept out of the memo
         local = tuple(len(m) for m in members) if by_count else members
         spreads.setdefault((tuple(classes[n] for n in nodes), local), group)
-    return PricedGroups(spreads.values())
+    return PricedGroups.of(spreads.values())
 
 
 def slowest_collective_s(
