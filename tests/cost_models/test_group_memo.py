@@ -107,3 +107,13 @@ def test_estimates_in_search_order_equal_estimates_from_empty_memos(model_name: 
         cold.append(priced(layout))
     assert sum(not isinstance(w, str) for w in warm) >= 10  # enough of them fit to mean something
     assert warm == cold
+
+
+def test_equal_priced_groups_are_one_object_hashed_once() -> None:
+    """The memos key on an axis's priced groups: equal ones are one object (a hit then compares
+    identities, not hundreds of groups), equal to and hashed as the plain tuple."""
+    groups = [comm.Group(range(start, start + 64, 8)) for start in range(8)]
+    first, again = comm.PricedGroups.of(groups), comm.PricedGroups.of(list(groups))
+    assert first is again
+    assert first == tuple(groups) and hash(first) == hash(tuple(groups))
+    assert comm.PricedGroups.of(groups[:4]) is not first

@@ -64,6 +64,29 @@ def test_a_ring_read_through_the_arrays_prices_as_its_links_one_by_one(links: Li
     assert slowest.latency_s == max(lk.latency_s for lk in pairs)
 
 
+@given(seed=st.integers(0, 2**16), length=st.sampled_from([2, 8, 16, 17, 40]))
+def test_a_long_ring_and_a_short_one_read_the_same_way(seed: int, length: int) -> None:
+    """Rings of up to ``SMALL_RING`` endpoints are read entry by entry, longer ones through the
+    arrays: either prices as the links one by one."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    bandwidth = rng.choice([1e9, 5e9, 12.5e9, 25e9], size=(n, n))
+    np.fill_diagonal(bandwidth, 0.0)
+    latency = rng.choice([0.0, 2e-6, 5e-6], size=(n, n))
+    links = LinkMatrix(
+        size=n,
+        bandwidth_bytes_per_s=tuple(map(tuple, bandwidth.tolist())),
+        latency_s=tuple(map(tuple, latency.tolist())),
+    )
+    ring = tuple(int(e) for e in rng.permutation(n)[:length])
+    pairs = [links.link(a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True)]
+    slowest = links.ring_slowest(ring)
+    assert slowest == LinkProfile(
+        bandwidth_bytes_per_s=min(lk.bandwidth_bytes_per_s for lk in pairs), latency_s=max(lk.latency_s for lk in pairs)
+    )
+    assert links.ring_slowest(range(length)) == links.ring_slowest(tuple(range(length)))
+
+
 def test_endpoints_pair_the_slower_ends_hand_worked() -> None:
     # Endpoint 0: 10 GB/s, 3 us; 1: 20 GB/s, 1 us; 2: 30 GB/s, 2 us.
     ends = tuple(LinkProfile(bandwidth_bytes_per_s=b * 1e9, latency_s=t * 1e-6) for b, t in ((10, 3), (20, 1), (30, 2)))
