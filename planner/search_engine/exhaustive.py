@@ -9,6 +9,9 @@ does, the first between that fits is found by bisection (``_first_fitting``). Me
 checked before time, and before memory the model states alone (``Evaluator.cannot_fit``): a
 layout they rule out is counted as asked, as if evaluated, but costs a memoized look-up, so the
 result (the closest miss included) and the budget's meaning are those of evaluating it.
+Where a group's first (no recompute) did not fit and another did, the first with the fewest of
+each stage's layers recomputed in full that fit (``Evaluator.least_recompute``) is priced too,
+and the faster of the two stands for the group (``_least_recompute``).
 
 Asked for its fastest ``keep`` (as a search's runner asks), it skips the groups that cannot be
 among them: once ``keep`` candidates are found, a group whose step-time floor

@@ -6,6 +6,10 @@ first stage holds the most micro-batches in flight, so an even split is rarely b
 from the evaluator as affine functions of each stage's layer count (``SplitCosts``); this module
 never imports the cost models. Model sections: data -> variables -> constraints -> objective ->
 solve (as OR-Tools' line_balancing_sat example).
+
+Where a finalist recomputes, a second variable per stage counts the layers it recomputes in full
+(``Layout.recompute_layers``; its time and memory affine in that count too: ``RecomputeCosts``),
+chosen with the split: a stage with more micro-batches in flight saves more by each (``balance_split``).
 """
 
 import math
