@@ -286,7 +286,12 @@ def search(
         str | None, typer.Option(help="Search only these pipeline schedules: 1f1b, interleaved (a list).")
     ] = None,
     recompute: Annotated[
-        str | None, typer.Option(help="Search only these recomputations: none, selective, full (a list).")
+        str | None,
+        typer.Option(
+            help="Search only these recomputations: none, selective, full (a list). With none and full both in, "
+            "a layout that does not fit without recompute also tries the fewest of each stage's first layers "
+            "recomputed in full (rc-full[5,2,0,0])."
+        ),
     ] = None,
     recompute_modules: Annotated[
         str | None,
