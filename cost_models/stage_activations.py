@@ -148,10 +148,10 @@ def stage_activation_terms(
             fp8_inputs=training.precision.fp8 is not None and training.precision.fp8.saves_fp8_inputs,
         )
         full = recomputed[moe]
-        per_micro_batch += kept_bytes(terms, recompute, modules) * (count - full)
-        per_micro_batch += kept_bytes(terms, Recompute.FULL) * full
+        whole = kept_bytes(terms, recompute, modules) * (count - full)  # the layers not recomputed in full
+        per_micro_batch += whole + kept_bytes(terms, Recompute.FULL) * full
         working.append(rematerialized_bytes(terms, recompute, modules))
-        kept_whole += kept_bytes(terms, recompute, modules) * (count - full)
+        kept_whole += whole
         if full:
             rebuilt.append(rematerialized_bytes(terms, Recompute.FULL))
     # The recomputed layers are a stage's first: their backward runs after the layers kept whole

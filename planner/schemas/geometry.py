@@ -35,7 +35,7 @@ and the last rank the final norm and the loss's reduction.
 import functools
 from enum import StrEnum
 
-from planner.schemas.enums import Recompute, Schedule
+from planner.schemas.enums import Schedule
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
 
@@ -223,16 +223,6 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     if layout.layer_split is not None:
         return layout.layer_split
     return _even_split(model.num_hidden_layers, layout.num_chunks)
-
-
-def stage_recomputed_layers(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
-    """Layers each pipeline stage recomputes in full, in pipeline order: ``Layout.recompute_layers``,
-    else every layer of every stage under full recompute and none otherwise."""
-    if layout.recompute_layers is not None:
-        return layout.recompute_layers
-    if layout.recompute is not Recompute.FULL:
-        return (0,) * layout.pipeline_parallel_degree
-    return stage_layers(model, layout)
 
 
 @functools.lru_cache(maxsize=256)

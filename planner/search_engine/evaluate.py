@@ -285,10 +285,10 @@ class Evaluator:
         in full (``Layout.recompute_layers``) that its memory says fit, on the layout's split;
         None where it fits without, where it needs every layer recomputed (that is full recompute),
         with several model chunks per stage, where a recomputed layer saves nothing, or where the
-        search may not offer it (``partial_recompute``). A stage's
-        memory falls by the same bytes with each layer it recomputes (but the last, whose backward
-        rebuilds a layer beside none kept whole): priced without and with one, the count is read
-        off; the layout returned may still not fit (``__call__`` tells)."""
+        search may not offer it (``partial_recompute``). A stage's memory falls by the same bytes
+        with each layer it recomputes (but the last, whose backward rebuilds a layer beside none
+        kept whole): priced without and with one, the count is read off; the layout returned may
+        still not fit (``__call__`` tells)."""
         if layout.virtual_stages > 1 or not self.partial_recompute:
             return None
         plain = replace(layout, recompute=Recompute.NONE, recompute_layers=None)
@@ -331,10 +331,9 @@ class Evaluator:
         (t1, m1), (t2, m2) = (self._stage_costs(replace(layout, layer_split=(n,) * p)) for n in (1, 2))
         recompute = None
         if partial_recompute:
-            full = replace(layout, recompute=Recompute.FULL)
-            (t21, m21), (_, m11) = (
-                self._stage_costs(replace(full, layer_split=(n,) * p, recompute_layers=(1,) * p)) for n in (2, 1)
-            )
+            full = replace(layout, recompute=Recompute.FULL, recompute_layers=(1,) * p)
+            t21, m21 = self._stage_costs(replace(full, layer_split=(2,) * p))
+            m11 = self._stage_memory(replace(full, layer_split=(1,) * p))  # (its time is not needed)
             saved = [b - a for a, b in zip(m21, m2, strict=True)]
             recompute = RecomputeCosts(
                 time_per_layer_s=tuple(b - a for a, b in zip(t2, t21, strict=True)),
@@ -353,8 +352,11 @@ class Evaluator:
         """Each stage's time per micro-batch and memory of ``trial`` (a split of other layer counts
         than the model's: priced per stage, not validated)."""
         times = stage_times(self.model, self.training, self.cluster, trial, routing=self.routing)
-        memories = all_stage_memory(self.model, self.training, self.cluster, trial, self.routing)
-        return [t.total_s for t in times], [m.total_bytes for m in memories]
+        return [t.total_s for t in times], self._stage_memory(trial)
+
+    def _stage_memory(self, trial: Layout) -> list[float]:
+        """Each stage's memory of ``trial`` (not validated, as ``_stage_costs``)."""
+        return [m.total_bytes for m in all_stage_memory(self.model, self.training, self.cluster, trial, self.routing)]
 
 
 def dominant_term(memory: MemoryBreakdown) -> tuple[str, float]:

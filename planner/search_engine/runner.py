@@ -17,7 +17,7 @@ from planner.schemas import (
     TrainingSpec,
     ZeroStage,
 )
-from planner.schemas.choices import Choice
+from planner.schemas.choices import Choice, RecomputeChoice
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.settings import Budget, SearchSettings
 from planner.search_engine.device_mapping import DeviceMappingRefiner
@@ -126,8 +126,10 @@ def _offers_partial_recompute(space: SearchSpace) -> bool:
     """Whether the space's constraints leave both no recompute and full recompute in: between
     them, some layers of each stage recomputed in full (``Layout.recompute_layers``)."""
     allowed = space.allowed("recompute")
-    # (a selective choice names its modules: "selective:core_attn+mlp")
-    return allowed is None or {str(Recompute.NONE), str(Recompute.FULL)} <= {str(v).split(":")[0] for v in allowed}
+    if allowed is None:
+        return True
+    modes = {v.recompute if isinstance(v, RecomputeChoice) else v for v in allowed}  # as ``Axis.choices`` reads them
+    return {Recompute.NONE, Recompute.FULL} <= modes
 
 
 def explain_over_constrained(space: SearchSpace) -> str:

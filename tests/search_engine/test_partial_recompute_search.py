@@ -128,3 +128,31 @@ def test_the_search_offers_it_only_where_nothing_less_fits_and_full_recompute_is
     )
     assert all(p.layout.recompute_layers is None for p in selective)
     assert math.isfinite(selective[0].estimate.step_time_s)
+
+
+def test_the_recompute_costs_are_affine_in_the_recomputed_layers() -> None:
+    """What CP-SAT is given reproduces each stage's memory for any split and counts, every layer
+    of a stage recomputed (the rebuilt layer then added) or not."""
+    evaluate = Evaluator(LLAMA, TRAINING, CLUSTER)
+    layout = Layout(
+        data_parallel_degree=1,
+        tensor_parallel_degree=8,
+        pipeline_parallel_degree=4,
+        micro_batch_size=1,
+        sequence_parallel=True,
+        recompute=Recompute.FULL,
+    )
+    costs = evaluate.split_costs(layout, partial_recompute=True)
+    rc = costs.recompute
+    assert rc is not None
+    split = (18, 21, 21, 20)
+    for counts in [(10, 5, 21, 0), (18, 0, 0, 20)]:
+        est = evaluate.memory(replace(layout, layer_split=split, recompute_layers=counts))
+        for s, (n, r) in enumerate(zip(split, counts, strict=True)):
+            predicted = (
+                costs.memory_base_bytes[s]
+                + costs.memory_per_layer_bytes[s] * n
+                - rc.memory_saved_per_layer_bytes[s] * r
+                + (rc.memory_rebuilt_bytes[s] if r == n else 0.0)
+            )
+            assert est[s].total_bytes == pytest.approx(predicted, rel=1e-9)
