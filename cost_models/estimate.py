@@ -8,7 +8,8 @@ Step time on the critical path (Narayanan et al. SC21, sec. 2.2 and 3) is the su
   a tied embedding's two copies' gradients across the pipeline (``cost_models.vocabulary``);
 - the data-parallel communication that compute does not hide (``cost_models.data_parallel``,
   with ZeRO's rules in ``cost_models.sharding``);
-- the optimizer step (``cost_models.optimizer``).
+- the optimizer step (``cost_models.optimizer``), and the host's part of it where optimizer
+  states are offloaded (``cost_models.offload``).
 On shared cores the stages' compute and bubble shrink (``cost_models.shared_cores``); a
 calibrated cluster scales the terms and adds its overheads (``cost_models.calibration``).
 Memory per stage comes from ``cost_models.memory``. Units: seconds, bytes, FLOP.
@@ -21,6 +22,7 @@ from cost_models.data_parallel import data_parallel_time
 from cost_models.layer_work import hardware_flop_ratio, model_flops_per_sequence
 from cost_models.layout_validity import check_layout
 from cost_models.memory import all_stage_memory
+from cost_models.offload import host_memory_per_node_bytes, optimizer_offload_s
 from cost_models.optimizer import optimizer_step_s
 from cost_models.params import all_stage_params
 from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
@@ -115,6 +117,7 @@ def estimate_unchecked(
         ),
         data_parallel_comm_overlapped_s=data_parallel.overlapped_s,
         context_parallel_comm_s=shared * m * slowest.context_parallel_comm_s,
+        optimizer_offload_s=optimizer_offload_s(model, cluster, layout, training.precision),
     )
     if cal is not None:
         slots = micro_batch_slots(layout, m, pipeline_schedules(layout, training.pipeline_flushes))
@@ -196,7 +199,10 @@ def _estimate_of(
     if layout.recompute_layers is not None:  # those layers re-run, the others not (layers weighed alike)
         ratio = 1.0 + (ratio - 1.0) * sum(layout.recompute_layers) / model.num_hidden_layers
     hardware_flop = model_flop * ratio
+    host = cluster.host
     return Estimate(
+        host_memory_per_node_bytes=host_memory_per_node_bytes(model, cluster, layout, training.precision),
+        host_memory_capacity_bytes=None if host is None else float(host.memory_bytes),
         step_time_s=step_s,
         tokens_per_s=training.tokens_per_step / step_s,
         model_flops_per_step=model_flop,

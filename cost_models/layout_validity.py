@@ -117,6 +117,25 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             f"({list(held)}); give each stage at most its own layers"
         )
     check_experts(model, layout)
+    check_offload(cluster, layout)
+
+
+def check_offload(cluster: ClusterProfile, layout: Layout) -> None:
+    """Raise InfeasibleConfigError where ``layout`` offloads but ``cluster`` does not say what its
+    hosts hold and how fast its devices copy to them: nothing could price the offload."""
+    if layout.optimizer_offload_fraction <= 0:
+        return
+    missing = []
+    if cluster.host is None:
+        missing.append("its hosts' memory and CPU Adam rate (host)")
+    if any(d.host_to_device_bytes_per_s is None or d.device_to_host_bytes_per_s is None for d in cluster.devices):
+        missing.append("its devices' host copy rates (host_to_device_bytes_per_s, device_to_host_bytes_per_s)")
+    if missing:
+        raise InfeasibleConfigError(
+            f"optimizer_offload_fraction={layout.optimizer_offload_fraction:g} offloads to the host, but cluster "
+            f"{cluster.name!r} does not give {' or '.join(missing)}; plan on a preset that does (dgx-h100, "
+            "dgx-a100-80g, ...), add them to the cluster file, or drop the offload"
+        )
 
 
 def check_context_parallel(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:

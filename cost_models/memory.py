@@ -29,7 +29,8 @@ from cost_models.expert_parallel import stage_expert_loads
 from cost_models.fp8_weights import fp8_weight_bytes
 from cost_models.layout_validity import check_stage
 from cost_models.loss_memory import freed_loss_bytes, stage_logits_bytes
-from cost_models.params import all_stage_params, partially_recomputed, stage_moe_layers, stage_params
+from cost_models.offload import host_bytes_per_param, offloaded_params, offloaded_weight_copy_bytes
+from cost_models.params import StageParams, all_stage_params, partially_recomputed, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
 from cost_models.stage_activations import schedule_micro_batches, stage_activation_terms, stage_mlp_backward_bytes
 from planner.schemas import ClusterProfile, DeviceKind, Layout, MemoryBreakdown, ModelSpec, TrainingSpec
@@ -87,7 +88,8 @@ class LayoutMemory:
     exceed those by (llama3-8b dp8 ZeRO-1, one micro-batch: the dry run traced the sum less the
     gradients, 47,563 MiB against 62,805 summed). Other terms are summed as if they peak together
     (an upper bound). A calibrated cluster scales the activations, logits and buffers and adds its
-    memory overhead to the workspace.
+    memory overhead to the workspace. The optimizer states a layout offloads are the host's
+    (``MemoryBreakdown.host_bytes``), less the weight copy they leave (``cost_models.offload``).
 
     What the stages share is computed once: the micro-batches, the MoE loads and layers per stage,
     and every term of stages that hold the same parameters, layers and loads (a pipeline's middle
@@ -155,6 +157,7 @@ class LayoutMemory:
             transients = (staging, backward, rematerialized, states.gathered_bytes)
             _, mlp, layer, gathered = _beyond(freed, *transients)
             states = replace(states, weights_bytes=states.weights_bytes - states.gathered_bytes + gathered)
+            states = _offloaded(states, params, layout, training)
             terms = (
                 states,
                 per_micro_batch,
@@ -189,11 +192,25 @@ class LayoutMemory:
             logits_bytes=logits * logits_scale,
             communication_buffers_bytes=(buffers + tied) * buffer_scale,
             workspace_bytes=self._workspace_bytes,
+            host_bytes=offloaded_params(params, layout) * host_bytes_per_param(training.precision),
         )
 
     def all(self) -> tuple[MemoryBreakdown, ...]:
         """Every stage's, in pipeline order."""
         return tuple(self.stage(s) for s in range(self._layout.pipeline_parallel_degree))
+
+
+def _offloaded(states: ModelStates, params: StageParams, layout: Layout, training: TrainingSpec) -> ModelStates:
+    """``states`` less the optimizer states ``layout`` offloads to the host, with the weight copy
+    the offloaded share then keeps on the device (``cost_models.offload``)."""
+    fraction = layout.optimizer_offload_fraction
+    if fraction <= 0:
+        return states
+    return replace(
+        states,
+        weights_bytes=states.weights_bytes + offloaded_weight_copy_bytes(params, layout, training.precision),
+        optimizer_states_bytes=states.optimizer_states_bytes * (1.0 - fraction),
+    )
 
 
 def _beyond(freed: float, *transients: float) -> tuple[float, ...]:
@@ -237,7 +254,8 @@ def stage_memory_floor(
     Raises:
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
     """
-    states = stage_model_states(model, layout, stage_params(model, layout, stage), training.precision)
+    params = stage_params(model, layout, stage)
+    states = _offloaded(stage_model_states(model, layout, params, training.precision), params, layout, training)
     return MemoryBreakdown(
         weights_bytes=states.weights_bytes,
         gradients_bytes=states.gradients_bytes,

@@ -4,7 +4,8 @@ Adam reads and writes 28 bytes per parameter of the rank's optimizer shard in on
 weight, two moments, gradient, and the training-precision copy), 78 in eager kernels
 (``kernels.adam_bytes_per_param``), memory-bound; or it runs at the rate the
 profiler timed on the model's own layer (``compute.measured_optimizer_s``). Under ZeRO 1-3 the
-shard is 1/d of the dense parameters and 1/(d / ep) of the experts' (d t / ep folded: ``sharding``). Every
+shard is 1/d of the dense parameters and 1/(d / ep) of the experts' (d t / ep folded: ``sharding``), less
+the share a layout offloads to the host, whose step is ``cost_models.offload``'s. Every
 pipeline stage steps at once; the step waits for the slowest. Units: seconds, bytes.
 """
 
@@ -32,7 +33,7 @@ def optimizer_step_s(
     """
     optimizer_s = 0.0
     for held in set(all_stage_params(model, layout)):
-        params = optimizer_shard_params(held, layout)
+        params = optimizer_shard_params(held, layout) * (1.0 - layout.optimizer_offload_fraction)
         measured = measured_optimizer_s(cluster.pricing_device, model.name, params, weights_dtype)
         stage_s = (
             measured

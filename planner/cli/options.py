@@ -295,6 +295,7 @@ LAYOUT_OPTIONS = {
     "recompute": "recompute",
     "recompute_modules": "recompute_modules",
     "recompute_layers": "recompute_layers",
+    "optimizer_offload": "optimizer_offload_fraction",
     "sequence_parallel": "sequence_parallel",
     "schedule": "schedule",
     "virtual_stages": "virtual_stages",

@@ -128,6 +128,15 @@ def estimate(
             "[default: every layer]."
         ),
     ] = None,
+    optimizer_offload: Annotated[
+        float | None,
+        typer.Option(
+            callback=in_range(0.0, 1.0),
+            help="Fraction of each rank's optimizer states kept in host memory and stepped by the host's CPUs "
+            "(Megatron-LM's --optimizer-offload-fraction, DeepSpeed's offload_optimizer ratio), 0-1; needs "
+            "--zero-stage 1-3 and a cluster that describes its hosts (the dgx presets do) [default: 0].",
+        ),
+    ] = None,
     sequence_parallel: Annotated[
         bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Needs tp > 1 [default: off].")
     ] = None,

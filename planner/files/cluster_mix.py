@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from planner.schemas import (
     ClusterProfile,
     CollectiveRecord,
+    HostProfile,
     LinkMatrix,
     LinkProfile,
     NodeOverride,
@@ -44,6 +45,19 @@ def _rail(part: ClusterProfile, spec: str) -> LinkProfile:
             "presets (NAME:NODES); describe any other in a cluster file with node_overrides"
         )
     return part.inter_node_links.uniform
+
+
+def _common_host(parts: Sequence[ClusterProfile]) -> HostProfile | None:
+    """The host every node is priced with: the parts' one host, or where they differ the least
+    memory and the slowest CPU Adam of them (an offload fits and runs on every node); None where
+    a part does not describe its hosts."""
+    hosts = [part.host for part in parts]
+    if any(host is None for host in hosts):
+        return None
+    return HostProfile(
+        memory_bytes=min(h.memory_bytes for h in hosts if h is not None),
+        adam_params_per_s=min(h.adam_params_per_s for h in hosts if h is not None),
+    )
 
 
 def mix_clusters(parts: Sequence[ClusterProfile], *, spec: str) -> ClusterProfile:
@@ -100,6 +114,7 @@ def mix_clusters(parts: Sequence[ClusterProfile], *, spec: str) -> ClusterProfil
         else LinkMatrix(size=offset, endpoints=tuple(endpoints)),
         node_overrides=tuple(overrides),
         collectives=_intra_records(first) + inter_records,
+        host=_common_host(parts),
         provenance=Provenance(
             kind="preset",
             created=max(part.provenance.created for part in parts),

@@ -18,6 +18,7 @@ from planner.schemas import (
     DeviceKind,
     DeviceProfile,
     DType,
+    HostProfile,
     LinkMatrix,
     LinkProfile,
     MatmulModel,
@@ -166,6 +167,7 @@ def _cluster_fields(
                 peak_fraction_by_dtype=_measured_fractions(matmul, reader, peak_flop_per_s, k_overhead, sustained),
             ),
             op_records=_attention_records(device.get("attention", []), reader, sustained),
+            **_host_links(device, reader),
         ),
         "intra_node_links": _intra_node_links(intra, reader, devices_per_node),
         "nic": _nic(inter, where),
@@ -179,12 +181,35 @@ def _cluster_fields(
             ),
         ),
         "collectives": _collectives(raw.get("collectives", []), reader),
+        "host": _host(raw, reader),
         "provenance": Provenance(
             kind="preset",
             created=raw.get("created"),
             sources=tuple(f"{s.get('id')}: {' '.join(str(s.get('ref')).split())}" for s in sources),
         ),
     }
+
+
+def _host_links(device: Mapping[str, object], reader: _PresetReader) -> dict[str, float]:
+    """The device's pinned copy rates to and from its host, every device of the node copying at
+    once, where the preset gives them (``host_link``); none otherwise."""
+    if "host_link" not in device:
+        return {}
+    link = reader.section(device, "host_link")
+    return {
+        "host_to_device_bytes_per_s": reader.figure(link, "host_to_device_bytes_per_s"),
+        "device_to_host_bytes_per_s": reader.figure(link, "device_to_host_bytes_per_s"),
+    }
+
+
+def _host(raw: Mapping[str, object], reader: _PresetReader) -> HostProfile | None:
+    """A node's host (its memory, its CPUs' Adam rate), where the preset describes it; None otherwise."""
+    if "host" not in raw:
+        return None
+    host = reader.section(raw, "host")
+    return HostProfile(
+        memory_bytes=reader.count(host, "memory_bytes"), adam_params_per_s=reader.figure(host, "adam_params_per_s")
+    )
 
 
 def _measured_fractions(

@@ -242,6 +242,20 @@ class NicKind(StrEnum):
     ETHERNET = "ethernet"
 
 
+class HostProfile(FrozenModel):
+    """A node's host: the memory an offloaded optimizer's states fill, and the CPUs that step them
+    (``Layout.optimizer_offload_fraction``; the links to it are each device's
+    ``host_to_device_bytes_per_s`` and ``device_to_host_bytes_per_s``)."""
+
+    memory_bytes: int = Field(ge=1, description="Host memory of one node (every rank's offloaded states share it).")
+    adam_params_per_s: float = Field(
+        gt=0,
+        description="Parameters per second the node's CPUs step with AdamW on fp32 master weights and"
+        " moments, every rank of the node stepping its share at once (they share the cores and the"
+        " memory bandwidth).",
+    )
+
+
 class NodeOverride(FrozenModel):
     """What differs on some nodes from the cluster's defaults (``ClusterProfile.device``,
     ``intra_node_links``, ``nic`` and intra-node ``collectives``); a field left unset keeps the default."""
@@ -291,7 +305,7 @@ class ClusterProfile(FrozenModel):
 
     __slots__ = ("_node_memo",)
 
-    schema_version: Literal[11] = 11
+    schema_version: Literal[12] = 12
     name: str
     num_nodes: int = Field(ge=1)
     devices_per_node: int = Field(ge=1, description="Devices of every node (the same on each).")
@@ -305,6 +319,9 @@ class ClusterProfile(FrozenModel):
         default=(), description="Nodes whose devices, links, interface or intra-node collectives differ."
     )
     collectives: tuple[CollectiveRecord, ...] = Field(default=(), description="Measured collective curves.")
+    host: HostProfile | None = Field(
+        default=None, description="Every node's host, where optimizer states may be offloaded; None: not known."
+    )
     provenance: Provenance
     calibration: Calibration | None = Field(
         default=None, description="Correction factors fitted from measured runs (planner tune); None: uncalibrated."
@@ -457,9 +474,9 @@ def slowest_device(devices: tuple[DeviceProfile, ...]) -> DeviceProfile:
     return slowest.model_copy(update={"memory_bytes": smallest})
 
 
-CLUSTER_SCHEMA_VERSION = 11
+CLUSTER_SCHEMA_VERSION = 12
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 """The versions ``upgrade`` reads."""
 
 
@@ -488,13 +505,15 @@ def upgrade(raw: Mapping[str, object]) -> dict[str, object]:
     version 10 reads as it did.
     Version 10 -> 11: nothing to change; a version-10 profile holds no fp8 or mxfp8 peak (no FP8
     tensor cores as far as it says), which version 11 reads as it did.
+    Version 11 -> 12: nothing to change; a version-11 profile says nothing of its nodes' hosts (no
+    ``host``), which version 12 reads as a cluster whose optimizer states stay on its devices.
 
     Raises:
         SchemaError: a version-1 device or op record that cannot be read, naming it.
     """
     version = raw.get("schema_version", 1)
-    if version in (2, 3, 4, 5, 6, 7, 8, 9, 10):
-        return {**raw, "schema_version": 11}
+    if version in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11):
+        return {**raw, "schema_version": 12}
     if version != 1:
         return dict(raw)
     device = raw.get("device")

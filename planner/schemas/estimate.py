@@ -25,6 +25,10 @@ class MemoryBreakdown:
     """Gradient-reduction buckets and collective staging buffers."""
     workspace_bytes: float
     """Framework and library workspace (context, GEMM workspace, allocator slack)."""
+    host_bytes: float = 0.0
+    """Host memory this rank fills with its offloaded optimizer states and the fp32 gradients
+    they are stepped with (``Layout.optimizer_offload_fraction``): not device memory, not in
+    ``total_bytes``."""
 
     @property
     def other_bytes(self) -> float:
@@ -101,6 +105,9 @@ class TimeBreakdown:
     context_parallel_comm_s: float = 0.0
     """Ring attention's key/value exchange that compute does not hide, or the all-to-all kind's
     all-to-alls (0 without context parallelism)."""
+    optimizer_offload_s: float = 0.0
+    """The host's part of an offloaded optimizer step (``Layout.optimizer_offload_fraction``):
+    gradients copied to the host, the CPUs' Adam, the updated weights copied back (0 without)."""
 
     @property
     def step_time_s(self) -> float:
@@ -116,6 +123,7 @@ class TimeBreakdown:
             + self.optimizer_s
             + self.overhead_s
             + self.context_parallel_comm_s
+            + self.optimizer_offload_s
         )
 
 
@@ -139,6 +147,10 @@ class Estimate:
     """What one rank may use."""
     stages: tuple[StageEstimate, ...]
     time: TimeBreakdown
+    host_memory_per_node_bytes: float = 0.0
+    """Host memory the busiest node's ranks fill with offloaded optimizer states (0 without offload)."""
+    host_memory_capacity_bytes: float | None = None
+    """What one node's host may hold; None: not known (no offload can be checked against it)."""
 
     @property
     def peak_stage(self) -> StageEstimate:
@@ -147,8 +159,17 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        """Whether the largest rank fits in the device's memory."""
-        return self.peak_memory_bytes <= self.memory_capacity_bytes
+        """Whether the largest rank fits in the device's memory, and the offloaded states in the host's."""
+        return self.peak_memory_bytes <= self.memory_capacity_bytes and self.fits_host
+
+    @property
+    def fits_host(self) -> bool:
+        """Whether the busiest node's offloaded states fit in its host memory (True without offload)."""
+        if self.host_memory_per_node_bytes <= 0:
+            return True
+        return self.host_memory_capacity_bytes is not None and (
+            self.host_memory_per_node_bytes <= self.host_memory_capacity_bytes
+        )
 
     def to_json_dict(self) -> dict[str, object]:
         """The design contract's JSON object, plus per-stage detail."""
@@ -162,6 +183,8 @@ class Estimate:
             "peak_memory_bytes": self.peak_memory_bytes,
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "fits": self.fits,
+            "host_memory_per_node_bytes": self.host_memory_per_node_bytes,
+            "host_memory_capacity_bytes": self.host_memory_capacity_bytes,
             "memory_breakdown_bytes": self.peak_stage.memory.contract_dict(),
             "time_breakdown_s": {f.name.removesuffix("_s"): getattr(self.time, f.name) for f in fields(self.time)},
             "stages": [

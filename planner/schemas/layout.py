@@ -113,6 +113,12 @@ class Layout:
     the stage's first ones (Megatron-LM's ``--recompute-method block``); its others keep their
     activations, as without recompute. A stage holding more micro-batches in flight (the first,
     under 1F1B) gains more memory from each. None: every layer recomputes. One model chunk per stage."""
+    optimizer_offload_fraction: float = 0.0
+    """Of the optimizer states each rank holds (its ZeRO shard), the fraction kept in host memory
+    and stepped by the host's CPUs: the rank's gradients for it go down and its updated weights
+    come back each step (Megatron-LM's ``--optimizer-cpu-offload --optimizer-offload-fraction``,
+    DeepSpeed's ``offload_optimizer`` with its ``ratio``). 0: every state on the device. Needs
+    ZeRO 1-3 (the host steps the rank's shard, as both frameworks run it)."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence over the tensor-parallel group."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -197,6 +203,21 @@ class Layout:
             if any(not isinstance(n, int) or n < 0 for n in self.layer_split):
                 raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
         self._check_recompute_layers()
+        self._check_optimizer_offload()
+
+    def _check_optimizer_offload(self) -> None:
+        fraction = self.optimizer_offload_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= fraction <= 1.0:
+            raise SchemaError(
+                f"optimizer_offload_fraction={fraction!r} must be a number from 0 (no offload) to 1 (every "
+                "optimizer state in host memory)"
+            )
+        object.__setattr__(self, "optimizer_offload_fraction", float(fraction))
+        if fraction > 0 and self.zero_stage is ZeroStage.NONE:
+            raise SchemaError(
+                f"optimizer_offload_fraction={fraction:g} offloads the rank's optimizer shard, but zero_stage=0 "
+                "shards nothing; set zero_stage to 1, 2 or 3, or drop the offload"
+            )
 
     def _check_recompute_layers(self) -> None:
         layers = self.recompute_layers
@@ -373,6 +394,8 @@ class Layout:
         parts.append(f"rc-{self.recompute}{modules}")
         if self.recompute_layers is not None:
             parts[-1] += "[" + ",".join(map(str, self.recompute_layers)) + "]"
+        if self.optimizer_offload_fraction > 0:
+            parts.append(f"opt-offload{self.optimizer_offload_fraction:g}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.pipeline_parallel_degree > 1:

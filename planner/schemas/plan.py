@@ -90,7 +90,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[15] = 15
+    schema_version: Literal[16] = 16
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -133,7 +133,7 @@ def _check_estimate(label: str, estimate: Estimate) -> None:
     if not estimate.stages:
         raise SchemaError(f"{label}.stages is empty; a plan's estimate has one entry per pipeline stage")
     for name, value in figures.items():
-        if value < 0:
+        if value is not None and value < 0:
             raise SchemaError(f"{name}={value!r} must be >= 0; re-create the plan")
 
 
@@ -154,9 +154,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 15
+PLAN_SCHEMA_VERSION = 16
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
 """The versions ``upgrade`` reads."""
 
 
@@ -187,6 +187,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     Version 13 -> 14: nothing to change; a version-13 plan names no FP8 recipe, which version 14
     reads as training without one. Version 14 -> 15: nothing to change; a version-14 plan counts no
     recompute layers per stage, which version 15 reads as its recompute applying to every layer.
+    Version 15 -> 16: nothing to change; a version-15 plan offloads no optimizer states, which
+    version 16 reads as a fraction of 0.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -234,6 +236,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         raw = {**raw, "schema_version": 14}
     if raw.get("schema_version") == 14:
         raw = {**raw, "schema_version": 15}
+    if raw.get("schema_version") == 15:
+        raw = {**raw, "schema_version": 16}
     return raw
 
 

@@ -133,7 +133,8 @@ def _memory(plan: Plan, memory_margin: float) -> Figure:
     ax = fig.subplots()
     x = list(range(len(stages)))
     bottom = [0.0] * len(stages)
-    for field, color in zip(fields(MemoryBreakdown), MEMORY_COLORS, strict=True):
+    device_terms = [f for f in fields(MemoryBreakdown) if f.name != "host_bytes"]  # the host's is not the device's
+    for field, color in zip(device_terms, MEMORY_COLORS, strict=True):
         values = [getattr(s.memory, field.name) / gib for s in stages]
         if not any(values):
             continue

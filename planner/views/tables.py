@@ -136,6 +136,12 @@ def estimate_view(
         "peak memory per rank",
         f"{gib(est.peak_memory_bytes)} of {gib(est.memory_capacity_bytes)} GiB ({fit})",
     )
+    if est.host_memory_per_node_bytes > 0:
+        capacity = est.host_memory_capacity_bytes
+        host_fit = "fits" if est.fits_host else "DOES NOT FIT"
+        of = "" if capacity is None else f" of {gib(capacity)} GiB"
+        summary.add_row("host memory per node (offloaded)", f"{gib(est.host_memory_per_node_bytes)}{of} ({host_fit})")
+        summary.add_row("offloaded optimizer step", f"{est.time.optimizer_offload_s:.4g} s (copies and CPU Adam)")
     summary.add_row("global batch x seq len", f"{training.global_batch_size} x {training.seq_len} ({training.dtype})")
     summary.add_row("priced for (stack)", stack_label(training))
 
@@ -149,7 +155,8 @@ def estimate_view(
         "communication_buffers": "buffers",
         "workspace": "workspace",
     }
-    for name in ["stage", "layers", *columns.values(), "total"]:
+    host = ["host (offloaded)"] if est.host_memory_per_node_bytes > 0 else []
+    for name in ["stage", "layers", *columns.values(), "total", *host]:
         memory.add_column(name, justify="right")
     recomputed = layout.recompute_layers
     for st in est.stages:
@@ -159,6 +166,7 @@ def estimate_view(
             str(st.layers) if recomputed is None else f"{st.layers} ({recomputed[st.stage]} recomputed)",
             *(gib(getattr(mem, f"{c}_bytes")) for c in columns),
             gib(mem.total_bytes),
+            *(gib(mem.host_bytes) for _ in host),
         )
 
     time = Table(title="step time breakdown (critical path)")

@@ -61,7 +61,7 @@ def _with_moe_layer(cluster: ClusterProfile, fwd_s: float, fwd_bwd_s: float, mic
 @pytest.mark.parametrize(("ep", "micro_batch"), sorted(V2_ESTIMATES))
 def test_a_version_2_profile_prices_moe_layers_as_it_did(ep: int, micro_batch: int) -> None:
     cluster = load_cluster(str(V2_TINY_MOE))
-    assert cluster.schema_version == 11 and not any(r.op is OpKind.MOE_LAYER for r in cluster.device.op_records)
+    assert cluster.schema_version == 12 and not any(r.op is OpKind.MOE_LAYER for r in cluster.device.op_records)
     got = estimate(TINY_MOE, TRAINING, cluster, _layout(ep, micro_batch))
     expected = V2_ESTIMATES[ep, micro_batch]
     assert (got.step_time_s, got.time.compute_s, got.peak_memory_bytes) == pytest.approx(expected, rel=1e-9)

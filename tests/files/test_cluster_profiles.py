@@ -32,7 +32,7 @@ from planner.schemas.errors import SchemaError
 from planner.schemas.op_records import V1_SHAPES
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-SCHEMA = GOLDEN / "cluster_profile_schema_v11.json"
+SCHEMA = GOLDEN / "cluster_profile_schema_v12.json"
 V1_CPU = GOLDEN / "cluster_profile_v1_cpu.json"
 """A version-1 profile written by hand in the form the version-1 profiler wrote: 4 CPU ranks of
 one node, op records of every kind with positional shapes."""
@@ -55,7 +55,7 @@ def test_presets_are_cuda_devices() -> None:
 
 def test_a_version_1_profile_loads_with_its_device_kind_and_named_fields() -> None:
     profile = load_cluster(str(V1_CPU))
-    assert profile.schema_version == 11 and profile.device.kind is DeviceKind.CPU
+    assert profile.schema_version == 12 and profile.device.kind is DeviceKind.CPU
     records = profile.device.op_records
     assert len(records) == len(json.loads(V1_CPU.read_text())["device"]["op_records"])
     assert {r.op for r in records} == set(V1_SHAPES) == set(OpKind) - {OpKind.MOE_LAYER}
@@ -165,7 +165,7 @@ def test_an_upgraded_profile_saves_as_the_current_version_and_loads_the_same(tmp
     path = tmp_path / "cluster.json"
     save_cluster(profile, path)
     raw = json.loads(path.read_text())
-    assert raw["schema_version"] == 11 and raw["device"]["kind"] == "cpu"
+    assert raw["schema_version"] == 12 and raw["device"]["kind"] == "cpu"
     assert raw["device"]["op_records"][0] == {
         "op": "elementwise",
         "dtype": "fp32",
@@ -198,10 +198,10 @@ def test_a_version_1_record_of_the_wrong_shape_is_named() -> None:
 def test_an_unknown_profile_version_is_refused_with_the_fix(tmp_path: Path) -> None:
     raw = json.loads(cluster_preset("dgx-h100", 1).model_dump_json())
     path = tmp_path / "cluster.json"
-    path.write_text(json.dumps({**raw, "schema_version": 12}))
+    path.write_text(json.dumps({**raw, "schema_version": 13}))
     with pytest.raises(
         SchemaError,
-        match=r"schema_version 12 is not one this planner reads \(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11.*planner profile",
+        match=r"schema_version 13 is not one this planner reads \(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12.*planner profile",
     ):
         load_cluster(str(path))
 

@@ -22,7 +22,7 @@ on node 1 took 2 ms per MiB and on node 0 1 ms: it kept the slowest copy for eve
 
 def test_a_version_3_profile_reads_as_every_node_alike() -> None:
     profile = load_cluster(str(V3_TWO_NODES))
-    assert profile.schema_version == 11 and profile.node_overrides == () and profile.nic is None
+    assert profile.schema_version == 12 and profile.node_overrides == () and profile.nic is None
     slowest_copy = 2**20 / 2e-3
     for node in (0, 1):
         assert profile.node_links(node).link(0, 1).bandwidth_bytes_per_s == pytest.approx(slowest_copy)
@@ -35,7 +35,7 @@ def test_a_version_3_profile_saves_as_the_current_version_and_loads_the_same(tmp
     save_cluster(profile, path)
     raw = json.loads(path.read_text())
     old = json.loads(V3_TWO_NODES.read_text())
-    assert raw["schema_version"] == 11 and raw["node_overrides"] == [] and raw["nic"] is None
+    assert raw["schema_version"] == 12 and raw["node_overrides"] == [] and raw["nic"] is None
     assert raw["intra_node_links"] == {
         **old["intra_node_links"],
         "endpoints": None,

@@ -1,0 +1,87 @@
+"""Optimizer offload (``Layout.optimizer_offload_fraction``): what the offloaded share of a rank's
+optimizer shard takes from host memory and adds to the step.
+
+What runs where is Megatron-Core's hybrid device optimizer and DeepSpeed's ZeRO-Offload alike:
+of the parameters whose optimizer step a rank runs (``sharding.optimizer_shard_params``) a
+fraction f keeps its fp32 master weights and Adam moments (``Precision.optimizer_bytes_per_param``)
+in pinned host memory, with an fp32 copy of its gradients (``Precision.gradient_accumulation``;
+DeepSpeed's ``stage_1_and_2`` casts each partition to fp32 before its copy, Megatron-Core's
+``HybridDeviceOptimizer`` keeps pinned fp32 gradient buffers). Each step copies those gradients
+to the host, the host's CPUs run Adam on them, and the updated weights come back in the
+training precision (``Precision.weights``; the ZeRO-Offload paper, sec. 3.3: 2 bytes down and
+2 up per parameter at fp16, here 4 down as both frameworks copy). The device keeps the rest,
+1 - f, and under ZeRO-3 in mixed precision, where the fp32 shard was the weights'
+only sharded copy (``sharding.fsdp_model_states``), a training-precision copy of the offloaded
+share's weights (DeepSpeed's fp16 partition beside the CPU master).
+
+Time, on the step's critical path after the backward, in series (``optimizer_offload_s``): the
+copies down and up at each device's pinned rates with every device of its node copying at once
+(``DeviceProfile.device_to_host_bytes_per_s``, ``host_to_device_bytes_per_s``), and Adam at the
+node's rate (``HostProfile.adam_params_per_s``), which every rank of the node shares. Megatron-Core
+overlaps the copies with the CPU step only under ``--overlap-cpu-optimizer-d2h-h2d`` (off by
+default), which recovered about 7% of the offloaded step in Megatron-Bridge's measurements, where
+the CPU's Adam, not the copies, dominated; DeepSpeed copies at the accumulation boundary, after
+the backward. No stack overlaps the CPU's step with the next step's forward by default
+(ZeRO-Offload's one-step-delayed update is an option, not priced).
+
+Host memory per node is the busiest stage's offloaded bytes times the ranks of a node (an
+upper bound where a node holds ranks of several stages), beside ``HostProfile.memory_bytes``.
+Units: parameters (elements), bytes, seconds.
+"""
+
+from cost_models.params import StageParams, all_stage_params
+from cost_models.sharding import held_zero_stage, optimizer_shard_params
+from planner.schemas import ClusterProfile, HostProfile, Layout, ModelSpec, Precision, ZeroStage
+
+
+def offloaded_params(params: StageParams, layout: Layout) -> float:
+    """Parameters of a rank holding ``params`` whose optimizer states live on the host: the
+    offloaded fraction of its optimizer shard (elements)."""
+    fraction = layout.optimizer_offload_fraction
+    return fraction * optimizer_shard_params(params, layout) if fraction > 0 else 0.0
+
+
+def host_bytes_per_param(precision: Precision) -> float:
+    """Host bytes per offloaded parameter: its optimizer states (fp32 master and two moments in
+    mixed precision) and the fp32 gradient it is stepped with."""
+    return precision.optimizer_bytes_per_param + precision.gradient_accumulation.bytes
+
+
+def offloaded_weight_copy_bytes(params: StageParams, layout: Layout, precision: Precision) -> float:
+    """Device bytes a rank adds for the offloaded share's weights: under ZeRO-3 in mixed precision
+    the fp32 master was the shard's only copy (``sharding.fsdp_model_states``), so the offloaded
+    share keeps one in ``Precision.weights``; otherwise the rank holds those weights already."""
+    if held_zero_stage(layout) is not ZeroStage.PARAMETERS or not precision.mixed or layout.shard_degree == 1:
+        return 0.0
+    return precision.weights.bytes * offloaded_params(params, layout)
+
+
+def ranks_per_node(cluster: ClusterProfile, layout: Layout) -> int:
+    """Ranks that share one node's host: a node's devices, or the world where it is smaller."""
+    return min(cluster.devices_per_node, layout.world_size)
+
+
+def host_memory_per_node_bytes(
+    model: ModelSpec, cluster: ClusterProfile, layout: Layout, precision: Precision
+) -> float:
+    """Host bytes the busiest node fills: the busiest stage's offloaded bytes per rank times the
+    ranks of a node (module docstring); 0 without offload."""
+    if layout.optimizer_offload_fraction <= 0:
+        return 0.0
+    per_rank = max(offloaded_params(p, layout) for p in set(all_stage_params(model, layout)))
+    return per_rank * host_bytes_per_param(precision) * ranks_per_node(cluster, layout)
+
+
+def optimizer_offload_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout, precision: Precision) -> float:
+    """Seconds of the host's part of the step on the slowest stage (module docstring): the
+    gradients down, the node's CPUs' Adam over its ranks' offloaded shares, the weights up; 0
+    without offload. ``layout_validity.check_offload`` must have accepted the cluster."""
+    if layout.optimizer_offload_fraction <= 0:
+        return 0.0
+    host = cluster.host
+    assert isinstance(host, HostProfile)
+    down = min(d.device_to_host_bytes_per_s or 0.0 for d in cluster.devices)
+    up = min(d.host_to_device_bytes_per_s or 0.0 for d in cluster.devices)
+    per_rank = max(offloaded_params(p, layout) for p in set(all_stage_params(model, layout)))
+    copies_s = per_rank * (precision.gradient_accumulation.bytes / down + precision.weights.bytes / up)
+    return copies_s + per_rank * ranks_per_node(cluster, layout) / host.adam_params_per_s
