@@ -147,6 +147,7 @@ class DataParallel:
                 reduce_dtype=reduce_dtype,
                 shard_group=shard_group,
                 replica_group=replicas,
+                offload_fraction=self.layout.optimizer_offload_fraction,
             )
         if self.expert_data_mesh is None:
             return main
@@ -198,6 +199,7 @@ class DataParallel:
             shard=self.layout.zero_stage is not ZeroStage.NONE,
             reduce_dtype=reduce_dtype,
             grad_divisor=self.layout.dense_replicas,
+            offload_fraction=self.layout.optimizer_offload_fraction,
         )
 
     def before_micro_batch(self, chunk: nn.Module, index: int, micro_batches: int) -> None:

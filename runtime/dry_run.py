@@ -146,7 +146,11 @@ def dry_run(
     # capped trace leaves out are added back, so the peak is the whole step's to the byte.
     untraced_bytes = (plan.training.global_batch_size - trainer.global_batch_size) * plan.training.seq_len * 8
     peak["act"] = peak.get("act", 0) + untraced_bytes
-    total = int(peak.pop("Total")) + untraced_bytes
+    # Offloaded optimizer states are traced beside the rest (the trace runs on the CPU, which is
+    # the host): they live through the whole step, so the device's peak is the traced one less them.
+    masters, moments = _host_bytes(trainer.optimizer)
+    peak["oth"], peak["opt"] = peak.get("oth", 0) - masters, peak.get("opt", 0) - moments
+    total = int(peak.pop("Total")) + untraced_bytes - masters - moments
     return DryRunResult(
         rank,
         stage,
@@ -156,6 +160,16 @@ def dry_run(
         plan.estimate.stages[stage].memory.workspace_bytes,
         time.perf_counter() - start,
     )
+
+
+def _host_bytes(optimizer: object) -> tuple[int, int]:
+    """The fp32 masters' and the moments' bytes ``optimizer`` keeps on the host (offloaded)."""
+    if isinstance(optimizer, DataParallelOptimizer):
+        return optimizer.host_bytes()
+    if isinstance(optimizer, JointOptimizer):
+        parts = [_host_bytes(part) for part in optimizer.parts]
+        return sum(m for m, _ in parts), sum(v for _, v in parts)
+    return 0, 0
 
 
 def _route_evenly(trainer: Trainer) -> None:

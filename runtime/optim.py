@@ -19,6 +19,13 @@ torch has one for the device (no full-size temporaries; the single-tensor loop m
 largest parameter's size, sqrt(v) and its quotient), and the masters are stepped slice by slice,
 ``MASTER_SLICE_ELEMENTS`` at a time, so the fp32 copy of the gradients a master steps with
 exists for one slice at once (4 MiB), not for every parameter (4 bytes per parameter).
+
+With ``offload_fraction`` (``Layout.optimizer_offload_fraction``) that share of the rank's owned
+master slices, the first in order, keep their master and moments in host memory (pinned where
+CUDA is): each step copies their gradients' slices down in fp32, steps them with AdamW on the
+host's CPUs (torch's fused CPU kernel), and copies the updated masters back into the
+parameters, cast to their precision, as Megatron-Core's hybrid device optimizer does by whole
+tensors (``cost_models.offload`` prices it).
 """
 
 from collections.abc import Callable, Iterable
@@ -111,6 +118,8 @@ class DataParallelOptimizer:
         grad_divisor: int | None = None,
         shard_group: dist.ProcessGroup | None = None,
         replica_group: dist.ProcessGroup | None = None,
+        offload_fraction: float = 0.0,
+        host: torch.device | None = None,
     ) -> None:
         """``reduce_dtype``: the precision the gradients are summed in (the buckets'), whatever
         theirs. ``grad_divisor``: what the gradients' sum over ``group`` is divided by (default the
@@ -148,8 +157,17 @@ class DataParallelOptimizer:
             elements = -(-elements // self.shards) * self.shards
         self.buckets = torch.empty(elements, dtype=reduce_dtype, device=device)
         """The reduction buckets, one buffer (empty without data-parallel peers)."""
-        self.slices: list[list[_MasterSlice]] = _grouped_masters(mine) if self.mixed else []
-        """Mixed precision: the owned slices' fp32 masters, grouped to step together."""
+        if offload_fraction > 0 and not self.mixed:
+            raise ValueError("offload_fraction offloads fp32 master weights; the parameters are fp32 and have none")
+        offloaded = _offloaded_count(mine, offload_fraction)
+        self.host_slices: list[list[_MasterSlice]] = (
+            _grouped_masters(mine[:offloaded], host or torch.device("cpu")) if offloaded else []
+        )
+        """The owned slices whose masters and moments live on the host (``offload_fraction``)."""
+        self.slices: list[list[_MasterSlice]] = (
+            _grouped_masters(mine[offloaded:]) + self.host_slices if self.mixed else []
+        )
+        """Mixed precision: the owned slices' fp32 masters, grouped to step together (the host's last)."""
         self.inner = [make_optimizer(name, [piece.master for piece in group], lr) for group in self.slices]
         if not self.mixed and mine:
             self.inner = [make_optimizer(name, [u.param for u in mine], lr)]
@@ -172,7 +190,8 @@ class DataParallelOptimizer:
                 inner.step()
         for group, inner in zip(self.slices, self.inner if self.mixed else [], strict=True):
             for piece, grad in zip(group, [local_grad(piece.param) for piece in group], strict=True):
-                piece.master.grad = None if grad is None else grad.reshape(-1)[piece.start : piece.stop].float()
+                flat = None if grad is None else grad.reshape(-1)[piece.start : piece.stop].float()
+                piece.master.grad = None if flat is None else flat.to(piece.master.device)
             inner.step()
             with torch.no_grad():
                 for piece in group:
@@ -227,6 +246,13 @@ class DataParallelOptimizer:
         dist.all_reduce(share, group=replicas)
         all_gather_single(whole, share, group=self.shard_group)
         return whole[:used]
+
+    def host_bytes(self) -> tuple[int, int]:
+        """Bytes the host holds for the offloaded slices: their fp32 masters, and with AdamW their
+        two fp32 moments (once the first step has made them)."""
+        elements = sum(piece.master.numel() for group in self.host_slices for piece in group)
+        moments = 2 if elements and isinstance(self.inner[0], torch.optim.AdamW) else 0
+        return 4 * elements, 4 * moments * elements
 
     def tracked(self) -> list[torch.optim.Optimizer | torch.Tensor]:
         """What memory tracking must be told of: the torch optimizers inside (their states), the
@@ -303,9 +329,23 @@ def _master_slices(params: list[torch.nn.Parameter]) -> list[list[_MasterSlice]]
     return _grouped_masters(_pieces(params))
 
 
-def _grouped_masters(pieces: list[_Piece]) -> list[list[_MasterSlice]]:
+def _offloaded_count(pieces: list[_Piece], fraction: float) -> int:
+    """How many of ``pieces``, from the first, hold ``fraction`` of their elements (the last one
+    counted crosses it: a slice is offloaded whole)."""
+    if fraction <= 0:
+        return 0
+    target, held = fraction * sum(p.stop - p.start for p in pieces), 0
+    for count, piece in enumerate(pieces, start=1):
+        held += piece.stop - piece.start
+        if held >= target:
+            return count
+    return len(pieces)
+
+
+def _grouped_masters(pieces: list[_Piece], host: torch.device | None = None) -> list[list[_MasterSlice]]:
     """The fp32 masters of ``pieces``, packed in order into groups of at most
-    ``MASTER_SLICE_ELEMENTS`` elements (one optimizer each)."""
+    ``MASTER_SLICE_ELEMENTS`` elements (one optimizer each); on ``host`` where given (pinned
+    where CUDA copies from it), else beside their parameters."""
     groups: list[list[_MasterSlice]] = [[]]
     filled = 0
     for piece in pieces:
@@ -314,8 +354,11 @@ def _grouped_masters(pieces: list[_Piece]) -> list[list[_MasterSlice]]:
             groups.append([])
             filled = 0
         flat = local(piece.param).detach().reshape(-1)
-        groups[-1].append(
-            _MasterSlice(piece.param, piece.start, piece.stop, flat[piece.start : piece.stop].float().clone())
-        )
+        master = flat[piece.start : piece.stop].float().clone()
+        if host is not None:
+            master = master.to(host)
+            if torch.cuda.is_available() and flat.device.type == "cuda":
+                master = master.pin_memory()
+        groups[-1].append(_MasterSlice(piece.param, piece.start, piece.stop, master))
         filled += size
     return [g for g in groups if g]

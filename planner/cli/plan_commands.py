@@ -322,6 +322,16 @@ def search(
             "nodes. The planner's own runtime runs both, but not hpZ beside tensor parallelism."
         ),
     ] = True,
+    optimizer_offload: Annotated[
+        bool,
+        typer.Option(
+            "--optimizer-offload/--no-optimizer-offload",
+            help="Where no layout fits, try each with the least share of its optimizer states kept in host memory "
+            "and stepped by the host's CPUs that fits (Megatron-LM's --optimizer-cpu-offload, DeepSpeed's "
+            "ZeRO-Offload), on a cluster that describes its hosts (the dgx presets do). A search in which some "
+            "layout fits without it never offloads.",
+        ),
+    ] = True,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -360,6 +370,7 @@ def search(
         expert_replicas=expert_replicas,
         vocabulary_layouts=tuple(vocabulary_layout) if vocabulary_layout else None,
         hierarchical_sharding=hierarchical_sharding,
+        optimizer_offload=optimizer_offload,
         constraints=constraints,
         record_points=plot is not None,
     )

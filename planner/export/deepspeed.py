@@ -16,19 +16,24 @@ form (MiCS) 0.19.8 removed. Full recompute is the ``activation_checkpointing`` s
 ``deepspeed.checkpointing.checkpoint``: the model's layers must call it. Selective recompute has
 no DeepSpeed form and is refused. ``communication_data_type`` is written where the plan sums
 gradients in another precision than it trains in (DeepSpeed's default: the engine's
-``communication_data_type``). The optimizer and its schedule are left to the user.
+``communication_data_type``). An offloaded optimizer is ZeRO-Offload's ``offload_optimizer``
+section (device cpu, pinned), with its ``ratio`` where the plan offloads a fraction below 1, which
+DeepSpeed allows under ZeRO-3 only (ZeRO-Offload++; its ``zero/config.py`` refuses the rest); it
+runs in ZeRO's optimizer, so over one data-parallel rank ZeRO-0 is written as stage 1 (the same
+states), and over several it is refused.
+The optimizer and its schedule are left to the user (ZeRO-Offload steps with DeepSpeedCPUAdam).
 """
 
 import json
 
 from planner.export.common import check_common, micro_batches, refuse
-from planner.schemas import ContextParallelKind, DType, Plan, Recompute
+from planner.schemas import ContextParallelKind, DType, Plan, Recompute, ZeroStage
 from planner.schemas.plan import PlanShape
 
 TARGET = "deepspeed"
 VERSION = "0.19.8"
 
-JsonValue = int | bool | str | dict[str, "JsonValue"]
+JsonValue = int | float | bool | str | dict[str, "JsonValue"]
 COMMUNICATION_TYPES = {DType.FP32: "fp32", DType.BF16: "bf16", DType.FP16: "fp16"}
 """``communication_data_type``'s names (DeepSpeed's config.py ``get_communication_data_type``)."""
 
@@ -41,9 +46,18 @@ def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
     """
     check(plan)
     layout, training = plan.layout, plan.training
-    zero: dict[str, JsonValue] = {"stage": int(layout.zero_stage)}
+    offloads, one_replica = layout.optimizer_offload_fraction > 0, layout.dense_replicas == 1
+    # ZeRO-Offload runs in ZeRO's optimizer: over one replica, stage 1 holds what stage 0 does
+    stage = 1 if offloads and one_replica and layout.zero_stage is ZeroStage.NONE else int(layout.zero_stage)
+    zero: dict[str, JsonValue] = {"stage": stage}
     if layout.secondary_partition_size is not None:
         zero["zero_hpz_partition_size"] = layout.secondary_partition_size
+    fraction = layout.optimizer_offload_fraction
+    if fraction > 0:
+        offload: dict[str, JsonValue] = {"device": "cpu", "pin_memory": True}
+        if fraction < 1:
+            offload["ratio"] = fraction
+        zero["offload_optimizer"] = offload
     config: dict[str, JsonValue] = {
         "train_batch_size": training.global_batch_size,
         "train_micro_batch_size_per_gpu": layout.micro_batch_size,
@@ -128,6 +142,21 @@ def check(plan: PlanShape) -> None:
             "selective recompute",
             "deepspeed.checkpointing recomputes whole modules",
             "plan with --recompute none or full",
+        )
+    fraction = layout.optimizer_offload_fraction
+    if fraction > 0 and layout.zero_stage is ZeroStage.NONE and layout.dense_replicas > 1:
+        refuse(
+            TARGET,
+            f"optimizer states offloaded without ZeRO over {layout.dense_replicas} replicas",
+            "offload_optimizer runs in ZeRO's optimizer, which shards the states over the replicas",
+            "plan with --zero-stage 1-3",
+        )
+    if 0 < fraction < 1 and layout.zero_stage is not ZeroStage.PARAMETERS:
+        refuse(
+            TARGET,
+            f"{fraction:g} of the optimizer states offloaded under ZeRO-{int(layout.zero_stage)}",
+            "offload_optimizer's ratio below 1 needs ZeRO-3 (ZeRO-Offload++)",
+            "plan with --zero-stage 3, or offload every optimizer state (--optimizer-offload 1)",
         )
 
 

@@ -25,6 +25,11 @@ How the plan maps:
   --decoder-first/last-pipeline-num-layers; any other split is --pipeline-model-parallel-layout
   (E embedding, t layer, L loss, stages by "|" in chunk order, chunk c on rank c % p).
   --no-overlap-p2p-communication where the plan priced interleaved transfers as exposed.
+- Optimizer offload: --optimizer-cpu-offload --optimizer-offload-fraction f with the
+  --use-precision-aware-optimizer it requires, on the distributed optimizer (ZeRO-1, or one
+  data-parallel rank, whose states it holds whole); Megatron-FSDP's optimizer does not offload, so
+  ZeRO 2-3 (and ZeRO-0 over several replicas) with an offload are refused. Its hybrid optimizer
+  moves whole parameter tensors of the shard to the host until the fraction is reached.
 - Recompute: full is --recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1 (every layer's input kept, the layer recomputed), and the first N
   layers of every stage (``Layout.recompute_layers``, equal on every stage; unequal counts are
@@ -195,6 +200,15 @@ def check(plan: PlanShape) -> None:
             "--recompute-num-layers recomputes as many layers on every stage",
             "plan with the same count on every stage (--recompute-layers), or full recompute",
         )
+    replicated = layout.zero_stage is ZeroStage.NONE and layout.dense_replicas > 1
+    if layout.optimizer_offload_fraction > 0 and (layout.shards_over_replicas or replicated):
+        refuse(
+            TARGET,
+            f"optimizer states offloaded under ZeRO-{int(layout.zero_stage)} over {layout.dense_replicas} replicas",
+            "its optimizer CPU offload runs on the distributed optimizer (ZeRO-1), not Megatron-FSDP's nor "
+            "on replicated states",
+            "plan with --zero-stage 1, or export to deepspeed",
+        )
     _check_fp8(plan)
     if plan.training.moe_pad_to_capacity and plan.training.moe_dispatcher is MoeDispatcher.DEEPEP:
         refuse(
@@ -295,6 +309,17 @@ def _layout_string(per_chunk: tuple[int, ...]) -> str:
 def _data_parallel(plan: Plan) -> list[str]:
     layout = plan.layout
     d, zero = layout.dense_replicas, layout.zero_stage  # the data-and-context group: d cp ranks
+    fraction = layout.optimizer_offload_fraction
+    if fraction > 0:  # ZeRO-1, or one rank (``check``): the distributed optimizer, even on one rank
+        instances = d // layout.shard_degree
+        return [
+            "--use-distributed-optimizer",
+            *(["--num-distributed-optimizer-instances", str(instances)] if instances > 1 else []),
+            "--use-precision-aware-optimizer",
+            "--optimizer-cpu-offload",
+            "--optimizer-offload-fraction",
+            f"{fraction:g}",
+        ]
     if d == 1 or zero is ZeroStage.NONE:
         return []
     if zero is ZeroStage.OPTIMIZER:

@@ -172,6 +172,14 @@ def check(plan: PlanShape) -> None:
     """
     check_common(plan, TARGET)
     layout = plan.layout
+    if layout.optimizer_offload_fraction > 0:
+        refuse(
+            TARGET,
+            f"{layout.optimizer_offload_fraction:g} of the optimizer states offloaded",
+            "its enable_cpu_offload moves the parameters and gradients to the host too (FSDP2's CPUOffloadPolicy), "
+            "which the plan does not price",
+            "export to megatron (ZeRO-1) or deepspeed, or plan without --optimizer-offload",
+        )
     if layout.recompute_layers is not None:
         refuse(
             TARGET,

@@ -114,11 +114,11 @@ class Layout:
     activations, as without recompute. A stage holding more micro-batches in flight (the first,
     under 1F1B) gains more memory from each. None: every layer recomputes. One model chunk per stage."""
     optimizer_offload_fraction: float = 0.0
-    """Of the optimizer states each rank holds (its ZeRO shard), the fraction kept in host memory
-    and stepped by the host's CPUs: the rank's gradients for it go down and its updated weights
-    come back each step (Megatron-LM's ``--optimizer-cpu-offload --optimizer-offload-fraction``,
-    DeepSpeed's ``offload_optimizer`` with its ``ratio``). 0: every state on the device. Needs
-    ZeRO 1-3 (the host steps the rank's shard, as both frameworks run it)."""
+    """Of the optimizer states each rank holds (its ZeRO shard, or all of its own without ZeRO),
+    the fraction kept in host memory and stepped by the host's CPUs: the rank's gradients for it
+    go down and its updated weights come back each step (Megatron-LM's ``--optimizer-cpu-offload
+    --optimizer-offload-fraction``, DeepSpeed's ``offload_optimizer`` with its ``ratio``). 0:
+    every state on the device."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence over the tensor-parallel group."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -213,11 +213,6 @@ class Layout:
                 "optimizer state in host memory)"
             )
         object.__setattr__(self, "optimizer_offload_fraction", float(fraction))
-        if fraction > 0 and self.zero_stage is ZeroStage.NONE:
-            raise SchemaError(
-                f"optimizer_offload_fraction={fraction:g} offloads the rank's optimizer shard, but zero_stage=0 "
-                "shards nothing; set zero_stage to 1, 2 or 3, or drop the offload"
-            )
 
     def _check_recompute_layers(self) -> None:
         layers = self.recompute_layers

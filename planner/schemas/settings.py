@@ -94,6 +94,10 @@ class SearchSettings:
     """Whether ZeRO may shard in node-sized groups (HSDP) and keep ZeRO-3's weights over a
     node-sized secondary partition after the forward (hpZ); the planner's own runtime runs both,
     but not hpZ beside tensor parallelism."""
+    optimizer_offload: bool = True
+    """Whether, where no layout fits, the search tries each with the least share of its optimizer
+    states offloaded to host memory that fits (``Layout.optimizer_offload_fraction``), on a
+    cluster that describes its hosts (``ClusterProfile.host``)."""
     constraints: Mapping[str, Collection[Choice]] | None = None
     """Values some axes may take, by axis name (``tp``, ``pp``, ``dp``, ``ep``, ``micro_batch_size``,
     ``schedule``, ``virtual_stages``, ``zero_stage``, ``recompute``, ...;

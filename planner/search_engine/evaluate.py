@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 from cost_models.estimate import estimate_unchecked
 from cost_models.layout_validity import check_layout
 from cost_models.memory import LayoutMemory, all_stage_memory, gradients_replace_activations, stage_memory_floor
+from cost_models.offload import host_memory_per_node_bytes
 from cost_models.stage_devices import stage_devices
 from cost_models.step_floor import floor_of, mean_stage_s
 from cost_models.timing import stage_times
@@ -59,6 +60,10 @@ class Miss:
     layout: Layout
     memory: MemoryBreakdown
 
+
+OFFLOAD_STEPS = 20
+"""A search offloads optimizer states in twentieths (``Evaluator.least_offload``): at most 5% of
+them more on the host than the least that fits."""
 
 FLOOR_FREE_FIELDS = frozenset(
     {
@@ -119,6 +124,11 @@ class Evaluator:
     ) -> None:
         self.model, self.training, self.cluster = model, training, cluster
         self.partial_recompute = partial_recompute
+        self.host_miss: str | None = None
+        """Why the first layout that fit its devices but not its hosts' memory did not fit."""
+        self.offload = False
+        """Whether layouts are tried with the least optimizer offload that fits (``offered``): set
+        by a search in which no layout fits without (``runner.run_search``)."""
         """Whether a search may offer layouts that recompute some of each stage's layers in full
         (``least_recompute``; the layer split's refiner): not where its constraints leave no
         recompute or full recompute out."""
@@ -168,6 +178,7 @@ class Evaluator:
             memories = (first, *(stages.stage(s) for s in range(1, layout.pipeline_parallel_degree)))
             peak = max(memories, key=lambda mem: mem.total_bytes)
             if all(mem.total_bytes <= cap for mem, cap in zip(memories, usable, strict=True)):
+                self._check_host(layout)
                 return memories
             if self._closer(peak):
                 self.closest_miss = Miss(layout, peak)
@@ -181,6 +192,56 @@ class Evaluator:
             needed_bytes=peak.total_bytes,
             usable_bytes=self.usable_memory_bytes,
         )
+
+    def _check_host(self, layout: Layout) -> None:
+        """Raise DoesNotFitError where ``layout``'s offloaded optimizer states do not fit in a node's
+        host memory, less the margin (``cost_models.offload.host_memory_per_node_bytes``)."""
+        host = self.cluster.host
+        if layout.optimizer_offload_fraction <= 0 or host is None:
+            return  # an offload without a host is refused by ``check_layout``
+        needed = host_memory_per_node_bytes(self.model, self.cluster, layout, self.training.precision)
+        usable = host.memory_bytes * (1.0 - self.memory_margin)
+        if needed > usable:
+            why = (
+                f"{layout.describe()} needs {needed / 2**30:.1f} GiB of host memory per node for its offloaded "
+                f"optimizer states, more than the usable {usable / 2**30:.1f} GiB"
+            )
+            self.host_miss = self.host_miss or why
+            raise DoesNotFitError(why, needed_bytes=needed, usable_bytes=usable)
+
+    def offered(self, layout: Layout) -> Layout:
+        """``layout`` as a search tries it: with the least optimizer offload that fits where the
+        search offers offload (``offload``, ``least_offload``), else itself."""
+        return self.least_offload(layout) if self.offload else layout
+
+    def least_offload(self, layout: Layout) -> Layout:
+        """``layout`` with the least share of its optimizer states offloaded, in steps of
+        1 / ``OFFLOAD_STEPS``, that its stages' device memory says fit; none where it fits without,
+        all where even that does not fit (then weighed as a miss as such). A stage's memory is
+        affine in the share (``cost_models.offload``): priced without and with all of it, the
+        share is read off. A layout that cannot run is returned as it is (``__call__`` says why)."""
+        kept = replace(layout, optimizer_offload_fraction=0.0)
+        whole = replace(layout, optimizer_offload_fraction=1.0)
+        try:
+            check_layout(self.model, self.training, self.cluster, whole)
+        except InfeasibleConfigError:
+            return layout
+        if self.memory_floor_bytes(whole) > self._largest_usable_bytes:
+            return whole  # not even the model states fit: ``cannot_fit`` rules it out cheaply
+        without = all_stage_memory(self.model, self.training, self.cluster, kept, self.routing)
+        offloaded = all_stage_memory(self.model, self.training, self.cluster, whole, self.routing)
+        share = 0.0
+        for cap, a, b in zip(self.stage_usable_bytes(layout), without, offloaded, strict=True):
+            over, saved = a.total_bytes - cap, a.total_bytes - b.total_bytes
+            if over <= 0:
+                continue
+            if saved < over:
+                return whole
+            share = max(share, over / saved)
+        if share == 0:
+            return kept
+        steps = math.ceil(share * OFFLOAD_STEPS - 1e-9)
+        return replace(layout, optimizer_offload_fraction=min(1.0, steps / OFFLOAD_STEPS))
 
     def stage_usable_bytes(self, layout: Layout) -> tuple[float, ...]:
         """Each pipeline stage's usable memory: its devices' (the smallest among its ranks' on a

@@ -12,6 +12,10 @@ result (the closest miss included) and the budget's meaning are those of evaluat
 Where a group's first (no recompute) did not fit and another did, the first with the fewest of
 each stage's layers recomputed in full that fit (``Evaluator.least_recompute``) is priced too,
 and the faster of the two stands for the group (``_least_recompute``).
+Where a search found nothing that fits, it runs again with every layout offered the least
+optimizer offload that fits (``Evaluator.offload``, ``Evaluator.offered``): then each layout of a
+group is priced, as more recompute needs less offload and neither dominates, and the fastest that
+fits stands for the group.
 
 Asked for its fastest ``keep`` (as a search's runner asks), it skips the groups that cannot be
 among them: once ``keep`` candidates are found, a group whose step-time floor
@@ -162,6 +166,25 @@ def _scan(
             walked += len(group)
             if fastest is not None and fastest.outpaces(evaluate, group):
                 outpaced += len(group)
+                continue
+            if evaluate.offload:  # each with its least offload: more recompute, less offload, none dominates
+                best = None
+                for layout in group:
+                    if (max_trials is not None and asked >= max_trials) or (
+                        deadline is not None and time.perf_counter() >= deadline
+                    ):
+                        complete = False
+                        break
+                    asked += 1
+                    fits, miss = _try(evaluate.offered(layout), evaluate, (number, place), miss)
+                    if fits is not None and (best is None or fits.estimate.step_time_s < best.estimate.step_time_s):
+                        best = fits
+                if best is not None:
+                    found.append(((number, place), best))
+                    if fastest is not None:
+                        fastest.add(best)
+                if not complete:
+                    break
                 continue
             for at in range(len(group)):  # the budget counts layouts: a group can hold several
                 if (max_trials is not None and asked >= max_trials) or (

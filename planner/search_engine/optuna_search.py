@@ -120,6 +120,7 @@ def study_name_for(space: SearchSpace, evaluate: Evaluator) -> str:
             "training": space.training.model_dump(mode="json"),
             "cluster": evaluate.cluster.model_dump(mode="json"),
             "margin": evaluate.memory_margin,
+            **({"offload": True} if evaluate.offload else {}),  # its trials' layouts differ; others keep their name
         },
         sort_keys=True,
     )
@@ -205,7 +206,8 @@ def _fastest(groups: list[tuple[Layout, ...]], evaluate: Evaluator) -> tuple[Lay
     fits: list[tuple[Layout, Estimate]] = []
     misses: list[DoesNotFitError] = []
     for group in groups:
-        for layout in group:
+        for given in group:
+            layout = evaluate.offered(given)  # with the least optimizer offload that fits, in an offload search
             try:
                 fits.append((layout, evaluate(layout)))
                 break

@@ -104,6 +104,10 @@ def run_search(
     )
     finalists_wanted = max(10, FINALISTS_PER_RESULT * settings.top_k)
     result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
+    if not result.feasible and settings.optimizer_offload and offloads_to(cluster):
+        # Nothing fits on the devices alone: every layout again, with the least optimizer offload that fits
+        evaluate.offload = True
+        result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
     if not result.feasible:
         raise InfeasibleConfigError(explain_infeasible(space, evaluate))
     finalists = result.feasible[:finalists_wanted]
@@ -119,6 +123,14 @@ def run_search(
         elapsed_s=time.perf_counter() - start,
         usable_memory_bytes=evaluate.usable_memory_bytes,
         points=tuple(evaluate.points or ()),
+    )
+
+
+def offloads_to(cluster: ClusterProfile) -> bool:
+    """Whether ``cluster`` says enough of its hosts to price an optimizer offload: their memory and
+    CPU Adam rate, and every device's copy rates (``layout_validity.check_offload``)."""
+    return cluster.host is not None and all(
+        d.host_to_device_bytes_per_s is not None and d.device_to_host_bytes_per_s is not None for d in cluster.devices
     )
 
 
@@ -193,10 +205,13 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
         hints.append("full recompute")
     if layout.micro_batch_size > 1:
         hints.append("a smaller micro-batch")
+    if not evaluate.offload:
+        hints.append("optimizer offload to host memory (a cluster that describes its hosts, and --optimizer-offload)")
     hints.append("a shorter sequence or a smaller global batch")
+    host = f" With optimizer offload, {evaluate.host_miss}." if evaluate.host_miss else ""
     return (
         f"no layout of {space.model.name!r} fits in {usable_gib:.1f} GiB per rank ({margin}). "
         f"The closest, {layout.describe()}, needs {need_gib:.1f} GiB, "
-        f"most of it {term} ({term_bytes / 2**30:.1f} GiB). "
+        f"most of it {term} ({term_bytes / 2**30:.1f} GiB).{host} "
         f"To fit, try: {', '.join(hints)}."
     )

@@ -30,8 +30,9 @@ OFFLOADED = Layout(
 KEPT = replace(OFFLOADED, optimizer_offload_fraction=0.0)
 
 
-def _params() -> float:
-    (held,) = set(all_stage_params(LLAMA, KEPT))
+def _params(layout: Layout = KEPT) -> float:
+    """Parameters one rank holds before ZeRO shards them."""
+    (held,) = set(all_stage_params(LLAMA, layout))
     return held.dense + held.expert
 
 
@@ -98,14 +99,20 @@ def test_a_cluster_that_does_not_describe_its_hosts_cannot_price_an_offload() ->
     estimate(LLAMA, TRAINING, bare, KEPT)  # nothing offloaded: nothing to price
 
 
-def test_the_layout_refuses_an_offload_without_a_shard_or_outside_0_to_1() -> None:
-    with pytest.raises(SchemaError, match=r"zero_stage=0 shards nothing; set zero_stage to 1, 2 or 3"):
-        replace(OFFLOADED, zero_stage=ZeroStage.NONE)
+def test_the_layout_refuses_a_fraction_outside_0_to_1() -> None:
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(SchemaError, match=r"must be a number from 0"):
             replace(OFFLOADED, optimizer_offload_fraction=bad)
     assert "opt-offload0.25" in replace(OFFLOADED, optimizer_offload_fraction=0.25).describe()
     assert "offload" not in KEPT.describe()
+
+
+def test_without_zero_each_rank_offloads_all_its_own_states() -> None:
+    whole = replace(OFFLOADED, data_parallel_degree=1, tensor_parallel_degree=8, zero_stage=ZeroStage.NONE)
+    est = estimate(LLAMA, TRAINING, NODE, whole)
+    assert est.stages[0].memory.optimizer_states_bytes == 0
+    assert est.stages[0].memory.host_bytes == pytest.approx(16 * _params(whole))  # all of a tp rank's
+    assert est.fits  # Llama 3 70B on one node: tp 8, its optimizer on the host
 
 
 def test_zero1_offload_keeps_the_weights_it_already_holds() -> None:

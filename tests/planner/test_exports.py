@@ -341,6 +341,31 @@ REFUSED = {
         "selective recompute of layernorm+moe",
     ),
     "deepspeed-selective": ("deepspeed", lambda: _plan("tiny-gpt", _layout(16, recompute="selective")), "selective"),
+    "megatron-offload-fsdp": (
+        "megatron",
+        lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, optimizer_offload_fraction=0.5)),
+        "optimizer states offloaded under ZeRO-3",
+    ),
+    "megatron-offload-replicated": (
+        "megatron",
+        lambda: _plan("tiny-gpt", _layout(16, optimizer_offload_fraction=0.5)),
+        "offloaded under ZeRO-0 over 16 replicas",
+    ),
+    "deepspeed-offload-ratio-zero1": (
+        "deepspeed",
+        lambda: _plan("tiny-gpt", _layout(16, zero_stage=1, optimizer_offload_fraction=0.5)),
+        "ratio below 1 needs ZeRO-3",
+    ),
+    "deepspeed-offload-replicated": (
+        "deepspeed",
+        lambda: _plan("tiny-gpt", _layout(16, optimizer_offload_fraction=1.0)),
+        "offloaded without ZeRO over 16 replicas",
+    ),
+    "torchtitan-offload": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, optimizer_offload_fraction=1.0)),
+        "CPUOffloadPolicy",
+    ),
     "deepspeed-device-map": (
         "deepspeed",
         lambda: _plan("tiny-gpt", _layout(16, device_map=DeviceMap(devices=tuple(reversed(range(16)))))),

@@ -148,6 +148,10 @@ DEEPSPEED: dict[str, Callable[[], Plan]] = {
     "zero3-hpz": lambda: plan("llama3-8b", layout(16, mb=2, zero_stage=3, secondary_partition_size=8)),
     "zero3-experts": lambda: plan("tiny-moe", layout(16, zero_stage=ZeroStage.PARAMETERS)),
     "fp32-reduce": lambda: plan("tiny-gpt", layout(16, zero_stage=1), stack="deepspeed", grad_reduce_dtype="fp32"),
+    "zero1-optimizer-offload": lambda: plan("llama3-8b", layout(16, zero_stage=1, optimizer_offload_fraction=1.0)),
+    "zero3-partial-optimizer-offload": lambda: plan(
+        "llama3-8b", layout(16, zero_stage=3, optimizer_offload_fraction=0.25)
+    ),
 }
 
 
@@ -176,6 +180,8 @@ def test_deepspeed_accepts_the_export(case: str) -> None:
         training.dtype == "fp16",
     )
     assert config.zero_config.zero_hpz_partition_size == (exported.layout.secondary_partition_size or 1)
+    offload, fraction = config.zero_config.offload_optimizer, exported.layout.optimizer_offload_fraction
+    assert (offload is not None and str(offload.device).endswith("cpu") and offload.ratio) == (fraction or False)
     # gradients summed as priced under DeepSpeed's stack: the training precision unless the plan says otherwise
     summed = exported.training.under("deepspeed").reduce_dtype
     expected = None if summed == training.dtype else {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[summed]
@@ -206,6 +212,8 @@ MEGATRON: dict[str, Callable[[], Plan]] = {
     "uneven-layout": lambda: plan(GPT16, layout(2, tp=2, pp=4, layer_split=(3, 5, 4, 4))),
     "even-virtual": lambda: plan(GPT16, layout(2, tp=2, pp=4, schedule="interleaved", virtual_stages=2)),
     "partial-distributed-optimizer": lambda: plan("tiny-gpt", layout(16, zero_stage=1, sharding_group_size=4)),
+    "optimizer-cpu-offload": lambda: plan("tiny-gpt", layout(16, zero_stage=1, optimizer_offload_fraction=0.5)),
+    "optimizer-cpu-offload-one-replica": lambda: plan(GPT16, layout(1, tp=2, pp=8, optimizer_offload_fraction=1.0)),
     "megatron-fsdp-zero3-fp16": lambda: plan("tiny-gpt", layout(16, zero_stage=3), dtype="fp16"),
     "megatron-fsdp-zero2-tp-fp32": lambda: plan(
         "tiny-gpt", layout(8, tp=2, sequence_parallel=True, zero_stage=2), dtype="fp32"
@@ -281,14 +289,16 @@ def test_megatron_core_accepts_the_export(case: str, monkeypatch: pytest.MonkeyP
     import torch
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
-    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer import OptimizerConfig, optimizer_config
     from megatron.core.transformer import transformer_config
     from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    # An FP8 MoE config asks Transformer Engine's version, which runs every FP8 export and is not
-    # installed here (CUDA-only): stand in a recent one.
+    # An FP8 MoE config and the precision-aware optimizer (optimizer offload) ask Transformer
+    # Engine's version, which runs every FP8 export and is not installed here (CUDA-only): stand in
+    # a recent one.
     monkeypatch.setattr(transformer_config, "is_te_min_version", lambda *_, **__: True)
+    monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda *_, **__: True)
 
     exported = MEGATRON[case]()
     args = _megatron_namespace(megatron_words(exported))

@@ -1,0 +1,70 @@
+"""The search offloads optimizer states only where nothing fits without: then each layout is tried
+with the least share that fits (in twentieths), within the host's memory; where something fits
+without, the search is today's."""
+
+from dataclasses import replace
+
+import pytest
+
+from planner.files.clusters import load_cluster
+from planner.files.models import load_model
+from planner.schemas import HostProfile, Layout, Recompute, TrainingSpec, ZeroStage
+from planner.schemas.errors import InfeasibleConfigError
+from planner.schemas.settings import SearchSettings
+from planner.search_engine.evaluate import OFFLOAD_STEPS, Evaluator
+from planner.search_engine.exhaustive import ExhaustiveSearch
+from planner.search_engine.runner import SearchOutcome, run_search
+
+LLAMA = load_model("llama3-70b")
+NODE = load_cluster("dgx-h100:1")
+FINE_TUNING = TrainingSpec(global_batch_size=64, seq_len=4096)
+
+
+def _search(cluster: object = NODE, **settings: object) -> SearchOutcome:
+    return run_search(LLAMA, FINE_TUNING, cluster, ExhaustiveSearch(processes=1), SearchSettings(**settings))  # type: ignore[arg-type]
+
+
+def test_llama3_70b_full_fine_tuning_on_one_node_gets_a_plan_with_its_optimizer_offloaded() -> None:
+    with pytest.raises(InfeasibleConfigError, match=r"optimizer offload to host memory"):
+        _search(optimizer_offload=False)
+    best = _search().ranked[0]
+    layout, est = best.layout, best.estimate
+    assert 0 < layout.optimizer_offload_fraction <= 1 and est.fits and est.fits_host
+    assert est.time.optimizer_offload_s > 0 and est.host_memory_per_node_bytes > 0
+    # the least share that fits, in twentieths: one step less does not
+    less = replace(layout, optimizer_offload_fraction=round(layout.optimizer_offload_fraction - 1 / OFFLOAD_STEPS, 2))
+    evaluate = Evaluator(LLAMA, FINE_TUNING, NODE)
+    with pytest.raises(InfeasibleConfigError):
+        evaluate(less)
+
+
+def test_where_a_layout_fits_without_offload_the_search_is_the_same() -> None:
+    model, training = load_model("llama3-8b"), TrainingSpec(global_batch_size=64, seq_len=4096)
+    search = ExhaustiveSearch(processes=1)
+    offered = run_search(model, training, NODE, search, SearchSettings(top_k=3))
+    refused = run_search(model, training, NODE, search, SearchSettings(top_k=3, optimizer_offload=False))
+    assert [c.layout for c in offered.ranked] == [c.layout for c in refused.ranked]
+    assert all(c.layout.optimizer_offload_fraction == 0 for c in offered.ranked)
+
+
+def test_a_host_too_small_for_the_offload_gets_no_plan_and_says_so() -> None:
+    small = NODE.model_copy(update={"host": HostProfile(memory_bytes=64 * 10**9, adam_params_per_s=10.2e9)})
+    with pytest.raises(InfeasibleConfigError, match=r"With optimizer offload, .* GiB of host memory per node"):
+        _search(small)
+    layout = Layout(
+        data_parallel_degree=1,
+        tensor_parallel_degree=8,
+        pipeline_parallel_degree=1,
+        micro_batch_size=1,
+        zero_stage=ZeroStage.NONE,
+        recompute=Recompute.FULL,
+        optimizer_offload_fraction=1.0,
+    )
+    with pytest.raises(InfeasibleConfigError, match=r"GiB of host memory per node for its offloaded optimizer states"):
+        Evaluator(LLAMA, FINE_TUNING, small)(layout)
+
+
+def test_a_cluster_without_host_facts_is_not_offered_an_offload() -> None:
+    bare = NODE.model_copy(update={"host": None})
+    with pytest.raises(InfeasibleConfigError, match=r"optimizer offload to host memory \(a cluster that describes"):
+        _search(bare)
