@@ -105,6 +105,9 @@ def _figures(cluster: Any) -> dict[str, float]:
         "host to device GB/s": device.host_to_device_bytes_per_s,
         "device to host GB/s": device.device_to_host_bytes_per_s,
     }
+    host = cluster.host
+    if host is not None:  # the offloaded optimizer's CPU Adam (the node's ranks at once) and host memory
+        figures |= {"host Adam Gparam/s": host.adam_params_per_s / 1e9, "host memory GiB": host.memory_bytes / GIB}
     return figures | {name: rate / 1e9 for name, rate in copies.items() if rate is not None}
 
 

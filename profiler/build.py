@@ -27,6 +27,7 @@ from planner.schemas import (
     DeviceKind,
     DeviceProfile,
     DType,
+    HostProfile,
     LinkMatrix,
     MatmulModel,
     MatmulRecord,
@@ -277,6 +278,7 @@ def build_profile(
         node_overrides=_node_overrides(node_links, nics, [devices[name] for name in device_of_node]),
         inter_node_links=inter_node_links,
         collectives=records,
+        host=host_of(ops, node_of, len(hosts)),
         provenance=Provenance(
             kind="measured",
             created=datetime.now(UTC),
@@ -287,6 +289,21 @@ def build_profile(
             not_measured=not_measured,
         ),
     )
+
+
+def host_of(ops: list[OpsSample], node_of: dict[int, int], num_nodes: int) -> HostProfile | None:
+    """Every node's host as the slowest and smallest one measured: its ranks' CPU Adam rates,
+    stepping at once, summed (``profiler.host_adam``), and its memory; None where a rank did not
+    measure it (CPU ranks)."""
+    samples = [o.host_adam for o in ops]
+    if not samples or any(s is None for s in samples):
+        return None
+    rates, memory = [0.0] * num_nodes, [0] * num_nodes
+    for rank, sample in enumerate(samples):
+        assert sample is not None
+        rates[node_of[rank]] += sample.params_per_s
+        memory[node_of[rank]] = sample.host_memory_bytes
+    return HostProfile(memory_bytes=min(memory), adam_params_per_s=min(rates))
 
 
 def _sorted_figures(

@@ -33,6 +33,7 @@ from planner.schemas.training import default_reduce_dtype
 from profiler.context import Context
 from profiler.fp8_gemms import fp8_gemms
 from profiler.framework_ops import pipeline_slot, sharded_units
+from profiler.host_adam import HostAdam, measure_host_adam
 from profiler.host_copies import HostCopies, measure_host_copies
 from profiler.layer import LocalLayer, rank_share
 from profiler.stats import GemmSample, Timing
@@ -65,6 +66,8 @@ class OpsSample:
     ``profiler.workspace``); None where not measured."""
     host_copies: HostCopies | None = None
     """Pinned host-to-device and device-to-host copy rates (CUDA only: ``profiler.host_copies``)."""
+    host_adam: HostAdam | None = None
+    """The CPU Adam rate while every rank steps, and the host's memory (CUDA only: ``profiler.host_adam``)."""
 
 
 def measure(ctx: Context) -> list[OpsSample] | None:
@@ -96,8 +99,10 @@ def measure(ctx: Context) -> list[OpsSample] | None:
     others += _optimizer(ctx) + pipeline_slot(ctx) + sharded_units(ctx)
     ctx.at("ops", "host-device copies")
     copies = measure_host_copies(ctx)
+    ctx.at("ops", "host CPU Adam")
+    adam = measure_host_adam(ctx)
     sample = OpsSample(
-        tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others), workspace, copies
+        tuple(gemms), 3 * elems * 4 / stream.median_s, overhead.median_s, tuple(others), workspace, copies, adam
     )
     return ctx.gather(sample)
 

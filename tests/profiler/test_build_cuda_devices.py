@@ -2,16 +2,20 @@
 kept per known name, the GEMM efficiency measured in each precision, the tile/wave rule by device
 kind, the workspace carried over, and a one-rank world (no links, no collectives)."""
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+import torch
 
 from cost_models.compute import Gemm, gemm_time_s
-from planner.schemas import ClusterProfile, DeviceKind, DType
+from planner.schemas import ClusterProfile, DeviceKind, DType, HostProfile
 from planner.schemas.settings import ProfileSettings
-from profiler.build import build_profile
+from profiler.build import build_profile, host_of
+from profiler.host_adam import HostAdam, adam_params_per_s, cpu_adam
 from profiler.host_copies import HostCopies, copy_bytes
 from profiler.ops import GemmSample, OpsSample
+from profiler.stats import Timing
 from profiler.topology import RankInfo
 
 SIDE = 4096
@@ -137,3 +141,27 @@ def test_host_copies_are_carried_into_the_profile_and_absent_where_unmeasured() 
 def test_host_copies_move_past_the_copy_engines_start_up() -> None:
     assert copy_bytes(16 * 2**20) == 64 * 2**20  # the quick profile's stream operand
     assert copy_bytes(64 * 2**20) == 256 * 2**20
+
+
+def test_a_nodes_cpu_adam_is_its_ranks_stepping_at_once_and_the_slowest_node_prices_every_host() -> None:
+    # two nodes of two GPUs: node 0's ranks step 1.0e9 and 1.5e9 parameters a second at once, node
+    # 1's 0.5e9 each; hosts of 2.0e12 and 1.5e12 bytes
+    rates, memory = (1.0e9, 1.5e9, 0.5e9, 0.5e9), (2 * 10**12, 2 * 10**12, 15 * 10**11, 15 * 10**11)
+    ops = [replace(_ops({DType.BF16: 692.3e12}), host_adam=HostAdam(r, m)) for r, m in zip(rates, memory, strict=True)]
+    node_of = {0: 0, 1: 0, 2: 1, 3: 1}
+    assert host_of(ops, node_of, 2) == HostProfile(memory_bytes=15 * 10**11, adam_params_per_s=1.0e9)
+    assert host_of([replace(o, host_adam=None) for o in ops], node_of, 2) is None
+    profile = _one_gpu("NVIDIA H100 80GB HBM3", {DType.BF16: 692.3e12})
+    assert profile.host is None  # a rank that did not measure it: no host
+
+
+def test_the_cpu_adam_rate_is_timed_on_the_runtimes_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Clock:  # every step timed at 0.5 s: 2^20 parameters at 2,097,152 a second
+        def time(self, fn: Callable[[], object], *, lockstep: bool = False) -> Timing:
+            assert lockstep
+            fn()
+            return Timing(median_s=0.5, spread=0.0)
+
+    assert adam_params_per_s(Clock(), elements=2**20) == 2**21  # type: ignore[arg-type]
+    optimizer = cpu_adam([torch.zeros(4, requires_grad=True)])
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["weight_decay"] == 0.0
