@@ -29,7 +29,12 @@ from cost_models.expert_parallel import stage_expert_loads
 from cost_models.fp8_weights import fp8_weight_bytes
 from cost_models.layout_validity import check_stage
 from cost_models.loss_memory import freed_loss_bytes, stage_logits_bytes
-from cost_models.offload import host_bytes_per_param, offloaded_params, offloaded_weight_copy_bytes
+from cost_models.offload import (
+    host_bytes_per_param,
+    offloaded_params,
+    offloaded_states_share,
+    offloaded_weight_copy_bytes,
+)
 from cost_models.params import StageParams, all_stage_params, partially_recomputed, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
 from cost_models.stage_activations import schedule_micro_batches, stage_activation_terms, stage_mlp_backward_bytes
@@ -201,15 +206,18 @@ class LayoutMemory:
 
 
 def _offloaded(states: ModelStates, params: StageParams, layout: Layout, training: TrainingSpec) -> ModelStates:
-    """``states`` less the optimizer states ``layout`` offloads to the host, with the weight copy
-    the offloaded share then keeps on the device (``cost_models.offload``)."""
+    """``states`` less the optimizer states ``layout`` offloads to the host under the training's
+    stack, with the weight copy the offloaded share then keeps on the device (``cost_models.offload``)."""
     fraction = layout.optimizer_offload_fraction
     if fraction <= 0:
         return states
+    stack = stack_named(training.stack)
+    share = offloaded_states_share(training.precision, stack)
+    copy = offloaded_weight_copy_bytes(params, layout, training.precision) if stack.offloads_master_weights else 0.0
     return replace(
         states,
-        weights_bytes=states.weights_bytes + offloaded_weight_copy_bytes(params, layout, training.precision),
-        optimizer_states_bytes=states.optimizer_states_bytes * (1.0 - fraction),
+        weights_bytes=states.weights_bytes + copy,
+        optimizer_states_bytes=states.optimizer_states_bytes * (1.0 - fraction * share),
     )
 
 

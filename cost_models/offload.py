@@ -12,7 +12,9 @@ training precision (``Precision.weights``; the ZeRO-Offload paper, sec. 3.3: 2 b
 2 up per parameter at fp16, here 4 down as both frameworks copy). The device keeps the rest,
 1 - f, and under ZeRO-3 in mixed precision, where the fp32 shard was the weights'
 only sharded copy (``sharding.fsdp_model_states``), a training-precision copy of the offloaded
-share's weights (DeepSpeed's fp16 partition beside the CPU master).
+share's weights (DeepSpeed's fp16 partition beside the CPU master). Megatron-Core keeps the fp32
+master of the offloaded share on the device as well, moving only the moments off it
+(``offloaded_states_share``, ``Stack.offloads_master_weights``).
 
 Time, on the step's critical path after the backward, in series (``optimizer_offload_s``): the
 copies down and up at each device's pinned rates with every device of its node copying at once
@@ -31,7 +33,7 @@ Units: parameters (elements), bytes, seconds.
 
 from cost_models.params import StageParams, all_stage_params
 from cost_models.sharding import held_zero_stage, optimizer_shard_params
-from planner.schemas import ClusterProfile, HostProfile, Layout, ModelSpec, Precision, ZeroStage
+from planner.schemas import ClusterProfile, HostProfile, Layout, ModelSpec, Precision, Stack, ZeroStage
 
 
 def offloaded_params(params: StageParams, layout: Layout) -> float:
@@ -45,6 +47,15 @@ def host_bytes_per_param(precision: Precision) -> float:
     """Host bytes per offloaded parameter: its optimizer states (fp32 master and two moments in
     mixed precision) and the fp32 gradient it is stepped with."""
     return precision.optimizer_bytes_per_param + precision.gradient_accumulation.bytes
+
+
+def offloaded_states_share(precision: Precision, stack: Stack) -> float:
+    """Of a parameter's optimizer states, the share an offload takes off the device: all of them,
+    or under a stack that keeps the fp32 master on the device (``Stack.offloads_master_weights``:
+    Megatron-Core's) the moments alone, 8 of 12 bytes in mixed precision."""
+    if stack.offloads_master_weights or precision.master_weight_bytes_per_param == 0:
+        return 1.0
+    return 1.0 - precision.master_weight_bytes_per_param / precision.optimizer_bytes_per_param
 
 
 def offloaded_weight_copy_bytes(params: StageParams, layout: Layout, precision: Precision) -> float:

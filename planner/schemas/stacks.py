@@ -90,6 +90,14 @@ class Stack:
     activations: they add to the peak only what they exceed the freed activations by."""
     gradients_source: str
     """Where ``gradients_on_demand`` comes from."""
+    offloads_master_weights: bool = True
+    """Whether an optimizer offload (``Layout.optimizer_offload_fraction``) takes the fp32 master
+    weights off the device with the moments, 12 bytes a parameter in mixed precision (DeepSpeed's
+    ZeRO-Offload keeps "the fp32 parameters" on the host, SC20/ATC21 sec. 3; the planner's runtime
+    moves master slices), or the moments alone, 8 (Megatron-Core's hybrid device optimizer:
+    Megatron-Bridge's CPU offloading guide says it offloads "optimizer states (Adam momentum +
+    variance)"; ``benchmarks/published_offload.py`` checks the savings its guide and NeMo-RL
+    measured). The host holds the master either way."""
     fp8_experts: bool = True
     """Whether its FP8 recipes run the routed experts' GEMMs in FP8: Transformer Engine's grouped
     linear layers do, and the planner's runtime converts each expert's linear layers; torchtitan
@@ -227,6 +235,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "default, allgather, is not priced)",
             },
             gradients_on_demand=False,
+            offloads_master_weights=False,
             gradients_source=_MEGATRON_GRADIENTS,
             fp8_library=Fp8Library.TRANSFORMER_ENGINE,
             fp8_recipes=_TE_RECIPES,
@@ -260,6 +269,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "moe_dispatcher": _ALLTOALL,
             },
             gradients_on_demand=False,
+            offloads_master_weights=False,
             gradients_source=_MEGATRON_GRADIENTS,
             fp8_library=Fp8Library.TRANSFORMER_ENGINE,
             fp8_recipes=_TE_RECIPES,
