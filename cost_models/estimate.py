@@ -117,7 +117,14 @@ def estimate_unchecked(
         ),
         data_parallel_comm_overlapped_s=data_parallel.overlapped_s,
         context_parallel_comm_s=shared * m * slowest.context_parallel_comm_s,
-        optimizer_offload_s=optimizer_offload_s(model, cluster, layout, training.precision),
+        optimizer_offload_s=optimizer_offload_s(
+            model,
+            cluster,
+            layout,
+            training.precision,
+            micro_batches=m,
+            compute_per_micro_batch_s=shared * (slowest.compute_s + slowest.recompute_s),
+        ),
     )
     if cal is not None:
         slots = micro_batch_slots(layout, m, pipeline_schedules(layout, training.pipeline_flushes))

@@ -29,12 +29,7 @@ from cost_models.expert_parallel import stage_expert_loads
 from cost_models.fp8_weights import fp8_weight_bytes
 from cost_models.layout_validity import check_stage
 from cost_models.loss_memory import freed_loss_bytes, stage_logits_bytes
-from cost_models.offload import (
-    host_bytes_per_param,
-    offloaded_params,
-    offloaded_states_share,
-    offloaded_weight_copy_bytes,
-)
+from cost_models.offload import offloaded_states_share, offloaded_weight_copy_bytes, rank_host_bytes
 from cost_models.params import StageParams, all_stage_params, partially_recomputed, stage_moe_layers, stage_params
 from cost_models.sharding import ModelStates, stage_model_states
 from cost_models.stage_activations import schedule_micro_batches, stage_activation_terms, stage_mlp_backward_bytes
@@ -162,7 +157,7 @@ class LayoutMemory:
             transients = (staging, backward, rematerialized, states.gathered_bytes)
             _, mlp, layer, gathered = _beyond(freed, *transients)
             states = replace(states, weights_bytes=states.weights_bytes - states.gathered_bytes + gathered)
-            states = _offloaded(states, params, layout, training)
+            states = _offloaded(states, params, layout, training, gathered)
             terms = (
                 states,
                 per_micro_batch,
@@ -197,7 +192,7 @@ class LayoutMemory:
             logits_bytes=logits * logits_scale,
             communication_buffers_bytes=(buffers + tied) * buffer_scale,
             workspace_bytes=self._workspace_bytes,
-            host_bytes=offloaded_params(params, layout) * host_bytes_per_param(training.precision),
+            host_bytes=rank_host_bytes(params, layout, training.precision),
         )
 
     def all(self) -> tuple[MemoryBreakdown, ...]:
@@ -205,12 +200,18 @@ class LayoutMemory:
         return tuple(self.stage(s) for s in range(self._layout.pipeline_parallel_degree))
 
 
-def _offloaded(states: ModelStates, params: StageParams, layout: Layout, training: TrainingSpec) -> ModelStates:
+def _offloaded(
+    states: ModelStates, params: StageParams, layout: Layout, training: TrainingSpec, gathered: float
+) -> ModelStates:
     """``states`` less the optimizer states ``layout`` offloads to the host under the training's
-    stack, with the weight copy the offloaded share then keeps on the device (``cost_models.offload``)."""
+    stack, with the weight copy the offloaded share then keeps on the device (``cost_models.offload``);
+    under ``Layout.parameter_offload`` the device holds only the units it gathers (``gathered``
+    bytes of them): every shard is the host's."""
     fraction = layout.optimizer_offload_fraction
     if fraction <= 0:
         return states
+    if layout.parameter_offload:
+        return replace(states, weights_bytes=gathered, gradients_bytes=0.0, optimizer_states_bytes=0.0)
     stack = stack_named(training.stack)
     share = offloaded_states_share(training.precision, stack)
     copy = offloaded_weight_copy_bytes(params, layout, training.precision) if stack.offloads_master_weights else 0.0
@@ -263,7 +264,7 @@ def stage_memory_floor(
         SchemaError: ``stage`` is not a pipeline rank of ``layout``.
     """
     params = stage_params(model, layout, stage)
-    states = _offloaded(stage_model_states(model, layout, params, training.precision), params, layout, training)
+    states = _offloaded(stage_model_states(model, layout, params, training.precision), params, layout, training, 0.0)
     return MemoryBreakdown(
         weights_bytes=states.weights_bytes,
         gradients_bytes=states.gradients_bytes,

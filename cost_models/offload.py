@@ -49,6 +49,17 @@ def host_bytes_per_param(precision: Precision) -> float:
     return precision.optimizer_bytes_per_param + precision.gradient_accumulation.bytes
 
 
+def rank_host_bytes(params: StageParams, layout: Layout, precision: Precision) -> float:
+    """Host bytes of one rank holding ``params``: its offloaded parameters' optimizer states and
+    fp32 gradients (``host_bytes_per_param``), and under ``Layout.parameter_offload`` in fp32
+    training the weights themselves (in mixed precision the fp32 master among the states is the
+    sharded weights FSDP2 keeps)."""
+    per_param = host_bytes_per_param(precision)
+    if layout.parameter_offload and not precision.mixed:
+        per_param += precision.weights.bytes
+    return offloaded_params(params, layout) * per_param
+
+
 def offloaded_states_share(precision: Precision, stack: Stack) -> float:
     """Of a parameter's optimizer states, the share an offload takes off the device: all of them,
     or under a stack that keeps the fp32 master on the device (``Stack.offloads_master_weights``:
@@ -79,14 +90,29 @@ def host_memory_per_node_bytes(
     ranks of a node (module docstring); 0 without offload."""
     if layout.optimizer_offload_fraction <= 0:
         return 0.0
-    per_rank = max(offloaded_params(p, layout) for p in set(all_stage_params(model, layout)))
-    return per_rank * host_bytes_per_param(precision) * ranks_per_node(cluster, layout)
+    per_rank = max(rank_host_bytes(p, layout, precision) for p in set(all_stage_params(model, layout)))
+    return per_rank * ranks_per_node(cluster, layout)
 
 
-def optimizer_offload_s(model: ModelSpec, cluster: ClusterProfile, layout: Layout, precision: Precision) -> float:
+def optimizer_offload_s(
+    model: ModelSpec,
+    cluster: ClusterProfile,
+    layout: Layout,
+    precision: Precision,
+    *,
+    micro_batches: int = 1,
+    compute_per_micro_batch_s: float = 0.0,
+) -> float:
     """Seconds of the host's part of the step on the slowest stage (module docstring): the
     gradients down, the node's CPUs' Adam over its ranks' offloaded shares, the weights up; 0
-    without offload. ``layout_validity.check_offload`` must have accepted the cluster."""
+    without offload. Under ``Layout.parameter_offload`` (FSDP2's ``CPUOffloadPolicy``) the weights
+    go up at every unshard instead, twice a micro-batch (forward, and backward after the forward
+    resharded), prefetched with the all-gathers behind the micro-batch's compute
+    (``compute_per_micro_batch_s``): only what exceeds it counts; each micro-batch's reduced
+    gradient shard goes down, hidden but where it is accumulated into the one before (micro-batches
+    2..m), which FSDP2 copies synchronously (``foreach_reduce``: "only overlap the D2H copy ... if
+    not accumulating gradients"; the host's add is not priced). ``layout_validity.check_offload``
+    must have accepted the cluster."""
     if layout.optimizer_offload_fraction <= 0:
         return 0.0
     host = cluster.host
@@ -94,5 +120,11 @@ def optimizer_offload_s(model: ModelSpec, cluster: ClusterProfile, layout: Layou
     down = min(d.device_to_host_bytes_per_s or 0.0 for d in cluster.devices)
     up = min(d.host_to_device_bytes_per_s or 0.0 for d in cluster.devices)
     per_rank = max(offloaded_params(p, layout) for p in set(all_stage_params(model, layout)))
+    cpu_s = per_rank * ranks_per_node(cluster, layout) / host.adam_params_per_s
+    if layout.parameter_offload:
+        shard_bytes = 4 if precision.mixed else precision.weights.bytes  # FSDP2's sharded fp32 master, or the weights
+        unshards_s = 2 * per_rank * shard_bytes / up
+        accumulated_s = (micro_batches - 1) * per_rank * precision.gradient_accumulation.bytes / down
+        return micro_batches * max(0.0, unshards_s - compute_per_micro_batch_s) + accumulated_s + cpu_s
     copies_s = per_rank * (precision.gradient_accumulation.bytes / down + precision.weights.bytes / up)
-    return copies_s + per_rank * ranks_per_node(cluster, layout) / host.adam_params_per_s
+    return copies_s + cpu_s

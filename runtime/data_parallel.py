@@ -27,12 +27,13 @@ state and parameters are shared across replicas.
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import cast
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp_internals
 from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
 
@@ -179,6 +180,7 @@ class DataParallel:
                 reduce_dtype=reduce_dtype,
                 ignored=ignored,
                 secondary=meshes.secondary,
+                offload=self.layout.parameter_offload,
             )
 
     def _expert_optimizer(
@@ -249,24 +251,34 @@ def shard_units(
     reduce_dtype: torch.dtype,
     ignored: set[nn.Parameter] | None = None,
     secondary: DeviceMesh | None = None,
+    offload: bool = False,
 ) -> None:
     """ZeRO-2/3 as the runtime shards (FSDP2): each unit (a module, or modules sharded together),
     then the root with what remains, over ``dp_mesh`` (1-D, or HSDP's 2-D (replicate, shard));
     fp32 shards gathered and computed in ``dtype``, gradients summed in ``reduce_dtype``; ZeRO-3
     reshards after each forward, to the primary shard or, given the ``secondary`` (replicate,
     shard) mesh, to a shard over its groups (``reshard_after_forward`` their size). ``ignored``
-    parameters stay whole and unreduced (experts, reduced over their own group). The profiler
-    times its own cost this way."""
+    parameters stay whole and unreduced (experts, reduced over their own group). With ``offload``
+    (``Layout.parameter_offload``) the shards and their gradients live in pinned host memory and
+    the optimizer steps them there (``CPUOffloadPolicy``). The profiler times its own cost this way."""
     reshard: bool | int = zero_stage.shards_parameters
     if reshard and secondary is not None:  # a secondary partition of 1 rank keeps the weights whole
         reshard = secondary.size(1) if secondary.size(1) > 1 else False
     # fp32 shards are the master weights; layers gather and compute in the plan's precision
     # and sum gradients in the plan's reduce precision (as ZeRO-0/1 sum them).
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
+    shard = partial(
+        fully_shard,
+        mesh=dp_mesh,
+        reshard_after_forward=reshard,
+        mp_policy=policy,
+        ignored_params=ignored,
+        offload_policy=CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy(),
+    )
     with post_forward_mesh(secondary) if secondary is not None else contextlib.nullcontext():
         for unit in units:
-            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)
-        fully_shard(root, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored)
+            shard(unit)
+        shard(root)
 
 
 @contextlib.contextmanager

@@ -296,6 +296,7 @@ LAYOUT_OPTIONS = {
     "recompute_modules": "recompute_modules",
     "recompute_layers": "recompute_layers",
     "optimizer_offload": "optimizer_offload_fraction",
+    "parameter_offload": "parameter_offload",
     "sequence_parallel": "sequence_parallel",
     "schedule": "schedule",
     "virtual_stages": "virtual_stages",
@@ -334,6 +335,8 @@ def layout_fields(options: Mapping[str, Any]) -> dict[str, Any]:
                 f"--recompute-layers counts the layers full recompute re-runs, but --recompute is {recompute!s}; "
                 "use --recompute full or leave --recompute-layers out"
             )
+    if fields.get("parameter_offload"):  # the host steps every state it holds the weights of
+        fields.setdefault("optimizer_offload_fraction", 1.0)
     parse_layout_parts(fields)
     if "recompute_modules" in fields:
         fields["recompute_modules"] = parse_recompute_modules(fields["recompute_modules"])

@@ -137,6 +137,15 @@ def estimate(
             "--zero-stage 1-3 and a cluster that describes its hosts (the dgx presets do) [default: 0].",
         ),
     ] = None,
+    parameter_offload: Annotated[
+        bool | None,
+        typer.Option(
+            "--parameter-offload/--no-parameter-offload",
+            help="ZeRO-3: keep each rank's weight and gradient shards in host memory too, beside every optimizer "
+            "state (FSDP2's CPUOffloadPolicy, torchtitan's enable_cpu_offload, DeepSpeed's offload_param); implies "
+            "--optimizer-offload 1; needs --zero-stage 3, dp > 1 and pp 1 [default: off].",
+        ),
+    ] = None,
     sequence_parallel: Annotated[
         bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Needs tp > 1 [default: off].")
     ] = None,

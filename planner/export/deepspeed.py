@@ -20,7 +20,8 @@ gradients in another precision than it trains in (DeepSpeed's default: the engin
 section (device cpu, pinned), with its ``ratio`` where the plan offloads a fraction below 1, which
 DeepSpeed allows under ZeRO-3 only (ZeRO-Offload++; its ``zero/config.py`` refuses the rest); it
 runs in ZeRO's optimizer, so over one data-parallel rank ZeRO-0 is written as stage 1 (the same
-states), and over several it is refused.
+states), and over several it is refused. A weight offload (``parameter_offload``, ZeRO-3) is
+``offload_param`` beside it.
 The optimizer and its schedule are left to the user (ZeRO-Offload steps with DeepSpeedCPUAdam).
 """
 
@@ -58,6 +59,8 @@ def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
         if fraction < 1:
             offload["ratio"] = fraction
         zero["offload_optimizer"] = offload
+    if layout.parameter_offload:  # ZeRO-3's weight partitions on the host too (ZeRO-Infinity's CPU tier)
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     config: dict[str, JsonValue] = {
         "train_batch_size": training.global_batch_size,
         "train_micro_batch_size_per_gpu": layout.micro_batch_size,

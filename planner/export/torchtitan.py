@@ -128,6 +128,8 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
         "dtype": "float32",
         "mixed_precision_param": "bfloat16" if training.dtype is DType.BF16 else "float32",
     }
+    if layout.parameter_offload:  # FSDP2's CPUOffloadPolicy: weights, gradients and optimizer on the host
+        config["training"]["enable_cpu_offload"] = True
     config["parallelism"] = parallelism
     config["activation_checkpoint"] = {"mode": str(layout.recompute)}
     if layout.recompute is Recompute.SELECTIVE:
@@ -172,13 +174,14 @@ def check(plan: PlanShape) -> None:
     """
     check_common(plan, TARGET)
     layout = plan.layout
-    if layout.optimizer_offload_fraction > 0:
+    if layout.optimizer_offload_fraction > 0 and not layout.parameter_offload:
         refuse(
             TARGET,
             f"{layout.optimizer_offload_fraction:g} of the optimizer states offloaded",
             "its enable_cpu_offload moves the parameters and gradients to the host too (FSDP2's CPUOffloadPolicy), "
             "which the plan does not price",
-            "export to megatron (ZeRO-1) or deepspeed, or plan without --optimizer-offload",
+            "export to megatron (ZeRO-1) or deepspeed, estimate with --parameter-offload (ZeRO-3), or search with "
+            "--no-optimizer-offload",
         )
     if layout.recompute_layers is not None:
         refuse(

@@ -119,6 +119,12 @@ class Layout:
     go down and its updated weights come back each step (Megatron-LM's ``--optimizer-cpu-offload
     --optimizer-offload-fraction``, DeepSpeed's ``offload_optimizer`` with its ``ratio``). 0:
     every state on the device."""
+    parameter_offload: bool = False
+    """ZeRO-3: keep each rank's shard of the weights and gradients in host memory too, beside all its
+    optimizer states (``optimizer_offload_fraction`` 1): every unshard copies the shard up before
+    gathering it, every reduced gradient shard goes down, and the host's CPUs step (FSDP2's
+    ``CPUOffloadPolicy``, torchtitan's ``enable_cpu_offload``, DeepSpeed's ``offload_param``).
+    Needs ZeRO-3 over several replicas without a pipeline."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence over the tensor-parallel group."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -213,6 +219,19 @@ class Layout:
                 "optimizer state in host memory)"
             )
         object.__setattr__(self, "optimizer_offload_fraction", float(fraction))
+        if not self.parameter_offload:
+            return
+        if self.zero_stage is not ZeroStage.PARAMETERS or self.dense_replicas == 1 or self.pipeline_parallel_degree > 1:
+            raise SchemaError(
+                f"parameter_offload keeps ZeRO-3's weight shards on the host, but zero_stage={int(self.zero_stage)}, "
+                f"{self.dense_replicas} replica(s), pipeline_parallel_degree={self.pipeline_parallel_degree}; it needs "
+                "zero_stage=3 over more than one replica without a pipeline"
+            )
+        if fraction != 1.0:
+            raise SchemaError(
+                f"parameter_offload steps the optimizer on the host, but optimizer_offload_fraction={fraction:g}; "
+                "set it to 1 (every optimizer state on the host)"
+            )
 
     def _check_recompute_layers(self) -> None:
         layers = self.recompute_layers
@@ -389,7 +408,9 @@ class Layout:
         parts.append(f"rc-{self.recompute}{modules}")
         if self.recompute_layers is not None:
             parts[-1] += "[" + ",".join(map(str, self.recompute_layers)) + "]"
-        if self.optimizer_offload_fraction > 0:
+        if self.parameter_offload:
+            parts.append("param-offload")
+        elif self.optimizer_offload_fraction > 0:
             parts.append(f"opt-offload{self.optimizer_offload_fraction:g}")
         if self.sequence_parallel:
             parts.append("sp")

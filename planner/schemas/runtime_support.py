@@ -132,14 +132,17 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
     if plan.model.is_moe and (layout.expert_parallel_degree > 1 or layout.folds_experts):
         check_sharded_experts(layout, fp32=training.dtype is DType.FP32)
     check_fp8_param_gather(layout, fp8_param_gather=training.fp8_param_gather)
-    check_optimizer_offload(layout, training.dtype, cuda=cuda)
+    check_optimizer_offload(plan, cuda=cuda)
 
 
-def check_optimizer_offload(layout: Layout, dtype: DType, *, cuda: bool) -> None:
+def check_optimizer_offload(plan: PlanShape, *, cuda: bool) -> None:
     """Refuse an optimizer offload (``Layout.optimizer_offload_fraction``) the runtime cannot run:
     on CPU devices, whose host is their memory; under ZeRO-2/3 over several replicas, where FSDP2
     would offload the parameters and gradients with the states (``CPUOffloadPolicy``), which the
-    plan does not price; in fp32, which has no master weights to offload (``runtime.optim``)."""
+    plan does not price (``Layout.parameter_offload`` prices it); in fp32, which has no master
+    weights to offload (``runtime.optim``); the weight shards of an MoE model, whose experts the
+    runtime keeps outside FSDP2."""
+    layout, dtype = plan.layout, plan.training.dtype
     fraction = layout.optimizer_offload_fraction
     if fraction <= 0:
         return
@@ -148,13 +151,18 @@ def check_optimizer_offload(layout: Layout, dtype: DType, *, cuda: bool) -> None
             f"the plan offloads {fraction:g} of its optimizer states to host memory, but on CPU devices the host is "
             "the devices' own memory: nothing would move; plan without --optimizer-offload for a CPU cluster"
         )
-    if layout.shards_over_replicas:
+    if layout.shards_over_replicas and not layout.parameter_offload:
         raise InfeasibleConfigError(
             f"the plan offloads optimizer states under ZeRO-{int(layout.zero_stage)}, where this runtime's FSDP2 "
             "would offload the parameters and gradients with them (CPUOffloadPolicy), which the plan does not "
-            "price; plan with ZeRO 0-1 to run it here, or export it to deepspeed"
+            "price; plan with ZeRO 0-1 or estimate with --parameter-offload to run it here, or export it to deepspeed"
         )
-    if dtype is DType.FP32:
+    if layout.parameter_offload and plan.model.is_moe:
+        raise InfeasibleConfigError(
+            f"the plan keeps {plan.model.name}'s weight shards on the host, but this runtime holds routed experts "
+            "outside FSDP2 (on the device); estimate without --parameter-offload, or search with --no-optimizer-offload"
+        )
+    if dtype is DType.FP32 and not layout.parameter_offload:
         raise InfeasibleConfigError(
             "the plan offloads optimizer states in fp32 training, where this runtime steps the parameters "
             "themselves (no master copy to offload); plan in bf16 or without --optimizer-offload"

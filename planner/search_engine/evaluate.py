@@ -37,6 +37,7 @@ from planner.schemas import (
     Recompute,
     RoutingStats,
     TrainingSpec,
+    ZeroStage,
 )
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError
 from planner.schemas.geometry import stage_layers
@@ -124,8 +125,8 @@ class Evaluator:
     ) -> None:
         self.model, self.training, self.cluster = model, training, cluster
         self.partial_recompute = partial_recompute
-        self.host_miss: str | None = None
-        """Why the first layout that fit its devices but not its hosts' memory did not fit."""
+        self.host_miss: DoesNotFitError | None = None
+        """The layout that fit its devices but not its hosts' memory by the least (its message and bytes)."""
         self.offload = False
         """Whether layouts are tried with the least optimizer offload that fits (``offered``): set
         by a search in which no layout fits without (``runner.run_search``)."""
@@ -206,8 +207,10 @@ class Evaluator:
                 f"{layout.describe()} needs {needed / 2**30:.1f} GiB of host memory per node for its offloaded "
                 f"optimizer states, more than the usable {usable / 2**30:.1f} GiB"
             )
-            self.host_miss = self.host_miss or why
-            raise DoesNotFitError(why, needed_bytes=needed, usable_bytes=usable)
+            miss = DoesNotFitError(why, needed_bytes=needed, usable_bytes=usable)
+            if self.host_miss is None or needed < self.host_miss.needed_bytes:
+                self.host_miss = miss
+            raise miss
 
     def offered(self, layout: Layout) -> Layout:
         """``layout`` as a search tries it: with the least optimizer offload that fits where the
@@ -216,18 +219,19 @@ class Evaluator:
 
     def least_offload(self, layout: Layout) -> Layout:
         """``layout`` with the least share of its optimizer states offloaded, in steps of
-        1 / ``OFFLOAD_STEPS``, that its stages' device memory says fit; none where it fits without,
-        all where even that does not fit (then weighed as a miss as such). A stage's memory is
+        1 / ``OFFLOAD_STEPS``, that its stages' device memory says fit; none where it fits without;
+        all where even that does not fit, and under ZeRO-3 the weight and gradient shards too
+        (``_parameters_offloaded``; weighed as a miss where that does not fit either). A stage's memory is
         affine in the share (``cost_models.offload``): priced without and with all of it, the
         share is read off. A layout that cannot run is returned as it is (``__call__`` says why)."""
-        kept = replace(layout, optimizer_offload_fraction=0.0)
-        whole = replace(layout, optimizer_offload_fraction=1.0)
+        kept = replace(layout, optimizer_offload_fraction=0.0, parameter_offload=False)
+        whole = replace(kept, optimizer_offload_fraction=1.0)
         try:
             check_layout(self.model, self.training, self.cluster, whole)
         except InfeasibleConfigError:
             return layout
         if self.memory_floor_bytes(whole) > self._largest_usable_bytes:
-            return whole  # not even the model states fit: ``cannot_fit`` rules it out cheaply
+            return self._parameters_offloaded(whole)  # not even the model states fit
         without = all_stage_memory(self.model, self.training, self.cluster, kept, self.routing)
         offloaded = all_stage_memory(self.model, self.training, self.cluster, whole, self.routing)
         share = 0.0
@@ -236,12 +240,24 @@ class Evaluator:
             if over <= 0:
                 continue
             if saved < over:
-                return whole
+                return self._parameters_offloaded(whole)
             share = max(share, over / saved)
         if share == 0:
             return kept
         steps = math.ceil(share * OFFLOAD_STEPS - 1e-9)
         return replace(layout, optimizer_offload_fraction=min(1.0, steps / OFFLOAD_STEPS))
+
+    def _parameters_offloaded(self, whole: Layout) -> Layout:
+        """``whole`` (every optimizer state offloaded, and still too big) with its weight and
+        gradient shards on the host too where ZeRO-3 shards them (``Layout.parameter_offload``),
+        else as it is (a miss, weighed as such)."""
+        if (
+            whole.zero_stage is not ZeroStage.PARAMETERS
+            or whole.dense_replicas == 1
+            or whole.pipeline_parallel_degree > 1
+        ):
+            return whole
+        return replace(whole, parameter_offload=True)
 
     def stage_usable_bytes(self, layout: Layout) -> tuple[float, ...]:
         """Each pipeline stage's usable memory: its devices' (the smallest among its ranks' on a
@@ -421,6 +437,8 @@ class Evaluator:
 
 
 def dominant_term(memory: MemoryBreakdown) -> tuple[str, float]:
-    """The largest term of a memory breakdown: its name and its bytes."""
-    name = max(fields(memory), key=lambda f: getattr(memory, f.name)).name
+    """The largest term of a memory breakdown's device memory: its name and its bytes (the host's
+    offloaded bytes are not the device's)."""
+    device = [f for f in fields(memory) if f.name != "host_bytes"]
+    name = max(device, key=lambda f: getattr(memory, f.name)).name
     return name.removesuffix("_bytes").replace("_", " "), float(getattr(memory, name))

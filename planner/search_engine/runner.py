@@ -208,7 +208,11 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
     if not evaluate.offload:
         hints.append("optimizer offload to host memory (a cluster that describes its hosts, and --optimizer-offload)")
     hints.append("a shorter sequence or a smaller global batch")
-    host = f" With optimizer offload, {evaluate.host_miss}." if evaluate.host_miss else ""
+    host = ""
+    if evaluate.host_miss is not None:  # what fit the devices with an offload did not fit the hosts
+        host = f" With an offload, {evaluate.host_miss}."
+        over = evaluate.host_miss.needed_bytes / evaluate.host_miss.usable_bytes
+        hints.insert(1, f"more nodes for the hosts' memory (at least about {over:.1f}x as many)")
     return (
         f"no layout of {space.model.name!r} fits in {usable_gib:.1f} GiB per rank ({margin}). "
         f"The closest, {layout.describe()}, needs {need_gib:.1f} GiB, "

@@ -121,3 +121,49 @@ def test_zero1_offload_keeps_the_weights_it_already_holds() -> None:
     half = estimate(LLAMA, TRAINING, NODE, replace(zero1, optimizer_offload_fraction=0.5)).stages[0].memory
     assert half.weights_bytes == kept.weights_bytes
     assert half.optimizer_states_bytes == pytest.approx(kept.optimizer_states_bytes / 2)
+
+
+ZERO3_405B = Layout(
+    data_parallel_degree=32,
+    tensor_parallel_degree=1,
+    pipeline_parallel_degree=1,
+    micro_batch_size=1,
+    zero_stage=ZeroStage.PARAMETERS,
+    recompute=Recompute.FULL,
+    optimizer_offload_fraction=1.0,
+    parameter_offload=True,
+)
+
+
+def test_with_the_weights_offloaded_the_device_holds_only_what_it_gathers_by_hand() -> None:
+    model, nodes = load_model("llama3-405b"), load_cluster("dgx-h100:4")
+    offloaded = estimate(model, TRAINING, nodes, ZERO3_405B)
+    states = estimate(model, TRAINING, nodes, replace(ZERO3_405B, parameter_offload=False))
+    memory, before = offloaded.stages[0].memory, states.stages[0].memory
+    assert memory.gradients_bytes == 0 and memory.optimizer_states_bytes == 0
+    assert 0 < memory.weights_bytes < before.weights_bytes  # the gathered units alone
+    (held,) = set(all_stage_params(model, ZERO3_405B))
+    shard = (held.dense + held.expert) / 32
+    assert memory.host_bytes == pytest.approx(16 * shard)  # fp32 master (the shard), moments, gradients
+    assert offloaded.host_memory_per_node_bytes == pytest.approx(8 * 16 * shard)
+
+
+def test_with_the_weights_offloaded_the_step_adds_the_copies_compute_does_not_hide_by_hand() -> None:
+    model, nodes = load_model("llama3-405b"), load_cluster("dgx-h100:4")
+    (held,) = set(all_stage_params(model, ZERO3_405B))
+    shard = (held.dense + held.expert) / 32
+    cpu_s = 8 * shard / 10.2e9
+    one = estimate(model, TRAINING.model_copy(update={"global_batch_size": 32}), nodes, ZERO3_405B)
+    # one micro-batch: its two unshards' fp32 copies (2 x 4 bytes a parameter at 55 GB/s, 1.2 s)
+    # hide behind its compute; its gradients go down behind the backward
+    assert one.time.optimizer_offload_s == pytest.approx(cpu_s)
+    two = estimate(model, TRAINING, nodes, ZERO3_405B)  # two micro-batches: the second's gradients accumulate
+    assert two.time.optimizer_offload_s == pytest.approx(cpu_s + shard * 4 / 55e9)
+
+
+def test_the_layout_refuses_a_weight_offload_it_cannot_run() -> None:
+    with pytest.raises(SchemaError, match=r"needs zero_stage=3 over more than one replica without a pipeline"):
+        replace(ZERO3_405B, zero_stage=ZeroStage.OPTIMIZER)
+    with pytest.raises(SchemaError, match=r"set it to 1"):
+        replace(ZERO3_405B, optimizer_offload_fraction=0.5)
+    assert "param-offload" in ZERO3_405B.describe() and "opt-offload" not in ZERO3_405B.describe()

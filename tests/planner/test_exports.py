@@ -445,3 +445,17 @@ def test_an_output_folder_is_refused_with_the_targets_own_file_name(tmp_path: Pa
     result = CliRunner().invoke(app, ["export", str(path), "--to", target, "--output", str(tmp_path)])
     assert isinstance(result.exception, SchemaError)
     assert f"give a file in it, e.g. '{tmp_path / name}'" in str(result.exception)
+
+
+def test_an_offload_is_each_targets_own_switch() -> None:
+    weights = _plan("tiny-gpt", _layout(16, zero_stage=3, optimizer_offload_fraction=1.0, parameter_offload=True))
+    assert tomllib.loads(api.export(weights, "torchtitan"))["training"]["enable_cpu_offload"] is True
+    zero = json.loads(api.export(weights, "deepspeed"))["zero_optimization"]
+    assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    share = _plan("tiny-gpt", _layout(16, zero_stage=3, optimizer_offload_fraction=0.25))
+    assert json.loads(api.export(share, "deepspeed"))["zero_optimization"]["offload_optimizer"]["ratio"] == 0.25
+    one_replica = _plan(GPT16, _layout(1, tp=2, pp=8, optimizer_offload_fraction=0.5))
+    words = api.export(one_replica, "megatron").split()
+    assert {"--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload"} <= set(words)
+    assert words[words.index("--optimizer-offload-fraction") + 1] == "0.5"

@@ -49,6 +49,9 @@ NOT_INSTALLED = "is not installed (the exports extra, as scripts/setup.sh instal
 
 TORCHTITAN: dict[str, Callable[[], Plan]] = {
     "ddp": lambda: plan("llama3-8b", layout(16, zero_stage=ZeroStage.NONE)),
+    "fsdp-cpu-offload": lambda: plan(
+        "llama3-8b", layout(16, zero_stage=ZeroStage.PARAMETERS, optimizer_offload_fraction=1.0, parameter_offload=True)
+    ),
     "fsdp-zero2-fp32": lambda: plan("llama3-8b", layout(16, zero_stage=ZeroStage.GRADIENTS), dtype="fp32"),
     "hsdp-zero3": lambda: plan("llama3-8b", layout(16, zero_stage=ZeroStage.PARAMETERS, sharding_group_size=8)),
     "context-parallel": lambda: plan(
@@ -149,6 +152,9 @@ DEEPSPEED: dict[str, Callable[[], Plan]] = {
     "zero3-experts": lambda: plan("tiny-moe", layout(16, zero_stage=ZeroStage.PARAMETERS)),
     "fp32-reduce": lambda: plan("tiny-gpt", layout(16, zero_stage=1), stack="deepspeed", grad_reduce_dtype="fp32"),
     "zero1-optimizer-offload": lambda: plan("llama3-8b", layout(16, zero_stage=1, optimizer_offload_fraction=1.0)),
+    "zero3-parameter-offload": lambda: plan(
+        "llama3-8b", layout(16, zero_stage=3, optimizer_offload_fraction=1.0, parameter_offload=True)
+    ),
     "zero3-partial-optimizer-offload": lambda: plan(
         "llama3-8b", layout(16, zero_stage=3, optimizer_offload_fraction=0.25)
     ),
@@ -182,6 +188,8 @@ def test_deepspeed_accepts_the_export(case: str) -> None:
     assert config.zero_config.zero_hpz_partition_size == (exported.layout.secondary_partition_size or 1)
     offload, fraction = config.zero_config.offload_optimizer, exported.layout.optimizer_offload_fraction
     assert (offload is not None and str(offload.device).endswith("cpu") and offload.ratio) == (fraction or False)
+    weights = config.zero_config.offload_param
+    assert (weights is not None and str(weights.device).endswith("cpu")) == exported.layout.parameter_offload
     # gradients summed as priced under DeepSpeed's stack: the training precision unless the plan says otherwise
     summed = exported.training.under("deepspeed").reduce_dtype
     expected = None if summed == training.dtype else {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[summed]

@@ -119,3 +119,25 @@ def test_the_dry_run_holds_what_the_estimate_keeps_on_the_device() -> None:
         traced[fraction] = dry_run(make_plan(MID, training, cluster, "dgx-h100:1", offloaded, est), 0).peak_bytes
         assert memory.total_bytes - memory.workspace_bytes == pytest.approx(traced[fraction], rel=0.05)
     assert traced[0.0] > traced[0.5] > traced[1.0]
+
+
+def test_the_runtime_runs_a_weight_offload_of_a_dense_model_only_and_the_dry_run_says_it_cannot_trace_one() -> None:
+    cluster, training = load_cluster("dgx-h100:1"), TrainingSpec(global_batch_size=8, seq_len=64)
+    layout = Layout(
+        data_parallel_degree=8,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        micro_batch_size=1,
+        zero_stage=ZeroStage.PARAMETERS,
+        optimizer_offload_fraction=1.0,
+        parameter_offload=True,
+    )
+    dense = load_model("tiny-gpt")
+    check_runnable(PlannedLayout(dense, training, layout), cuda=True)
+    with pytest.raises(InfeasibleConfigError, match=r"routed experts outside FSDP2"):
+        check_runnable(PlannedLayout(load_model("tiny-moe"), training, layout), cuda=True)
+    with pytest.raises(InfeasibleConfigError, match=r"FSDP2 would offload the parameters and gradients"):
+        check_runnable(PlannedLayout(dense, training, replace(layout, parameter_offload=False)), cuda=True)
+    plan = make_plan(dense, training, cluster, "dgx-h100:1", layout, estimate(dense, training, cluster, layout))
+    with pytest.raises(InfeasibleConfigError, match=r"the dry run traces on the CPU"):
+        dry_run(plan, 0)

@@ -10,9 +10,10 @@ from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.schemas import HostProfile, Layout, Recompute, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.settings import SearchSettings
+from planner.schemas.settings import Budget, SearchSettings
 from planner.search_engine.evaluate import OFFLOAD_STEPS, Evaluator
 from planner.search_engine.exhaustive import ExhaustiveSearch
+from planner.search_engine.optuna_search import OptunaSearch
 from planner.search_engine.runner import SearchOutcome, run_search
 
 LLAMA = load_model("llama3-70b")
@@ -31,8 +32,12 @@ def test_llama3_70b_full_fine_tuning_on_one_node_gets_a_plan_with_its_optimizer_
     layout, est = best.layout, best.estimate
     assert 0 < layout.optimizer_offload_fraction <= 1 and est.fits and est.fits_host
     assert est.time.optimizer_offload_s > 0 and est.host_memory_per_node_bytes > 0
-    # the least share that fits, in twentieths: one step less does not
-    less = replace(layout, optimizer_offload_fraction=round(layout.optimizer_offload_fraction - 1 / OFFLOAD_STEPS, 2))
+    if layout.parameter_offload:  # every optimizer state on the host was not enough: ZeRO-3's shards went too
+        less = replace(layout, parameter_offload=False)
+    else:  # the least share that fits, in twentieths: one step less does not
+        less = replace(
+            layout, optimizer_offload_fraction=round(layout.optimizer_offload_fraction - 1 / OFFLOAD_STEPS, 2)
+        )
     evaluate = Evaluator(LLAMA, FINE_TUNING, NODE)
     with pytest.raises(InfeasibleConfigError):
         evaluate(less)
@@ -49,7 +54,7 @@ def test_where_a_layout_fits_without_offload_the_search_is_the_same() -> None:
 
 def test_a_host_too_small_for_the_offload_gets_no_plan_and_says_so() -> None:
     small = NODE.model_copy(update={"host": HostProfile(memory_bytes=64 * 10**9, adam_params_per_s=10.2e9)})
-    with pytest.raises(InfeasibleConfigError, match=r"With optimizer offload, .* GiB of host memory per node"):
+    with pytest.raises(InfeasibleConfigError, match=r"With an offload, .* GiB of host memory per node"):
         _search(small)
     layout = Layout(
         data_parallel_degree=1,
@@ -68,3 +73,19 @@ def test_a_cluster_without_host_facts_is_not_offered_an_offload() -> None:
     bare = NODE.model_copy(update={"host": None})
     with pytest.raises(InfeasibleConfigError, match=r"optimizer offload to host memory \(a cluster that describes"):
         _search(bare)
+
+
+def test_where_every_optimizer_state_on_the_host_is_not_enough_zero3_offloads_the_weights_too() -> None:
+    # Llama 3 405B on 4 DGX H100 (B 64, s 4096): the fastest plan keeps its ZeRO-3 weight shards on the host
+    model, nodes = load_model("llama3-405b"), load_cluster("dgx-h100:4")
+    best = run_search(model, FINE_TUNING, nodes, ExhaustiveSearch(processes=1), SearchSettings(top_k=1)).ranked[0]
+    assert best.layout.parameter_offload and best.layout.optimizer_offload_fraction == 1.0
+    assert best.estimate.fits and best.estimate.stages[0].memory.weights_bytes < 20 * 2**30
+
+
+def test_optuna_offers_the_offload_as_the_exhaustive_scan_does() -> None:
+    settings = SearchSettings(top_k=1, budget=Budget(max_trials=200))
+    best = run_search(LLAMA, FINE_TUNING, NODE, OptunaSearch(), settings).ranked[0]
+    assert best.layout.optimizer_offload_fraction > 0 and best.estimate.fits
+    exhaustive = _search(top_k=1).ranked[0]
+    assert best.estimate.step_time_s >= exhaustive.estimate.step_time_s  # the scan's is the fastest

@@ -201,13 +201,20 @@ def test_optunas_last_quarter_of_trials_tries_the_fastest_trials_neighbours(tmp_
 
 
 def test_nothing_fits_is_explained() -> None:
+    training = TrainingSpec(global_batch_size=8, seq_len=8192)
     with pytest.raises(InfeasibleConfigError) as info:
-        api.search("llama3-405b", "dgx-a100-80g:1", TrainingSpec(global_batch_size=8, seq_len=8192))
+        api.search("llama3-405b", "dgx-a100-80g:1", training, api.SearchSettings(optimizer_offload=False))
     message = str(info.value)
     assert "no layout of 'llama3-405b' fits" in message and "closest" in message
     assert "more devices" in message and "GiB" in message
     # The closest has one replica, which ZeRO cannot shard: no ZeRO stage is suggested.
     assert "The closest, dp1 " in message and "ZeRO" not in message
+    # With an offload, what fits the GPUs needs more host memory than the node has: more nodes, and how many
+    with pytest.raises(InfeasibleConfigError) as info:
+        api.search("llama3-405b", "dgx-a100-80g:1", training)
+    message = str(info.value)
+    assert "GiB of host memory per node" in message and "more nodes for the hosts' memory (at least about" in message
+    assert "most of it host" not in message
 
 
 def test_search_with_no_valid_degrees_is_explained() -> None:
