@@ -79,6 +79,17 @@ TINY_LLAMA = ModelSpec(  # SwiGLU, grouped-query attention, RMSNorm, rotary, unt
     hidden_act="silu",
     tie_word_embeddings=False,
 )
+MID_GPT = ModelSpec(  # activations large beside the weights, for a dry run's trace to show them
+    name="mid-gpt",
+    hidden_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    intermediate_size=2048,
+    vocab_size=1024,
+    hidden_act="silu",
+    max_position_embeddings=4096,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from harness import MID_GPT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,7 @@ from cost_models.params import partially_recomputed
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.files.plans import make_plan
-from planner.schemas import Layout, ModelSpec, Recompute, TrainingSpec
+from planner.schemas import Layout, Recompute, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, SchemaError
 from planner.schemas.geometry import in_flight_micro_batches
 from runtime.dry_run import dry_run
@@ -143,19 +144,6 @@ def test_interleaved_stages_and_more_layers_than_a_stage_holds_are_refused() -> 
         estimate(LLAMA, TRAINING, CLUSTER, replace(FULL, recompute_layers=(21, 0, 0, 0)))
 
 
-MID = ModelSpec(  # activations large beside the weights, for the trace to show them
-    name="mid-gpt",
-    hidden_size=512,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-    intermediate_size=2048,
-    vocab_size=1024,
-    hidden_act="silu",
-    max_position_embeddings=4096,
-)
-
-
 @pytest.mark.slow
 def test_the_dry_run_traces_what_the_estimate_predicts_per_stage() -> None:
     """Measured: stage 0 recomputing 1 of its 2 layers, estimated 458 MiB of tensors, traced 443;
@@ -171,8 +159,8 @@ def test_the_dry_run_traces_what_the_estimate_predicts_per_stage() -> None:
     traced = {}
     for counts in [(2, 0), (1, 2), (0, 1)]:
         layout = replace(base, recompute_layers=counts)
-        est = estimate(MID, training, cluster, layout)
-        plan = make_plan(MID, training, cluster, "dgx-h100:1", layout, est)
+        est = estimate(MID_GPT, training, cluster, layout)
+        plan = make_plan(MID_GPT, training, cluster, "dgx-h100:1", layout, est)
         for stage, rank in ((0, 0), (1, 4)):  # ranks 0-3 run stage 0, 4-7 stage 1
             memory = est.stages[stage].memory
             traced[counts, stage] = dry_run(plan, rank).peak_bytes

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.distributed as dist
+from harness import MID_GPT
 from torch import nn
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -18,7 +19,7 @@ from cost_models.estimate import estimate
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.files.plans import make_plan
-from planner.schemas import DType, Layout, ModelSpec, TrainingSpec, ZeroStage
+from planner.schemas import DType, Layout, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.plan import PlannedLayout
 from planner.schemas.runtime_support import check_runnable
@@ -88,19 +89,6 @@ def test_the_runtime_refuses_an_offload_it_cannot_run() -> None:
     del cluster
 
 
-MID = ModelSpec(
-    name="mid-gpt",
-    hidden_size=512,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-    intermediate_size=2048,
-    vocab_size=1024,
-    hidden_act="silu",
-    max_position_embeddings=4096,
-)
-
-
 @pytest.mark.slow
 def test_the_dry_run_holds_what_the_estimate_keeps_on_the_device() -> None:
     cluster, training = load_cluster("dgx-h100:1"), TrainingSpec(global_batch_size=8, seq_len=1024)
@@ -114,9 +102,9 @@ def test_the_dry_run_holds_what_the_estimate_keeps_on_the_device() -> None:
     traced = {}
     for fraction in (0.0, 0.5, 1.0):
         offloaded = replace(layout, optimizer_offload_fraction=fraction)
-        est = estimate(MID, training, cluster, offloaded)
+        est = estimate(MID_GPT, training, cluster, offloaded)
         memory = est.stages[0].memory
-        traced[fraction] = dry_run(make_plan(MID, training, cluster, "dgx-h100:1", offloaded, est), 0).peak_bytes
+        traced[fraction] = dry_run(make_plan(MID_GPT, training, cluster, "dgx-h100:1", offloaded, est), 0).peak_bytes
         assert memory.total_bytes - memory.workspace_bytes == pytest.approx(traced[fraction], rel=0.05)
     assert traced[0.0] > traced[0.5] > traced[1.0]
 
