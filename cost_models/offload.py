@@ -1,5 +1,6 @@
-"""Optimizer offload (``Layout.optimizer_offload_fraction``): what the offloaded share of a rank's
-optimizer shard takes from host memory and adds to the step.
+"""Offload to host memory: what the offloaded share of a rank's optimizer shard
+(``Layout.optimizer_offload_fraction``), and under ZeRO-3 its weight and gradient shards
+(``Layout.parameter_offload``), take from the device, fill of the host and add to the step.
 
 What runs where is Megatron-Core's hybrid device optimizer and DeepSpeed's ZeRO-Offload alike:
 of the parameters whose optimizer step a rank runs (``sharding.optimizer_shard_params``) a
@@ -25,6 +26,10 @@ default), which recovered about 7% of the offloaded step in Megatron-Bridge's me
 the CPU's Adam, not the copies, dominated; DeepSpeed copies at the accumulation boundary, after
 the backward. No stack overlaps the CPU's step with the next step's forward by default
 (ZeRO-Offload's one-step-delayed update is an option, not priced).
+
+With the weights offloaded too (FSDP2's ``CPUOffloadPolicy``, DeepSpeed's ``offload_param``) the
+device holds only the units it gathers; the shards cross at every unshard and every reduced
+gradient (``optimizer_offload_s`` says which of those copies the step waits for).
 
 Host memory per node is the busiest stage's offloaded bytes times the ranks of a node (an
 upper bound where a node holds ranks of several stages), beside ``HostProfile.memory_bytes``.

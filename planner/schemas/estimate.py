@@ -106,8 +106,9 @@ class TimeBreakdown:
     """Ring attention's key/value exchange that compute does not hide, or the all-to-all kind's
     all-to-alls (0 without context parallelism)."""
     optimizer_offload_s: float = 0.0
-    """The host's part of an offloaded optimizer step (``Layout.optimizer_offload_fraction``):
-    gradients copied to the host, the CPUs' Adam, the updated weights copied back (0 without)."""
+    """The host's part of an offloaded step (``Layout.optimizer_offload_fraction``): gradients
+    copied to the host, the CPUs' Adam, the updated weights copied back; with the weights
+    offloaded (``Layout.parameter_offload``), the shards' copies compute does not hide (0 without)."""
 
     @property
     def step_time_s(self) -> float:

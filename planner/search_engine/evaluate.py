@@ -221,8 +221,8 @@ class Evaluator:
         """``layout`` with the least share of its optimizer states offloaded, in steps of
         1 / ``OFFLOAD_STEPS``, that its stages' device memory says fit; none where it fits without;
         all where even that does not fit, and under ZeRO-3 the weight and gradient shards too
-        (``_parameters_offloaded``; weighed as a miss where that does not fit either). A stage's memory is
-        affine in the share (``cost_models.offload``): priced without and with all of it, the
+        (``_parameters_offloaded``; weighed as a miss where that does not fit either). A stage's
+        memory is affine in the share (``cost_models.offload``): priced without and with all of it, the
         share is read off. A layout that cannot run is returned as it is (``__call__`` says why)."""
         kept = replace(layout, optimizer_offload_fraction=0.0, parameter_offload=False)
         whole = replace(kept, optimizer_offload_fraction=1.0)
@@ -245,7 +245,7 @@ class Evaluator:
         if share == 0:
             return kept
         steps = math.ceil(share * OFFLOAD_STEPS - 1e-9)
-        return replace(layout, optimizer_offload_fraction=min(1.0, steps / OFFLOAD_STEPS))
+        return replace(kept, optimizer_offload_fraction=min(1.0, steps / OFFLOAD_STEPS))
 
     def _parameters_offloaded(self, whole: Layout) -> Layout:
         """``whole`` (every optimizer state offloaded, and still too big) with its weight and
