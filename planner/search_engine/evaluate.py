@@ -245,19 +245,30 @@ class Evaluator:
         if share == 0:
             return kept
         steps = math.ceil(share * OFFLOAD_STEPS - 1e-9)
-        return replace(kept, optimizer_offload_fraction=min(1.0, steps / OFFLOAD_STEPS))
+        return self._admitted(replace(kept, optimizer_offload_fraction=min(1.0, steps / OFFLOAD_STEPS)), whole)
+
+    def _admitted(self, offloaded: Layout, whole: Layout) -> Layout:
+        """``offloaded``, or where the training's stack refuses it (``admit``: DeepSpeed offloads a
+        share below 1 under ZeRO-3 only) every optimizer state offloaded, ``whole``, which holds less."""
+        if self.admit is None or offloaded == whole:
+            return offloaded
+        try:
+            self.admit(offloaded)
+        except InfeasibleConfigError:
+            return whole
+        return offloaded
 
     def _parameters_offloaded(self, whole: Layout) -> Layout:
         """``whole`` (every optimizer state offloaded, and still too big) with its weight and
-        gradient shards on the host too where ZeRO-3 shards them (``Layout.parameter_offload``),
-        else as it is (a miss, weighed as such)."""
+        gradient shards on the host too where ZeRO-3 shards them (``Layout.parameter_offload``) and
+        the stack runs that, else as it is (a miss, weighed as such)."""
         if (
             whole.zero_stage is not ZeroStage.PARAMETERS
             or whole.dense_replicas == 1
             or whole.pipeline_parallel_degree > 1
         ):
             return whole
-        return replace(whole, parameter_offload=True)
+        return self._admitted(replace(whole, parameter_offload=True), whole)
 
     def stage_usable_bytes(self, layout: Layout) -> tuple[float, ...]:
         """Each pipeline stage's usable memory: its devices' (the smallest among its ranks' on a

@@ -8,6 +8,7 @@ import pytest
 
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
+from planner.flows.search import admission
 from planner.schemas import HostProfile, Layout, Recompute, TrainingSpec, ZeroStage
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.settings import Budget, SearchSettings
@@ -89,3 +90,27 @@ def test_optuna_offers_the_offload_as_the_exhaustive_scan_does() -> None:
     assert best.layout.optimizer_offload_fraction > 0 and best.estimate.fits
     exhaustive = _search(top_k=1).ranked[0]
     assert best.estimate.step_time_s >= exhaustive.estimate.step_time_s  # the scan's is the fastest
+
+
+def test_a_share_the_stack_refuses_is_offered_whole() -> None:
+    # DeepSpeed offloads a share below 1 under ZeRO-3 only: on 48 GB GPUs, Llama 3 8B under ZeRO-1
+    # needs a share of its optimizer states offloaded, and is offered them all
+    model, training = load_model("llama3-8b"), FINE_TUNING.under("deepspeed")
+    small = NODE.model_copy(update={"device": NODE.device.model_copy(update={"memory_bytes": 48 * 10**9})})
+    layout = Layout(
+        data_parallel_degree=8,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        micro_batch_size=1,
+        zero_stage=ZeroStage.OPTIMIZER,
+        recompute=Recompute.FULL,
+    )
+    unchecked = Evaluator(model, training, small)
+    checked = Evaluator(model, training, small, admit=admission(model, training, small))
+    assert 0 < unchecked.least_offload(layout).optimizer_offload_fraction < 1  # what fits
+    assert checked.least_offload(layout).optimizer_offload_fraction == 1.0
+    # under ZeRO-3 a share is DeepSpeed's ratio: on 20 GB GPUs 40% of the states
+    tiny = small.model_copy(update={"device": small.device.model_copy(update={"memory_bytes": 20 * 10**9})})
+    zero3 = replace(layout, zero_stage=ZeroStage.PARAMETERS)
+    offered = Evaluator(model, training, tiny, admit=admission(model, training, tiny)).least_offload(zero3)
+    assert offered.optimizer_offload_fraction == 0.4
