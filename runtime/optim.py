@@ -354,11 +354,12 @@ def _grouped_masters(pieces: list[_Piece], host: torch.device | None = None) -> 
             groups.append([])
             filled = 0
         flat = local(piece.param).detach().reshape(-1)
-        master = flat[piece.start : piece.stop].float().clone()
-        if host is not None:
-            master = master.to(host)
-            if torch.cuda.is_available() and flat.device.type == "cuda":
-                master = master.pin_memory()
+        part = flat[piece.start : piece.stop]
+        if host is None:
+            master = part.float().clone()
+        else:  # made on the host (pinned where CUDA copies from it), not first beside the parameter
+            pinned = torch.cuda.is_available() and flat.device.type == "cuda"
+            master = torch.empty(part.numel(), dtype=torch.float32, device=host, pin_memory=pinned).copy_(part)
         groups[-1].append(_MasterSlice(piece.param, piece.start, piece.stop, master))
         filled += size
     return [g for g in groups if g]
