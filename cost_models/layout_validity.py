@@ -125,17 +125,24 @@ def check_offload(cluster: ClusterProfile, layout: Layout) -> None:
     hosts hold and how fast its devices copy to them: nothing could price the offload."""
     if layout.optimizer_offload_fraction <= 0:
         return
-    missing = []
-    if cluster.host is None:
-        missing.append("its hosts' memory and CPU Adam rate (host)")
-    if any(d.host_to_device_bytes_per_s is None or d.device_to_host_bytes_per_s is None for d in cluster.devices):
-        missing.append("its devices' host copy rates (host_to_device_bytes_per_s, device_to_host_bytes_per_s)")
+    missing = missing_host_facts(cluster)
     if missing:
         raise InfeasibleConfigError(
             f"optimizer_offload_fraction={layout.optimizer_offload_fraction:g} offloads to the host, but cluster "
             f"{cluster.name!r} does not give {' or '.join(missing)}; plan on a preset that does (dgx-h100, "
             "dgx-a100-80g, ...), add them to the cluster file, or drop the offload"
         )
+
+
+def missing_host_facts(cluster: ClusterProfile) -> list[str]:
+    """What ``cluster`` does not say of its hosts that an offload is priced with: their memory and
+    CPU Adam rate, and every device's copy rates to and from them (empty: an offload can be priced)."""
+    missing = []
+    if cluster.host is None:
+        missing.append("its hosts' memory and CPU Adam rate (host)")
+    if any(d.host_to_device_bytes_per_s is None or d.device_to_host_bytes_per_s is None for d in cluster.devices):
+        missing.append("its devices' host copy rates (host_to_device_bytes_per_s, device_to_host_bytes_per_s)")
+    return missing
 
 
 def check_context_parallel(model: ModelSpec, training: TrainingSpec, layout: Layout) -> None:

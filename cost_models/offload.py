@@ -65,6 +65,11 @@ def rank_host_bytes(params: StageParams, layout: Layout, precision: Precision) -
     return offloaded_params(params, layout) * per_param
 
 
+def _busiest_stage(model: ModelSpec, layout: Layout) -> StageParams:
+    """The parameters of the stage whose rank offloads the most (every rank of it offloads alike)."""
+    return max(set(all_stage_params(model, layout)), key=lambda p: offloaded_params(p, layout))
+
+
 def offloaded_states_share(precision: Precision, stack: Stack) -> float:
     """Of a parameter's optimizer states, the share an offload takes off the device: all of them,
     or under a stack that keeps the fp32 master on the device (``Stack.offloads_master_weights``:
@@ -95,8 +100,7 @@ def host_memory_per_node_bytes(
     ranks of a node (module docstring); 0 without offload."""
     if layout.optimizer_offload_fraction <= 0:
         return 0.0
-    per_rank = max(rank_host_bytes(p, layout, precision) for p in set(all_stage_params(model, layout)))
-    return per_rank * ranks_per_node(cluster, layout)
+    return rank_host_bytes(_busiest_stage(model, layout), layout, precision) * ranks_per_node(cluster, layout)
 
 
 def optimizer_offload_s(
@@ -124,7 +128,7 @@ def optimizer_offload_s(
     assert isinstance(host, HostProfile)
     down = min(d.device_to_host_bytes_per_s or 0.0 for d in cluster.devices)
     up = min(d.host_to_device_bytes_per_s or 0.0 for d in cluster.devices)
-    per_rank = max(offloaded_params(p, layout) for p in set(all_stage_params(model, layout)))
+    per_rank = offloaded_params(_busiest_stage(model, layout), layout)
     cpu_s = per_rank * ranks_per_node(cluster, layout) / host.adam_params_per_s
     if layout.parameter_offload:
         shard_bytes = 4 if precision.mixed else precision.weights.bytes  # FSDP2's sharded fp32 master, or the weights

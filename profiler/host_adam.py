@@ -17,6 +17,7 @@ import torch
 
 from profiler.context import Context
 from profiler.topology import cpu_memory_bytes
+from runtime.optim import make_optimizer
 
 ADAM_ELEMENTS: Final = 1 << 24
 """Parameters each rank's timed step holds: 64 MiB of fp32 weights (256 MiB with gradients and
@@ -31,21 +32,12 @@ class HostAdam:
     host_memory_bytes: int
 
 
-def cpu_adam(params: list[torch.Tensor], lr: float = 1e-3) -> torch.optim.Optimizer:
-    """AdamW over fp32 CPU ``params``, fused where torch has the CPU kernel, as the runtime's
-    offloaded slices step (``runtime.optim.make_optimizer``)."""
-    try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
-    except RuntimeError:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
-
-
 def adam_params_per_s(ctx: Context, elements: int = ADAM_ELEMENTS) -> float:
     """Parameters per second this rank's CPUs step with AdamW while every rank steps (its state
     made by a first step, outside the timing)."""
     weights = torch.zeros(elements, dtype=torch.float32).requires_grad_()
     weights.grad = torch.rand(elements, dtype=torch.float32)
-    optimizer = cpu_adam([weights])
+    optimizer = make_optimizer("adamw", [weights], lr=1e-3)  # the runtime's: fused where torch has the kernel
     optimizer.step()
     return elements / ctx.time(optimizer.step, lockstep=True).median_s
 

@@ -47,13 +47,12 @@ def deepspeed_config(plan: Plan) -> dict[str, JsonValue]:
     """
     check(plan)
     layout, training = plan.layout, plan.training
-    offloads, one_replica = layout.optimizer_offload_fraction > 0, layout.dense_replicas == 1
-    # ZeRO-Offload runs in ZeRO's optimizer: over one replica, stage 1 holds what stage 0 does
-    stage = 1 if offloads and one_replica and layout.zero_stage is ZeroStage.NONE else int(layout.zero_stage)
+    fraction = layout.optimizer_offload_fraction
+    # ZeRO-Offload runs in ZeRO's optimizer: over one replica (``check``), stage 1 holds what stage 0 does
+    stage = 1 if fraction > 0 and layout.zero_stage is ZeroStage.NONE else int(layout.zero_stage)
     zero: dict[str, JsonValue] = {"stage": stage}
     if layout.secondary_partition_size is not None:
         zero["zero_hpz_partition_size"] = layout.secondary_partition_size
-    fraction = layout.optimizer_offload_fraction
     if fraction > 0:
         offload: dict[str, JsonValue] = {"device": "cpu", "pin_memory": True}
         if fraction < 1:

@@ -310,23 +310,17 @@ def _data_parallel(plan: Plan) -> list[str]:
     layout = plan.layout
     d, zero = layout.dense_replicas, layout.zero_stage  # the data-and-context group: d cp ranks
     fraction = layout.optimizer_offload_fraction
-    if fraction > 0:  # ZeRO-1, or one rank (``check``): the distributed optimizer, even on one rank
-        instances = d // layout.shard_degree
-        return [
-            "--use-distributed-optimizer",
-            *(["--num-distributed-optimizer-instances", str(instances)] if instances > 1 else []),
-            "--use-precision-aware-optimizer",
-            "--optimizer-cpu-offload",
-            "--optimizer-offload-fraction",
-            f"{fraction:g}",
-        ]
-    if d == 1 or zero is ZeroStage.NONE:
+    if fraction == 0 and (d == 1 or zero is ZeroStage.NONE):
         return []
-    if zero is ZeroStage.OPTIMIZER:
+    if zero is ZeroStage.OPTIMIZER or fraction > 0:  # an offload: ZeRO-1, or one rank (``check``)
         instances = d // layout.shard_degree
-        return ["--use-distributed-optimizer"] + (
+        distributed = ["--use-distributed-optimizer"] + (
             ["--num-distributed-optimizer-instances", str(instances)] if instances > 1 else []
         )
+        if fraction == 0:
+            return distributed
+        offload = ["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction"]
+        return [*distributed, *offload, f"{fraction:g}"]
     strategy = "optim_grads_params" if zero is ZeroStage.PARAMETERS else "optim_grads"
     return [
         "--use-megatron-fsdp",

@@ -221,7 +221,7 @@ class Layout:
         object.__setattr__(self, "optimizer_offload_fraction", float(fraction))
         if not self.parameter_offload:
             return
-        if self.zero_stage is not ZeroStage.PARAMETERS or self.dense_replicas == 1 or self.pipeline_parallel_degree > 1:
+        if not self.offloads_weights_possible:
             raise SchemaError(
                 f"parameter_offload keeps ZeRO-3's weight shards on the host, but zero_stage={int(self.zero_stage)}, "
                 f"{self.dense_replicas} replica(s), pipeline_parallel_degree={self.pipeline_parallel_degree}; it needs "
@@ -324,6 +324,14 @@ class Layout:
         """Whether ZeRO-2/3 shard the dense states (FSDP in the runtime): over one replica there is
         nothing to shard, and the layout is priced and run as ZeRO-0/1."""
         return self.zero_stage.shards_gradients and self.dense_replicas > 1
+
+    @property
+    def offloads_weights_possible(self) -> bool:
+        """Whether ``parameter_offload`` may be set: ZeRO-3 shards the weights over more than one
+        replica, and no pipeline holds them whole (``cost_models.pipeline.defers_gradient_reduction``)."""
+        return (
+            self.zero_stage is ZeroStage.PARAMETERS and self.dense_replicas > 1 and self.pipeline_parallel_degree == 1
+        )
 
     @property
     def shard_degree(self) -> int:

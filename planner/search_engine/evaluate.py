@@ -37,7 +37,6 @@ from planner.schemas import (
     Recompute,
     RoutingStats,
     TrainingSpec,
-    ZeroStage,
 )
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError
 from planner.schemas.geometry import stage_layers
@@ -125,14 +124,14 @@ class Evaluator:
     ) -> None:
         self.model, self.training, self.cluster = model, training, cluster
         self.partial_recompute = partial_recompute
+        """Whether a search may offer layouts that recompute some of each stage's layers in full
+        (``least_recompute``; the layer split's refiner): not where its constraints leave no
+        recompute or full recompute out."""
         self.host_miss: DoesNotFitError | None = None
         """The layout that fit its devices but not its hosts' memory by the least (its message and bytes)."""
         self.offload = False
         """Whether layouts are tried with the least optimizer offload that fits (``offered``): set
         by a search in which no layout fits without (``runner.run_search``)."""
-        """Whether a search may offer layouts that recompute some of each stage's layers in full
-        (``least_recompute``; the layer split's refiner): not where its constraints leave no
-        recompute or full recompute out."""
         self.admit = admit
         """The stack's own refusals: raises InfeasibleConfigError for a layout the framework the
         training is priced for cannot run or express (``flows.search.admission``); None admits all."""
@@ -262,11 +261,7 @@ class Evaluator:
         """``whole`` (every optimizer state offloaded, and still too big) with its weight and
         gradient shards on the host too where ZeRO-3 shards them (``Layout.parameter_offload``) and
         the stack runs that, else as it is (a miss, weighed as such)."""
-        if (
-            whole.zero_stage is not ZeroStage.PARAMETERS
-            or whole.dense_replicas == 1
-            or whole.pipeline_parallel_degree > 1
-        ):
+        if not whole.offloads_weights_possible:
             return whole
         return self._admitted(replace(whole, parameter_offload=True), whole)
 

@@ -170,9 +170,7 @@ def _scan(
             if evaluate.offload:  # each with its least offload: more recompute, less offload, none dominates
                 best = None
                 for layout in group:
-                    if (max_trials is not None and asked >= max_trials) or (
-                        deadline is not None and time.perf_counter() >= deadline
-                    ):
+                    if _spent(asked, max_trials, deadline):
                         complete = False
                         break
                     asked += 1
@@ -187,9 +185,7 @@ def _scan(
                     break
                 continue
             for at in range(len(group)):  # the budget counts layouts: a group can hold several
-                if (max_trials is not None and asked >= max_trials) or (
-                    deadline is not None and time.perf_counter() >= deadline
-                ):
+                if _spent(asked, max_trials, deadline):
                     complete = False
                     break
                 asked += 1
@@ -229,6 +225,13 @@ def _scan(
         walked=walked,
         outpaced=outpaced,
         points=tuple((evaluate.points or [])[recorded:]),
+    )
+
+
+def _spent(asked: int, max_trials: int | None, deadline: float | None) -> bool:
+    """Whether the budget is spent: ``max_trials`` layouts asked, or the ``deadline`` passed."""
+    return (max_trials is not None and asked >= max_trials) or (
+        deadline is not None and time.perf_counter() >= deadline
     )
 
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from cost_models.layout_validity import missing_host_facts
 from planner.schemas import (
     ClusterProfile,
     Layout,
@@ -104,7 +105,7 @@ def run_search(
     )
     finalists_wanted = max(10, FINALISTS_PER_RESULT * settings.top_k)
     result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
-    if not result.feasible and settings.optimizer_offload and offloads_to(cluster):
+    if not result.feasible and settings.optimizer_offload and not missing_host_facts(cluster):
         # Nothing fits on the devices alone: every layout again, with the least optimizer offload that fits
         evaluate.offload = True
         result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
@@ -123,14 +124,6 @@ def run_search(
         elapsed_s=time.perf_counter() - start,
         usable_memory_bytes=evaluate.usable_memory_bytes,
         points=tuple(evaluate.points or ()),
-    )
-
-
-def offloads_to(cluster: ClusterProfile) -> bool:
-    """Whether ``cluster`` says enough of its hosts to price an optimizer offload: their memory and
-    CPU Adam rate, and every device's copy rates (``layout_validity.check_offload``)."""
-    return cluster.host is not None and all(
-        d.host_to_device_bytes_per_s is not None and d.device_to_host_bytes_per_s is not None for d in cluster.devices
     )
 
 
