@@ -17,7 +17,7 @@ import torch
 
 from profiler.context import Context
 from profiler.topology import cpu_memory_bytes
-from runtime.optim import make_optimizer
+from runtime import make_optimizer
 
 ADAM_ELEMENTS: Final = 1 << 24
 """Parameters each rank's timed step holds: 64 MiB of fp32 weights (256 MiB with gradients and

@@ -10,7 +10,7 @@ from runtime.data_parallel import shard_units
 from runtime.heartbeat import Heartbeat, Stopped, act_out_fault, stop_on_sigterm
 from runtime.mesh import device_grid, group_mesh, layout_mesh
 from runtime.model import TORCH_DTYPES, Decoder, attention_backend, builds_layers, default_dtype, loss_fn
-from runtime.optim import DataParallelOptimizer
+from runtime.optim import DataParallelOptimizer, make_optimizer
 from runtime.tensor_parallel import loss_context, tensor_parallel
 from runtime.threads import core_share, cpu_threads_per_rank
 from runtime.torch_compat import (
@@ -41,6 +41,7 @@ __all__ = [
     "layout_mesh",
     "loss_context",
     "loss_fn",
+    "make_optimizer",
     "reduce_scatter_single",
     "require_supported_torch",
     "shard_units",
