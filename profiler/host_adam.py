@@ -2,11 +2,12 @@
 how much memory the host holds (``ClusterProfile.host``, ``cost_models.offload``).
 
 Every rank steps a CPU AdamW of ``ADAM_ELEMENTS`` fp32 parameters at once (lockstep), with the
-kernel and threads the job's own offloaded optimizer would get (torch's fused CPU AdamW, under
-the job's OMP_NUM_THREADS: torchrun's default of 1 thread a rank runs far below a node's memory
-bandwidth, and the profile says so), so ranks that share a node's cores and memory see their
-shared rate; the node's rate is the sum of its ranks'. Measured on GPU ranks only: on CPU ranks
-the host is the devices' own memory and nothing is offloaded.
+kernel and threads the job's own offloaded optimizer gets (torch's fused CPU AdamW, on the
+node's cores split over its ranks, as ``runtime.threads`` gives both the profiler's and the
+runtime's ranks; torchrun's default of one thread a rank would step slower), so
+ranks that share a node's cores and memory see their shared rate; the node's rate is the sum of
+its ranks'. Measured on GPU ranks only: on CPU ranks the host is the devices' own memory and
+nothing is offloaded.
 """
 
 import os

@@ -63,8 +63,7 @@ def profile(settings: ProfileSettings) -> ProfileOutcome:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(cpu_threads_per_rank(local_world))
+    torch.set_num_threads(cpu_threads_per_rank(local_world))  # as the runtime's ranks compute
     backend = "nccl" if cuda else "gloo"
     stop_on_sigterm()
     dist.init_process_group(backend, timeout=timedelta(seconds=settings.timeout_s))

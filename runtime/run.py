@@ -104,15 +104,17 @@ def run(settings: RunSettings, *, replan: Replan | None = None) -> RunReport | N
 
 def _set_up_device() -> tuple[int, int, bool, torch.device]:
     """This rank's (rank, world size, whether on CUDA, device), read from torchrun's environment;
-    the device is made current (CUDA) or given the threads the profile measured with (CPU)."""
+    the device is made current (CUDA), and the rank given the threads the profile measured with:
+    the node's cores split over its ranks, for its CPU work (all of it on a CPU cluster; an
+    offloaded optimizer's step on CUDA, which torchrun's default of one thread a rank would run
+    slower than the profile, or a preset, prices it)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    else:  # the threads the profile measured with
-        torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     return rank, world, cuda, device
 
 

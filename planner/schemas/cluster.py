@@ -251,8 +251,8 @@ class HostProfile(FrozenModel):
     adam_params_per_s: float = Field(
         gt=0,
         description="Parameters per second the node's CPUs step with AdamW on fp32 master weights and"
-        " moments, every rank of the node stepping its share at once (they share the cores and the"
-        " memory bandwidth).",
+        " moments, every rank of the node stepping its share at once on the node's cores split over"
+        " its ranks, as `planner run` splits them (they share the cores and the memory bandwidth).",
     )
 
 
