@@ -19,14 +19,16 @@ from dataclasses import dataclass
 
 from cost_models.calibration import calibrated_time
 from cost_models.data_parallel import data_parallel_time
+from cost_models.expert_parallel import stage_expert_loads
 from cost_models.layer_work import hardware_flop_ratio, model_flops_per_sequence
 from cost_models.layout_validity import check_layout
 from cost_models.memory import all_stage_memory
-from cost_models.offload import host_memory_per_node_bytes, optimizer_offload_s
+from cost_models.offload import activation_offload_s, host_memory_per_node_bytes, optimizer_offload_s
 from cost_models.optimizer import optimizer_step_s
 from cost_models.params import all_stage_params
 from cost_models.pipeline import bubble_s, micro_batch_slots, pipeline_comm_s
 from cost_models.shared_cores import shared_core_factor
+from cost_models.stage_activations import offloaded_activation_bytes
 from cost_models.stage_devices import mean_peak_flop_per_s
 from cost_models.timing import StageTime, stage_times
 from cost_models.vocabulary import tied_embedding_sync_s
@@ -42,6 +44,7 @@ from planner.schemas import (
 )
 from planner.schemas.geometry import num_micro_batches, pipeline_schedules, stage_layers
 from planner.schemas.routing import RoutingStats
+from planner.schemas.stacks import stack_named
 
 
 def estimate(
@@ -124,6 +127,17 @@ def estimate_unchecked(
             training.precision,
             micro_batches=m,
             compute_per_micro_batch_s=shared * (slowest.compute_s + slowest.recompute_s),
+        ),
+        activation_offload_s=activation_offload_s(
+            offloaded_activation_bytes(model, training, layout, stage_expert_loads(model, training, layout, routing)[0])
+            if layout.activation_offload_layers
+            else 0.0,
+            cluster,
+            layout,
+            stack_named(training.stack),
+            layers=model.num_hidden_layers,
+            micro_batches=m,
+            compute_per_micro_batch_s=shared * slowest.compute_s,
         ),
     )
     if cal is not None:
@@ -208,7 +222,7 @@ def _estimate_of(
     hardware_flop = model_flop * ratio
     host = cluster.host
     return Estimate(
-        host_memory_per_node_bytes=host_memory_per_node_bytes(model, cluster, layout, training.precision),
+        host_memory_per_node_bytes=host_memory_per_node_bytes(tuple(st.memory for st in stages), cluster, layout),
         host_memory_capacity_bytes=None if host is None else float(host.memory_bytes),
         step_time_s=step_s,
         tokens_per_s=training.tokens_per_step / step_s,

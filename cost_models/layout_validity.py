@@ -116,6 +116,12 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
             f"recompute_layers {list(layout.recompute_layers)} recomputes more layers than a stage holds "
             f"({list(held)}); give each stage at most its own layers"
         )
+    if layout.activation_offload_layers >= model.num_hidden_layers:
+        raise InfeasibleConfigError(
+            f"activation_offload_layers={layout.activation_offload_layers} offloads every layer of the model's "
+            f"{model.num_hidden_layers}, but the last layer's backward follows its forward at once; offload at most "
+            f"{model.num_hidden_layers - 1}"
+        )
     check_experts(model, layout)
     check_offload(cluster, layout)
 
@@ -123,12 +129,17 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterProfi
 def check_offload(cluster: ClusterProfile, layout: Layout) -> None:
     """Raise InfeasibleConfigError where ``layout`` offloads but ``cluster`` does not say what its
     hosts hold and how fast its devices copy to them: nothing could price the offload."""
-    if layout.optimizer_offload_fraction <= 0:
+    if layout.optimizer_offload_fraction <= 0 and not layout.activation_offload_layers:
         return
     missing = missing_host_facts(cluster)
     if missing:
+        what = (
+            f"optimizer_offload_fraction={layout.optimizer_offload_fraction:g}"
+            if layout.optimizer_offload_fraction > 0
+            else f"activation_offload_layers={layout.activation_offload_layers}"
+        )
         raise InfeasibleConfigError(
-            f"optimizer_offload_fraction={layout.optimizer_offload_fraction:g} offloads to the host, but cluster "
+            f"{what} offloads to the host, but cluster "
             f"{cluster.name!r} does not give {' or '.join(missing)}; plan on a preset that does (dgx-h100, "
             "dgx-a100-80g, ...), add them to the cluster file, or drop the offload"
         )

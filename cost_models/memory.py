@@ -30,7 +30,14 @@ from cost_models.fp8_weights import fp8_weight_bytes
 from cost_models.layout_validity import check_stage
 from cost_models.loss_memory import freed_loss_bytes, stage_logits_bytes
 from cost_models.offload import offloaded_states_share, offloaded_weight_copy_bytes, rank_host_bytes
-from cost_models.params import StageParams, all_stage_params, partially_recomputed, stage_moe_layers, stage_params
+from cost_models.params import (
+    StageParams,
+    activation_offloaded,
+    all_stage_params,
+    partially_recomputed,
+    stage_moe_layers,
+    stage_params,
+)
 from cost_models.sharding import ModelStates, stage_model_states
 from cost_models.stage_activations import schedule_micro_batches, stage_activation_terms, stage_mlp_backward_bytes
 from planner.schemas import ClusterProfile, DeviceKind, Layout, MemoryBreakdown, ModelSpec, TrainingSpec
@@ -89,7 +96,8 @@ class LayoutMemory:
     gradients, 47,563 MiB against 62,805 summed). Other terms are summed as if they peak together
     (an upper bound). A calibrated cluster scales the activations, logits and buffers and adds its
     memory overhead to the workspace. The optimizer states a layout offloads are the host's
-    (``MemoryBreakdown.host_bytes``), less the weight copy they leave (``cost_models.offload``).
+    (``MemoryBreakdown.host_bytes``), less the weight copy they leave (``cost_models.offload``), and
+    so are what the layers a layout offloads activations of keep (``Layout.activation_offload_layers``).
 
     What the stages share is computed once: the micro-batches, the MoE loads and layers per stage,
     and every term of stages that hold the same parameters, layers and loads (a pipeline's middle
@@ -116,6 +124,7 @@ class LayoutMemory:
         self._layers = stage_layers(model, layout)
         self._moe_layers = stage_moe_layers(model, layout)
         self._recomputed = partially_recomputed(model, layout)
+        self._offloaded = activation_offloaded(model, layout)
         self._params = all_stage_params(model, layout)
         self._last_stage = chunk_stage(layout, output_chunk(layout))
         cal = cluster.calibration
@@ -124,7 +133,7 @@ class LayoutMemory:
         )
         self._workspace_bytes = _calibrated_workspace_bytes(cluster)
         self._device = cluster.pricing_device
-        self._terms: dict[object, tuple[ModelStates, float, float, float, float, float, float]] = {}
+        self._terms: dict[object, tuple[ModelStates, float, float, float, float, float, float, float]] = {}
 
     def stage(self, stage: int) -> MemoryBreakdown:
         """Peak bytes of one rank of pipeline stage ``stage``, by term.
@@ -141,8 +150,18 @@ class LayoutMemory:
         activation_scale, logits_scale, buffer_scale = self._scales
         terms = self._terms.get(key)
         if terms is None:
-            per_micro_batch, once, rematerialized = stage_activation_terms(
-                model, training, layout, params, load, layers, moe, last, self._micro_batches, recomputed
+            per_micro_batch, once, rematerialized, host = stage_activation_terms(
+                model,
+                training,
+                layout,
+                params,
+                load,
+                layers,
+                moe,
+                last,
+                self._micro_batches,
+                recomputed,
+                self._offloaded,
             )
             backward = stage_mlp_backward_bytes(model, training, layout, load, layers, moe)
             logits = stage_logits_bytes(model, training, layout, stage, params)
@@ -167,9 +186,10 @@ class LayoutMemory:
                 + max(0.0, staging - logits),
                 fp8_weight_bytes(model, training, layout, self._device, layers - moe, moe),
                 max(0.0, freed - sum(transients)),  # what the gradients may fill of it
+                host,
             )
             self._terms[key] = terms
-        states, per_micro_batch, once, logits, buffers, fp8_weights, loss_left = terms
+        states, per_micro_batch, once, logits, buffers, fp8_weights, loss_left, host = terms
         in_flight = in_flight_micro_batches(
             layout, stage, self._micro_batches, vocabulary_warmup=training.vocabulary_overlap
         )
@@ -192,7 +212,7 @@ class LayoutMemory:
             logits_bytes=logits * logits_scale,
             communication_buffers_bytes=(buffers + tied) * buffer_scale,
             workspace_bytes=self._workspace_bytes,
-            host_bytes=rank_host_bytes(params, layout, training.precision),
+            host_bytes=rank_host_bytes(params, layout, training.precision) + host * in_flight * activation_scale,
         )
 
     def all(self) -> tuple[MemoryBreakdown, ...]:

@@ -1,6 +1,7 @@
 """Offload to host memory: what the offloaded share of a rank's optimizer shard
-(``Layout.optimizer_offload_fraction``), and under ZeRO-3 its weight and gradient shards
-(``Layout.parameter_offload``), take from the device, fill of the host and add to the step.
+(``Layout.optimizer_offload_fraction``), under ZeRO-3 its weight and gradient shards
+(``Layout.parameter_offload``), and some layers' activations (``Layout.activation_offload_layers``)
+take from the device, fill of the host and add to the step.
 
 What runs where is Megatron-Core's hybrid device optimizer and DeepSpeed's ZeRO-Offload alike:
 of the parameters whose optimizer step a rank runs (``sharding.optimizer_shard_params``) a
@@ -31,14 +32,28 @@ With the weights offloaded too (FSDP2's ``CPUOffloadPolicy``, DeepSpeed's ``offl
 device holds only the units it gathers; the shards cross at every unshard and every reduced
 gradient (``optimizer_offload_s`` says which of those copies the step waits for).
 
-Host memory per node is the busiest stage's offloaded bytes times the ranks of a node (an
-upper bound where a node holds ranks of several stages), beside ``HostProfile.memory_bytes``.
+Activations (``Layout.activation_offload_layers``, one stage, no recompute): what the offloaded
+layers keep for their backward lives on the host (``stage_activations``), copied down in each
+micro-batch's forward and up in its backward (``activation_offload_s``), behind the compute where
+the stack copies on a side stream, in series with it where it does not.
+
+Host memory per node is the busiest stage's host bytes times the ranks of a node (an upper
+bound where a node holds ranks of several stages), beside ``HostProfile.memory_bytes``.
 Units: parameters (elements), bytes, seconds.
 """
 
 from cost_models.params import StageParams, all_stage_params
 from cost_models.sharding import held_zero_stage, optimizer_shard_params
-from planner.schemas import ClusterProfile, HostProfile, Layout, ModelSpec, Precision, Stack, ZeroStage
+from planner.schemas import (
+    ClusterProfile,
+    HostProfile,
+    Layout,
+    MemoryBreakdown,
+    ModelSpec,
+    Precision,
+    Stack,
+    ZeroStage,
+)
 
 
 def offloaded_params(params: StageParams, layout: Layout) -> float:
@@ -93,14 +108,11 @@ def ranks_per_node(cluster: ClusterProfile, layout: Layout) -> int:
     return min(cluster.devices_per_node, layout.world_size)
 
 
-def host_memory_per_node_bytes(
-    model: ModelSpec, cluster: ClusterProfile, layout: Layout, precision: Precision
-) -> float:
-    """Host bytes the busiest node fills: the busiest stage's offloaded bytes per rank times the
-    ranks of a node (module docstring); 0 without offload."""
-    if layout.optimizer_offload_fraction <= 0:
-        return 0.0
-    return rank_host_bytes(_busiest_stage(model, layout), layout, precision) * ranks_per_node(cluster, layout)
+def host_memory_per_node_bytes(memories: tuple[MemoryBreakdown, ...], cluster: ClusterProfile, layout: Layout) -> float:
+    """Host bytes the busiest node fills: the busiest stage's host bytes per rank
+    (``MemoryBreakdown.host_bytes`` of ``memories``, every stage's) times the ranks of a node
+    (module docstring); 0 without offload."""
+    return max(m.host_bytes for m in memories) * ranks_per_node(cluster, layout)
 
 
 def optimizer_offload_s(
@@ -137,3 +149,31 @@ def optimizer_offload_s(
         return micro_batches * max(0.0, unshards_s - compute_per_micro_batch_s) + accumulated_s + cpu_s
     copies_s = per_rank * (precision.gradient_accumulation.bytes / down + precision.weights.bytes / up)
     return copies_s + cpu_s
+
+
+def activation_offload_s(
+    offloaded_bytes: float,
+    cluster: ClusterProfile,
+    layout: Layout,
+    stack: Stack,
+    *,
+    layers: int,
+    micro_batches: int,
+    compute_per_micro_batch_s: float,
+) -> float:
+    """Seconds an activation offload (``Layout.activation_offload_layers``) adds to the step:
+    each micro-batch's ``offloaded_bytes`` (``stage_activations.offloaded_activation_bytes``) go
+    down in the forward and come up in the backward, at every device's pinned copy rates with all
+    of them copying at once. Under a stack that copies on a side stream
+    (``Stack.overlaps_activation_offload``) the copies hide behind the offloaded layers' own
+    compute, a third of it forward, two thirds backward (of ``compute_per_micro_batch_s`` of the
+    stage's ``layers``, every layer alike): only what exceeds it counts; otherwise they run in
+    series with it. ``layout_validity.check_offload`` must have accepted the cluster."""
+    if offloaded_bytes <= 0:
+        return 0.0
+    down_s = offloaded_bytes / min(d.device_to_host_bytes_per_s or 0.0 for d in cluster.devices)
+    up_s = offloaded_bytes / min(d.host_to_device_bytes_per_s or 0.0 for d in cluster.devices)
+    if stack.overlaps_activation_offload:
+        covered_s = compute_per_micro_batch_s * layout.activation_offload_layers / layers
+        return micro_batches * (max(0.0, down_s - covered_s / 3) + max(0.0, up_s - 2 * covered_s / 3))
+    return micro_batches * (down_s + up_s)

@@ -210,6 +210,14 @@ def partially_recomputed(model: ModelSpec, layout: Layout) -> tuple[tuple[int, i
     return tuple((r - m, m) for r, m in zip(layout.recompute_layers, moe, strict=True))
 
 
+def activation_offloaded(model: ModelSpec, layout: Layout) -> tuple[int, int]:
+    """(dense, MoE) layers whose activations ``Layout.activation_offload_layers`` keeps on the host:
+    the model's first ones (the layout has one stage then)."""
+    layers = layout.activation_offload_layers
+    moe = model.moe_layers_in(range(layers)) if layers else 0
+    return layers - moe, moe
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageParams:
     """Parameters one rank of a pipeline stage holds, before ZeRO sharding."""

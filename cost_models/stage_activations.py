@@ -34,7 +34,7 @@ from cost_models.activations import (
 from cost_models.context_parallel import context_buffer_bytes, kv_replication, local_seq_len
 from cost_models.expert_parallel import StageExpertLoad
 from cost_models.layout_validity import check_stage
-from cost_models.params import StageParams, partially_recomputed, stage_moe_layers
+from cost_models.params import StageParams, activation_offloaded, partially_recomputed, stage_moe_layers, stage_params
 from cost_models.vocabulary import vocabulary_activation_bytes
 from planner.schemas import Layout, ModelSpec, Recompute, Schedule, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError
@@ -85,7 +85,7 @@ def stage_activation_bytes(
     """
     check_stage(layout, stage)
     m = schedule_micro_batches(training, layout)
-    per_micro_batch, once, rematerialized = stage_activation_terms(
+    per_micro_batch, once, rematerialized, _ = stage_activation_terms(
         model,
         training,
         layout,
@@ -96,12 +96,34 @@ def stage_activation_bytes(
         stage == chunk_stage(layout, output_chunk(layout)),
         m,
         partially_recomputed(model, layout)[stage],
+        activation_offloaded(model, layout),
     )
     return (
         per_micro_batch * in_flight_micro_batches(layout, stage, m, vocabulary_warmup=training.vocabulary_overlap)
         + once
         + rematerialized
     )
+
+
+def offloaded_activation_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, load: StageExpertLoad | None = None
+) -> float:
+    """Bytes per micro-batch the layers ``Layout.activation_offload_layers`` offloads keep on the
+    host (the layout has one stage then; ``load``: its MoE layers', None balanced)."""
+    if not layout.activation_offload_layers:
+        return 0.0
+    return stage_activation_terms(
+        model,
+        training,
+        layout,
+        stage_params(model, layout, 0),
+        load,
+        stage_layers(model, layout)[0],
+        stage_moe_layers(model, layout)[0],
+        True,
+        schedule_micro_batches(training, layout),
+        offloaded=activation_offloaded(model, layout),
+    )[3]
 
 
 def stage_activation_terms(
@@ -115,19 +137,22 @@ def stage_activation_terms(
     last_stage: bool,
     micro_batches: int,
     recomputed: tuple[int, int] = (0, 0),
-) -> tuple[float, float, float]:
+    offloaded: tuple[int, int] = (0, 0),
+) -> tuple[float, float, float, float]:
     """``stage_activation_bytes`` as (bytes per micro-batch in flight, bytes held once, bytes one
-    layer rematerializes in its backward under recompute) of a stage holding ``params``,
-    ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk if ``last_stage``: stages
-    alike in these differ only in their micro-batches in flight. Under ``Layout.recompute_layers``
-    the stage recomputes ``recomputed`` (dense, MoE) of its layers in full and keeps everything of
-    the others (``params.partially_recomputed``). The rematerialized layer lives in
-    the backward only (``memory.LayoutMemory`` weighs it against the loss freed before it)."""
+    layer rematerializes in its backward under recompute, bytes per micro-batch on the host) of a
+    stage holding ``params``, ``layers_here`` layers of which ``moe_here`` MoE, and the last chunk
+    if ``last_stage``: stages alike in these differ only in their micro-batches in flight. Under
+    ``Layout.recompute_layers`` the stage recomputes ``recomputed`` (dense, MoE) of its layers in
+    full and keeps everything of the others (``params.partially_recomputed``); under
+    ``Layout.activation_offload_layers`` what ``offloaded`` (dense, MoE) of its layers keep is the
+    host's (``params.activation_offloaded``). The rematerialized layer lives in the backward only
+    (``memory.LayoutMemory`` weighs it against the loss freed before it)."""
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
     sp, activation_dtype, modules = layout.sequence_parallel, training.precision.activations, layout.recompute_modules
     recompute = Recompute.NONE if layout.recompute_layers is not None else layout.recompute
     s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
-    per_micro_batch, once = 0.0, 0.0
+    per_micro_batch, once, host = 0.0, 0.0, 0.0
     working = [0.0]
     rebuilt, kept_whole = [0.0], 0.0  # partial recompute: one recomputed layer rebuilt; the layers kept whole
     for moe, count in ((False, layers_here - moe_here), (True, moe_here)):
@@ -147,9 +172,11 @@ def stage_activation_terms(
             kv_replication=kv_replication(model, layout),
             fp8_inputs=training.precision.fp8 is not None and training.precision.fp8.saves_fp8_inputs,
         )
-        full = recomputed[moe]
+        full, away = recomputed[moe], offloaded[moe]
         whole = kept_bytes(terms, recompute, modules) * (count - full)  # the layers not recomputed in full
         per_micro_batch += whole + kept_bytes(terms, Recompute.FULL) * full
+        host += kept_bytes(terms, recompute, modules) * away  # no recompute beside an activation offload
+        per_micro_batch -= kept_bytes(terms, recompute, modules) * away
         working.append(rematerialized_bytes(terms, recompute, modules))
         kept_whole += whole
         if full:
@@ -176,7 +203,7 @@ def stage_activation_terms(
     elif params.output_share:  # split over the pipeline: the last stage keeps its final norm's input
         once += vocabulary_activation_bytes(model, training, layout)
         once += output / 2 if last_stage else 0.0
-    return per_micro_batch, once, max(working)
+    return per_micro_batch, once, max(working), host
 
 
 def stage_mlp_backward_bytes(

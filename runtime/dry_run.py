@@ -105,6 +105,12 @@ def dry_run(
             "the plan keeps ZeRO-3's weight shards on the host (parameter_offload), which FSDP2 offloads from a GPU "
             "only: the dry run traces on the CPU and cannot separate them; its device memory is the estimate's"
         )
+    if layout.activation_offload_layers:
+        raise InfeasibleConfigError(
+            f"the plan keeps {layout.activation_offload_layers} layers' activations on the host, which the runtime "
+            "copies there from a GPU only: the dry run traces on the CPU and cannot separate them; its device memory "
+            "is the estimate's"
+        )
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)
     try:

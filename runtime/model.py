@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.autograd.graph import save_on_cpu
 from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
 
@@ -143,7 +144,10 @@ class Block(nn.Module):
     recompute of Megatron-Core's ``mlp`` or ``moe`` module). Its attention is DeepSeek's
     multi-head latent attention (``runtime.latent_attention``) for an MLA model. ``experts``: an MoE layer's experts
     held here (None: a dense MLP, f wide); an MoE layer of a model with shared experts has its
-    ``shared_expert`` beside them (every rank holds it, whatever the expert placement)."""
+    ``shared_expert`` beside them (every rank holds it, whatever the expert placement).
+    ``offload_activations`` keeps what the layer saves for its backward in pinned host memory
+    (torch's ``save_on_cpu``: copied down in the forward, up at first use in the backward;
+    ``Layout.activation_offload_layers``)."""
 
     def __init__(self, model: ModelSpec, experts: Sequence[int] | None = None) -> None:
         super().__init__()
@@ -154,6 +158,7 @@ class Block(nn.Module):
         self.shared_expert: SharedExpert | None = SharedExpert(model) if shared else None
         self.recompute_all = False
         self.recompute_mlp = False
+        self.offload_activations = False
 
     def _feed_forward(self, normed: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.mlp(normed)
@@ -173,6 +178,9 @@ class Block(nn.Module):
         if self.recompute_all:
             out: torch.Tensor = checkpoint(self._forward, x, use_reentrant=False)
             return out
+        if self.offload_activations:
+            with save_on_cpu(pin_memory=True):
+                return self._forward(x)
         return self._forward(x)
 
 
@@ -286,6 +294,15 @@ def set_recompute(
         block.attn.recompute_core = RecomputeModule.CORE_ATTN in selective
         kind = RecomputeModule.MOE if isinstance(block.mlp, MoE) else RecomputeModule.MLP
         block.recompute_mlp = kind in selective
+
+
+def set_activation_offload(net: "Decoder", layers: int) -> None:
+    """Keep what the first ``layers`` of ``net``'s layers save for their backward in host memory
+    (``Layout.activation_offload_layers``; the layout has one stage, whose chunk starts at the
+    model's first layer)."""
+    for i, block in enumerate(net.layers.values()):
+        assert isinstance(block, Block)
+        block.offload_activations = i < layers
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ from runtime.expert_parallel import (
 )
 from runtime.fp8 import convert_to_fp8, edge_layers, precompute_fp8_scales
 from runtime.mesh import ShardingMeshes, context_mesh, expert_mesh, layout_mesh, sharding_meshes
-from runtime.model import TORCH_DTYPES, Decoder, default_dtype, loss_fn, set_recompute
+from runtime.model import TORCH_DTYPES, Decoder, default_dtype, loss_fn, set_activation_offload, set_recompute
 from runtime.pipeline import (
     PipelineSchedule,
     TiedEmbedding,
@@ -172,6 +172,7 @@ class Trainer:
                 convert_to_fp8(chunk, self.fp8, param_gather=self.fp8_param_gather, kept=self.fp8_kept)
             full_layers = None if layout.recompute_layers is None else layout.recompute_layers[self.pp_rank]
             set_recompute(chunk, layout.recompute, layout.recompute_modules, full_layers=full_layers)
+            set_activation_offload(chunk, layout.activation_offload_layers)
             if self.context is not None:
                 self.context.hold(chunk)
             if experts_mesh is not None and layout.expert_parallel_degree > 1:

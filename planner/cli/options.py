@@ -297,6 +297,7 @@ LAYOUT_OPTIONS = {
     "recompute_layers": "recompute_layers",
     "optimizer_offload": "optimizer_offload_fraction",
     "parameter_offload": "parameter_offload",
+    "activation_offload": "activation_offload_layers",
     "sequence_parallel": "sequence_parallel",
     "schedule": "schedule",
     "virtual_stages": "virtual_stages",

@@ -146,6 +146,15 @@ def estimate(
             "--optimizer-offload 1; needs --zero-stage 3, dp > 1 and pp 1 [default: off].",
         ),
     ] = None,
+    activation_offload: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Layers, the model's first, whose activations wait for their backward in host memory, copied "
+            "down in each forward and up in each backward (Megatron-LM's --cpu-offloading-num-layers); needs pp 1, "
+            "--recompute none and a cluster that describes its hosts (the dgx presets do) [default: 0].",
+        ),
+    ] = None,
     sequence_parallel: Annotated[
         bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Needs tp > 1 [default: off].")
     ] = None,

@@ -153,6 +153,14 @@ def check(plan: PlanShape) -> None:
             "offload_optimizer runs in ZeRO's optimizer, which shards the states over the replicas",
             "plan with --zero-stage 1-3",
         )
+    if layout.activation_offload_layers:
+        refuse(
+            TARGET,
+            f"activations offloaded from {layout.activation_offload_layers} layers",
+            "its activation_checkpointing.cpu_checkpointing offloads the inputs full recompute keeps, not what a "
+            "layer keeps without recompute",
+            "estimate without --activation-offload, or export to megatron",
+        )
     if 0 < fraction < 1 and layout.zero_stage is not ZeroStage.PARAMETERS:
         refuse(
             TARGET,

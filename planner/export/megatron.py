@@ -30,6 +30,11 @@ How the plan maps:
   data-parallel rank, whose states it holds whole); Megatron-FSDP's optimizer does not offload, so
   ZeRO 2-3 (and ZeRO-0 over several replicas) with an offload are refused. Its hybrid optimizer
   moves whole parameter tensors of the shard to the host until the fraction is reached.
+- Activation offload: --cpu-offloading-num-layers N (Transformer Engine's CPU offload of the
+  first N layers' activations; the flag of releases after core_v0.15.0, generated from
+  TransformerConfig's cpu_offloading_num_layers, which turns cpu_offloading on; core_v0.15.0
+  itself sets both from Python only). Megatron-Core offloads without a pipeline and without
+  recompute, as ``Layout.activation_offload_layers`` requires.
 - Recompute: full is --recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1 (every layer's input kept, the layer recomputed), and the first N
   layers of every stage (``Layout.recompute_layers``, equal on every stage; unequal counts are
@@ -112,6 +117,8 @@ def megatron_args(plan: Plan) -> tuple[str, ...]:
         args.append("--no-overlap-p2p-communication")
     args += _data_parallel(plan)
     args += _recompute(layout)
+    if layout.activation_offload_layers:  # one stage, no recompute (the layout's rule is Megatron-Core's)
+        args += ["--cpu-offloading-num-layers", str(layout.activation_offload_layers)]
     if layout.recompute is Recompute.SELECTIVE and layout.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         args += ["--recompute-modules", *layout.recompute_modules]
     args += ["--micro-batch-size", str(layout.micro_batch_size)]

@@ -174,6 +174,13 @@ def check(plan: PlanShape) -> None:
     """
     check_common(plan, TARGET)
     layout = plan.layout
+    if layout.activation_offload_layers:
+        refuse(
+            TARGET,
+            f"activations offloaded from {layout.activation_offload_layers} layers",
+            "its trainer offloads no activations (its activation checkpointing recomputes them)",
+            "estimate without --activation-offload, or export to megatron",
+        )
     if layout.optimizer_offload_fraction > 0 and not layout.parameter_offload:
         refuse(
             TARGET,

@@ -109,6 +109,9 @@ class TimeBreakdown:
     """The host's part of an offloaded step (``Layout.optimizer_offload_fraction``): gradients
     copied to the host, the CPUs' Adam, the updated weights copied back; with the weights
     offloaded (``Layout.parameter_offload``), the shards' copies compute does not hide (0 without)."""
+    activation_offload_s: float = 0.0
+    """The copies of offloaded layers' activations (``Layout.activation_offload_layers``) down in
+    the forward and up in the backward that compute does not hide (0 without)."""
 
     @property
     def step_time_s(self) -> float:
@@ -125,6 +128,7 @@ class TimeBreakdown:
             + self.overhead_s
             + self.context_parallel_comm_s
             + self.optimizer_offload_s
+            + self.activation_offload_s
         )
 
 
@@ -149,7 +153,8 @@ class Estimate:
     stages: tuple[StageEstimate, ...]
     time: TimeBreakdown
     host_memory_per_node_bytes: float = 0.0
-    """Host memory the busiest node's ranks fill with offloaded optimizer states (0 without offload)."""
+    """Host memory the busiest node's ranks fill with offloaded optimizer states and activations (0
+    without offload)."""
     host_memory_capacity_bytes: float | None = None
     """What one node's host may hold; None: not known (no offload can be checked against it)."""
 

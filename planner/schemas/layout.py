@@ -125,6 +125,12 @@ class Layout:
     gathering it, every reduced gradient shard goes down, and the host's CPUs step (FSDP2's
     ``CPUOffloadPolicy``, torchtitan's ``enable_cpu_offload``, DeepSpeed's ``offload_param``).
     Needs ZeRO-3 over several replicas without a pipeline."""
+    activation_offload_layers: int = 0
+    """How many transformer layers, the model's first, keep what their backward needs in host
+    memory between their forward and their backward: each micro-batch copies it down in the
+    forward and back up in the backward (Megatron-LM's ``--cpu-offloading-num-layers``, torch's
+    ``save_on_cpu``). As Megatron-Core runs it: without a pipeline and without recompute, and
+    fewer than the model's layers (``layout_validity``). 0: every activation on the device."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence over the tensor-parallel group."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -210,6 +216,21 @@ class Layout:
                 raise SchemaError(f"layer_split={self.layer_split} must hold whole numbers >= 0")
         self._check_recompute_layers()
         self._check_optimizer_offload()
+        self._check_activation_offload()
+
+    def _check_activation_offload(self) -> None:
+        layers = self.activation_offload_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+            raise SchemaError(
+                f"activation_offload_layers={layers!r} must be a whole number of layers >= 0 (0: none offloaded)"
+            )
+        if layers and (self.pipeline_parallel_degree > 1 or self.recompute is not Recompute.NONE):
+            raise SchemaError(
+                f"activation_offload_layers={layers} offloads what layers keep for their backward, as Megatron-Core "
+                f"does without a pipeline and without recompute, but pipeline_parallel_degree="
+                f"{self.pipeline_parallel_degree}, recompute={self.recompute!s}; plan pp1 with recompute none, or "
+                "drop the activation offload"
+            )
 
     def _check_optimizer_offload(self) -> None:
         fraction = self.optimizer_offload_fraction
@@ -420,6 +441,8 @@ class Layout:
             parts.append("param-offload")
         elif self.optimizer_offload_fraction > 0:
             parts.append(f"opt-offload{self.optimizer_offload_fraction:g}")
+        if self.activation_offload_layers:
+            parts.append(f"act-offload{self.activation_offload_layers}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.pipeline_parallel_degree > 1:

@@ -90,7 +90,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[16] = 16
+    schema_version: Literal[17] = 17
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -154,9 +154,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 16
+PLAN_SCHEMA_VERSION = 17
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
 """The versions ``upgrade`` reads."""
 
 
@@ -188,7 +188,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     reads as training without one. Version 14 -> 15: nothing to change; a version-14 plan counts no
     recompute layers per stage, which version 15 reads as its recompute applying to every layer.
     Version 15 -> 16: nothing to change; a version-15 plan offloads no optimizer states, which
-    version 16 reads as a fraction of 0.
+    version 16 reads as a fraction of 0. Version 16 -> 17: nothing to change; a version-16 plan
+    offloads no activations, which version 17 reads as 0 layers.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -238,6 +239,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         raw = {**raw, "schema_version": 15}
     if raw.get("schema_version") == 15:
         raw = {**raw, "schema_version": 16}
+    if raw.get("schema_version") == 16:
+        raw = {**raw, "schema_version": 17}
     return raw
 
 

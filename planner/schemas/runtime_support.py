@@ -133,6 +133,12 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
         check_sharded_experts(layout, fp32=training.dtype is DType.FP32)
     check_fp8_param_gather(layout, fp8_param_gather=training.fp8_param_gather)
     check_optimizer_offload(plan, cuda=cuda)
+    if layout.activation_offload_layers and not cuda:
+        raise InfeasibleConfigError(
+            f"the plan keeps {layout.activation_offload_layers} layers' activations in host memory, but on CPU "
+            "devices the host is the devices' own memory: nothing would move; estimate without "
+            "--activation-offload for a CPU cluster"
+        )
 
 
 def check_optimizer_offload(plan: PlanShape, *, cuda: bool) -> None:

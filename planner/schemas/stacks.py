@@ -98,6 +98,13 @@ class Stack:
     Megatron-Bridge's CPU offloading guide says it offloads "optimizer states (Adam momentum +
     variance)"; ``benchmarks/published_offload.py`` checks the savings its guide and NeMo-RL
     measured). The host holds the master either way."""
+    overlaps_activation_offload: bool = False
+    """Whether an activation offload (``Layout.activation_offload_layers``) copies on a side stream
+    behind the compute (Transformer Engine's CPU offload context under Megatron-Core: a layer's
+    saved tensors go down while the next layer computes, and come back while the later layers'
+    backward runs), or on the compute's stream, in series with it (torch's ``save_on_cpu``, which
+    the planner's runtime uses: a blocking copy down in the forward, up at first use in the
+    backward)."""
     fp8_experts: bool = True
     """Whether its FP8 recipes run the routed experts' GEMMs in FP8: Transformer Engine's grouped
     linear layers do, and the planner's runtime converts each expert's linear layers; torchtitan
@@ -236,6 +243,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             },
             gradients_on_demand=False,
             offloads_master_weights=False,
+            overlaps_activation_offload=True,
             gradients_source=_MEGATRON_GRADIENTS,
             fp8_library=Fp8Library.TRANSFORMER_ENGINE,
             fp8_recipes=_TE_RECIPES,
@@ -270,6 +278,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             },
             gradients_on_demand=False,
             offloads_master_weights=False,
+            overlaps_activation_offload=True,
             gradients_source=_MEGATRON_GRADIENTS,
             fp8_library=Fp8Library.TRANSFORMER_ENGINE,
             fp8_recipes=_TE_RECIPES,

@@ -178,7 +178,7 @@ class Evaluator:
             memories = (first, *(stages.stage(s) for s in range(1, layout.pipeline_parallel_degree)))
             peak = max(memories, key=lambda mem: mem.total_bytes)
             if all(mem.total_bytes <= cap for mem, cap in zip(memories, usable, strict=True)):
-                self._check_host(layout)
+                self._check_host(layout, memories)
                 return memories
             if self._closer(peak):
                 self.closest_miss = Miss(layout, peak)
@@ -193,18 +193,20 @@ class Evaluator:
             usable_bytes=self.usable_memory_bytes,
         )
 
-    def _check_host(self, layout: Layout) -> None:
-        """Raise DoesNotFitError where ``layout``'s offloaded optimizer states do not fit in a node's
-        host memory, less the margin (``cost_models.offload.host_memory_per_node_bytes``)."""
+    def _check_host(self, layout: Layout, memories: tuple[MemoryBreakdown, ...]) -> None:
+        """Raise DoesNotFitError where what ``layout`` offloads (its stages' ``memories``) does not fit
+        in a node's host memory, less the margin (``cost_models.offload.host_memory_per_node_bytes``)."""
         host = self.cluster.host
-        if layout.optimizer_offload_fraction <= 0 or host is None:
+        if host is None:
             return  # an offload without a host is refused by ``check_layout``
-        needed = host_memory_per_node_bytes(self.model, self.cluster, layout, self.training.precision)
+        needed = host_memory_per_node_bytes(memories, self.cluster, layout)
+        if needed <= 0:
+            return
         usable = host.memory_bytes * (1.0 - self.memory_margin)
         if needed > usable:
             why = (
-                f"{layout.describe()} needs {needed / 2**30:.1f} GiB of host memory per node for its offloaded "
-                f"optimizer states, more than the usable {usable / 2**30:.1f} GiB"
+                f"{layout.describe()} needs {needed / 2**30:.1f} GiB of host memory per node for what it "
+                f"offloads, more than the usable {usable / 2**30:.1f} GiB"
             )
             miss = DoesNotFitError(why, needed_bytes=needed, usable_bytes=usable)
             if self.host_miss is None or needed < self.host_miss.needed_bytes:

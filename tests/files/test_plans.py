@@ -19,7 +19,7 @@ from planner.schemas import DeviceKind, Estimate, Layout, Plan, Recompute, Sched
 from planner.schemas.errors import PlannerError, SchemaError
 from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v16.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v17.json"
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster("dgx-a100-80g:1")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)

@@ -366,6 +366,16 @@ REFUSED = {
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, optimizer_offload_fraction=1.0)),
         "CPUOffloadPolicy",
     ),
+    "deepspeed-activation-offload": (
+        "deepspeed",
+        lambda: _plan("tiny-gpt", _layout(16, activation_offload_layers=1)),
+        "activations offloaded from 1 layers",
+    ),
+    "torchtitan-activation-offload": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(16, zero_stage=3, activation_offload_layers=1)),
+        "its trainer offloads no activations",
+    ),
     "deepspeed-device-map": (
         "deepspeed",
         lambda: _plan("tiny-gpt", _layout(16, device_map=DeviceMap(devices=tuple(reversed(range(16)))))),
@@ -459,3 +469,5 @@ def test_an_offload_is_each_targets_own_switch() -> None:
     words = api.export(one_replica, "megatron").split()
     assert {"--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload"} <= set(words)
     assert words[words.index("--optimizer-offload-fraction") + 1] == "0.5"
+    activations = api.export(_plan("tiny-gpt", _layout(16, activation_offload_layers=1)), "megatron").split()
+    assert activations[activations.index("--cpu-offloading-num-layers") + 1] == "1"

@@ -222,6 +222,7 @@ MEGATRON: dict[str, Callable[[], Plan]] = {
     "partial-distributed-optimizer": lambda: plan("tiny-gpt", layout(16, zero_stage=1, sharding_group_size=4)),
     "optimizer-cpu-offload": lambda: plan("tiny-gpt", layout(16, zero_stage=1, optimizer_offload_fraction=0.5)),
     "optimizer-cpu-offload-one-replica": lambda: plan(GPT16, layout(1, tp=2, pp=8, optimizer_offload_fraction=1.0)),
+    "activation-offload": lambda: plan("tiny-gpt", layout(16, zero_stage=1, activation_offload_layers=1)),
     "megatron-fsdp-zero3-fp16": lambda: plan("tiny-gpt", layout(16, zero_stage=3), dtype="fp16"),
     "megatron-fsdp-zero2-tp-fp32": lambda: plan(
         "tiny-gpt", layout(8, tp=2, sequence_parallel=True, zero_stage=2), dtype="fp32"

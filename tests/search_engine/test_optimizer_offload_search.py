@@ -66,7 +66,7 @@ def test_a_host_too_small_for_the_offload_gets_no_plan_and_says_so() -> None:
         recompute=Recompute.FULL,
         optimizer_offload_fraction=1.0,
     )
-    with pytest.raises(InfeasibleConfigError, match=r"GiB of host memory per node for its offloaded optimizer states"):
+    with pytest.raises(InfeasibleConfigError, match=r"GiB of host memory per node for what it offloads"):
         Evaluator(LLAMA, FINE_TUNING, small)(layout)
 
 
