@@ -350,6 +350,15 @@ def search(
             "layout fits without it never offloads.",
         ),
     ] = True,
+    activation_offload: Annotated[
+        bool,
+        typer.Option(
+            "--activation-offload/--no-activation-offload",
+            help="Where no layout fits, also try each without recompute or a pipeline with the fewest of its first "
+            "layers' activations kept in host memory that fits (Megatron-LM's --cpu-offloading-num-layers), on a "
+            "cluster that describes its hosts; the faster of it and the optimizer offload stands.",
+        ),
+    ] = True,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -389,6 +398,7 @@ def search(
         vocabulary_layouts=tuple(vocabulary_layout) if vocabulary_layout else None,
         hierarchical_sharding=hierarchical_sharding,
         optimizer_offload=optimizer_offload,
+        activation_offload=activation_offload,
         constraints=constraints,
         record_points=plot is not None,
     )

@@ -98,6 +98,10 @@ class SearchSettings:
     """Whether, where no layout fits, the search tries each with the least share of its optimizer
     states offloaded to host memory that fits (``Layout.optimizer_offload_fraction``), on a
     cluster that describes its hosts (``ClusterProfile.host``)."""
+    activation_offload: bool = True
+    """Whether, where no layout fits, the search also tries each layout without recompute or a
+    pipeline with the fewest of its first layers' activations on the host that fits
+    (``Layout.activation_offload_layers``)."""
     constraints: Mapping[str, Collection[Choice]] | None = None
     """Values some axes may take, by axis name (``tp``, ``pp``, ``dp``, ``ep``, ``micro_batch_size``,
     ``schedule``, ``virtual_stages``, ``zero_stage``, ``recompute``, ...;

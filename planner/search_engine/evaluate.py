@@ -130,8 +130,12 @@ class Evaluator:
         self.host_miss: DoesNotFitError | None = None
         """The layout that fit its devices but not its hosts' memory by the least (its message and bytes)."""
         self.offload = False
-        """Whether layouts are tried with the least optimizer offload that fits (``offered``): set
-        by a search in which no layout fits without (``runner.run_search``)."""
+        """Whether layouts are tried with the least offload that fits (``offers``): set by a search
+        in which no layout fits without (``runner.run_search``)."""
+        self.optimizer_offload = True
+        """In an offload search, whether optimizer states may go to the host (``least_offload``)."""
+        self.activation_offload = True
+        """In an offload search, whether layers' activations may go to the host (``least_activation_offload``)."""
         self.admit = admit
         """The stack's own refusals: raises InfeasibleConfigError for a layout the framework the
         training is priced for cannot run or express (``flows.search.admission``); None admits all."""
@@ -213,10 +217,55 @@ class Evaluator:
                 self.host_miss = miss
             raise miss
 
-    def offered(self, layout: Layout) -> Layout:
-        """``layout`` as a search tries it: with the least optimizer offload that fits where the
-        search offers offload (``offload``, ``least_offload``), else itself."""
-        return self.least_offload(layout) if self.offload else layout
+    def offers(self, layout: Layout) -> tuple[Layout, ...]:
+        """``layout`` as a search tries it: itself, or in an offload search (``offload``) with the
+        least optimizer offload that fits (``least_offload``) and, where it may, with the least of
+        its first layers' activations offloaded that fits instead (``least_activation_offload``):
+        neither dominates, and the search keeps the faster."""
+        if not self.offload:
+            return (layout,)
+        offers = [self.least_offload(layout)] if self.optimizer_offload else []
+        activations = self.least_activation_offload(layout) if self.activation_offload else None
+        if activations is not None and activations not in offers:
+            offers.append(activations)
+        return tuple(offers) or (layout,)
+
+    def least_activation_offload(self, layout: Layout) -> Layout | None:
+        """``layout`` (no optimizer offload) with the fewest of the model's first layers keeping
+        their activations on the host (``Layout.activation_offload_layers``) that its device memory
+        says fit; None where it fits without, cannot take one (a pipeline, recompute) or does not
+        fit even with every layer but the last offloaded. A layer's share is read off one offloaded
+        layer and checked (an MoE model's layers differ)."""
+        if layout.pipeline_parallel_degree > 1 or layout.recompute is not Recompute.NONE:
+            return None
+        kept = replace(layout, optimizer_offload_fraction=0.0, parameter_offload=False, activation_offload_layers=0)
+        most = self.model.num_hidden_layers - 1
+        one = replace(kept, activation_offload_layers=1)
+        try:
+            check_layout(self.model, self.training, self.cluster, one)
+        except InfeasibleConfigError:
+            return None
+        (cap,) = self.stage_usable_bytes(kept)
+        (without,) = all_stage_memory(self.model, self.training, self.cluster, kept, self.routing)
+        (with_one,) = all_stage_memory(self.model, self.training, self.cluster, one, self.routing)
+        over, per_layer = without.total_bytes - cap, without.total_bytes - with_one.total_bytes
+        if over <= 0 or per_layer <= 0 or over > per_layer * most * 2:
+            return None  # fits without, saves nothing, or could not fit with every layer offloaded
+        layers = min(most, max(1, math.ceil(over / per_layer - 1e-9)))
+        while True:
+            offloaded = replace(kept, activation_offload_layers=layers)
+            (memory,) = all_stage_memory(self.model, self.training, self.cluster, offloaded, self.routing)
+            if memory.total_bytes <= cap:
+                break
+            if layers == most:
+                return None
+            layers = min(most, layers + max(1, math.ceil((memory.total_bytes - cap) / per_layer - 1e-9)))
+        if self.admit is not None:
+            try:
+                self.admit(offloaded)
+            except InfeasibleConfigError:
+                return None
+        return offloaded
 
     def least_offload(self, layout: Layout) -> Layout:
         """``layout`` with the least share of its optimizer states offloaded, in steps of

@@ -13,9 +13,9 @@ Where a group's first (no recompute) did not fit and another did, the first with
 each stage's layers recomputed in full that fit (``Evaluator.least_recompute``) is priced too,
 and the faster of the two stands for the group (``_least_recompute``).
 Where a search found nothing that fits, it runs again with every layout offered the least
-optimizer offload that fits (``Evaluator.offload``, ``Evaluator.offered``): then each layout of a
-group is priced, as more recompute needs less offload and neither dominates, and the fastest that
-fits stands for the group.
+optimizer offload that fits and, without recompute or a pipeline, the least activation offload
+(``Evaluator.offload``, ``Evaluator.offers``): then each layout of a group is priced, as more
+recompute needs less offload and neither dominates, and the fastest that fits stands for the group.
 
 Asked for its fastest ``keep`` (as a search's runner asks), it skips the groups that cannot be
 among them: once ``keep`` candidates are found, a group whose step-time floor
@@ -174,9 +174,10 @@ def _scan(
                         complete = False
                         break
                     asked += 1
-                    fits, miss = _try(evaluate.offered(layout), evaluate, (number, place), miss)
-                    if fits is not None and (best is None or fits.estimate.step_time_s < best.estimate.step_time_s):
-                        best = fits
+                    for offered in evaluate.offers(layout):  # its least optimizer or activation offload
+                        fits, miss = _try(offered, evaluate, (number, place), miss)
+                        if fits is not None and (best is None or fits.estimate.step_time_s < best.estimate.step_time_s):
+                            best = fits
                 if best is not None:
                     found.append(((number, place), best))
                     if fastest is not None:

@@ -207,12 +207,14 @@ def _fastest(groups: list[tuple[Layout, ...]], evaluate: Evaluator) -> tuple[Lay
     misses: list[DoesNotFitError] = []
     for group in groups:
         for given in group:
-            layout = evaluate.offered(given)  # with the least optimizer offload that fits, in an offload search
-            try:
-                fits.append((layout, evaluate(layout)))
+            fitted = len(fits)
+            for layout in evaluate.offers(given):  # with its least offloads that fit, in an offload search
+                try:
+                    fits.append((layout, evaluate(layout)))
+                except DoesNotFitError as e:
+                    misses.append(e)
+            if len(fits) > fitted:
                 break
-            except DoesNotFitError as e:
-                misses.append(e)
     if fits:
         return min(fits, key=lambda pair: pair[1].step_time_s)
     raise min(misses, key=lambda e: e.needed_bytes)

@@ -105,9 +105,14 @@ def run_search(
     )
     finalists_wanted = max(10, FINALISTS_PER_RESULT * settings.top_k)
     result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
-    if not result.feasible and settings.optimizer_offload and not missing_host_facts(cluster):
-        # Nothing fits on the devices alone: every layout again, with the least optimizer offload that fits
+    offloads = settings.optimizer_offload or settings.activation_offload
+    if not result.feasible and offloads and not missing_host_facts(cluster):
+        # Nothing fits on the devices alone: every layout again, with the least offloads that fit
         evaluate.offload = True
+        evaluate.optimizer_offload, evaluate.activation_offload = (
+            settings.optimizer_offload,
+            settings.activation_offload,
+        )
         result = strategy.search(space, evaluate, budget, seed=settings.seed, progress=progress, keep=finalists_wanted)
     if not result.feasible:
         raise InfeasibleConfigError(explain_infeasible(space, evaluate))
@@ -198,7 +203,7 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
         hints.append("full recompute")
     if layout.micro_batch_size > 1:
         hints.append("a smaller micro-batch")
-    if not evaluate.offload:
+    if not (evaluate.offload and evaluate.optimizer_offload):
         hints.append("optimizer offload to host memory (a cluster that describes its hosts, and --optimizer-offload)")
     hints.append("a shorter sequence or a smaller global batch")
     host = ""
