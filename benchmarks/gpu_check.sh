@@ -10,7 +10,8 @@
 # Steps, each capped by `timeout` and logged: the environment; the tests marked gpu; a one-rank
 # `planner profile`; its figures beside the dgx-h100 preset's; the profile kept as a fixture with
 # its date, torch and driver; then per case (a dense model without and with recompute, an MoE)
-# `planner search` on the measured profile, a dry run, and `planner run` under torchrun; last,
+# `planner search` on the measured profile, a dry run, and `planner run` under torchrun; on a GPU,
+# a plan offloading half its optimizer states and 4 layers' activations, estimated and run; last,
 # the measured step time and memory beside the estimates (compare.json, compare.png). A failed
 # step is named (`!! rc=`) and the others still run; the script exits 1 if any failed.
 # What one GPU cannot show (NCCL between GPUs, links, collectives, pipelines, tensor and expert
@@ -81,6 +82,15 @@ case_() {  # case_ NAME MODEL RECOMPUTE
 case_ dense "$dense" none
 case_ dense-rc "$dense" full
 case_ moe "$moe" none
+if [ "$mode" = gpu ]; then  # the offloads copy from a GPU only (a CPU's host is its device memory)
+    plan="$OUT/offload.json"  # half the optimizer states and 4 layers' activations on the host
+    step 60 "estimate offload" "$PY" -m planner estimate --model "$dense" --cluster "$cluster" \
+        --global-batch-size "$batch" --seq-len "$seq" --dtype "$dtype" --dp 1 --tp 1 --pp 1 --micro-batch-size 4 \
+        --zero-stage 1 --optimizer-offload 0.5 --activation-offload 4 --output "$plan" &&
+        plans+=("$plan") &&
+        step 150 "run offload" $run -m planner run "$plan" --steps "$steps" --warmup-steps 2 \
+            --report "$OUT/report_offload.json"
+fi
 [ ${#plans[@]} -gt 0 ] && step 60 compare "$PY" benchmarks/gpu_check.py compare "${plans[@]}" --preset "$OUT/preset-h100x1.json"
 
 if [ ${#failed[@]} -gt 0 ]; then
