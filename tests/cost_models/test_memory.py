@@ -590,5 +590,9 @@ def test_activations_grow_with_micro_batch(case: tuple[ModelSpec, TrainingSpec, 
     )
     small = stage_memory(model, training, CLUSTER, layout, stage)
     big = stage_memory(model, training_big, CLUSTER, bigger, stage)
-    assert big.activations_bytes >= small.activations_bytes
+    # The backward's transients (the layer a recompute rebuilds) fill the loss freed before them
+    # first and count only what exceeds it (``memory.LayoutMemory``): a bigger micro-batch frees a
+    # bigger loss, so the activations term alone may shrink (one layer, full recompute, micro-batch
+    # 3 -> 4: 10,512 -> 10,464 bytes, as its logits grew by 5,760); with the logits it never does.
+    assert big.activations_bytes + big.logits_bytes >= small.activations_bytes + small.logits_bytes
     assert big.logits_bytes >= small.logits_bytes
