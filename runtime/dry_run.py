@@ -100,16 +100,15 @@ def dry_run(
         raise InfeasibleConfigError(f"--rank {rank} is outside the plan's world of {world} ranks (0..{world - 1})")
     check_buildable(plan.model)  # else it would trace another model than the estimate priced
     check_recompute_modules(layout)
-    if layout.parameter_offload:
-        raise InfeasibleConfigError(
-            "the plan keeps ZeRO-3's weight shards on the host (parameter_offload), which FSDP2 offloads from a GPU "
-            "only: the dry run traces on the CPU and cannot separate them; its device memory is the estimate's"
+    if layout.parameter_offload or layout.activation_offload_layers:
+        what = (
+            "ZeRO-3's weight shards on the host (parameter_offload), which FSDP2 offloads"
+            if layout.parameter_offload
+            else f"{layout.activation_offload_layers} layers' activations on the host, which the runtime copies there"
         )
-    if layout.activation_offload_layers:
         raise InfeasibleConfigError(
-            f"the plan keeps {layout.activation_offload_layers} layers' activations on the host, which the runtime "
-            "copies there from a GPU only: the dry run traces on the CPU and cannot separate them; its device memory "
-            "is the estimate's"
+            f"the plan keeps {what} from a GPU only: the dry run traces on the CPU and cannot separate them; its "
+            "device memory is the estimate's"
         )
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=layout.device_map.device_of(rank), world_size=world)

@@ -132,31 +132,31 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
     if plan.model.is_moe and (layout.expert_parallel_degree > 1 or layout.folds_experts):
         check_sharded_experts(layout, fp32=training.dtype is DType.FP32)
     check_fp8_param_gather(layout, fp8_param_gather=training.fp8_param_gather)
-    check_optimizer_offload(plan, cuda=cuda)
-    if layout.activation_offload_layers and not cuda:
-        raise InfeasibleConfigError(
-            f"the plan keeps {layout.activation_offload_layers} layers' activations in host memory, but on CPU "
-            "devices the host is the devices' own memory: nothing would move; estimate without "
-            "--activation-offload for a CPU cluster"
-        )
+    check_offloads(plan, cuda=cuda)
 
 
-def check_optimizer_offload(plan: PlanShape, *, cuda: bool) -> None:
-    """Refuse an optimizer offload (``Layout.optimizer_offload_fraction``) the runtime cannot run:
-    on CPU devices, whose host is their memory; under ZeRO-2/3 over several replicas, where FSDP2
-    would offload the parameters and gradients with the states (``CPUOffloadPolicy``), which the
-    plan does not price (``Layout.parameter_offload`` prices it); in fp32, which has no master
-    weights to offload (``runtime.optim``); the weight shards of an MoE model, whose experts the
-    runtime keeps outside FSDP2."""
+def check_offloads(plan: PlanShape, *, cuda: bool) -> None:
+    """Refuse an offload the runtime cannot run: any (``Layout.optimizer_offload_fraction``,
+    ``Layout.activation_offload_layers``) on CPU devices, whose host is their memory; an optimizer
+    offload under ZeRO-2/3 over several replicas, where FSDP2 would offload the parameters and
+    gradients with the states (``CPUOffloadPolicy``), which the plan does not price
+    (``Layout.parameter_offload`` prices it); in fp32, which has no master weights to offload
+    (``runtime.optim``); the weight shards of an MoE model, whose experts the runtime keeps outside
+    FSDP2."""
     layout, dtype = plan.layout, plan.training.dtype
     fraction = layout.optimizer_offload_fraction
+    if not cuda and (fraction > 0 or layout.activation_offload_layers):
+        what, option = (
+            (f"{fraction:g} of its optimizer states", "--optimizer-offload")
+            if fraction > 0
+            else (f"{layout.activation_offload_layers} layers' activations", "--activation-offload")
+        )
+        raise InfeasibleConfigError(
+            f"the plan keeps {what} in host memory, but on CPU devices the host is the devices' own memory: "
+            f"nothing would move; plan without {option} for a CPU cluster"
+        )
     if fraction <= 0:
         return
-    if not cuda:
-        raise InfeasibleConfigError(
-            f"the plan offloads {fraction:g} of its optimizer states to host memory, but on CPU devices the host is "
-            "the devices' own memory: nothing would move; plan without --optimizer-offload for a CPU cluster"
-        )
     if layout.shards_over_replicas and not layout.parameter_offload:
         raise InfeasibleConfigError(
             f"the plan offloads optimizer states under ZeRO-{int(layout.zero_stage)}, where this runtime's FSDP2 "

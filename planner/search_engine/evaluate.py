@@ -260,12 +260,7 @@ class Evaluator:
             if layers == most:
                 return None
             layers = min(most, layers + max(1, math.ceil((memory.total_bytes - cap) / per_layer - 1e-9)))
-        if self.admit is not None:
-            try:
-                self.admit(offloaded)
-            except InfeasibleConfigError:
-                return None
-        return offloaded
+        return offloaded if self._admits(offloaded) else None
 
     def least_offload(self, layout: Layout) -> Layout:
         """``layout`` with the least share of its optimizer states offloaded, in steps of
@@ -300,13 +295,18 @@ class Evaluator:
     def _admitted(self, offloaded: Layout, whole: Layout) -> Layout:
         """``offloaded``, or where the training's stack refuses it (``admit``: DeepSpeed offloads a
         share below 1 under ZeRO-3 only) every optimizer state offloaded, ``whole``, which holds less."""
-        if self.admit is None or offloaded == whole:
-            return offloaded
+        return offloaded if offloaded == whole or self._admits(offloaded) else whole
+
+    def _admits(self, layout: Layout) -> bool:
+        """Whether the training's stack runs ``layout`` (``admit``; an offload the search offers,
+        not counted among the refused layouts a search reports)."""
+        if self.admit is None:
+            return True
         try:
-            self.admit(offloaded)
+            self.admit(layout)
         except InfeasibleConfigError:
-            return whole
-        return offloaded
+            return False
+        return True
 
     def _parameters_offloaded(self, whole: Layout) -> Layout:
         """``whole`` (every optimizer state offloaded, and still too big) with its weight and
