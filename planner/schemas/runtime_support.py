@@ -146,14 +146,14 @@ def check_offloads(plan: PlanShape, *, cuda: bool) -> None:
     layout, dtype = plan.layout, plan.training.dtype
     fraction = layout.optimizer_offload_fraction
     if not cuda and (fraction > 0 or layout.activation_offload_layers):
-        what, option = (
-            (f"{fraction:g} of its optimizer states", "--optimizer-offload")
+        what, fix = (
+            (f"{fraction:g} of its optimizer states", "plan without --optimizer-offload")
             if fraction > 0
-            else (f"{layout.activation_offload_layers} layers' activations", "--activation-offload")
+            else (f"{layout.activation_offload_layers} layers' activations", "plan without --activation-offload")
         )
         raise InfeasibleConfigError(
             f"the plan keeps {what} in host memory, but on CPU devices the host is the devices' own memory: "
-            f"nothing would move; plan without {option} for a CPU cluster"
+            f"nothing would move; {fix} for a CPU cluster"
         )
     if fraction <= 0:
         return
