@@ -207,14 +207,11 @@ def _flat_time_s(
     return steps * link.latency_s + op.volume_factor(n) * message_bytes / link.bandwidth_bytes_per_s
 
 
-@functools.lru_cache(maxsize=256)
 def _node_spread(
     devices: tuple[int, ...] | range, per_node: int
 ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], int]:
     """The nodes a group spans (in ring order), its members' local indices on each of them (in
-    ring order), and the most members on any one node. Memoized: a search prices the same groups
-    for runs of consecutive layouts (a tuple of thousands of devices is hashed in full at each
-    look-up, a range in constant time)."""
+    ring order), and the most members on any one node."""
     by_node: dict[int, list[int]] = {}
     for r in devices:
         by_node.setdefault(r // per_node, []).append(r % per_node)
@@ -222,7 +219,6 @@ def _node_spread(
     return nodes, tuple(tuple(by_node[n]) for n in nodes), max(len(v) for v in by_node.values())
 
 
-@functools.lru_cache(maxsize=256)
 def _runs_node_by_node(devices: tuple[int, ...] | range, per_node: int) -> bool:
     """Whether a ring over ``devices`` (in order, closing back to the first) visits each node's
     members in one run: it then crosses between nodes once per node, as a ring over ranks in
@@ -230,6 +226,63 @@ def _runs_node_by_node(devices: tuple[int, ...] | range, per_node: int) -> bool:
     node_of = [r // per_node for r in devices]
     changes = sum(a != b for a, b in zip(node_of, node_of[1:] + node_of[:1], strict=True))
     return changes == len(set(node_of))
+
+
+@dataclass(frozen=True, slots=True)
+class _Spread:
+    """How a group lies over a cluster's nodes, and the slowest links its rings run over there:
+    all that ``collective_time_s`` reads of the group, whatever the op and message."""
+
+    nodes: tuple[int, ...]
+    """The nodes it spans, in ring order."""
+    members: tuple[tuple[int, ...], ...]
+    """Its members' local indices on each of ``nodes``, in ring order."""
+    k: int
+    """The most members on any one node."""
+    node_by_node: bool
+    """Whether its ring visits each node's members in one run (``_runs_node_by_node``)."""
+    inter_link: LinkProfile | None
+    """The slowest link of the ring through ``nodes`` (None inside one node)."""
+    inside: tuple[tuple[int, LinkProfile], ...]
+    """(node, the slowest link of the ring through its members) of each node holding two or more."""
+
+    @property
+    def even(self) -> bool:
+        """Whether every node holds ``k`` members."""
+        return all(len(m) == self.k for m in self.members)
+
+    @property
+    def slowest_inside(self) -> LinkProfile:
+        """The slowest bandwidth and latency of the rings inside its nodes (at least one)."""
+        return functools.reduce(slower_link, (link for _, link in self.inside))
+
+
+def _spread(group: Group, cluster: ClusterProfile) -> _Spread:
+    """Read once per group and cluster (``_SPREADS``): a search prices each group of an axis for
+    every op, message and layout that shares it, and on a cluster whose node matrix is explicit
+    every group of every axis is priced."""
+    per_node = cluster.devices_per_node
+    nodes, members, k = _node_spread(group.devices, per_node)
+    return _Spread(
+        nodes=nodes,
+        members=members,
+        k=k,
+        node_by_node=len(nodes) > 1 and _runs_node_by_node(group.devices, per_node),
+        inter_link=cluster.inter_node_links.ring_slowest(nodes) if len(nodes) > 1 else None,
+        inside=tuple(
+            (node, cluster.node_links(node).ring_slowest(local))
+            for node, local in zip(nodes, members, strict=True)
+            if len(local) > 1
+        ),
+    )
+
+
+_SPREADS: HeldMemo[_Spread] = HeldMemo(limit=65536)
+
+
+def _spread_of(group: Group, cluster: ClusterProfile) -> _Spread:
+    """``_spread``, memoized per cluster object and group (a Group hashes in constant time)."""
+    return _SPREADS.get(cluster, (group,), lambda: _spread(group, cluster))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -262,7 +315,7 @@ def _has_inter_node_records(collectives: _Records, op: CollectiveOp) -> bool:
 
 def nodes_spanned(group: Group, cluster: ClusterProfile) -> int:
     """How many nodes the group's devices lie on."""
-    return len(_node_spread(group.devices, cluster.devices_per_node)[0])
+    return len(_spread_of(group, cluster).nodes)
 
 
 def device_link(cluster: ClusterProfile, src: int, dst: int) -> LinkProfile:
@@ -294,14 +347,7 @@ def _alike_nodes(cluster: ClusterProfile) -> bool:
 _ALIKE: HeldMemo[bool] = HeldMemo(limit=256)
 
 
-def _inside_phase_s(
-    cluster: ClusterProfile,
-    op: CollectiveOp,
-    message_bytes: float,
-    k: int,
-    nodes: tuple[int, ...],
-    members: tuple[tuple[int, ...], ...],
-) -> float:
+def _inside_phase_s(cluster: ClusterProfile, op: CollectiveOp, message_bytes: float, k: int, spread: _Spread) -> float:
     """The phase of a collective inside the nodes a group spans, ``k`` members on each: every node
     runs its own at once over its own links and records, and the slowest decides. A node holding
     a single member has no inside phase."""
@@ -310,28 +356,11 @@ def _inside_phase_s(
         return _flat_time_s(records, op, message_bytes, k, Placement.INTRA_NODE, link)
     return max(
         (
-            _flat_time_s(
-                _Records(cluster.node_collectives(node)),
-                op,
-                message_bytes,
-                k,
-                Placement.INTRA_NODE,
-                cluster.node_links(node).ring_slowest(local),
-            )
-            for node, local in zip(nodes, members, strict=True)
-            if len(local) > 1
+            _flat_time_s(_Records(cluster.node_collectives(node)), op, message_bytes, k, Placement.INTRA_NODE, link)
+            for node, link in spread.inside
         ),
         default=0.0,
     )
-
-
-def _slowest_inside_link(
-    cluster: ClusterProfile, nodes: tuple[int, ...], members: tuple[tuple[int, ...], ...]
-) -> LinkProfile:
-    """The slowest bandwidth and latency of the rings inside the nodes a group spans (those with
-    two members or more; at least one has)."""
-    rings = [cluster.node_links(n).ring_slowest(m) for n, m in zip(nodes, members, strict=True) if len(m) > 1]
-    return functools.reduce(slower_link, rings)
 
 
 def collective_time_s(
@@ -350,25 +379,26 @@ def collective_time_s(
     n = group.size
     if n <= 1 or message_bytes <= 0:
         return 0.0
-    nodes, members, k = _node_spread(group.devices, cluster.devices_per_node)
-    if len(nodes) == 1:
-        return _inside_phase_s(cluster, op, message_bytes, n, nodes, members)
-    if op is not CollectiveOp.ALL_TO_ALL and _runs_node_by_node(group.devices, cluster.devices_per_node):
+    spread = _spread_of(group, cluster)
+    nodes, k = spread.nodes, spread.k
+    if spread.inter_link is None:
+        return _inside_phase_s(cluster, op, message_bytes, n, spread)
+    inter_link = spread.inter_link
+    if op is not CollectiveOp.ALL_TO_ALL and spread.node_by_node:
         whole = _whole_group_records(_Records(cluster.collectives), op, n, k)
-        if whole and all(len(m) == k for m in members):
-            return _measured_time_s(whole, op, message_bytes, n, cluster.inter_node_links.ring_slowest(nodes))
-    inter_link = cluster.inter_node_links.ring_slowest(nodes)
+        if whole and spread.even:
+            return _measured_time_s(whole, op, message_bytes, n, inter_link)
     if (
         op is not CollectiveOp.ALL_TO_ALL
-        and all(len(m) == k for m in members)
+        and spread.even
         and not _has_inter_node_records(_Records(cluster.collectives), op)
     ):
-        intra_link = _slowest_inside_link(cluster, nodes, members) if k > 1 else inter_link
+        intra_link = spread.slowest_inside if k > 1 else inter_link
         return spanning_time_s(op, message_bytes, len(nodes), k, intra_link, inter_link)
     if op is CollectiveOp.ALL_TO_ALL:
         # Each rank sends (n - k)/n of its buffer off-node over its own rail, the rest over
         # intra-node links; both proceed at once.
-        intra_link = _slowest_inside_link(cluster, nodes, members) if k > 1 else inter_link
+        intra_link = spread.slowest_inside if k > 1 else inter_link
         off_node_s = off_node_share * (n - k) / n * message_bytes / inter_link.bandwidth_bytes_per_s
         on_node_s = (k - 1) / n * message_bytes / intra_link.bandwidth_bytes_per_s
         return (len(nodes) - 1) * inter_link.latency_s + max(off_node_s, on_node_s)
@@ -381,7 +411,7 @@ def collective_time_s(
     # all-gather and reduce-scatter need one intra-node phase; all-to-all one as well.
     intra_op = CollectiveOp.REDUCE_SCATTER if op is CollectiveOp.ALL_REDUCE else op
     intra_phases = 2 if op is CollectiveOp.ALL_REDUCE else 1
-    return intra_phases * _inside_phase_s(cluster, intra_op, message_bytes, k, nodes, members) + inter_s
+    return intra_phases * _inside_phase_s(cluster, intra_op, message_bytes, k, spread) + inter_s
 
 
 def has_uniform_links(cluster: ClusterProfile) -> bool:
@@ -467,7 +497,7 @@ def _representatives(
         return PricedGroups.of(groups)
     spreads: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...] | tuple[int, ...]], Group] = {}
     for group in groups:
-        nodes, members, _ = _node_spread.__wrapped__(group.devices, per_node)  # once each: kept out of the memo
+        nodes, members, _ = _node_spread(group.devices, per_node)
         local = tuple(len(m) for m in members) if by_count else members
         spreads.setdefault((tuple(classes[n] for n in nodes), local), group)
     return PricedGroups.of(spreads.values())
