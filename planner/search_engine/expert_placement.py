@@ -65,6 +65,10 @@ _BEST_RANKS = 8
 tokens local."""
 _MAX_SCALE = 3600
 """CP-SAT works in integers: token counts times the lcm of the copy counts, squared, at most this."""
+_REBALANCE_SWAPS = 256
+"""Swaps ``_rebalance`` makes in one layer at most."""
+_REBALANCE_PARTNERS = 16
+"""The coolest ranks ``_rebalance`` swaps the hottest rank's copies with."""
 
 
 def replica_counts(expert_tokens: npt.NDArray[np.int64], total_slots: int, ranks: int) -> npt.NDArray[np.int64]:
@@ -161,6 +165,45 @@ def _greedy(layer: _Layer, kept: npt.NDArray[np.int64], slots: int) -> Hosted:
                 score = np.where(open_, -load.astype(np.float64), -np.inf)
             r = int(np.argmax(score))
             hosted[e, r], free[r], load[r] = True, free[r] - 1, load[r] + layer.load[e]
+    return _rebalance(layer, kept, hosted)
+
+
+def _rebalance(layer: _Layer, kept: npt.NDArray[np.int64], hosted: Hosted) -> Hosted:
+    """``hosted`` with the hottest rank cooled by swaps while it exceeds the target: one of its
+    copies for a lighter copy on another rank (neither rank hosting the other's expert), the swap
+    that leaves the pair's hotter rank coolest, then the one that keeps most tokens local. Placing
+    hottest first to the rank that keeps most tokens local fills ranks unevenly once their slots
+    run out: on DeepSeek-V3's 256 experts over 8 ranks (a skewed synthetic trace) the greedy's
+    hottest ranks summed 30% above the mean, and CP-SAT needed 30 s to bring them to 5% (at the
+    refiner's 5 s, split over 58 layers, it improved on none). Each swap leaves both ranks below the
+    hottest's load; at most ``_REBALANCE_SWAPS`` swaps, with the ``_REBALANCE_PARTNERS`` coolest
+    ranks (256 ranks of a DeepSeek-V3-sized placement would otherwise be searched at each swap)."""
+    hosted = hosted.copy()
+    load = layer.load @ hosted
+    for _ in range(_REBALANCE_SWAPS):
+        h = int(np.argmax(load))
+        if load[h] <= layer.target:
+            break
+        mine = np.flatnonzero(hosted[:, h])  # copies on the hottest rank
+        cool = np.argsort(load, kind="stable")[:_REBALANCE_PARTNERS]  # the ranks that may take one
+        cool = cool[cool != h]
+        on = hosted[:, cool]
+        # (copy e of mine, expert f, rank r of cool): f on r, e not on r, f not on h
+        movable = on[None, :, :] & ~on[mine][:, None, :] & ~hosted[:, h][None, :, None]
+        delta = layer.load[mine][:, None, None] - layer.load[None, :, None]  # what h sheds and r takes
+        after = np.maximum(load[h] - delta, load[cool][None, None, :] + delta)
+        ok = movable & (delta > 0) & (after < load[h])
+        if not ok.any():
+            break
+        # tokens kept local gained: e on r and f on h, less e on h and f on r (a tie-break under one token)
+        kc = kept[:, cool]
+        gain = kc[mine][:, None, :] + kept[:, h][None, :, None] - kept[mine, h][:, None, None] - kc[None, :, :]
+        score = np.where(ok, gain / (np.abs(gain).max() + 1.0) - after, -np.inf)
+        i, f, j = np.unravel_index(int(np.argmax(score)), score.shape)
+        e, r, moved = int(mine[i]), int(cool[j]), int(delta[i, f, 0])
+        hosted[e, h], hosted[e, r], hosted[f, r], hosted[f, h] = False, True, False, True
+        load[h] -= moved
+        load[r] += moved
     return hosted
 
 

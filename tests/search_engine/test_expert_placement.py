@@ -21,6 +21,8 @@ from planner.schemas.routing import placement_metrics
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.expert_placement import (
     ExpertPlacementRefiner,
+    _Layer,
+    _rebalance,
     expert_rank_nodes,
     place_experts,
     replica_counts,
@@ -186,6 +188,56 @@ def test_the_decomposition_cuts_traffic_and_the_hottest_load_against_round_robin
     assert ours.cross_rank_tokens <= 0.7 * base.cross_rank_tokens
     assert ours.cross_node_tokens < base.cross_node_tokens
     assert ours.hottest_rank_tokens < base.hottest_rank_tokens
+
+
+def test_rebalancing_swaps_the_hottest_ranks_copies_for_lighter_ones() -> None:
+    # Four experts of 5, 4, 2 and 1 tokens, two slots a rank, mean 6, target 6: the locality
+    # greedy's {0, 1} | {2, 3} carries 9 against 3. Swapping expert 0 for expert 3 leaves 5 | 7,
+    # expert 1 for expert 2 7 | 5, and expert 0 for 2 or expert 1 for 3 (the first taken) 6 | 6.
+    layer = _Layer(copies=np.ones(4, dtype=np.int64), load=np.array([5, 4, 2, 1]), target=6)
+    greedy = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=bool)
+    kept = np.zeros((4, 2), dtype=np.int64)
+    placed = _rebalance(layer, kept, greedy)
+    assert placed.tolist() == [[False, True], [True, False], [True, False], [False, True]]
+    assert greedy[0, 0]  # the greedy's placement is left as it was
+    # Of two swaps that cool the pair alike, the one that keeps more tokens local: expert 1
+    # keeps 3 tokens on rank 1, expert 3 none on rank 0 (loads 4 and 4 for 1 | 2 and 1 | 0 alike).
+    even = _Layer(copies=np.ones(4, dtype=np.int64), load=np.array([3, 3, 1, 1]), target=4)
+    kept = np.array([[0, 0], [0, 3], [0, 0], [0, 0]], dtype=np.int64)
+    assert _rebalance(even, kept, np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=bool))[1].tolist() == [False, True]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    experts_per_rank=st.integers(1, 6),
+    ranks=st.sampled_from([2, 4, 8, 32]),
+    spare=st.integers(0, 2),
+    skew=st.floats(0.0, 2.0),
+    seed=st.integers(0, 1000),
+)
+def test_rebalancing_never_heats_the_hottest_rank_and_keeps_every_copy(
+    experts_per_rank: int, ranks: int, spare: int, skew: float, seed: int
+) -> None:
+    experts = experts_per_rank * ranks
+    spare = min(spare, experts * (ranks - 1) // ranks)
+    rng = np.random.default_rng(seed)
+    tokens = np.rint(1000 * (rng.permutation(experts) + 1.0) ** -skew).astype(np.int64)
+    copies = replica_counts(tokens, experts + ranks * spare, ranks)
+    load = -(-tokens * 4 // copies)
+    layer = _Layer(copies=copies, load=load, target=int(np.ceil(load @ copies / ranks)))
+    # a random valid start: each expert's copies on distinct ranks, every rank full
+    hosted = np.zeros((experts, ranks), dtype=bool)
+    free = np.full(ranks, experts_per_rank + spare)
+    for e in sorted(range(experts), key=lambda e: (-copies[e], rng.random())):
+        order = sorted(range(ranks), key=lambda r: (-free[r], rng.random()))  # most free slots first
+        chosen = order[: copies[e]]
+        hosted[e, chosen], free[chosen] = True, free[chosen] - 1
+    assert (free == 0).all()
+    kept = rng.integers(0, 50, size=(experts, ranks))
+    placed = _rebalance(layer, kept, hosted)
+    assert (placed.sum(axis=0) == hosted.sum(axis=0)).all()  # every rank keeps its slots
+    assert (placed.sum(axis=1) == copies).all()  # every expert its copies, on distinct ranks
+    assert (layer.load @ placed).max() <= (layer.load @ hosted).max()
 
 
 def test_candidate_ranks_keep_a_large_placement_valid_and_better() -> None:
