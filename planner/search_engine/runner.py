@@ -205,6 +205,10 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
         hints.append("a smaller micro-batch")
     if not (evaluate.offload and evaluate.optimizer_offload):
         hints.append("optimizer offload to host memory (a cluster that describes its hosts, and --optimizer-offload)")
+    # Megatron-Core's rule (Layout.activation_offload_layers): one stage, no recompute.
+    offloadable = layout.pipeline_parallel_degree == 1 and layout.recompute is Recompute.NONE
+    if term == "activations" and offloadable and not (evaluate.offload and evaluate.activation_offload):
+        hints.append("activation offload to host memory (a cluster that describes its hosts, and --activation-offload)")
     hints.append("a shorter sequence or a smaller global batch")
     host = ""
     if evaluate.host_miss is not None:  # what fit the devices with an offload did not fit the hosts

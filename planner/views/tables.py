@@ -142,7 +142,11 @@ def estimate_view(
         of = "" if capacity is None else f" of {gib(capacity)} GiB"
         summary.add_row("host memory per node (offloaded)", f"{gib(est.host_memory_per_node_bytes)}{of} ({host_fit})")
         offload_s = est.time.optimizer_offload_s + est.time.activation_offload_s
-        summary.add_row("offload time per step", f"{offload_s:.4g} s (host copies and CPU Adam)")
+        parts = [
+            *(["optimizer: host copies and CPU Adam"] if est.time.optimizer_offload_s > 0 else []),
+            *(["activations: host copies"] if est.time.activation_offload_s > 0 else []),
+        ]
+        summary.add_row("offload time per step", f"{offload_s:.4g} s ({'; '.join(parts) or 'hidden'})")
     summary.add_row("global batch x seq len", f"{training.global_batch_size} x {training.seq_len} ({training.dtype})")
     summary.add_row("priced for (stack)", stack_label(training))
 

@@ -52,8 +52,13 @@ def test_the_least_activation_offload_that_fits_is_found_where_nothing_else_fits
     evaluate(layout)
     with pytest.raises(InfeasibleConfigError):  # one layer fewer does not fit
         evaluate(replace(layout, activation_offload_layers=layout.activation_offload_layers - 1))
-    with pytest.raises(InfeasibleConfigError, match="no layout of 'llama3-8b' fits"):
+    # Without it, what is left says so: the closest layout keeps its activations on the device.
+    with pytest.raises(InfeasibleConfigError, match="no layout of 'llama3-8b' fits") as refused:
         _search(activation_offload=False)
+    assert "most of it activations" in str(refused.value)
+    assert "activation offload to host memory (a cluster that describes its hosts, and --activation-offload)" in str(
+        refused.value
+    )
 
 
 def test_optuna_offers_it_as_the_exhaustive_scan_does() -> None:
