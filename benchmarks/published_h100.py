@@ -328,7 +328,7 @@ def source_flops_per_sequence(model: ModelSpec, seq_len: int, formula: FlopFormu
 
 def load_runs(path: Path = DATA) -> tuple[tuple[PublishedRun, ...], tuple[Exclusion, ...]]:
     """The selected rows (flagged ones included) and the excluded rows with their reasons."""
-    rows: list[dict[str, Any]] = yaml.safe_load(path.read_text())
+    rows = read_rows(path)
     runs: list[PublishedRun] = []
     excluded: list[Exclusion] = []
     for row in rows:
@@ -340,6 +340,19 @@ def load_runs(path: Path = DATA) -> tuple[tuple[PublishedRun, ...], tuple[Exclus
             continue
         runs.append(_run(row, source, fp8))
     return tuple(runs), tuple(excluded)
+
+
+def read_rows(path: Path = DATA) -> list[dict[str, Any]]:
+    """Every row of the file, as written."""
+    rows: list[dict[str, Any]] = yaml.safe_load(path.read_text())
+    return rows
+
+
+def run_of(row: Mapping[str, Any]) -> PublishedRun:
+    """A row as planner inputs, whatever rule it breaks (``load_runs`` applies them): for a
+    benchmark that reads what the throughput rules leave out, e.g. a stated peak memory."""
+    source = _short_source(row["source"]["name"])
+    return _run(row, source, read_fp8(row, SOURCE_STACKS[source].stack))
 
 
 def fp8_rows(path: Path = DATA) -> tuple[Fp8Row, ...]:
