@@ -3,8 +3,8 @@
 Run: .venv/bin/python benchmarks/published_memory.py
 
 The rows that state a peak are torchtitan's (its H100 table of 2024-12 and two H200 runs submitted
-to it): each states "peak memory X GiB" beside its throughput, which torchtitan's metrics log as the
-CUDA caching allocator's ``max_memory_reserved``, the memory the allocator holds at its peak, cached
+to it): each states "peak memory X GiB" beside its throughput, which torchtitan's ``train.py`` logs as
+"memory: {device_mem_stats.max_reserved_gib}GiB", the CUDA caching allocator's peak reserve, cached
 blocks and fragmentation included. The planner's estimate is the peak of the tensors live at
 once plus the kernel libraries' workspace (``cost_models.memory``); a reserve above it by the
 allocator's slack is expected, not an error of the model.
@@ -12,8 +12,9 @@ allocator's slack is expected, not an error of the model.
 Each row's layout is the one it ran, every axis stated (``published_h100.run_of``; none chosen by
 speed, unlike ``validate_h100``): tp, pp and cp as stated, FSDP over the rest (ZeRO-3),
 sequence parallelism with tp (torchtitan's tensor parallel plan shards the norms' sequence), the
-row's recompute (torchtitan's "selective" is its per-op policy; the planner prices Megatron's
-selective recompute, the attention core only), the FP8 recipe its source states, the schedule
+row's recompute (torchtitan's "selective" is its per-op policy, ``selective_ac_option = 'op'``
+in its llama3 configs, which recomputes every other matmul and the elementwise work; the planner
+prices Megatron's selective recompute, the attention core only), the FP8 recipe its source states, the schedule
 its notes name (interleaved: 2 virtual stages a rank, torchtitan's default then), and the
 micro-batch from the row's notes ("Local batch size N", per data-parallel rank): torchtitan
 accumulates no gradients, so without a pipeline a micro-batch is the local batch; with one it
