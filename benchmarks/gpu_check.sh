@@ -27,8 +27,12 @@ exec > >(tee "$OUT/log.txt") 2>&1
 if [ "$mode" = cpu ]; then
     PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
     dense=tiny-gpt moe=tiny-moe seq=64 batch=8 dtype=fp32 steps=4  # CPU GEMMs in bf16 are slow
+    # One micro-batch size for every case, so that recompute's saving shows in the predicted bytes
+    # (the search's fastest micro-batch, read off a profile timed on shared cores, varies by case).
+    pinned=(--micro-batch-size 2)
 else
     PY=${PYTHON:-python3}
+    pinned=()  # the search chooses the micro-batch
     dense=benchmarks/data/gpu_check_dense.yaml moe=benchmarks/data/gpu_check_moe.yaml
     seq=2048 batch=16 dtype=bf16 steps=8
     if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import ortools, optuna, pydantic" 2>/dev/null; then
@@ -73,7 +77,8 @@ plans=()
 case_() {  # case_ NAME MODEL RECOMPUTE
     local name=$1 model=$2 recompute=$3 plan="$OUT/$1.json"
     step 60 "search $name" "$PY" -m planner search --model "$model" --cluster "$cluster" --global-batch-size "$batch" \
-        --seq-len "$seq" --dtype "$dtype" --dp 1 --tp 1 --pp 1 --recompute "$recompute" --top-k 1 --output "$plan" ||
+        --seq-len "$seq" --dtype "$dtype" --dp 1 --tp 1 --pp 1 --recompute "$recompute" ${pinned[@]+"${pinned[@]}"} --top-k 1 \
+        --output "$plan" ||
         return
     plans+=("$plan")
     step 90 "dry run $name" "$PY" benchmarks/gpu_check.py dry "$plan"
