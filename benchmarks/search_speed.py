@@ -56,7 +56,10 @@ MEASURED_CASES = (
 )
 
 
-EVERY_REFINER_TRAINING = TrainingSpec(global_batch_size=16384, seq_len=4096, stack="megatron-lm")
+EVERY_REFINER_TRAINING = TrainingSpec(global_batch_size=16384, seq_len=4096)
+"""Under the planner's own runtime, which runs what every refiner chooses: an export target
+(megatron-lm, as this case first ran) expresses no device map, expert placement or vocabulary
+split, so the refiners now ask the stack and skip the work (Evaluator.admits)."""
 EVERY_REFINER_TARGET_S = 5.0
 EVERY_REFINER_TRACE = Path("out/search-speed/deepseek-v3-synthetic-routing.npz")
 

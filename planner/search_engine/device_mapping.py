@@ -29,6 +29,15 @@ from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Candidate
 
+
+def maps_devices(evaluate: Evaluator, layout: Layout) -> bool:
+    """Whether the training's stack runs ``layout`` with its ranks on other devices than the
+    launcher numbers them (``Evaluator.admits``; no export target does): the mapping refiners ask
+    before they price any map, since every map they would find is refused otherwise."""
+    n = layout.world_size
+    return n > 1 and evaluate.admits(replace(layout, device_map=DeviceMap(devices=(1, 0, *range(2, n)))))
+
+
 MAX_STARTS = 8
 """Greedy chains tried from at most this many start nodes (0, then evenly spaced)."""
 SWAP_NODES = 16
@@ -115,7 +124,7 @@ class DeviceMappingRefiner:
         layout = candidate.layout
         if not distinct_links(links) or not 2 <= links.size <= MAX_NODES or not layout.device_map.is_identity:
             return candidate
-        if layout.world_size != evaluate.cluster.world_size:
+        if layout.world_size != evaluate.cluster.world_size or not maps_devices(evaluate, layout):
             return candidate
         per_node = evaluate.cluster.devices_per_node
         best, best_order = candidate, tuple(range(links.size))

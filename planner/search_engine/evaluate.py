@@ -260,7 +260,7 @@ class Evaluator:
             if layers == most:
                 return None
             layers = min(most, layers + max(1, math.ceil((memory.total_bytes - cap) / per_layer - 1e-9)))
-        return offloaded if self._admits(offloaded) else None
+        return offloaded if self.admits(offloaded) else None
 
     def least_offload(self, layout: Layout) -> Layout:
         """``layout`` with the least share of its optimizer states offloaded, in steps of
@@ -295,11 +295,12 @@ class Evaluator:
     def _admitted(self, offloaded: Layout, whole: Layout) -> Layout:
         """``offloaded``, or where the training's stack refuses it (``admit``: DeepSpeed offloads a
         share below 1 under ZeRO-3 only) every optimizer state offloaded, ``whole``, which holds less."""
-        return offloaded if offloaded == whole or self._admits(offloaded) else whole
+        return offloaded if offloaded == whole or self.admits(offloaded) else whole
 
-    def _admits(self, layout: Layout) -> bool:
-        """Whether the training's stack runs ``layout`` (``admit``; an offload the search offers,
-        not counted among the refused layouts a search reports)."""
+    def admits(self, layout: Layout) -> bool:
+        """Whether the training's stack runs ``layout`` (``admit``): of an offload the search
+        offers, and of what a refiner would change (a device map, an expert placement), asked
+        before it is priced; not counted among the refused layouts a search reports."""
         if self.admit is None:
             return True
         try:

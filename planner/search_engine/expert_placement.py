@@ -487,6 +487,9 @@ class ExpertPlacementRefiner:
         nodes = expert_rank_nodes(layout, evaluate.cluster.devices_per_node)
         if self.replicas > model.num_local_experts - model.num_local_experts // len(nodes):
             return candidate  # this ep has fewer free slots per rank than replicas asked: others may hold them
+        probe = ExpertPlacement.round_robin(model.num_local_experts, len(nodes), self.stats.num_layers)
+        if not evaluate.admits(replace(layout, expert_placement=probe)):
+            return candidate  # the stack places experts its own way (every export target): nothing to solve
         placement_budget = Budget(
             max_time_s=min(budget.max_time_s or self.max_time_s, self.max_time_s), workers=budget.workers
         )

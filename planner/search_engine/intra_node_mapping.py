@@ -36,7 +36,7 @@ from cost_models.memo import HeldMemo
 from planner.schemas import ClusterProfile, DeviceKind, DeviceMap, Layout, LinkMatrix
 from planner.schemas.links import FloatArray
 from planner.schemas.settings import Budget
-from planner.search_engine.device_mapping import MAX_STARTS, distinct_links, greedy_node_chain, priced_map
+from planner.search_engine.device_mapping import MAX_STARTS, distinct_links, greedy_node_chain, maps_devices, priced_map
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Candidate
 
@@ -179,6 +179,8 @@ class IntraNodeMappingRefiner:
         d = cluster.devices_per_node
         levels = slot_levels(layout, d)
         if not levels or not _block_mapped(layout.device_map, layout.world_size, d):
+            return candidate
+        if not maps_devices(evaluate, layout):
             return candidate
         identity = tuple(range(d))
         levels_key = tuple((level.shape, level.tobytes()) for level in levels)

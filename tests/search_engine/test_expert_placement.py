@@ -301,6 +301,11 @@ def test_expert_ranks_map_to_nodes_through_the_geometry_and_device_map() -> None
     assert expert_rank_nodes(replace(folded, expert_parallel_degree=8), 4) == (0, 0, 0, 0, 1, 1, 1, 1)
 
 
+def _refuse_placement(layout: Layout) -> None:
+    if layout.expert_placement is not None:
+        raise InfeasibleConfigError("megatron cannot express the plan's expert placement")
+
+
 def test_the_refiner_places_the_experts_and_keeps_the_estimate() -> None:
     model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100:2")
     evaluate = Evaluator(model, TrainingSpec(global_batch_size=64, seq_len=1024), cluster)
@@ -322,6 +327,16 @@ def test_the_refiner_places_the_experts_and_keeps_the_estimate() -> None:
     assert refined.estimate == evaluate(refined.layout)
     no_ep = replace(layout, expert_parallel_degree=1)
     assert refiner.refine(Candidate(no_ep, candidate.estimate), evaluate, Budget(), seed=0).layout is no_ep
+    # A stack that places experts its own way (every export target) is asked first: nothing is solved.
+    refused = Evaluator(
+        model,
+        TrainingSpec(global_batch_size=64, seq_len=1024),
+        cluster,
+        admit=lambda lay: _refuse_placement(lay),
+    )
+    fresh = ExpertPlacementRefiner(stats=summarize(ids, 8, model.name), max_time_s=2.0)
+    assert fresh.refine(Candidate(layout, refused(layout)), refused, Budget(), seed=0).layout is layout
+    assert not fresh._placed
     wrong = ExpertPlacementRefiner(stats=summarize(ids[:, :4], 8, model.name))
     with pytest.raises(SchemaError, match="4 MoE layers of 8 experts"):
         wrong.refine(candidate, evaluate, Budget(), seed=0)

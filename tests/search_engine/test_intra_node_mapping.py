@@ -107,6 +107,28 @@ def test_tp2_groups_leave_the_slow_local_pair_and_are_priced_faster() -> None:
     assert [dev - 4 for dev in devices[4:]] == list(devices[:4])
 
 
+def test_a_stack_that_runs_no_device_map_is_not_offered_one_and_no_map_is_priced() -> None:
+    # The slow pair that the test above maps around, under a stack that numbers its ranks as the
+    # launcher starts them (every export target): both mapping refiners return the candidate
+    # after asking the stack once, without pricing a map.
+    cluster = cluster_of(2, slow_pair(4))
+    asked: list[Layout] = []
+
+    def identity_only(lay: Layout) -> None:
+        asked.append(lay)
+        if not lay.device_map.is_identity:
+            raise InfeasibleConfigError("megatron cannot express the plan's device map")
+
+    evaluate = Evaluator(MODEL, TrainingSpec(global_batch_size=16, seq_len=128), cluster, admit=identity_only)
+    identity = priced(evaluate, layout(2, 4))
+    evaluations = evaluate.evaluations
+    for refiner in (IntraNodeMappingRefiner(), DeviceMappingRefiner()):
+        asked.clear()
+        assert refiner.refine(identity, evaluate, Budget(), seed=0) is identity
+        assert len(asked) <= 1 and evaluate.evaluations == evaluations
+    assert len([lay for lay in asked if not lay.device_map.is_identity]) <= 1
+
+
 def test_tp4_groups_take_the_two_nvlink_islands_of_an_8_device_node() -> None:
     # Islands {0, 2, 4, 6} and {1, 3, 5, 7} at 100 GB/s inside, 10 GB/s between: under the identity
     # each tp4 group (local 0-3, 4-7) crosses between islands.
