@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cost_models import comm
 from cost_models import groups as grp
@@ -117,3 +119,31 @@ def test_equal_priced_groups_are_one_object_hashed_once() -> None:
     assert first is again
     assert first == tuple(groups) and hash(first) == hash(tuple(groups))
     assert comm.PricedGroups.of(groups[:4]) is not first
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    groups=st.integers(1, 12),
+    size=st.integers(1, 9),
+    per_node=st.sampled_from([1, 2, 4, 8]),
+    nodes=st.integers(1, 6),
+    kinds=st.integers(1, 3),
+    by_count=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_the_array_pass_finds_the_spreads_the_plain_loop_finds(
+    groups: int, size: int, per_node: int, nodes: int, kinds: int, by_count: bool, seed: int
+) -> None:
+    # Random groups over random devices (members of one group distinct), nodes of random classes:
+    # the first group of each spread is the same, in the same order, found on arrays or by the loop.
+    rng = np.random.default_rng(seed)
+    world = per_node * nodes
+    size = min(size, world)
+    devices = np.stack([rng.choice(world, size, replace=False) for _ in range(groups)])
+    devices = np.concatenate([devices, devices[rng.integers(0, groups, groups)]])  # repeats: one spread each
+    classes = tuple(int(c) for c in rng.integers(0, kinds, nodes))
+    plain = comm._representatives(
+        [comm.Group(tuple(int(d) for d in row)) for row in devices], False, classes, per_node, by_count
+    )
+    rows = comm.spread_rows(devices, per_node, np.asarray(classes, dtype=np.int64), by_count)
+    assert tuple(comm.Group(tuple(int(d) for d in devices[i])) for i in comm.first_rows(rows)) == plain
