@@ -235,21 +235,16 @@ class _Spread:
 
     nodes: tuple[int, ...]
     """The nodes it spans, in ring order."""
-    members: tuple[tuple[int, ...], ...]
-    """Its members' local indices on each of ``nodes``, in ring order."""
     k: int
     """The most members on any one node."""
+    even: bool
+    """Whether every node holds ``k`` members."""
     node_by_node: bool
     """Whether its ring visits each node's members in one run (``_runs_node_by_node``)."""
     inter_link: LinkProfile | None
     """The slowest link of the ring through ``nodes`` (None inside one node)."""
     inside: tuple[tuple[int, LinkProfile], ...]
     """(node, the slowest link of the ring through its members) of each node holding two or more."""
-
-    @property
-    def even(self) -> bool:
-        """Whether every node holds ``k`` members."""
-        return all(len(m) == self.k for m in self.members)
 
     @property
     def slowest_inside(self) -> LinkProfile:
@@ -265,8 +260,8 @@ def _spread(group: Group, cluster: ClusterProfile) -> _Spread:
     nodes, members, k = _node_spread(group.devices, per_node)
     return _Spread(
         nodes=nodes,
-        members=members,
         k=k,
+        even=all(len(m) == k for m in members),
         node_by_node=len(nodes) > 1 and _runs_node_by_node(group.devices, per_node),
         inter_link=cluster.inter_node_links.ring_slowest(nodes) if len(nodes) > 1 else None,
         inside=tuple(
