@@ -455,21 +455,13 @@ def _priced_axis(
 ) -> PricedGroups:
     """``_representatives`` of an axis's groups, by the axis's key and what the cluster's node
     classes are (not by cluster: a stage priced on its own device type reads a copy of the
-    cluster whose nodes fall into the same classes). Where classes sort the groups, the candidates
-    are found on arrays first: the first group of each finer spread (each member's node class, its
-    node relative to the first member's, and its local index unless only counts matter), of which
-    the first of each spread is one."""
+    cluster whose nodes fall into the same classes). Where classes sort the groups, the first of
+    each spread is found on arrays (``spread_rows``)."""
     if first_stands or classes is None:
         return _representatives(groups, first_stands, classes, per_node, by_count)
     starts = groups.starts()
-    devices = groups.device_array(starts)
-    nodes = devices // per_node
-    parts = [np.asarray(classes, dtype=np.int64)[nodes], nodes - nodes[:, :1]]
-    if not by_count:
-        parts.append(devices % per_node)
-    first = first_rows(np.concatenate(parts, axis=1))
-    spreads = spread_rows(devices[first], per_node, np.asarray(classes, dtype=np.int64), by_count)
-    return PricedGroups.of(groups.group(starts[first[i]]) for i in first_rows(spreads))
+    rows = spread_rows(groups.device_array(starts), per_node, np.asarray(classes, dtype=np.int64), by_count)
+    return PricedGroups.of(groups.group(starts[i]) for i in first_rows(rows))
 
 
 def spread_rows(devices: np.ndarray, per_node: int, classes: np.ndarray, by_count: bool) -> np.ndarray:
