@@ -57,6 +57,7 @@ from planner.schemas import (
     DEFAULT_RECOMPUTE_MODULES,
     Activation,
     AttentionKernel,
+    LossMethod,
     ModelSpec,
     MoeDispatcher,
     NormKind,
@@ -497,7 +498,17 @@ def _behaviours(source: str, row: Mapping[str, Any]) -> dict[str, object]:
         behaviours["moe_dispatcher"] = MoeDispatcher(par["moe_dispatcher"])
     if STACKS[chosen.stack].schedule_per_accumulation_step and (par["pp"] or 1) > 1:
         behaviours["pipeline_flushes"] = row["grad_accum_steps"] or 1
+    if EAGER_LOSS_RELEASE in row["source"]["url"]:
+        behaviours["loss_method"] = LossMethod.FP32_EAGER
     return behaviours
+
+
+EAGER_LOSS_RELEASE = "llama3_h100_202412_torchtitan"
+"""The table whose release left the loss uncompiled, the one row-level exception to its source's
+stack: torchtitan's train.py at 9dec370 defines ``loss_fn`` as ``F.cross_entropy(pred.flatten(0,
+1).float(), ...)`` and leaves its ``torch.compile`` commented out ("TODO: compiling loss function
+causes CUDA errors"); its 2025 releases compile the loss with the model (``build_cross_entropy_loss``),
+the stack's value."""
 
 
 def _zero_stage(par: Mapping[str, Any]) -> ZeroStage | None:

@@ -16,7 +16,7 @@ from cost_models.layout_validity import check_stage
 from cost_models.params import StageParams
 from cost_models.stage_activations import loss_micro_batches, schedule_micro_batches
 from cost_models.vocabulary import vocabulary_logits_bytes
-from planner.schemas import DType, Layout, ModelSpec, TrainingSpec
+from planner.schemas import DType, Layout, LossMethod, ModelSpec, TrainingSpec
 
 
 def stage_logits_bytes(
@@ -40,31 +40,43 @@ def stage_logits_bytes(
         micro_batch_size=layout.micro_batch_size,
         tensor_parallel_degree=layout.tensor_parallel_degree,
     )
-    kept, transient = loss_element_bytes(training.precision.activations, layout)
+    kept, transient = loss_element_bytes(training.precision.activations, layout, training.loss_method)
     held = loss_micro_batches(layout, schedule_micro_batches(training, layout))
     return fp32_copy * (held * kept + transient) / LOGIT_ELEMENT_BYTES
 
 
-def loss_element_bytes(activation_dtype: DType, layout: Layout) -> tuple[int, int]:
+def loss_element_bytes(activation_dtype: DType, layout: Layout, method: LossMethod) -> tuple[int, int]:
     """Bytes per logit element (s b V / t of them per micro-batch) that the loss keeps for each
-    micro-batch awaiting its backward, and that one micro-batch adds at its worst moment.
+    micro-batch awaiting its backward, and that one micro-batch adds at its worst moment, as the
+    loss's ``method`` (``TrainingSpec.loss_method``) computes it. act: ``activation_dtype``'s bytes
+    (``Precision.activations``). Under a pipeline, torch.distributed.pipelining's stage (our
+    runtime's schedule, as torchtitan's) keeps each stage's output, the logits, until its
+    backward; without one the logits die with the loss's forward unless the loss keeps them.
 
-    Kept: the fp32 softmax, 4 (Megatron-LM's ``vocab_parallel_cross_entropy`` keeps it and
-    turns it into the gradient in place; so does our runtime's loss, ``runtime.loss``); under a
-    pipeline also the logits in ``activation_dtype`` (``Precision.activations``), act:
-    torch.distributed.pipelining's stage
-    (our runtime's schedule, as torchtitan's) keeps each stage's output until its backward.
-    Without a pipeline the logits die with the loss's forward.
-    Transient: in the forward, the logits while their fp32 copy is made (act, already kept under
-    a pipeline); in the backward, the fp32 gradient's cast to ``activation_dtype`` (act; none in
-    fp32, where the cast is the same tensor).
-    bf16/fp16: (4, 2) without a pipeline, (6, 2) with one (2 fp32 copies, as a dry run of a
-    pipeline traces them); fp32: (4, 4) and (8, 0).
+    - fp32-in-place (Megatron-LM's ``vocab_parallel_cross_entropy``, ``runtime.loss``): kept, the
+      fp32 softmax, 4 (+ act under a pipeline); transient, the logits while their fp32 copy is made
+      in the forward (act, already kept under a pipeline) and the fp32 gradient's cast in the
+      backward (act; none in fp32, where the cast is the same tensor). bf16/fp16: (4, 2), (6, 2)
+      with a pipeline (2 fp32 copies, as a dry run of a pipeline traces them); fp32: (4, 4), (8, 0).
+    - fp32-eager (torch's ``F.cross_entropy`` over ``logits.float()``): kept, the fp32 log-softmax,
+      4 (+ act under a pipeline); transient, its backward's two fp32 gradients, 8, while the kept
+      one lives: 12 beyond the logits at the worst moment in every precision, as torch's
+      MemTracker traces it (tests/cost_models/test_loss_methods.py).
+    - fused: kept, the logits (act; the stage's own under a pipeline), the per-token statistics
+      being negligible; transient, the gradient written in act. An inductor-compiled
+      ``F.cross_entropy(logits.float())`` saves its input and two (tokens, 1) fp32 tensors and
+      allocates one act gradient in its backward, nothing logit-sized in its forward (its
+      generated code, torch 2.13).
     """
     act = activation_dtype.bytes
+    piped = act if layout.pipeline_parallel_degree > 1 else 0
+    if method is LossMethod.FUSED:
+        return act, act
+    if method is LossMethod.FP32_EAGER:
+        return LOGIT_ELEMENT_BYTES + piped, 2 * LOGIT_ELEMENT_BYTES
     cast = act if act < LOGIT_ELEMENT_BYTES else 0
-    if layout.pipeline_parallel_degree > 1:
-        return LOGIT_ELEMENT_BYTES + act, cast
+    if piped:
+        return LOGIT_ELEMENT_BYTES + piped, cast
     return LOGIT_ELEMENT_BYTES, act
 
 
@@ -77,6 +89,6 @@ def freed_loss_bytes(
     softmax shards of a vocabulary split over the pipeline are counted as held)."""
     if not params.holds_output_layer or not logits:
         return 0.0
-    kept, transient = loss_element_bytes(training.precision.activations, layout)
+    kept, transient = loss_element_bytes(training.precision.activations, layout, training.loss_method)
     held = loss_micro_batches(layout, micro_batches)
     return logits * (kept + transient) / (held * kept + transient)

@@ -25,6 +25,7 @@ from planner.schemas import (
     DType,
     Kernels,
     Layout,
+    LossMethod,
     ModelSpec,
     MoeDispatcher,
     PipelineBuffers,
@@ -176,6 +177,14 @@ LossKernelsOpt = Annotated[
         "--cross-entropy-loss-fusion (its default) [default: the stack's]."
     ),
 ]
+LossMethodOpt = Annotated[
+    LossMethod | None,
+    typer.Option(
+        help="What the loss keeps per logit: fp32-in-place (Megatron-LM, planner run), fp32-eager (torch's "
+        "cross_entropy over fp32 logits, 12 bytes a logit at its worst: an uncompiled loss), fused (torch.compile, "
+        "flash-attn) [default: the stack's].",
+    ),
+]
 CapacityOpt = Annotated[
     float | None,
     typer.Option(
@@ -268,6 +277,7 @@ TRAINING_OPTIONS = {
     "attention": "attention_kernel",
     "kernels": "kernels",
     "loss_kernels": "loss_kernels",
+    "loss_method": "loss_method",
     "capacity_factor": "moe_capacity_factor",
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",

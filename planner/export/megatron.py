@@ -61,7 +61,8 @@ How the plan maps:
   --cross-entropy-loss-fusion where the loss runs fused, --attention-backend flash or unfused
   where the plan priced FlashAttention-2 or eager attention (auto, the default, lets Transformer
   Engine pick cuDNN's fused attention on Hopper), --grad-reduce-in-bf16 where gradients are
-  summed in bf16. Eager elementwise kernels have no switch: Megatron-Core fuses them.
+  summed in bf16. Eager elementwise kernels have no switch: Megatron-Core fuses them. A loss
+  other than fp32 in place (``LossMethod``) is refused: both of its cross-entropies are.
 - Left to the user: the rest of the model's shape, tokenizer, data, optimizer and schedule.
 """
 
@@ -75,6 +76,7 @@ from planner.schemas import (
     DType,
     Kernels,
     Layout,
+    LossMethod,
     MoeDispatcher,
     Plan,
     Recompute,
@@ -182,6 +184,13 @@ def check(plan: PlanShape) -> None:
         InfeasibleConfigError: one line naming the feature, why, and what to plan instead.
     """
     check_common(plan, TARGET)
+    if plan.training.loss_method is not LossMethod.FP32_IN_PLACE:
+        refuse(
+            TARGET,
+            f"a {plan.training.loss_method} loss",
+            "its cross-entropy, fused or not, keeps one fp32 softmax and makes it the gradient in place",
+            "plan with --loss-method fp32-in-place",
+        )
     layout = plan.layout
     if layout.pipeline_parallel_degree > 1 and layout.schedule is Schedule.GPIPE:
         refuse(TARGET, "the GPipe schedule", "its pipelines run 1F1B or interleaved", "plan with --schedule 1f1b")

@@ -37,7 +37,9 @@ How the plan maps:
   collectives overlapped gets torchtitan's async tensor parallelism, with the model compiled,
   which that needs.
 - The stack: ``[compile] enable`` where the plan priced fused elementwise kernels (torch.compile
-  fuses them; the torchtitan stack's own value) or async tensor parallelism, which needs it.
+  fuses them; the torchtitan stack's own value) or async tensor parallelism, which needs it, with
+  ``components`` 'model', and 'loss' where it priced a fused loss (``LossMethod.FUSED``); a loss
+  left out of them runs eager (fp32-eager). An fp32 loss made its gradient in place is refused.
   Gradients summed in bf16 are refused: 0.2.2's ``mixed_precision_reduce`` is float32 only.
 - FP8 (torchao): ``[model] converters`` with ``quantize.linear.float8`` (tensorwise, torchao's
   default recipe, with ``enable_fsdp_float8_all_gather`` and
@@ -57,6 +59,7 @@ from planner.schemas import (
     ContextParallelKind,
     DType,
     Kernels,
+    LossMethod,
     MoeDispatcher,
     Plan,
     Recompute,
@@ -135,8 +138,11 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     if layout.recompute is Recompute.SELECTIVE:
         config["activation_checkpoint"]["selective_ac_option"] = "op"
     # fused kernels are torch.compile's; async tensor parallelism is an inductor pass that needs it too
-    if async_tp or training.kernels is Kernels.FUSED:
-        config["compile"] = {"enable": True, "components": ["model", "loss"]}
+    compiled = ["model"] if async_tp or training.kernels is Kernels.FUSED else []
+    if training.loss_method is LossMethod.FUSED:
+        compiled.append("loss")
+    if compiled:
+        config["compile"] = {"enable": True, "components": compiled}
     config |= _float8(plan)
     if training.fp8 is not None:
         config.setdefault("model", {})["converters"] = [_CONVERTERS[training.fp8 is Fp8Recipe.MXFP8]]
@@ -206,6 +212,13 @@ def check(plan: PlanShape) -> None:
         )
     if plan.training.dtype is DType.FP16:
         refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
+    if plan.training.loss_method is LossMethod.FP32_IN_PLACE:
+        refuse(
+            TARGET,
+            "an fp32 loss made its gradient in place",
+            "its loss is torch's cross_entropy, compiled or eager",
+            "plan with --loss-method fused (or fp32-eager)",
+        )
     if plan.training.reduce_dtype is not DType.FP32:
         refuse(
             TARGET,

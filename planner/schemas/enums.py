@@ -98,6 +98,23 @@ class Kernels(StrEnum):
     EAGER = "eager"
 
 
+class LossMethod(StrEnum):
+    """What the cross-entropy over the logits keeps and allocates (``cost_models.loss_memory``), per
+    logit element beyond the logits themselves; how fast it runs is ``Kernels`` (``loss_kernels``)."""
+
+    FP32_IN_PLACE = "fp32-in-place"
+    """One fp32 copy of the logits becomes the softmax, is kept, and becomes the gradient in place:
+    Megatron-LM's ``vocab_parallel_cross_entropy`` and its fused variant, the planner's runtime
+    (``runtime.loss``)."""
+    FP32_EAGER = "fp32-eager"
+    """torch's ``F.cross_entropy`` over ``logits.float()``, eager: it keeps the fp32 log-softmax,
+    and its backward builds two more fp32 copies (nll_loss's gradient and log_softmax's)."""
+    FUSED = "fused"
+    """One kernel each way (torch.compile of the same code, flash-attn's Triton cross-entropy): it
+    keeps the logits and one fp32 statistic per token, and writes the gradient in the logits'
+    precision."""
+
+
 class PipelineBuffers(StrEnum):
     """Where a pipeline stage receives its activations and gradients (``cost_models.memory.pipeline_buffer_bytes``)."""
 

@@ -24,7 +24,9 @@ meant in a version-9 plan; 11 adds the training's attention kernel ``cudnn``, wh
 plan names, and its ``pipeline_flushes``, whose default (one schedule a step) is what version 10
 priced; 12 reads pipeline receive buffers per transfer where a plan names none (``upgrade``);
 13 adds the training's ``stack``: a version-12 plan reads as priced for 'planner-runtime' with
-version 12's default of every behaviour it does not name (fused kernels among them).
+version 12's default of every behaviour it does not name (fused kernels among them); 14-17 add
+fields whose defaults are what the version before ran (``upgrade``); 18 adds the training's
+``loss_method``, which a version-17 plan reads as fp32 in place, as it was priced.
 """
 
 from dataclasses import dataclass, fields
@@ -90,7 +92,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[17] = 17
+    schema_version: Literal[18] = 18
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -154,9 +156,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 17
+PLAN_SCHEMA_VERSION = 18
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 """The versions ``upgrade`` reads."""
 
 
@@ -189,7 +191,9 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     recompute layers per stage, which version 15 reads as its recompute applying to every layer.
     Version 15 -> 16: nothing to change; a version-15 plan offloads no optimizer states, which
     version 16 reads as a fraction of 0. Version 16 -> 17: nothing to change; a version-16 plan
-    offloads no activations, which version 17 reads as 0 layers.
+    offloads no activations, which version 17 reads as 0 layers. Version 17 -> 18: the loss's
+    memory as every stack's loss was priced before (fp32 in place), although the new field's
+    value under torchtitan, DeepSpeed and LLM Foundry differs.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -241,6 +245,11 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         raw = {**raw, "schema_version": 16}
     if raw.get("schema_version") == 16:
         raw = {**raw, "schema_version": 17}
+    if raw.get("schema_version") == 17:
+        raw = {**raw, "schema_version": 18}
+        training = raw.get("training")
+        if isinstance(training, dict):
+            raw["training"] = {"loss_method": "fp32-in-place", **training}
     return raw
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, PipelineBuffers
+from planner.schemas.enums import AttentionKernel, DType, Kernels, LossMethod, MoeDispatcher, PipelineBuffers
 from planner.schemas.errors import SchemaError
 from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe, RecipeRun
 
@@ -38,6 +38,7 @@ BEHAVIOURS = (
     "attention_kernel",
     "kernels",
     "loss_kernels",
+    "loss_method",
     "tp_comm_overlap",
     "pp_comm_overlap",
     "pipeline_buffers",
@@ -60,6 +61,7 @@ class Stack:
     kernels: Kernels
     loss_kernels: Kernels | None
     """None: the loss runs as ``kernels``."""
+    loss_method: LossMethod
     tp_comm_overlap: bool
     pp_comm_overlap: bool
     pipeline_buffers: PipelineBuffers
@@ -180,6 +182,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             attention_kernel=AttentionKernel.FLASH,
             kernels=Kernels.EAGER,
             loss_kernels=None,
+            loss_method=LossMethod.FP32_IN_PLACE,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
@@ -192,6 +195,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "attention_kernel": "runtime/model.py: F.scaled_dot_product_attention, FlashAttention-2 on GPUs",
                 "kernels": "runtime/model.py runs eager PyTorch, one kernel per tensor operation (no torch.compile)",
                 "loss_kernels": "runtime/loss.py: F.cross_entropy over fp32 logits, as the other kernels",
+                "loss_method": "runtime/loss.py keeps one fp32 softmax and makes it the gradient in place",
                 "tp_comm_overlap": "runtime's tensor-parallel collectives run synchronously "
                 "(runtime_support refuses the overlap)",
                 "pp_comm_overlap": _PIPELINING_OVERLAP,
@@ -217,6 +221,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             attention_kernel=AttentionKernel.CUDNN,
             kernels=Kernels.FUSED,
             loss_kernels=Kernels.EAGER,
+            loss_method=LossMethod.FP32_IN_PLACE,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -231,6 +236,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "rotary and optimizer kernels",
                 "loss_kernels": "arguments.py: --cross-entropy-loss-fusion is store_true, off by default "
                 "(vocab_parallel_cross_entropy, one fp32 pass per tensor operation)",
+                "loss_method": "vocab_parallel_cross_entropy keeps its fp32 exp-logits, the softmax, and makes them "
+                "the gradient in place",
                 "tp_comm_overlap": "arguments.py: --tp-comm-overlap is store_true, off by default",
                 "pp_comm_overlap": "arguments.py: --no-overlap-p2p-communication is store_false (overlap on with "
                 "virtual stages)",
@@ -256,6 +263,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             attention_kernel=AttentionKernel.CUDNN,
             kernels=Kernels.FUSED,
             loss_kernels=None,
+            loss_method=LossMethod.FP32_IN_PLACE,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -268,6 +276,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "attention_kernel": _TE_ATTENTION,
                 "kernels": "Megatron-Core with Transformer Engine, its model providers' fusions on",
                 "loss_kernels": "its GPT model providers set cross_entropy_loss_fusion True",
+                "loss_method": "Megatron-Core's fused_vocab_parallel_cross_entropy keeps the fp32 softmax and makes it "
+                "the gradient in place, as the unfused one",
                 "tp_comm_overlap": "off unless a recipe's CommOverlapConfig turns it on (--tp-comm-overlap)",
                 "pp_comm_overlap": "Megatron-Bridge overlaps pipeline transfers with virtual stages",
                 "pipeline_buffers": _P2P_SOURCE + " (Megatron-Core's schedules)",
@@ -291,6 +301,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             attention_kernel=AttentionKernel.FLASH,
             kernels=Kernels.FUSED,
             loss_kernels=None,
+            loss_method=LossMethod.FUSED,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
@@ -303,6 +314,9 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "attention_kernel": "PyTorch's SDPA, FlashAttention-2 on GPUs",
                 "kernels": "its benchmark runs set [compile] enable (torch.compile fuses the elementwise work)",
                 "loss_kernels": "the loss is compiled with the model",
+                "loss_method": "components/loss.py: build_cross_entropy_loss compiles F.cross_entropy(pred.float()) "
+                "where [compile] components holds 'loss', as its default ['model', 'loss'] does (its 2024-12 train.py "
+                "left the loss eager: fp32-eager)",
                 "tp_comm_overlap": "async tensor parallelism is off unless [parallelism] enable_async_tensor_parallel",
                 "pp_comm_overlap": _PIPELINING_OVERLAP,
                 "pipeline_buffers": _PIPELINING_BUFFERS,
@@ -326,6 +340,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             attention_kernel=AttentionKernel.CUDNN,
             kernels=Kernels.FUSED,
             loss_kernels=None,
+            loss_method=LossMethod.FP32_IN_PLACE,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
@@ -338,6 +353,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "attention_kernel": "its performance summary states 'Kernel optimizations: TE': " + _TE_ATTENTION,
                 "kernels": "Transformer Engine's fused layers",
                 "loss_kernels": "as its other kernels",
+                "loss_method": "not checked against its loss functions: priced as Megatron-LM's",
                 "tp_comm_overlap": "no tensor-parallel overlap is stated",
                 "pp_comm_overlap": _PIPELINING_OVERLAP,
                 "pipeline_buffers": "its pipeline is torch.distributed.pipelining's: a receive buffer per micro-batch",
@@ -360,6 +376,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             attention_kernel=AttentionKernel.FLASH,
             kernels=Kernels.EAGER,
             loss_kernels=None,
+            loss_method=LossMethod.FP32_EAGER,
             tp_comm_overlap=False,
             pp_comm_overlap=False,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -372,6 +389,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "attention_kernel": "the model's own attention, PyTorch's SDPA (FlashAttention-2 on GPUs)",
                 "kernels": "DeepSpeed wraps the user's eager model; it fuses none of its elementwise work",
                 "loss_kernels": "as its other kernels",
+                "loss_method": "the model's own loss, eager: torch's cross_entropy over fp32 logits, as Hugging Face's "
+                "causal LMs compute it",
                 "tp_comm_overlap": "AutoTP runs its collectives synchronously",
                 "pp_comm_overlap": "its PipelineEngine runs 1F1B, no interleaved schedule to overlap",
                 "pipeline_buffers": "its PipelineEngine reuses min(stages - stage, micro-batches) buffers, the "
@@ -396,6 +415,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             attention_kernel=AttentionKernel.FLASH,
             kernels=Kernels.EAGER,
             loss_kernels=Kernels.FUSED,
+            loss_method=LossMethod.FUSED,
             tp_comm_overlap=False,
             pp_comm_overlap=False,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -408,6 +428,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "attention_kernel": "MPT's flash-attn 2 (or its Triton FlashAttention), priced at FlashAttention-2",
                 "kernels": "Composer's trainer in eager PyTorch: its benchmark scripts set no torch.compile",
                 "loss_kernels": "MPT's default loss_fn fused_crossentropy (flash-attn's Triton cross-entropy)",
+                "loss_method": "flash-attn's Triton cross_entropy keeps its input logits and the log-sum-exp, and "
+                "writes the gradient in their precision",
                 "tp_comm_overlap": "no tensor parallelism",
                 "pp_comm_overlap": "no pipeline parallelism",
                 "pipeline_buffers": "no pipeline parallelism",

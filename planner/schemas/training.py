@@ -7,7 +7,15 @@ from pydantic import Field, ValidationError, model_validator
 
 from planner.schemas._base import FrozenModel
 from planner.schemas.bounds import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_at_most
-from planner.schemas.enums import AttentionKernel, DType, Kernels, MoeDispatcher, Optimizer, PipelineBuffers
+from planner.schemas.enums import (
+    AttentionKernel,
+    DType,
+    Kernels,
+    LossMethod,
+    MoeDispatcher,
+    Optimizer,
+    PipelineBuffers,
+)
 from planner.schemas.errors import SchemaError
 from planner.schemas.fp8 import Fp8Recipe, check_param_gather
 from planner.schemas.precision import Precision, precision_of
@@ -77,6 +85,15 @@ class TrainingSpec(FrozenModel):
             "How the cross-entropy over the logits runs where it differs from 'kernels': 'eager' as Megatron-LM "
             "computes it without --cross-entropy-loss-fusion (its default), one fp32 pass per tensor operation; "
             "None: as 'kernels'."
+        ),
+    )
+    loss_method: LossMethod = Field(
+        default=LossMethod.FP32_IN_PLACE,
+        description=(
+            "What the cross-entropy keeps and allocates per logit: 'fp32-in-place' one fp32 softmax made the gradient "
+            "in place (Megatron-LM, the planner's runtime); 'fp32-eager' torch's cross_entropy over fp32 logits, "
+            "eager (12 bytes a logit at its worst); 'fused' one kernel each way that keeps the logits (torch.compile, "
+            "flash-attn's Triton loss)."
         ),
     )
     tp_comm_overlap: bool = Field(

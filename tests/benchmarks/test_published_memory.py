@@ -9,8 +9,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from published_memory import layout_of, main, memory_rows
+from validate_h100 import training_of
 
-from planner.schemas import Recompute, Schedule
+from planner.schemas import LossMethod, Recompute, Schedule
 
 
 def test_every_row_that_states_a_peak_is_read_with_the_layout_it_ran(capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,6 +28,9 @@ def test_every_row_that_states_a_peak_is_read_with_the_layout_it_ran(capsys: pyt
     # 8B at 32k tokens a rank, cp 2 of 8 GPUs, no global batch stated: local 1 x dp 4.
     run, _ = rows[55]
     assert (run.seq_len, run.global_batch_size, layout_of(run).context_parallel_degree) == (65536, 4, 2)
+    # the 2024-12 table's release left the loss eager; the 2025-06 runs compiled it (the stack's)
+    assert training_of(rows[54][0]).loss_method is LossMethod.FP32_EAGER
+    assert training_of(rows[74][0]).loss_method is LossMethod.FUSED
     assert main() == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 22 and "of 20 rows within 5% of the published peak" in out

@@ -8,7 +8,7 @@ from cost_models.loss_memory import loss_element_bytes
 from cost_models.params import stage_params
 from cost_models.sharding import ModelStates, fsdp_model_states, model_state_bytes
 from planner.files.models import load_model
-from planner.schemas import DType, Layout, TrainingSpec, ZeroStage, precision_of
+from planner.schemas import DType, Layout, LossMethod, TrainingSpec, ZeroStage, precision_of
 
 
 def _layout(p: int = 1, zero: ZeroStage = ZeroStage.NONE, d: int = 1) -> Layout:
@@ -44,7 +44,7 @@ def test_fsdp_keeps_fp32_gradient_shards_and_no_bf16_weight_shard() -> None:
 def test_the_loss_keeps_its_softmax_and_under_a_pipeline_the_logits(
     dtype: DType, p: int, expected: tuple[int, int]
 ) -> None:
-    assert loss_element_bytes(dtype, _layout(p)) == expected
+    assert loss_element_bytes(dtype, _layout(p), LossMethod.FP32_IN_PLACE) == expected
 
 
 def test_fsdp_ranks_hold_no_gradient_bucket() -> None:

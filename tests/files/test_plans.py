@@ -15,11 +15,21 @@ from planner.cli import app
 from planner.files.clusters import load_cluster, save_cluster
 from planner.files.models import load_model
 from planner.files.plans import load_plan, make_plan, save_plan
-from planner.schemas import DeviceKind, Estimate, Layout, Plan, Recompute, Schedule, TrainingSpec, ZeroStage
+from planner.schemas import (
+    DeviceKind,
+    Estimate,
+    Layout,
+    LossMethod,
+    Plan,
+    Recompute,
+    Schedule,
+    TrainingSpec,
+    ZeroStage,
+)
 from planner.schemas.errors import PlannerError, SchemaError
 from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v17.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v18.json"
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster("dgx-a100-80g:1")
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
@@ -241,3 +251,18 @@ def test_a_planner_file_given_in_another_files_place_is_named(tmp_path: Path) ->
 
 def test_the_version_a_plan_is_written_in_is_the_newest_readable() -> None:
     assert Plan.model_fields["schema_version"].default == PLAN_SCHEMA_VERSION == READABLE_VERSIONS[-1]
+
+
+def test_a_version_17_plan_reads_its_loss_as_it_was_priced(tmp_path: Path) -> None:
+    # version 17 priced every stack's loss as one fp32 softmax made the gradient in place; under
+    # torchtitan, whose compiled loss version 18 prices as fused, it still reads so
+    layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    training = TrainingSpec(global_batch_size=32, seq_len=128, stack="torchtitan")
+    assert training.loss_method is LossMethod.FUSED
+    plan = make_plan(MODEL, training, CLUSTER, "dgx-a100-80g:1", layout, estimate(MODEL, training, CLUSTER, layout))
+    raw = json.loads(plan.model_dump_json())
+    del raw["training"]["loss_method"]
+    (tmp_path / "v17.json").write_text(json.dumps({**raw, "schema_version": 17}))
+    read = load_plan(tmp_path / "v17.json")
+    assert read.training.loss_method is LossMethod.FP32_IN_PLACE
+    assert read.training.stack == "torchtitan"

@@ -118,8 +118,10 @@ def test_torchtitan_experts() -> None:
 def test_torchtitan_overlapped_tensor_parallel_collectives_are_async_tp_with_the_model_compiled() -> None:
     layout = _layout(8, tp=2, zero_stage=ZeroStage.PARAMETERS, sequence_parallel=True)
     assert "compile" not in _toml(
-        _plan("tiny-gpt", layout, stack="torchtitan", kernels="eager")
+        _plan("tiny-gpt", layout, stack="torchtitan", kernels="eager", loss_method="fp32-eager")
     )  # eager: not compiled ...
+    eager_layers = _toml(_plan("tiny-gpt", layout, stack="torchtitan", kernels="eager"))
+    assert eager_layers["compile"] == {"enable": True, "components": ["loss"]}  # the stack's fused loss
     config = _toml(_plan("tiny-gpt", layout, stack="torchtitan", kernels="eager", tp_comm_overlap=True))
     assert config["parallelism"]["enable_async_tensor_parallel"] is True
     assert config["compile"] == {"enable": True, "components": ["model", "loss"]}  # ... but async TP needs it
@@ -236,6 +238,12 @@ REFUSED = {
         "ZeRO-0 data parallelism beside tensor or pipeline parallelism",
     ),
     "torchtitan-fp16": ("torchtitan", lambda: _plan("tiny-gpt", _layout(16), dtype="fp16"), "dtype=fp16"),
+    "torchtitan-in-place-loss": (
+        "torchtitan",
+        lambda: _plan("tiny-gpt", _layout(16, zero_stage=3), stack="torchtitan", loss_method="fp32-in-place"),
+        "an fp32 loss made its gradient in place",
+    ),
+    "megatron-fused-loss": ("megatron", lambda: _plan("tiny-gpt", _layout(16), loss_method="fused"), "a fused loss"),
     "torchtitan-bf16-reduce": (
         "torchtitan",
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3), grad_reduce_dtype="bf16"),

@@ -45,6 +45,7 @@ def test_a_version_7_plan_sums_in_its_training_precision_as_it_was_priced() -> N
         "grad_reduce_dtype": "bf16",
         "vocabulary_overlap": True,
         "pipeline_buffers": "per-transfer",
+        "loss_method": "fp32-in-place",
     }
     assert upgraded["training"] == expected
     fp32 = upgrade({"schema_version": 7, "training": {"global_batch_size": 8, "seq_len": 64, "dtype": "fp32"}})

@@ -109,8 +109,8 @@ def test_a_share_the_stack_refuses_is_offered_whole() -> None:
     checked = Evaluator(model, training, small, admit=admission(model, training, small))
     assert 0 < unchecked.least_offload(layout).optimizer_offload_fraction < 1  # what fits
     assert checked.least_offload(layout).optimizer_offload_fraction == 1.0
-    # under ZeRO-3 a share is DeepSpeed's ratio: on 20 GB GPUs 40% of the states
+    # under ZeRO-3 a share is DeepSpeed's ratio: on 20 GB GPUs 60% of the states (its eager loss holds 12 bytes a logit)
     tiny = small.model_copy(update={"device": small.device.model_copy(update={"memory_bytes": 20 * 10**9})})
     zero3 = replace(layout, zero_stage=ZeroStage.PARAMETERS)
     offered = Evaluator(model, training, tiny, admit=admission(model, training, tiny)).least_offload(zero3)
-    assert offered.optimizer_offload_fraction == 0.4
+    assert offered.optimizer_offload_fraction == 0.6
