@@ -13,15 +13,16 @@ Each row's layout is the one it ran, every axis stated (``published_h100.run_of`
 speed, unlike ``validate_h100``): tp, pp and cp as stated, FSDP over the rest (ZeRO-3),
 sequence parallelism with tp (torchtitan's tensor parallel plan shards the norms' sequence), the
 row's recompute (torchtitan's "selective" is its per-op policy, ``selective_ac_option = 'op'``
-in its llama3 configs, which recomputes every other matmul and the elementwise work; the planner
-prices Megatron's selective recompute, the attention core only), the FP8 recipe its source states, the schedule
-its notes name (interleaved: 2 virtual stages a rank, torchtitan's default then), and the
-micro-batch from the row's notes ("Local batch size N", per data-parallel rank): torchtitan
-accumulates no gradients, so without a pipeline a micro-batch is the local batch; with one it
-splits the local batch into as many micro-batches as the pipeline has stages (its default in
-2024-12). A row that states no global batch runs local batch x data-parallel ranks (the peak
-does not depend on it beyond the micro-batches in flight). The cluster is the GPU's preset over
-the row's GPUs: the peak does not depend on the capacity (torchtitan's H100s had 96 GB).
+in its llama3 configs, which the torchtitan stack prices: ``SelectiveRecompute.EVERY_OTHER_MATMUL``),
+its loss (the 2024-12 table's release left it uncompiled: ``published_h100.EAGER_LOSS_RELEASE``),
+the FP8 recipe its source states, the schedule its notes name (interleaved: 2 virtual stages a
+rank, torchtitan's default then), and the micro-batch from the row's notes ("Local batch size
+N", per data-parallel rank): torchtitan accumulates no gradients, so without a pipeline a
+micro-batch is the local batch; with one it splits the local batch into as many micro-batches as
+the pipeline has stages (its default in 2024-12). A row that states no global batch runs local
+batch x data-parallel ranks (the peak does not depend on it beyond the micro-batches in flight).
+The cluster is the GPU's preset over the row's GPUs: the peak does not depend on the capacity
+(torchtitan's H100s had 96 GB).
 """
 
 import re

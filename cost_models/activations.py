@@ -28,6 +28,7 @@ from planner.schemas import (
     ModelSpec,
     Recompute,
     RecomputeModule,
+    SelectiveRecompute,
 )
 
 MASK_BYTES = 1
@@ -66,6 +67,10 @@ class LayerActivations:
     expert_activation_bytes: float = 0.0
     """Of ``mlp_block_bytes``: the routed experts' activation outputs (the down projections'
     inputs), one act s b f/t per routed copy: what moe_act recompute drops."""
+    every_other_matmul_bytes: float | None = None
+    """What torchtitan's per-op policy keeps of the layer (``SelectiveRecompute.EVERY_OTHER_MATMUL``:
+    ``_every_other_matmul_bytes``); None for the layers it is not priced on (MoE, multi-head
+    latent attention), which keep what the modules do."""
 
     @property
     def layer_input_bytes(self) -> float:
@@ -148,6 +153,7 @@ def layer_activations(
     sparse = model.is_moe if moe is None else moe
     mlp, expert_activations = _mlp_bytes(model, rank, sparse, expert_load)
     mlp_input = (act if sparse else rank.linear_in) * tokens * h / sp  # the second norm's output (router's: bf16)
+    op_policy = None if sparse or model.is_mla else _every_other_matmul_bytes(model, rank) + scores
     return LayerActivations(
         norm_inputs_bytes=2 * act * tokens * h / sp,
         attention_bytes=attention,
@@ -157,6 +163,7 @@ def layer_activations(
         norm_outputs_bytes=rank.linear_in * tokens * h / sp + mlp_input,  # the QKV (down-projection) input, the MLP's
         mlp_block_bytes=mlp - mlp_input - hidden_mask,
         expert_activation_bytes=expert_activations,
+        every_other_matmul_bytes=op_policy,
     )
 
 
@@ -296,24 +303,54 @@ def _intermediates_bytes(model: ModelSpec, rank: _RankShape, width: int) -> floa
     return (kept * rank.act + rank.linear_in) * rank.tokens * width / rank.t
 
 
+def _every_other_matmul_bytes(model: ModelSpec, rank: _RankShape) -> float:
+    """What torchtitan's per-op policy keeps of a dense layer beyond the attention kernel's
+    statistics (``_attention_scores_bytes``), all in ``act`` (its FP8 linear layers priced as bf16's:
+    torchao's ``_scaled_mm`` is not on the policy's list, but torchtitan's 2024-12 table measured its
+    FP8 row's peak with selective recompute at its bf16 compiled row's, 76.8 against 77.0 GiB):
+      - the layer's input (the checkpoint's) ................ act s b h /sp
+      - the attention kernel's output ...................... act s b q /t
+      - the 1st, 3rd, ... matmul outputs of q, k, v, output, (gate, up,) down in forward order:
+        q and v (act s b (q + k_v) /t); gated, the gate's and the down projection's, the latter
+        whole before its reduction (act s b f /t + act s b h); else the up projection's, act s b f /t
+      - each reduce-scatter's output under sequence parallelism, 2 act s b h /t
+    Source: torchtitan's ``_op_sac_save_list`` (aten.mm, the SDPA kernels, reduce_scatter_tensor,
+    max) and its policy that recomputes every second aten.mm of a layer."""
+    act, tokens, t, h = rank.act, rank.tokens, rank.t, model.hidden_size
+    q, kv, f = model.num_attention_heads * model.head_size, model.kv_heads * model.head_size, model.ffn_size
+    widths = [q / t, kv / t, kv / t, h]  # the attention's matmul outputs; the output projection's whole
+    widths += [f / t, f / t, h] if model.hidden_act.gated else [f / t, h]
+    kept = h / rank.sp + q / t + sum(widths[::2])  # input, attention output, the odd matmuls' outputs
+    if rank.sp > 1:
+        kept += 2 * h / t
+    return act * tokens * kept
+
+
 def kept_bytes(
-    terms: LayerActivations, recompute: Recompute, modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+    terms: LayerActivations,
+    recompute: Recompute,
+    modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES,
+    selective: SelectiveRecompute = SelectiveRecompute.MODULES,
 ) -> float:
     """Bytes one layer keeps between its forward and backward, one micro-batch (Korthikanti Table 2).
 
     No recompute keeps every term of ``layer_activations``; full recompute keeps only the layer
     input, act s b h, split over t with sequence parallelism; selective recompute drops what its
     ``modules`` rebuild in the backward (``dropped_bytes``); by default the attention-score terms
-    (core_attn: 5 a s^2 b for an eager GPT block).
+    (core_attn: 5 a s^2 b for an eager GPT block). Under torchtitan's per-op policy
+    (``selective``) it keeps ``every_other_matmul_bytes`` where the layer has them.
 
     Args:
         terms: the layer's activations (``layer_activations``).
         recompute: none, selective or full.
         modules: what selective recompute re-runs (``Layout.recompute_modules``).
+        selective: how the stack runs selective recompute (``TrainingSpec.selective_recompute``).
     """
     if recompute is Recompute.FULL:
         return terms.layer_input_bytes
     if recompute is Recompute.SELECTIVE:
+        if selective is SelectiveRecompute.EVERY_OTHER_MATMUL and terms.every_other_matmul_bytes is not None:
+            return terms.every_other_matmul_bytes
         attention, mlp = dropped_bytes(terms, modules)
         return terms.total_bytes - attention - mlp
     return terms.total_bytes
@@ -347,7 +384,10 @@ def dropped_bytes(terms: LayerActivations, modules: tuple[RecomputeModule, ...])
 
 
 def rematerialized_bytes(
-    terms: LayerActivations, recompute: Recompute, modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+    terms: LayerActivations,
+    recompute: Recompute,
+    modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES,
+    selective: SelectiveRecompute = SelectiveRecompute.MODULES,
 ) -> float:
     """Transient bytes rebuilt while one layer runs its backward under recomputation.
 
@@ -357,11 +397,15 @@ def rematerialized_bytes(
     at a time: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"; here a
     segment is one layer, as Megatron-LM's uniform recompute with one layer per checkpoint).
     Selective: the larger side of ``dropped_bytes``, the MLP's being rebuilt and freed by its
-    backward before attention's is rebuilt. Zero without recompute.
+    backward before attention's is rebuilt; under torchtitan's per-op policy (``selective``)
+    everything it does not keep, rebuilt at the layer's first saved tensor its backward reads.
+    Zero without recompute.
     """
     if recompute is Recompute.NONE:
         return 0.0
     if recompute is Recompute.SELECTIVE:
+        if selective is SelectiveRecompute.EVERY_OTHER_MATMUL and terms.every_other_matmul_bytes is not None:
+            return max(0.0, terms.total_bytes - terms.every_other_matmul_bytes)
         return max(dropped_bytes(terms, modules))
     return terms.total_bytes - terms.layer_input_bytes
 

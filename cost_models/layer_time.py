@@ -59,6 +59,7 @@ from planner.schemas import (
     Precision,
     Recompute,
     RecomputeModule,
+    SelectiveRecompute,
     TrainingSpec,
 )
 from planner.schemas.geometry import num_micro_batches
@@ -280,6 +281,10 @@ def _layer_time(
     )
     if layout.recompute is Recompute.FULL:
         recompute, gemms_again_s = layer_fwd, dense_fwd
+    elif layout.recompute is Recompute.SELECTIVE and _per_op(training, work):
+        # torchtitan's per-op policy: the even matmuls and every elementwise op
+        gemms_again_s = linear_gemms.forward_s(work.every_other_gemms, dev, precision, micro_batches)
+        recompute = min(gemms_again_s + elem_fwd, layer_fwd)
     elif layout.recompute is Recompute.SELECTIVE:
         recompute, gemms_again_s = (
             _selective_recompute_s(work, layout, dev, attn_fwd, block_gemms_s, moe=moe),
@@ -305,6 +310,12 @@ def _with_fp8(
     under ``precision``: plus what an FP8 recipe changes in those GEMMs (``linear_gemms``)."""
     forward, backward = linear_gemms.fp8_change_s(gemms, dev, precision, micro_batches)
     return timed[0] + forward, timed[1] + backward
+
+
+def _per_op(training: TrainingSpec, work: lw.LayerWork) -> bool:
+    """Whether selective recompute runs as torchtitan's per-op policy on this layer
+    (``SelectiveRecompute.EVERY_OTHER_MATMUL``, priced where the layer has ``every_other_gemms``)."""
+    return training.selective_recompute is SelectiveRecompute.EVERY_OTHER_MATMUL and bool(work.every_other_gemms)
 
 
 def _selective_recompute_s(

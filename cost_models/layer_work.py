@@ -71,6 +71,11 @@ class LayerWork:
     """Of ``mlp_elementwise``: the routed experts' activation (``RecomputeModule.MOE_ACT``)."""
     norms: kernels.Traffic = kernels.NONE
     """Of the elementwise traffic: the two norms (``RecomputeModule.LAYERNORM``)."""
+    every_other_gemms: tuple[Gemm, ...] = ()
+    """The matmuls torchtitan's per-op policy re-runs in the backward
+    (``SelectiveRecompute.EVERY_OTHER_MATMUL``: the 2nd, 4th, ... of q, k, v, output, (gate, up,)
+    down): k and the output projection, and the MLP's up (gated) or down projection; none in the
+    layers it is not priced on (MoE, multi-head latent attention)."""
 
 
 def expert_gemms(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[Gemm, Gemm]:
@@ -149,7 +154,16 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         mlp_elementwise=mlp.activation + mlp.permute,
         expert_activation=mlp.routed_activation,
         norms=norms + norms,
+        every_other_gemms=() if sparse or model.is_mla else _every_other_gemms(model, tokens, t),
     )
+
+
+def _every_other_gemms(model: ModelSpec, tokens: int, t: int) -> tuple[Gemm, ...]:
+    """A dense layer's 2nd, 4th, ... matmuls in forward order (``LayerWork.every_other_gemms``)."""
+    h, f = model.hidden_size, model.ffn_size
+    q, kv = model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
+    mlp = Gemm(tokens, f // t, h) if model.hidden_act.gated else Gemm(tokens, h, f // t)
+    return Gemm(tokens, kv // t, h), Gemm(tokens, h, q // t), mlp
 
 
 def _attention_projections(

@@ -151,6 +151,7 @@ def stage_activation_terms(
     s, b, t = training.seq_len, layout.micro_batch_size, layout.tensor_parallel_degree
     sp, activation_dtype, modules = layout.sequence_parallel, training.precision.activations, layout.recompute_modules
     recompute = Recompute.NONE if layout.recompute_layers is not None else layout.recompute
+    selective = training.selective_recompute
     s_local = local_seq_len(training, layout)  # the rank's tokens of each sequence (s / cp)
     per_micro_batch, once, host = 0.0, 0.0, 0.0
     working = [0.0]
@@ -173,11 +174,11 @@ def stage_activation_terms(
             fp8_inputs=training.precision.fp8 is not None and training.precision.fp8.saves_fp8_inputs,
         )
         full, away = recomputed[moe], offloaded[moe]
-        whole = kept_bytes(terms, recompute, modules) * (count - full)  # the layers not recomputed in full
+        whole = kept_bytes(terms, recompute, modules, selective) * (count - full)  # the layers not recomputed in full
         per_micro_batch += whole + kept_bytes(terms, Recompute.FULL) * full
-        host += kept_bytes(terms, recompute, modules) * away  # no recompute beside an activation offload
-        per_micro_batch -= kept_bytes(terms, recompute, modules) * away
-        working.append(rematerialized_bytes(terms, recompute, modules))
+        host += kept_bytes(terms, recompute, modules, selective) * away  # no recompute beside an activation offload
+        per_micro_batch -= kept_bytes(terms, recompute, modules, selective) * away
+        working.append(rematerialized_bytes(terms, recompute, modules, selective))
         kept_whole += whole
         if full:
             rebuilt.append(rematerialized_bytes(terms, Recompute.FULL))

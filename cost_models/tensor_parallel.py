@@ -33,7 +33,16 @@ from collections.abc import Iterable
 from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
 from cost_models.compute import measured_layer_s
 from cost_models.context_parallel import local_seq_len
-from planner.schemas import ClusterProfile, CollectiveOp, Layout, ModelSpec, Recompute, RecomputeModule, TrainingSpec
+from planner.schemas import (
+    ClusterProfile,
+    CollectiveOp,
+    Layout,
+    ModelSpec,
+    Recompute,
+    RecomputeModule,
+    SelectiveRecompute,
+    TrainingSpec,
+)
 
 
 def tensor_parallel_layer_s(
@@ -64,23 +73,38 @@ def tensor_parallel_layer_s(
 
 
 def tensor_parallel_kind_s(
-    model: ModelSpec, layout: Layout, forward_s: float, backward_s: float, *, moe: bool
+    model: ModelSpec,
+    layout: Layout,
+    forward_s: float,
+    backward_s: float,
+    *,
+    moe: bool,
+    selective: SelectiveRecompute = SelectiveRecompute.MODULES,
 ) -> float:
     """Tensor-parallel seconds of one dense (MoE) layer and micro-batch, given a dense layer's
     forward and backward collectives' seconds: the layer's share of them (``moe_layer_share``)
     and its recomputed share of the forward's (``recomputed_forward_share``)."""
     share = moe_layer_share(model, layout) if moe else 1.0
-    return share * (forward_s + backward_s) + recomputed_forward_share(model, layout, moe=moe) * forward_s
+    again = recomputed_forward_share(model, layout, moe=moe, selective=selective)
+    return share * (forward_s + backward_s) + again * forward_s
 
 
-def recomputed_forward_share(model: ModelSpec, layout: Layout, *, moe: bool) -> float:
+def recomputed_forward_share(
+    model: ModelSpec, layout: Layout, *, moe: bool, selective: SelectiveRecompute = SelectiveRecompute.MODULES
+) -> float:
     """The share of a dense layer's forward collectives a dense (MoE) layer runs again in its
     backward: all it runs under full recomputation; under selective, its MLP's (MoE block's) half
     where ``mlp`` (``moe``) is recomputed, the MoE block's being what the layer runs beyond
-    attention's half (``moe_layer_share``: none when folded without shared experts); else none."""
+    attention's half (``moe_layer_share``: none when folded without shared experts); else none.
+    Under torchtitan's per-op policy (``selective``) a dense layer without latent attention runs
+    its all-gathers again, half its forward's collectives with sequence parallelism (the
+    reduce-scatters' outputs are kept), and its all-reduces, all of them, without."""
     share = moe_layer_share(model, layout) if moe else 1.0
     if layout.recompute is Recompute.FULL:
         return share
+    per_op = selective is SelectiveRecompute.EVERY_OTHER_MATMUL and not moe and not model.is_mla
+    if layout.recompute is Recompute.SELECTIVE and per_op:
+        return 0.5 if layout.sequence_parallel else 1.0
     block = RecomputeModule.MOE if moe else RecomputeModule.MLP
     return share - 0.5 if layout.recomputes(block) else 0.0
 

@@ -264,7 +264,10 @@ def _tensor_parallel_exposed_s(
         model, training, cluster, layout, tensor_groups, kernels.timed_local
     )
     tp_overlap = training.tp_comm_overlap and layout.sequence_parallel and t > 1 and hides_communication(cluster)
-    tp_of = {moe: tensor_parallel_kind_s(model, layout, tp_fwd, tp_bwd, moe=moe) for moe in kinds}
+    tp_of = {
+        moe: tensor_parallel_kind_s(model, layout, tp_fwd, tp_bwd, moe=moe, selective=training.selective_recompute)
+        for moe in kinds
+    }
     return {
         moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t) if tp_overlap else tp_of[moe] for moe in kinds
     }

@@ -32,6 +32,7 @@ from planner.schemas import (
     Recompute,
     RecomputeModule,
     Schedule,
+    SelectiveRecompute,
     TrainingSpec,
     ZeroStage,
 )
@@ -185,6 +186,14 @@ LossMethodOpt = Annotated[
         "flash-attn) [default: the stack's].",
     ),
 ]
+SelectiveRecomputeOpt = Annotated[
+    SelectiveRecompute | None,
+    typer.Option(
+        help="What --recompute selective keeps and re-runs: modules (the --recompute-modules, Megatron-Core's), "
+        "every-other-matmul (torchtitan's per-op policy: the attention's and every other matmul's outputs kept) "
+        "[default: the stack's].",
+    ),
+]
 CapacityOpt = Annotated[
     float | None,
     typer.Option(
@@ -278,6 +287,7 @@ TRAINING_OPTIONS = {
     "kernels": "kernels",
     "loss_kernels": "loss_kernels",
     "loss_method": "loss_method",
+    "selective_recompute": "selective_recompute",
     "capacity_factor": "moe_capacity_factor",
     "pad_to_capacity": "moe_pad_to_capacity",
     "tp_comm_overlap": "tp_comm_overlap",

@@ -62,7 +62,8 @@ How the plan maps:
   where the plan priced FlashAttention-2 or eager attention (auto, the default, lets Transformer
   Engine pick cuDNN's fused attention on Hopper), --grad-reduce-in-bf16 where gradients are
   summed in bf16. Eager elementwise kernels have no switch: Megatron-Core fuses them. A loss
-  other than fp32 in place (``LossMethod``) is refused: both of its cross-entropies are.
+  other than fp32 in place (``LossMethod``) is refused: both of its cross-entropies are; so is a
+  selective recompute other than of modules (``SelectiveRecompute``).
 - Left to the user: the rest of the model's shape, tokenizer, data, optimizer and schedule.
 """
 
@@ -82,6 +83,7 @@ from planner.schemas import (
     Recompute,
     RecomputeModule,
     Schedule,
+    SelectiveRecompute,
     ZeroStage,
 )
 from planner.schemas.fp8 import Fp8Recipe
@@ -184,6 +186,16 @@ def check(plan: PlanShape) -> None:
         InfeasibleConfigError: one line naming the feature, why, and what to plan instead.
     """
     check_common(plan, TARGET)
+    if (
+        plan.layout.recompute is Recompute.SELECTIVE
+        and plan.training.selective_recompute is not SelectiveRecompute.MODULES
+    ):
+        refuse(
+            TARGET,
+            f"selective recompute as {plan.training.selective_recompute}",
+            "its selective recompute re-runs --recompute-modules",
+            "plan with --selective-recompute modules",
+        )
     if plan.training.loss_method is not LossMethod.FP32_IN_PLACE:
         refuse(
             TARGET,

@@ -30,8 +30,9 @@ How the plan maps:
   pipeline (b, with ``global_batch_size`` B making torchtitan accumulate B / (d b) of them).
 - Precision: bf16 and fp32 as ``mixed_precision_param`` with fp32 master weights; torchtitan has
   no fp16 mixed precision, so fp16 is refused. Recompute: ``[activation_checkpoint] mode``;
-  selective is torchtitan's per-op policy ("op": keeps matmul and attention outputs, recomputes
-  the rest), the nearest to Korthikanti et al.'s.
+  selective is torchtitan's per-op policy ("op": keeps the attention's and every other matmul's
+  outputs, recomputes the rest), which the plan priced (``SelectiveRecompute.EVERY_OTHER_MATMUL``,
+  the torchtitan stack's); a plan that priced Megatron-Core's modules instead is refused.
 - MoE: the dispatcher (``expert_parallel_comm_backend`` standard or deepep); torchtitan's MoE
   layers are dropless, so a capacity factor is refused. A plan that priced the tensor-parallel
   collectives overlapped gets torchtitan's async tensor parallelism, with the model compiled,
@@ -64,6 +65,7 @@ from planner.schemas import (
     Plan,
     Recompute,
     Schedule,
+    SelectiveRecompute,
     ZeroStage,
 )
 from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe
@@ -202,6 +204,13 @@ def check(plan: PlanShape) -> None:
             f"full recompute of {list(layout.recompute_layers)} layers on the pipeline stages",
             "its activation checkpointing applies one policy to every layer of every stage",
             "plan with full recompute of every layer, or export to megatron (the same count on every stage)",
+        )
+    if layout.recompute is Recompute.SELECTIVE and plan.training.selective_recompute is SelectiveRecompute.MODULES:
+        refuse(
+            TARGET,
+            "selective recompute of the layout's modules",
+            "its selective checkpointing is the per-op policy it exports ('op') or a per-layer one",
+            "plan with --selective-recompute every-other-matmul, or export to megatron",
         )
     if layout.recompute is Recompute.SELECTIVE and layout.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         refuse(

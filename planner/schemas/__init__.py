@@ -32,6 +32,7 @@ from planner.schemas.enums import (
     Recompute,
     RecomputeModule,
     Schedule,
+    SelectiveRecompute,
     VocabularyLayout,
     ZeroStage,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "RoutingStats",
     "RunReport",
     "Schedule",
+    "SelectiveRecompute",
     "ShardedUnitRecord",
     "SlowLink",
     "Stack",

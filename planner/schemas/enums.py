@@ -177,6 +177,23 @@ class RecomputeModule(StrEnum):
     input is kept; its recompute sends the dispatch and combine all-to-alls again)."""
 
 
+class SelectiveRecompute(StrEnum):
+    """What selective recomputation (``Recompute.SELECTIVE``) keeps of a layer and re-runs in its
+    backward, as the stack runs it (``cost_models.activations.kept_bytes``, ``cost_models.layer_time``)."""
+
+    MODULES = "modules"
+    """The layout's ``recompute_modules`` (Megatron-Core's ``--recompute-modules``; by default the
+    attention core)."""
+    EVERY_OTHER_MATMUL = "every-other-matmul"
+    """torchtitan's per-op policy (``selective_ac_option = 'op'``): it keeps the layer's input, the
+    attention kernel's outputs, the outputs of the layer's 1st, 3rd, ... matmuls in forward order
+    (of q, k, v, output, then the MLP's up (gate, up) and down projections: q, v, the MLP's first
+    and its down projection's) and of its reduce-scatters, and re-runs every other op in the
+    backward: the even matmuls, the norms, the rotary embedding, the activation, the residual
+    adds, the all-gathers. Priced on dense layers with q, k and v projections apart (torchtitan's
+    models); an MoE or multi-head latent attention layer is priced as ``MODULES``."""
+
+
 class Schedule(StrEnum):
     """Pipeline schedule."""
 

@@ -26,7 +26,8 @@ priced; 12 reads pipeline receive buffers per transfer where a plan names none (
 13 adds the training's ``stack``: a version-12 plan reads as priced for 'planner-runtime' with
 version 12's default of every behaviour it does not name (fused kernels among them); 14-17 add
 fields whose defaults are what the version before ran (``upgrade``); 18 adds the training's
-``loss_method``, which a version-17 plan reads as fp32 in place, as it was priced.
+``loss_method`` and ``selective_recompute``, which a version-17 plan reads as fp32 in place and
+the layout's modules, as it was priced.
 """
 
 from dataclasses import dataclass, fields
@@ -193,7 +194,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     version 16 reads as a fraction of 0. Version 16 -> 17: nothing to change; a version-16 plan
     offloads no activations, which version 17 reads as 0 layers. Version 17 -> 18: the loss's
     memory as every stack's loss was priced before (fp32 in place), although the new field's
-    value under torchtitan, DeepSpeed and LLM Foundry differs.
+    value under torchtitan, DeepSpeed and LLM Foundry differs, and selective recompute of the
+    layout's modules, although torchtitan's is its per-op policy.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -249,7 +251,7 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         raw = {**raw, "schema_version": 18}
         training = raw.get("training")
         if isinstance(training, dict):
-            raw["training"] = {"loss_method": "fp32-in-place", **training}
+            raw["training"] = {"loss_method": "fp32-in-place", "selective_recompute": "modules", **training}
     return raw
 
 

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from planner.schemas.enums import AttentionKernel, DType, Kernels, LossMethod, MoeDispatcher, PipelineBuffers
+from planner.schemas.enums import (
+    AttentionKernel,
+    DType,
+    Kernels,
+    LossMethod,
+    MoeDispatcher,
+    PipelineBuffers,
+    SelectiveRecompute,
+)
 from planner.schemas.errors import SchemaError
 from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe, RecipeRun
 
@@ -39,6 +47,7 @@ BEHAVIOURS = (
     "kernels",
     "loss_kernels",
     "loss_method",
+    "selective_recompute",
     "tp_comm_overlap",
     "pp_comm_overlap",
     "pipeline_buffers",
@@ -62,6 +71,7 @@ class Stack:
     loss_kernels: Kernels | None
     """None: the loss runs as ``kernels``."""
     loss_method: LossMethod
+    selective_recompute: SelectiveRecompute
     tp_comm_overlap: bool
     pp_comm_overlap: bool
     pipeline_buffers: PipelineBuffers
@@ -183,6 +193,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             kernels=Kernels.EAGER,
             loss_kernels=None,
             loss_method=LossMethod.FP32_IN_PLACE,
+            selective_recompute=SelectiveRecompute.MODULES,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
@@ -196,6 +207,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "kernels": "runtime/model.py runs eager PyTorch, one kernel per tensor operation (no torch.compile)",
                 "loss_kernels": "runtime/loss.py: F.cross_entropy over fp32 logits, as the other kernels",
                 "loss_method": "runtime/loss.py keeps one fp32 softmax and makes it the gradient in place",
+                "selective_recompute": "runtime/model.py checkpoints the layout's recompute_modules",
                 "tp_comm_overlap": "runtime's tensor-parallel collectives run synchronously "
                 "(runtime_support refuses the overlap)",
                 "pp_comm_overlap": _PIPELINING_OVERLAP,
@@ -222,6 +234,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             kernels=Kernels.FUSED,
             loss_kernels=Kernels.EAGER,
             loss_method=LossMethod.FP32_IN_PLACE,
+            selective_recompute=SelectiveRecompute.MODULES,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -238,6 +251,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "(vocab_parallel_cross_entropy, one fp32 pass per tensor operation)",
                 "loss_method": "vocab_parallel_cross_entropy keeps its fp32 exp-logits, the softmax, and makes them "
                 "the gradient in place",
+                "selective_recompute": "--recompute-modules (core_attn by default)",
                 "tp_comm_overlap": "arguments.py: --tp-comm-overlap is store_true, off by default",
                 "pp_comm_overlap": "arguments.py: --no-overlap-p2p-communication is store_false (overlap on with "
                 "virtual stages)",
@@ -264,6 +278,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             kernels=Kernels.FUSED,
             loss_kernels=None,
             loss_method=LossMethod.FP32_IN_PLACE,
+            selective_recompute=SelectiveRecompute.MODULES,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -278,6 +293,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "loss_kernels": "its GPT model providers set cross_entropy_loss_fusion True",
                 "loss_method": "Megatron-Core's fused_vocab_parallel_cross_entropy keeps the fp32 softmax and makes it "
                 "the gradient in place, as the unfused one",
+                "selective_recompute": "its recipes' recompute_modules (Megatron-Core's)",
                 "tp_comm_overlap": "off unless a recipe's CommOverlapConfig turns it on (--tp-comm-overlap)",
                 "pp_comm_overlap": "Megatron-Bridge overlaps pipeline transfers with virtual stages",
                 "pipeline_buffers": _P2P_SOURCE + " (Megatron-Core's schedules)",
@@ -302,6 +318,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             kernels=Kernels.FUSED,
             loss_kernels=None,
             loss_method=LossMethod.FUSED,
+            selective_recompute=SelectiveRecompute.EVERY_OTHER_MATMUL,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
@@ -317,6 +334,9 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "loss_method": "components/loss.py: build_cross_entropy_loss compiles F.cross_entropy(pred.float()) "
                 "where [compile] components holds 'loss', as its default ['model', 'loss'] does (its 2024-12 train.py "
                 "left the loss eager: fp32-eager)",
+                "selective_recompute": "its llama3 configs set [activation_checkpoint] selective_ac_option 'op': "
+                "the policy saves aten.mm outputs but every second one, the SDPA kernels', reduce-scatters' and "
+                "max's, and recomputes the rest (distributed/activation_checkpoint.py)",
                 "tp_comm_overlap": "async tensor parallelism is off unless [parallelism] enable_async_tensor_parallel",
                 "pp_comm_overlap": _PIPELINING_OVERLAP,
                 "pipeline_buffers": _PIPELINING_BUFFERS,
@@ -341,6 +361,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             kernels=Kernels.FUSED,
             loss_kernels=None,
             loss_method=LossMethod.FP32_IN_PLACE,
+            selective_recompute=SelectiveRecompute.MODULES,
             tp_comm_overlap=False,
             pp_comm_overlap=True,
             pipeline_buffers=PipelineBuffers.PER_MICRO_BATCH,
@@ -354,6 +375,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "kernels": "Transformer Engine's fused layers",
                 "loss_kernels": "as its other kernels",
                 "loss_method": "not checked against its loss functions: priced as Megatron-LM's",
+                "selective_recompute": "not checked against its activation checkpointing: priced as "
+                "Megatron-Core's modules",
                 "tp_comm_overlap": "no tensor-parallel overlap is stated",
                 "pp_comm_overlap": _PIPELINING_OVERLAP,
                 "pipeline_buffers": "its pipeline is torch.distributed.pipelining's: a receive buffer per micro-batch",
@@ -377,6 +400,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             kernels=Kernels.EAGER,
             loss_kernels=None,
             loss_method=LossMethod.FP32_EAGER,
+            selective_recompute=SelectiveRecompute.MODULES,
             tp_comm_overlap=False,
             pp_comm_overlap=False,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -391,6 +415,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "loss_kernels": "as its other kernels",
                 "loss_method": "the model's own loss, eager: torch's cross_entropy over fp32 logits, as Hugging Face's "
                 "causal LMs compute it",
+                "selective_recompute": "its activation checkpointing re-runs what the model's code checkpoints: "
+                "priced as Megatron-Core's modules",
                 "tp_comm_overlap": "AutoTP runs its collectives synchronously",
                 "pp_comm_overlap": "its PipelineEngine runs 1F1B, no interleaved schedule to overlap",
                 "pipeline_buffers": "its PipelineEngine reuses min(stages - stage, micro-batches) buffers, the "
@@ -416,6 +442,7 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             kernels=Kernels.EAGER,
             loss_kernels=Kernels.FUSED,
             loss_method=LossMethod.FUSED,
+            selective_recompute=SelectiveRecompute.MODULES,
             tp_comm_overlap=False,
             pp_comm_overlap=False,
             pipeline_buffers=PipelineBuffers.PER_TRANSFER,
@@ -430,6 +457,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
                 "loss_kernels": "MPT's default loss_fn fused_crossentropy (flash-attn's Triton cross-entropy)",
                 "loss_method": "flash-attn's Triton cross_entropy keeps its input logits and the log-sum-exp, and "
                 "writes the gradient in their precision",
+                "selective_recompute": "Composer's activation_checkpointing checkpoints whole blocks (full "
+                "recompute); selective priced as Megatron-Core's modules",
                 "tp_comm_overlap": "no tensor parallelism",
                 "pp_comm_overlap": "no pipeline parallelism",
                 "pipeline_buffers": "no pipeline parallelism",

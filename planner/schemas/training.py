@@ -15,6 +15,7 @@ from planner.schemas.enums import (
     MoeDispatcher,
     Optimizer,
     PipelineBuffers,
+    SelectiveRecompute,
 )
 from planner.schemas.errors import SchemaError
 from planner.schemas.fp8 import Fp8Recipe, check_param_gather
@@ -94,6 +95,14 @@ class TrainingSpec(FrozenModel):
             "in place (Megatron-LM, the planner's runtime); 'fp32-eager' torch's cross_entropy over fp32 logits, "
             "eager (12 bytes a logit at its worst); 'fused' one kernel each way that keeps the logits (torch.compile, "
             "flash-attn's Triton loss)."
+        ),
+    )
+    selective_recompute: SelectiveRecompute = Field(
+        default=SelectiveRecompute.MODULES,
+        description=(
+            "What selective recompute keeps and re-runs: 'modules' the layout's recompute_modules (Megatron-Core's "
+            "--recompute-modules); 'every-other-matmul' torchtitan's per-op policy, which keeps the attention "
+            "kernel's and every other matmul's outputs and re-runs the rest."
         ),
     )
     tp_comm_overlap: bool = Field(

@@ -23,6 +23,7 @@ from planner.schemas import (
     Plan,
     Recompute,
     Schedule,
+    SelectiveRecompute,
     TrainingSpec,
     ZeroStage,
 )
@@ -253,7 +254,7 @@ def test_the_version_a_plan_is_written_in_is_the_newest_readable() -> None:
     assert Plan.model_fields["schema_version"].default == PLAN_SCHEMA_VERSION == READABLE_VERSIONS[-1]
 
 
-def test_a_version_17_plan_reads_its_loss_as_it_was_priced(tmp_path: Path) -> None:
+def test_a_version_17_plan_reads_its_loss_and_selective_recompute_as_priced(tmp_path: Path) -> None:
     # version 17 priced every stack's loss as one fp32 softmax made the gradient in place; under
     # torchtitan, whose compiled loss version 18 prices as fused, it still reads so
     layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
@@ -261,8 +262,9 @@ def test_a_version_17_plan_reads_its_loss_as_it_was_priced(tmp_path: Path) -> No
     assert training.loss_method is LossMethod.FUSED
     plan = make_plan(MODEL, training, CLUSTER, "dgx-a100-80g:1", layout, estimate(MODEL, training, CLUSTER, layout))
     raw = json.loads(plan.model_dump_json())
-    del raw["training"]["loss_method"]
+    del raw["training"]["loss_method"], raw["training"]["selective_recompute"]
     (tmp_path / "v17.json").write_text(json.dumps({**raw, "schema_version": 17}))
     read = load_plan(tmp_path / "v17.json")
     assert read.training.loss_method is LossMethod.FP32_IN_PLACE
+    assert read.training.selective_recompute is SelectiveRecompute.MODULES  # torchtitan's is per op
     assert read.training.stack == "torchtitan"

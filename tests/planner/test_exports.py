@@ -244,6 +244,21 @@ REFUSED = {
         "an fp32 loss made its gradient in place",
     ),
     "megatron-fused-loss": ("megatron", lambda: _plan("tiny-gpt", _layout(16), loss_method="fused"), "a fused loss"),
+    "torchtitan-selective-modules": (
+        "torchtitan",
+        lambda: _plan(
+            "tiny-gpt",
+            _layout(16, zero_stage=3, recompute="selective"),
+            stack="torchtitan",
+            selective_recompute="modules",
+        ),
+        "selective recompute of the layout's modules",
+    ),
+    "megatron-selective-per-op": (
+        "megatron",
+        lambda: _plan("tiny-gpt", _layout(16, recompute="selective"), selective_recompute="every-other-matmul"),
+        "selective recompute as every-other-matmul",
+    ),
     "torchtitan-bf16-reduce": (
         "torchtitan",
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3), grad_reduce_dtype="bf16"),

@@ -46,6 +46,7 @@ def test_a_version_7_plan_sums_in_its_training_precision_as_it_was_priced() -> N
         "vocabulary_overlap": True,
         "pipeline_buffers": "per-transfer",
         "loss_method": "fp32-in-place",
+        "selective_recompute": "modules",
     }
     assert upgraded["training"] == expected
     fp32 = upgrade({"schema_version": 7, "training": {"global_batch_size": 8, "seq_len": 64, "dtype": "fp32"}})
