@@ -60,8 +60,11 @@ def loss_element_bytes(activation_dtype: DType, layout: Layout, method: LossMeth
       with a pipeline (2 fp32 copies, as a dry run of a pipeline traces them); fp32: (4, 4), (8, 0).
     - fp32-eager (torch's ``F.cross_entropy`` over ``logits.float()``): kept, the fp32 log-softmax,
       4 (+ act under a pipeline); transient, its backward's two fp32 gradients, 8, while the kept
-      one lives: 12 beyond the logits at the worst moment in every precision, as torch's
-      MemTracker traces it (tests/cost_models/test_loss_methods.py).
+      one lives: 12 beyond the logits at the worst moment in every precision. Under tensor
+      parallelism the logits are split over the vocabulary and the loss runs under torch's
+      ``loss_parallel`` (torchtitan's tensor-parallel plan unless ``disable_loss_parallel``), whose
+      log-softmax backward builds one fp32 copy more: 12 transient, 16 in all. As torch's MemTracker
+      traces them (tests/cost_models/test_loss_methods.py).
     - fused: kept, the logits (act; the stage's own under a pipeline), the per-token statistics
       being negligible; transient, the gradient written in act. An inductor-compiled
       ``F.cross_entropy(logits.float())`` saves its input and two (tokens, 1) fp32 tensors and
@@ -73,7 +76,8 @@ def loss_element_bytes(activation_dtype: DType, layout: Layout, method: LossMeth
     if method is LossMethod.FUSED:
         return act, act
     if method is LossMethod.FP32_EAGER:
-        return LOGIT_ELEMENT_BYTES + piped, 2 * LOGIT_ELEMENT_BYTES
+        copies = 3 if layout.tensor_parallel_degree > 1 else 2
+        return LOGIT_ELEMENT_BYTES + piped, copies * LOGIT_ELEMENT_BYTES
     cast = act if act < LOGIT_ELEMENT_BYTES else 0
     if piped:
         return LOGIT_ELEMENT_BYTES + piped, cast

@@ -3,18 +3,23 @@ bytes, and the two eager methods traced by torch's MemTracker as a dry run trace
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor.parallel import loss_parallel
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from cost_models.loss_memory import loss_element_bytes
 from planner.schemas import DType, Layout, LossMethod, ZeroStage
 from runtime.loss import cross_entropy
 
 
-def _layout(p: int) -> Layout:
+def _layout(p: int, t: int = 1) -> Layout:
     return Layout(
         data_parallel_degree=1,
-        tensor_parallel_degree=1,
+        tensor_parallel_degree=t,
         pipeline_parallel_degree=p,
         micro_batch_size=1,
         zero_stage=ZeroStage.NONE,
@@ -38,6 +43,12 @@ def test_each_loss_method_keeps_and_adds_its_copies(
     method: LossMethod, dtype: DType, p: int, expected: tuple[int, int]
 ) -> None:
     assert loss_element_bytes(dtype, _layout(p), method) == expected
+
+
+def test_torch_loss_over_split_logits_builds_one_copy_more() -> None:
+    # torch's loss_parallel: its log-softmax backward's exp(output) beside the two gradients
+    assert loss_element_bytes(DType.BF16, _layout(1, t=2), LossMethod.FP32_EAGER) == (4, 12)
+    assert loss_element_bytes(DType.BF16, _layout(1, t=2), LossMethod.FP32_IN_PLACE) == (4, 2)
 
 
 def _traced_bytes_per_logit(loss_of: object, dtype: torch.dtype) -> float:
@@ -69,3 +80,26 @@ def test_the_eager_methods_peak_as_torch_traces_them(method: LossMethod, loss_of
     kept, transient = loss_element_bytes(dtype, _layout(1), method)
     # per-token statistics (a few fp32 values a token over 3,000 logits) are not counted
     assert _traced_bytes_per_logit(loss_of, torch_dtype) == pytest.approx(kept + transient, abs=0.01)
+
+
+def test_torch_loss_parallel_peaks_as_torch_traces_it() -> None:
+    # one rank's vocabulary shard of a DTensor, as torchtitan's tensor-parallel output layer
+    # returns it, under a process group that only plays the collectives (the dry run's)
+    tokens, vocab = 512, 3000
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight = distribute_tensor(torch.randn(tokens, vocab, dtype=torch.bfloat16), mesh, [Shard(1)])
+        logits = weight.requires_grad_() * 1.0  # not a leaf: the output layer's output
+        targets = torch.randint(0, vocab, (tokens,))
+        tracker = MemTracker()  # type: ignore[no-untyped-call]
+        with tracker, loss_parallel():
+            loss = F.cross_entropy(logits.float(), targets)
+            del logits
+            loss.backward()
+        peak = tracker.get_tracker_snapshot("peak")  # type: ignore[no-untyped-call]
+    finally:
+        dist.destroy_process_group()
+    kept, transient = loss_element_bytes(DType.BF16, _layout(1, t=2), LossMethod.FP32_EAGER)
+    traced = sum(v.get("Total", 0) for v in peak.values()) / (tokens * vocab)
+    assert traced == pytest.approx(kept + transient, abs=0.05)
