@@ -63,8 +63,11 @@ def loss_element_bytes(activation_dtype: DType, layout: Layout, method: LossMeth
       one lives: 12 beyond the logits at the worst moment in every precision. Under tensor
       parallelism the logits are split over the vocabulary and the loss runs under torch's
       ``loss_parallel`` (torchtitan's tensor-parallel plan unless ``disable_loss_parallel``), whose
-      log-softmax backward builds one fp32 copy more: 12 transient, 16 in all. As torch's MemTracker
-      traces them (tests/cost_models/test_loss_methods.py).
+      log-softmax backward builds one fp32 copy more: 12 transient, 16 in all.
+    - eager (the same over the logits in their own precision, NeMo AutoModel's benchmark loss):
+      kept, the log-softmax, act (+ act under a pipeline); transient, the two gradients, 2 act; 12
+      under ``loss_parallel``, which computes in fp32 whatever the logits' precision.
+      As torch's MemTracker traces them (tests/cost_models/test_loss_methods.py).
     - fused: kept, the logits (act; the stage's own under a pipeline), the per-token statistics
       being negligible; transient, the gradient written in act. An inductor-compiled
       ``F.cross_entropy(logits.float())`` saves its input and two (tokens, 1) fp32 tensors and
@@ -75,9 +78,11 @@ def loss_element_bytes(activation_dtype: DType, layout: Layout, method: LossMeth
     piped = act if layout.pipeline_parallel_degree > 1 else 0
     if method is LossMethod.FUSED:
         return act, act
-    if method is LossMethod.FP32_EAGER:
-        copies = 3 if layout.tensor_parallel_degree > 1 else 2
-        return LOGIT_ELEMENT_BYTES + piped, copies * LOGIT_ELEMENT_BYTES
+    if method in (LossMethod.FP32_EAGER, LossMethod.EAGER):
+        kept = LOGIT_ELEMENT_BYTES if method is LossMethod.FP32_EAGER else act
+        if layout.tensor_parallel_degree > 1:  # loss_parallel: three fp32 copies in its backward
+            return kept + piped, 3 * LOGIT_ELEMENT_BYTES
+        return kept + piped, 2 * kept
     cast = act if act < LOGIT_ELEMENT_BYTES else 0
     if piped:
         return LOGIT_ELEMENT_BYTES + piped, cast

@@ -182,8 +182,8 @@ LossMethodOpt = Annotated[
     LossMethod | None,
     typer.Option(
         help="What the loss keeps per logit: fp32-in-place (Megatron-LM, planner run), fp32-eager (torch's "
-        "cross_entropy over fp32 logits, 12 bytes a logit at its worst: an uncompiled loss), fused (torch.compile, "
-        "flash-attn) [default: the stack's].",
+        "cross_entropy over fp32 logits, 12 bytes a logit at its worst: an uncompiled loss), eager (the same over "
+        "bf16 logits), fused (torch.compile, flash-attn) [default: the stack's].",
     ),
 ]
 SelectiveRecomputeOpt = Annotated[

@@ -40,7 +40,7 @@ How the plan maps:
 - The stack: ``[compile] enable`` where the plan priced fused elementwise kernels (torch.compile
   fuses them; the torchtitan stack's own value) or async tensor parallelism, which needs it, with
   ``components`` 'model', and 'loss' where it priced a fused loss (``LossMethod.FUSED``); a loss
-  left out of them runs eager (fp32-eager). An fp32 loss made its gradient in place is refused.
+  left out of them runs eager (fp32-eager). Any other loss is refused.
   Gradients summed in bf16 are refused: 0.2.2's ``mixed_precision_reduce`` is float32 only.
 - FP8 (torchao): ``[model] converters`` with ``quantize.linear.float8`` (tensorwise, torchao's
   default recipe, with ``enable_fsdp_float8_all_gather`` and
@@ -221,11 +221,11 @@ def check(plan: PlanShape) -> None:
         )
     if plan.training.dtype is DType.FP16:
         refuse(TARGET, "dtype=fp16", "its mixed precision is bfloat16 or float32", "plan with --dtype bf16")
-    if plan.training.loss_method is LossMethod.FP32_IN_PLACE:
+    if plan.training.loss_method not in (LossMethod.FUSED, LossMethod.FP32_EAGER):
         refuse(
             TARGET,
-            "an fp32 loss made its gradient in place",
-            "its loss is torch's cross_entropy, compiled or eager",
+            f"a {plan.training.loss_method} loss",
+            "its loss is torch's cross_entropy over fp32 logits, compiled or eager",
             "plan with --loss-method fused (or fp32-eager)",
         )
     if plan.training.reduce_dtype is not DType.FP32:

@@ -109,6 +109,9 @@ class LossMethod(StrEnum):
     FP32_EAGER = "fp32-eager"
     """torch's ``F.cross_entropy`` over ``logits.float()``, eager: it keeps the fp32 log-softmax,
     and its backward builds two more fp32 copies (nll_loss's gradient and log_softmax's)."""
+    EAGER = "eager"
+    """torch's ``F.cross_entropy`` over the logits in their own precision, eager: the same copies
+    in that precision (its log-softmax kept, two gradients in the backward)."""
     FUSED = "fused"
     """One kernel each way (torch.compile of the same code, flash-attn's Triton cross-entropy): it
     keeps the logits and one fp32 statistic per token, and writes the gradient in the logits'

@@ -93,8 +93,8 @@ class TrainingSpec(FrozenModel):
         description=(
             "What the cross-entropy keeps and allocates per logit: 'fp32-in-place' one fp32 softmax made the gradient "
             "in place (Megatron-LM, the planner's runtime); 'fp32-eager' torch's cross_entropy over fp32 logits, "
-            "eager (12 bytes a logit at its worst); 'fused' one kernel each way that keeps the logits (torch.compile, "
-            "flash-attn's Triton loss)."
+            "eager (12 bytes a logit at its worst); 'eager' the same over the logits as they are (NeMo AutoModel's); "
+            "'fused' one kernel each way that keeps the logits (torch.compile, flash-attn's Triton loss)."
         ),
     )
     selective_recompute: SelectiveRecompute = Field(

@@ -33,6 +33,10 @@ def _layout(p: int, t: int = 1) -> Layout:
         (LossMethod.FP32_EAGER, DType.BF16, 1, (4, 8)),
         (LossMethod.FP32_EAGER, DType.FP32, 1, (4, 8)),
         (LossMethod.FP32_EAGER, DType.BF16, 2, (6, 8)),  # + the stage's bf16 output
+        # torch's over bf16 logits: the same copies in bf16
+        (LossMethod.EAGER, DType.BF16, 1, (2, 4)),
+        (LossMethod.EAGER, DType.BF16, 2, (4, 4)),
+        (LossMethod.EAGER, DType.FP32, 1, (4, 8)),
         # fused: the logits kept (the stage's own under a pipeline), a gradient in their precision
         (LossMethod.FUSED, DType.BF16, 1, (2, 2)),
         (LossMethod.FUSED, DType.BF16, 2, (2, 2)),
@@ -48,6 +52,7 @@ def test_each_loss_method_keeps_and_adds_its_copies(
 def test_torch_loss_over_split_logits_builds_one_copy_more() -> None:
     # torch's loss_parallel: its log-softmax backward's exp(output) beside the two gradients
     assert loss_element_bytes(DType.BF16, _layout(1, t=2), LossMethod.FP32_EAGER) == (4, 12)
+    assert loss_element_bytes(DType.BF16, _layout(1, t=2), LossMethod.EAGER) == (2, 12)  # it works in fp32
     assert loss_element_bytes(DType.BF16, _layout(1, t=2), LossMethod.FP32_IN_PLACE) == (4, 2)
 
 
@@ -72,6 +77,7 @@ def _traced_bytes_per_logit(loss_of: object, dtype: torch.dtype) -> float:
     ("method", "loss_of"),
     [
         (LossMethod.FP32_EAGER, lambda logits, targets: F.cross_entropy(logits.float(), targets)),
+        (LossMethod.EAGER, F.cross_entropy),
         (LossMethod.FP32_IN_PLACE, cross_entropy),
     ],
 )
@@ -82,7 +88,8 @@ def test_the_eager_methods_peak_as_torch_traces_them(method: LossMethod, loss_of
     assert _traced_bytes_per_logit(loss_of, torch_dtype) == pytest.approx(kept + transient, abs=0.01)
 
 
-def test_torch_loss_parallel_peaks_as_torch_traces_it() -> None:
+@pytest.mark.parametrize("method", [LossMethod.FP32_EAGER, LossMethod.EAGER])
+def test_torch_loss_parallel_peaks_as_torch_traces_it(method: LossMethod) -> None:
     # one rank's vocabulary shard of a DTensor, as torchtitan's tensor-parallel output layer
     # returns it, under a process group that only plays the collectives (the dry run's)
     tokens, vocab = 512, 3000
@@ -94,12 +101,12 @@ def test_torch_loss_parallel_peaks_as_torch_traces_it() -> None:
         targets = torch.randint(0, vocab, (tokens,))
         tracker = MemTracker()  # type: ignore[no-untyped-call]
         with tracker, loss_parallel():
-            loss = F.cross_entropy(logits.float(), targets)
+            loss = F.cross_entropy(logits.float() if method is LossMethod.FP32_EAGER else logits, targets)
             del logits
             loss.backward()
         peak = tracker.get_tracker_snapshot("peak")  # type: ignore[no-untyped-call]
     finally:
         dist.destroy_process_group()
-    kept, transient = loss_element_bytes(DType.BF16, _layout(1, t=2), LossMethod.FP32_EAGER)
+    kept, transient = loss_element_bytes(DType.BF16, _layout(1, t=2), method)
     traced = sum(v.get("Total", 0) for v in peak.values()) / (tokens * vocab)
     assert traced == pytest.approx(kept + transient, abs=0.05)

@@ -241,7 +241,7 @@ REFUSED = {
     "torchtitan-in-place-loss": (
         "torchtitan",
         lambda: _plan("tiny-gpt", _layout(16, zero_stage=3), stack="torchtitan", loss_method="fp32-in-place"),
-        "an fp32 loss made its gradient in place",
+        "a fp32-in-place loss",
     ),
     "megatron-fused-loss": ("megatron", lambda: _plan("tiny-gpt", _layout(16), loss_method="fused"), "a fused loss"),
     "torchtitan-selective-modules": (
