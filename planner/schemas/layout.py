@@ -224,7 +224,7 @@ class Layout:
             raise SchemaError(
                 f"activation_offload_layers={layers!r} must be a whole number of layers >= 0 (0: none offloaded)"
             )
-        if layers and (self.pipeline_parallel_degree > 1 or self.recompute is not Recompute.NONE):
+        if layers and not self.can_offload_activations:
             raise SchemaError(
                 f"activation_offload_layers={layers} offloads what layers keep for their backward, as Megatron-Core "
                 f"does without a pipeline and without recompute, but pipeline_parallel_degree="
@@ -290,6 +290,12 @@ class Layout:
         if isinstance(modules, str | RecomputeModule) or not isinstance(modules, tuple | list | set | frozenset):
             raise SchemaError(f"recompute_modules={modules!r} must be a list of modules, e.g. ['layernorm', 'moe']")
         object.__setattr__(self, "recompute_modules", recompute_modules_of(modules))
+
+    @property
+    def can_offload_activations(self) -> bool:
+        """Whether its layers' activations may be offloaded (``activation_offload_layers``):
+        Megatron-Core offloads them without a pipeline and without recompute."""
+        return self.pipeline_parallel_degree == 1 and self.recompute is Recompute.NONE
 
     def recomputes(self, module: RecomputeModule) -> bool:
         """Whether the backward re-runs ``module`` of every layer that has it: under full

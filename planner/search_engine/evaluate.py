@@ -236,7 +236,7 @@ class Evaluator:
         says fit; None where it fits without, cannot take one (a pipeline, recompute) or does not
         fit even with every layer but the last offloaded. A layer's share is read off one offloaded
         layer and checked (an MoE model's layers differ)."""
-        if layout.pipeline_parallel_degree > 1 or layout.recompute is not Recompute.NONE:
+        if not layout.can_offload_activations:
             return None
         kept = replace(layout, optimizer_offload_fraction=0.0, parameter_offload=False, activation_offload_layers=0)
         most = self.model.num_hidden_layers - 1

@@ -205,8 +205,7 @@ def explain_infeasible(space: SearchSpace, evaluate: Evaluator) -> str:
         hints.append("a smaller micro-batch")
     if not (evaluate.offload and evaluate.optimizer_offload):
         hints.append("optimizer offload to host memory (a cluster that describes its hosts, and --optimizer-offload)")
-    # Megatron-Core's rule (Layout.activation_offload_layers): one stage, no recompute.
-    offloadable = layout.pipeline_parallel_degree == 1 and layout.recompute is Recompute.NONE
+    offloadable = layout.can_offload_activations
     if term == "activations" and offloadable and not (evaluate.offload and evaluate.activation_offload):
         hints.append("activation offload to host memory (a cluster that describes its hosts, and --activation-offload)")
     hints.append("a shorter sequence or a smaller global batch")
