@@ -153,7 +153,7 @@ def layer_activations(
     sparse = model.is_moe if moe is None else moe
     mlp, expert_activations = _mlp_bytes(model, rank, sparse, expert_load)
     mlp_input = (act if sparse else rank.linear_in) * tokens * h / sp  # the second norm's output (router's: bf16)
-    op_policy = None if sparse or model.is_mla else _every_other_matmul_bytes(model, rank) + scores
+    op_policy = _every_other_matmul_bytes(model, rank) + scores if per_op_priced(model, moe=sparse) else None
     return LayerActivations(
         norm_inputs_bytes=2 * act * tokens * h / sp,
         attention_bytes=attention,
@@ -301,6 +301,13 @@ def _intermediates_bytes(model: ModelSpec, rank: _RankShape, width: int) -> floa
     the last (the down projection's input) in ``_RankShape.linear_in``."""
     kept = 2 if model.hidden_act.gated else 1
     return (kept * rank.act + rank.linear_in) * rank.tokens * width / rank.t
+
+
+def per_op_priced(model: ModelSpec, *, moe: bool) -> bool:
+    """Whether torchtitan's per-op policy (``SelectiveRecompute.EVERY_OTHER_MATMUL``) is priced on
+    the model's dense (``moe`` False) or MoE layers: on dense layers with q, k and v projections
+    apart; an MoE or multi-head latent attention layer is priced as Megatron-Core's modules."""
+    return not moe and not model.is_mla
 
 
 def _every_other_matmul_bytes(model: ModelSpec, rank: _RankShape) -> float:

@@ -31,6 +31,7 @@ Units: elements for shapes, bytes for traffic; e bytes of one activation element
 from dataclasses import dataclass
 
 from cost_models import kernels
+from cost_models.activations import per_op_priced
 from cost_models.compute import Gemm
 from cost_models.context_parallel import local_seq_len
 from planner.schemas import (
@@ -154,7 +155,7 @@ def layer_work(model: ModelSpec, training: TrainingSpec, layout: Layout, *, moe:
         mlp_elementwise=mlp.activation + mlp.permute,
         expert_activation=mlp.routed_activation,
         norms=norms + norms,
-        every_other_gemms=() if sparse or model.is_mla else _every_other_gemms(model, tokens, t),
+        every_other_gemms=_every_other_gemms(model, tokens, t) if per_op_priced(model, moe=sparse) else (),
     )
 
 

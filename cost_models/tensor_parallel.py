@@ -30,6 +30,7 @@ slow, nor the reverse. Units: seconds, bytes.
 
 from collections.abc import Iterable
 
+from cost_models.activations import per_op_priced
 from cost_models.comm import Group, has_uniform_links, priced_groups, slowest_collective_s
 from cost_models.compute import measured_layer_s
 from cost_models.context_parallel import local_seq_len
@@ -102,7 +103,7 @@ def recomputed_forward_share(
     share = moe_layer_share(model, layout) if moe else 1.0
     if layout.recompute is Recompute.FULL:
         return share
-    per_op = selective is SelectiveRecompute.EVERY_OTHER_MATMUL and not moe and not model.is_mla
+    per_op = selective is SelectiveRecompute.EVERY_OTHER_MATMUL and per_op_priced(model, moe=moe)
     if layout.recompute is Recompute.SELECTIVE and per_op:
         return 0.5 if layout.sequence_parallel else 1.0
     block = RecomputeModule.MOE if moe else RecomputeModule.MLP
