@@ -26,10 +26,12 @@ from planner.schemas import DType, Layout, ModelSpec, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, MissingExtraError
 from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe, converts
 from planner.schemas.runtime_support import check_fp8_param_gather
+from runtime import checkpoint
 from runtime.data import synthetic_batch
 from runtime.fp8 import FP8_EXTRA, convert_to_fp8, edge_layers, fp8_layer_names
 from runtime.model import Decoder, default_dtype, loss_fn
 from runtime.optim import make_optimizer
+from runtime.trainer import Trainer
 
 TENSORWISE = RECIPE_RUNS[Fp8Library.TORCHAO, Fp8Recipe.TENSORWISE]
 
@@ -89,9 +91,10 @@ def _bf16_reference(model: ModelSpec) -> list[float]:
     return losses
 
 
-def _fp8_layouts(cases: list[tuple[ModelSpec, dict[str, Any], bool]]) -> dict[str, Any]:
+def _fp8_layouts(cases: list[tuple[ModelSpec, dict[str, Any], bool]], workdir: str) -> dict[str, Any]:
     """Each case's losses, its FP8 layers (by name, on this rank) and whether its weights are
-    gathered in FP8; and the bf16 references (every rank computes them: two cores, no waiting)."""
+    gathered in FP8; the bf16 references (every rank computes them: two cores, no waiting); and
+    a checkpoint of FP8-gathered weights resumed (``_fp8_gathered_resume``), in the same launch."""
     from torchao.float8.float8_linear import Float8Linear
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
@@ -106,7 +109,48 @@ def _fp8_layouts(cases: list[tuple[ModelSpec, dict[str, Any], bool]]) -> dict[st
             if isinstance(m, Float8Linear)
         ]
         results.append({"losses": SETTING.losses(model, trainer), "converted": converted, "fp8_weights": fp8_weights})
-    return {"layouts": results, "references": {m.name: _bf16_reference(m) for m in (DENSE, MOE)}}
+    references = {m.name: _bf16_reference(m) for m in (DENSE, MOE)}
+    return {"layouts": results, "references": references, "resume": _fp8_gathered_resume(Path(workdir) / "ckpt")}
+
+
+RESUMED_AT = 2
+
+
+def _fp8_gathered_resume(directory: Path) -> dict[str, Any]:
+    """FSDP2 with torchao's FP8 all-gather (dp2 ZeRO-3, tensorwise): the losses of an uninterrupted
+    run, and of one saved after ``RESUMED_AT`` steps and resumed by a fresh trainer; and whether a
+    bf16 trainer of the same layout without FP8 resumes the same weights from that checkpoint (the
+    checkpoint holds the weights in the training precision, not torchao's FP8-gather wrappers)."""
+    layout = Layout(**L(2, 1, 1, 1, zero_stage=3))
+
+    def trainer(fp8: bool) -> Trainer:
+        return SETTING.trainer(DENSE, layout, dtype=DType.BF16, fp8=TENSORWISE if fp8 else None, fp8_param_gather=fp8)
+
+    def steps(run: Trainer, first: int, last: int) -> list[float]:
+        return [run.step(*_batch(step)) for step in range(first, last)]
+
+    whole = steps(trainer(True), 0, SETTING.steps)
+    saved = trainer(True)
+    steps(saved, 0, RESUMED_AT)
+    checkpoint.save(saved, directory, RESUMED_AT, plan_sha256="p")
+    resumed, plain = trainer(True), trainer(False)
+    at = checkpoint.resume(resumed, directory, plan_sha256="p").step
+    checkpoint.resume(plain, directory, plan_sha256="p")
+    same = all(
+        torch.equal(_full(a), _full(b))
+        for a, b in zip(saved.chunks[0].parameters(), plain.chunks[0].parameters(), strict=True)
+    )
+    return {"whole": whole, "at": at, "after": steps(resumed, at, SETTING.steps), "plain_resumes_the_weights": same}
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return synthetic_batch(DENSE.vocab_size, SETTING.batch, SETTING.seq_len, step=step, seed=SETTING.seed)
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """A sharded parameter's whole value, in plain bf16 (torchao's FP8-gather wrapper unwrapped)."""
+    full = param.full_tensor() if hasattr(param, "full_tensor") else param
+    return full.to(torch.bfloat16).detach().clone()
 
 
 def L(d: int, t: int, p: int, b: int, **kw: Any) -> dict[str, Any]:
@@ -117,20 +161,24 @@ def _gate_up(layers: range, *mlps: str) -> list[str]:
     return sorted(f"layers.{i}.{mlp}.{p}" for i in layers for mlp in mlps for p in ("gate", "up"))
 
 
+CASES = [
+    (DENSE, L(2, 1, 1, 1, zero_stage=3), True),  # FSDP2 with torchao's FP8 all-gather
+    (DENSE, L(1, 2, 1, 4, sequence_parallel=True), False),  # Float8Linear under DTensor's split
+    (MOE, L(2, 1, 1, 2, expert_parallel_degree=2), False),  # each rank's 2 experts, the shared expert
+    (DENSE, L(1, 1, 2, 2), False),  # a pipeline: rank 0 holds layer 0
+]
+"""The layouts trained in FP8 against the bf16 reference: (model, layout, weights gathered in FP8)."""
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_fp8_layouts_train_like_the_bf16_reference_converting_what_converts_accepts(tmp_path: Path) -> None:
-    pytest.importorskip("torchao.float8", reason=f"FP8 training needs torchao: pip install '{FP8_EXTRA}'")
-    cases = [
-        (DENSE, L(2, 1, 1, 1, zero_stage=3), True),  # FSDP2 with torchao's FP8 all-gather
-        (DENSE, L(1, 2, 1, 4, sequence_parallel=True), False),  # Float8Linear under DTensor's split
-        (MOE, L(2, 1, 1, 2, expert_parallel_degree=2), False),  # each rank's 2 experts, the shared expert
-        (DENSE, L(1, 1, 2, 2), False),  # a pipeline: rank 0 holds layer 0
-    ]
-    out = run_ranks(2, _fp8_layouts, cases, workdir=tmp_path)
+def test_fp8_layouts_train_like_the_bf16_reference_converting_what_converts_accepts(
+    fp8_runs: dict[str, Any],
+) -> None:
+    out = fp8_runs
     references = out["references"]
-    for (model, kw, _), result in zip(cases, out["layouts"], strict=True):
+    for (model, kw, _), result in zip(CASES, out["layouts"], strict=True):
         reference = references[model.name]
         tolerance = MOE_FP8_LOSS_TOLERANCE if model is MOE else FP8_LOSS_TOLERANCE
         assert result["losses"] == pytest.approx(reference, abs=tolerance), f"{kw}: {result}, {reference}"
@@ -141,6 +189,26 @@ def test_fp8_layouts_train_like_the_bf16_reference_converting_what_converts_acce
     assert ep["converted"] == _gate_up(range(2), "mlp.experts.0", "mlp.experts.1", "shared_expert")
     assert pp["converted"] == _gate_up(range(1), "mlp")
     assert len(set(references[DENSE.name])) == SETTING.steps
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_a_checkpoint_of_fp8_gathered_weights_resumes_exactly(fp8_runs: dict[str, Any]) -> None:
+    resume = fp8_runs["resume"]
+    assert resume["at"] == RESUMED_AT
+    assert resume["after"] == resume["whole"][RESUMED_AT:]  # the same steps, bit for bit
+    assert len(set(resume["whole"])) == SETTING.steps  # the steps do change the weights
+    assert resume["plain_resumes_the_weights"]
+
+
+@pytest.fixture(scope="module")
+def fp8_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-rank launch: every FP8 layout of ``CASES``, the bf16 references and the resume."""
+    pytest.importorskip("torchao.float8", reason=f"FP8 training needs torchao: pip install '{FP8_EXTRA}'")
+    workdir = tmp_path_factory.mktemp("fp8")
+    result: dict[str, Any] = run_ranks(2, _fp8_layouts, CASES, str(workdir), workdir=workdir)
+    return result
 
 
 def test_the_layers_converted_are_the_transformer_layers_projections_that_converts_accepts() -> None:
