@@ -1,4 +1,5 @@
-"""FP8 training of a model chunk's transformer layers, with torchao's float8 (``Float8Linear``).
+"""FP8 training of a model chunk's transformer layers, with torchao's float8 (``Float8Linear``), and
+MXFP8 with torchao's MXFP8 training weights (``_convert_to_mxfp8``; emulated on a CPU).
 
 Which linear layers run in FP8 is decided once, by ``planner.schemas.fp8.converts`` (the shapes a
 recipe aligns and torchao's small-shape filter), so the run converts exactly the layers the cost
@@ -9,7 +10,8 @@ stay in the training precision, as every FP8 recipe keeps them (``planner.schema
 
 torchao's ``Float8Linear`` keeps its weight in the training precision and saves its bf16 input
 and weight for the backward, casting them to FP8 again there; so the optimizer, FSDP and the
-checkpoints see the same parameters, under the same names, as without FP8.
+checkpoints see the same parameters, under the same names, as without FP8. Its MXFP8 weights do
+the same (``mx_mm`` saves the bf16 input and weight).
 """
 
 import dataclasses
@@ -22,7 +24,7 @@ from types import ModuleType
 from torch import nn
 
 from planner.schemas.errors import MissingExtraError
-from planner.schemas.fp8 import Fp8Library, RecipeRun, converts
+from planner.schemas.fp8 import Fp8Library, Fp8Recipe, RecipeRun, converts
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +91,16 @@ def convert_to_fp8(
     """
     if run.library is not Fp8Library.TORCHAO:
         raise ValueError(f"the runtime trains FP8 with torchao, not {run.library.value}")
-    float8 = torchao_float8()
-    config = float8.Float8LinearConfig.from_recipe_name(run.library_name)
-    if param_gather:
-        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     names = fp8_layer_names(chunk, run, kept)
     wanted = set(names)  # torchao's filter sees the same names: each module's path in the chunk
-    float8.convert_to_float8_training(chunk, config=config, module_filter_fn=lambda _, fqn: fqn in wanted)
+    if run.recipe is Fp8Recipe.MXFP8:
+        _convert_to_mxfp8(chunk, wanted)
+    else:
+        float8 = torchao_float8()
+        config = float8.Float8LinearConfig.from_recipe_name(run.library_name)
+        if param_gather:
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+        float8.convert_to_float8_training(chunk, config=config, module_filter_fn=lambda _, fqn: fqn in wanted)
     logger.info(
         "%d linear layer(s) of this chunk train in FP8 (torchao %s), %d in the training precision",
         len(names),
@@ -103,6 +108,32 @@ def convert_to_fp8(
         sum(1 for _ in fp8_candidates(chunk)) - len(names),
     )
     return names
+
+
+def _convert_to_mxfp8(chunk: nn.Module, wanted: set[str]) -> None:
+    """Swap the weights of ``chunk``'s linear layers named in ``wanted`` for torchao's MXFP8
+    training weights (``MXFP8TrainingOpConfig``: each matmul quantizes its operands in 1x32 blocks
+    with power-of-two scales, rounded up, forward and backward, the weight gradient included), in
+    place. On CUDA its Blackwell kernels (``schemas.runtime_support.check_fp8_device`` refuses the
+    plan below compute capability 10.0); elsewhere its emulation (the same quantization, then a
+    matmul of the dequantized operands), so a CPU run trains with MXFP8's numerics. The module
+    keeps its class and its parameters their names: the optimizer, FSDP and the checkpoints see
+    them as without MXFP8.
+
+    Raises:
+        MissingExtraError: torchao is not installed; the message names the extra.
+    """
+    with _quiet(_NOISY_ON_IMPORT):
+        try:
+            moe_training = importlib.import_module("torchao.prototype.moe_training.config")
+            quantization = importlib.import_module("torchao.quantization")
+        except ImportError as e:
+            raise MissingExtraError(f"FP8 training needs torchao: pip install '{FP8_EXTRA}'") from e
+    recipes = moe_training.MXFP8TrainingRecipe
+    on_cuda = any(p.device.type == "cuda" for p in chunk.parameters())
+    recipe = recipes.MXFP8_RCEIL if on_cuda else recipes.MXFP8_EMULATED_RCEIL
+    config = moe_training.MXFP8TrainingOpConfig.from_recipe(recipe)
+    quantization.quantize_(chunk, config, filter_fn=lambda _, fqn: fqn in wanted)
 
 
 def precompute_fp8_scales(chunks: Sequence[nn.Module]) -> None:

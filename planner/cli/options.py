@@ -80,8 +80,8 @@ FP8_HELP = (
     "Run the transformer layers' linear GEMMs under this FP8 recipe, over --dtype bf16 (attention, norms, "
     "embeddings, output layer, router, loss and optimizer stay bf16): delayed, tensorwise and blockwise with "
     "Transformer Engine (megatron-lm, megatron-bridge, llm-foundry: delayed only); tensorwise, rowwise and "
-    "rowwise-gw-hp with torchao (torchtitan, nemo-automodel); mxfp8 on Blackwell only. Needs a --stack that "
-    "offers it (planner stacks) [default: none, every GEMM in --dtype]"
+    "rowwise-gw-hp with torchao (planner-runtime, torchtitan, nemo-automodel); mxfp8 on Blackwell only. Needs a "
+    "--stack that offers it (planner stacks) [default: none, every GEMM in --dtype]"
 )
 Fp8Opt = Annotated[Fp8Recipe | None, typer.Option(help=FP8_HELP + ".")]
 Fp8ChoicesOpt = Annotated[

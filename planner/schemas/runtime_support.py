@@ -18,7 +18,7 @@ from planner.schemas.enums import (
     RecomputeModule,
 )
 from planner.schemas.errors import InfeasibleConfigError
-from planner.schemas.fp8 import Fp8Devices
+from planner.schemas.fp8 import Fp8Devices, Fp8Recipe
 from planner.schemas.geometry import num_micro_batches, pipeline_schedules
 from planner.schemas.layout import Layout
 from planner.schemas.model import ModelSpec
@@ -132,6 +132,7 @@ def check_runnable(plan: PlanShape, *, cuda: bool) -> None:
     if plan.model.is_moe and (layout.expert_parallel_degree > 1 or layout.folds_experts):
         check_sharded_experts(layout, fp32=training.dtype is DType.FP32)
     check_fp8_param_gather(layout, fp8_param_gather=training.fp8_param_gather)
+    check_mxfp8_tokens(plan)
     check_offloads(plan, cuda=cuda)
 
 
@@ -189,6 +190,40 @@ def check_fp8_param_gather(layout: Layout, *, fp8_param_gather: bool) -> None:
             f"--fp8-param-gather with zero_stage={int(layout.zero_stage)} over {layout.dense_replicas} replica(s): "
             "this runtime all-gathers weights in FP8 only through FSDP (ZeRO-2/3 over several replicas); plan "
             "with --zero-stage 3, or drop --fp8-param-gather"
+        )
+
+
+MX_TOKEN_BLOCK = 32
+"""Tokens a block of MXFP8's weight-gradient GEMM holds: torchao quantizes that GEMM's operands
+(each linear layer's input and output gradient, transposed) in blocks of 32 along the tokens."""
+
+
+def check_mxfp8_tokens(plan: PlanShape) -> None:
+    """Refuse an MXFP8 plan whose linear layers would see a token count MXFP8's weight gradient
+    cannot block: a micro-batch's tokens on a rank (b x s / cp) not a multiple of
+    ``MX_TOKEN_BLOCK``, or routed experts, each of which this runtime runs as its own linear layer
+    over however many tokens route to it (torchao's grouped GEMMs pad each expert's tokens; the
+    runtime's experts are not grouped, and not padded).
+
+    Raises:
+        InfeasibleConfigError: naming the count or the experts, and how to plan one that runs.
+    """
+    run, layout = plan.training.precision.fp8, plan.layout
+    if run is None or run.recipe is not Fp8Recipe.MXFP8:
+        return
+    if plan.model.is_moe:
+        raise InfeasibleConfigError(
+            f"the plan trains {plan.model.name}'s routed experts in mxfp8, whose weight gradient is quantized in "
+            f"blocks of {MX_TOKEN_BLOCK} tokens, but this runtime runs each expert as its own linear layer over the "
+            "tokens routed to it, not padded to a block; plan with another --fp8 recipe (tensorwise, rowwise) to run "
+            "it here"
+        )
+    tokens = layout.micro_batch_size * plan.training.seq_len // layout.context_parallel_degree
+    if tokens % MX_TOKEN_BLOCK:
+        raise InfeasibleConfigError(
+            f"the plan's linear layers see {tokens} tokens a micro-batch on a rank (micro_batch_size x seq_len / cp), "
+            f"but mxfp8 quantizes the weight gradient in blocks of {MX_TOKEN_BLOCK} tokens; plan with a --seq-len "
+            f"or --micro-batch-size that makes it a multiple of {MX_TOKEN_BLOCK}"
         )
 
 

@@ -222,10 +222,11 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             + "; runtime/optim.py leaves ZeRO-0/1 gradients to autograd and its zero_grad sets them "
             "to None (as planner run --dry-run traces)",
             fp8_library=Fp8Library.TORCHAO,
-            fp8_recipes=_TORCHAO_RECIPES,
+            fp8_recipes=(*_TORCHAO_RECIPES, Fp8Recipe.MXFP8),
             fp8_source="runtime/fp8.py converts the transformer layers' linear layers with torchao's "
-            "convert_to_float8_training (recipe_name tensorwise, rowwise, rowwise_with_gw_hp; planner[fp8]); not "
-            "mxfp8, which needs Blackwell's MX tensor cores and is untested here",
+            "convert_to_float8_training (recipe_name tensorwise, rowwise, rowwise_with_gw_hp; planner[fp8]), and "
+            "for mxfp8 swaps their weights for torchao's MXFP8 training weights (MXFP8TrainingOpConfig, "
+            "recipe mxfp8_rceil on Blackwell, its emulation on a CPU)",
         ),
         StackName.MEGATRON_LM: Stack(
             name=StackName.MEGATRON_LM,

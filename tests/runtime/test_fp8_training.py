@@ -25,15 +25,17 @@ from planner.files.plans import make_plan, save_plan
 from planner.schemas import DType, Layout, ModelSpec, TrainingSpec
 from planner.schemas.errors import InfeasibleConfigError, MissingExtraError
 from planner.schemas.fp8 import RECIPE_RUNS, Fp8Library, Fp8Recipe, converts
-from planner.schemas.runtime_support import check_fp8_param_gather
+from planner.schemas.plan import PlannedLayout
+from planner.schemas.runtime_support import check_fp8_param_gather, check_runnable
 from runtime import checkpoint
 from runtime.data import synthetic_batch
-from runtime.fp8 import FP8_EXTRA, convert_to_fp8, edge_layers, fp8_layer_names
+from runtime.fp8 import FP8_EXTRA, convert_to_fp8, edge_layers, fp8_candidates, fp8_layer_names
 from runtime.model import Decoder, default_dtype, loss_fn
 from runtime.optim import make_optimizer
 from runtime.trainer import Trainer
 
 TENSORWISE = RECIPE_RUNS[Fp8Library.TORCHAO, Fp8Recipe.TENSORWISE]
+MXFP8 = RECIPE_RUNS[Fp8Library.TORCHAO, Fp8Recipe.MXFP8]
 
 # hidden 256, f 2048: under tensorwise (torchao skips K <= 4096 and N <= 1024) gate and up
 # (256 -> 2048) convert; q/k/v/o (256 -> 256) and down (2048 -> 256) stay in bf16.
@@ -110,7 +112,28 @@ def _fp8_layouts(cases: list[tuple[ModelSpec, dict[str, Any], bool]], workdir: s
         ]
         results.append({"losses": SETTING.losses(model, trainer), "converted": converted, "fp8_weights": fp8_weights})
     references = {m.name: _bf16_reference(m) for m in (DENSE, MOE)}
-    return {"layouts": results, "references": references, "resume": _fp8_gathered_resume(Path(workdir) / "ckpt")}
+    return {
+        "layouts": results,
+        "references": references,
+        "resume": _fp8_gathered_resume(Path(workdir) / "ckpt"),
+        "mxfp8": [_mxfp8_layout(model, kw) for model, kw in MX_CASES],
+    }
+
+
+def _mxfp8_layout(model: ModelSpec, kw: dict[str, Any]) -> dict[str, Any]:
+    """An MXFP8 layout's losses, and its linear layers whose weight (or its shard) is torchao's
+    MXFP8 training weight, by name on this rank (torchao's emulation on the CPU)."""
+    from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+
+    trainer = SETTING.trainer(model, Layout(**kw), dtype=DType.BF16, fp8=MXFP8)
+    converted = sorted(
+        name
+        for chunk in trainer.chunks
+        for name, m in chunk.named_modules()
+        if isinstance(m, nn.Linear)
+        and isinstance(getattr(m.weight, "_local_tensor", m.weight).data, MXFP8TrainingWeightWrapperTensor)
+    )
+    return {"losses": SETTING.losses(model, trainer), "converted": converted}
 
 
 RESUMED_AT = 2
@@ -168,6 +191,12 @@ CASES = [
     (DENSE, L(1, 1, 2, 2), False),  # a pipeline: rank 0 holds layer 0
 ]
 """The layouts trained in FP8 against the bf16 reference: (model, layout, weights gathered in FP8)."""
+MX_CASES = [
+    (DENSE, L(2, 1, 1, 1, zero_stage=3)),  # FSDP2 shards the MXFP8 weights
+    (DENSE, L(1, 2, 1, 4, sequence_parallel=True)),  # under DTensor's split
+    (DENSE, L(1, 1, 2, 2)),  # a pipeline: rank 0 holds layer 0
+]
+"""The layouts trained in MXFP8 (torchao's emulation on the CPU) against the bf16 reference."""
 
 
 @pytest.mark.slow
@@ -189,6 +218,37 @@ def test_fp8_layouts_train_like_the_bf16_reference_converting_what_converts_acce
     assert ep["converted"] == _gate_up(range(2), "mlp.experts.0", "mlp.experts.1", "shared_expert")
     assert pp["converted"] == _gate_up(range(1), "mlp")
     assert len(set(references[DENSE.name])) == SETTING.steps
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_mxfp8_layouts_train_like_the_bf16_reference_converting_every_projection(fp8_runs: dict[str, Any]) -> None:
+    """MXFP8 (torchao's, emulated on the CPU: the same 1x32 block quantization, then a matmul of the
+    dequantized operands) converts every aligned projection, the 256 x 256 attention ones too
+    (no small-shape filter), under FSDP2, tensor parallelism and a pipeline."""
+    reference = fp8_runs["references"][DENSE.name]
+    for (_, kw), result in zip(MX_CASES, fp8_runs["mxfp8"], strict=True):
+        assert result["losses"] == pytest.approx(reference, abs=FP8_LOSS_TOLERANCE), f"{kw}: {result}"
+    zero3, tp, pp = fp8_runs["mxfp8"]
+    projections = sorted(name for name, _ in fp8_candidates(Decoder(DENSE, seed=0)))
+    assert len(projections) == 2 * 7 and "layers.0.attn.q" in projections  # 256 x 256
+    assert zero3["converted"] == tp["converted"] == projections
+    assert pp["converted"] == [name for name in projections if name.startswith("layers.0.")]
+
+
+def test_mxfp8_plans_the_runtime_cannot_block_are_refused_in_one_line() -> None:
+    def plan(model: ModelSpec, seq_len: int, **kw: Any) -> PlannedLayout:
+        training = TrainingSpec(global_batch_size=8, seq_len=seq_len, fp8="mxfp8")
+        return PlannedLayout(model, training, Layout(**L(1, 1, 1, 1, **kw)))
+
+    check_runnable(plan(DENSE, 64), cuda=False)  # 64 tokens: two blocks
+    with pytest.raises(InfeasibleConfigError, match=r"^the plan's linear layers see 48 tokens .* blocks of 32 tokens"):
+        check_runnable(plan(DENSE, 48), cuda=False)
+    with pytest.raises(InfeasibleConfigError, match=r"routed experts in mxfp8, .* another --fp8 recipe"):
+        check_runnable(plan(MOE, 64), cuda=True)
+    bf16 = TrainingSpec(global_batch_size=8, seq_len=48)
+    check_runnable(PlannedLayout(MOE, bf16, Layout(**L(1, 1, 1, 1))), cuda=False)  # no blocks without mxfp8
 
 
 @pytest.mark.slow
