@@ -132,6 +132,15 @@ Fp8ParamGatherOpt = Annotated[
         "torchao's FSDP float8 all-gather): per-tensor and blockwise recipes only [default: off].",
     ),
 ]
+Fp8ExpertsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--fp8-experts/--no-fp8-experts",
+        help="With --fp8 and an MoE model: run the routed experts' GEMMs in FP8 too. Transformer Engine's stacks and "
+        "the planner's runtime always do; torchtitan only with its grouped-GEMM converters ([quantize.grouped_mm]), "
+        "under rowwise or mxfp8 [default: the stack's].",
+    ),
+]
 ATTENTION_HELP = (
     "Attention kernel: flash (FlashAttention-2, PyTorch's SDPA), cudnn (cuDNN's fused attention, Transformer "
     "Engine's default on Hopper; priced at the cluster's cuDNN figures where it has them, else at flash's), or "
@@ -299,6 +308,7 @@ TRAINING_OPTIONS = {
     "moe_dispatcher": "moe_dispatcher",
     "fp8": "fp8",
     "fp8_param_gather": "fp8_param_gather",
+    "fp8_experts": "fp8_experts",
     "fp8_bf16_layers": "fp8_bf16_layers",
 }
 """estimate's options that set a TrainingSpec field: option parameter -> field."""

@@ -29,6 +29,7 @@ from planner.cli.options import (
     DTypeOpt,
     Fp8Bf16LayersOpt,
     Fp8ChoicesOpt,
+    Fp8ExpertsOpt,
     Fp8Opt,
     Fp8ParamGatherOpt,
     GlobalBatchOpt,
@@ -189,6 +190,7 @@ def estimate(
     ] = None,
     fp8: Fp8Opt = None,
     fp8_param_gather: Fp8ParamGatherOpt = None,
+    fp8_experts: Fp8ExpertsOpt = None,
     fp8_bf16_layers: Fp8Bf16LayersOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
@@ -243,6 +245,7 @@ def search(
     dtype: DTypeOpt = TrainDType.BF16,
     fp8: Fp8ChoicesOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = None,
+    fp8_experts: Fp8ExpertsOpt = None,
     fp8_bf16_layers: Fp8Bf16LayersOpt = None,
     stack: StackOpt = None,
     attention: AttentionOpt = None,
@@ -386,7 +389,9 @@ def search(
     check_plot_file(plot)
     recipes = parse_fp8_choices(fp8)  # each searched; the training's fields without them
     model, cluster, training = search_inputs(
-        model, cluster, training_fields({**given, "fp8": None, "fp8_param_gather": None, "fp8_bf16_layers": None})
+        model,
+        cluster,
+        training_fields({**given, "fp8": None, "fp8_param_gather": None, "fp8_bf16_layers": None, "fp8_experts": None}),
     )
     constraints = constraint_fields(given)
     check_output("--output", output)
@@ -417,6 +422,7 @@ def search(
             settings,
             param_gather=bool(fp8_param_gather),
             bf16_layers=fp8_bf16_layers or 0,
+            experts=fp8_experts,
             progress=progress,
         )
     output_console().print(ranked_table(outcome, plans))

@@ -49,8 +49,10 @@ How the plan maps:
   FP8) or ``quantize.linear.mx`` (mxfp8_cublas). ``filter_fqns`` keeps the output layer and an MoE
   router's gate in bf16, and names ``auto_filter_small_kn``, torchao's small-shape filter, which
   the planner priced (``fp8.converts``; the MX converter has none), and the first and last layers
-  a plan keeps in bf16 (``layers.<i>.``, matched as a part of each module's name). Routed experts stay bf16:
-  0.2.2's grouped-GEMM converters are prototypes the planner does not price.
+  a plan keeps in bf16 (``layers.<i>.``, matched as a part of each module's name). Routed experts stay bf16
+  unless the plan priced them in FP8 (``TrainingSpec.fp8_experts``): then 0.2.2's grouped-GEMM
+  converter of the same kind (``quantize.grouped_mm.float8``: rowwise, which it asserts runs without
+  pipeline and context parallelism; ``quantize.grouped_mm.mx``: mxfp8) with ``fqns`` 'experts'.
 - Left to the user: the model (named for the Llama 3 presets), dataset, optimizer and steps.
 """
 
@@ -147,12 +149,15 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
         config["compile"] = {"enable": True, "components": compiled}
     config |= _float8(plan)
     if training.fp8 is not None:
-        config.setdefault("model", {})["converters"] = [_CONVERTERS[training.fp8 is Fp8Recipe.MXFP8]]
+        kind = "mx" if training.fp8 is Fp8Recipe.MXFP8 else "float8"
+        converters = [f"quantize.linear.{kind}"] + ([f"quantize.grouped_mm.{kind}"] if _fp8_experts(plan) else [])
+        config.setdefault("model", {})["converters"] = converters
     return config
 
 
-_CONVERTERS = {False: "quantize.linear.float8", True: "quantize.linear.mx"}
-"""The model converter of torchao's float8 (False) and MX (True) linear layers."""
+def _fp8_experts(plan: PlanShape) -> bool:
+    """Whether the plan runs an MoE model's routed experts in FP8 (``Precision.fp8_experts``)."""
+    return plan.model.is_moe and plan.training.fp8 is not None and plan.training.precision.fp8_experts
 
 
 def _float8(plan: Plan) -> dict[str, dict[str, TomlValue]]:
@@ -164,13 +169,20 @@ def _float8(plan: Plan) -> dict[str, dict[str, TomlValue]]:
     total, edge = plan.model.num_hidden_layers, training.fp8_bf16_layers  # whole layers kept in bf16
     kept += [f"layers.{i}." for i in (*range(edge), *range(total - edge, total))]
     if training.fp8 is Fp8Recipe.MXFP8:
-        return {"quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": kept}}
-    section: dict[str, TomlValue] = {"filter_fqns": [*kept, "auto_filter_small_kn"]}
-    if training.fp8 is not Fp8Recipe.TENSORWISE:
-        section["recipe_name"] = RECIPE_RUNS[Fp8Library.TORCHAO, training.fp8].library_name
-    elif training.fp8_param_gather:
-        section |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
-    return {"quantize.linear.float8": section}
+        sections: dict[str, dict[str, TomlValue]] = {
+            "quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": kept}
+        }
+        grouped: dict[str, TomlValue] = {"recipe_name": "mxfp8", "fqns": ["experts"]}
+    else:
+        section: dict[str, TomlValue] = {"filter_fqns": [*kept, "auto_filter_small_kn"]}
+        if training.fp8 is not Fp8Recipe.TENSORWISE:
+            section["recipe_name"] = RECIPE_RUNS[Fp8Library.TORCHAO, training.fp8].library_name
+        elif training.fp8_param_gather:
+            section |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
+        sections, grouped = {"quantize.linear.float8": section}, {"fqns": ["experts"]}
+    if _fp8_experts(plan):  # the grouped-GEMM converter of the same kind (module docstring)
+        sections[f"quantize.grouped_mm.{'mx' if training.fp8 is Fp8Recipe.MXFP8 else 'float8'}"] = grouped
+    return sections
 
 
 def check(plan: PlanShape) -> None:
@@ -182,6 +194,15 @@ def check(plan: PlanShape) -> None:
     """
     check_common(plan, TARGET)
     layout = plan.layout
+    float8_experts = _fp8_experts(plan) and plan.training.fp8 is not Fp8Recipe.MXFP8
+    if float8_experts and (layout.pipeline_parallel_degree > 1 or layout.context_parallel_degree > 1):
+        refuse(
+            TARGET,
+            f"routed experts in FP8 (quantize.grouped_mm.float8) with pp={layout.pipeline_parallel_degree}, "
+            f"cp={layout.context_parallel_degree}",
+            "0.2.2's float8 grouped-GEMM converter asserts it runs without pipeline and context parallelism",
+            "plan with --no-fp8-experts, or with --pp 1 --cp 1",
+        )
     if layout.activation_offload_layers:
         refuse(
             TARGET,

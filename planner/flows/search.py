@@ -107,6 +107,7 @@ def search_recipes(
     *,
     param_gather: bool = False,
     bf16_layers: int = 0,
+    experts: bool | None = None,
     progress: Progress | None = None,
 ) -> tuple[SearchOutcome, tuple[Plan, ...]]:
     """:func:`search_outcome` under each FP8 recipe of ``recipes`` (None: none, the training's
@@ -114,8 +115,9 @@ def search_recipes(
     the search compares the precisions the user allows, since a recipe changes numerics and only
     the user can accept that. ``param_gather`` (``--fp8-param-gather``) applies to the recipes
     whose library gathers in FP8 (``RecipeRun.fp8_param_gather``), ``bf16_layers``
-    (``--fp8-bf16-layers``) to every recipe. Each plan's runner-up is the next best under
-    its own recipe. A recipe under which no layout fits is left out while another fits.
+    (``--fp8-bf16-layers``) to every recipe, ``experts`` (``--fp8-experts``) to the recipes under
+    which the stack can run the routed experts so (``TrainingSpec.fp8_experts``). Each plan's
+    runner-up is the next best under its own recipe. A recipe under which no layout fits is left out while another fits.
 
     Args:
         model: a ModelSpec, a preset name or a config.json/YAML path.
@@ -126,6 +128,8 @@ def search_recipes(
         settings: what to search for and how hard (``SearchSettings``), for each recipe.
         param_gather: all-gather weights in FP8 under the recipes whose library does.
         bf16_layers: the first and last layers kept in bf16 under every recipe.
+        experts: the routed experts in FP8 (True) or in the training precision (False) under the
+            recipes whose stack can; None: as the stack runs them.
         progress: called as progress(done, total) while each recipe's search runs.
 
     Returns:
@@ -140,10 +144,23 @@ def search_recipes(
     wanted = tuple(dict.fromkeys(recipes)) or (training.fp8,)
     stack = stack_named(training.stack)
     gathers = {r for r in wanted if r is not None and stack.fp8_run(r).fp8_param_gather}
-    _check_recipe_options(training, wanted, param_gather=param_gather and not gathers, bf16_layers=bf16_layers)
+    chosen = {r for r in wanted if r is not None and stack.chooses_fp8_experts(r, experts)}
+    _check_recipe_options(
+        training,
+        wanted,
+        param_gather=param_gather and not gathers,
+        bf16_layers=bf16_layers,
+        experts=experts,
+        chosen=chosen,
+    )
     variants = [
         training.with_options(
-            {"fp8": r, "fp8_param_gather": param_gather and r in gathers, "fp8_bf16_layers": bf16_layers if r else 0}
+            {
+                "fp8": r,
+                "fp8_param_gather": param_gather and r in gathers,
+                "fp8_bf16_layers": bf16_layers if r else 0,
+                "fp8_experts": experts if r in chosen else None,
+            }
         )
         for r in wanted
     ]
@@ -174,11 +191,18 @@ def search_recipes(
 
 
 def _check_recipe_options(
-    training: TrainingSpec, recipes: Sequence[Fp8Recipe | None], *, param_gather: bool, bf16_layers: int
+    training: TrainingSpec,
+    recipes: Sequence[Fp8Recipe | None],
+    *,
+    param_gather: bool,
+    bf16_layers: int,
+    experts: bool | None,
+    chosen: set[Fp8Recipe],
 ) -> None:
     """Refuse, as ``TrainingSpec`` refuses them and with its fix, the FP8 options no recipe of
-    ``recipes`` takes: ``param_gather`` where none gathers in FP8 (True here means so), and
-    ``bf16_layers`` with no recipe at all.
+    ``recipes`` takes: ``param_gather`` where none gathers in FP8 (True here means so),
+    ``bf16_layers`` with no recipe at all, and ``experts`` where no recipe is ``chosen`` (none
+    under which the stack runs the experts so).
 
     Raises:
         SchemaError: the spec's message for the first recipe (or none) with the option.
@@ -188,6 +212,8 @@ def _check_recipe_options(
         training.with_options({"fp8": first, "fp8_param_gather": True})
     if bf16_layers and first is None:
         training.with_options({"fp8_bf16_layers": bf16_layers})
+    if experts is not None and not chosen:
+        training.with_options({"fp8": first, "fp8_experts": experts})
 
 
 def check_replica_slots(replicas: int, model: ModelSpec, world_size: int) -> None:

@@ -27,7 +27,8 @@ priced; 12 reads pipeline receive buffers per transfer where a plan names none (
 version 12's default of every behaviour it does not name (fused kernels among them); 14-17 add
 fields whose defaults are what the version before ran (``upgrade``); 18 adds the training's
 ``loss_method`` and ``selective_recompute``, which a version-17 plan reads as fp32 in place and
-the layout's modules, as it was priced.
+the layout's modules, as it was priced; 19 adds the training's ``fp8_experts``, whose default
+(None: the routed experts as the stack runs them) is how version 18 priced them.
 """
 
 from dataclasses import dataclass, fields
@@ -93,7 +94,7 @@ class Alternative(FrozenModel):
 class Plan(FrozenModel):
     """A layout, what the cost models predict for it, and the inputs both came from."""
 
-    schema_version: Literal[18] = 18
+    schema_version: Literal[19] = 19
     created: datetime
     model: ModelSpec
     training: TrainingSpec
@@ -157,9 +158,9 @@ def _check_devices(label: str, layout: Layout, cluster: ClusterRef) -> None:
     )
 
 
-PLAN_SCHEMA_VERSION = 18
+PLAN_SCHEMA_VERSION = 19
 """The version this planner writes."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
 """The versions ``upgrade`` reads."""
 
 
@@ -195,7 +196,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
     offloads no activations, which version 17 reads as 0 layers. Version 17 -> 18: the loss's
     memory as every stack's loss was priced before (fp32 in place), although the new field's
     value under torchtitan, DeepSpeed and LLM Foundry differs, and selective recompute of the
-    layout's modules, although torchtitan's is its per-op policy.
+    layout's modules, although torchtitan's is its per-op policy. Version 18 -> 19: nothing to
+    change; a version-18 plan ran the routed experts as its stack does, which version 19 reads as None.
     """
     if raw.get("schema_version") == 1:
         raw = {**raw, "schema_version": 2}
@@ -252,6 +254,8 @@ def upgrade(raw: dict[str, object]) -> dict[str, object]:
         training = raw.get("training")
         if isinstance(training, dict):
             raw["training"] = {"loss_method": "fp32-in-place", "selective_recompute": "modules", **training}
+    if raw.get("schema_version") == 18:
+        raw = {**raw, "schema_version": 19}
     return raw
 
 

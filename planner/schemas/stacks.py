@@ -118,9 +118,20 @@ class Stack:
     the planner's runtime uses: a blocking copy down in the forward, up at first use in the
     backward)."""
     fp8_experts: bool = True
-    """Whether its FP8 recipes run the routed experts' GEMMs in FP8: Transformer Engine's grouped
-    linear layers do, and the planner's runtime converts each expert's linear layers; torchtitan
-    and NeMo AutoModel run them as grouped GEMMs that torchao's Float8Linear does not convert."""
+    """Whether its FP8 recipes run the routed experts' GEMMs in FP8 by default: Transformer Engine's
+    grouped linear layers do, and the planner's runtime converts each expert's linear layers;
+    torchtitan and NeMo AutoModel run them as grouped GEMMs that torchao's Float8Linear does not
+    convert (``TrainingSpec.fp8_experts`` chooses otherwise where ``fp8_expert_recipes`` allows)."""
+    fp8_expert_recipes: tuple[Fp8Recipe, ...] = ()
+    """The FP8 recipes under which a plan may run the routed experts in FP8 where the stack does not by
+    default (``TrainingSpec.fp8_experts``): torchtitan's grouped-GEMM converters, rowwise
+    (``quantize.grouped_mm.float8``) and MXFP8 (``quantize.grouped_mm.mx``)."""
+
+    def chooses_fp8_experts(self, recipe: Fp8Recipe, experts: bool | None) -> bool:
+        """Whether a plan under ``recipe`` may run the routed experts as ``experts`` says (True: in
+        FP8; False: in the training precision; None: as the stack does): its default, or a choice
+        ``fp8_expert_recipes`` allows."""
+        return experts is None or experts == self.fp8_experts or (experts and recipe in self.fp8_expert_recipes)
 
     def fp8_run(self, recipe: Fp8Recipe | str) -> RecipeRun:
         """What this stack does under FP8 ``recipe``.
@@ -353,7 +364,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             fp8_recipes=(*_TORCHAO_RECIPES, Fp8Recipe.MXFP8),
             fp8_source="components/quantization/float8.py and mx.py convert with torchao: [quantize.linear.float8] "
             "recipe_name tensorwise, rowwise, rowwise_with_gw_hp; [quantize.linear.mx] mxfp8_cublas",
-            fp8_experts=False,  # quantize.grouped_mm's converters are prototypes the planner does not price
+            fp8_experts=False,  # its grouped-GEMM converters are opt-in prototypes ([quantize.grouped_mm.*] fqns)
+            fp8_expert_recipes=(Fp8Recipe.ROWWISE, Fp8Recipe.MXFP8),
         ),
         StackName.NEMO_AUTOMODEL: Stack(
             name=StackName.NEMO_AUTOMODEL,

@@ -57,6 +57,14 @@ class TrainingSpec(FrozenModel):
             "--fp8-param-gather, torchao's enable_fsdp_float8_all_gather), for the recipes whose library does it."
         ),
     )
+    fp8_experts: bool | None = Field(
+        default=None,
+        description=(
+            "With ``fp8`` and an MoE model: whether the routed experts' GEMMs run in FP8 too. None: as the stack "
+            "runs them (``Stack.fp8_experts``: Transformer Engine's grouped linear layers and the planner's runtime "
+            "do; torchtitan only where its [quantize.grouped_mm] converters are turned on, for rowwise and mxfp8)."
+        ),
+    )
     optimizer: Optimizer = Field(default=Optimizer.ADAM)
     stack: StackName = Field(
         default=DEFAULT_STACK,
@@ -221,15 +229,34 @@ class TrainingSpec(FrozenModel):
                     "--fp8-param-gather gathers the weights of an FP8 recipe, but no --fp8 recipe is given; "
                     "give --fp8 RECIPE or drop --fp8-param-gather"
                 )
+            if self.fp8_experts:
+                raise SchemaError(
+                    "--fp8-experts runs the routed experts under an FP8 recipe, but no --fp8 recipe is given; "
+                    "give --fp8 RECIPE or drop --fp8-experts"
+                )
             return
         if self.dtype is DType.FP32:
             raise SchemaError(
                 f"fp8 recipe {self.fp8.value!r} with dtype='fp32': FP8 recipes run over bf16 or fp16 mixed "
                 "precision, keeping the weights' copy and every other op in it; give --dtype bf16"
             )
-        run = stack_named(self.stack).fp8_run(self.fp8)  # raises where the stack lacks the recipe
+        stack = stack_named(self.stack)
+        run = stack.fp8_run(self.fp8)  # raises where the stack lacks the recipe
         if self.fp8_param_gather:
             check_param_gather(run, where=str(self.stack))
+        if stack.chooses_fp8_experts(self.fp8, self.fp8_experts):
+            return
+        if stack.fp8_experts:
+            raise SchemaError(
+                f"--no-fp8-experts: {self.stack} runs the routed experts under the FP8 recipe with the other linear "
+                "layers, and cannot keep them apart; drop --no-fp8-experts, or plan with another --stack"
+            )
+        if self.fp8 not in stack.fp8_expert_recipes:
+            offered = ", ".join(r.value for r in stack.fp8_expert_recipes) or "none"
+            raise SchemaError(
+                f"--fp8-experts with fp8 recipe {self.fp8.value!r}: {self.stack} runs the routed experts' grouped "
+                f"GEMMs in FP8 under {offered} only; give one of those, or drop --fp8-experts"
+            )
 
     @property
     def precision(self) -> Precision:
@@ -246,7 +273,7 @@ class TrainingSpec(FrozenModel):
                 self.grad_reduce_dtype,
                 run,
                 param_gather=self.fp8_param_gather,
-                fp8_experts=stack.fp8_experts,
+                fp8_experts=stack.fp8_experts if self.fp8_experts is None else self.fp8_experts,
             )
             object.__setattr__(self, "_precision_memo", memo)
         return memo

@@ -30,9 +30,10 @@ from planner.schemas import (
 from planner.schemas.errors import PlannerError, SchemaError
 from planner.schemas.plan import PLAN_SCHEMA_VERSION, READABLE_VERSIONS
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v18.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan_schema_v19.json"
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster("dgx-a100-80g:1")
+CLUSTER_H100 = load_cluster("dgx-h100:1")  # FP8 tensor cores
 TRAINING = TrainingSpec(global_batch_size=32, seq_len=128)
 
 
@@ -268,3 +269,16 @@ def test_a_version_17_plan_reads_its_loss_and_selective_recompute_as_priced(tmp_
     assert read.training.loss_method is LossMethod.FP32_IN_PLACE
     assert read.training.selective_recompute is SelectiveRecompute.MODULES  # torchtitan's is per op
     assert read.training.stack == "torchtitan"
+
+
+def test_a_version_18_plan_runs_its_experts_as_its_stack_does(tmp_path: Path) -> None:
+    moe = load_model("tiny-moe")
+    layout = Layout(data_parallel_degree=8, tensor_parallel_degree=1, pipeline_parallel_degree=1, micro_batch_size=1)
+    training = TrainingSpec(global_batch_size=32, seq_len=128, stack="torchtitan", fp8="rowwise")
+    plan = make_plan(moe, training, CLUSTER_H100, "dgx-h100:1", layout, estimate(moe, training, CLUSTER_H100, layout))
+    raw = json.loads(plan.model_dump_json())
+    del raw["training"]["fp8_experts"]
+    (tmp_path / "v18.json").write_text(json.dumps({**raw, "schema_version": 18}))
+    read = load_plan(tmp_path / "v18.json")
+    assert read.training.fp8_experts is None and not read.training.precision.fp8_experts  # torchtitan's default
+    assert read.estimate == plan.estimate

@@ -14,14 +14,18 @@ from planner.schemas import Layout, ModelSpec, Plan, TrainingSpec
 
 CLUSTER_SPEC = "dgx-h100:2"  # 16 devices
 CLUSTER = load_cluster(CLUSTER_SPEC)
+BLACKWELL_SPEC = "dgx-b200:2"  # 16 devices
 GPT16 = load_model("tiny-gpt").model_copy(update={"num_hidden_layers": 16, "name": "tiny-gpt-16"})
 
 
-def plan(model: ModelSpec | str, layout: Layout, batch: int = 64, **training: Any) -> Plan:
-    """The plan of ``layout`` on the 16 devices, priced, at sequence length 128."""
+def plan(model: ModelSpec | str, layout: Layout, batch: int = 64, *, blackwell: bool = False, **training: Any) -> Plan:
+    """The plan of ``layout`` on the 16 devices (H100s; B200s with ``blackwell``, whose tensor cores
+    MXFP8 needs), priced, at sequence length 128."""
     spec = load_model(model) if isinstance(model, str) else model
+    where = BLACKWELL_SPEC if blackwell else CLUSTER_SPEC
+    cluster = load_cluster(where)
     train = TrainingSpec(global_batch_size=batch, seq_len=128, **training)
-    return make_plan(spec, train, CLUSTER, CLUSTER_SPEC, layout, estimate(spec, train, CLUSTER, layout))
+    return make_plan(spec, train, cluster, where, layout, estimate(spec, train, cluster, layout))
 
 
 def layout(dp: int, tp: int = 1, pp: int = 1, mb: int = 1, **more: Any) -> Layout:

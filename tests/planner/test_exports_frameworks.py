@@ -85,6 +85,14 @@ TORCHTITAN: dict[str, Callable[[], Plan]] = {
         "tiny-moe", layout(16, zero_stage=ZeroStage.GRADIENTS, expert_parallel_degree=4), stack="torchtitan",
         fp8="rowwise-gw-hp",
     ),
+    "fp8-rowwise-grouped-experts": lambda: plan(
+        "tiny-moe", layout(16, zero_stage=ZeroStage.GRADIENTS, expert_parallel_degree=4), stack="torchtitan",
+        fp8="rowwise", fp8_experts=True,
+    ),
+    "mxfp8-grouped-experts": lambda: plan(
+        "tiny-moe", layout(16, zero_stage=ZeroStage.GRADIENTS, expert_parallel_degree=4), blackwell=True,
+        stack="torchtitan", fp8="mxfp8", fp8_experts=True,
+    ),
 }  # fmt: skip
 
 

@@ -64,3 +64,27 @@ def test_the_first_and_last_layers_kept_in_bf16_are_exported() -> None:
     delayed = plan("tiny-gpt", layout(16), stack="megatron-lm", fp8="delayed", fp8_bf16_layers=1)
     with pytest.raises(InfeasibleConfigError, match="without --fp8-bf16-layers"):
         api.export(delayed, "megatron")
+
+
+def test_torchtitan_converts_the_experts_with_the_grouped_converter_of_the_same_kind() -> None:
+    """A plan that priced the routed experts in FP8 (``--fp8-experts``) turns on 0.2.2's grouped-GEMM
+    converter of the linear one's kind, over the modules named 'experts'; without it the experts
+    stay bf16, as torchtitan's default runs them."""
+    moe = layout(16, zero_stage=2, expert_parallel_degree=4)
+    grouped = api.export(plan("tiny-moe", moe, stack="torchtitan", fp8="rowwise", fp8_experts=True), "torchtitan")
+    assert 'converters = ["quantize.linear.float8", "quantize.grouped_mm.float8"]' in grouped
+    assert '[quantize.grouped_mm.float8]\nfqns = ["experts"]' in grouped
+    mx = api.export(
+        plan("tiny-moe", moe, blackwell=True, stack="torchtitan", fp8="mxfp8", fp8_experts=True), "torchtitan"
+    )
+    assert 'converters = ["quantize.linear.mx", "quantize.grouped_mm.mx"]' in mx
+    assert '[quantize.grouped_mm.mx]\nrecipe_name = "mxfp8"\nfqns = ["experts"]' in mx
+    plain = api.export(plan("tiny-moe", moe, stack="torchtitan", fp8="rowwise"), "torchtitan")
+    assert "grouped_mm" not in plain and 'converters = ["quantize.linear.float8"]' in plain
+
+
+def test_torchtitan_refuses_float8_experts_beside_a_pipeline() -> None:
+    piped = plan("tiny-moe", layout(8, pp=2, zero_stage=2, expert_parallel_degree=4), stack="torchtitan",
+                 fp8="rowwise", fp8_experts=True)  # fmt: skip
+    with pytest.raises(InfeasibleConfigError, match=r"without pipeline and context parallelism; plan with --no-fp8"):
+        api.export(piped, "torchtitan")
