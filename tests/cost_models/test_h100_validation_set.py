@@ -134,11 +134,15 @@ def test_mean_error_is_no_worse_than_today() -> None:
     # 13.3%). The Qwen3 rows excluded as their scripts ran them (the selection test above: row 14
     # +96%, 15 -9.5%, 19 -15.9% with an overlap not priced; 20 -10.0% with a dispatcher not
     # priced): the 5 dense Llama rows, mean 7.1%, worst 9.5% (Llama 3 8B under FSDP, row 10).
+    # With the full recompute NeMo AutoModel's benchmark configs state for its MoE rows
+    # (activation_checkpointing: true), which the planner had left to choose, and under which Kimi
+    # K2 and Qwen3-30B-A3B still fit no candidate ('!'): automodel 13.3% -> 7.8% (row 41 +33.4% ->
+    # +2.5%, row 42 +12.3% -> -15.5%), bf16 9.1% -> 8.2%.
     runs, _ = load_runs()
     stats = summary([predict(r) for r in runs])
     mean, worst, rows = stats["overall bf16"]
     assert rows == 31
-    assert mean <= 0.095
+    assert mean <= 0.085
     assert worst <= 0.35
     fp8_mean, fp8_worst, fp8_rows = stats["overall fp8"]
     assert fp8_rows == 5
