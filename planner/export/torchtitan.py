@@ -149,10 +149,15 @@ def torchtitan_config(plan: Plan) -> dict[str, dict[str, TomlValue]]:
         config["compile"] = {"enable": True, "components": compiled}
     config |= _float8(plan)
     if training.fp8 is not None:
-        kind = "mx" if training.fp8 is Fp8Recipe.MXFP8 else "float8"
+        kind = _kind(training.fp8)
         converters = [f"quantize.linear.{kind}"] + ([f"quantize.grouped_mm.{kind}"] if _fp8_experts(plan) else [])
         config.setdefault("model", {})["converters"] = converters
     return config
+
+
+def _kind(recipe: Fp8Recipe) -> str:
+    """torchao's quantization a recipe runs under, as torchtitan names its converters and sections."""
+    return "mx" if recipe is Fp8Recipe.MXFP8 else "float8"
 
 
 def _fp8_experts(plan: PlanShape) -> bool:
@@ -181,7 +186,7 @@ def _float8(plan: Plan) -> dict[str, dict[str, TomlValue]]:
             section |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
         sections, grouped = {"quantize.linear.float8": section}, {"fqns": ["experts"]}
     if _fp8_experts(plan):  # the grouped-GEMM converter of the same kind (module docstring)
-        sections[f"quantize.grouped_mm.{'mx' if training.fp8 is Fp8Recipe.MXFP8 else 'float8'}"] = grouped
+        sections[f"quantize.grouped_mm.{_kind(training.fp8)}"] = grouped
     return sections
 
 

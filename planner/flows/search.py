@@ -117,7 +117,8 @@ def search_recipes(
     whose library gathers in FP8 (``RecipeRun.fp8_param_gather``), ``bf16_layers``
     (``--fp8-bf16-layers``) to every recipe, ``experts`` (``--fp8-experts``) to the recipes under
     which the stack can run the routed experts so (``TrainingSpec.fp8_experts``). Each plan's
-    runner-up is the next best under its own recipe. A recipe under which no layout fits is left out while another fits.
+    runner-up is the next best under its own recipe. A recipe under which no layout fits is left
+    out while another fits.
 
     Args:
         model: a ModelSpec, a preset name or a config.json/YAML path.

@@ -251,12 +251,16 @@ class TrainingSpec(FrozenModel):
                 f"--no-fp8-experts: {self.stack} runs the routed experts under the FP8 recipe with the other linear "
                 "layers, and cannot keep them apart; drop --no-fp8-experts, or plan with another --stack"
             )
-        if self.fp8 not in stack.fp8_expert_recipes:
-            offered = ", ".join(r.value for r in stack.fp8_expert_recipes) or "none"
+        if not stack.fp8_expert_recipes:
             raise SchemaError(
-                f"--fp8-experts with fp8 recipe {self.fp8.value!r}: {self.stack} runs the routed experts' grouped "
-                f"GEMMs in FP8 under {offered} only; give one of those, or drop --fp8-experts"
+                f"--fp8-experts: {self.stack} keeps the routed experts in {self.dtype.value} under every FP8 recipe; "
+                "drop --fp8-experts, or plan with another --stack"
             )
+        offered = ", ".join(r.value for r in stack.fp8_expert_recipes)
+        raise SchemaError(
+            f"--fp8-experts with fp8 recipe {self.fp8.value!r}: {self.stack} runs the routed experts' grouped GEMMs "
+            f"in FP8 under {offered} only; give one of those, or drop --fp8-experts"
+        )
 
     @property
     def precision(self) -> Precision:
