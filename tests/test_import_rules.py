@@ -192,6 +192,17 @@ def test_importing_does_not_drag_torch_in(module: str) -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_the_cli_loads_or_tools_only_when_a_refiner_solves() -> None:
+    # OR-Tools' import loads pandas: 0.4 s that every planner process paid, a planner run rank among them
+    code = (
+        "import sys, planner.cli; print(sorted({'ortools', 'pandas'} & set(sys.modules))); "
+        "from planner.schemas.settings import Budget; from planner.search_engine.refiner import cp_sat_solver; "
+        "cp_sat_solver(Budget(), seed=0); print('ortools' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["[]", "True"]
+
+
 def test_importing_the_leaf_loads_nothing_else_of_ours() -> None:
     code = (
         "import sys, planner.schemas; "

@@ -31,16 +31,17 @@ go to its greedy ranks or the few ranks where it keeps most tokens local. A gree
 hint and the fallback. Model sections: data -> variables -> constraints -> objective -> solve.
 """
 
+from __future__ import annotations  # the CP-SAT types in annotations: OR-Tools loads where a model is solved
+
 import heapq
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
-from ortools.sat.python import cp_model
 
 from planner.schemas import ExpertPlacement, Layout, RoutingStats
 from planner.schemas.device_map import node_numbers
@@ -69,6 +70,9 @@ _REBALANCE_SWAPS = 256
 """Swaps ``_rebalance`` makes in one layer at most."""
 _REBALANCE_PARTNERS = 16
 """The coolest ranks ``_rebalance`` swaps the hottest rank's copies with."""
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 
 def replica_counts(expert_tokens: npt.NDArray[np.int64], total_slots: int, ranks: int) -> npt.NDArray[np.int64]:
@@ -233,6 +237,8 @@ def _solve(
         nodes=range(int(node_of_rank.max()) + 1),
         node_of_rank=node_of_rank,
     )
+    from ortools.sat.python import cp_model  # with the solver (refiner.cp_sat_solver): not with the module
+
     model = cp_model.CpModel()
     variables = _variables(model, data)
     _constraints(model, data, variables)
@@ -308,6 +314,8 @@ def _variables(model: cp_model.CpModel, data: _Data) -> _Variables:
 def _constraints(model: cp_model.CpModel, data: _Data, variables: _Variables) -> None:
     """Constraints: every expert's copies, at most one per rank; every rank's slots filled, its
     tokens within the layer's target plus excess."""
+    from ortools.sat.python import cp_model
+
     layers, allowed, x = data.layers, data.allowed, variables.x
     # Each expert has its copies, at most one per rank.
     for w in data.window:
@@ -339,6 +347,8 @@ def _objective(
 ) -> None:
     """Objective: tokens kept on their rank (and, weighted, their node) between consecutive
     layers, after any excess, which outweighs all the traffic there is (lexicographic)."""
+    from ortools.sat.python import cp_model
+
     x, on_node, allowed, ranks = variables.x, variables.on_node, data.allowed, data.ranks
     kept: list[cp_model.LinearExprT] = []
     most = 0  # the most that kept can be

@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from ortools.sat.python import cp_model
-
 from planner.schemas import Layout, Recompute, Schedule
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.geometry import accounted_split
@@ -91,6 +89,8 @@ def balance_split(
     again_t = [math.ceil(t / TIME_UNIT_S) for t in rc.time_per_layer_s] if rc else [0] * p
     saved_m = [math.floor(m / MEMORY_UNIT_BYTES) for m in rc.memory_saved_per_layer_bytes] if rc else [0] * p
     rebuilt_m = [math.ceil(m / MEMORY_UNIT_BYTES) for m in rc.memory_rebuilt_bytes] if rc else [0] * p
+
+    from ortools.sat.python import cp_model  # with the solver (refiner.cp_sat_solver): not with the module
 
     model = cp_model.CpModel()
     # Variables: layers of each stage; those it recomputes, and whether all; the slowest stage's time.

@@ -12,13 +12,14 @@ CP-SAT model and a class satisfying ``Refiner`` (see ``layer_split``), added to 
 """
 
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.strategy import Candidate
+
+if TYPE_CHECKING:  # OR-Tools is imported where a refiner solves (``cp_sat_solver``)
+    from ortools.sat.python import cp_model
 
 
 class Refiner(Protocol):
@@ -48,8 +49,12 @@ DEFAULT_SOLVE_TIME_S = 10.0
 """A refiner's CP-SAT time limit when the budget sets none."""
 
 
-def cp_sat_solver(budget: Budget, *, seed: int) -> cp_model.CpSolver:
-    """A CP-SAT solver limited by ``budget`` (time, workers) and seeded: every refiner solves with one."""
+def cp_sat_solver(budget: Budget, *, seed: int) -> "cp_model.CpSolver":
+    """A CP-SAT solver limited by ``budget`` (time, workers) and seeded: every refiner solves with one.
+    OR-Tools is imported here, not with the module: its import loads pandas, 0.4 s that every
+    ``planner`` process (a ``planner run`` rank among them) paid without solving anything."""
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = budget.max_time_s if budget.max_time_s is not None else DEFAULT_SOLVE_TIME_S
     solver.parameters.num_workers = budget.workers
