@@ -35,7 +35,7 @@ def check_precision(training: TrainingSpec, cluster: ClusterProfile) -> None:
                     f"if its GPUs have them (Hopper, Blackwell), profile with planner profile --fp8 {training.fp8} "
                     "to time its FP8 GEMMs; else train in bf16 (drop --fp8)"
                 )
-            elif wanted is DType.MXFP8:
+            elif wanted is DType.MXFP8 and DType.FP8 in device.peak_flop_per_s:  # Hopper, Ada: per-tensor FP8
                 fix = (
                     "give a per-tensor recipe instead (tensorwise, or delayed/blockwise on a Transformer Engine stack)"
                 )

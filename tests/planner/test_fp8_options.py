@@ -39,6 +39,7 @@ def test_an_fp8_recipe_is_priced_faster_than_bf16_and_recorded_in_the_plan(
     [
         (["--stack", "torchtitan", "--fp8", "tensorwise"], "dgx-a100-80g:1", "needs FP8 tensor cores"),
         (["--stack", "megatron-lm", "--fp8", "mxfp8"], "dgx-h100:1", "give a per-tensor recipe instead"),
+        (["--stack", "torchtitan", "--fp8", "mxfp8"], "dgx-a100-80g:1", "train in bf16 on it (drop --fp8)"),  # no FP8
         (["--stack", "torchtitan", "--fp8", "rowwise", "--fp8-param-gather"], "dgx-h100:1", "drop --fp8-param-gather"),
         (["--stack", "torchtitan", "--fp8", "tensorwise", "--dtype", "fp32"], "dgx-h100:1", "give --dtype bf16"),
         (["--stack", "megatron-lm", "--fp8", "rowwise"], "dgx-h100:1", "offers delayed, tensorwise, blockwise"),
