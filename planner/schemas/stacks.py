@@ -122,6 +122,8 @@ class Stack:
     grouped linear layers do, and the planner's runtime converts each expert's linear layers;
     torchtitan and NeMo AutoModel run them as grouped GEMMs that torchao's Float8Linear does not
     convert (``TrainingSpec.fp8_experts`` chooses otherwise where ``fp8_expert_recipes`` allows)."""
+    fp8_experts_source: str = "Transformer Engine's grouped linear layers run under its fp8_autocast with the others"
+    """Where ``fp8_experts`` (and ``fp8_expert_recipes``) come from."""
     fp8_expert_recipes: tuple[Fp8Recipe, ...] = ()
     """The FP8 recipes under which a plan may run the routed experts in FP8 where the stack does not by
     default (``TrainingSpec.fp8_experts``): torchtitan's grouped-GEMM converters, rowwise
@@ -238,6 +240,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             "convert_to_float8_training (recipe_name tensorwise, rowwise, rowwise_with_gw_hp; planner[fp8]), and "
             "for mxfp8 swaps their weights for torchao's MXFP8 training weights (MXFP8TrainingOpConfig, "
             "recipe mxfp8_rceil on Blackwell, its emulation on a CPU)",
+            fp8_experts_source="runtime/fp8.py converts each routed expert's linear layers with the others "
+            "(runtime_support refuses mxfp8 for them: their tokens are not padded to its blocks)",
         ),
         StackName.MEGATRON_LM: Stack(
             name=StackName.MEGATRON_LM,
@@ -364,7 +368,10 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             fp8_recipes=(*_TORCHAO_RECIPES, Fp8Recipe.MXFP8),
             fp8_source="components/quantization/float8.py and mx.py convert with torchao: [quantize.linear.float8] "
             "recipe_name tensorwise, rowwise, rowwise_with_gw_hp; [quantize.linear.mx] mxfp8_cublas",
-            fp8_experts=False,  # its grouped-GEMM converters are opt-in prototypes ([quantize.grouped_mm.*] fqns)
+            fp8_experts=False,
+            fp8_experts_source="components/quantization: [quantize.grouped_mm.float8] (rowwise) and "
+            "[quantize.grouped_mm.mx] convert the grouped expert GEMMs of the modules in fqns, empty by default "
+            "(prototypes)",
             fp8_expert_recipes=(Fp8Recipe.ROWWISE, Fp8Recipe.MXFP8),
         ),
         StackName.NEMO_AUTOMODEL: Stack(
@@ -405,7 +412,8 @@ STACKS: Mapping[StackName, Stack] = MappingProxyType(
             fp8_recipes=_TORCHAO_RECIPES,
             fp8_source="components/quantization/fp8.py converts with torchao Float8 (docs/guides/fp8_training.md: "
             "recipe_name tensorwise, rowwise or rowwise_with_gw_hp)",
-            fp8_experts=False,  # its MoE runs grouped GEMMs, which Float8Linear does not convert
+            fp8_experts=False,
+            fp8_experts_source="its MoE runs grouped GEMMs, which torchao's Float8Linear does not convert",
         ),
         StackName.DEEPSPEED: Stack(
             name=StackName.DEEPSPEED,

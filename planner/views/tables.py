@@ -91,6 +91,11 @@ def stack_view(stack: Stack) -> Table:
         table.add_row(name, _value(name, shown), escape(stack.sources[name]))  # sources name [config] sections
     fp8 = "none" if stack.fp8_library is None else f"{stack.fp8_library}: {', '.join(stack.fp8_recipes)}"
     table.add_row("fp8", fp8, escape(stack.fp8_source))
+    if stack.fp8_library is not None:
+        experts = "in FP8, with the other linear layers" if stack.fp8_experts else "in the training precision"
+        if stack.fp8_expert_recipes:
+            experts += f"; in FP8 with --fp8-experts under {', '.join(stack.fp8_expert_recipes)}"
+        table.add_row("fp8 routed experts", experts, escape(stack.fp8_experts_source))
     gradients = "on demand" if stack.gradients_on_demand else "held for the run"
     table.add_row("gradients", gradients, escape(stack.gradients_source))
     return table
