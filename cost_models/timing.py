@@ -268,8 +268,13 @@ def _tensor_parallel_exposed_s(
         moe: tensor_parallel_kind_s(model, layout, tp_fwd, tp_bwd, moe=moe, selective=training.selective_recompute)
         for moe in kinds
     }
+    if not tp_overlap:
+        return tp_of
+    run = training.precision.fp8
+    share = 1.0 if run is None else run.micro_pipelined_share  # what the overlap can run behind GEMMs
     return {
-        moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t) if tp_overlap else tp_of[moe] for moe in kinds
+        moe: (1.0 - share) * tp_of[moe] + tensor_parallel_exposed_s(share * tp_of[moe], kinds[moe].gemm_s, t)
+        for moe in kinds
     }
 
 

@@ -83,6 +83,18 @@ class RecipeRun:
     caches_fp8_weights: bool
     """Whether an FP8 copy of the weights is kept across a step's micro-batches beside the bf16 copy
     (TE without FP8 parameters)."""
+    micro_pipelined_share: float = 1.0
+    """The share of a layer's tensor-parallel collectives that run behind GEMMs under a tensor-parallel
+    overlap (``TrainingSpec.tp_comm_overlap``). Transformer Engine's userbuffers overlap every one.
+    torchao's recipes are overlapped by torch's micro-pipeline pass (async TP under torch.compile:
+    ``torch/_inductor/fx_passes/micro_pipeline_tp.py``), which fuses an all-gather only into the
+    matmuls that consume its output and a reduce-scatter only with the matmul that produces its
+    input. Tensorwise gathers FP8 inputs straight into its scaled matmuls: all four (the forward's
+    and the backward's gathers and reduce-scatters, of equal size). Rowwise quantizes each gathered
+    input per row before its matmul, so neither pass's gather fuses, and rescales its backward
+    GEMMs' outputs in a kernel of its own (``rescaled_backward``), so neither does the backward's
+    reduce-scatter: the forward's reduce-scatters alone, a quarter. Rowwise with the weight
+    gradient in bf16 and MXFP8 quantize gathered inputs too: the reduce-scatters, half."""
     rescaled_backward: bool = False
     """Whether the input- and weight-gradient GEMMs run unscaled and a kernel of their own then
     multiplies each output by its row and column scales: torchao's rowwise recipe runs its
@@ -117,11 +129,16 @@ def _te(recipe: Fp8Recipe, library_name: str, *, reads: int, gather: bool, devic
     )
 
 
+_MICRO_PIPELINED_SHARE = MappingProxyType({Fp8Recipe.ROWWISE: 0.25, Fp8Recipe.ROWWISE_GW_HP: 0.5, Fp8Recipe.MXFP8: 0.5})
+"""``RecipeRun.micro_pipelined_share`` of the torchao recipes that quantize what they gather (tensorwise: 1)."""
+
+
 def _torchao(
     recipe: Fp8Recipe, library_name: str, *, wgrad: bool, gather: bool, devices: Fp8Devices, why: str
 ) -> RecipeRun:
     return RecipeRun(
         library=Fp8Library.TORCHAO,
+        micro_pipelined_share=_MICRO_PIPELINED_SHARE.get(recipe, 1.0),
         rescaled_backward=recipe is Fp8Recipe.ROWWISE,
         recipe=recipe,
         fp8_sequence_gather=recipe is Fp8Recipe.TENSORWISE,

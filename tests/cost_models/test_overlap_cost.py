@@ -86,3 +86,19 @@ def test_overlap_hides_tensor_parallel_time_on_gpus_with_sequence_parallelism_on
     cpu = cpu_cluster(8)
     assert estimate(GPT, OVERLAPPED, cpu, TP4).time == estimate(GPT, TRAINING, cpu, TP4).time
     assert hides_communication(gpu) and not hides_communication(cpu)
+
+
+@pytest.mark.parametrize(("recipe", "share"), [("tensorwise", 1.0), ("rowwise", 0.25), ("rowwise-gw-hp", 0.5)])
+def test_torch_async_tp_overlaps_only_the_collectives_it_can_fuse_under_each_torchao_recipe(
+    recipe: str, share: float
+) -> None:
+    """torch's micro-pipeline pass fuses a gather only into matmuls that read it and a reduce-scatter
+    only with the matmul that writes its input: rowwise quantizes what it gathers and rescales its
+    backward GEMMs' outputs, so 3/4 of its collectives stay exposed; with the weight gradient in
+    bf16 the gathers, half (``RecipeRun.micro_pipelined_share``)."""
+    gpu = load_cluster("dgx-h100:1")
+    fp8 = TRAINING.model_copy(update={"stack": "torchtitan", "fp8": recipe})
+    plain = estimate(GPT, fp8, gpu, TP4).time.tensor_parallel_comm_s
+    overlapped = estimate(GPT, fp8.model_copy(update={"tp_comm_overlap": True}), gpu, TP4).time
+    assert fp8.precision.fp8 is not None and fp8.precision.fp8.micro_pipelined_share == share
+    assert (1 - share) * plain < overlapped.tensor_parallel_comm_s < (1 - share) * plain + 0.5 * share * plain
