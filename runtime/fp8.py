@@ -25,6 +25,8 @@ from torch import nn
 
 from planner.schemas.errors import MissingExtraError
 from planner.schemas.fp8 import Fp8Library, Fp8Recipe, RecipeRun, converts
+from planner.schemas.runtime_support import MX_TOKEN_BLOCK
+from runtime.mlp import MLP
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +120,8 @@ def _convert_to_mxfp8(chunk: nn.Module, wanted: set[str]) -> None:
     plan below compute capability 10.0); elsewhere its emulation (the same quantization, then a
     matmul of the dequantized operands), so a CPU run trains with MXFP8's numerics. The module
     keeps its class and its parameters their names: the optimizer, FSDP and the checkpoints see
-    them as without MXFP8.
+    them as without MXFP8. Each converted MLP pads its rows to whole 32-token blocks
+    (``MLP.row_block``): a routed expert sees however many tokens route to it.
 
     Raises:
         MissingExtraError: torchao is not installed; the message names the extra.
@@ -134,6 +137,9 @@ def _convert_to_mxfp8(chunk: nn.Module, wanted: set[str]) -> None:
     recipe = recipes.MXFP8_RCEIL if on_cuda else recipes.MXFP8_EMULATED_RCEIL
     config = moe_training.MXFP8TrainingOpConfig.from_recipe(recipe)
     quantization.quantize_(chunk, config, filter_fn=lambda _, fqn: fqn in wanted)
+    for name, module in chunk.named_modules():  # a routed expert's rows, padded to whole blocks
+        if isinstance(module, MLP) and any(f"{name}.{part}" in wanted for part in ("gate", "up", "down")):
+            module.row_block = MX_TOKEN_BLOCK
 
 
 def precompute_fp8_scales(chunks: Sequence[nn.Module]) -> None:

@@ -25,6 +25,12 @@ class MLP(nn.Module):
     """GELU (up, down), or SwiGLU or GEGLU (gate, up, down; ``runtime.kernels.swiglu``, ``geglu``),
     ``width`` wide (default the dense layer's f, ``ModelSpec.ffn_size``)."""
 
+    row_block: int = 1
+    """Rows a call's (n, h) input is padded to a multiple of, with zero rows dropped from the output:
+    a routed expert's under MXFP8, whose weight gradient is quantized in blocks of 32 tokens
+    (``runtime.fp8``), sees however many tokens route to it. Zero rows add nothing to the weight
+    gradient nor to a block's scale (its largest magnitude)."""
+
     def __init__(self, model: ModelSpec, width: int | None = None) -> None:
         super().__init__()
         h, f = model.hidden_size, width or model.ffn_size
@@ -39,8 +45,10 @@ class MLP(nn.Module):
         return self.gated_kernel(self.gate(x), self.up(x)) if self.gate is not None else F.gelu(self.up(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down(self.hidden(x))
-        return out
+        rows = x.shape[0]
+        pad = -rows % self.row_block if x.dim() == 2 else 0
+        out: torch.Tensor = self.down(self.hidden(F.pad(x, (0, 0, 0, pad)) if pad else x))
+        return out[:rows] if pad else out
 
 
 class SharedExpert(MLP):

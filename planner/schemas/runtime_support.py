@@ -201,23 +201,15 @@ MX_TOKEN_BLOCK = 32
 def check_mxfp8_tokens(plan: PlanShape) -> None:
     """Refuse an MXFP8 plan whose linear layers would see a token count MXFP8's weight gradient
     cannot block: a micro-batch's tokens on a rank (b x s / cp) not a multiple of
-    ``MX_TOKEN_BLOCK``, or routed experts, each of which this runtime runs as its own linear layer
-    over however many tokens route to it (torchao's grouped GEMMs pad each expert's tokens; the
-    runtime's experts are not grouped, and not padded).
+    ``MX_TOKEN_BLOCK``. (A routed expert, which sees however many tokens route to it, pads them:
+    ``runtime.mlp.MLP.row_block``.)
 
     Raises:
-        InfeasibleConfigError: naming the count or the experts, and how to plan one that runs.
+        InfeasibleConfigError: naming the count, and how to plan one that runs.
     """
     run, layout = plan.training.precision.fp8, plan.layout
     if run is None or run.recipe is not Fp8Recipe.MXFP8:
         return
-    if plan.model.is_moe:
-        raise InfeasibleConfigError(
-            f"the plan trains {plan.model.name}'s routed experts in mxfp8, whose weight gradient is quantized in "
-            f"blocks of {MX_TOKEN_BLOCK} tokens, but this runtime runs each expert as its own linear layer over the "
-            "tokens routed to it, not padded to a block; plan with another --fp8 recipe (tensorwise, rowwise) to run "
-            "it here"
-        )
     tokens = layout.micro_batch_size * plan.training.seq_len // layout.context_parallel_degree
     if tokens % MX_TOKEN_BLOCK:
         raise InfeasibleConfigError(

@@ -30,6 +30,7 @@ from planner.schemas.runtime_support import check_fp8_param_gather, check_runnab
 from runtime import checkpoint
 from runtime.data import synthetic_batch
 from runtime.fp8 import FP8_EXTRA, convert_to_fp8, edge_layers, fp8_candidates, fp8_layer_names
+from runtime.mlp import MLP
 from runtime.model import Decoder, default_dtype, loss_fn
 from runtime.optim import make_optimizer
 from runtime.trainer import Trainer
@@ -195,6 +196,7 @@ MX_CASES = [
     (DENSE, L(2, 1, 1, 1, zero_stage=3)),  # FSDP2 shards the MXFP8 weights
     (DENSE, L(1, 2, 1, 4, sequence_parallel=True)),  # under DTensor's split
     (DENSE, L(1, 1, 2, 2)),  # a pipeline: rank 0 holds layer 0
+    (MOE, L(2, 1, 1, 2, expert_parallel_degree=2)),  # each rank's experts, their rows padded to 32
 ]
 """The layouts trained in MXFP8 (torchao's emulation on the CPU) against the bf16 reference."""
 
@@ -227,14 +229,20 @@ def test_mxfp8_layouts_train_like_the_bf16_reference_converting_every_projection
     """MXFP8 (torchao's, emulated on the CPU: the same 1x32 block quantization, then a matmul of the
     dequantized operands) converts every aligned projection, the 256 x 256 attention ones too
     (no small-shape filter), under FSDP2, tensor parallelism and a pipeline."""
-    reference = fp8_runs["references"][DENSE.name]
-    for (_, kw), result in zip(MX_CASES, fp8_runs["mxfp8"], strict=True):
-        assert result["losses"] == pytest.approx(reference, abs=FP8_LOSS_TOLERANCE), f"{kw}: {result}"
-    zero3, tp, pp = fp8_runs["mxfp8"]
+    references = fp8_runs["references"]
+    for (model, kw), result in zip(MX_CASES, fp8_runs["mxfp8"], strict=True):
+        tolerance = MOE_FP8_LOSS_TOLERANCE if model is MOE else FP8_LOSS_TOLERANCE
+        assert result["losses"] == pytest.approx(references[model.name], abs=tolerance), f"{kw}: {result}"
+    zero3, tp, pp, ep = fp8_runs["mxfp8"]
     projections = sorted(name for name, _ in fp8_candidates(Decoder(DENSE, seed=0)))
     assert len(projections) == 2 * 7 and "layers.0.attn.q" in projections  # 256 x 256
     assert zero3["converted"] == tp["converted"] == projections
     assert pp["converted"] == [name for name in projections if name.startswith("layers.0.")]
+    # rank 0's experts 0 and 1 (each seeing however many tokens route to it), its shared expert and
+    # attention; not the router or the sigmoid gate
+    assert _gate_up(range(2), "mlp.experts.0", "mlp.experts.1", "shared_expert") == sorted(
+        n for n in ep["converted"] if n.endswith(("gate", "up"))
+    )
 
 
 def test_mxfp8_plans_the_runtime_cannot_block_are_refused_in_one_line() -> None:
@@ -243,12 +251,29 @@ def test_mxfp8_plans_the_runtime_cannot_block_are_refused_in_one_line() -> None:
         return PlannedLayout(model, training, Layout(**L(1, 1, 1, 1, **kw)))
 
     check_runnable(plan(DENSE, 64), cuda=False)  # 64 tokens: two blocks
+    check_runnable(plan(MOE, 64), cuda=True)  # its experts pad what routes to them (MLP.row_block)
     with pytest.raises(InfeasibleConfigError, match=r"^the plan's linear layers see 48 tokens .* blocks of 32 tokens"):
         check_runnable(plan(DENSE, 48), cuda=False)
-    with pytest.raises(InfeasibleConfigError, match=r"routed experts in mxfp8, .* another --fp8 recipe"):
-        check_runnable(plan(MOE, 64), cuda=True)
     bf16 = TrainingSpec(global_batch_size=8, seq_len=48)
-    check_runnable(PlannedLayout(MOE, bf16, Layout(**L(1, 1, 1, 1))), cuda=False)  # no blocks without mxfp8
+    check_runnable(PlannedLayout(DENSE, bf16, Layout(**L(1, 1, 1, 1))), cuda=False)  # no blocks without mxfp8
+
+
+def test_an_mlp_padded_to_whole_blocks_computes_what_it_would_unpadded() -> None:
+    """``MLP.row_block``: 37 rows padded to 64 with zeros give the same outputs and gradients."""
+    torch.manual_seed(0)
+    mlp = MLP(DENSE, 64)
+    x = torch.randn(37, DENSE.hidden_size, requires_grad=True)
+    plain = mlp(x)
+    plain.square().sum().backward()
+    grads = [p.grad.clone() for p in (x, *mlp.parameters()) if p.grad is not None]
+    for p in (x, *mlp.parameters()):
+        p.grad = None
+    mlp.row_block = 32
+    padded = mlp(x)
+    padded.square().sum().backward()
+    assert padded.shape == plain.shape and torch.allclose(padded, plain, atol=1e-6)
+    assert all(torch.allclose(a, p.grad, atol=1e-5) for a, p in zip(grads, (x, *mlp.parameters()), strict=True))
+    assert mlp(torch.zeros(0, DENSE.hidden_size)).shape == (0, DENSE.hidden_size)  # an expert with no tokens
 
 
 @pytest.mark.slow
