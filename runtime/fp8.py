@@ -126,12 +126,8 @@ def _convert_to_mxfp8(chunk: nn.Module, wanted: set[str]) -> None:
     Raises:
         MissingExtraError: torchao is not installed; the message names the extra.
     """
-    with _quiet(_NOISY_ON_IMPORT):
-        try:
-            moe_training = importlib.import_module("torchao.prototype.moe_training.config")
-            quantization = importlib.import_module("torchao.quantization")
-        except ImportError as e:
-            raise MissingExtraError(f"FP8 training needs torchao: pip install '{FP8_EXTRA}'") from e
+    moe_training = _torchao("torchao.prototype.moe_training.config")
+    quantization = _torchao("torchao.quantization")
     recipes = moe_training.MXFP8TrainingRecipe
     on_cuda = any(p.device.type == "cuda" for p in chunk.parameters())
     recipe = recipes.MXFP8_RCEIL if on_cuda else recipes.MXFP8_EMULATED_RCEIL
@@ -152,14 +148,23 @@ def precompute_fp8_scales(chunks: Sequence[nn.Module]) -> None:
 
 
 def torchao_float8() -> ModuleType:
-    """torchao's float8 training package, imported without its warnings about CUDA kernels.
+    """torchao's float8 training package (``_torchao``).
+
+    Raises:
+        MissingExtraError: torchao is not installed.
+    """
+    return _torchao("torchao.float8")
+
+
+def _torchao(name: str) -> ModuleType:
+    """torchao's module ``name``, imported without its warnings about CUDA kernels.
 
     Raises:
         MissingExtraError: torchao is not installed.
     """
     with _quiet(_NOISY_ON_IMPORT):
         try:  # by name: torchao ships no type information, and may be absent
-            return importlib.import_module("torchao.float8")
+            return importlib.import_module(name)
         except ImportError as e:
             raise MissingExtraError(f"FP8 training needs torchao: pip install '{FP8_EXTRA}'") from e
 
