@@ -64,9 +64,14 @@ def hides_communication(cluster: ClusterProfile) -> bool:
     return cluster.pricing_device.kind is not DeviceKind.CPU
 
 
-def tensor_parallel_exposed_s(comm_s: float, gemm_s: float, tensor_parallel_degree: int) -> float:
+def tensor_parallel_exposed_s(
+    comm_s: float, gemm_s: float, tensor_parallel_degree: int, fused_share: float = 1.0
+) -> float:
     """Seconds a layer's ``comm_s`` of tensor-parallel collectives add to it when each is split
     into t chunks behind the ``gemm_s`` of GEMMs it feeds or follows (module docstring): the
-    reduce-scatters' last chunks, comm / (2 t), and the cost of the rest behind the GEMMs."""
-    edge_s = comm_s / (2 * tensor_parallel_degree)
-    return edge_s + overlapped_comm_cost_s(comm_s - edge_s, gemm_s)
+    reduce-scatters' last chunks, comm / (2 t), and the cost of the rest behind the GEMMs. Only
+    ``fused_share`` of the collectives runs so (``RecipeRun.micro_pipelined_share``: what torch's
+    async TP can fuse under a torchao recipe); the rest waits in full."""
+    fused_s = fused_share * comm_s
+    edge_s = fused_s / (2 * tensor_parallel_degree)
+    return comm_s - fused_s + edge_s + overlapped_comm_cost_s(fused_s - edge_s, gemm_s)

@@ -272,10 +272,7 @@ def _tensor_parallel_exposed_s(
         return tp_of
     run = training.precision.fp8
     share = 1.0 if run is None else run.micro_pipelined_share  # what the overlap can run behind GEMMs
-    return {
-        moe: (1.0 - share) * tp_of[moe] + tensor_parallel_exposed_s(share * tp_of[moe], kinds[moe].gemm_s, t)
-        for moe in kinds
-    }
+    return {moe: tensor_parallel_exposed_s(tp_of[moe], kinds[moe].gemm_s, t, share) for moe in kinds}
 
 
 def _context_parallel_s(
