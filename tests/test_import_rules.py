@@ -185,11 +185,15 @@ def test_search_never_imports_torch() -> None:
     ]
 
 
+def _printed(code: str) -> str:
+    """What ``code`` prints, run by this Python in a fresh process (nothing imported yet)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return out.stdout.strip()
+
+
 @pytest.mark.parametrize("module", ["planner.schemas", "cost_models.estimate", "planner.api", "planner.cli"])
 def test_importing_does_not_drag_torch_in(module: str) -> None:
-    code = f"import sys, {module}; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "False"
+    assert _printed(f"import sys, {module}; print('torch' in sys.modules)") == "False"
 
 
 def test_the_cli_loads_or_tools_only_when_a_refiner_solves() -> None:
@@ -199,8 +203,7 @@ def test_the_cli_loads_or_tools_only_when_a_refiner_solves() -> None:
         "from planner.schemas.settings import Budget; from planner.search_engine.refiner import cp_sat_solver; "
         "cp_sat_solver(Budget(), seed=0); print('ortools' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.split() == ["[]", "True"]
+    assert _printed(code).split() == ["[]", "True"]
 
 
 def test_importing_the_leaf_loads_nothing_else_of_ours() -> None:
@@ -209,8 +212,7 @@ def test_importing_the_leaf_loads_nothing_else_of_ours() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'planner', 'cost_models', 'profiler', 'runtime'}"
         " and not m.startswith('planner.schemas') and m != 'planner'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]"
+    assert _printed(code) == "[]"
 
 
 NEEDS_TORCH = {"torch", "runtime", "profiler"}
