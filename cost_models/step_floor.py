@@ -89,10 +89,17 @@ def floor_of(training: TrainingSpec, cluster: ClusterProfile, layout: Layout, me
     from only in ``RELAXED_FIELDS``: m mean_s, and where each rank has its own cores (no
     shared-core factor) the bubble of its own schedule over a stage of mean_s (the bubble grows
     with the slowest stage's time, which is at least the mean)."""
+    return mean_s * floor_factor(training, cluster, layout)
+
+
+def floor_factor(training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> float:
+    """``floor_of`` over its ``mean_s``, which it is linear in: m, plus the bubble of a stage of one
+    second where ranks do not share cores. It depends on the layout's data-parallel and pipeline
+    degrees, micro-batch size and virtual stages only (a search keeps one per those)."""
     m = num_micro_batches(training.global_batch_size, layout)
     if cluster.pricing_device.core_share < 1.0:
-        return m * mean_s
-    return m * mean_s + bubble_s(layout, m, mean_s, pipeline_schedules(layout, training.pipeline_flushes))
+        return float(m)
+    return m + bubble_s(layout, m, 1.0, pipeline_schedules(layout, training.pipeline_flushes))
 
 
 def step_time_floor_s(

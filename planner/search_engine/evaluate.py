@@ -26,7 +26,7 @@ from cost_models.layout_validity import check_layout
 from cost_models.memory import LayoutMemory, all_stage_memory, gradients_replace_activations, stage_memory_floor
 from cost_models.offload import host_memory_per_node_bytes
 from cost_models.stage_devices import stage_devices
-from cost_models.step_floor import floor_of, mean_stage_s
+from cost_models.step_floor import floor_factor, floor_of, mean_stage_s
 from cost_models.timing import stage_times
 from planner.schemas import (
     ClusterProfile,
@@ -350,6 +350,10 @@ class Evaluator:
         """``cost_models.step_floor.floor_of``: no layout that differs from ``layout`` only in
         recompute, ZeRO and sharding groups steps faster (``mean_s``: its ``mean_stage_s``)."""
         return floor_of(self.training, self.cluster, layout, mean_s)
+
+    def floor_factor(self, layout: Layout) -> float:
+        """``cost_models.step_floor.floor_factor``: ``floor_of`` over its ``mean_s``."""
+        return floor_factor(self.training, self.cluster, layout)
 
     def cannot_fit(self, layout: Layout) -> bool:
         """Whether the layout certainly does not fit, and evaluating it would not change the

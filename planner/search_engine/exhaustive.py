@@ -242,12 +242,16 @@ class _Fastest:
     which differ only in recompute) is above the slowest of them, strictly, holds no layout that
     could rank among the fastest ``keep`` (``fastest_first`` ranks by step time first). Groups
     that differ only in the axes of ``cost_models.step_floor.RELAXED_FIELDS`` share the mean
-    stage time under it, found by the values of the others; each schedule adds its own bubble."""
+    stage time under it, found by the values of the others; the floor is that mean times a factor
+    (``Evaluator.floor_factor``: micro-batches and the schedule's bubble) found by the few axes it
+    depends on, so a group's layout is built only where either is new."""
 
-    __slots__ = ("_floors", "_keep", "_means", "_times")
+    __slots__ = ("_factors", "_keep", "_means", "_times")
 
     SHARED_BY = tuple(axis.name for axis in AXES if axis.field not in RELAXED_FIELDS)
-    """The axes whose values a floor depends on."""
+    """The axes whose values the mean stage time depends on."""
+    FACTOR_BY = ("dp", "pp", "micro_batch_size", "virtual_stages")
+    """The axes whose values the floor's factor depends on (``step_floor.floor_factor``)."""
 
     def __init__(self, keep: int) -> None:
         self._keep = keep
@@ -255,8 +259,8 @@ class _Fastest:
         """Negated, a heap: the slowest of the fastest ``keep`` first."""
         self._means: dict[tuple[object, ...], float] = {}
         """``Evaluator.mean_stage_s`` by the values of the axes it depends on (``SHARED_BY``)."""
-        self._floors: dict[tuple[object, ...], float] = {}
-        """The floor by those and the schedule's (its bubble)."""
+        self._factors: dict[tuple[object, ...], float] = {}
+        """``Evaluator.floor_factor`` by the values of ``FACTOR_BY``."""
 
     def add(self, candidate: Candidate) -> None:
         """Count ``candidate`` among those found."""
@@ -272,14 +276,14 @@ class _Fastest:
             return False
         chosen = group.chosen
         shared = tuple(chosen[name] for name in self.SHARED_BY)
-        key = (*shared, chosen["schedule"], chosen["virtual_stages"])
-        floor = self._floors.get(key)
-        if floor is None:
-            mean_s = self._means.get(shared)
-            if mean_s is None:
-                mean_s = self._means[shared] = evaluate.mean_stage_s(group[0])
-            floor = self._floors[key] = evaluate.floor_of(group[0], mean_s)
-        return floor > -self._times[0]
+        mean_s = self._means.get(shared)
+        if mean_s is None:
+            mean_s = self._means[shared] = evaluate.mean_stage_s(group[0])
+        by = tuple(chosen[name] for name in self.FACTOR_BY)
+        factor = self._factors.get(by)
+        if factor is None:
+            factor = self._factors[by] = evaluate.floor_factor(group[0])
+        return mean_s * factor > -self._times[0]
 
 
 LONG_GROUP = 2

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from cost_models.estimate import estimate
-from cost_models.step_floor import mean_stage_s, relaxed, step_time_floor_s
+from cost_models.step_floor import floor_factor, mean_stage_s, relaxed, step_time_floor_s
 from planner.files.clusters import load_cluster
 from planner.files.models import load_model
 from planner.schemas import ClusterProfile, ModelSpec, TrainingSpec
@@ -17,7 +17,8 @@ from planner.schemas.routing import RoutingStats
 from planner.schemas.settings import Budget
 from planner.search_engine import ExhaustiveSearch
 from planner.search_engine.evaluate import Evaluator
-from planner.search_engine.space import SearchSpace
+from planner.search_engine.exhaustive import _Fastest
+from planner.search_engine.space import AXES, SearchSpace
 
 
 def _shared_cores(cluster: ClusterProfile) -> ClusterProfile:
@@ -70,6 +71,9 @@ def test_the_floor_is_below_every_estimate_that_shares_it(name: str) -> None:
         model=model, training=training, world_size=cluster.world_size, devices_per_node=cluster.devices_per_node
     )
     checked, tight = 0, 0.0
+    factors: dict[tuple[object, ...], float] = {}  # the search keeps one factor per FACTOR_BY values
+    factor_fields = [axis.field for axis in AXES if axis.name in _Fastest.FACTOR_BY]
+    assert len(factor_fields) == len(_Fastest.FACTOR_BY)
     stride = 41 if name == "deepseek-fp8" else 7  # a part of each space still covers every axis's values
     for i, layout in enumerate(space.candidates()):
         if i % stride:
@@ -87,6 +91,9 @@ def test_the_floor_is_below_every_estimate_that_shares_it(name: str) -> None:
         m = num_micro_batches(training.global_batch_size, layout)
         bubbled = layout.pipeline_parallel_degree > 1 and cluster.device.core_share >= 1
         assert (floor_s > m * mean_s) == bubbled
+        factor = floor_factor(training, cluster, layout)
+        assert floor_s == mean_s * factor
+        assert factors.setdefault(tuple(getattr(layout, f) for f in factor_fields), factor) == factor
         checked, tight = checked + 1, max(tight, floor_s / step_s)
     assert checked > 20
     assert tight > 0.5  # the floor is no empty bound: on some layout it is most of the step
