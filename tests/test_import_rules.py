@@ -206,6 +206,17 @@ def test_the_cli_loads_or_tools_only_when_a_refiner_solves() -> None:
     assert _printed(code).split() == ["[]", "True"]
 
 
+def test_the_cli_loads_optuna_only_for_a_study_and_keeps_it_quiet() -> None:
+    # optuna's import: 0.14 s every planner process paid; it resets its own logger to INFO, so the
+    # CLI's wish (warnings only) is applied where the study is made
+    code = (
+        "import logging, sys, planner.cli; planner.cli._configure_logging(); print('optuna' in sys.modules); "
+        "from planner.search_engine.optuna_import import optuna_module; optuna = optuna_module(); "
+        "print(logging.getLogger('optuna').getEffectiveLevel() == logging.WARNING)"
+    )
+    assert _printed(code).split() == ["False", "True"]
+
+
 def test_importing_the_leaf_loads_nothing_else_of_ours() -> None:
     code = (
         "import sys, planner.schemas; "

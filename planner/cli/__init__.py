@@ -12,7 +12,6 @@ and keeps its traceback.
 import logging
 import sys
 
-import optuna
 import typer
 
 from planner.cli.cluster_commands import profile, run, tune, validate
@@ -23,6 +22,7 @@ from planner.cli.plan_file_commands import explain, export, launch, presets, sta
 from planner.cli.replan_command import replan
 from planner.flows.rank_errors import report_to_launcher
 from planner.schemas.errors import PlannerError
+from planner.search_engine.optuna_import import set_optuna_verbosity
 
 __all__ = ["app", "main"]
 
@@ -53,7 +53,7 @@ def _configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     for package in ("planner", "profiler", "runtime"):
         logging.getLogger(package).setLevel(logging.INFO)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    set_optuna_verbosity(logging.WARNING)
 
 
 def main() -> None:

@@ -27,17 +27,19 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Any, ClassVar
-
-import optuna
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from planner.schemas import Estimate, Layout
 from planner.schemas.choices import Choice
 from planner.schemas.errors import DoesNotFitError, InfeasibleConfigError, SchemaError
 from planner.schemas.settings import Budget
 from planner.search_engine.evaluate import Evaluator
+from planner.search_engine.optuna_import import optuna_module
 from planner.search_engine.space import SearchSpace
 from planner.search_engine.strategy import Candidate, Progress, SearchResult, fastest_first
+
+if TYPE_CHECKING:  # optuna is imported where a study is made (``optuna_import``)
+    import optuna
 
 DEFAULT_TRIALS = 400
 """Trials when the budget sets none."""
@@ -69,10 +71,11 @@ class OptunaSearch:
     ) -> SearchResult:
         """Ask, evaluate, tell until the budget is spent; return the fastest ``keep`` feasible
         layouts the study holds (None: all)."""
-        study = optuna.create_study(
+        lib = optuna_module()
+        study = lib.create_study(
             study_name=self.study_name or study_name_for(space, evaluate),
             storage=self.storage,
-            sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True),
+            sampler=lib.samplers.TPESampler(seed=seed, multivariate=True),
             direction="minimize",
             load_if_exists=True,
         )
@@ -94,14 +97,14 @@ class OptunaSearch:
                 study.tell(trial, DOES_NOT_FIT_PENALTY_S * e.needed_bytes / e.usable_bytes)
             except (InfeasibleConfigError, SchemaError) as e:
                 trial.set_user_attr("reason", str(e))
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                study.tell(trial, state=lib.trial.TrialState.FAIL)
             else:
                 trial.set_user_attr("layout", json.dumps(asdict(layout)))
                 study.tell(trial, est.step_time_s)
             if progress is not None:
                 progress(asked, trials)
         found = {}
-        for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        for frozen in study.get_trials(deepcopy=False, states=(lib.trial.TrialState.COMPLETE,)):
             if "layout" not in frozen.user_attrs:
                 continue  # did not fit
             layout = _layout_from_json(frozen.user_attrs["layout"])
@@ -127,7 +130,7 @@ def study_name_for(space: SearchSpace, evaluate: Evaluator) -> str:
     return f"planner-{space.model.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _suggest(trial: optuna.trial.BaseTrial, space: SearchSpace) -> list[tuple[Layout, ...]]:
+def _suggest(trial: "optuna.trial.BaseTrial", space: SearchSpace) -> list[tuple[Layout, ...]]:
     """Sample a layout from the space's axes, each conditional on the ones before it
     (define-by-run), so that nearly every trial is a valid layout. An axis with one valid value
     is not a parameter; the others are named after the choices they offer (``Axis.parameter_name``).
@@ -158,10 +161,10 @@ def _suggest(trial: optuna.trial.BaseTrial, space: SearchSpace) -> list[tuple[La
     return groups
 
 
-def _next_neighbour(study: optuna.Study, space: SearchSpace) -> dict[str, bool | int | float | str | None] | None:
+def _next_neighbour(study: "optuna.Study", space: SearchSpace) -> dict[str, bool | int | float | str | None] | None:
     """The parameters of the first neighbour of the study's fastest trial that no trial has
     tried; None when there is none (or no trial fits yet)."""
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    done = study.get_trials(deepcopy=False, states=(optuna_module().trial.TrialState.COMPLETE,))
     fitting = [t for t in done if "layout" in t.user_attrs]
     if not fitting:
         return None

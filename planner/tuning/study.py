@@ -11,12 +11,14 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-
-import optuna
-from optuna.trial import TrialState
+from typing import TYPE_CHECKING
 
 from planner.schemas import ClusterProfile, Plan, RunReport, TrainingSpec
 from planner.schemas.errors import SchemaError
+from planner.search_engine.optuna_import import optuna_module
+
+if TYPE_CHECKING:  # optuna is imported where a study is opened (``optuna_import``)
+    import optuna
 
 INTERRUPTED = "interrupted: the tuner stopped during this trial"
 
@@ -50,24 +52,27 @@ def study_name(model: str, training: TrainingSpec, cluster: ClusterProfile) -> s
     return f"tune-{model}-{digest}"
 
 
-def open_study(storage: str, name: str) -> optuna.Study:
+def open_study(storage: str, name: str) -> "optuna.Study":
     """The study, created on first use; trials of a stopped tuner are marked interrupted."""
-    study = optuna.create_study(storage=storage, study_name=name, direction="minimize", load_if_exists=True)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        optuna.trial.Trial(study, trial._trial_id).set_user_attr("failure", INTERRUPTED)
-        study.tell(trial.number, state=TrialState.FAIL)
+    lib = optuna_module()
+    states = lib.trial.TrialState
+    study: optuna.Study = lib.create_study(storage=storage, study_name=name, direction="minimize", load_if_exists=True)
+    for trial in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+        lib.trial.Trial(study, trial._trial_id).set_user_attr("failure", INTERRUPTED)
+        study.tell(trial.number, state=states.FAIL)
     return study
 
 
-def finished_keys(study: optuna.Study) -> set[str]:
+def finished_keys(study: "optuna.Study") -> set[str]:
     """Keys of the plans that ran to a verdict (measured, or failed for a reason of their own)."""
     return {record.key for record in records(study)}
 
 
-def records(study: optuna.Study) -> list[TrialRecord]:
+def records(study: "optuna.Study") -> list[TrialRecord]:
     """The study's finished trials, oldest first, interrupted ones left out."""
     out = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+    states = optuna_module().trial.TrialState
+    for trial in study.get_trials(deepcopy=False, states=(states.COMPLETE, states.FAIL)):
         attrs = trial.user_attrs
         if "plan" not in attrs or attrs.get("failure") == INTERRUPTED:
             continue
@@ -99,20 +104,21 @@ def stored_records(storage: str, study: str | None = None) -> tuple[str, list[Tr
     sqlite_path = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else None
     if sqlite_path is not None and not Path(sqlite_path).is_file():
         raise SchemaError(f"--storage {storage}: no such file; give the storage planner tune wrote to")
-    summaries = optuna.get_all_study_summaries(storage)
+    lib = optuna_module()
+    summaries = lib.get_all_study_summaries(storage)
     if not summaries:
         raise SchemaError(f"--storage {storage} holds no study; run planner tune first")
     names = [s.study_name for s in summaries]
     if study is not None and study not in names:
         raise SchemaError(f"--study {study!r} is not in {storage}; it holds {', '.join(names)}")
     name = study or max(summaries, key=lambda s: s.datetime_start or datetime.min).study_name
-    finished = records(optuna.load_study(study_name=name, storage=storage))
+    finished = records(lib.load_study(study_name=name, storage=storage))
     if not finished:
         raise SchemaError(f"study {name} has no finished trial yet")
     return name, finished
 
 
-def start_trial(study: optuna.Study, plan: Plan) -> optuna.trial.Trial:
+def start_trial(study: "optuna.Study", plan: Plan) -> "optuna.trial.Trial":
     """A RUNNING trial for ``plan``, its plan and prediction recorded."""
     trial = study.ask()
     trial.set_user_attr("plan", plan.model_dump_json())
@@ -123,11 +129,13 @@ def start_trial(study: optuna.Study, plan: Plan) -> optuna.trial.Trial:
     return trial
 
 
-def finish_trial(study: optuna.Study, trial: optuna.trial.Trial, report: RunReport | None, failure: str | None) -> None:
+def finish_trial(
+    study: "optuna.Study", trial: "optuna.trial.Trial", report: RunReport | None, failure: str | None
+) -> None:
     """Record the run: COMPLETE with the measured step time, or FAIL with its reason."""
     if report is None:
         trial.set_user_attr("failure", failure or "no report")
-        study.tell(trial, state=TrialState.FAIL)
+        study.tell(trial, state=optuna_module().trial.TrialState.FAIL)
         return
     trial.set_user_attr("report", report.model_dump_json())
     trial.set_user_attr("measured_step_time_s", report.measured_step_time_s)
