@@ -20,6 +20,7 @@ from planner.search_engine import ExhaustiveSearch
 from planner.search_engine.device_mapping import DeviceMappingRefiner, distinct_links
 from planner.search_engine.evaluate import Evaluator
 from planner.search_engine.intra_node_mapping import (
+    MAX_CANDIDATES,
     IntraNodeMappingRefiner,
     candidate_permutations,
     compose,
@@ -247,3 +248,50 @@ def test_refiner_matches_the_best_of_every_local_permutation(links: LinkMatrix, 
             continue
     assert refined.estimate.step_time_s <= candidate.estimate.step_time_s
     assert refined.estimate.step_time_s <= min(times) * (1 + 1e-9)
+
+
+def _front_by_definition(links: LinkMatrix, levels: tuple[np.ndarray, ...]) -> tuple[tuple[int, ...], ...]:
+    """``candidate_permutations`` as its docstring defines it, permutation by permutation."""
+    n = links.size
+    scored: dict[tuple[float, ...], tuple[tuple[float, ...], int, tuple[int, ...]]] = {}
+    for index, perm in enumerate(permutations(range(n))):
+        bandwidths, latencies = [], []
+        for level in levels:
+            edges = [
+                (perm[ring[k]], perm[ring[(k + 1) % len(ring)]]) for ring in level.tolist() for k in range(len(ring))
+            ]
+            bandwidths.append(min(links.link(a, b).bandwidth_bytes_per_s for a, b in edges))
+            latencies.append(max(links.link(a, b).latency_s for a, b in edges))
+        point, best = tuple(bandwidths), (tuple(latencies), index, perm)
+        if point not in scored or best[:2] < scored[point][:2]:
+            scored[point] = best
+    front = [p for p in scored if not any(all(q[i] >= p[i] for i in range(len(p))) and q != p for q in scored)]
+    front.sort(key=lambda p: (-p[0], scored[p][1]))
+    if len(front) > MAX_CANDIDATES:
+        front = [front[round(k * (len(front) - 1) / (MAX_CANDIDATES - 1))] for k in range(MAX_CANDIDATES)]
+    return tuple(scored[p][2] for p in front)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([(2, 3), (3, 2), (2, 1, 3), (6, 1)]),
+    coarse=st.booleans(),
+)
+def test_candidate_permutations_are_the_pareto_front_by_definition(
+    seed: int, shape: tuple[int, ...], coarse: bool
+) -> None:
+    # 6 devices, 720 permutations: bandwidths drawn from few values (many ties, so which permutation
+    # stands for a point matters) or from many, latencies too.
+    rng = np.random.default_rng(seed)
+    values = rng.choice([50e9, 100e9, 200e9], (6, 6)) if coarse else rng.uniform(10e9, 400e9, (6, 6))
+    np.fill_diagonal(values, 0.0)
+    latency = rng.choice([1e-6, 2e-6], (6, 6))
+    links = LinkMatrix(
+        size=6,
+        bandwidth_bytes_per_s=tuple(map(tuple, values.tolist())),
+        latency_s=tuple(map(tuple, latency.tolist())),
+    )
+    levels = slot_levels(layout(shape[0], shape[1], *shape[2:]), 6)
+    assert levels
+    assert candidate_permutations(links, levels) == _front_by_definition(links, levels)
