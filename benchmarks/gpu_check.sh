@@ -30,9 +30,13 @@ if [ "$mode" = cpu ]; then
     # One micro-batch size for every case, so that recompute's saving shows in the predicted bytes
     # (the search's fastest micro-batch, read off a profile timed on shared cores, varies by case).
     pinned=(--micro-batch-size 2)
+    # The layers timed at that micro-batch only, 3 times each (the GPU run times 1, 2, 4 and 8, 7
+    # times each): the one-rank profile alone 10.0 -> 7.8 s on the 2-core machine.
+    layer_timings=(--layer-micro-batches 2 --layer-repeats 3)
 else
     PY=${PYTHON:-python3}
     pinned=()  # the search chooses the micro-batch
+    layer_timings=()
     dense=benchmarks/data/gpu_check_dense.yaml moe=benchmarks/data/gpu_check_moe.yaml
     seq=2048 batch=16 dtype=bf16 steps=8
     if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import ortools, optuna, pydantic" 2>/dev/null; then
@@ -61,7 +65,7 @@ else
     echo "== gpu-tests: not here (the suite runs them, and they skip without CUDA)"
 fi
 step 200 profile $run -m planner profile --model "$dense" --seq-len "$seq" --dtype "$dtype" --quick \
-    --fp8 tensorwise --output "$OUT/profile.json"
+    --fp8 tensorwise ${layer_timings[@]+"${layer_timings[@]}"} --output "$OUT/profile.json"
 step 30 preset "$PY" benchmarks/gpu_check.py preset "$OUT/preset-h100x1.json"
 cluster="$OUT/profile.json"
 if [ -f "$cluster" ]; then
