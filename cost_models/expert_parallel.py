@@ -40,6 +40,7 @@ is priced as before. Units: seconds, bytes, pairs.
 """
 
 import functools
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -48,6 +49,7 @@ import numpy as np
 
 from cost_models.comm import Group, collective_time_s, nodes_spanned, priced_groups, slowest_collective_s
 from cost_models.context_parallel import local_seq_len
+from cost_models.memo import HeldMemo
 from cost_models.params import stage_moe_layers
 from planner.schemas import (
     ClusterProfile,
@@ -58,7 +60,7 @@ from planner.schemas import (
     RecomputeModule,
     TrainingSpec,
 )
-from planner.schemas.geometry import chunk_layer_range, stage_chunks
+from planner.schemas.geometry import chunk_layers, chunks_of_stage
 from planner.schemas.routing import ExpertPlacement, RoutingStats
 
 
@@ -177,13 +179,28 @@ def stage_expert_loads(
         # uniform and dropless: every layer balanced (a search's usual case)
         return _uniform_loads(stage_moe_layers(model, layout), layout.expert_parallel_degree)
     loads = layer_loads(model, training, layout, routing)
+    p, v = layout.pipeline_parallel_degree, layout.virtual_stages
+    split = chunk_layers(model, layout)
+    return _STAGE_LOADS.get(loads, (model, split, p, v), lambda: _stage_loads(model, loads, split, p, v))
+
+
+_STAGE_LOADS: HeldMemo[tuple[StageExpertLoad, ...]] = HeldMemo(limit=4096)
+"""``_stage_loads`` by the layers' loads (``_loads`` returns one tuple per placement, held here)
+and the split: a search with a routing trace prices a few placements over many layouts."""
+
+
+def _stage_loads(
+    model: ModelSpec, loads: tuple[ExpertLoad, ...], per_chunk: tuple[int, ...], stages: int, chunks_per_stage: int
+) -> tuple[StageExpertLoad, ...]:
+    """``stage_expert_loads`` of the MoE layers' ``loads`` (model order) over chunks of ``per_chunk`` layers."""
     ordinal = {layer: i for i, layer in enumerate(i for i in range(model.num_hidden_layers) if model.is_moe_layer(i))}
+    first = (0, *itertools.accumulate(per_chunk))  # each chunk's first layer, then the end
     out = []
-    for stage in range(layout.pipeline_parallel_degree):
+    for stage in range(stages):
         mine = [
             loads[ordinal[i]]
-            for chunk in stage_chunks(layout, stage)
-            for i in chunk_layer_range(model, layout, chunk)
+            for chunk in chunks_of_stage(stages, chunks_per_stage, stage)
+            for i in range(first[chunk], first[chunk + 1])
             if i in ordinal
         ]
         out.append(

@@ -23,6 +23,7 @@ from cost_models.timing import stage_times
 from planner.files.models import load_model
 from planner.schemas import DType, ExpertPlacement, Layout, RoutingStats, TrainingSpec
 from planner.schemas.errors import SchemaError
+from planner.schemas.geometry import chunk_layers
 
 MOE = load_model("tiny-moe")  # 4 MoE layers, 4 experts, top-2
 TRAINING = TrainingSpec(global_batch_size=16, seq_len=64, dtype=DType.BF16)
@@ -200,3 +201,45 @@ def test_a_measured_layer_gets_the_moe_layers_extra_work() -> None:
     assert (timed_dense.forward_s, timed_dense.backward_s) == (1e-3, 2e-3)
     assert timed_moe.forward_s == pytest.approx(1e-3 + moe.forward_s - dense.forward_s)
     assert timed_moe.backward_s == pytest.approx(2e-3 + moe.backward_s - dense.backward_s)
+
+
+def test_stage_loads_are_their_layers_loads_over_every_split() -> None:
+    # Layer 0 dense (first_k_dense_replace) and each MoE layer routed its own way; each stage's
+    # loads are its chunks' layers' loads, summed or maxed, for pipelines, interleaving and
+    # uneven splits, asked twice (the second from the memo) and for two placements.
+    model = MOE.model_copy(update={"first_k_dense_replace": 1})
+    counts = [[10 * (i + 1), 20, 30, 40 - i] for i in range(model.num_moe_layers)]
+    routing = RoutingStats.from_counts(
+        model=model.name,
+        expert_tokens=counts,
+        coactivation=[[[0] * 4] * 4] * (len(counts) - 1),
+        experts_per_token=2,
+        routed_tokens=sum(counts[0]) // 2,
+    )
+    moe_layers = [i for i in range(model.num_hidden_layers) if model.is_moe_layer(i)]
+    splits = [dict(), dict(pipeline_parallel_degree=2), dict(pipeline_parallel_degree=2, layer_split=(3, 1))]
+    splits += [dict(pipeline_parallel_degree=2, virtual_stages=2, schedule="interleaved")]
+    for placement in (None, ExpertPlacement.round_robin(4, 2, model.num_moe_layers)):
+        for split in splits:
+            layout = Layout(
+                data_parallel_degree=2,
+                tensor_parallel_degree=1,
+                micro_batch_size=1,
+                expert_parallel_degree=2,
+                expert_placement=placement,
+                **{"pipeline_parallel_degree": 1, **split},  # type: ignore[arg-type]
+            )
+            loads = dict(zip(moe_layers, layer_loads(model, TRAINING, layout, routing), strict=True))
+            first, stages = 0, {}
+            for chunk, n in enumerate(chunk_layers(model, layout)):
+                stages.setdefault(chunk % layout.pipeline_parallel_degree, []).extend(range(first, first + n))
+                first += n
+            for _ in range(2):
+                got = stage_expert_loads(model, TRAINING, layout, routing)
+                for stage, held in enumerate(got):
+                    mine = [loads[i] for i in stages[stage] if i in loads]
+                    assert held.moe_layers == len(mine), (split, stage)
+                    assert held.compute_sum == pytest.approx(sum(x.compute_factor for x in mine))
+                    assert held.exchange_sum == pytest.approx(sum(x.exchange_factor for x in mine))
+                    assert held.compute_max == max((x.compute_factor for x in mine), default=1.0)
+                    assert held.sent_pairs_share == pytest.approx(sum(x.sent_share for x in mine))
