@@ -49,6 +49,8 @@ RELAXED_FIELDS = frozenset(
     }
 )
 """Layout fields in which layouts may differ and share one floor (``relaxed``)."""
+FACTOR_FIELDS = frozenset({"data_parallel_degree", "pipeline_parallel_degree", "micro_batch_size", "virtual_stages"})
+"""Layout fields ``floor_factor`` reads (the micro-batches and the bubble's stages and chunks)."""
 
 
 def relaxed(layout: Layout) -> Layout:
@@ -94,8 +96,8 @@ def floor_of(training: TrainingSpec, cluster: ClusterProfile, layout: Layout, me
 
 def floor_factor(training: TrainingSpec, cluster: ClusterProfile, layout: Layout) -> float:
     """``floor_of`` over its ``mean_s``, which it is linear in: m, plus the bubble of a stage of one
-    second where ranks do not share cores. It depends on the layout's data-parallel and pipeline
-    degrees, micro-batch size and virtual stages only (a search keeps one per those)."""
+    second where ranks do not share cores. It depends on the layout's ``FACTOR_FIELDS`` only (a
+    search keeps one per their values)."""
     m = num_micro_batches(training.global_batch_size, layout)
     if cluster.pricing_device.core_share < 1.0:
         return float(m)

@@ -43,7 +43,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from cost_models.step_floor import RELAXED_FIELDS
+from cost_models.step_floor import FACTOR_FIELDS, RELAXED_FIELDS
 from planner.schemas import Layout, MemoryBreakdown, Recompute
 from planner.schemas.errors import InfeasibleConfigError
 from planner.schemas.settings import Budget
@@ -250,7 +250,7 @@ class _Fastest:
 
     SHARED_BY = tuple(axis.name for axis in AXES if axis.field not in RELAXED_FIELDS)
     """The axes whose values the mean stage time depends on."""
-    FACTOR_BY = ("dp", "pp", "micro_batch_size", "virtual_stages")
+    FACTOR_BY = tuple(axis.name for axis in AXES if axis.field in FACTOR_FIELDS)
     """The axes whose values the floor's factor depends on (``step_floor.floor_factor``)."""
 
     def __init__(self, keep: int) -> None:
